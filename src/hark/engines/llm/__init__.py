@@ -1,0 +1,110 @@
+"""Language models: a chat conversation in, a stream of text deltas and tool calls out."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A function call the assistant made earlier in the conversation."""
+
+    call_id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    """One message of the chat the LLM sees (OpenAI chat-completions roles)."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionTool:
+    """A function the model may call; ``parameters`` is a JSON schema."""
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolChoice:
+    """``mode`` is auto, none or required; ``function`` forces one function by name."""
+
+    mode: Literal["auto", "none", "required", "function"] = "auto"
+    name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    """Everything an LLM needs for one response."""
+
+    messages: tuple[ChatMessage, ...]
+    tools: tuple[FunctionTool, ...] = ()
+    tool_choice: ToolChoice = ToolChoice()
+    max_tokens: int | None = None
+    temperature: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    """A piece of the assistant's reply text."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallStarted:
+    """The model began a call of function ``name``; ``call_id`` names it."""
+
+    call_id: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallArgumentsDelta:
+    """A piece of the JSON arguments of call ``call_id``."""
+
+    call_id: str
+    delta: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallFinished:
+    """Call ``call_id`` is complete; ``arguments`` is its whole JSON text."""
+
+    call_id: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """The generation ended. ``reason`` is stop, length or tool_calls."""
+
+    reason: Literal["stop", "length", "tool_calls"]
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+
+LlmEvent = TextDelta | ToolCallStarted | ToolCallArgumentsDelta | ToolCallFinished | Finished
+
+
+class LlmEngine(Protocol):
+    """A streaming chat model."""
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[LlmEvent]:
+        """Stream the reply. The last event is always ``Finished``; cancelling stops the work."""
+        ...
+
+    async def warmup(self) -> None:
+        """Load the model (or check the endpoint) and run it once."""
+        ...

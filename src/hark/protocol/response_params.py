@@ -1,0 +1,79 @@
+"""Per-response overrides of ``response.create``."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
+
+from hark.protocol.errors import ProtocolError, from_validation_error
+from hark.protocol.items import ResponseInputItem
+from hark.protocol.session_config import (
+    AudioFormat,
+    ConfigStruct,
+    FunctionToolDef,
+    MaxOutputTokens,
+    ToolChoiceConfig,
+    ToolChoiceFunction,
+    VoiceId,
+)
+
+
+class ResponseAudioOutput(ConfigStruct):
+    """Audio overrides for one response."""
+
+    format: AudioFormat | None = None
+    voice: str | VoiceId | None = None
+    speed: Annotated[float, Meta(ge=0.25, le=1.5)] | None = None
+
+
+class ResponseAudio(ConfigStruct):
+    """Wrapper matching the GA shape ``audio.output``."""
+
+    output: ResponseAudioOutput | None = None
+
+
+class ResponseParams(ConfigStruct):
+    """The ``response`` object of ``response.create``; unset fields follow the session."""
+
+    conversation: str = "auto"
+    input: list[ResponseInputItem] | None = None
+    instructions: str | None = None
+    tools: list[FunctionToolDef] | None = None
+    tool_choice: ToolChoiceConfig | None = None
+    output_modalities: list[Literal["text", "audio"]] | None = None
+    max_output_tokens: MaxOutputTokens | None = None
+    audio: ResponseAudio | None = None
+    metadata: dict[str, str] | None = None
+    temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | None = None
+    prompt: Any = None
+    parallel_tool_calls: bool | None = None
+    reasoning: Any = None
+
+
+def parse_response_params(data: dict[str, Any] | None) -> ResponseParams:
+    """Validate ``response.create``'s ``response`` object; errors name ``response.…``."""
+    try:
+        params = msgspec.convert(data or {}, ResponseParams)
+    except msgspec.ValidationError as exc:
+        raise from_validation_error(exc, "response") from None
+    if params.conversation not in ("auto", "none"):
+        raise ProtocolError(
+            f"Invalid value: '{params.conversation[:100]}'. Supported values are: 'auto' and 'none'.",
+            param="response.conversation",
+        )
+    if params.output_modalities is not None and len(params.output_modalities) != 1:
+        raise ProtocolError(
+            "output_modalities must be exactly one of ['audio'] or ['text'].",
+            param="response.output_modalities",
+        )
+    if params.metadata is not None and len(params.metadata) > 16:
+        raise ProtocolError("metadata holds at most 16 keys.", param="response.metadata")
+    if isinstance(params.tool_choice, ToolChoiceFunction) and params.tools is not None:
+        if params.tool_choice.name not in {t.name for t in params.tools}:
+            raise ProtocolError(
+                f"tool_choice names '{params.tool_choice.name}', which is not in tools.",
+                param="response.tool_choice.name",
+            )
+    return params

@@ -1,0 +1,317 @@
+"""Server events (GA names). The beta dialect is a translation at the edge, not here."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+from msgspec import Struct
+
+from hark.protocol.items import Item
+
+
+class ServerEvent(Struct, kw_only=True, tag_field="type", omit_defaults=False):
+    """Base of server events; the session stamps ``event_id`` when it emits one."""
+
+    event_id: str = ""
+
+
+class ErrorDetail(Struct, omit_defaults=False):
+    """OpenAI's error object."""
+
+    type: str
+    code: str | None
+    message: str
+    param: str | None
+    event_id: str | None
+
+
+class Error(ServerEvent, tag="error"):
+    """A client mistake or a server problem; the connection stays open."""
+
+    error: ErrorDetail
+
+
+class SessionCreated(ServerEvent, tag="session.created"):
+    """The first event of every session."""
+
+    session: dict[str, Any]
+
+
+class SessionUpdated(ServerEvent, tag="session.updated"):
+    """The whole effective configuration after an update."""
+
+    session: dict[str, Any]
+
+
+class ConversationItemAdded(ServerEvent, tag="conversation.item.added"):
+    """An item entered the conversation (it may still be in progress)."""
+
+    previous_item_id: str | None
+    item: Item
+
+
+class ConversationItemDone(ServerEvent, tag="conversation.item.done"):
+    """An item is complete."""
+
+    previous_item_id: str | None
+    item: Item
+
+
+class ConversationItemRetrieved(ServerEvent, tag="conversation.item.retrieved"):
+    """An item with its audio, on request."""
+
+    item: Item
+
+
+class ConversationItemTruncated(ServerEvent, tag="conversation.item.truncated"):
+    """An assistant item was cut to what the user heard."""
+
+    item_id: str
+    content_index: int
+    audio_end_ms: int
+
+
+class ConversationItemDeleted(ServerEvent, tag="conversation.item.deleted"):
+    """An item was removed."""
+
+    item_id: str
+
+
+class InputTranscriptionDelta(
+    ServerEvent, tag="conversation.item.input_audio_transcription.delta"
+):
+    """A piece of the transcript of the user's audio."""
+
+    item_id: str
+    content_index: int
+    delta: str
+
+
+class InputTranscriptionCompleted(
+    ServerEvent, tag="conversation.item.input_audio_transcription.completed"
+):
+    """The whole transcript of the user's audio."""
+
+    item_id: str
+    content_index: int
+    transcript: str
+    usage: dict[str, Any]
+
+
+class InputTranscriptionFailed(
+    ServerEvent, tag="conversation.item.input_audio_transcription.failed"
+):
+    """Transcription of the user's audio failed."""
+
+    item_id: str
+    content_index: int
+    error: dict[str, Any]
+
+
+class SpeechStarted(ServerEvent, tag="input_audio_buffer.speech_started"):
+    """The VAD heard speech begin (``audio_start_ms`` includes the prefix padding)."""
+
+    audio_start_ms: int
+    item_id: str
+
+
+class SpeechStopped(ServerEvent, tag="input_audio_buffer.speech_stopped"):
+    """The turn ended (``audio_end_ms`` includes the silence window)."""
+
+    audio_end_ms: int
+    item_id: str
+
+
+class InputAudioBufferCommitted(ServerEvent, tag="input_audio_buffer.committed"):
+    """The buffer became a user message item."""
+
+    previous_item_id: str | None
+    item_id: str
+
+
+class InputAudioBufferCleared(ServerEvent, tag="input_audio_buffer.cleared"):
+    """The buffer was emptied on request."""
+
+
+class InputAudioBufferTimeoutTriggered(ServerEvent, tag="input_audio_buffer.timeout_triggered"):
+    """The user stayed silent for ``idle_timeout_ms``; a response follows."""
+
+    audio_start_ms: int
+    audio_end_ms: int
+    item_id: str
+
+
+class OutputAudioBufferStarted(ServerEvent, tag="output_audio_buffer.started"):
+    """WebRTC/SIP: reply audio began playing."""
+
+    response_id: str
+
+
+class OutputAudioBufferStopped(ServerEvent, tag="output_audio_buffer.stopped"):
+    """WebRTC/SIP: reply audio finished playing."""
+
+    response_id: str
+
+
+class OutputAudioBufferCleared(ServerEvent, tag="output_audio_buffer.cleared"):
+    """WebRTC/SIP: unplayed reply audio was dropped."""
+
+    response_id: str
+
+
+class Usage(Struct, omit_defaults=False):
+    """Token usage of a response."""
+
+    total_tokens: int
+    input_tokens: int
+    output_tokens: int
+    input_token_details: dict[str, Any]
+    output_token_details: dict[str, Any]
+
+
+class ResponseAudioConfig(Struct):
+    """The audio settings a response was made with."""
+
+    output: dict[str, Any]
+
+
+class Response(Struct, kw_only=True, omit_defaults=False):
+    """The response object of ``response.created`` / ``response.done``."""
+
+    id: str
+    object: Literal["realtime.response"] = "realtime.response"
+    status: Literal["in_progress", "completed", "cancelled", "failed", "incomplete"]
+    status_details: dict[str, Any] | None = None
+    output: list[Item]
+    conversation_id: str | None
+    output_modalities: list[str]
+    max_output_tokens: int | Literal["inf"]
+    audio: ResponseAudioConfig | None = None
+    usage: Usage | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class ResponseCreated(ServerEvent, tag="response.created"):
+    """A response began."""
+
+    response: Response
+
+
+class ResponseDone(ServerEvent, tag="response.done"):
+    """A response ended (completed, cancelled, failed or incomplete)."""
+
+    response: Response
+
+
+class OutputItemAdded(ServerEvent, tag="response.output_item.added"):
+    """A response produced a new item."""
+
+    response_id: str
+    output_index: int
+    item: Item
+
+
+class OutputItemDone(ServerEvent, tag="response.output_item.done"):
+    """A response item is complete."""
+
+    response_id: str
+    output_index: int
+    item: Item
+
+
+class _Part(ServerEvent, kw_only=True):
+    response_id: str
+    item_id: str
+    output_index: int
+    content_index: int
+
+
+class ContentPartAdded(_Part, tag="response.content_part.added"):
+    """A content part began; ``part`` has ``type`` audio or text."""
+
+    part: dict[str, Any]
+
+
+class ContentPartDone(_Part, tag="response.content_part.done"):
+    """A content part is complete."""
+
+    part: dict[str, Any]
+
+
+class OutputAudioDelta(_Part, tag="response.output_audio.delta"):
+    """Base64 audio in the session's output format."""
+
+    delta: str
+
+
+class OutputAudioDone(_Part, tag="response.output_audio.done"):
+    """No more audio for this part."""
+
+
+class OutputAudioTranscriptDelta(_Part, tag="response.output_audio_transcript.delta"):
+    """Words of the reply, sent with their audio."""
+
+    delta: str
+
+
+class OutputAudioTranscriptDone(_Part, tag="response.output_audio_transcript.done"):
+    """The reply's whole transcript."""
+
+    transcript: str
+
+
+class OutputTextDelta(_Part, tag="response.output_text.delta"):
+    """A piece of a text reply."""
+
+    delta: str
+
+
+class OutputTextDone(_Part, tag="response.output_text.done"):
+    """The whole text reply."""
+
+    text: str
+
+
+class FunctionCallArgumentsDelta(ServerEvent, tag="response.function_call_arguments.delta"):
+    """A piece of a function call's JSON arguments."""
+
+    response_id: str
+    item_id: str
+    output_index: int
+    call_id: str
+    delta: str
+
+
+class FunctionCallArgumentsDone(ServerEvent, tag="response.function_call_arguments.done"):
+    """A function call's whole arguments."""
+
+    response_id: str
+    item_id: str
+    output_index: int
+    call_id: str
+    name: str
+    arguments: str
+
+
+class RateLimit(Struct, omit_defaults=False):
+    """One limit's state."""
+
+    name: Literal["requests", "tokens"]
+    limit: int
+    remaining: int
+    reset_seconds: float
+
+
+class RateLimitsUpdated(ServerEvent, tag="rate_limits.updated"):
+    """Sent when a response starts."""
+
+    rate_limits: list[RateLimit]
+
+
+_encoder = msgspec.json.Encoder()
+
+
+def encode_event(event: ServerEvent) -> bytes:
+    """Serialise a server event as JSON."""
+    return _encoder.encode(event)

@@ -1,0 +1,216 @@
+"""The GA session configuration, its validation and partial updates."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta, Struct, field
+
+from hark.protocol.errors import ProtocolError, from_validation_error
+
+DEFAULT_INSTRUCTIONS = (
+    "You are a helpful voice assistant. Answer in one short, plain sentence that reads well aloud."
+)
+
+
+class ConfigStruct(Struct, forbid_unknown_fields=True, omit_defaults=False, kw_only=True):
+    """Base for config objects: unknown fields are errors, as with OpenAI."""
+
+
+class PcmFormat(ConfigStruct, tag="audio/pcm", tag_field="type"):
+    """16-bit little-endian mono PCM at 24 kHz."""
+
+    rate: Literal[24000] = 24000
+
+
+class PcmuFormat(ConfigStruct, tag="audio/pcmu", tag_field="type"):
+    """G.711 μ-law at 8 kHz."""
+
+
+class PcmaFormat(ConfigStruct, tag="audio/pcma", tag_field="type"):
+    """G.711 A-law at 8 kHz."""
+
+
+AudioFormat = PcmFormat | PcmuFormat | PcmaFormat
+
+
+class NoiseReduction(ConfigStruct):
+    """Accepted for compatibility; hark leaves echo and noise handling to the client's stack."""
+
+    type: Literal["near_field", "far_field"] | None = None
+    strength: Annotated[float, Meta(ge=0, le=1)] | None = None
+
+
+class Transcription(ConfigStruct):
+    """Input transcription settings (events for the user's audio)."""
+
+    model: str | None = "whisper-1"
+    language: str | None = None
+    prompt: str | None = None
+    languages: list[str] | None = None
+    keywords: list[str] | None = None
+    delay: Literal["minimal", "low", "medium", "high", "xhigh"] | None = None
+
+
+class ServerVad(ConfigStruct, tag="server_vad", tag_field="type"):
+    """Turn detection by voice activity and a silence window."""
+
+    threshold: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.5
+    prefix_padding_ms: Annotated[int, Meta(ge=0, le=10_000)] = 300
+    silence_duration_ms: Annotated[int, Meta(ge=0, le=10_000)] = 500
+    create_response: bool = True
+    interrupt_response: bool = True
+    idle_timeout_ms: Annotated[int, Meta(ge=1000, le=120_000)] | None = None
+
+
+class SemanticVad(ConfigStruct, tag="semantic_vad", tag_field="type"):
+    """Turn detection that waits longer when the utterance sounds unfinished."""
+
+    eagerness: Literal["low", "medium", "high", "auto"] = "auto"
+    create_response: bool = True
+    interrupt_response: bool = True
+
+
+TurnDetection = ServerVad | SemanticVad
+
+
+class AudioInput(ConfigStruct):
+    """How the client's audio arrives and is interpreted."""
+
+    format: AudioFormat = field(default_factory=PcmFormat)
+    noise_reduction: NoiseReduction | None = None
+    transcription: Transcription | None = None
+    turn_detection: TurnDetection | None = field(default_factory=ServerVad)
+
+
+class VoiceId(ConfigStruct):
+    """A custom voice reference."""
+
+    id: str
+
+
+class AudioOutput(ConfigStruct):
+    """How reply audio is produced."""
+
+    format: AudioFormat = field(default_factory=PcmFormat)
+    voice: str | VoiceId = "alloy"
+    speed: Annotated[float, Meta(ge=0.25, le=1.5)] = 1.0
+
+
+class AudioConfig(ConfigStruct):
+    """Input and output audio."""
+
+    input: AudioInput = field(default_factory=AudioInput)
+    output: AudioOutput = field(default_factory=AudioOutput)
+
+
+class FunctionToolDef(ConfigStruct, tag="function", tag_field="type"):
+    """A function the model may call; ``parameters`` is a JSON schema."""
+
+    name: Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+    description: str = ""
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+class ToolChoiceFunction(ConfigStruct):
+    """Forces a call of the named function."""
+
+    type: Literal["function"]
+    name: str
+
+
+ToolChoiceMode = Literal["auto", "none", "required"]
+ToolChoiceConfig = ToolChoiceMode | ToolChoiceFunction
+MaxOutputTokens = Annotated[int, Meta(ge=1, le=4096)] | Literal["inf"]
+
+
+class SessionConfig(ConfigStruct):
+    """The effective session configuration (GA shape)."""
+
+    type: Literal["realtime", "transcription"] = "realtime"
+    model: str = "gpt-realtime"
+    instructions: str = DEFAULT_INSTRUCTIONS
+    output_modalities: list[Literal["text", "audio"]] = field(default_factory=lambda: ["audio"])
+    audio: AudioConfig = field(default_factory=AudioConfig)
+    tools: list[FunctionToolDef] = field(default_factory=list)
+    tool_choice: ToolChoiceConfig = "auto"
+    max_output_tokens: MaxOutputTokens = "inf"
+    temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | None = None
+    truncation: Any = "auto"
+    tracing: Any = None
+    include: list[Literal["item.input_audio_transcription.logprobs"]] | None = None
+    prompt: Any = None
+    parallel_tool_calls: bool | None = None
+    reasoning: Any = None
+
+
+# Objects merged field by field on update; everything else is replaced whole.
+_MERGED = {("audio",), ("audio", "input"), ("audio", "output")}
+
+
+def _merge(base: dict[str, Any], update: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in update.items():
+        sub = (*path, key)
+        old = base.get(key)
+        if isinstance(value, dict) and isinstance(old, dict):
+            same_kind = "type" not in value or value.get("type") == old.get("type")
+            if sub in _MERGED or (sub == ("audio", "input", "turn_detection") and same_kind):
+                out[key] = _merge(old, value, sub)
+                continue
+        out[key] = value
+    return out
+
+
+def parse_session_config(
+    data: object, *, base: SessionConfig | None = None, param_prefix: str = "session"
+) -> SessionConfig:
+    """Validate a (partial) session object and apply it over ``base`` (defaults when None).
+
+    Raises ProtocolError naming the offending parameter, e.g. ``session.audio.output.speed``.
+    """
+    if not isinstance(data, dict):
+        raise ProtocolError(
+            f"Invalid type for '{param_prefix}': expected an object.",
+            param=param_prefix,
+            code="invalid_type",
+        )
+    current = msgspec.to_builtins(base if base is not None else SessionConfig())
+    merged = _merge(current, data, ())
+    try:
+        config = msgspec.convert(merged, SessionConfig)
+    except msgspec.ValidationError as exc:
+        raise from_validation_error(exc, param_prefix) from None
+    if len(config.output_modalities) != 1:
+        raise ProtocolError(
+            "output_modalities must be exactly one of ['audio'] or ['text'].",
+            param=f"{param_prefix}.output_modalities",
+        )
+    names = [tool.name for tool in config.tools]
+    if len(set(names)) != len(names):
+        raise ProtocolError("Tool names must be unique.", param=f"{param_prefix}.tools")
+    if isinstance(config.tool_choice, ToolChoiceFunction) and config.tool_choice.name not in names:
+        raise ProtocolError(
+            f"tool_choice names the function '{config.tool_choice.name}', which is not in tools.",
+            param=f"{param_prefix}.tool_choice.name",
+        )
+    return config
+
+
+def session_config_to_dict(
+    config: SessionConfig, *, session_id: str | None, expires_at: int | None
+) -> dict[str, Any]:
+    """The session object as sent in ``session.created`` / ``session.updated``."""
+    body: dict[str, Any] = msgspec.to_builtins(config)
+    head: dict[str, Any] = {"object": "realtime.session"}
+    if session_id is not None:
+        head["id"] = session_id
+    if expires_at is not None:
+        head["expires_at"] = expires_at
+    return {**head, **body}
+
+
+def sample_rate(fmt: AudioFormat) -> int:
+    """The sample rate of a wire format."""
+    return 24000 if isinstance(fmt, PcmFormat) else 8000

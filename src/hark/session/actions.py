@@ -1,0 +1,60 @@
+"""Work the session core asks its driver to do; results come back through the core's ``on_*`` methods."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from hark.engines.llm import GenerationRequest
+
+
+@dataclass(frozen=True, slots=True)
+class AnalyzeSpeech:
+    """Run the VAD on one chunk; answer with ``Session.on_vad(probability, epoch)`` in order.
+
+    A new ``epoch`` means the VAD stream must start from fresh state.
+    """
+
+    chunk: npt.NDArray[np.float32]
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Transcribe:
+    """Recognise a user item's audio (16 kHz); answer with ``on_transcription_*``."""
+
+    item_id: str
+    audio: npt.NDArray[np.float32]
+    language: str | None
+    prompt: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Generate:
+    """Produce a response: LLM, and for audio output, TTS at ``output_rate``."""
+
+    response_id: str
+    request: GenerationRequest
+    audio: bool
+    voice: str
+    speed: float
+    output_rate: int
+
+
+@dataclass(frozen=True, slots=True)
+class CancelGeneration:
+    """Stop a response's engine work at once; its later results are ignored anyway."""
+
+    response_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    """End the session (after the events already queued are sent)."""
+
+    reason: str
+
+
+Action = AnalyzeSpeech | Transcribe | Generate | CancelGeneration | Close

@@ -1,0 +1,228 @@
+"""The conversation: ordered items, their audio, and what the LLM sees of them."""
+
+from __future__ import annotations
+
+import base64
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from hark.audio.formats import encode_audio
+from hark.engines.llm import ChatMessage, ToolCall
+from hark.protocol import items as wire
+from hark.protocol.errors import ProtocolError
+from hark.protocol.session_config import AudioFormat
+
+PartType = Literal["input_text", "input_audio", "input_image", "output_text", "output_audio"]
+
+
+@dataclass(slots=True)
+class AudioSegment:
+    """Reply audio ``[start, end)`` (samples) that speaks ``text``."""
+
+    start: int
+    end: int
+    text: str
+
+
+@dataclass(slots=True)
+class Part:
+    """One content part, with the audio kept as PCM so it can be truncated and re-encoded."""
+
+    type: PartType
+    text: str | None = None
+    transcript: str | None = None
+    # What the LLM reads for a user's audio; None while recognition is pending.
+    heard: str | None = None
+    audio: npt.NDArray[np.int16] | None = None
+    audio_format: AudioFormat | None = None
+    rate: int = 0
+    segments: list[AudioSegment] = field(default_factory=list)
+    image_url: str | None = None
+    detail: Literal["auto", "low", "high"] | None = None
+
+    def duration_ms(self) -> int:
+        """Length of the part's audio in milliseconds."""
+        if self.audio is None or not self.rate:
+            return 0
+        return len(self.audio) * 1000 // self.rate
+
+    def to_wire(self, include_audio: bool) -> wire.ContentPart:
+        """The part as sent to clients; audio only when asked (retrieve)."""
+        audio = None
+        if include_audio and self.audio is not None and self.audio_format is not None:
+            audio = base64.b64encode(encode_audio(self.audio_format, self.audio)).decode()
+        if self.type == "input_text":
+            return wire.InputText(text=self.text or "")
+        if self.type == "input_audio":
+            return wire.InputAudio(audio=audio, transcript=self.transcript)
+        if self.type == "input_image":
+            return wire.InputImage(image_url=self.image_url, detail=self.detail)
+        if self.type == "output_text":
+            return wire.OutputText(text=self.text or "")
+        return wire.OutputAudio(audio=audio, transcript=self.transcript)
+
+
+@dataclass(slots=True)
+class Entry:
+    """A conversation item in hark's own form."""
+
+    id: str
+    type: Literal["message", "function_call", "function_call_output"]
+    role: Literal["system", "user", "assistant"] | None = None
+    status: Literal["completed", "incomplete", "in_progress"] = "completed"
+    parts: list[Part] = field(default_factory=list)
+    name: str = ""
+    arguments: str = ""
+    call_id: str = ""
+    output: str = ""
+
+    def to_wire(self, include_audio: bool = False) -> wire.Item:
+        """The item as sent to clients."""
+        if self.type == "message":
+            assert self.role is not None
+            return wire.MessageItem(
+                id=self.id,
+                role=self.role,
+                status=self.status,
+                content=[p.to_wire(include_audio) for p in self.parts],
+            )
+        if self.type == "function_call":
+            return wire.FunctionCallItem(
+                id=self.id,
+                name=self.name,
+                arguments=self.arguments,
+                call_id=self.call_id,
+                status=self.status,
+            )
+        return wire.FunctionCallOutputItem(
+            id=self.id, call_id=self.call_id, output=self.output, status=self.status
+        )
+
+    def pending_recognition(self) -> bool:
+        """True while a user audio part still waits for its transcript."""
+        return any(p.type == "input_audio" and p.heard is None for p in self.parts)
+
+
+class Conversation:
+    """The ordered items of the default conversation."""
+
+    def __init__(self) -> None:
+        self._entries: list[Entry] = []
+        self._by_id: dict[str, Entry] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, item_id: object) -> bool:
+        return item_id in self._by_id
+
+    def entries(self) -> list[Entry]:
+        """The items in order."""
+        return list(self._entries)
+
+    def get(self, item_id: str, param: str = "item_id") -> Entry:
+        """The item with this id, or a ProtocolError naming ``param``."""
+        entry = self._by_id.get(item_id)
+        if entry is None:
+            raise ProtocolError(
+                f"Item with item_id not found: {item_id[:100]}", param, "item_not_found"
+            )
+        return entry
+
+    def insert(self, entry: Entry, previous_item_id: str | None = None) -> str | None:
+        """Add ``entry`` after ``previous_item_id`` (end when None, start when "root").
+
+        Returns the id of the item now before it (None at the start).
+        """
+        if entry.id in self._by_id:
+            raise ProtocolError(
+                f"Item with id {entry.id[:100]} already exists.", "item.id", "duplicate_item_id"
+            )
+        if previous_item_id is None:
+            index = len(self._entries)
+        elif previous_item_id == "root":
+            index = 0
+        else:
+            index = self._entries.index(self.get(previous_item_id, "previous_item_id")) + 1
+        self._entries.insert(index, entry)
+        self._by_id[entry.id] = entry
+        return self._entries[index - 1].id if index > 0 else None
+
+    def last_id(self) -> str | None:
+        """The id of the last item, if any."""
+        return self._entries[-1].id if self._entries else None
+
+    def delete(self, item_id: str) -> None:
+        """Remove an item."""
+        entry = self.get(item_id)
+        self._entries.remove(entry)
+        del self._by_id[item_id]
+
+
+def truncate_part(part: Part, audio_end_ms: int) -> None:
+    """Cut an assistant audio part, and its transcript, to the first ``audio_end_ms``.
+
+    The transcript keeps every segment heard in full and, of the segment being spoken at the
+    cut, the share of its words that fits the share of its audio that was played.
+    """
+    assert part.audio is not None
+    end = min(len(part.audio), audio_end_ms * part.rate // 1000)
+    part.audio = part.audio[:end].copy()
+    kept: list[AudioSegment] = []
+    words: list[str] = []
+    for seg in part.segments:
+        if seg.end <= end:
+            kept.append(seg)
+            words.append(seg.text)
+        elif seg.start < end:
+            share = (end - seg.start) / max(1, seg.end - seg.start)
+            spoken = list(re.finditer(r"\S+", seg.text))
+            heard = int(len(spoken) * share)
+            cut = seg.text[: spoken[heard - 1].end()] if heard else ""
+            kept.append(AudioSegment(seg.start, end, cut))
+            words.append(cut)
+    part.segments = kept
+    part.transcript = "".join(words)
+
+
+def chat_messages(instructions: str, entries: list[Entry]) -> list[ChatMessage]:
+    """What the LLM sees: instructions, then the items as chat messages."""
+    messages: list[ChatMessage] = []
+    if instructions:
+        messages.append(ChatMessage(role="system", content=instructions))
+    for entry in entries:
+        if entry.type == "function_call":
+            call = ToolCall(call_id=entry.call_id, name=entry.name, arguments=entry.arguments)
+            last = messages[-1] if messages else None
+            if last is not None and last.role == "assistant":
+                messages[-1] = ChatMessage(
+                    role="assistant", content=last.content, tool_calls=(*last.tool_calls, call)
+                )
+            else:
+                messages.append(ChatMessage(role="assistant", content="", tool_calls=(call,)))
+        elif entry.type == "function_call_output":
+            messages.append(
+                ChatMessage(role="tool", content=entry.output, tool_call_id=entry.call_id)
+            )
+        else:
+            text = " ".join(t for t in (_part_text(p) for p in entry.parts) if t).strip()
+            assert entry.role is not None
+            if entry.role == "system":
+                messages.append(ChatMessage(role="system", content=text))
+            elif text or entry.role == "user":
+                messages.append(ChatMessage(role=entry.role, content=text))
+    return messages
+
+
+def _part_text(part: Part) -> str:
+    if part.type in ("input_text", "output_text"):
+        return part.text or ""
+    if part.type == "input_audio":
+        return part.heard if part.heard is not None else (part.transcript or "")
+    if part.type == "output_audio":
+        return part.transcript or ""
+    return "[image]"

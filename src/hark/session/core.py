@@ -1,0 +1,1043 @@
+"""The Realtime session as a sans-I/O state machine.
+
+Inputs are client events (``receive``), engine results (``on_*``) and the wall time
+(``tick``); outputs are server events and actions for the driver, collected with ``drain``.
+Turn-taking runs on the audio sample clock, so a test can replay a conversation and get the
+same events every time. Nothing here touches a socket, a thread or the system clock.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+
+from hark.audio.formats import decode_audio, encode_audio, format_rate
+from hark.audio.resample import StreamResampler, resample
+from hark.engines.llm import Finished, FunctionTool, GenerationRequest, ToolChoice
+from hark.protocol import client_events as ce
+from hark.protocol import items as wire
+from hark.protocol import server_events as se
+from hark.protocol.errors import ProtocolError, from_validation_error
+from hark.protocol.response_params import ResponseParams, parse_response_params
+from hark.protocol.session_config import (
+    AudioFormat,
+    FunctionToolDef,
+    ServerVad,
+    SessionConfig,
+    ToolChoiceConfig,
+    ToolChoiceFunction,
+    VoiceId,
+    parse_session_config,
+    session_config_to_dict,
+)
+from hark.session.actions import (
+    Action,
+    AnalyzeSpeech,
+    CancelGeneration,
+    Close,
+    Generate,
+    Transcribe,
+)
+from hark.session.conversation import (
+    AudioSegment,
+    Conversation,
+    Entry,
+    Part,
+    chat_messages,
+    truncate_part,
+)
+from hark.session.ids import IdGenerator
+from hark.session.input_buffer import InputAudioBuffer
+from hark.session.turn_detection import TurnDetector
+
+MAX_APPEND_BYTES = 15 * 1024 * 1024
+MIN_COMMIT_MS = 100
+SESSION_LIMIT_S = 60 * 60
+VAD_RATE = 16000
+VAD_CHUNK = 512
+ASR_RATE = 16000
+
+Output = se.ServerEvent | Action
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimits:
+    """Per-session limits over a sliding minute, reported in ``rate_limits.updated``."""
+
+    requests_per_minute: int = 600
+    tokens_per_minute: int = 200_000
+
+
+@dataclass(slots=True)
+class _Response:
+    id: str
+    in_band: bool
+    modalities: list[str]
+    audio_format: AudioFormat
+    voice: str
+    speed: float
+    max_output_tokens: int | Literal["inf"]
+    metadata: dict[str, str] | None
+    instructions: str
+    tools: list[FunctionToolDef]
+    tool_choice: ToolChoiceConfig
+    temperature: float | None
+    inputs: list[Entry] | None
+    status: Literal["in_progress", "completed", "cancelled", "failed", "incomplete"] = (
+        "in_progress"
+    )
+    status_details: dict[str, Any] | None = None
+    output: list[Entry] = field(default_factory=list)
+    message: Entry | None = None
+    calls: dict[str, Entry] = field(default_factory=dict)
+    generating: bool = False
+    usage: se.Usage | None = None
+
+    @property
+    def audio(self) -> bool:
+        return self.modalities == ["audio"]
+
+    def to_wire(self) -> se.Response:
+        return se.Response(
+            id=self.id,
+            status=self.status,
+            status_details=self.status_details,
+            output=[e.to_wire() for e in self.output],
+            conversation_id="conv_default" if self.in_band else None,
+            output_modalities=list(self.modalities),
+            max_output_tokens=self.max_output_tokens,
+            audio=se.ResponseAudioConfig(
+                output={"format": msgspec.to_builtins(self.audio_format), "voice": self.voice}
+            ),
+            usage=self.usage,
+            metadata=self.metadata,
+        )
+
+
+class Session:
+    """One Realtime session's state: config, input buffer, turn-taking, conversation, responses."""
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        config: SessionConfig | None = None,
+        session_id: str | None = None,
+        ids: IdGenerator | None = None,
+        created_at: float = 0.0,
+        max_duration_s: float = SESSION_LIMIT_S,
+        rate_limits: RateLimits | None = None,
+    ) -> None:
+        self.ids = ids or IdGenerator()
+        self.id = session_id or self.ids.new("sess")
+        base = config or SessionConfig()
+        self.config = msgspec.structs.replace(base, model=model)
+        self.created_at = created_at
+        self.expires_at = int(created_at + max_duration_s)
+        self.conversation = Conversation()
+        self._limits = rate_limits or RateLimits()
+        self._outbox: list[Output] = []
+        self._closed = False
+        self._clock_ms = 0.0
+        self._audio_produced = False
+        self._responses: dict[str, _Response] = {}
+        self._in_band: _Response | None = None
+        self._usage_window: deque[tuple[float, int]] = deque()
+        self._now = created_at
+        self._idle_deadline_ms: float | None = None
+        self._speech_item_id: str | None = None
+        self._speech_start_ms = 0.0
+        self._setup_input()
+
+    # ----------------------------------------------------------------- plumbing
+
+    def drain(self) -> list[Output]:
+        """Everything produced since the last call: server events and actions, in order."""
+        out, self._outbox = self._outbox, []
+        return out
+
+    def _emit(self, event: se.ServerEvent) -> None:
+        event.event_id = self.ids.new("event")
+        self._outbox.append(event)
+
+    def _error(self, error: ProtocolError, event_id: str | None) -> None:
+        self._emit(
+            se.Error(
+                error=se.ErrorDetail(
+                    type=error.type,
+                    code=error.code,
+                    message=error.message,
+                    param=error.param,
+                    event_id=event_id,
+                )
+            )
+        )
+
+    def report_internal_error(self) -> None:
+        """Tell the client that the server failed on its last event (the session goes on)."""
+        self._error(
+            ProtocolError(
+                "The server had an error while processing the event.",
+                code="server_error",
+                type="server_error",
+            ),
+            None,
+        )
+
+    @property
+    def clock_ms(self) -> float:
+        """The session clock: milliseconds of input audio received."""
+        return self._clock_ms
+
+    def start(self) -> None:
+        """Emit ``session.created``."""
+        self._emit(se.SessionCreated(session=self._session_dict()))
+
+    def _session_dict(self) -> dict[str, Any]:
+        return session_config_to_dict(self.config, session_id=self.id, expires_at=self.expires_at)
+
+    def tick(self, now: float) -> None:
+        """Advance the wall time (UNIX seconds): the session limit and rate windows use it."""
+        self._now = now
+        if not self._closed and now >= self.expires_at:
+            self._closed = True
+            for response in list(self._responses.values()):
+                self._end_response(response, "cancelled", {"type": "cancelled", "reason": None})
+            self._error(
+                ProtocolError(
+                    "Your session hit the maximum duration of 60 minutes.",
+                    code="session_expired",
+                ),
+                None,
+            )
+            self._outbox.append(Close("session_expired"))
+
+    # ----------------------------------------------------------------- client events
+
+    def receive(self, data: str | bytes) -> None:
+        """Handle one client event (a WebSocket text frame). Never raises for bad input."""
+        if self._closed:
+            return
+        try:
+            event = ce.decode_client_event(data)
+        except ce.DecodeError as exc:
+            self._error(exc, exc.event_id)
+            return
+        try:
+            self._dispatch(event)
+        except ProtocolError as exc:
+            self._error(exc, event.event_id)
+
+    def receive_binary(self, data: bytes) -> None:
+        """Binary frames are not part of the protocol: answer with an error."""
+        self._error(
+            ProtocolError(
+                "Binary frames are not supported: send events as JSON text, "
+                "audio base64-encoded in input_audio_buffer.append.",
+                code="invalid_event",
+            ),
+            None,
+        )
+
+    def _dispatch(self, event: ce.AnyClientEvent) -> None:
+        if isinstance(event, ce.InputAudioBufferAppend):
+            self._append(event.audio)
+        elif isinstance(event, ce.SessionUpdate):
+            self._update_session(event.session)
+        elif isinstance(event, ce.InputAudioBufferCommit):
+            self._commit_buffer()
+        elif isinstance(event, ce.InputAudioBufferClear):
+            self._buffer.clear()
+            self._reset_turn()
+            self._emit(se.InputAudioBufferCleared())
+        elif isinstance(event, ce.ConversationItemCreate):
+            self._create_item(event.item, event.previous_item_id)
+        elif isinstance(event, ce.ConversationItemRetrieve):
+            entry = self.conversation.get(event.item_id)
+            self._emit(se.ConversationItemRetrieved(item=entry.to_wire(include_audio=True)))
+        elif isinstance(event, ce.ConversationItemTruncate):
+            self._truncate(event.item_id, event.content_index, event.audio_end_ms)
+        elif isinstance(event, ce.ConversationItemDelete):
+            self._delete(event.item_id)
+        elif isinstance(event, ce.ResponseCreate):
+            self._create_response(parse_response_params(event.response))
+        elif isinstance(event, ce.ResponseCancel):
+            self._cancel_request(event.response_id)
+        elif isinstance(event, ce.OutputAudioBufferClear):
+            raise ProtocolError(
+                "output_audio_buffer.clear is only supported on WebRTC and SIP sessions; "
+                "over WebSocket the client owns playback.",
+                code="invalid_event",
+            )
+
+    # ----------------------------------------------------------------- session.update
+
+    def _update_session(self, update: dict[str, Any]) -> None:
+        if "model" in update and update["model"] != self.config.model:
+            raise ProtocolError(
+                "The session's model cannot be changed.", "session.model", "invalid_value"
+            )
+        config = parse_session_config(update, base=self.config)
+        old = self.config
+        if self._audio_produced and _voice_name(config.audio.output.voice) != _voice_name(
+            old.audio.output.voice
+        ):
+            raise ProtocolError(
+                "Cannot update a conversation's voice if assistant audio is present.",
+                "session.audio.output.voice",
+                "cannot_update_voice",
+            )
+        self.config = config
+        if (
+            config.audio.input.format != old.audio.input.format
+            or config.audio.input.turn_detection != old.audio.input.turn_detection
+        ):
+            self._setup_input()
+        self._emit(se.SessionUpdated(session=self._session_dict()))
+
+    # ----------------------------------------------------------------- input audio
+
+    def _setup_input(self) -> None:
+        """(Re)build the input path for the current format and turn detection."""
+        fmt = self.config.audio.input.format
+        self._in_rate = format_rate(fmt)
+        self._buffer = InputAudioBuffer(self._in_rate, self._clock_ms)
+        self._to_vad = StreamResampler(self._in_rate, VAD_RATE)
+        self._vad_pending = np.zeros(0, np.float32)
+        self._vad_epoch = getattr(self, "_vad_epoch", -1) + 1
+        self._vad_base_ms = self._clock_ms
+        self._vad_sent = 0
+        self._vad_done = 0
+        td = self.config.audio.input.turn_detection
+        self._turns = TurnDetector(td) if td is not None else None
+        self._speech_item_id = None
+
+    def _reset_turn(self) -> None:
+        if self._turns is not None:
+            self._turns.reset()
+        self._speech_item_id = None
+
+    def _append(self, audio_b64: str) -> None:
+        if len(audio_b64) > MAX_APPEND_BYTES:
+            raise ProtocolError(
+                f"Audio append of {len(audio_b64)} bytes exceeds the 15 MiB limit per event.",
+                "audio",
+                "invalid_value",
+            )
+        try:
+            data = binascii.a2b_base64(audio_b64, strict_mode=True)
+        except (binascii.Error, ValueError):
+            raise ProtocolError(
+                "Invalid 'audio': expected base64-encoded audio.", "audio", "invalid_value"
+            ) from None
+        pcm = decode_audio(self.config.audio.input.format, data)
+        self._buffer.append(pcm)
+        self._clock_ms += len(pcm) * 1000 / self._in_rate
+        if self._turns is not None:
+            self._feed_vad(pcm)
+
+    def _feed_vad(self, pcm: npt.NDArray[np.int16]) -> None:
+        resampled = self._to_vad.process(pcm).astype(np.float32) / 32768.0
+        pending = np.concatenate((self._vad_pending, resampled))
+        count = len(pending) // VAD_CHUNK
+        for i in range(count):
+            chunk = pending[i * VAD_CHUNK : (i + 1) * VAD_CHUNK]
+            self._outbox.append(AnalyzeSpeech(chunk, self._vad_epoch))
+        self._vad_sent += count
+        self._vad_pending = pending[count * VAD_CHUNK :]
+
+    def on_vad(self, probability: float, epoch: int) -> None:
+        """The VAD's answer for the oldest chunk not yet answered (of this epoch)."""
+        if epoch != self._vad_epoch or self._turns is None or self._closed:
+            return
+        chunk_ms = VAD_CHUNK * 1000 / VAD_RATE
+        start = self._vad_base_ms + self._vad_done * chunk_ms
+        end = start + chunk_ms
+        self._vad_done += 1
+        decision = self._turns.feed(start, end, probability)
+        if decision is not None and decision.kind == "speech_started":
+            self._speech_started(decision.ms)
+        elif decision is not None:
+            self._speech_stopped(decision.ms)
+        if not self._turns.speaking:
+            self._buffer.trim_before(end - self._turns.prefix_padding_ms - 100)
+            if self._idle_deadline_ms is not None and end >= self._idle_deadline_ms:
+                self._idle_timeout(end)
+
+    def _speech_started(self, ms: float) -> None:
+        td = self.config.audio.input.turn_detection
+        assert td is not None
+        self._speech_item_id = self.ids.new("item")
+        self._speech_start_ms = max(ms, self._buffer.start_ms)
+        self._idle_deadline_ms = None
+        self._emit(
+            se.SpeechStarted(
+                audio_start_ms=int(self._speech_start_ms), item_id=self._speech_item_id
+            )
+        )
+        if td.interrupt_response and self._in_band is not None:
+            self._end_response(
+                self._in_band, "cancelled", {"type": "cancelled", "reason": "turn_detected"}
+            )
+
+    def _speech_stopped(self, ms: float) -> None:
+        td = self.config.audio.input.turn_detection
+        assert td is not None and self._speech_item_id is not None
+        item_id, self._speech_item_id = self._speech_item_id, None
+        self._emit(se.SpeechStopped(audio_end_ms=int(ms), item_id=item_id))
+        pcm = self._buffer.take(self._speech_start_ms, ms)
+        self._commit_audio(pcm, item_id)
+        if td.create_response and self.config.type == "realtime" and self._in_band is None:
+            self._create_response(ResponseParams())
+
+    def _idle_timeout(self, now_ms: float) -> None:
+        self._idle_deadline_ms = None
+        item_id = self.ids.new("item")
+        start = self._buffer.start_ms
+        self._emit(
+            se.InputAudioBufferTimeoutTriggered(
+                audio_start_ms=int(start), audio_end_ms=int(now_ms), item_id=item_id
+            )
+        )
+        pcm = self._buffer.take(start, now_ms)
+        if len(pcm):
+            self._commit_audio(pcm, item_id)
+        if self._in_band is None:
+            self._create_response(ResponseParams())
+
+    def _commit_buffer(self) -> None:
+        if self._buffer.duration_ms < MIN_COMMIT_MS:
+            raise ProtocolError(
+                "Error committing input audio buffer: buffer too small. Expected at least "
+                f"{MIN_COMMIT_MS}ms of audio, but buffer only has "
+                f"{self._buffer.duration_ms:.2f}ms of audio.",
+                code="input_audio_buffer_commit_empty",
+            )
+        item_id = self._speech_item_id or self.ids.new("item")
+        self._reset_turn()
+        self._commit_audio(self._buffer.take_all(), item_id)
+
+    def _commit_audio(self, pcm: npt.NDArray[np.int16], item_id: str) -> None:
+        part = Part(
+            "input_audio", audio=pcm, audio_format=self.config.audio.input.format, rate=self._in_rate
+        )
+        entry = Entry(id=item_id, type="message", role="user", parts=[part])
+        previous = self.conversation.insert(entry)
+        self._emit(se.InputAudioBufferCommitted(previous_item_id=previous, item_id=item_id))
+        self._emit(se.ConversationItemAdded(previous_item_id=previous, item=entry.to_wire()))
+        self._emit(se.ConversationItemDone(previous_item_id=previous, item=entry.to_wire()))
+        self._recognise(entry, part)
+
+    def _recognise(self, entry: Entry, part: Part) -> None:
+        assert part.audio is not None
+        transcription = self.config.audio.input.transcription
+        audio = resample(part.audio, part.rate, ASR_RATE).astype(np.float32) / 32768.0
+        self._outbox.append(
+            Transcribe(
+                item_id=entry.id,
+                audio=audio,
+                language=transcription.language if transcription else None,
+                prompt=transcription.prompt if transcription else None,
+            )
+        )
+
+    # ----------------------------------------------------------------- transcription results
+
+    def _pending_part(self, item_id: str) -> Part | None:
+        if item_id not in self.conversation:
+            return None
+        entry = self.conversation.get(item_id)
+        return next((p for p in entry.parts if p.type == "input_audio" and p.heard is None), None)
+
+    def on_transcription_delta(self, item_id: str, delta: str) -> None:
+        """A piece of a user item's transcript."""
+        if self._pending_part(item_id) is not None and self.config.audio.input.transcription:
+            self._emit(se.InputTranscriptionDelta(item_id=item_id, content_index=0, delta=delta))
+
+    def on_transcription_done(self, item_id: str, transcript: str, audio_seconds: float) -> None:
+        """A user item's whole transcript."""
+        part = self._pending_part(item_id)
+        if part is None:
+            return
+        part.heard = transcript
+        if self.config.audio.input.transcription is not None:
+            part.transcript = transcript
+            self._emit(
+                se.InputTranscriptionCompleted(
+                    item_id=item_id,
+                    content_index=0,
+                    transcript=transcript,
+                    usage={"type": "duration", "seconds": round(audio_seconds, 3)},
+                )
+            )
+        self._resume_waiting()
+
+    def on_transcription_failed(self, item_id: str, message: str) -> None:
+        """Recognition of a user item failed: the LLM will see no words for it."""
+        part = self._pending_part(item_id)
+        if part is None:
+            return
+        part.heard = ""
+        if self.config.audio.input.transcription is not None:
+            self._emit(
+                se.InputTranscriptionFailed(
+                    item_id=item_id,
+                    content_index=0,
+                    error={
+                        "type": "server_error",
+                        "code": "transcription_failed",
+                        "message": message,
+                        "param": None,
+                    },
+                )
+            )
+        self._resume_waiting()
+
+    # ----------------------------------------------------------------- conversation items
+
+    def _create_item(self, raw: dict[str, Any], previous_item_id: str | None) -> None:
+        try:
+            item = msgspec.convert(raw, wire.Item)
+        except msgspec.ValidationError as exc:
+            raise from_validation_error(exc, "item") from None
+        entry, recognise = self._entry_from_wire(item, "item")
+        if entry.id in self.conversation:
+            raise ProtocolError(
+                f"Item with id {entry.id[:100]} already exists.", "item.id", "duplicate_item_id"
+            )
+        previous = self.conversation.insert(entry, previous_item_id)
+        self._emit(se.ConversationItemAdded(previous_item_id=previous, item=entry.to_wire()))
+        self._emit(se.ConversationItemDone(previous_item_id=previous, item=entry.to_wire()))
+        for part in recognise:
+            self._recognise(entry, part)
+
+    def _entry_from_wire(self, item: wire.Item, param: str) -> tuple[Entry, list[Part]]:
+        """Build an entry from a client item; returns the audio parts that need recognition."""
+        item_id = item.id or self.ids.new("item")
+        if isinstance(item, wire.FunctionCallItem):
+            entry = Entry(
+                id=item_id,
+                type="function_call",
+                name=item.name,
+                arguments=item.arguments,
+                call_id=item.call_id or self.ids.new("call"),
+            )
+            return entry, []
+        if isinstance(item, wire.FunctionCallOutputItem):
+            entry = Entry(
+                id=item_id, type="function_call_output", call_id=item.call_id, output=item.output
+            )
+            return entry, []
+        parts: list[Part] = []
+        recognise: list[Part] = []
+        allowed = wire.ALLOWED_PARTS[item.role]
+        for index, content in enumerate(item.content):
+            where = f"{param}.content[{index}]"
+            if not isinstance(content, allowed):
+                raise ProtocolError(
+                    f"Content type '{content.__struct_config__.tag}' is not allowed "
+                    f"in a {item.role} message.",
+                    f"{where}.type",
+                )
+            parts.append(self._part_from_wire(content, where, recognise))
+        return Entry(id=item_id, type="message", role=item.role, parts=parts), recognise
+
+    def _part_from_wire(self, content: wire.ContentPart, where: str, recognise: list[Part]) -> Part:
+        if isinstance(content, wire.InputText):
+            return Part("input_text", text=content.text)
+        if isinstance(content, wire.OutputText):
+            return Part("output_text", text=content.text)
+        if isinstance(content, wire.InputImage):
+            return Part("input_image", image_url=content.image_url, detail=content.detail)
+        is_input = isinstance(content, wire.InputAudio)
+        fmt = self.config.audio.input.format if is_input else self.config.audio.output.format
+        part = Part(
+            "input_audio" if is_input else "output_audio",
+            transcript=content.transcript,
+            audio_format=fmt,
+            rate=format_rate(fmt),
+        )
+        if content.audio:
+            try:
+                data = binascii.a2b_base64(content.audio, strict_mode=True)
+            except (binascii.Error, ValueError):
+                raise ProtocolError(
+                    "Invalid 'audio': expected base64-encoded audio.", f"{where}.audio"
+                ) from None
+            part.audio = decode_audio(fmt, data, f"{where}.audio")
+        if is_input:
+            part.heard = content.transcript
+            if part.heard is None:
+                if part.audio is None or not len(part.audio):
+                    part.heard = ""
+                else:
+                    recognise.append(part)
+        elif part.audio is not None:
+            part.segments = [AudioSegment(0, len(part.audio), content.transcript or "")]
+        return part
+
+    def _truncate(self, item_id: str, content_index: int, audio_end_ms: int) -> None:
+        entry = self.conversation.get(item_id)
+        if entry.type != "message" or entry.role != "assistant":
+            raise ProtocolError(
+                "Only assistant messages with audio can be truncated.", "item_id", "invalid_value"
+            )
+        if content_index >= len(entry.parts) or entry.parts[content_index].type != "output_audio":
+            raise ProtocolError(
+                f"Content index {content_index} of item {item_id} is not audio.",
+                "content_index",
+                "invalid_value",
+            )
+        part = entry.parts[content_index]
+        duration = part.duration_ms()
+        if part.audio is None or audio_end_ms > duration:
+            raise ProtocolError(
+                f"Audio content of {duration}ms is already shorter than {audio_end_ms}ms.",
+                "audio_end_ms",
+                "invalid_value",
+            )
+        owner = next((r for r in self._responses.values() if entry in r.output), None)
+        if owner is not None:
+            self._end_response(owner, "cancelled", {"type": "cancelled", "reason": "client_cancelled"})
+        truncate_part(part, audio_end_ms)
+        self._emit(
+            se.ConversationItemTruncated(
+                item_id=item_id, content_index=content_index, audio_end_ms=audio_end_ms
+            )
+        )
+
+    def _delete(self, item_id: str) -> None:
+        entry = self.conversation.get(item_id)
+        if any(entry in r.output for r in self._responses.values()):
+            raise ProtocolError(
+                "Cannot delete an item while its response is in progress.",
+                "item_id",
+                "invalid_value",
+            )
+        self.conversation.delete(item_id)
+        self._emit(se.ConversationItemDeleted(item_id=item_id))
+
+    # ----------------------------------------------------------------- responses
+
+    def _create_response(self, params: ResponseParams) -> None:
+        if self.config.type == "transcription":
+            raise ProtocolError(
+                "Transcription sessions do not create responses.", code="invalid_event"
+            )
+        in_band = params.conversation == "auto"
+        if in_band and self._in_band is not None:
+            raise ProtocolError(
+                "Conversation already has an active response in progress: "
+                f"{self._in_band.id}. Wait until the response is finished before creating a "
+                "new one.",
+                code="conversation_already_has_active_response",
+            )
+        cfg = self.config
+        audio_out = params.audio.output if params.audio and params.audio.output else None
+        inputs = None
+        if params.input is not None:
+            inputs = self._response_inputs(params.input)
+        response = _Response(
+            id=self.ids.new("resp"),
+            in_band=in_band,
+            modalities=list(params.output_modalities or cfg.output_modalities),
+            audio_format=(audio_out.format if audio_out and audio_out.format else None)
+            or cfg.audio.output.format,
+            voice=_voice_name(
+                (audio_out.voice if audio_out and audio_out.voice else None)
+                or cfg.audio.output.voice
+            ),
+            speed=(audio_out.speed if audio_out and audio_out.speed else None)
+            or cfg.audio.output.speed,
+            max_output_tokens=params.max_output_tokens or cfg.max_output_tokens,
+            metadata=params.metadata,
+            instructions=params.instructions if params.instructions is not None else cfg.instructions,
+            tools=params.tools if params.tools is not None else cfg.tools,
+            tool_choice=params.tool_choice or cfg.tool_choice,
+            temperature=params.temperature if params.temperature is not None else cfg.temperature,
+            inputs=inputs,
+        )
+        if isinstance(response.tool_choice, ToolChoiceFunction) and response.tool_choice.name not in {
+            t.name for t in response.tools
+        }:
+            raise ProtocolError(
+                f"tool_choice names '{response.tool_choice.name}', which is not in tools.",
+                "response.tool_choice.name",
+            )
+        self._responses[response.id] = response
+        if in_band:
+            self._in_band = response
+        self._emit(se.ResponseCreated(response=response.to_wire()))
+        limited = self._rate_limits()
+        if limited:
+            self._end_response(
+                response,
+                "failed",
+                {
+                    "type": "failed",
+                    "error": {
+                        "type": "rate_limit_error",
+                        "code": "rate_limit_exceeded",
+                        "message": "The session's rate limit was reached; try again shortly.",
+                    },
+                },
+            )
+            return
+        self._start_generation(response)
+
+    def _response_inputs(self, items: list[wire.ResponseInputItem]) -> list[Entry]:
+        entries: list[Entry] = []
+        for index, item in enumerate(items):
+            if isinstance(item, wire.ItemReference):
+                entries.append(self.conversation.get(item.id, f"response.input[{index}].id"))
+            else:
+                entry, recognise = self._entry_from_wire(item, f"response.input[{index}]")
+                for part in recognise:
+                    self._recognise(entry, part)
+                entries.append(entry)
+        return entries
+
+    def _rate_limits(self) -> bool:
+        """Emit ``rate_limits.updated``; True when this response goes over a limit."""
+        while self._usage_window and self._usage_window[0][0] <= self._now - 60:
+            self._usage_window.popleft()
+        self._usage_window.append((self._now, 0))
+        requests = len(self._usage_window)
+        tokens = sum(t for _, t in self._usage_window)
+        reset = max(0.0, self._usage_window[0][0] + 60 - self._now)
+        limits = self._limits
+        self._emit(
+            se.RateLimitsUpdated(
+                rate_limits=[
+                    se.RateLimit(
+                        name="requests",
+                        limit=limits.requests_per_minute,
+                        remaining=max(0, limits.requests_per_minute - requests),
+                        reset_seconds=round(reset, 3),
+                    ),
+                    se.RateLimit(
+                        name="tokens",
+                        limit=limits.tokens_per_minute,
+                        remaining=max(0, limits.tokens_per_minute - tokens),
+                        reset_seconds=round(reset, 3),
+                    ),
+                ]
+            )
+        )
+        return requests > limits.requests_per_minute or tokens >= limits.tokens_per_minute
+
+    def _resume_waiting(self) -> None:
+        for response in list(self._responses.values()):
+            if not response.generating:
+                self._start_generation(response)
+
+    def _start_generation(self, response: _Response) -> None:
+        entries = response.inputs if response.inputs is not None else self.conversation.entries()
+        if any(e.pending_recognition() for e in entries):
+            return
+        response.generating = True
+        choice = response.tool_choice
+        if isinstance(choice, ToolChoiceFunction):
+            tool_choice = ToolChoice(mode="function", name=choice.name)
+        else:
+            tool_choice = ToolChoice(mode=choice)
+        max_tokens = response.max_output_tokens
+        request = GenerationRequest(
+            messages=tuple(chat_messages(response.instructions, entries)),
+            tools=tuple(
+                FunctionTool(name=t.name, description=t.description, parameters=t.parameters)
+                for t in response.tools
+            ),
+            tool_choice=tool_choice,
+            max_tokens=None if max_tokens == "inf" else max_tokens,
+            temperature=response.temperature,
+        )
+        self._outbox.append(
+            Generate(
+                response_id=response.id,
+                request=request,
+                audio=response.audio,
+                voice=response.voice,
+                speed=response.speed,
+                output_rate=format_rate(response.audio_format),
+            )
+        )
+
+    def _cancel_request(self, response_id: str | None) -> None:
+        if response_id is not None:
+            response = self._responses.get(response_id)
+            if response is None:
+                raise ProtocolError(
+                    f"No response in progress with id {response_id[:100]}.",
+                    "response_id",
+                    "response_cancel_not_active",
+                )
+        else:
+            response = self._in_band or next(iter(self._responses.values()), None)
+            if response is None:
+                raise ProtocolError(
+                    "Cancellation failed: no active response found.",
+                    code="response_cancel_not_active",
+                )
+        self._end_response(
+            response, "cancelled", {"type": "cancelled", "reason": "client_cancelled"}
+        )
+
+    def _live(self, response_id: str) -> _Response | None:
+        return self._responses.get(response_id)
+
+    def _add_output(self, response: _Response, entry: Entry) -> int:
+        index = len(response.output)
+        response.output.append(entry)
+        self._emit(
+            se.OutputItemAdded(response_id=response.id, output_index=index, item=entry.to_wire())
+        )
+        if response.in_band:
+            previous = self.conversation.insert(entry)
+            self._emit(se.ConversationItemAdded(previous_item_id=previous, item=entry.to_wire()))
+        return index
+
+    def _message(self, response: _Response) -> tuple[Entry, Part, dict[str, Any]]:
+        """The response's assistant message, created with its content part on first use."""
+        if response.message is None:
+            kind: Literal["output_audio", "output_text"] = (
+                "output_audio" if response.audio else "output_text"
+            )
+            part = Part(kind, text="" if kind == "output_text" else None)
+            if kind == "output_audio":
+                part.transcript = ""
+                part.audio = np.zeros(0, np.int16)
+                part.audio_format = response.audio_format
+                part.rate = format_rate(response.audio_format)
+            entry = Entry(
+                id=self.ids.new("item"),
+                type="message",
+                role="assistant",
+                status="in_progress",
+                parts=[part],
+            )
+            response.message = entry
+            index = self._add_output(response, entry)
+            self._emit(
+                se.ContentPartAdded(
+                    response_id=response.id,
+                    item_id=entry.id,
+                    output_index=index,
+                    content_index=0,
+                    part=_part_summary(part),
+                )
+            )
+        entry = response.message
+        position = {
+            "response_id": response.id,
+            "item_id": entry.id,
+            "output_index": response.output.index(entry),
+            "content_index": 0,
+        }
+        return entry, entry.parts[0], position
+
+    def on_text(self, response_id: str, delta: str) -> None:
+        """LLM text for a text-only response."""
+        response = self._live(response_id)
+        if response is None or response.audio or not delta:
+            return
+        _, part, position = self._message(response)
+        part.text = (part.text or "") + delta
+        self._emit(se.OutputTextDelta(delta=delta, **position))
+
+    def on_audio(self, response_id: str, pcm: npt.NDArray[np.int16], transcript: str) -> None:
+        """Reply audio at the output rate; ``transcript`` is the text this audio starts to speak."""
+        response = self._live(response_id)
+        if response is None or not response.audio:
+            return
+        _, part, position = self._message(response)
+        assert part.audio is not None and part.audio_format is not None
+        start = len(part.audio)
+        part.audio = np.concatenate((part.audio, pcm))
+        if transcript or not part.segments:
+            part.segments.append(AudioSegment(start, len(part.audio), transcript))
+        else:
+            part.segments[-1].end = len(part.audio)
+        self._audio_produced = True
+        if transcript:
+            part.transcript = (part.transcript or "") + transcript
+            self._emit(se.OutputAudioTranscriptDelta(delta=transcript, **position))
+        if len(pcm):
+            payload = base64.b64encode(encode_audio(part.audio_format, pcm)).decode()
+            self._emit(se.OutputAudioDelta(delta=payload, **position))
+
+    def _close_message(self, response: _Response, status: Literal["completed", "incomplete"]) -> None:
+        if response.message is None:
+            return
+        entry, part, position = self._message(response)
+        response.message = None
+        entry.status = status
+        if part.type == "output_audio":
+            self._emit(se.OutputAudioDone(**position))
+            self._emit(se.OutputAudioTranscriptDone(transcript=part.transcript or "", **position))
+        else:
+            self._emit(se.OutputTextDone(text=part.text or "", **position))
+        self._emit(se.ContentPartDone(part=_part_summary(part), **position))
+        self._finish_item(response, entry, position["output_index"])
+
+    def _finish_item(self, response: _Response, entry: Entry, index: int) -> None:
+        self._emit(se.OutputItemDone(response_id=response.id, output_index=index, item=entry.to_wire()))
+        if response.in_band and entry.id in self.conversation:
+            entries = self.conversation.entries()
+            position = entries.index(entry)
+            previous = entries[position - 1].id if position else None
+            self._emit(se.ConversationItemDone(previous_item_id=previous, item=entry.to_wire()))
+
+    def on_tool_call_started(self, response_id: str, call_id: str, name: str) -> None:
+        """The LLM began a function call."""
+        response = self._live(response_id)
+        if response is None:
+            return
+        self._close_message(response, "completed")
+        entry = Entry(
+            id=self.ids.new("item"),
+            type="function_call",
+            status="in_progress",
+            name=name,
+            call_id=call_id,
+        )
+        response.calls[call_id] = entry
+        self._add_output(response, entry)
+
+    def on_tool_call_delta(self, response_id: str, call_id: str, delta: str) -> None:
+        """A piece of a function call's arguments."""
+        response = self._live(response_id)
+        entry = response.calls.get(call_id) if response else None
+        if response is None or entry is None:
+            return
+        entry.arguments += delta
+        self._emit(
+            se.FunctionCallArgumentsDelta(
+                response_id=response.id,
+                item_id=entry.id,
+                output_index=response.output.index(entry),
+                call_id=call_id,
+                delta=delta,
+            )
+        )
+
+    def on_tool_call_finished(self, response_id: str, call_id: str, arguments: str) -> None:
+        """A function call is complete."""
+        response = self._live(response_id)
+        entry = response.calls.pop(call_id, None) if response else None
+        if response is None or entry is None:
+            return
+        entry.arguments = arguments
+        entry.status = "completed"
+        index = response.output.index(entry)
+        self._emit(
+            se.FunctionCallArgumentsDone(
+                response_id=response.id,
+                item_id=entry.id,
+                output_index=index,
+                call_id=call_id,
+                name=entry.name,
+                arguments=arguments,
+            )
+        )
+        self._finish_item(response, entry, index)
+
+    def on_generation_finished(self, response_id: str, finished: Finished) -> None:
+        """The engines are done with a response."""
+        response = self._live(response_id)
+        if response is None:
+            return
+        audio_ms = sum(
+            p.duration_ms() for e in response.output for p in e.parts if p.type == "output_audio"
+        )
+        output_audio_tokens = math.ceil(audio_ms / 50)
+        response.usage = se.Usage(
+            total_tokens=finished.prompt_tokens + finished.completion_tokens + output_audio_tokens,
+            input_tokens=finished.prompt_tokens,
+            output_tokens=finished.completion_tokens + output_audio_tokens,
+            input_token_details={
+                "text_tokens": finished.prompt_tokens,
+                "audio_tokens": 0,
+                "image_tokens": 0,
+                "cached_tokens": finished.cached_tokens,
+                "cached_tokens_details": {
+                    "text_tokens": finished.cached_tokens,
+                    "audio_tokens": 0,
+                    "image_tokens": 0,
+                },
+            },
+            output_token_details={
+                "text_tokens": finished.completion_tokens,
+                "audio_tokens": output_audio_tokens,
+            },
+        )
+        if self._usage_window:
+            when, tokens = self._usage_window[-1]
+            self._usage_window[-1] = (when, tokens + response.usage.total_tokens)
+        if finished.reason == "length":
+            self._end_response(
+                response, "incomplete", {"type": "incomplete", "reason": "max_output_tokens"}
+            )
+        else:
+            self._end_response(response, "completed", None)
+        td = self.config.audio.input.turn_detection
+        if isinstance(td, ServerVad) and td.idle_timeout_ms is not None and response.in_band:
+            # Over WebSocket the client plays the reply as fast as it arrives; allow its length.
+            self._idle_deadline_ms = self._clock_ms + audio_ms + td.idle_timeout_ms
+
+    def on_generation_failed(self, response_id: str, message: str) -> None:
+        """An engine failed: this response fails, the session goes on."""
+        response = self._live(response_id)
+        if response is None:
+            return
+        self._end_response(
+            response,
+            "failed",
+            {
+                "type": "failed",
+                "error": {"type": "server_error", "code": "engine_error", "message": message},
+            },
+        )
+
+    def _end_response(
+        self,
+        response: _Response,
+        status: Literal["completed", "cancelled", "failed", "incomplete"],
+        details: dict[str, Any] | None,
+    ) -> None:
+        if response.id not in self._responses:
+            return
+        if status != "completed":
+            self._outbox.append(CancelGeneration(response.id))
+        item_status: Literal["completed", "incomplete"] = (
+            "completed" if status == "completed" else "incomplete"
+        )
+        self._close_message(response, item_status)
+        for call_id, entry in list(response.calls.items()):
+            entry.status = "incomplete"
+            del response.calls[call_id]
+            self._finish_item(response, entry, response.output.index(entry))
+        response.status = status
+        response.status_details = details
+        del self._responses[response.id]
+        if self._in_band is response:
+            self._in_band = None
+        self._emit(se.ResponseDone(response=response.to_wire()))
+
+
+def _voice_name(voice: str | VoiceId) -> str:
+    return voice.id if isinstance(voice, VoiceId) else voice
+
+
+def _part_summary(part: Part) -> dict[str, Any]:
+    if part.type == "output_audio":
+        return {"type": "audio", "transcript": part.transcript or ""}
+    return {"type": "text", "text": part.text or ""}

@@ -1,0 +1,105 @@
+"""One response's engine work: LLM text → clauses → TTS, overlapped so speech starts early."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from hark.audio.resample import StreamResampler
+from hark.engines.llm import (
+    Finished,
+    LlmEngine,
+    TextDelta,
+    ToolCallArgumentsDelta,
+    ToolCallFinished,
+    ToolCallStarted,
+)
+from hark.engines.tts import TtsEngine
+from hark.session.actions import Generate
+from hark.session.clauses import ClauseSplitter
+
+
+class GenerationSink(Protocol):
+    """Where a response's results go (the runner forwards them to the session core)."""
+
+    def text(self, delta: str) -> None: ...
+    def audio(self, pcm: npt.NDArray[np.int16], transcript: str) -> None: ...
+    def tool_started(self, call_id: str, name: str) -> None: ...
+    def tool_delta(self, call_id: str, delta: str) -> None: ...
+    def tool_finished(self, call_id: str, arguments: str) -> None: ...
+    def finished(self, finished: Finished) -> None: ...
+
+
+async def run_generation(
+    action: Generate, llm: LlmEngine, tts: TtsEngine, sink: GenerationSink
+) -> None:
+    """Run the engines for one response. Engine errors propagate to the caller."""
+    clauses: asyncio.Queue[str | None] = asyncio.Queue()
+    speaker = asyncio.create_task(_speak(action, tts, clauses, sink)) if action.audio else None
+    splitter = ClauseSplitter()
+    finished = Finished(reason="stop")
+    try:
+        async for event in llm.generate(action.request):
+            if isinstance(event, TextDelta):
+                if speaker is None:
+                    sink.text(event.text)
+                else:
+                    for piece in splitter.push(event.text):
+                        clauses.put_nowait(piece)
+            elif isinstance(event, ToolCallStarted):
+                if speaker is not None:
+                    # Speak what was said before the call, so the message closes before it.
+                    for piece in splitter.flush():
+                        clauses.put_nowait(piece)
+                    await _drained(clauses, speaker)
+                sink.tool_started(event.call_id, event.name)
+            elif isinstance(event, ToolCallArgumentsDelta):
+                sink.tool_delta(event.call_id, event.delta)
+            elif isinstance(event, ToolCallFinished):
+                sink.tool_finished(event.call_id, event.arguments)
+            else:
+                finished = event
+        if speaker is not None:
+            for piece in splitter.flush():
+                clauses.put_nowait(piece)
+            clauses.put_nowait(None)
+            await speaker
+        sink.finished(finished)
+    finally:
+        if speaker is not None and not speaker.done():
+            speaker.cancel()
+            await asyncio.gather(speaker, return_exceptions=True)
+
+
+async def _drained(clauses: asyncio.Queue[str | None], speaker: asyncio.Task[None]) -> None:
+    join = asyncio.create_task(clauses.join())
+    await asyncio.wait({join, speaker}, return_when=asyncio.FIRST_COMPLETED)
+    if speaker.done():
+        join.cancel()
+        speaker.result()
+
+
+async def _speak(
+    action: Generate,
+    tts: TtsEngine,
+    clauses: asyncio.Queue[str | None],
+    sink: GenerationSink,
+) -> None:
+    resampler = StreamResampler(tts.sample_rate, action.output_rate)
+    while (clause := await clauses.get()) is not None:
+        transcript = clause
+        async for chunk in tts.synthesize(clause.strip(), voice=action.voice, speed=action.speed):
+            pcm = resampler.process(chunk)
+            if len(pcm) or transcript:
+                sink.audio(pcm.astype(np.int16, copy=False), transcript)
+                transcript = ""
+        if transcript:
+            # Nothing to voice (punctuation only): keep the transcript whole anyway.
+            sink.audio(np.zeros(0, np.int16), transcript)
+        clauses.task_done()
+    tail = resampler.flush()
+    if len(tail):
+        sink.audio(tail.astype(np.int16, copy=False), "")

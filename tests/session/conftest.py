@@ -1,0 +1,114 @@
+"""A sample-clock driver for the sans-I/O session core."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from hark.engines.llm import Finished
+from hark.protocol.server_events import ServerEvent, encode_event
+from hark.protocol.session_config import SessionConfig
+from hark.session.actions import Action, AnalyzeSpeech, Generate, Transcribe
+from hark.session.core import Session
+from hark.session.ids import IdGenerator
+
+RATE = 24000
+
+
+def voiced(ms: int, rate: int = RATE) -> npt.NDArray[np.int16]:
+    """A loud harmonic tone standing in for speech."""
+    t = np.arange(rate * ms // 1000) / rate
+    wave = 0.3 * np.sin(2 * np.pi * 180 * t) + 0.1 * np.sin(2 * np.pi * 720 * t)
+    return (wave * 32767).astype(np.int16)
+
+
+def silence(ms: int, rate: int = RATE) -> npt.NDArray[np.int16]:
+    """Digital silence."""
+    return np.zeros(rate * ms // 1000, np.int16)
+
+
+def energy_probability(chunk: npt.NDArray[np.float32]) -> float:
+    """The tests' stand-in for the VAD model: loud chunks are speech.
+
+    The real Silero model is tested in tests/engines and end to end; here the subject is the
+    state machine, so the probabilities must be exactly predictable.
+    """
+    return 1.0 if float(np.sqrt(np.mean(chunk**2))) > 0.05 else 0.0
+
+
+class Driver:
+    """Feeds a Session and records its events and actions, answering VAD requests in order."""
+
+    def __init__(self, config: SessionConfig | None = None, created_at: float = 1000.0) -> None:
+        self.session = Session(
+            model="gpt-realtime", config=config, ids=IdGenerator(seed=7), created_at=created_at
+        )
+        self.events: list[dict[str, Any]] = []
+        self.actions: list[Action] = []
+        self.session.start()
+        self.pump()
+
+    def pump(self) -> list[dict[str, Any]]:
+        """Collect outputs; VAD requests are answered at once with the energy stand-in."""
+        new: list[dict[str, Any]] = []
+        while out := self.session.drain():
+            for item in out:
+                if isinstance(item, AnalyzeSpeech):
+                    self.session.on_vad(energy_probability(item.chunk), item.epoch)
+                elif isinstance(item, ServerEvent):
+                    new.append(json.loads(encode_event(item)))
+                else:
+                    self.actions.append(item)
+        self.events.extend(new)
+        return new
+
+    def send(self, event: dict[str, Any] | str) -> list[dict[str, Any]]:
+        """Send one client event; returns the server events it caused."""
+        self.session.receive(event if isinstance(event, str) else json.dumps(event))
+        return self.pump()
+
+    def append(self, pcm: npt.NDArray[np.int16], chunk_ms: int = 20) -> list[dict[str, Any]]:
+        """Stream audio in 20 ms appends, as a real-time client does."""
+        step = RATE * chunk_ms // 1000
+        new: list[dict[str, Any]] = []
+        for i in range(0, len(pcm), step):
+            audio = base64.b64encode(pcm[i : i + step].astype("<i2").tobytes()).decode()
+            new += self.send({"type": "input_audio_buffer.append", "audio": audio})
+        return new
+
+    def take(self, kind: type) -> list[Any]:
+        """Remove and return the recorded actions of one kind."""
+        found = [a for a in self.actions if isinstance(a, kind)]
+        self.actions = [a for a in self.actions if not isinstance(a, kind)]
+        return found
+
+    def transcribe_all(self, text: str = "What is the capital of France?") -> list[dict[str, Any]]:
+        """Answer every pending transcription with ``text``."""
+        for action in self.take(Transcribe):
+            self.session.on_transcription_done(action.item_id, text, len(action.audio) / 16000)
+        return self.pump()
+
+    def speak_reply(self, generate: Generate, clauses: list[str], ms_per_clause: int = 400) -> None:
+        """Play the engines' part for an audio response."""
+        for clause in clauses:
+            pcm = voiced(ms_per_clause, generate.output_rate)
+            self.session.on_audio(generate.response_id, pcm, clause)
+        self.session.on_generation_finished(
+            generate.response_id, Finished("stop", prompt_tokens=20, completion_tokens=8)
+        )
+        self.pump()
+
+    def types(self, events: list[dict[str, Any]] | None = None) -> list[str]:
+        """Event types, in order."""
+        return [e["type"] for e in (self.events if events is None else events)]
+
+
+@pytest.fixture
+def driver() -> Driver:
+    """A session with the default configuration (server VAD, audio out, pcm)."""
+    return Driver()
