@@ -1,0 +1,1 @@
+"""Audio plumbing: G.711 companding, sample-rate conversion and the Realtime wire formats."""

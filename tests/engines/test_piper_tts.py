@@ -1,0 +1,150 @@
+"""Piper speaks real speech with the bundled voice, sentence by sentence, and stops when told."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from hark.engines.tts import TtsEngine
+from hark.engines.tts.piper import PiperTts
+
+pytestmark = pytest.mark.slow
+
+THREE_SENTENCES = "The first sentence is here. Then comes a second one. And a third ends it."
+
+
+def needs_piper() -> None:
+    pytest.importorskip("piper", reason="the 'piper' extra is not installed")
+
+
+@pytest.fixture(scope="module")
+def tts() -> Iterator[PiperTts]:
+    needs_piper()
+    # One engine for the module: the voice takes seconds to load.
+    yield PiperTts()
+
+
+async def speak(engine: PiperTts, text: str, **options: Any) -> list[npt.NDArray[np.int16]]:
+    return [chunk async for chunk in engine.synthesize(text, **options)]
+
+
+def rms(audio: npt.NDArray[np.int16]) -> float:
+    return float(np.sqrt(np.mean(audio.astype(np.float64) ** 2)))
+
+
+async def test_hello_world_is_speech(tts: PiperTts) -> None:
+    engine: TtsEngine = tts
+    assert engine.sample_rate == 22050
+    chunks = await speak(tts, "Hello, world.")
+    assert len(chunks) == 1
+    audio = chunks[0]
+    assert audio.dtype == np.int16
+    assert 0.5 <= audio.size / 22050 <= 3.0
+    assert rms(audio) > 1000
+    # Speech has pauses and loud parts: a steady tone or noise would not.
+    frames = audio[: audio.size // 441 * 441].reshape(-1, 441).astype(np.float64)
+    frame_levels = np.sqrt(np.mean(frames**2, axis=1))
+    assert frame_levels.max() > 10 * max(frame_levels.min(), 1.0)
+
+
+async def test_one_chunk_per_sentence(tts: PiperTts) -> None:
+    chunks = await speak(tts, THREE_SENTENCES, voice="marin")
+    assert len(chunks) == 3
+    assert all(chunk.size > 0.5 * 22050 and rms(chunk) > 1000 for chunk in chunks)
+
+
+async def test_faster_speed_gives_shorter_audio(tts: PiperTts) -> None:
+    text = "This sentence is spoken at two different speeds for the test."
+    normal = np.concatenate(await speak(tts, text, speed=1.0))
+    fast = np.concatenate(await speak(tts, text, speed=1.5))
+    assert fast.size < 0.85 * normal.size
+    with pytest.raises(ValueError):
+        await speak(tts, text, speed=0)
+
+
+async def test_empty_text_yields_nothing(tts: PiperTts) -> None:
+    assert await speak(tts, "") == []
+    assert await speak(tts, "   \n\t") == []
+
+
+async def test_openai_voice_names_are_accepted(tts: PiperTts) -> None:
+    for voice in ("alloy", "marin", "no-such-voice"):
+        chunks = await speak(tts, "Okay.", voice=voice)
+        assert len(chunks) == 1 and rms(chunks[0]) > 1000
+
+
+class CountingRenders:
+    """Counts the sentences the voice renders, by wrapping its ONNX call."""
+
+    def __init__(self, engine: PiperTts, monkeypatch: pytest.MonkeyPatch) -> None:
+        voice = engine._load()
+        self.count = 0
+        original = voice.phoneme_ids_to_audio
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.count += 1
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(voice, "phoneme_ids_to_audio", counted)
+
+
+async def test_closing_the_stream_stops_before_the_next_sentence(
+    tts: PiperTts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    renders = CountingRenders(tts, monkeypatch)
+    stream = tts.synthesize(THREE_SENTENCES)
+    first = await anext(stream)
+    assert first.size > 0
+    await stream.aclose()  # type: ignore[attr-defined]
+    await asyncio.sleep(0.5)
+    assert renders.count == 1
+
+
+async def test_cancelling_mid_sentence_renders_no_further_sentence(
+    tts: PiperTts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    renders = CountingRenders(tts, monkeypatch)
+    received: list[npt.NDArray[np.int16]] = []
+    first_arrived = asyncio.Event()
+
+    async def consume() -> None:
+        async for chunk in tts.synthesize(THREE_SENTENCES):
+            received.append(chunk)
+            first_arrived.set()
+
+    task = asyncio.create_task(consume())
+    await first_arrived.wait()
+    # The second sentence is now being rendered in a thread; cancel while it runs.
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.sleep(1.0)
+    assert len(received) == 1
+    assert renders.count <= 2
+
+
+async def test_warmup_loads_the_voice() -> None:
+    needs_piper()
+    engine = PiperTts(threads=2)
+    await engine.warmup()
+    assert engine._voice is not None
+    chunks = await speak(engine, "Sure.")
+    assert len(chunks) == 1 and chunks[0].size > 0.2 * 22050
+
+
+def test_a_voice_can_be_given_by_path(tts: PiperTts) -> None:
+    engine = PiperTts(model_path=str(tts._model_path))
+    assert engine.sample_rate == 22050
+
+
+def test_missing_piper_is_explained(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A None entry in sys.modules makes "import piper" raise ImportError.
+    monkeypatch.setitem(sys.modules, "piper", None)
+    with pytest.raises(RuntimeError, match=r"uv sync --extra piper"):
+        PiperTts()

@@ -1,0 +1,53 @@
+"""Cutting LLM text into speakable pieces."""
+
+from __future__ import annotations
+
+from hark.session.clauses import ClauseSplitter
+
+
+def split(deltas: list[str]) -> list[str]:
+    splitter = ClauseSplitter()
+    pieces = [p for d in deltas for p in splitter.push(d)]
+    return pieces + splitter.flush()
+
+
+def tokens(text: str) -> list[str]:
+    """Roughly how an LLM streams: word by word with leading spaces."""
+    words = text.split(" ")
+    return [words[0]] + [" " + w for w in words[1:]]
+
+
+def test_first_piece_is_a_short_clause_then_sentences() -> None:
+    text = "Sure, the capital of France is Paris. It is a lovely city. Many people visit it."
+    pieces = split(tokens(text))
+    assert pieces == [
+        "Sure,",
+        " the capital of France is Paris.",
+        " It is a lovely city.",
+        " Many people visit it.",
+    ]
+    assert "".join(pieces) == text
+
+
+def test_concatenation_is_exact_for_any_chunking() -> None:
+    text = "Well, it's 3.5 degrees today; wear a coat! Also: bring an umbrella… maybe?"
+    for size in (1, 2, 3, 7, len(text)):
+        deltas = [text[i : i + size] for i in range(0, len(text), size)]
+        assert "".join(split(deltas)) == text
+
+
+def test_numbers_are_not_cut_at_the_decimal_point() -> None:
+    pieces = split(tokens("The answer is 3.14159 exactly. Done."))
+    assert not any(p.endswith("3.") for p in pieces)
+
+
+def test_long_text_without_punctuation_is_cut_by_words() -> None:
+    text = " ".join(["word"] * 50)
+    pieces = split(tokens(text))
+    assert len(pieces) >= 2
+    assert len(pieces[0].split()) <= 8
+    assert "".join(pieces) == text
+
+
+def test_nothing_to_say() -> None:
+    assert split(["", "  "]) == []

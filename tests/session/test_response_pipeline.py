@@ -1,0 +1,125 @@
+"""The response pipeline: LLM → clauses → TTS, overlapped."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import numpy as np
+import numpy.typing as npt
+
+from hark.engines.fake import FakeTts
+from hark.engines.llm import (
+    Finished,
+    GenerationRequest,
+    LlmEvent,
+    TextDelta,
+    ToolCallFinished,
+    ToolCallStarted,
+)
+from hark.session.actions import Generate
+from hark.session.response_pipeline import run_generation
+
+
+class ScriptedLlm:
+    """Streams a script; waits for ``gate`` (if given) before the last piece."""
+
+    def __init__(self, script: list[LlmEvent], gate: asyncio.Event | None = None) -> None:
+        self.script = script
+        self.gate = gate
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[LlmEvent]:
+        for i, event in enumerate(self.script):
+            if self.gate is not None and i == len(self.script) - 2:
+                await asyncio.wait_for(self.gate.wait(), 10)
+            yield event
+
+    async def warmup(self) -> None:
+        return None
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.log: list[tuple[str, object]] = []
+        self.first_audio = asyncio.Event()
+
+    def text(self, delta: str) -> None:
+        self.log.append(("text", delta))
+
+    def audio(self, pcm: npt.NDArray[np.int16], transcript: str) -> None:
+        self.log.append(("audio", (len(pcm), transcript)))
+        if len(pcm):
+            self.first_audio.set()
+
+    def tool_started(self, call_id: str, name: str) -> None:
+        self.log.append(("tool_started", name))
+
+    def tool_delta(self, call_id: str, delta: str) -> None:
+        self.log.append(("tool_delta", delta))
+
+    def tool_finished(self, call_id: str, arguments: str) -> None:
+        self.log.append(("tool_finished", arguments))
+
+    def finished(self, finished: Finished) -> None:
+        self.log.append(("finished", finished.reason))
+
+
+def action(audio: bool = True) -> Generate:
+    return Generate(
+        response_id="resp_1",
+        request=GenerationRequest(messages=()),
+        audio=audio,
+        voice="alloy",
+        speed=1.0,
+        output_rate=24000,
+    )
+
+
+async def test_first_audio_leaves_before_the_llm_finishes() -> None:
+    sink = Sink()
+    llm = ScriptedLlm(
+        [TextDelta("Sure,"), TextDelta(" the capital is Paris."), TextDelta(" Anything else?"),
+         Finished("stop")],
+        gate=sink.first_audio,
+    )
+    await asyncio.wait_for(run_generation(action(), llm, FakeTts(24000), sink), 20)
+    transcript = "".join(t for kind, v in sink.log if kind == "audio" for t in [v[1]])  # type: ignore[index]
+    assert transcript == "Sure, the capital is Paris. Anything else?"
+    assert sink.log[-1] == ("finished", "stop")
+    assert sum(v[0] for kind, v in sink.log if kind == "audio") > 24000  # type: ignore[index]
+
+
+async def test_text_only_passes_deltas_through() -> None:
+    sink = Sink()
+    llm = ScriptedLlm([TextDelta("Hello"), TextDelta(" there."), Finished("length")])
+    await run_generation(action(audio=False), llm, FakeTts(24000), sink)
+    assert sink.log == [("text", "Hello"), ("text", " there."), ("finished", "length")]
+
+
+async def test_speech_before_a_tool_call_is_spoken_first() -> None:
+    sink = Sink()
+    llm = ScriptedLlm(
+        [TextDelta("Let me check"), ToolCallStarted("call_1", "lookup"),
+         ToolCallFinished("call_1", "{}"), Finished("tool_calls")]
+    )
+    await run_generation(action(), llm, FakeTts(24000), sink)
+    kinds = [kind for kind, _ in sink.log]
+    assert kinds.index("tool_started") > max(i for i, k in enumerate(kinds) if k == "audio")
+    assert ("audio", (sink.log[0][1][0], "Let me check")) == sink.log[0]  # type: ignore[index]
+
+
+async def test_tts_failure_propagates() -> None:
+    class BrokenTts(FakeTts):
+        async def synthesize(self, text: str, *, voice: str | None = None, speed: float = 1.0):  # type: ignore[override]
+            raise RuntimeError("voice model missing")
+            yield np.zeros(0, np.int16)
+
+    sink = Sink()
+    llm = ScriptedLlm([TextDelta("Hello there."), Finished("stop")])
+    try:
+        await run_generation(action(), llm, BrokenTts(24000), sink)
+    except RuntimeError as exc:
+        assert "voice model missing" in str(exc)
+    else:
+        raise AssertionError("the TTS failure was swallowed")
+    assert ("finished", "stop") not in sink.log
