@@ -37,11 +37,17 @@ def test_session_created_first_with_full_config(driver: Driver) -> None:
 
 
 def test_partial_update_keeps_other_fields(driver: Driver) -> None:
-    driver.send({"type": "session.update", "session": {"type": "realtime", "instructions": "Be brief."}})
+    driver.send(
+        {"type": "session.update", "session": {"type": "realtime", "instructions": "Be brief."}}
+    )
     new = driver.send(
         {
             "type": "session.update",
-            "session": {"audio": {"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 800}}}},
+            "session": {
+                "audio": {
+                    "input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 800}}
+                }
+            },
         }
     )
     assert driver.types(new) == ["session.updated"]
@@ -58,13 +64,20 @@ def test_partial_update_keeps_other_fields(driver: Driver) -> None:
     [
         ({"audio": {"output": {"speed": "fast"}}}, "session.audio.output.speed", "invalid_type"),
         ({"audio": {"output": {"speed": 3.0}}}, "session.audio.output.speed", "invalid_value"),
-        ({"audio": {"input": {"format": {"type": "audio/mp3"}}}}, "session.audio.input.format.type", "invalid_value"),
+        (
+            {"audio": {"input": {"format": {"type": "audio/mp3"}}}},
+            "session.audio.input.format.type",
+            "invalid_value",
+        ),
         ({"output_modalities": ["video"]}, "session.output_modalities[0]", "invalid_value"),
         ({"max_output_tokens": 0}, "session.max_output_tokens", "invalid_value"),
         ({"tool_choice": "sometimes"}, "session.tool_choice", "invalid_value"),
         ({"frobnicate": 1}, "session.frobnicate", "unknown_parameter"),
-        ({"audio": {"input": {"turn_detection": {"type": "server_vad", "threshold": 2}}}},
-         "session.audio.input.turn_detection.threshold", "invalid_value"),
+        (
+            {"audio": {"input": {"turn_detection": {"type": "server_vad", "threshold": 2}}}},
+            "session.audio.input.turn_detection.threshold",
+            "invalid_value",
+        ),
         ({"tools": [{"type": "function"}]}, "session.tools[0].name", "missing_required_parameter"),
         ({"output_modalities": ["audio", "text"]}, "session.output_modalities", "invalid_value"),
     ],
@@ -84,7 +97,14 @@ def test_update_errors_name_the_param(driver: Driver, session: dict, param: str,
 
 def test_null_turn_detection_and_clearing(driver: Driver) -> None:
     new = driver.send(
-        {"type": "session.update", "session": {"instructions": "", "tools": [], "audio": {"input": {"turn_detection": None}}}}
+        {
+            "type": "session.update",
+            "session": {
+                "instructions": "",
+                "tools": [],
+                "audio": {"input": {"turn_detection": None}},
+            },
+        }
     )
     session = new[0]["session"]
     assert session["instructions"] == ""
@@ -96,15 +116,28 @@ def test_null_turn_detection_and_clearing(driver: Driver) -> None:
 def test_model_cannot_change(driver: Driver) -> None:
     new = driver.send({"type": "session.update", "session": {"model": "other"}})
     assert new[0]["error"]["param"] == "session.model"
-    assert driver.send({"type": "session.update", "session": {"model": "gpt-realtime"}})[0]["type"] == "session.updated"
+    assert (
+        driver.send({"type": "session.update", "session": {"model": "gpt-realtime"}})[0]["type"]
+        == "session.updated"
+    )
 
 
 def test_semantic_vad_accepted(driver: Driver) -> None:
     new = driver.send(
-        {"type": "session.update", "session": {"audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "high"}}}}}
+        {
+            "type": "session.update",
+            "session": {
+                "audio": {
+                    "input": {"turn_detection": {"type": "semantic_vad", "eagerness": "high"}}
+                }
+            },
+        }
     )
     assert new[0]["session"]["audio"]["input"]["turn_detection"] == {
-        "type": "semantic_vad", "eagerness": "high", "create_response": True, "interrupt_response": True,
+        "type": "semantic_vad",
+        "eagerness": "high",
+        "create_response": True,
+        "interrupt_response": True,
     }
     spoken_turn(driver)
     assert "input_audio_buffer.speech_stopped" in driver.types()
@@ -114,7 +147,9 @@ def test_semantic_vad_accepted(driver: Driver) -> None:
 
 
 def manual(driver: Driver) -> None:
-    driver.send({"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}})
+    driver.send(
+        {"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}}
+    )
 
 
 def test_commit_creates_user_item_and_transcription(driver: Driver) -> None:
@@ -122,7 +157,9 @@ def test_commit_creates_user_item_and_transcription(driver: Driver) -> None:
     driver.append(voiced(300))
     new = driver.send({"type": "input_audio_buffer.commit"})
     assert driver.types(new) == [
-        "input_audio_buffer.committed", "conversation.item.added", "conversation.item.done",
+        "input_audio_buffer.committed",
+        "conversation.item.added",
+        "conversation.item.done",
     ]
     item = new[1]["item"]
     assert item["role"] == "user" and item["content"][0]["type"] == "input_audio"
@@ -138,7 +175,9 @@ def test_commit_empty_is_an_error_and_clear_works(driver: Driver) -> None:
     assert new[0]["error"]["code"] == "input_audio_buffer_commit_empty"
     assert new[0]["error"]["event_id"] == "c1"
     driver.append(voiced(300))
-    assert driver.types(driver.send({"type": "input_audio_buffer.clear"})) == ["input_audio_buffer.cleared"]
+    assert driver.types(driver.send({"type": "input_audio_buffer.clear"})) == [
+        "input_audio_buffer.cleared"
+    ]
     assert driver.send({"type": "input_audio_buffer.commit"})[0]["type"] == "error"
 
 
@@ -147,7 +186,14 @@ def test_input_transcription_events_only_when_configured(driver: Driver) -> None
     driver.append(voiced(300))
     driver.send({"type": "input_audio_buffer.commit"})
     assert driver.types(driver.transcribe_all("hello")) == []
-    driver.send({"type": "session.update", "session": {"audio": {"input": {"transcription": {"model": "whisper-1", "language": "en"}}}}})
+    driver.send(
+        {
+            "type": "session.update",
+            "session": {
+                "audio": {"input": {"transcription": {"model": "whisper-1", "language": "en"}}}
+            },
+        }
+    )
     driver.append(voiced(300))
     driver.send({"type": "input_audio_buffer.commit"})
     (action,) = driver.take(Transcribe)
@@ -206,7 +252,14 @@ def test_short_pause_does_not_end_the_turn(driver: Driver) -> None:
 
 def test_create_response_false(driver: Driver) -> None:
     driver.send(
-        {"type": "session.update", "session": {"audio": {"input": {"turn_detection": {"type": "server_vad", "create_response": False}}}}}
+        {
+            "type": "session.update",
+            "session": {
+                "audio": {
+                    "input": {"turn_detection": {"type": "server_vad", "create_response": False}}
+                }
+            },
+        }
     )
     spoken_turn(driver)
     assert "input_audio_buffer.committed" in driver.types()
@@ -231,7 +284,10 @@ def test_barge_in_cancels_with_turn_detected(driver: Driver) -> None:
     assert done["response"]["status"] == "cancelled"
     assert done["response"]["status_details"]["reason"] == "turn_detected"
     assert done["response"]["output"][0]["status"] == "incomplete"
-    assert any(isinstance(a, CancelGeneration) and a.response_id == generate.response_id for a in driver.actions)
+    assert any(
+        isinstance(a, CancelGeneration) and a.response_id == generate.response_id
+        for a in driver.actions
+    )
     # Late engine output for the cancelled response is ignored.
     driver.session.on_audio(generate.response_id, voiced(100), " is Paris.")
     assert driver.pump() == []
@@ -239,7 +295,14 @@ def test_barge_in_cancels_with_turn_detected(driver: Driver) -> None:
 
 def test_no_barge_in_when_interrupt_response_false(driver: Driver) -> None:
     driver.send(
-        {"type": "session.update", "session": {"audio": {"input": {"turn_detection": {"type": "server_vad", "interrupt_response": False}}}}}
+        {
+            "type": "session.update",
+            "session": {
+                "audio": {
+                    "input": {"turn_detection": {"type": "server_vad", "interrupt_response": False}}
+                }
+            },
+        }
     )
     response_in_progress(driver)
     new = driver.append(voiced(300))
@@ -249,7 +312,14 @@ def test_no_barge_in_when_interrupt_response_false(driver: Driver) -> None:
 
 def test_idle_timeout_triggers_a_response(driver: Driver) -> None:
     driver.send(
-        {"type": "session.update", "session": {"audio": {"input": {"turn_detection": {"type": "server_vad", "idle_timeout_ms": 2000}}}}}
+        {
+            "type": "session.update",
+            "session": {
+                "audio": {
+                    "input": {"turn_detection": {"type": "server_vad", "idle_timeout_ms": 2000}}
+                }
+            },
+        }
     )
     generate = response_in_progress(driver)
     driver.speak_reply(generate, [" is Paris."])
@@ -293,7 +363,11 @@ def test_full_audio_response_sequence(driver: Driver) -> None:
     assert done["output"][0]["content"][0]["transcript"] == "The capital is Paris."
     assert done["usage"]["input_tokens"] == 20
     assert done["usage"]["output_token_details"]["audio_tokens"] == 16  # 800 ms / 50 ms
-    audio = b"".join(base64.b64decode(e["delta"]) for e in driver.events if e["type"] == "response.output_audio.delta")
+    audio = b"".join(
+        base64.b64decode(e["delta"])
+        for e in driver.events
+        if e["type"] == "response.output_audio.delta"
+    )
     assert len(audio) == 2 * RATE * 800 // 1000
 
 
@@ -303,7 +377,12 @@ def test_one_in_band_response_at_a_time(driver: Driver) -> None:
     new = driver.send({"type": "response.create", "event_id": "r2"})
     assert new[0]["error"]["code"] == "conversation_already_has_active_response"
     # An out-of-band response may run beside it.
-    oob = driver.send({"type": "response.create", "response": {"conversation": "none", "metadata": {"topic": "x"}}})
+    oob = driver.send(
+        {
+            "type": "response.create",
+            "response": {"conversation": "none", "metadata": {"topic": "x"}},
+        }
+    )
     assert oob[0]["type"] == "response.created"
     assert oob[0]["response"]["conversation_id"] is None
     assert oob[0]["response"]["metadata"] == {"topic": "x"}
@@ -311,11 +390,24 @@ def test_one_in_band_response_at_a_time(driver: Driver) -> None:
 
 def test_text_response_with_overrides(driver: Driver) -> None:
     manual(driver)
-    driver.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]}})
+    driver.send(
+        {
+            "type": "conversation.item.create",
+            "item": {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "Hi"}],
+            },
+        }
+    )
     driver.send(
         {
             "type": "response.create",
-            "response": {"instructions": "Answer in French.", "output_modalities": ["text"], "max_output_tokens": 5},
+            "response": {
+                "instructions": "Answer in French.",
+                "output_modalities": ["text"],
+                "max_output_tokens": 5,
+            },
         }
     )
     (generate,) = driver.take(Generate)
@@ -327,7 +419,11 @@ def test_text_response_with_overrides(driver: Driver) -> None:
         driver.session.on_text(generate.response_id, word)
     driver.session.on_generation_finished(generate.response_id, Finished("length", 10, 5))
     new = driver.pump()
-    assert driver.types(new)[:3] == ["response.output_item.added", "conversation.item.added", "response.content_part.added"]
+    assert driver.types(new)[:3] == [
+        "response.output_item.added",
+        "conversation.item.added",
+        "response.content_part.added",
+    ]
     assert [e["delta"] for e in new if e["type"] == "response.output_text.delta"] == ["Bon", "jour"]
     text_done = next(e for e in new if e["type"] == "response.output_text.done")
     assert text_done["text"] == "Bonjour"
@@ -338,7 +434,16 @@ def test_text_response_with_overrides(driver: Driver) -> None:
 
 def test_out_of_band_response_leaves_conversation_alone(driver: Driver) -> None:
     manual(driver)
-    driver.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]}})
+    driver.send(
+        {
+            "type": "conversation.item.create",
+            "item": {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "Hi"}],
+            },
+        }
+    )
     before = len(driver.session.conversation)
     driver.send(
         {
@@ -346,7 +451,13 @@ def test_out_of_band_response_leaves_conversation_alone(driver: Driver) -> None:
             "response": {
                 "conversation": "none",
                 "output_modalities": ["text"],
-                "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Classify: hello"}]}],
+                "input": [
+                    {
+                        "type": "message",
+                        "role": "user",
+                        "content": [{"type": "input_text", "text": "Classify: hello"}],
+                    }
+                ],
             },
         }
     )
@@ -361,12 +472,45 @@ def test_out_of_band_response_leaves_conversation_alone(driver: Driver) -> None:
 
 def test_response_input_item_reference(driver: Driver) -> None:
     manual(driver)
-    driver.send({"type": "conversation.item.create", "item": {"id": "u1", "type": "message", "role": "user", "content": [{"type": "input_text", "text": "one"}]}})
-    driver.send({"type": "conversation.item.create", "item": {"id": "u2", "type": "message", "role": "user", "content": [{"type": "input_text", "text": "two"}]}})
-    driver.send({"type": "response.create", "response": {"conversation": "none", "input": [{"type": "item_reference", "id": "u2"}]}})
+    driver.send(
+        {
+            "type": "conversation.item.create",
+            "item": {
+                "id": "u1",
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "one"}],
+            },
+        }
+    )
+    driver.send(
+        {
+            "type": "conversation.item.create",
+            "item": {
+                "id": "u2",
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "two"}],
+            },
+        }
+    )
+    driver.send(
+        {
+            "type": "response.create",
+            "response": {"conversation": "none", "input": [{"type": "item_reference", "id": "u2"}]},
+        }
+    )
     (generate,) = driver.take(Generate)
     assert [m.content for m in generate.request.messages[1:]] == ["two"]
-    new = driver.send({"type": "response.create", "response": {"conversation": "none", "input": [{"type": "item_reference", "id": "nope"}]}})
+    new = driver.send(
+        {
+            "type": "response.create",
+            "response": {
+                "conversation": "none",
+                "input": [{"type": "item_reference", "id": "nope"}],
+            },
+        }
+    )
     assert new[0]["error"]["param"] == "response.input[0].id"
 
 
@@ -379,7 +523,10 @@ def test_cancel(driver: Driver) -> None:
     new = driver.send({"type": "response.cancel"})
     assert new[-1]["type"] == "response.done"
     assert new[-1]["response"]["id"] == created["response"]["id"]
-    assert new[-1]["response"]["status_details"] == {"type": "cancelled", "reason": "client_cancelled"}
+    assert new[-1]["response"]["status_details"] == {
+        "type": "cancelled",
+        "reason": "client_cancelled",
+    }
 
 
 def test_forced_tool_call_and_output(driver: Driver) -> None:
@@ -388,10 +535,31 @@ def test_forced_tool_call_and_output(driver: Driver) -> None:
         "type": "function",
         "name": "get_weather",
         "description": "Weather for a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
     }
-    driver.send({"type": "session.update", "session": {"tools": [tool], "tool_choice": {"type": "function", "name": "get_weather"}}})
-    driver.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Weather in Paris?"}]}})
+    driver.send(
+        {
+            "type": "session.update",
+            "session": {
+                "tools": [tool],
+                "tool_choice": {"type": "function", "name": "get_weather"},
+            },
+        }
+    )
+    driver.send(
+        {
+            "type": "conversation.item.create",
+            "item": {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "Weather in Paris?"}],
+            },
+        }
+    )
     driver.send({"type": "response.create"})
     (generate,) = driver.take(Generate)
     assert generate.request.tool_choice.mode == "function"
@@ -416,7 +584,16 @@ def test_forced_tool_call_and_output(driver: Driver) -> None:
     ]
     assert new[4]["name"] == "get_weather" and new[4]["arguments"] == '{"city":"Paris"}'
     assert new[-1]["response"]["output"][0]["type"] == "function_call"
-    driver.send({"type": "conversation.item.create", "item": {"type": "function_call_output", "call_id": "call_1", "output": '{"temp_c": 18}'}})
+    driver.send(
+        {
+            "type": "conversation.item.create",
+            "item": {
+                "type": "function_call_output",
+                "call_id": "call_1",
+                "output": '{"temp_c": 18}',
+            },
+        }
+    )
     driver.send({"type": "response.create", "response": {"tool_choice": "none"}})
     (second,) = driver.take(Generate)
     roles = [m.role for m in second.request.messages]
@@ -444,7 +621,15 @@ def test_rate_limits_and_engine_failure(driver: Driver) -> None:
 
 def test_item_create_order_retrieve_delete(driver: Driver) -> None:
     def create(item_id: str, previous: str | None = None) -> dict:
-        event = {"type": "conversation.item.create", "item": {"id": item_id, "type": "message", "role": "user", "content": [{"type": "input_text", "text": item_id}]}}
+        event = {
+            "type": "conversation.item.create",
+            "item": {
+                "id": item_id,
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": item_id}],
+            },
+        }
         if previous is not None:
             event["previous_item_id"] = previous
         return driver.send(event)[0]
@@ -454,24 +639,58 @@ def test_item_create_order_retrieve_delete(driver: Driver) -> None:
     assert create("b", "a")["previous_item_id"] == "a"
     assert create("z", "root")["previous_item_id"] is None
     assert [e.id for e in driver.session.conversation.entries()] == ["z", "a", "b", "c"]
-    assert driver.send({"type": "conversation.item.retrieve", "item_id": "b"})[0]["item"]["content"][0]["text"] == "b"
+    assert (
+        driver.send({"type": "conversation.item.retrieve", "item_id": "b"})[0]["item"]["content"][
+            0
+        ]["text"]
+        == "b"
+    )
     assert driver.send({"type": "conversation.item.delete", "item_id": "b"})[0] == {
-        "type": "conversation.item.deleted", "event_id": driver.events[-1]["event_id"], "item_id": "b",
+        "type": "conversation.item.deleted",
+        "event_id": driver.events[-1]["event_id"],
+        "item_id": "b",
     }
     for event in (
         {"type": "conversation.item.retrieve", "item_id": "b"},
         {"type": "conversation.item.delete", "item_id": "b"},
     ):
         assert driver.send(event)[0]["error"]["code"] == "item_not_found"
-    assert driver.send({"type": "conversation.item.create", "previous_item_id": "nope", "item": {"type": "message", "role": "user", "content": []}})[0]["error"]["param"] == "previous_item_id"
-    bad = driver.send({"type": "conversation.item.create", "item": {"type": "message", "role": "system", "content": [{"type": "output_text", "text": "x"}]}})
+    assert (
+        driver.send(
+            {
+                "type": "conversation.item.create",
+                "previous_item_id": "nope",
+                "item": {"type": "message", "role": "user", "content": []},
+            }
+        )[0]["error"]["param"]
+        == "previous_item_id"
+    )
+    bad = driver.send(
+        {
+            "type": "conversation.item.create",
+            "item": {
+                "type": "message",
+                "role": "system",
+                "content": [{"type": "output_text", "text": "x"}],
+            },
+        }
+    )
     assert bad[0]["error"]["param"] == "item.content[0].type"
 
 
 def test_user_audio_item_is_recognised(driver: Driver) -> None:
     manual(driver)
     audio = base64.b64encode(voiced(400).astype("<i2").tobytes()).decode()
-    driver.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [{"type": "input_audio", "audio": audio}]}})
+    driver.send(
+        {
+            "type": "conversation.item.create",
+            "item": {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_audio", "audio": audio}],
+            },
+        }
+    )
     driver.send({"type": "response.create"})
     assert not driver.take(Generate)
     driver.transcribe_all("good morning")
@@ -485,9 +704,24 @@ def test_truncate_cuts_audio_and_transcript(driver: Driver) -> None:
     item = driver.events[-1]["response"]["output"][0]
     # Clauses: "The capital" 0-400, " is Paris, and" 400-800, " it is lovely." 800-1200;
     # at 700 ms three quarters of the second clause was heard: two of its three words.
-    new = driver.send({"type": "conversation.item.truncate", "item_id": item["id"], "content_index": 0, "audio_end_ms": 700})
-    assert new[0] == {"type": "conversation.item.truncated", "event_id": new[0]["event_id"], "item_id": item["id"], "content_index": 0, "audio_end_ms": 700}
-    retrieved = driver.send({"type": "conversation.item.retrieve", "item_id": item["id"]})[0]["item"]["content"][0]
+    new = driver.send(
+        {
+            "type": "conversation.item.truncate",
+            "item_id": item["id"],
+            "content_index": 0,
+            "audio_end_ms": 700,
+        }
+    )
+    assert new[0] == {
+        "type": "conversation.item.truncated",
+        "event_id": new[0]["event_id"],
+        "item_id": item["id"],
+        "content_index": 0,
+        "audio_end_ms": 700,
+    }
+    retrieved = driver.send({"type": "conversation.item.retrieve", "item_id": item["id"]})[0][
+        "item"
+    ]["content"][0]
     assert len(base64.b64decode(retrieved["audio"])) == 2 * RATE * 700 // 1000
     assert retrieved["transcript"] == "The capital is Paris,"
     # What the LLM sees next is what was heard.
@@ -495,9 +729,23 @@ def test_truncate_cuts_audio_and_transcript(driver: Driver) -> None:
     (nxt,) = driver.take(Generate)
     assert nxt.request.messages[-1].content == "The capital is Paris,"
     driver.send({"type": "response.cancel"})
-    past = driver.send({"type": "conversation.item.truncate", "item_id": item["id"], "content_index": 0, "audio_end_ms": 5000})
+    past = driver.send(
+        {
+            "type": "conversation.item.truncate",
+            "item_id": item["id"],
+            "content_index": 0,
+            "audio_end_ms": 5000,
+        }
+    )
     assert past[0]["error"]["param"] == "audio_end_ms"
-    unknown = driver.send({"type": "conversation.item.truncate", "item_id": "item_nope", "content_index": 0, "audio_end_ms": 10})
+    unknown = driver.send(
+        {
+            "type": "conversation.item.truncate",
+            "item_id": "item_nope",
+            "content_index": 0,
+            "audio_end_ms": 10,
+        }
+    )
     assert unknown[0]["error"]["code"] == "item_not_found"
 
 
@@ -508,14 +756,29 @@ def test_g711_in_and_out(driver: Driver) -> None:
     driver.send(
         {
             "type": "session.update",
-            "session": {"audio": {"input": {"format": {"type": "audio/pcmu"}}, "output": {"format": {"type": "audio/pcmu"}}}},
+            "session": {
+                "audio": {
+                    "input": {"format": {"type": "audio/pcmu"}},
+                    "output": {"format": {"type": "audio/pcmu"}},
+                }
+            },
         }
     )
     tone = voiced(1000, 8000)
     for i in range(0, len(tone), 160):
-        driver.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(ulaw_encode(tone[i : i + 160])).decode()})
-    for i in range(0, 8000 * 7 // 10, 160):
-        driver.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(ulaw_encode(np.zeros(160, np.int16))).decode()})
+        driver.send(
+            {
+                "type": "input_audio_buffer.append",
+                "audio": base64.b64encode(ulaw_encode(tone[i : i + 160])).decode(),
+            }
+        )
+    for _ in range(0, 8000 * 7 // 10, 160):
+        driver.send(
+            {
+                "type": "input_audio_buffer.append",
+                "audio": base64.b64encode(ulaw_encode(np.zeros(160, np.int16))).decode(),
+            }
+        )
     assert "input_audio_buffer.speech_stopped" in driver.types()
     (asr,) = driver.take(Transcribe)
     # Speech from 0 ms (no room for prefix padding) to the end of the 500 ms silence window.
@@ -546,18 +809,45 @@ BAD_INPUTS = [
     ('{"event_id": "e1"}', "invalid_event", None),
     ('["a"]', "invalid_event", None),
     ('{"type": "nope", "event_id": "e1"}', "invalid_value", "type"),
-    ('{"type": "input_audio_buffer.append", "audio": 5, "event_id": "e1"}', "invalid_type", "audio"),
-    ('{"type": "input_audio_buffer.append", "audio": "@@@not base64", "event_id": "e1"}', "invalid_value", "audio"),
-    ('{"type": "conversation.item.truncate", "item_id": "x", "content_index": "0", "audio_end_ms": 1, "event_id": "e1"}', "invalid_type", "content_index"),
-    ('{"type": "response.create", "response": {"output_modalities": "audio"}, "event_id": "e1"}', "invalid_type", "response.output_modalities"),
-    ('{"type": "conversation.item.create", "item": {"type": "message"}, "event_id": "e1"}', "missing_required_parameter", "item.role"),
+    (
+        '{"type": "input_audio_buffer.append", "audio": 5, "event_id": "e1"}',
+        "invalid_type",
+        "audio",
+    ),
+    (
+        '{"type": "input_audio_buffer.append", "audio": "@@@not base64", "event_id": "e1"}',
+        "invalid_value",
+        "audio",
+    ),
+    (
+        '{"type": "conversation.item.truncate", "item_id": "x", "content_index": "0", '
+        '"audio_end_ms": 1, "event_id": "e1"}',
+        "invalid_type",
+        "content_index",
+    ),
+    (
+        '{"type": "response.create", "response": {"output_modalities": "audio"}, "event_id": "e1"}',
+        "invalid_type",
+        "response.output_modalities",
+    ),
+    (
+        '{"type": "conversation.item.create", "item": {"type": "message"}, "event_id": "e1"}',
+        "missing_required_parameter",
+        "item.role",
+    ),
     ('{"type": "response.cancel", "event_id": "e1"}', "response_cancel_not_active", None),
-    ('{"type": "input_audio_buffer.commit", "event_id": "e1"}', "input_audio_buffer_commit_empty", None),
+    (
+        '{"type": "input_audio_buffer.commit", "event_id": "e1"}',
+        "input_audio_buffer_commit_empty",
+        None,
+    ),
 ]
 
 
 @pytest.mark.parametrize(("raw", "code", "param"), BAD_INPUTS)
-def test_bad_input_gets_one_error_and_the_session_goes_on(driver: Driver, raw: str, code: str, param: str | None) -> None:
+def test_bad_input_gets_one_error_and_the_session_goes_on(
+    driver: Driver, raw: str, code: str, param: str | None
+) -> None:
     manual(driver)
     new = driver.send(raw)
     assert driver.types(new) == ["error"]
@@ -577,9 +867,13 @@ def test_oversized_append_and_binary(driver: Driver) -> None:
     assert "15 MiB" in new[0]["error"]["message"]
     driver.session.receive_binary(b"\x00\x01")
     assert driver.pump()[0]["error"]["code"] == "invalid_event"
-    assert driver.send({"type": "input_audio_buffer.clear"})[0]["type"] == "input_audio_buffer.cleared"
+    assert (
+        driver.send({"type": "input_audio_buffer.clear"})[0]["type"] == "input_audio_buffer.cleared"
+    )
 
 
 def test_odd_pcm_bytes_rejected(driver: Driver) -> None:
-    new = driver.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(b"\x00\x01\x02").decode()})
+    new = driver.send(
+        {"type": "input_audio_buffer.append", "audio": base64.b64encode(b"\x00\x01\x02").decode()}
+    )
     assert new[0]["error"]["param"] == "audio"

@@ -78,8 +78,12 @@ def action(audio: bool = True) -> Generate:
 async def test_first_audio_leaves_before_the_llm_finishes() -> None:
     sink = Sink()
     llm = ScriptedLlm(
-        [TextDelta("Sure,"), TextDelta(" the capital is Paris."), TextDelta(" Anything else?"),
-         Finished("stop")],
+        [
+            TextDelta("Sure,"),
+            TextDelta(" the capital is Paris."),
+            TextDelta(" Anything else?"),
+            Finished("stop"),
+        ],
         gate=sink.first_audio,
     )
     await asyncio.wait_for(run_generation(action(), llm, FakeTts(24000), sink), 20)
@@ -99,8 +103,12 @@ async def test_text_only_passes_deltas_through() -> None:
 async def test_speech_before_a_tool_call_is_spoken_first() -> None:
     sink = Sink()
     llm = ScriptedLlm(
-        [TextDelta("Let me check"), ToolCallStarted("call_1", "lookup"),
-         ToolCallFinished("call_1", "{}"), Finished("tool_calls")]
+        [
+            TextDelta("Let me check"),
+            ToolCallStarted("call_1", "lookup"),
+            ToolCallFinished("call_1", "{}"),
+            Finished("tool_calls"),
+        ]
     )
     await run_generation(action(), llm, FakeTts(24000), sink)
     kinds = [kind for kind, _ in sink.log]

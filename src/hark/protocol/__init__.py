@@ -1,1 +1,1 @@
-"""The Realtime protocol (GA): every client event, server event, item and config as one typed model."""
+"""The Realtime protocol (GA): every client event, server event, item and config, typed."""

@@ -94,8 +94,7 @@ AnyClientEvent = (
 )
 
 CLIENT_EVENT_TYPES: tuple[str, ...] = tuple(
-    t.__struct_config__.tag  # type: ignore[misc]
-    for t in AnyClientEvent.__args__  # type: ignore[attr-defined]
+    t.__struct_config__.tag for t in AnyClientEvent.__args__
 )
 
 _decoder = msgspec.json.Decoder(AnyClientEvent)

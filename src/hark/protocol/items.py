@@ -48,7 +48,9 @@ ContentPart = InputText | InputAudio | InputImage | OutputText | OutputAudio
 ItemStatus = Literal["completed", "incomplete", "in_progress"]
 
 
-class _Item(Struct, forbid_unknown_fields=True, omit_defaults=False, tag_field="type", kw_only=True):
+class _Item(
+    Struct, forbid_unknown_fields=True, omit_defaults=False, tag_field="type", kw_only=True
+):
     """Base of items."""
 
 
@@ -99,4 +101,3 @@ ALLOWED_PARTS: dict[str, tuple[type[_Part], ...]] = {
     "user": (InputText, InputAudio, InputImage),
     "assistant": (OutputText, OutputAudio),
 }
-

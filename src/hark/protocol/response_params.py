@@ -15,7 +15,6 @@ from hark.protocol.session_config import (
     FunctionToolDef,
     MaxOutputTokens,
     ToolChoiceConfig,
-    ToolChoiceFunction,
     VoiceId,
 )
 
@@ -60,7 +59,8 @@ def parse_response_params(data: dict[str, Any] | None) -> ResponseParams:
         raise from_validation_error(exc, "response") from None
     if params.conversation not in ("auto", "none"):
         raise ProtocolError(
-            f"Invalid value: '{params.conversation[:100]}'. Supported values are: 'auto' and 'none'.",
+            f"Invalid value: '{params.conversation[:100]}'. "
+            "Supported values are: 'auto' and 'none'.",
             param="response.conversation",
         )
     if params.output_modalities is not None and len(params.output_modalities) != 1:
@@ -70,10 +70,4 @@ def parse_response_params(data: dict[str, Any] | None) -> ResponseParams:
         )
     if params.metadata is not None and len(params.metadata) > 16:
         raise ProtocolError("metadata holds at most 16 keys.", param="response.metadata")
-    if isinstance(params.tool_choice, ToolChoiceFunction) and params.tools is not None:
-        if params.tool_choice.name not in {t.name for t in params.tools}:
-            raise ProtocolError(
-                f"tool_choice names '{params.tool_choice.name}', which is not in tools.",
-                param="response.tool_choice.name",
-            )
     return params

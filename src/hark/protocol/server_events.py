@@ -78,9 +78,7 @@ class ConversationItemDeleted(ServerEvent, tag="conversation.item.deleted"):
     item_id: str
 
 
-class InputTranscriptionDelta(
-    ServerEvent, tag="conversation.item.input_audio_transcription.delta"
-):
+class InputTranscriptionDelta(ServerEvent, tag="conversation.item.input_audio_transcription.delta"):
     """A piece of the transcript of the user's audio."""
 
     item_id: str

@@ -1,4 +1,7 @@
-"""Work the session core asks its driver to do; results come back through the core's ``on_*`` methods."""
+"""Work the session core asks its driver to do.
+
+Results come back through the core's ``on_*`` methods.
+"""
 
 from __future__ import annotations
 

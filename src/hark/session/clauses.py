@@ -12,7 +12,7 @@ import re
 # A clause ends at punctuation followed by whitespace (so "3.5" and "e.g.," mid-word stay whole).
 _CLAUSE_END = re.compile(r"[,;:.!?…—](?=\s)|\n")
 _SENTENCE_END = re.compile(r"[.!?…](?=\s)|\n")
-FIRST_MIN_WORDS = 2
+FIRST_MIN_WORDS = 1
 FIRST_MAX_WORDS = 8
 LATER_MAX_WORDS = 30
 
@@ -50,9 +50,9 @@ class ClauseSplitter:
                 if words >= FIRST_MIN_WORDS or _SENTENCE_END.match(text, match.start()):
                     return self._cut(match.end())
             return self._cut_long(FIRST_MAX_WORDS)
-        match = _SENTENCE_END.search(text)
-        if match:
-            return self._cut(match.end())
+        sentence = _SENTENCE_END.search(text)
+        if sentence:
+            return self._cut(sentence.end())
         if len(text.split()) > LATER_MAX_WORDS:
             commas = [m.end() for m in _CLAUSE_END.finditer(text)]
             if commas:

@@ -91,9 +91,7 @@ class _Response:
     tool_choice: ToolChoiceConfig
     temperature: float | None
     inputs: list[Entry] | None
-    status: Literal["in_progress", "completed", "cancelled", "failed", "incomplete"] = (
-        "in_progress"
-    )
+    status: Literal["in_progress", "completed", "cancelled", "failed", "incomplete"] = "in_progress"
     status_details: dict[str, Any] | None = None
     output: list[Entry] = field(default_factory=list)
     message: Entry | None = None
@@ -427,7 +425,10 @@ class Session:
 
     def _commit_audio(self, pcm: npt.NDArray[np.int16], item_id: str) -> None:
         part = Part(
-            "input_audio", audio=pcm, audio_format=self.config.audio.input.format, rate=self._in_rate
+            "input_audio",
+            audio=pcm,
+            audio_format=self.config.audio.input.format,
+            rate=self._in_rate,
         )
         entry = Entry(id=item_id, type="message", role="user", parts=[part])
         previous = self.conversation.insert(entry)
@@ -606,7 +607,9 @@ class Session:
             )
         owner = next((r for r in self._responses.values() if entry in r.output), None)
         if owner is not None:
-            self._end_response(owner, "cancelled", {"type": "cancelled", "reason": "client_cancelled"})
+            self._end_response(
+                owner, "cancelled", {"type": "cancelled", "reason": "client_cancelled"}
+            )
         truncate_part(part, audio_end_ms)
         self._emit(
             se.ConversationItemTruncated(
@@ -659,15 +662,17 @@ class Session:
             or cfg.audio.output.speed,
             max_output_tokens=params.max_output_tokens or cfg.max_output_tokens,
             metadata=params.metadata,
-            instructions=params.instructions if params.instructions is not None else cfg.instructions,
+            instructions=params.instructions
+            if params.instructions is not None
+            else cfg.instructions,
             tools=params.tools if params.tools is not None else cfg.tools,
             tool_choice=params.tool_choice or cfg.tool_choice,
             temperature=params.temperature if params.temperature is not None else cfg.temperature,
             inputs=inputs,
         )
-        if isinstance(response.tool_choice, ToolChoiceFunction) and response.tool_choice.name not in {
-            t.name for t in response.tools
-        }:
+        if isinstance(
+            response.tool_choice, ToolChoiceFunction
+        ) and response.tool_choice.name not in {t.name for t in response.tools}:
             raise ProtocolError(
                 f"tool_choice names '{response.tool_choice.name}', which is not in tools.",
                 "response.tool_choice.name",
@@ -874,7 +879,9 @@ class Session:
             payload = base64.b64encode(encode_audio(part.audio_format, pcm)).decode()
             self._emit(se.OutputAudioDelta(delta=payload, **position))
 
-    def _close_message(self, response: _Response, status: Literal["completed", "incomplete"]) -> None:
+    def _close_message(
+        self, response: _Response, status: Literal["completed", "incomplete"]
+    ) -> None:
         if response.message is None:
             return
         entry, part, position = self._message(response)
@@ -889,7 +896,9 @@ class Session:
         self._finish_item(response, entry, position["output_index"])
 
     def _finish_item(self, response: _Response, entry: Entry, index: int) -> None:
-        self._emit(se.OutputItemDone(response_id=response.id, output_index=index, item=entry.to_wire()))
+        self._emit(
+            se.OutputItemDone(response_id=response.id, output_index=index, item=entry.to_wire())
+        )
         if response.in_band and entry.id in self.conversation:
             entries = self.conversation.entries()
             position = entries.index(entry)

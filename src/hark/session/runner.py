@@ -118,9 +118,9 @@ class SessionRunner:
                 task = asyncio.create_task(self._generate(out), name=f"gen {out.response_id}")
                 self._generations[out.response_id] = task
             elif isinstance(out, CancelGeneration):
-                task = self._generations.pop(out.response_id, None)
-                if task is not None:
-                    task.cancel()
+                running = self._generations.pop(out.response_id, None)
+                if running is not None:
+                    running.cancel()
             elif isinstance(out, Close):
                 log.info("session %s ends: %s", self.id, out.reason)
                 self._spawn(self.close(), "close")
@@ -206,4 +206,3 @@ class _CoreSink:
 
     def finished(self, finished: Finished) -> None:
         self._runner._call(self._session.on_generation_finished, self._id, finished)
-

@@ -18,7 +18,7 @@ HYSTERESIS = 0.15
 
 @dataclass(frozen=True, slots=True)
 class TurnEvent:
-    """A decision: speech started at ``ms`` (prefix padding included) or the turn ended at ``ms``."""
+    """Speech started at ``ms`` (prefix padding included), or the turn ended at ``ms``."""
 
     kind: Literal["speech_started", "speech_stopped"]
     ms: float
@@ -56,7 +56,9 @@ class TurnDetector:
                 if end_ms - self._onset >= MIN_SPEECH_MS:
                     self.speaking = True
                     self._silence_from = None
-                    return TurnEvent("speech_started", max(0.0, self._onset - self.prefix_padding_ms))
+                    return TurnEvent(
+                        "speech_started", max(0.0, self._onset - self.prefix_padding_ms)
+                    )
             else:
                 self._onset = None
             return None

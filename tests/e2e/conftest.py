@@ -1,0 +1,152 @@
+"""A real `hark serve` on the embedded models, and spoken fixtures synthesised with Piper."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from openai import AsyncOpenAI
+
+API_KEY = "sk-hark-e2e-test-key"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
+
+
+@dataclass(frozen=True)
+class Server:
+    """A running hark server."""
+
+    host: str
+    port: int
+    log: Path
+
+    @property
+    def http(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    @property
+    def ws(self) -> str:
+        return f"ws://{self.host}:{self.port}/v1"
+
+    def client(self, api_key: str = API_KEY) -> AsyncOpenAI:
+        """The official SDK pointed at this server, as the README shows."""
+        return AsyncOpenAI(api_key=api_key, base_url=self.http, websocket_base_url=self.ws)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[Server]:
+    """`hark serve` with the embedded models, ready (``/readyz`` 200) before tests use it."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    port = _free_port()
+    log = ARTIFACTS / "e2e-server.log"
+    env = {**os.environ, "HARK_API_KEYS": API_KEY}
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "hark.cli", "serve", "--port", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"hark serve exited: {log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"hark serve never became ready: {log.read_text()[-3000:]}")
+            time.sleep(0.5)
+        yield Server("127.0.0.1", port, log)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+_speech_cache: dict[str, npt.NDArray[np.int16]] = {}
+_tts = None
+
+
+async def speech(text: str, rate: int = 24000) -> npt.NDArray[np.int16]:
+    """``text`` spoken by Piper at ``rate``, with 300 ms of silence before and after."""
+    from hark.audio.resample import resample
+    from hark.engines.tts.piper import PiperTts
+
+    global _tts
+    key = f"{rate}:{text}"
+    if key not in _speech_cache:
+        if _tts is None:
+            _tts = PiperTts()
+        chunks = [c async for c in _tts.synthesize(text)]
+        pcm = resample(np.concatenate(chunks), _tts.sample_rate, rate)
+        pad = np.zeros(rate * 3 // 10, np.int16)
+        _speech_cache[key] = np.concatenate((pad, pcm, pad))
+    return _speech_cache[key]
+
+
+_asr = None
+
+
+async def transcribe(pcm: npt.NDArray[np.int16], rate: int) -> str:
+    """What Whisper hears in ``pcm``."""
+    global _asr
+    from hark.engines.asr.whisper import WhisperAsr
+
+    from hark.audio.resample import resample
+
+    if _asr is None:
+        _asr = WhisperAsr()
+    audio = resample(pcm, rate, 16000).astype(np.float32) / 32768.0
+    return "".join([d async for d in _asr.transcribe(audio, language="en")])
+
+
+def words(text: str) -> list[str]:
+    """Lower-case words without punctuation."""
+    return "".join(c.lower() if c.isalnum() or c.isspace() else " " for c in text).split()
+
+
+async def stream_realtime(send: object, pcm: npt.NDArray[np.int16], rate: int = 24000) -> None:
+    """Append ``pcm`` in 20 ms chunks at the pace of real time."""
+    import base64
+
+    step = rate // 50
+    start = time.monotonic()
+    for n, i in enumerate(range(0, len(pcm), step)):
+        audio = base64.b64encode(pcm[i : i + step].astype("<i2").tobytes()).decode()
+        await send(audio=audio)  # type: ignore[operator]
+        delay = start + (n + 1) * 0.02 - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+
+async def events_until(conn: object, stop: str, limit_s: float = 120) -> AsyncIterator[object]:
+    """Yield server events until one of type ``stop`` (included)."""
+    async with asyncio.timeout(limit_s):
+        while True:
+            event = await conn.recv()  # type: ignore[attr-defined]
+            yield event
+            if event.type == stop:
+                return

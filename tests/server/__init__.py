@@ -1,0 +1,1 @@
+"""Tests of the HTTP server, authentication, configuration and the CLI."""
