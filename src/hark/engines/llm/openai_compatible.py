@@ -1,0 +1,360 @@
+"""Any OpenAI-compatible streaming chat-completions endpoint (vLLM, SGLang, llama.cpp, Ollama).
+
+Requests go to ``{base_url}/chat/completions`` with ``stream: true`` and the usage chunk
+requested; the server-sent events are mapped onto :mod:`hark.engines.llm` events. The API key
+travels only in the ``Authorization`` header: it is never logged and is scrubbed from error
+messages, in case a server echoes it back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import aiohttp
+from yarl import URL
+
+from hark.engines.llm import (
+    ChatMessage,
+    Finished,
+    FunctionTool,
+    GenerationRequest,
+    LlmEvent,
+    TextDelta,
+    ToolCallArgumentsDelta,
+    ToolCallFinished,
+    ToolCallStarted,
+    ToolChoice,
+)
+
+logger = logging.getLogger(__name__)
+
+CONNECT_ATTEMPTS = 3
+RETRY_BACKOFF_S = 0.25
+_ERROR_BODY_LIMIT = 4096
+_FINISH_REASONS: dict[str, Literal["stop", "length", "tool_calls"]] = {
+    "stop": "stop",
+    "length": "length",
+    "tool_calls": "tool_calls",
+    "function_call": "tool_calls",
+}
+
+
+class LlmError(Exception):
+    """The endpoint failed: unreachable, an HTTP error (``status``), or a broken stream."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(slots=True)
+class _PendingCall:
+    """A tool call being streamed, keyed by its ``index`` in the chunks."""
+
+    call_id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+    started: bool = False
+    finished: bool = False
+
+
+def message_to_openai(message: ChatMessage) -> dict[str, Any]:
+    """A chat message in the chat-completions wire format."""
+    if message.role == "tool":
+        return {"role": "tool", "tool_call_id": message.tool_call_id, "content": message.content}
+    out: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        out["content"] = message.content or None
+        out["tool_calls"] = [
+            {
+                "id": call.call_id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments},
+            }
+            for call in message.tool_calls
+        ]
+    return out
+
+
+def tool_to_openai(tool: FunctionTool) -> dict[str, Any]:
+    """A function tool in the chat-completions wire format."""
+    function: dict[str, Any] = {"name": tool.name}
+    if tool.description:
+        function["description"] = tool.description
+    function["parameters"] = tool.parameters or {"type": "object", "properties": {}}
+    return {"type": "function", "function": function}
+
+
+def tool_choice_to_openai(choice: ToolChoice) -> str | dict[str, Any]:
+    """``auto``/``none``/``required``, or the object that forces one function."""
+    if choice.mode == "function":
+        return {"type": "function", "function": {"name": choice.name}}
+    return choice.mode
+
+
+class OpenAICompatibleLlm:
+    """A remote chat model behind an OpenAI-compatible API; implements ``LlmEngine``.
+
+    ``base_url`` includes the version prefix (``http://host:8000/v1``). ``temperature`` and
+    ``max_tokens_default`` are sent when a request leaves them unset (``None``: the server's
+    default). ``timeout_s`` bounds connecting and each wait for the next bytes of a stream.
+    Call :meth:`aclose` when done.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        temperature: float | None = None,
+        max_tokens_default: int | None = None,
+        timeout_s: float = 60.0,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.temperature = temperature
+        self.max_tokens_default = max_tokens_default
+        self.timeout_s = timeout_s
+        self._api_key = api_key
+        self._session: aiohttp.ClientSession | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"OpenAICompatibleLlm(base_url={self._safe_url(self.base_url)!r}, model={self.model!r})"
+        )
+
+    async def aclose(self) -> None:
+        """Close the HTTP session (its connections)."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def warmup(self) -> None:
+        """Check that the endpoint answers (``GET /models``; a 404 is fine)."""
+        url = self.base_url + "/models"
+        try:
+            async with self._http().get(url, headers=self._headers()) as response:
+                if response.status >= 400 and response.status != 404:
+                    raise await self._http_error(response)
+                await response.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise LlmError(
+                f"LLM endpoint {self._safe_url(url)} is unreachable: {self._scrub(repr(exc))}"
+            ) from None
+
+    def payload(self, request: GenerationRequest) -> dict[str, Any]:
+        """The JSON body of the chat-completions request for ``request``."""
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": [message_to_openai(m) for m in request.messages],
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        temperature = self.temperature if request.temperature is None else request.temperature
+        if temperature is not None:
+            body["temperature"] = temperature
+        max_tokens = request.max_tokens or self.max_tokens_default
+        if max_tokens is not None:
+            body["max_tokens"] = max_tokens
+        if request.tools:
+            body["tools"] = [tool_to_openai(t) for t in request.tools]
+            body["tool_choice"] = tool_choice_to_openai(request.tool_choice)
+        return body
+
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[LlmEvent, None]:
+        """Stream the reply; ``Finished`` comes last. Cancelling closes the connection."""
+        url = self.base_url + "/chat/completions"
+        body = self.payload(request)
+        response = await self._post(url, body)
+        async with response:
+            if response.status >= 400:
+                raise await self._http_error(response)
+            try:
+                async for event in self._events(response):
+                    yield event
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                raise LlmError(f"the LLM stream broke: {self._scrub(repr(exc))}") from None
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            timeout = aiohttp.ClientTimeout(
+                total=None, sock_connect=self.timeout_s, sock_read=self.timeout_s
+            )
+            self._session = aiohttp.ClientSession(timeout=timeout)
+        return self._session
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Accept": "application/json, text/event-stream"}
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        return headers
+
+    async def _post(self, url: str, body: dict[str, Any]) -> aiohttp.ClientResponse:
+        """POST, retrying connection failures (nothing has been generated yet then)."""
+        attempt = 1
+        while True:
+            try:
+                return await self._http().post(url, json=body, headers=self._headers())
+            except (aiohttp.ClientConnectionError, TimeoutError) as exc:
+                if attempt >= CONNECT_ATTEMPTS:
+                    raise LlmError(
+                        f"LLM endpoint {self._safe_url(url)} is unreachable after "
+                        f"{attempt} attempts: {self._scrub(repr(exc))}"
+                    ) from None
+                logger.warning(
+                    "LLM endpoint %s: %s, retrying", self._safe_url(url), type(exc).__name__
+                )
+                await asyncio.sleep(RETRY_BACKOFF_S * 2 ** (attempt - 1))
+                attempt += 1
+
+    async def _http_error(self, response: aiohttp.ClientResponse) -> LlmError:
+        raw = b""
+        while len(raw) < _ERROR_BODY_LIMIT:
+            part = await response.content.read(_ERROR_BODY_LIMIT - len(raw))
+            if not part:
+                break
+            raw += part
+        text = raw.decode("utf-8", errors="replace").strip()
+        try:
+            message = _error_message(json.loads(text)) or text
+        except ValueError:
+            message = text
+        return LlmError(
+            f"LLM endpoint {self._safe_url(str(response.url))} answered HTTP {response.status}: "
+            f"{self._scrub(message) or response.reason}",
+            status=response.status,
+        )
+
+    def _scrub(self, text: str) -> str:
+        return text.replace(self._api_key, "[api key]") if self._api_key else text
+
+    @staticmethod
+    def _safe_url(url: str) -> str:
+        return str(URL(url).with_user(None).with_query(None))
+
+    async def _events(self, response: aiohttp.ClientResponse) -> AsyncIterator[LlmEvent]:
+        calls: dict[int, _PendingCall] = {}
+        reason: str | None = None
+        usage: dict[str, Any] = {}
+        async for data in _sse_data(response.content):
+            if data == "[DONE]":
+                break
+            try:
+                chunk = json.loads(data)
+            except ValueError:
+                raise LlmError(f"malformed stream chunk: {data[:200]!r}") from None
+            if not isinstance(chunk, dict):
+                continue
+            if "error" in chunk:
+                message = _error_message(chunk) or "unknown error"
+                raise LlmError(f"LLM endpoint reported an error: {self._scrub(message)}")
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+            for choice in chunk.get("choices") or []:
+                if choice.get("index", 0) != 0:
+                    continue
+                delta = choice.get("delta") or {}
+                if content := delta.get("content"):
+                    yield TextDelta(content)
+                for piece in delta.get("tool_calls") or []:
+                    for event in _tool_call_piece(calls, piece):
+                        yield event
+                if choice.get("finish_reason"):
+                    reason = choice["finish_reason"]
+        if reason is None:
+            raise LlmError("the LLM stream ended without a finish reason")
+        mapped = _FINISH_REASONS.get(reason, "stop")
+        for call in calls.values():
+            if call.started and not call.finished:
+                if mapped == "length" and not _is_json(call.arguments):
+                    continue
+                call.finished = True
+                yield ToolCallFinished(call.call_id or "", call.arguments)
+        if any(c.finished for c in calls.values()) and mapped == "stop":
+            mapped = "tool_calls"
+        details = usage.get("prompt_tokens_details") or {}
+        yield Finished(
+            mapped,
+            prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            completion_tokens=int(usage.get("completion_tokens") or 0),
+            cached_tokens=int(details.get("cached_tokens") or 0),
+        )
+
+
+def _tool_call_piece(calls: dict[int, _PendingCall], piece: dict[str, Any]) -> list[LlmEvent]:
+    """Events for one ``delta.tool_calls`` entry; a new index finishes the calls before it."""
+    index = int(piece.get("index", len(calls)))
+    events: list[LlmEvent] = []
+    call = calls.get(index)
+    if call is None:
+        for earlier in calls.values():
+            if earlier.started and not earlier.finished:
+                earlier.finished = True
+                events.append(ToolCallFinished(earlier.call_id or "", earlier.arguments))
+        call = calls[index] = _PendingCall()
+    function = piece.get("function") or {}
+    arguments = function.get("arguments") or ""
+    call.arguments += arguments
+    if call.started:
+        if arguments:
+            events.append(ToolCallArgumentsDelta(call.call_id or "", arguments))
+        return events
+    call.call_id = call.call_id or piece.get("id") or None
+    call.name = call.name or function.get("name") or None
+    if call.name:
+        # Servers that omit ids still need one for the call's output to refer to.
+        call.call_id = call.call_id or "call_" + secrets.token_hex(12)
+        call.started = True
+        events.append(ToolCallStarted(call.call_id, call.name))
+        if call.arguments:
+            events.append(ToolCallArgumentsDelta(call.call_id, call.arguments))
+    return events
+
+
+async def _sse_data(stream: aiohttp.StreamReader) -> AsyncIterator[str]:
+    """The ``data`` of each server-sent event (multi-line data joined with newlines)."""
+    lines: list[str] = []
+    async for raw in stream:
+        line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+        if not line:
+            if lines:
+                yield "\n".join(lines)
+                lines = []
+            continue
+        if line.startswith(":"):
+            continue
+        field, _, value = line.partition(":")
+        if field == "data":
+            lines.append(value[1:] if value.startswith(" ") else value)
+    if lines:
+        yield "\n".join(lines)
+
+
+def _error_message(body: Any) -> str:
+    """The human message of an error body in the usual OpenAI / FastAPI shapes."""
+    if not isinstance(body, dict):
+        return ""
+    error = body.get("error", body)
+    if isinstance(error, dict):
+        for key in ("message", "detail", "msg"):
+            if isinstance(error.get(key), str):
+                return str(error[key])
+        return json.dumps(error)[:500]
+    if isinstance(error, str):
+        return error
+    detail = body.get("detail")
+    return detail if isinstance(detail, str) else json.dumps(body)[:500]
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
