@@ -85,7 +85,8 @@ class SessionRunner:
         if self._closed:
             return
         self._closed = True
-        tasks = [*self._tasks, *self._generations.values()]
+        current = asyncio.current_task()
+        tasks = [t for t in (*self._tasks, *self._generations.values()) if t is not current]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

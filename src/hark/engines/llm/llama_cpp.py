@@ -12,8 +12,11 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
+import ctypes
 import importlib.util
+import io
 import json
+import logging
 import os
 import re
 import secrets
@@ -128,6 +131,22 @@ class _ArgumentsScanner:
         return out
 
 
+_native_log = logging.getLogger("hark.llama_cpp")
+
+
+@llama_cpp.llama_log_callback
+def _log_native(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    # llama.cpp levels: 2 warn, 3 error; the rest (info, debug, continuation) is debug for us.
+    message = text.decode("utf-8", "replace").rstrip()
+    if message:
+        _native_log.log({2: logging.WARNING, 3: logging.ERROR}.get(level, logging.DEBUG), message)
+
+
+def _route_native_logs() -> None:
+    """Send llama.cpp's own log lines to Python logging instead of straight to stderr."""
+    llama_cpp.llama_log_set(_log_native, ctypes.c_void_p(0))
+
+
 class LlamaCppLlm:
     """A chat model run in-process by llama.cpp; implements :class:`hark.engines.llm.LlmEngine`.
 
@@ -222,16 +241,25 @@ class LlamaCppLlm:
 
     def _model(self) -> llama_cpp.Llama:
         if self._llm is None:
-            llm = llama_cpp.Llama(
-                model_path=self.model_path,
-                n_ctx=self.n_ctx,
-                n_threads=self.n_threads,
-                # Prompt batches on every core stall on a shared machine: llama.cpp's threads
-                # spin at each barrier, and one preempted thread holds the others up.
-                n_threads_batch=self.n_threads or max((os.cpu_count() or 2) // 2, 1),
-                seed=self.seed,
-                verbose=False,
-            )
+            _route_native_logs()
+            # verbose=False would point the whole process's stdout/stderr at /dev/null while the
+            # model loads, swallowing every other thread's logs. Instead llama.cpp's native logs
+            # go to `logging`, and llama-cpp-python's own load-time prints are captured here.
+            with (
+                contextlib.redirect_stdout(io.StringIO()),
+                contextlib.redirect_stderr(io.StringIO()),
+            ):
+                llm = llama_cpp.Llama(
+                    model_path=self.model_path,
+                    n_ctx=self.n_ctx,
+                    n_threads=self.n_threads,
+                    # Prompt batches on every core stall on a shared machine: llama.cpp's
+                    # threads spin at each barrier, and one preempted thread holds the others up.
+                    n_threads_batch=self.n_threads or max((os.cpu_count() or 2) // 2, 1),
+                    seed=self.seed,
+                    verbose=True,
+                )
+            llm.verbose = False
             template = llm.metadata.get("tokenizer.chat_template")
             if not is_chatml(template):
                 llm.close()

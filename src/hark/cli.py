@@ -1,0 +1,160 @@
+"""The ``hark`` command: ``hark serve`` runs the server."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+from aiohttp import web
+
+from hark import __version__
+from hark.config import ENGINE_SETS, LOG_LEVELS, ConfigError, Settings, load_settings
+
+logger = logging.getLogger("hark")
+
+EXIT_USAGE = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser, one subcommand per task (``serve``; benchmarks will join it)."""
+    parser = argparse.ArgumentParser(
+        prog="hark", description="A self-hosted OpenAI Realtime API server."
+    )
+    parser.add_argument("--version", action="version", version=f"hark {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = commands.add_parser(
+        "serve",
+        help="run the Realtime API server",
+        description="Run the server. Every option also reads HARK_<OPTION> from the "
+        "environment (e.g. HARK_LLM_URL) and <option> from the --config file; API keys come "
+        "from HARK_API_KEYS (comma-separated) or api_keys in the file.",
+    )
+    # default=None everywhere: an option the user did not give must not hide the
+    # environment or the file.
+    serve.add_argument("--host", default=None, help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=None, help="port to bind (default 8000)")
+    serve.add_argument(
+        "--engines", choices=ENGINE_SETS, default=None, help="engine set (default embedded)"
+    )
+    serve.add_argument(
+        "--llm-url", default=None, metavar="URL", help="an OpenAI-compatible LLM endpoint"
+    )
+    serve.add_argument(
+        "--llm-model", default=None, metavar="NAME", help="LLM name (required with --llm-url)"
+    )
+    serve.add_argument("--llm-api-key", default=None, metavar="KEY", help="key for --llm-url")
+    serve.add_argument(
+        "--llm-model-path", default=None, metavar="PATH", help="a GGUF file for llama.cpp"
+    )
+    serve.add_argument(
+        "--asr-model", default=None, metavar="PATH", help="a faster-whisper model path"
+    )
+    serve.add_argument(
+        "--asr-device", default=None, metavar="DEVICE", help="ASR device (default cpu)"
+    )
+    serve.add_argument(
+        "--config", dest="config_file", default=None, metavar="FILE", help="a TOML file"
+    )
+    serve.add_argument(
+        "--log-level", choices=LOG_LEVELS, default=None, help="log level (default info)"
+    )
+    serve.set_defaults(handler=_serve_command)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``hark`` command; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    options = {k: v for k, v in vars(args).items() if k not in ("command", "handler")}
+    status: int = args.handler(options)
+    return status
+
+
+def configure_logging(level: str) -> None:
+    """Log to stderr at ``level`` (a name from ``LOG_LEVELS``)."""
+    logging.basicConfig(
+        level=level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        force=True,
+    )
+
+
+def _serve_command(options: dict[str, object]) -> int:
+    try:
+        settings = load_settings(options, env=os.environ)
+    except ConfigError as exc:
+        print(f"hark: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    configure_logging(settings.log_level)
+    try:
+        return asyncio.run(serve(settings))
+    except KeyboardInterrupt:
+        # Ctrl-C before the signal handlers were installed.
+        return 130
+
+
+async def serve(settings: Settings) -> int:
+    """Run the server until SIGINT or SIGTERM; returns the exit status."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        return await _serve_until(stop, settings)
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+async def _serve_until(stop: asyncio.Event, settings: Settings) -> int:
+    from hark.engines.registry import EngineUnavailableError, build_engines
+    from hark.server.app import create_app, make_runner
+    from hark.server.auth import InsecureBindError
+
+    try:
+        engines = build_engines(settings)
+    except EngineUnavailableError as exc:
+        logger.error("%s", exc)
+        return EXIT_USAGE
+    try:
+        try:
+            app = create_app(settings, engines)
+        except InsecureBindError as exc:
+            logger.error("%s", exc)
+            return EXIT_USAGE
+        runner = make_runner(app)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, settings.host, settings.port)
+            try:
+                await site.start()
+            except OSError as exc:
+                logger.error("cannot listen on %s port %d: %s", settings.host, settings.port, exc)
+                return 1
+            for host, port, *_ in runner.addresses:
+                logger.info(
+                    "hark %s listening on http://%s:%d (engines: %s, llm: %s)",
+                    __version__,
+                    f"[{host}]" if ":" in host else host,
+                    port,
+                    settings.engines,
+                    settings.llm_model_name,
+                )
+            await stop.wait()
+            logger.info("shutting down")
+            return 0
+        finally:
+            await runner.cleanup()
+    finally:
+        await engines.aclose()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""Server settings: command line, ``HARK_*`` environment variables, a TOML file, defaults.
+
+Precedence, highest first: command line > environment > configuration file > defaults.
+Every option has the same name everywhere: ``--llm-url`` on the command line, ``HARK_LLM_URL``
+in the environment, ``llm_url`` in the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+EngineSet = Literal["embedded", "fake"]
+
+ENGINE_SETS: tuple[EngineSet, ...] = ("embedded", "fake")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+DEFAULT_EMBEDDED_LLM_MODEL = "smollm2-135m"
+ENV_PREFIX = "HARK_"
+CONFIG_ENV_VAR = "HARK_CONFIG"
+
+
+class ConfigError(ValueError):
+    """The settings are invalid; the message says which option and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything ``hark serve`` needs to know. Secrets are left out of ``repr``."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    engines: EngineSet = "embedded"
+    llm_url: str | None = None
+    # None means "the embedded default" for embedded engines; a remote LLM needs a name.
+    llm_model: str | None = None
+    llm_api_key: str | None = field(default=None, repr=False)
+    llm_model_path: str | None = None
+    asr_model: str | None = None
+    asr_device: str = "cpu"
+    api_keys: tuple[str, ...] = field(default=(), repr=False)
+    log_level: str = "info"
+    config_file: Path | None = None
+
+    @property
+    def llm_model_name(self) -> str:
+        """The LLM's name as clients see it (``/v1/models``)."""
+        return self.llm_model or DEFAULT_EMBEDDED_LLM_MODEL
+
+
+_DEFAULTS = Settings()
+_FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
+# The file cannot name another file, so config_file is not an option there.
+_FILE_OPTIONS = frozenset(_FIELDS) - {"config_file"}
+
+
+def load_settings(
+    cli: Mapping[str, Any] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+) -> Settings:
+    """Merge the sources into validated settings.
+
+    ``cli`` maps option names (``llm_url``) to values; ``None`` values mean "not given".
+    ``env`` is the process environment (only ``HARK_*`` names are read); the configuration
+    file is ``cli["config_file"]`` or ``$HARK_CONFIG``.
+    """
+    given = {k: v for k, v in (cli or {}).items() if v is not None}
+    unknown = set(given) - set(_FIELDS)
+    if unknown:
+        raise ConfigError(f"unknown option(s): {', '.join(sorted(unknown))}")
+    from_env = _from_env(env or {})
+
+    config_file = given.get("config_file", from_env.get("config_file"))
+    from_file = _from_file(Path(config_file)) if config_file is not None else {}
+
+    merged: dict[str, Any] = {**from_file, **from_env, **given}
+    if config_file is not None:
+        merged["config_file"] = Path(config_file)
+    return _validate(merged)
+
+
+def env_var(option: str) -> str:
+    """The environment variable of an option (``llm_url`` → ``HARK_LLM_URL``)."""
+    return CONFIG_ENV_VAR if option == "config_file" else ENV_PREFIX + option.upper()
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for name in _FIELDS:
+        raw = env.get(env_var(name))
+        if raw is None or raw == "":
+            continue
+        if name == "api_keys":
+            values[name] = tuple(k.strip() for k in raw.split(",") if k.strip())
+        else:
+            values[name] = raw
+    return values
+
+
+def _from_file(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            data = tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(f"cannot read configuration file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"configuration file {path} is not valid TOML: {exc}") from None
+    unknown = set(data) - _FILE_OPTIONS
+    if unknown:
+        raise ConfigError(
+            f"configuration file {path}: unknown key(s) {', '.join(sorted(unknown))}; "
+            f"known keys are {', '.join(sorted(_FILE_OPTIONS))}"
+        )
+    if "api_keys" in data:
+        keys = data["api_keys"]
+        if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+            raise ConfigError(f"configuration file {path}: api_keys must be a list of strings")
+        data["api_keys"] = tuple(keys)
+    return data
+
+
+def _validate(values: dict[str, Any]) -> Settings:
+    port = values.get("port", _DEFAULTS.port)
+    if isinstance(port, str):
+        try:
+            port = int(port)
+        except ValueError:
+            raise ConfigError(f"port must be an integer, not {port!r}") from None
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ConfigError(f"port must be an integer from 0 to 65535, not {port!r}")
+    values["port"] = port
+
+    for name in (
+        "host",
+        "engines",
+        "llm_url",
+        "llm_model",
+        "llm_api_key",
+        "llm_model_path",
+        "asr_model",
+        "asr_device",
+        "log_level",
+    ):
+        if name in values and not isinstance(values[name], str):
+            raise ConfigError(f"{name} must be a string")
+
+    if values.get("engines", _DEFAULTS.engines) not in ENGINE_SETS:
+        raise ConfigError(f"engines must be one of {', '.join(ENGINE_SETS)}")
+    values["log_level"] = str(values.get("log_level", _DEFAULTS.log_level)).lower()
+    if values["log_level"] not in LOG_LEVELS:
+        raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)}")
+    if values.get("llm_url") and not values.get("llm_model"):
+        raise ConfigError("llm_model is required with llm_url (the remote model's name)")
+    if any(not k for k in values.get("api_keys", ())):
+        raise ConfigError("api_keys must not contain empty keys")
+    return Settings(**values)

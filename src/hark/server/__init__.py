@@ -1,0 +1,1 @@
+"""The HTTP server: the Realtime API endpoints, authentication and health checks."""

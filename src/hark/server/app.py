@@ -1,0 +1,354 @@
+"""The HTTP application: the Realtime WebSocket endpoint, ephemeral keys, models, health.
+
+The server listens at once and loads the engines in the background: ``/healthz`` answers
+from the start, ``/readyz`` once the engines are warm. Sessions opened while the engines
+load wait for them after the upgrade.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from aiohttp import WSCloseCode, web
+from aiohttp.abc import AbstractAccessLogger
+
+from hark.config import Settings
+from hark.engines.registry import Engines
+from hark.protocol.errors import ProtocolError
+from hark.protocol.session_config import (
+    SessionConfig,
+    parse_session_config,
+    session_config_to_dict,
+)
+from hark.server.auth import (
+    DEFAULT_EPHEMERAL_SECONDS,
+    MAX_EPHEMERAL_SECONDS,
+    MIN_EPHEMERAL_SECONDS,
+    Authenticator,
+    Principal,
+    bearer_key,
+    check_bind_policy,
+    offered_subprotocols,
+    subprotocol_key,
+)
+from hark.session.ids import IdGenerator
+from hark.session.runner import SessionRunner
+from hark.transports.websocket import REALTIME_SUBPROTOCOL, run_session, websocket_response
+
+logger = logging.getLogger(__name__)
+
+REALTIME_MODEL = "gpt-realtime"
+
+# Long enough for sessions to say goodbye, short enough that SIGTERM feels prompt.
+SHUTDOWN_TIMEOUT_SECONDS = 5.0
+_SECURITY_HEADERS = {
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    # Responses may carry keys (client_secrets): no cache may keep them.
+    "Cache-Control": "no-store",
+}
+
+
+@dataclass(slots=True)
+class ServerState:
+    """What the app tracks while it runs: engine warm-up and open WebSockets."""
+
+    started_at: int = field(default_factory=lambda: int(time.time()))
+    warmup: asyncio.Task[None] | None = None
+    # "starting" until the warm-up ends, then "ready" or "failed".
+    engines_status: Literal["starting", "ready", "failed"] = "starting"
+    websockets: set[web.WebSocketResponse] = field(default_factory=set)
+
+
+_ids = IdGenerator()
+
+SETTINGS = web.AppKey("settings", Settings)
+ENGINES = web.AppKey("engines", Engines)
+AUTHENTICATOR = web.AppKey("authenticator", Authenticator)
+STATE = web.AppKey("state", ServerState)
+
+
+def create_app(settings: Settings, engines: Engines) -> web.Application:
+    """The aiohttp application serving hark's HTTP and WebSocket API.
+
+    Raises ``InsecureBindError`` when no API keys are configured and ``settings.host`` is not
+    loopback. The engines stay the caller's to close.
+    """
+    check_bind_policy(settings.host, settings.api_keys)
+    app = web.Application()
+    app[SETTINGS] = settings
+    app[ENGINES] = engines
+    app[AUTHENTICATOR] = Authenticator(settings.api_keys)
+    app[STATE] = ServerState()
+    app.add_routes(
+        [
+            web.get("/healthz", _healthz),
+            web.get("/readyz", _readyz),
+            web.get("/v1/models", _models),
+            web.get("/v1/realtime", _realtime_websocket),
+            web.post("/v1/realtime/client_secrets", _client_secrets),
+        ]
+    )
+    app.on_response_prepare.append(_add_security_headers)
+    app.on_startup.append(_start_warmup)
+    app.on_shutdown.append(_close_websockets)
+    app.on_cleanup.append(_stop_warmup)
+    return app
+
+
+def make_runner(app: web.Application) -> web.AppRunner:
+    """An ``AppRunner`` with hark's access log (which never records credentials)."""
+    return web.AppRunner(
+        app, access_log_class=AccessLogger, shutdown_timeout=SHUTDOWN_TIMEOUT_SECONDS
+    )
+
+
+class AccessLogger(AbstractAccessLogger):
+    """One line per request, without query strings or headers, where credentials could be."""
+
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        """Record method, path, status and duration."""
+        self.logger.info(
+            '%s "%s %s" %d %.1f ms',
+            request.remote,
+            request.method,
+            request.path,
+            response.status,
+            time * 1000,
+        )
+
+
+def error_response(
+    status: int,
+    message: str,
+    *,
+    type: str = "invalid_request_error",
+    param: str | None = None,
+    code: str | None = None,
+) -> web.Response:
+    """An HTTP error with OpenAI's JSON body ``{"error": {message, type, param, code}}``."""
+    body = {"error": {"message": message, "type": type, "param": param, "code": code}}
+    response = web.json_response(body, status=status)
+    if status == 401:
+        response.headers["WWW-Authenticate"] = "Bearer"
+    return response
+
+
+async def _add_security_headers(request: web.Request, response: web.StreamResponse) -> None:
+    if not isinstance(response, web.WebSocketResponse):
+        for name, value in _SECURITY_HEADERS.items():
+            response.headers.setdefault(name, value)
+
+
+async def _start_warmup(app: web.Application) -> None:
+    state = app[STATE]
+    state.warmup = asyncio.create_task(_warm(app[ENGINES], state), name="hark-warmup")
+
+
+async def _warm(engines: Engines, state: ServerState) -> None:
+    try:
+        await engines.warmup()
+    except Exception:
+        state.engines_status = "failed"
+        logger.exception("loading the engines failed; /readyz stays unready")
+        return
+    state.engines_status = "ready"
+    logger.info("engines ready")
+
+
+async def _stop_warmup(app: web.Application) -> None:
+    task = app[STATE].warmup
+    if task is not None and not task.done():
+        task.cancel()
+        await asyncio.wait([task])
+
+
+async def _close_websockets(app: web.Application) -> None:
+    sockets = list(app[STATE].websockets)
+    await asyncio.gather(
+        *(ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutdown") for ws in sockets),
+        return_exceptions=True,
+    )
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def _readyz(request: web.Request) -> web.Response:
+    status = request.app[STATE].engines_status
+    return web.json_response({"status": status}, status=200 if status == "ready" else 503)
+
+
+def _authenticate(request: web.Request, *, allow_subprotocol: bool) -> Principal | web.Response:
+    key = bearer_key(request.headers)
+    if key is None and allow_subprotocol:
+        key = subprotocol_key(request.headers)
+    if key is None:
+        return error_response(
+            401,
+            "You didn't provide an API key. You need to provide your API key in an "
+            "Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
+        )
+    principal = request.app[AUTHENTICATOR].authenticate(key)
+    if principal is None:
+        logger.info("rejected a request to %s: invalid API key", request.path)
+        return error_response(
+            401, "Incorrect API key provided, or the ephemeral key expired.", code="invalid_api_key"
+        )
+    return principal
+
+
+async def _models(request: web.Request) -> web.Response:
+    principal = _authenticate(request, allow_subprotocol=False)
+    if isinstance(principal, web.Response):
+        return principal
+    created = request.app[STATE].started_at
+    names = dict.fromkeys([REALTIME_MODEL, request.app[SETTINGS].llm_model_name])
+    data = [{"id": n, "object": "model", "created": created, "owned_by": "hark"} for n in names]
+    return web.json_response({"object": "list", "data": data})
+
+
+async def _client_secrets(request: web.Request) -> web.Response:
+    principal = _authenticate(request, allow_subprotocol=False)
+    if isinstance(principal, web.Response):
+        return principal
+    if principal.ephemeral is not None:
+        return error_response(
+            403,
+            "Ephemeral keys cannot create client secrets; use an API key.",
+            code="insufficient_permissions",
+        )
+    try:
+        seconds, session = _parse_client_secret_request(await request.read())
+    except ProtocolError as exc:
+        return error_response(400, exc.message, type=exc.type, param=exc.param, code=exc.code)
+    session_id = _ids.new("sess")
+    value, record = request.app[AUTHENTICATOR].mint(principal, session, session_id, seconds)
+    return web.json_response(
+        {
+            "value": value,
+            "expires_at": record.expires_at,
+            "session": session_config_to_dict(
+                session, session_id=session_id, expires_at=record.expires_at
+            ),
+        }
+    )
+
+
+def _parse_client_secret_request(raw: bytes) -> tuple[int, SessionConfig]:
+    """``(seconds, session)`` of a client_secrets body; raises ProtocolError."""
+    if not raw.strip():
+        return DEFAULT_EPHEMERAL_SECONDS, parse_session_config({})
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        raise ProtocolError(
+            "We could not parse the JSON body of your request.", code="invalid_json"
+        ) from None
+    if not isinstance(body, dict):
+        raise ProtocolError("The request body must be a JSON object.", code="invalid_type")
+    _reject_unknown(body, {"expires_after", "session"}, prefix="")
+
+    seconds = DEFAULT_EPHEMERAL_SECONDS
+    expires_after = body.get("expires_after")
+    if expires_after is not None:
+        if not isinstance(expires_after, dict):
+            raise ProtocolError(
+                "Invalid type for 'expires_after': expected an object.",
+                param="expires_after",
+                code="invalid_type",
+            )
+        _reject_unknown(expires_after, {"anchor", "seconds"}, prefix="expires_after.")
+        if expires_after.get("anchor", "created_at") != "created_at":
+            raise ProtocolError(
+                "Invalid value for 'expires_after.anchor': supported values are 'created_at'.",
+                param="expires_after.anchor",
+            )
+        seconds = expires_after.get("seconds", DEFAULT_EPHEMERAL_SECONDS)
+        if isinstance(seconds, bool) or not isinstance(seconds, int):
+            raise ProtocolError(
+                "Invalid type for 'expires_after.seconds': expected an integer.",
+                param="expires_after.seconds",
+                code="invalid_type",
+            )
+        if not MIN_EPHEMERAL_SECONDS <= seconds <= MAX_EPHEMERAL_SECONDS:
+            raise ProtocolError(
+                f"Invalid 'expires_after.seconds': must be between {MIN_EPHEMERAL_SECONDS} "
+                f"and {MAX_EPHEMERAL_SECONDS}.",
+                param="expires_after.seconds",
+                code="integer_below_min_value"
+                if seconds < MIN_EPHEMERAL_SECONDS
+                else "integer_above_max_value",
+            )
+    session = parse_session_config(body.get("session", {}), param_prefix="session")
+    return seconds, session
+
+
+def _reject_unknown(obj: dict[str, Any], known: set[str], *, prefix: str) -> None:
+    for name in obj:
+        if name not in known:
+            raise ProtocolError(
+                f"Unknown parameter: '{prefix}{name}'.",
+                param=f"{prefix}{name}",
+                code="unknown_parameter",
+            )
+
+
+async def _realtime_websocket(request: web.Request) -> web.StreamResponse:
+    principal = _authenticate(request, allow_subprotocol=True)
+    if isinstance(principal, web.Response):
+        return principal
+    query = request.query
+    if "call_id" in query:
+        return error_response(
+            400,
+            "Attaching to a call with 'call_id' is not supported yet.",
+            param="call_id",
+            code="unsupported_parameter",
+        )
+    intent = query.get("intent")
+    if intent not in (None, "transcription"):
+        return error_response(
+            400,
+            "Invalid value for 'intent': supported values are 'transcription'.",
+            param="intent",
+            code="invalid_value",
+        )
+    ws = websocket_response(
+        offered_realtime=REALTIME_SUBPROTOCOL in offered_subprotocols(request.headers)
+    )
+    if not ws.can_prepare(request).ok:
+        return error_response(400, "Expected a WebSocket upgrade request.")
+    state = request.app[STATE]
+    if state.engines_status == "failed":
+        return error_response(503, "The server's engines failed to load.", type="server_error")
+
+    initial = principal.ephemeral.session if principal.ephemeral is not None else None
+    if intent == "transcription":
+        initial = parse_session_config({"type": "transcription"}, base=initial)
+    model = query.get("model") or (initial.model if initial is not None else REALTIME_MODEL)
+    await ws.prepare(request)
+    state.websockets.add(ws)
+    logger.info("session opened for %s (model %r)", principal.owner, model)
+    try:
+        if state.warmup is not None:
+            # wait() rather than await: a client leaving must not cancel the shared warm-up.
+            await asyncio.wait([state.warmup])
+        if state.engines_status != "ready":
+            await ws.close(code=WSCloseCode.INTERNAL_ERROR, message=b"engines failed to load")
+            return ws
+        runner = SessionRunner(
+            request.app[ENGINES], model=model, initial_config=initial, transport="websocket"
+        )
+        await run_session(ws, runner)
+    finally:
+        state.websockets.discard(ws)
+        logger.info("session closed for %s", principal.owner)
+    return ws

@@ -1,0 +1,201 @@
+"""Who may use the server: API keys, ephemeral keys (``ek_…``), and the bind policy.
+
+Keys are compared in constant time (SHA-256 digests, against every configured key) and are
+never logged. A key's *owner* is a stable, non-reversible identity of the real API key behind
+it (the ephemeral keys it minted share it), so that later features can tell who may attach
+to what without ever keeping the key itself around.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import logging
+import secrets
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hark.protocol.session_config import SessionConfig
+
+logger = logging.getLogger(__name__)
+
+EPHEMERAL_PREFIX = "ek_"
+SUBPROTOCOL_KEY_PREFIX = "openai-insecure-api-key."
+MIN_EPHEMERAL_SECONDS = 10
+MAX_EPHEMERAL_SECONDS = 7200
+DEFAULT_EPHEMERAL_SECONDS = 600
+
+
+class InsecureBindError(RuntimeError):
+    """No API keys are configured and the server would listen beyond loopback."""
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether ``host`` only ever reaches this machine (127.0.0.0/8, ::1, ``localhost``)."""
+    name = host.strip().strip("[]").lower()
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        # Any other host name may resolve to a public address.
+        return False
+
+
+def check_bind_policy(host: str, api_keys: Iterable[str]) -> None:
+    """Refuse an open server off loopback; warn loudly about one on loopback.
+
+    Raises ``InsecureBindError`` when no keys are configured and ``host`` is not loopback.
+    """
+    if any(True for _ in api_keys):
+        return
+    if not is_loopback_host(host):
+        raise InsecureBindError(
+            f"refusing to listen on {host!r} without API keys: anyone who can reach it could "
+            "use it. Set HARK_API_KEYS (comma-separated) or api_keys in the --config file, "
+            "or bind to 127.0.0.1."
+        )
+    logger.warning(
+        "NO API KEYS CONFIGURED: any key is accepted. This is only safe because the server "
+        "listens on loopback (%s); set HARK_API_KEYS before exposing it.",
+        host,
+    )
+
+
+def _digest(key: str) -> bytes:
+    # surrogatepass: every str encodes, whatever a client put in a header.
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
+
+
+def owner_of(key: str) -> str:
+    """The stable identity of a real API key: a short hash, safe to store and log."""
+    tagged = hashlib.sha256(b"hark-key-owner\0" + key.encode("utf-8", "surrogatepass"))
+    return "key_" + tagged.hexdigest()[:16]
+
+
+@dataclass(frozen=True, slots=True)
+class EphemeralKey:
+    """A minted ``ek_…`` key's record (the key itself is not kept, only its digest)."""
+
+    digest: bytes = field(repr=False)
+    owner: str
+    session: SessionConfig
+    session_id: str
+    created_at: int
+    expires_at: int
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """An authenticated caller: the owning real key, and the ephemeral key used if any."""
+
+    owner: str
+    ephemeral: EphemeralKey | None = None
+
+
+class Authenticator:
+    """Checks API keys and mints, stores and checks ephemeral keys (in memory).
+
+    With no ``api_keys`` every key is accepted (the caller enforces ``check_bind_policy``),
+    except ``ek_…`` keys, which must always be live minted keys.
+    """
+
+    def __init__(self, api_keys: Iterable[str], *, clock: Callable[[], float] = time.time):
+        self._digests = tuple(_digest(k) for k in api_keys)
+        self._ephemeral: dict[bytes, EphemeralKey] = {}
+        self.clock = clock
+
+    @property
+    def open(self) -> bool:
+        """True when no keys are configured and any real key is accepted."""
+        return not self._digests
+
+    def authenticate(self, key: str | None) -> Principal | None:
+        """The principal behind ``key``, or None if it is missing, wrong, unknown or expired."""
+        if not key:
+            return None
+        digest = _digest(key)
+        if key.startswith(EPHEMERAL_PREFIX):
+            record = self._ephemeral.get(digest)
+            if record is None:
+                return None
+            if record.expires_at <= self.clock():
+                del self._ephemeral[digest]
+                return None
+            return Principal(owner=record.owner, ephemeral=record)
+        if self.open:
+            return Principal(owner=owner_of(key))
+        # Compare with every key, without stopping early, so timing says nothing.
+        matched = False
+        for known in self._digests:
+            matched |= hmac.compare_digest(digest, known)
+        return Principal(owner=owner_of(key)) if matched else None
+
+    def mint(
+        self, owner: Principal, session: SessionConfig, session_id: str, seconds: int
+    ) -> tuple[str, EphemeralKey]:
+        """Create an ephemeral key for ``owner`` valid for ``seconds``; returns (value, record).
+
+        Raises ``PermissionError`` when ``owner`` itself authenticated with an ephemeral key.
+        """
+        if owner.ephemeral is not None:
+            raise PermissionError("an ephemeral key cannot mint ephemeral keys")
+        if not MIN_EPHEMERAL_SECONDS <= seconds <= MAX_EPHEMERAL_SECONDS:
+            raise ValueError(f"seconds must be {MIN_EPHEMERAL_SECONDS}..{MAX_EPHEMERAL_SECONDS}")
+        now = int(self.clock())
+        self._prune(now)
+        value = EPHEMERAL_PREFIX + secrets.token_urlsafe(32)
+        record = EphemeralKey(
+            digest=_digest(value),
+            owner=owner.owner,
+            session=session,
+            session_id=session_id,
+            created_at=now,
+            expires_at=now + seconds,
+        )
+        self._ephemeral[record.digest] = record
+        logger.info(
+            "minted an ephemeral key for %s (session %s), expires at %d",
+            owner.owner,
+            session_id,
+            record.expires_at,
+        )
+        return value, record
+
+    def live_ephemeral_keys(self) -> int:
+        """How many minted keys are stored (expired ones may linger until the next mint)."""
+        return len(self._ephemeral)
+
+    def _prune(self, now: float) -> None:
+        expired = [d for d, r in self._ephemeral.items() if r.expires_at <= now]
+        for digest in expired:
+            del self._ephemeral[digest]
+
+
+def bearer_key(headers: Mapping[str, str]) -> str | None:
+    """The key of an ``Authorization: Bearer KEY`` header, if there is one."""
+    value = headers.get("Authorization")
+    if value is None:
+        return None
+    scheme, _, key = value.strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return key.strip() or None
+
+
+def subprotocol_key(headers: Mapping[str, str]) -> str | None:
+    """The key browsers send as the WebSocket subprotocol ``openai-insecure-api-key.KEY``."""
+    for protocol in offered_subprotocols(headers):
+        if protocol.startswith(SUBPROTOCOL_KEY_PREFIX):
+            return protocol[len(SUBPROTOCOL_KEY_PREFIX) :] or None
+    return None
+
+
+def offered_subprotocols(headers: Mapping[str, str]) -> list[str]:
+    """The WebSocket subprotocols a client offered, in order."""
+    raw = headers.get("Sec-WebSocket-Protocol", "")
+    return [p.strip() for p in raw.split(",") if p.strip()]

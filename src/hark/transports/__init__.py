@@ -1,0 +1,1 @@
+"""Transports: carry a session's events and audio between a client and the session core."""

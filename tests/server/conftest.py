@@ -1,0 +1,104 @@
+"""Start the real app on an ephemeral loopback port."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from hark.config import Settings
+from hark.engines.fake import FakeAsr, FakeLlm, FakeTts
+from hark.engines.registry import Engines, build_engines
+from hark.engines.vad.silero import SileroVad
+from hark.server.app import create_app, make_runner
+
+API_KEY = "sk-test-correct-horse-battery-staple"
+OTHER_KEY = "sk-test-second-key-0123456789"
+
+
+@dataclass
+class RunningServer:
+    """A started app and where to reach it."""
+
+    app: web.Application
+    url: str
+
+    @property
+    def ws_url(self) -> str:
+        """The Realtime WebSocket endpoint."""
+        return self.url.replace("http://", "ws://") + "/v1/realtime"
+
+
+StartServer = Callable[..., Awaitable[RunningServer]]
+
+
+class GatedVad(SileroVad):
+    """The real VAD, whose warm-up waits for ``gate`` (then raises ``error`` if given)."""
+
+    def __init__(self, gate: asyncio.Event, error: Exception | None = None) -> None:
+        super().__init__()
+        self.gate = gate
+        self.error = error
+
+    async def warmup(self) -> None:
+        """Wait until the test opens the gate."""
+        await self.gate.wait()
+        if self.error is not None:
+            raise self.error
+
+
+def gated_engines(gate: asyncio.Event, error: Exception | None = None) -> Engines:
+    """Fake engines that are ready only once ``gate`` is set."""
+    return Engines(vad=GatedVad(gate, error), asr=FakeAsr(), llm=FakeLlm(), tts=FakeTts())
+
+
+@pytest.fixture
+def fake_engines() -> Engines:
+    """``--engines fake``: the real Silero VAD with fake ASR, LLM and TTS."""
+    return build_engines(Settings(engines="fake"))
+
+
+@pytest.fixture
+async def start_server() -> AsyncIterator[StartServer]:
+    """A factory starting ``create_app(settings, engines)`` on 127.0.0.1, port 0."""
+    runners: list[web.AppRunner] = []
+
+    async def start(settings: Settings, engines: Engines) -> RunningServer:
+        app = create_app(settings, engines)
+        runner = make_runner(app)
+        await runner.setup()
+        runners.append(runner)
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        return RunningServer(app=app, url=f"http://{host}:{port}")
+
+    yield start
+    for runner in runners:
+        await runner.cleanup()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    """A client session."""
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+async def wait_ready(http: aiohttp.ClientSession, server: RunningServer) -> None:
+    """Poll /readyz until the engines are warm."""
+    for _ in range(600):
+        async with http.get(server.url + "/readyz") as response:
+            if response.status == 200:
+                return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the server never became ready")
+
+
+def bearer(key: str) -> dict[str, str]:
+    """An Authorization header."""
+    return {"Authorization": f"Bearer {key}"}

@@ -1,0 +1,99 @@
+"""``hark serve``: start-up refusals, a real process, graceful SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import signal
+import sys
+from collections.abc import Iterator
+
+import aiohttp
+import pytest
+
+from hark.cli import build_parser, main
+
+SECRET = "sk-cli-test-9f8e7d6c5b4a"
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No HARK_* variables from the caller; the root logger restored after main() set it up."""
+    for name in list(os.environ):
+        if name.startswith("HARK_"):
+            monkeypatch.delenv(name)
+    handlers, level = logging.root.handlers[:], logging.root.level
+    yield
+    logging.root.handlers[:] = handlers
+    logging.root.setLevel(level)
+
+
+def test_refuses_to_listen_beyond_loopback_without_keys(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["serve", "--host", "0.0.0.0", "--engines", "fake"]) == 2
+    assert "HARK_API_KEYS" in capsys.readouterr().err
+
+
+def test_invalid_settings_exit_with_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--llm-url", "http://127.0.0.1:1/v1"]) == 2
+    assert "llm_model" in capsys.readouterr().err
+
+
+def test_a_subcommand_is_required(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args([])
+    assert exited.value.code == 2
+    args = build_parser().parse_args(["serve", "--port", "0", "--llm-model", "x"])
+    assert (args.port, args.llm_model, args.host) == (0, "x", None)
+
+
+async def test_serves_until_sigterm_without_logging_keys() -> None:
+    env = {**os.environ, "HARK_API_KEYS": f"sk-other,{SECRET}", "HARK_ENGINES": "fake"}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "hark.cli",
+        "serve",
+        "--port",
+        "0",
+        env=env,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert process.stderr is not None
+    logged: list[str] = []
+    try:
+        url = None
+        while url is None:
+            line = (await asyncio.wait_for(process.stderr.readline(), timeout=60)).decode()
+            assert line, "hark exited before listening:\n" + "".join(logged)
+            logged.append(line)
+            match = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
+            url = match.group(1) if match else None
+
+        async with aiohttp.ClientSession() as http:
+            async with http.get(url + "/healthz") as response:
+                assert response.status == 200
+            headers = {"Authorization": f"Bearer {SECRET}"}
+            async with http.get(url + "/v1/models", headers=headers) as response:
+                assert response.status == 200
+            for _ in range(600):
+                async with http.get(url + "/readyz") as response:
+                    if response.status == 200:
+                        break
+                await asyncio.sleep(0.05)
+            assert response.status == 200
+
+        process.send_signal(signal.SIGTERM)
+        rest = await asyncio.wait_for(process.stderr.read(), timeout=30)
+        logged.append(rest.decode())
+        assert await process.wait() == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    output = "".join(logged)
+    assert "shutting down" in output
+    assert SECRET not in output and SECRET[:10] not in output

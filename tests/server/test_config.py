@@ -1,0 +1,90 @@
+"""Settings: command line > environment > file > defaults."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hark.config import ConfigError, Settings, load_settings
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "hark.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults() -> None:
+    settings = load_settings({}, env={})
+    assert settings == Settings()
+    assert (settings.host, settings.port, settings.engines) == ("127.0.0.1", 8000, "embedded")
+    assert settings.llm_model_name == "smollm2-135m"
+    assert settings.api_keys == ()
+
+
+def test_precedence_cli_over_env_over_file(tmp_path: Path) -> None:
+    config = write(
+        tmp_path,
+        'host = "0.0.0.0"\nport = 9000\nengines = "fake"\nlog_level = "debug"\n'
+        'api_keys = ["sk-file"]\n',
+    )
+    env = {"HARK_CONFIG": str(config), "HARK_PORT": "9001", "HARK_HOST": "127.0.0.2"}
+    settings = load_settings({"host": "127.0.0.3", "port": None}, env=env)
+    assert settings.host == "127.0.0.3"  # command line
+    assert settings.port == 9001  # environment
+    assert settings.engines == "fake"  # file
+    assert settings.log_level == "debug"
+    assert settings.api_keys == ("sk-file",)
+    assert settings.config_file == config
+
+
+def test_env_api_keys_are_comma_separated_and_win_over_the_file(tmp_path: Path) -> None:
+    config = write(tmp_path, 'api_keys = ["sk-file"]\n')
+    settings = load_settings({"config_file": str(config)}, env={"HARK_API_KEYS": " sk-a, sk-b ,,"})
+    assert settings.api_keys == ("sk-a", "sk-b")
+
+
+def test_remote_llm_needs_a_model_name() -> None:
+    with pytest.raises(ConfigError, match="llm_model"):
+        load_settings({"llm_url": "http://127.0.0.1:1/v1"}, env={})
+    settings = load_settings(
+        {"llm_url": "http://127.0.0.1:1/v1"},
+        env={"HARK_LLM_MODEL": "qwen", "HARK_LLM_API_KEY": "x"},
+    )
+    assert settings.llm_model_name == "qwen"
+    assert settings.llm_api_key == "x"
+
+
+def test_secrets_are_not_in_repr() -> None:
+    settings = load_settings({"llm_api_key": "sk-llm-secret"}, env={"HARK_API_KEYS": "sk-srv"})
+    assert "sk-llm-secret" not in repr(settings)
+    assert "sk-srv" not in repr(settings)
+
+
+@pytest.mark.parametrize(
+    ("cli", "env", "message"),
+    [
+        ({"port": 70000}, {}, "port"),
+        ({}, {"HARK_PORT": "eighty"}, "port"),
+        ({"engines": "gpu"}, {}, "engines"),
+        ({}, {"HARK_LOG_LEVEL": "loud"}, "log_level"),
+        ({"colour": "blue"}, {}, "unknown option"),
+    ],
+)
+def test_invalid_values(cli: dict[str, object], env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_settings(cli, env=env)
+
+
+def test_bad_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="unknown key"):
+        load_settings({"config_file": str(write(tmp_path, 'api_key = "typo"\n'))}, env={})
+    with pytest.raises(ConfigError, match="list of strings"):
+        load_settings({"config_file": str(write(tmp_path, 'api_keys = "sk-one"\n'))}, env={})
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_settings({"config_file": str(write(tmp_path, "port = \n"))}, env={})
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_settings({"config_file": str(tmp_path / "missing.toml")}, env={})
+    with pytest.raises(ConfigError, match="port"):
+        load_settings({"config_file": str(write(tmp_path, 'port = "x"\n'))}, env={})

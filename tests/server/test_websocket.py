@@ -1,0 +1,219 @@
+"""The WebSocket transport: frame sizes, who closes, and that closing ends the session."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any, ClassVar
+
+import aiohttp
+import pytest
+from aiohttp import web
+from hark.engines.vad.silero import SileroVad
+
+import hark.server.app
+from hark.config import Settings
+from hark.engines.fake import FakeAsr, FakeTts
+from hark.engines.llm import Finished, GenerationRequest, LlmEvent
+from hark.engines.registry import Engines
+from hark.server.app import create_app, make_runner
+from hark.transports.websocket import MAX_MESSAGE_BYTES
+
+from .conftest import API_KEY, StartServer, bearer
+
+KEYED = Settings(api_keys=(API_KEY,))
+MiB = 1024 * 1024
+
+
+class StubSession:
+    """Records what the transport hands it and answers each text frame with its length."""
+
+    opened: ClassVar[list[StubSession]] = []
+
+    def __init__(self, engines: Engines, *, model: str, **_: Any) -> None:
+        self.model = model
+        self.texts: list[str] = []
+        self.binaries: list[bytes] = []
+        self.events: asyncio.Queue[str | None] = asyncio.Queue()
+        self.closed = asyncio.Event()
+        StubSession.opened.append(self)
+
+    async def start(self) -> None:
+        self.events.put_nowait(json.dumps({"type": "session.created"}))
+
+    def receive_text(self, text: str) -> None:
+        self.texts.append(text)
+        self.events.put_nowait(json.dumps({"type": "received", "length": len(text)}))
+
+    def receive_bytes(self, data: bytes) -> None:
+        self.binaries.append(data)
+
+    async def outgoing(self) -> AsyncIterator[str]:
+        while (event := await self.events.get()) is not None:
+            yield event
+
+    async def close(self) -> None:
+        self.closed.set()
+
+
+@pytest.fixture
+def stub_sessions(monkeypatch: pytest.MonkeyPatch) -> list[StubSession]:
+    StubSession.opened = []
+    monkeypatch.setattr(hark.server.app, "SessionRunner", StubSession)
+    return StubSession.opened
+
+
+async def next_json(ws: aiohttp.ClientWebSocketResponse) -> dict[str, Any]:
+    msg = await asyncio.wait_for(ws.receive(), timeout=30)
+    assert msg.type is aiohttp.WSMsgType.TEXT, msg
+    event: dict[str, Any] = json.loads(msg.data)
+    return event
+
+
+async def send_oversized(ws: aiohttp.ClientWebSocketResponse) -> None:
+    """Send one frame over the server's limit, which may close the connection mid-frame."""
+    with contextlib.suppress(ConnectionError):
+        await ws.send_str("x" * (MAX_MESSAGE_BYTES + 1))
+
+
+async def test_large_appends_arrive_and_binary_frames_reach_the_session(
+    start_server: StartServer,
+    http: aiohttp.ClientSession,
+    fake_engines: Engines,
+    stub_sessions: list[StubSession],
+) -> None:
+    server = await start_server(KEYED, fake_engines)
+    async with http.ws_connect(server.ws_url + "?model=m", headers=bearer(API_KEY)) as ws:
+        assert (await next_json(ws))["type"] == "session.created"
+        # 15 MiB of audio is 20 MiB of base64.
+        audio = "A" * (20 * MiB)
+        frame = json.dumps({"type": "input_audio_buffer.append", "audio": audio})
+        await ws.send_str(frame)
+        assert await next_json(ws) == {"type": "received", "length": len(frame)}
+        await ws.send_bytes(b"\x00\x01")
+        await ws.send_str("{}")
+        assert (await next_json(ws))["length"] == 2
+    session = stub_sessions[0]
+    assert session.model == "m"
+    assert session.texts[0] == frame
+    assert session.binaries == [b"\x00\x01"]
+    await asyncio.wait_for(session.closed.wait(), timeout=10)
+
+
+async def test_a_frame_over_the_limit_closes_with_1009_and_ends_the_session(
+    start_server: StartServer,
+    http: aiohttp.ClientSession,
+    fake_engines: Engines,
+    stub_sessions: list[StubSession],
+) -> None:
+    server = await start_server(KEYED, fake_engines)
+    async with http.ws_connect(server.ws_url + "?model=m", headers=bearer(API_KEY)) as ws:
+        await next_json(ws)
+        await send_oversized(ws)
+        msg = await asyncio.wait_for(ws.receive(), timeout=30)
+        # The server may drop the connection before the client finished sending.
+        if msg.type is aiohttp.WSMsgType.CLOSE:
+            assert msg.data == aiohttp.WSCloseCode.MESSAGE_TOO_BIG
+        else:
+            assert msg.type in (aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.ERROR)
+    await asyncio.wait_for(stub_sessions[0].closed.wait(), timeout=10)
+    assert stub_sessions[0].texts == []
+
+
+async def test_the_session_ending_closes_the_socket_normally(
+    start_server: StartServer,
+    http: aiohttp.ClientSession,
+    fake_engines: Engines,
+    stub_sessions: list[StubSession],
+) -> None:
+    server = await start_server(KEYED, fake_engines)
+    async with http.ws_connect(server.ws_url + "?model=m", headers=bearer(API_KEY)) as ws:
+        await next_json(ws)
+        stub_sessions[0].events.put_nowait(json.dumps({"type": "error"}))
+        stub_sessions[0].events.put_nowait(None)
+        assert (await next_json(ws))["type"] == "error"
+        msg = await asyncio.wait_for(ws.receive(), timeout=30)
+        assert msg.type is aiohttp.WSMsgType.CLOSE
+        assert msg.data == aiohttp.WSCloseCode.OK
+    await asyncio.wait_for(stub_sessions[0].closed.wait(), timeout=10)
+
+
+async def test_one_session_closing_leaves_another_running(
+    start_server: StartServer,
+    http: aiohttp.ClientSession,
+    fake_engines: Engines,
+    stub_sessions: list[StubSession],
+) -> None:
+    server = await start_server(KEYED, fake_engines)
+    async with http.ws_connect(server.ws_url + "?model=a", headers=bearer(API_KEY)) as first:
+        await next_json(first)
+        async with http.ws_connect(server.ws_url + "?model=b", headers=bearer(API_KEY)) as ws:
+            await next_json(ws)
+            await send_oversized(ws)
+            await asyncio.wait_for(stub_sessions[1].closed.wait(), timeout=10)
+        await first.send_str("still here")
+        assert (await next_json(first))["length"] == len("still here")
+        assert not stub_sessions[0].closed.is_set()
+
+
+async def test_server_shutdown_closes_sessions_with_going_away(
+    http: aiohttp.ClientSession,
+    fake_engines: Engines,
+    stub_sessions: list[StubSession],
+) -> None:
+    runner = make_runner(create_app(KEYED, fake_engines))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    ws = await http.ws_connect(f"ws://{host}:{port}/v1/realtime?model=m", headers=bearer(API_KEY))
+    await next_json(ws)
+    cleanup = asyncio.create_task(runner.cleanup())
+    msg = await asyncio.wait_for(ws.receive(), timeout=30)
+    assert msg.type is aiohttp.WSMsgType.CLOSE
+    assert msg.data == aiohttp.WSCloseCode.GOING_AWAY
+    await ws.close()
+    await asyncio.wait_for(cleanup, timeout=30)
+    assert stub_sessions[0].closed.is_set()
+
+
+class HangingLlm:
+    """An LLM that starts generating and never finishes, recording its cancellation."""
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.cancelled = asyncio.Event()
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[LlmEvent]:
+        self.started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+        yield Finished(reason="stop")  # unreachable; makes this an async generator
+
+    async def warmup(self) -> None:
+        pass
+
+
+async def test_disconnect_cancels_the_sessions_engine_work(
+    start_server: StartServer, http: aiohttp.ClientSession
+) -> None:
+    llm = HangingLlm()
+    engines = Engines(vad=SileroVad(), asr=FakeAsr(), llm=llm, tts=FakeTts())
+    server = await start_server(KEYED, engines)
+    ws = await http.ws_connect(server.ws_url + "?model=gpt-realtime", headers=bearer(API_KEY))
+    assert (await next_json(ws))["type"] == "session.created"
+    item = {
+        "type": "message",
+        "role": "user",
+        "content": [{"type": "input_text", "text": "Tell me a long story."}],
+    }
+    await ws.send_json({"type": "conversation.item.create", "item": item})
+    await ws.send_json({"type": "response.create"})
+    await asyncio.wait_for(llm.started.wait(), timeout=30)
+    await ws.close()
+    await asyncio.wait_for(llm.cancelled.wait(), timeout=10)
