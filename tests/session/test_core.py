@@ -877,3 +877,42 @@ def test_odd_pcm_bytes_rejected(driver: Driver) -> None:
         {"type": "input_audio_buffer.append", "audio": base64.b64encode(b"\x00\x01\x02").decode()}
     )
     assert new[0]["error"]["param"] == "audio"
+
+
+def test_mcp_items_are_stored_and_seen_by_the_model(driver: Driver) -> None:
+    manual(driver)
+    items = [
+        {
+            "type": "mcp_list_tools",
+            "server_label": "shop",
+            "tools": [{"name": "price", "input_schema": {}}],
+        },
+        {
+            "id": "call_a",
+            "type": "mcp_call",
+            "server_label": "shop",
+            "name": "price",
+            "arguments": '{"item":"tea"}',
+            "output": "3 euros",
+        },
+        {"type": "mcp_approval_request", "server_label": "shop", "name": "buy", "arguments": "{}"},
+    ]
+    for item in items:
+        added = driver.send({"type": "conversation.item.create", "item": item})
+        assert added[0]["type"] == "conversation.item.added"
+        assert added[0]["item"]["type"] == item["type"]
+    approval_id = added[0]["item"]["id"]
+    answer = {"type": "mcp_approval_response", "approval_request_id": approval_id, "approve": False}
+    assert (
+        driver.send({"type": "conversation.item.create", "item": answer})[0]["item"]["approve"]
+        is False
+    )
+    retrieved = driver.send({"type": "conversation.item.retrieve", "item_id": "call_a"})[0]["item"]
+    assert retrieved["output"] == "3 euros"
+    driver.send({"type": "response.create"})
+    (generate,) = driver.take(Generate)
+    assert any("returned: 3 euros" in m.content for m in generate.request.messages)
+    bad = driver.send(
+        {"type": "conversation.item.create", "item": {"type": "mcp_call", "name": "x"}}
+    )
+    assert bad[0]["error"]["code"] == "missing_required_parameter"

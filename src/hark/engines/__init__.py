@@ -1,4 +1,4 @@
-"""Engines: the models behind the session (VAD, ASR, LLM, TTS), each behind a small streaming interface.
+"""Engines: the models behind the session (VAD, ASR, LLM, TTS), behind small streaming interfaces.
 
 An engine knows nothing about sessions or transports. Heavy compute runs off the event loop.
 """

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from msgspec import Struct
 
@@ -85,7 +85,63 @@ class FunctionCallOutputItem(_Item, tag="function_call_output"):
     status: ItemStatus | None = None
 
 
-Item = MessageItem | FunctionCallItem | FunctionCallOutputItem
+class McpTool(Struct, forbid_unknown_fields=True, kw_only=True):
+    """A tool an MCP server offers."""
+
+    name: str
+    input_schema: Any
+    description: str | None = None
+    annotations: Any = None
+
+
+class McpListToolsItem(_Item, tag="mcp_list_tools"):
+    """The tools an MCP server listed."""
+
+    server_label: str
+    tools: list[McpTool]
+    id: str | None = None
+
+
+class McpCallError(Struct, kw_only=True):
+    """Why an MCP call failed (protocol, tool execution or HTTP error)."""
+
+    type: str
+    message: str
+    code: int | None = None
+
+
+class McpCallItem(_Item, tag="mcp_call"):
+    """A call of a tool on an MCP server, with its output or error."""
+
+    server_label: str
+    name: str
+    arguments: str
+    id: str | None = None
+    approval_request_id: str | None = None
+    output: str | None = None
+    error: McpCallError | None = None
+
+
+class McpApprovalRequestItem(_Item, tag="mcp_approval_request"):
+    """A request for the user's approval of an MCP call."""
+
+    server_label: str
+    name: str
+    arguments: str
+    id: str | None = None
+
+
+class McpApprovalResponseItem(_Item, tag="mcp_approval_response"):
+    """The user's answer to an approval request."""
+
+    approval_request_id: str
+    approve: bool
+    id: str | None = None
+    reason: str | None = None
+
+
+McpItem = McpListToolsItem | McpCallItem | McpApprovalRequestItem | McpApprovalResponseItem
+Item = MessageItem | FunctionCallItem | FunctionCallOutputItem | McpItem
 
 
 class ItemReference(Struct, forbid_unknown_fields=True, tag="item_reference", tag_field="type"):
@@ -94,7 +150,7 @@ class ItemReference(Struct, forbid_unknown_fields=True, tag="item_reference", ta
     id: str
 
 
-ResponseInputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem | ItemReference
+ResponseInputItem = Item | ItemReference
 
 ALLOWED_PARTS: dict[str, tuple[type[_Part], ...]] = {
     "system": (InputText,),

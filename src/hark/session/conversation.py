@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -71,7 +72,7 @@ class Entry:
     """A conversation item in hark's own form."""
 
     id: str
-    type: Literal["message", "function_call", "function_call_output"]
+    type: Literal["message", "function_call", "function_call_output", "mcp"]
     role: Literal["system", "user", "assistant"] | None = None
     status: Literal["completed", "incomplete", "in_progress"] = "completed"
     parts: list[Part] = field(default_factory=list)
@@ -79,6 +80,8 @@ class Entry:
     arguments: str = ""
     call_id: str = ""
     output: str = ""
+    # MCP items are kept as the client sent them; hark does not call MCP servers itself.
+    mcp: wire.McpItem | None = None
 
     def to_wire(self, include_audio: bool = False) -> wire.Item:
         """The item as sent to clients."""
@@ -90,6 +93,8 @@ class Entry:
                 status=self.status,
                 content=[p.to_wire(include_audio) for p in self.parts],
             )
+        if self.mcp is not None:
+            return msgspec.structs.replace(self.mcp, id=self.id)
         if self.type == "function_call":
             return wire.FunctionCallItem(
                 id=self.id,
@@ -195,7 +200,19 @@ def chat_messages(instructions: str, entries: list[Entry]) -> list[ChatMessage]:
     if instructions:
         messages.append(ChatMessage(role="system", content=instructions))
     for entry in entries:
-        if entry.type == "function_call":
+        if entry.type == "mcp":
+            if isinstance(entry.mcp, wire.McpCallItem):
+                result = entry.mcp.output
+                if entry.mcp.error is not None:
+                    result = f"error: {entry.mcp.error.message}"
+                messages.append(
+                    ChatMessage(
+                        role="system",
+                        content=f"The tool {entry.mcp.name} of {entry.mcp.server_label} was "
+                        f"called with {entry.mcp.arguments} and returned: {result}",
+                    )
+                )
+        elif entry.type == "function_call":
             call = ToolCall(call_id=entry.call_id, name=entry.name, arguments=entry.arguments)
             last = messages[-1] if messages else None
             if last is not None and last.role == "assistant":

@@ -523,6 +523,8 @@ class Session:
     def _entry_from_wire(self, item: wire.Item, param: str) -> tuple[Entry, list[Part]]:
         """Build an entry from a client item; returns the audio parts that need recognition."""
         item_id = item.id or self.ids.new("item")
+        if isinstance(item, wire.McpItem):
+            return Entry(id=item_id, type="mcp", mcp=item), []
         if isinstance(item, wire.FunctionCallItem):
             entry = Entry(
                 id=item_id,

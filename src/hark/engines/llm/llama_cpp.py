@@ -136,10 +136,10 @@ _native_log = logging.getLogger("hark.llama_cpp")
 
 @llama_cpp.llama_log_callback
 def _log_native(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    # llama.cpp levels: 2 warn, 3 error; the rest (info, debug, continuation) is debug for us.
+    # ggml levels: 1 debug, 2 info, 3 warn, 4 error, 5 continuation; only problems are loud.
     message = text.decode("utf-8", "replace").rstrip()
     if message:
-        _native_log.log({2: logging.WARNING, 3: logging.ERROR}.get(level, logging.DEBUG), message)
+        _native_log.log({3: logging.WARNING, 4: logging.ERROR}.get(level, logging.DEBUG), message)
 
 
 def _route_native_logs() -> None:

@@ -12,7 +12,7 @@ class VadStream(Protocol):
     """One audio stream's VAD state (the model's recurrent state and the previous chunk's tail)."""
 
     async def probability(self, chunk: npt.NDArray[np.float32]) -> float:
-        """Speech probability of one chunk of exactly ``chunk_samples`` float32 samples in [-1, 1]."""
+        """Speech probability of one chunk: exactly ``chunk_samples`` float32 samples in [-1, 1]."""
         ...
 
     def reset(self) -> None:
