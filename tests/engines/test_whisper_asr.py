@@ -1,0 +1,159 @@
+"""Whisper through faster-whisper: short audio on the trimmed window, long audio windowed."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from difflib import SequenceMatcher
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from hark.engines.asr import AsrEngine
+from hark.engines.asr.whisper import WhisperAsr, default_model_path
+
+from .conftest import QUESTION, Say
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def asr() -> WhisperAsr:
+    # One engine for the module: loading the model takes a second or two.
+    return WhisperAsr()
+
+
+@pytest.fixture(scope="module")
+def full_window() -> Any:
+    """faster-whisper's own transcription of the same model: 30 s windows, padded."""
+    from faster_whisper import WhisperModel
+
+    return WhisperModel(str(default_model_path()), compute_type="int8", cpu_threads=2)
+
+
+async def transcript(engine: AsrEngine, audio: npt.NDArray[np.float32], **options: Any) -> str:
+    return "".join([delta async for delta in engine.transcribe(audio, **options)])
+
+
+def words(text: str) -> list[str]:
+    return re.findall(r"[a-z0-9']+", text.lower())
+
+
+async def test_transcribes_a_question(asr: WhisperAsr, question: npt.NDArray[np.float32]) -> None:
+    await asr.warmup()
+    deltas = [delta async for delta in asr.transcribe(question)]
+    assert len(deltas) == 1
+    assert not deltas[0].startswith(" ")
+    assert {"capital", "france"} <= set(words(deltas[0]))
+    # Decoding on a trimmed window without care loops: "What is … France? What is …".
+    assert words(deltas[0]).count("capital") == 1
+
+
+@pytest.mark.parametrize(
+    ("text", "key_words"),
+    [
+        (QUESTION, {"capital", "france"}),
+        ("Turn off the lights in the kitchen.", {"lights", "kitchen"}),
+        (
+            "Could you tell me what the capital of France is, and how many people live there?",
+            {"capital", "france", "people", "live"},
+        ),
+    ],
+)
+async def test_trimmed_window_agrees_with_the_full_window(
+    asr: WhisperAsr, full_window: Any, say: Say, text: str, key_words: set[str]
+) -> None:
+    audio = say(text)
+    segments, _info = full_window.transcribe(
+        audio, language="en", beam_size=1, temperature=0.0, without_timestamps=True
+    )
+    expected = "".join(segment.text for segment in segments)
+    trimmed = words(await transcript(asr, audio))
+    assert key_words <= set(words(expected))
+    assert key_words <= set(trimmed)
+    assert len(trimmed) <= len(words(expected)) + 1
+    assert SequenceMatcher(None, trimmed, words(expected)).ratio() >= 0.8
+
+
+async def test_silence_and_noise_give_no_words(asr: WhisperAsr) -> None:
+    assert await transcript(asr, np.zeros(32000, dtype=np.float32)) == ""
+    faint = 0.01 * np.random.default_rng(0).standard_normal(32000)
+    assert len(words(await transcript(asr, faint.astype(np.float32)))) <= 1
+    assert await transcript(asr, np.zeros(0, dtype=np.float32)) == ""
+
+
+async def test_language_hint(
+    asr: WhisperAsr, question: npt.NDArray[np.float32], caplog: pytest.LogCaptureFixture
+) -> None:
+    detected = await transcript(asr, question)
+    assert await transcript(asr, question, language="en") == detected
+    assert await transcript(asr, question, language="en-US") == detected
+    with pytest.raises(ValueError):
+        await transcript(asr, question, language="klingon")
+    # The bundled model is English-only: another language is transcribed as English.
+    with caplog.at_level(logging.WARNING, logger="hark.engines.asr.whisper"):
+        assert await transcript(asr, question, language="fr") == detected
+    assert "English-only" in caplog.text
+
+
+async def test_prompt_is_accepted(asr: WhisperAsr, question: npt.NDArray[np.float32]) -> None:
+    text = await transcript(asr, question, prompt="A geography quiz about European capitals.")
+    assert {"capital", "france"} <= set(words(text))
+
+
+async def test_long_audio_is_transcribed_window_by_window(
+    asr: WhisperAsr, question: npt.NDArray[np.float32]
+) -> None:
+    gap = np.zeros(29 * 16000, dtype=np.float32)
+    audio = np.concatenate((question, gap, question))
+    deltas = [delta async for delta in asr.transcribe(audio, language="en")]
+    assert len(deltas) >= 2
+    assert not deltas[0].startswith(" ")
+    assert words("".join(deltas)).count("capital") == 2
+
+
+async def test_closing_midway_stops_cleanly(
+    asr: WhisperAsr, question: npt.NDArray[np.float32]
+) -> None:
+    gap = np.zeros(29 * 16000, dtype=np.float32)
+    deltas = asr.transcribe(np.concatenate((question, gap, question)), language="en")
+    assert "capital" in words(await anext(deltas))
+    await deltas.aclose()  # type: ignore[attr-defined]
+
+
+async def test_cancelling_midway_raises_only_cancelled_error(
+    asr: WhisperAsr, question: npt.NDArray[np.float32]
+) -> None:
+    gap = np.zeros(29 * 16000, dtype=np.float32)
+    audio = np.concatenate((question, gap, question))
+    heard: list[str] = []
+    first_delta = asyncio.Event()
+
+    async def listen() -> None:
+        async for delta in asr.transcribe(audio, language="en"):
+            heard.append(delta)
+            first_delta.set()
+
+    task = asyncio.create_task(listen())
+    await first_delta.wait()
+    # The second window is still being decoded: the task is cancelled in the middle.
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert len(heard) == 1
+    assert {"capital", "france"} <= set(words(await transcript(asr, question)))
+
+
+async def test_rejects_bad_input(asr: WhisperAsr) -> None:
+    with pytest.raises(ValueError):
+        await transcript(asr, np.zeros((2, 16000), dtype=np.float32))
+    with pytest.raises(ValueError):
+        await transcript(asr, np.zeros(16000, dtype=np.int16))
+
+
+def test_refuses_a_model_that_would_need_downloading() -> None:
+    with pytest.raises(FileNotFoundError):
+        WhisperAsr(model_path="tiny")
