@@ -107,7 +107,9 @@ async def from_file(conn: Any, pcm: np.ndarray) -> None:
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     parser.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
     parser.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY", "local"))
     parser.add_argument("--model", default="gpt-realtime")

@@ -113,9 +113,8 @@ _asr = None
 async def transcribe(pcm: npt.NDArray[np.int16], rate: int) -> str:
     """What Whisper hears in ``pcm``."""
     global _asr
-    from hark.engines.asr.whisper import WhisperAsr
-
     from hark.audio.resample import resample
+    from hark.engines.asr.whisper import WhisperAsr
 
     if _asr is None:
         _asr = WhisperAsr()

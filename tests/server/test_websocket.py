@@ -11,13 +11,13 @@ from typing import Any, ClassVar
 import aiohttp
 import pytest
 from aiohttp import web
-from hark.engines.vad.silero import SileroVad
 
 import hark.server.app
 from hark.config import Settings
 from hark.engines.fake import FakeAsr, FakeTts
 from hark.engines.llm import Finished, GenerationRequest, LlmEvent
 from hark.engines.registry import Engines
+from hark.engines.vad.silero import SileroVad
 from hark.server.app import create_app, make_runner
 from hark.transports.websocket import MAX_MESSAGE_BYTES
 
