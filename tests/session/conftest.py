@@ -44,9 +44,18 @@ def energy_probability(chunk: npt.NDArray[np.float32]) -> float:
 class Driver:
     """Feeds a Session and records its events and actions, answering VAD requests in order."""
 
-    def __init__(self, config: SessionConfig | None = None, created_at: float = 1000.0) -> None:
+    def __init__(
+        self,
+        config: SessionConfig | None = None,
+        created_at: float = 1000.0,
+        plays_audio: bool = False,
+    ) -> None:
         self.session = Session(
-            model="gpt-realtime", config=config, ids=IdGenerator(seed=7), created_at=created_at
+            model="gpt-realtime",
+            config=config,
+            ids=IdGenerator(seed=7),
+            created_at=created_at,
+            plays_audio=plays_audio,
         )
         self.events: list[dict[str, Any]] = []
         self.actions: list[Action] = []

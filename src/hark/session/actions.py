@@ -54,10 +54,32 @@ class CancelGeneration:
 
 
 @dataclass(frozen=True, slots=True)
+class PlayAudio:
+    """Transports that play audio themselves (WebRTC, SIP): queue reply audio for playout.
+
+    Report progress with ``on_playout_started`` / ``on_playout_stopped``.
+    """
+
+    response_id: str
+    item_id: str
+    pcm: npt.NDArray[np.int16]
+    rate: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClearAudio:
+    """Stop playing this response now and drop the rest; answer with ``on_playout_cleared``."""
+
+    response_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class Close:
     """End the session (after the events already queued are sent)."""
 
     reason: str
 
 
-Action = AnalyzeSpeech | Transcribe | Generate | CancelGeneration | Close
+Action = (
+    AnalyzeSpeech | Transcribe | Generate | CancelGeneration | PlayAudio | ClearAudio | Close
+)

@@ -42,8 +42,10 @@ from hark.session.actions import (
     Action,
     AnalyzeSpeech,
     CancelGeneration,
+    ClearAudio,
     Close,
     Generate,
+    PlayAudio,
     Transcribe,
 )
 from hark.session.conversation import (
@@ -133,7 +135,10 @@ class Session:
         created_at: float = 0.0,
         max_duration_s: float = SESSION_LIMIT_S,
         rate_limits: RateLimits | None = None,
+        plays_audio: bool = False,
     ) -> None:
+        """``plays_audio``: the transport plays reply audio itself (WebRTC, SIP), so audio
+        leaves as PlayAudio actions instead of ``response.output_audio.delta`` events."""
         self.ids = ids or IdGenerator()
         self.id = session_id or self.ids.new("sess")
         base = config or SessionConfig()
@@ -153,6 +158,9 @@ class Session:
         self._idle_deadline_ms: float | None = None
         self._speech_item_id: str | None = None
         self._speech_start_ms = 0.0
+        self.plays_audio = plays_audio
+        # Responses whose audio the transport is playing: response id → item id.
+        self._playing: dict[str, str] = {}
         self._setup_input()
 
     # ----------------------------------------------------------------- plumbing
@@ -270,11 +278,13 @@ class Session:
         elif isinstance(event, ce.ResponseCancel):
             self._cancel_request(event.response_id)
         elif isinstance(event, ce.OutputAudioBufferClear):
-            raise ProtocolError(
-                "output_audio_buffer.clear is only supported on WebRTC and SIP sessions; "
-                "over WebSocket the client owns playback.",
-                code="invalid_event",
-            )
+            if not self.plays_audio:
+                raise ProtocolError(
+                    "output_audio_buffer.clear is only supported on WebRTC and SIP sessions; "
+                    "over WebSocket the client owns playback.",
+                    code="invalid_event",
+                )
+            self._clear_playout(requested=True)
 
     # ----------------------------------------------------------------- session.update
 
@@ -336,7 +346,17 @@ class Session:
             raise ProtocolError(
                 "Invalid 'audio': expected base64-encoded audio.", "audio", "invalid_value"
             ) from None
-        pcm = decode_audio(self.config.audio.input.format, data)
+        self.append_audio(decode_audio(self.config.audio.input.format, data))
+
+    @property
+    def input_rate(self) -> int:
+        """Sample rate of the input format: what ``append_audio`` expects."""
+        return self._in_rate
+
+    def append_audio(self, pcm: npt.NDArray[np.int16]) -> None:
+        """Input audio that arrived as PCM at ``input_rate`` (a media track, not an event)."""
+        if self._closed:
+            return
         self._buffer.append(pcm)
         self._clock_ms += len(pcm) * 1000 / self._in_rate
         if self._turns is not None:
@@ -381,10 +401,12 @@ class Session:
                 audio_start_ms=int(self._speech_start_ms), item_id=self._speech_item_id
             )
         )
-        if td.interrupt_response and self._in_band is not None:
-            self._end_response(
-                self._in_band, "cancelled", {"type": "cancelled", "reason": "turn_detected"}
-            )
+        if td.interrupt_response:
+            if self._in_band is not None:
+                self._end_response(
+                    self._in_band, "cancelled", {"type": "cancelled", "reason": "turn_detected"}
+                )
+            self._clear_playout()
 
     def _speech_stopped(self, ms: float) -> None:
         td = self.config.audio.input.turn_detection
@@ -877,7 +899,13 @@ class Session:
         if transcript:
             part.transcript = (part.transcript or "") + transcript
             self._emit(se.OutputAudioTranscriptDelta(delta=transcript, **position))
-        if len(pcm):
+        if not len(pcm):
+            return
+        if self.plays_audio:
+            if response.in_band:
+                self._playing[response.id] = position["item_id"]
+            self._outbox.append(PlayAudio(response.id, position["item_id"], pcm, part.rate))
+        else:
             payload = base64.b64encode(encode_audio(part.audio_format, pcm)).decode()
             self._emit(se.OutputAudioDelta(delta=payload, **position))
 
@@ -999,10 +1027,48 @@ class Session:
             )
         else:
             self._end_response(response, "completed", None)
+        if response.in_band and not self.plays_audio:
+            # Over WebSocket the client plays the reply as it arrives: allow for its length.
+            self._arm_idle_timeout(audio_ms)
+
+    def _arm_idle_timeout(self, after_ms: float) -> None:
         td = self.config.audio.input.turn_detection
-        if isinstance(td, ServerVad) and td.idle_timeout_ms is not None and response.in_band:
-            # Over WebSocket the client plays the reply as fast as it arrives; allow its length.
-            self._idle_deadline_ms = self._clock_ms + audio_ms + td.idle_timeout_ms
+        if isinstance(td, ServerVad) and td.idle_timeout_ms is not None:
+            self._idle_deadline_ms = self._clock_ms + after_ms + td.idle_timeout_ms
+
+    # ----------------------------------------------------------------- playout (WebRTC, SIP)
+
+    def _clear_playout(self, requested: bool = False) -> None:
+        if requested and not self._playing:
+            raise ProtocolError("No audio is playing.", code="output_audio_buffer_empty")
+        for response_id in self._playing:
+            self._outbox.append(ClearAudio(response_id))
+
+    def on_playout_started(self, response_id: str) -> None:
+        """The transport began playing a response's audio."""
+        self._emit(se.OutputAudioBufferStarted(response_id=response_id))
+
+    def on_playout_stopped(self, response_id: str) -> None:
+        """The transport played a response's audio to the end."""
+        if self._playing.pop(response_id, None) is not None:
+            self._emit(se.OutputAudioBufferStopped(response_id=response_id))
+            self._arm_idle_timeout(0)
+
+    def on_playout_cleared(self, response_id: str, played_ms: int) -> None:
+        """Playout stopped early (barge-in or a clear): the item keeps only what was heard."""
+        item_id = self._playing.pop(response_id, None)
+        if item_id is None:
+            return
+        if item_id in self.conversation:
+            part = self.conversation.get(item_id).parts[0]
+            if part.audio is not None and played_ms < part.duration_ms():
+                truncate_part(part, played_ms)
+                self._emit(
+                    se.ConversationItemTruncated(
+                        item_id=item_id, content_index=0, audio_end_ms=played_ms
+                    )
+                )
+        self._emit(se.OutputAudioBufferCleared(response_id=response_id))
 
     def on_generation_failed(self, response_id: str, message: str) -> None:
         """An engine failed: this response fails, the session goes on."""

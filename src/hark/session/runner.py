@@ -10,6 +10,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -21,14 +22,32 @@ from hark.protocol.session_config import SessionConfig
 from hark.session.actions import (
     AnalyzeSpeech,
     CancelGeneration,
+    ClearAudio,
     Close,
     Generate,
+    PlayAudio,
     Transcribe,
 )
 from hark.session.core import Session
 from hark.session.response_pipeline import run_generation
 
 log = logging.getLogger(__name__)
+
+
+class AudioPlayer(Protocol):
+    """A transport that plays reply audio itself, paced in real time (WebRTC, SIP).
+
+    It reports back through ``SessionRunner.playout_started`` / ``playout_stopped`` /
+    ``playout_cleared``.
+    """
+
+    def play(self, response_id: str, item_id: str, pcm: npt.NDArray[np.int16], rate: int) -> None:
+        """Queue audio of a response after whatever is queued already."""
+        ...
+
+    def clear(self, response_id: str) -> None:
+        """Stop this response's audio within one frame and drop what is left of it."""
+        ...
 
 
 class SessionRunner:
@@ -42,11 +61,18 @@ class SessionRunner:
         initial_config: SessionConfig | None = None,
         transport: str = "websocket",
         clock: Callable[[], float] = time.time,
+        player: AudioPlayer | None = None,
     ) -> None:
         self.engines = engines
         self.transport = transport
         self._clock = clock
-        self.session = Session(model=model, config=initial_config, created_at=clock())
+        self._player = player
+        self.session = Session(
+            model=model,
+            config=initial_config,
+            created_at=clock(),
+            plays_audio=player is not None,
+        )
         self._out: asyncio.Queue[str | None] = asyncio.Queue()
         self._vad_in: asyncio.Queue[AnalyzeSpeech] = asyncio.Queue()
         self._vad_stream = engines.vad.open_stream()
@@ -70,6 +96,22 @@ class SessionRunner:
         """One client text frame (a JSON event). Never raises."""
         self.session.tick(self._clock())
         self._call(self.session.receive, text)
+
+    def receive_audio(self, pcm: npt.NDArray[np.int16]) -> None:
+        """Input audio from a media track, as PCM at ``self.session.input_rate``."""
+        self._call(self.session.append_audio, pcm)
+
+    def playout_started(self, response_id: str) -> None:
+        """The player began a response's audio."""
+        self._call(self.session.on_playout_started, response_id)
+
+    def playout_stopped(self, response_id: str) -> None:
+        """The player finished a response's audio."""
+        self._call(self.session.on_playout_stopped, response_id)
+
+    def playout_cleared(self, response_id: str, played_ms: int) -> None:
+        """The player dropped the rest of a response after ``played_ms`` of it were heard."""
+        self._call(self.session.on_playout_cleared, response_id, played_ms)
 
     def receive_bytes(self, data: bytes) -> None:
         """One client binary frame: not part of the protocol, answered with an error."""
@@ -122,6 +164,12 @@ class SessionRunner:
                 running = self._generations.pop(out.response_id, None)
                 if running is not None:
                     running.cancel()
+            elif isinstance(out, PlayAudio):
+                assert self._player is not None
+                self._player.play(out.response_id, out.item_id, out.pcm, out.rate)
+            elif isinstance(out, ClearAudio):
+                assert self._player is not None
+                self._player.clear(out.response_id)
             elif isinstance(out, Close):
                 log.info("session %s ends: %s", self.id, out.reason)
                 self._spawn(self.close(), "close")

@@ -1,0 +1,72 @@
+"""Transports that play audio themselves (WebRTC, SIP): playout, barge-in and truncation."""
+
+from __future__ import annotations
+
+from hark.session.actions import ClearAudio, Generate, PlayAudio
+
+from .conftest import Driver, silence, voiced
+
+
+def answered(driver: Driver) -> Generate:
+    driver.append(silence(300))
+    driver.append(voiced(800))
+    driver.append(silence(700))
+    driver.transcribe_all()
+    (generate,) = driver.take(Generate)
+    # Three clauses of 400 ms: "Paris" 0-400, " is the capital" 400-800, " of France." 800-1200.
+    driver.speak_reply(generate, ["Paris", " is the capital", " of France."])
+    return generate
+
+
+def test_audio_goes_to_the_player_not_into_events() -> None:
+    driver = Driver(plays_audio=True)
+    generate = answered(driver)
+    types = driver.types()
+    assert "response.output_audio.delta" not in types
+    assert types.count("response.output_audio_transcript.delta") == 3
+    plays = driver.take(PlayAudio)
+    assert len(plays) == 3
+    assert {p.response_id for p in plays} == {generate.response_id}
+    assert sum(len(p.pcm) for p in plays) == 24000 * 1200 // 1000
+    driver.session.on_playout_started(generate.response_id)
+    driver.session.on_playout_stopped(generate.response_id)
+    assert driver.types(driver.pump()) == [
+        "output_audio_buffer.started",
+        "output_audio_buffer.stopped",
+    ]
+
+
+def test_barge_in_during_playout_truncates_to_what_was_heard() -> None:
+    driver = Driver(plays_audio=True)
+    generate = answered(driver)
+    item_id = driver.take(PlayAudio)[0].item_id
+    driver.session.on_playout_started(generate.response_id)
+    driver.pump()
+    # The reply is generated (response.done) but still playing when the user speaks.
+    driver.append(voiced(200))
+    (clear,) = driver.take(ClearAudio)
+    assert clear.response_id == generate.response_id
+    driver.session.on_playout_cleared(generate.response_id, 700)
+    new = driver.pump()
+    assert driver.types(new) == ["conversation.item.truncated", "output_audio_buffer.cleared"]
+    assert new[0]["item_id"] == item_id and new[0]["audio_end_ms"] == 700
+    item = driver.send({"type": "conversation.item.retrieve", "item_id": item_id})[0]["item"]
+    assert item["content"][0]["transcript"] == "Paris is the"
+
+
+def test_client_clear_and_nothing_playing() -> None:
+    driver = Driver(plays_audio=True)
+    assert driver.send({"type": "output_audio_buffer.clear"})[0]["error"]["code"] == (
+        "output_audio_buffer_empty"
+    )
+    generate = answered(driver)
+    driver.take(PlayAudio)
+    driver.send({"type": "output_audio_buffer.clear"})
+    assert [a.response_id for a in driver.take(ClearAudio)] == [generate.response_id]
+    driver.session.on_playout_cleared(generate.response_id, 1200)
+    # Everything had been heard: nothing to truncate.
+    assert driver.types(driver.pump()) == ["output_audio_buffer.cleared"]
+
+
+def test_websocket_sessions_refuse_output_audio_buffer_clear(driver: Driver) -> None:
+    assert driver.send({"type": "output_audio_buffer.clear"})[0]["error"]["code"] == "invalid_event"
