@@ -1,0 +1,1 @@
+"""Observability: per-turn timings, Prometheus metrics, traces."""
