@@ -13,7 +13,7 @@ import pytest
 from hark.engines.llm import Finished
 from hark.protocol.server_events import ServerEvent, encode_event
 from hark.protocol.session_config import SessionConfig
-from hark.session.actions import Action, AnalyzeSpeech, Generate, Transcribe
+from hark.session.actions import Action, AnalyzeSpeech, Generate, ScoreTurn, Transcribe
 from hark.session.core import Session
 from hark.session.ids import IdGenerator
 
@@ -59,6 +59,9 @@ class Driver:
         )
         self.events: list[dict[str, Any]] = []
         self.actions: list[Action] = []
+        # When set, recognition and end-of-turn scoring are answered at once with these.
+        self.asr_text: str | None = None
+        self.turn_score: float | None = None
         self.session.start()
         self.pump()
 
@@ -69,6 +72,13 @@ class Driver:
             for item in out:
                 if isinstance(item, AnalyzeSpeech):
                     self.session.on_vad(energy_probability(item.chunk), item.epoch)
+                elif isinstance(item, Transcribe) and self.asr_text is not None:
+                    self.actions.append(item)
+                    seconds = len(item.audio) / 16000
+                    self.session.on_transcription_done(item.request_id, self.asr_text, seconds)
+                elif isinstance(item, ScoreTurn) and self.turn_score is not None:
+                    self.actions.append(item)
+                    self.session.on_turn_score(item.key, self.turn_score)
                 elif isinstance(item, ServerEvent):
                     new.append(json.loads(encode_event(item)))
                 else:
@@ -99,7 +109,7 @@ class Driver:
     def transcribe_all(self, text: str = "What is the capital of France?") -> list[dict[str, Any]]:
         """Answer every pending transcription with ``text``."""
         for action in self.take(Transcribe):
-            self.session.on_transcription_done(action.item_id, text, len(action.audio) / 16000)
+            self.session.on_transcription_done(action.request_id, text, len(action.audio) / 16000)
         return self.pump()
 
     def speak_reply(self, generate: Generate, clauses: list[str], ms_per_clause: int = 400) -> None:

@@ -46,6 +46,9 @@ class Sink:
     def text(self, delta: str) -> None:
         self.log.append(("text", delta))
 
+    def clause(self, text: str) -> None:
+        self.log.append(("clause", text))
+
     def audio(self, pcm: npt.NDArray[np.int16], transcript: str) -> None:
         self.log.append(("audio", (len(pcm), transcript)))
         if len(pcm):
@@ -113,7 +116,9 @@ async def test_speech_before_a_tool_call_is_spoken_first() -> None:
     await run_generation(action(), llm, FakeTts(24000), sink)
     kinds = [kind for kind, _ in sink.log]
     assert kinds.index("tool_started") > max(i for i, k in enumerate(kinds) if k == "audio")
-    assert ("audio", (sink.log[0][1][0], "Let me check")) == sink.log[0]  # type: ignore[index]
+    assert sink.log[0] == ("clause", "Let me check")
+    first_audio = next(value for kind, value in sink.log if kind == "audio")
+    assert first_audio[1] == "Let me check"  # type: ignore[index]
 
 
 async def test_tts_failure_propagates() -> None:

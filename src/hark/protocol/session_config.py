@@ -122,6 +122,7 @@ class ToolChoiceFunction(ConfigStruct):
 
 ToolChoiceMode = Literal["auto", "none", "required"]
 ToolChoiceConfig = ToolChoiceMode | ToolChoiceFunction
+Include = Literal["item.input_audio_transcription.logprobs", "hark.turn_timings"]
 MaxOutputTokens = Annotated[int, Meta(ge=1, le=4096)] | Literal["inf"]
 
 
@@ -139,7 +140,8 @@ class SessionConfig(ConfigStruct):
     temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | None = None
     truncation: Any = "auto"
     tracing: Any = None
-    include: list[Literal["item.input_audio_transcription.logprobs"]] | None = None
+    # hark.turn_timings: a ``hark.turn_timings`` event with stage timings after each response.
+    include: list[Include] | None = None
     prompt: Any = None
     parallel_tool_calls: bool | None = None
     reasoning: Any = None

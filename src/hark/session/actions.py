@@ -26,12 +26,24 @@ class AnalyzeSpeech:
 
 @dataclass(frozen=True, slots=True)
 class Transcribe:
-    """Recognise a user item's audio (16 kHz); answer with ``on_transcription_*``."""
+    """Recognise audio (16 kHz); answer with ``on_transcription_*(request_id, …)``.
 
-    item_id: str
+    ``request_id`` is the user item's id, or a key of the core's own for speculative work.
+    """
+
+    request_id: str
     audio: npt.NDArray[np.float32]
     language: str | None
     prompt: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreTurn:
+    """Judge how complete an utterance sounds; answer with ``on_turn_score(key, p)``."""
+
+    key: str
+    transcript: str
+    context: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +56,25 @@ class Generate:
     voice: str
     speed: float
     output_rate: int
+
+
+@dataclass(frozen=True, slots=True)
+class Speculate:
+    """Start the engines on a reply the user has not asked for yet, holding what they make.
+
+    When a ``Generate`` for the same request follows, the held work becomes that response;
+    ``DiscardSpeculation`` (or a ``Generate`` for anything else) throws it away unseen.
+    """
+
+    key: str
+    generate: Generate
+
+
+@dataclass(frozen=True, slots=True)
+class DiscardSpeculation:
+    """The user went on speaking: drop the speculative reply."""
+
+    key: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,5 +112,14 @@ class Close:
 
 
 Action = (
-    AnalyzeSpeech | Transcribe | Generate | CancelGeneration | PlayAudio | ClearAudio | Close
+    AnalyzeSpeech
+    | Transcribe
+    | ScoreTurn
+    | Generate
+    | Speculate
+    | DiscardSpeculation
+    | CancelGeneration
+    | PlayAudio
+    | ClearAudio
+    | Close
 )

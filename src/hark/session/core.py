@@ -22,6 +22,7 @@ import numpy.typing as npt
 from hark.audio.formats import decode_audio, encode_audio, format_rate
 from hark.audio.resample import StreamResampler, resample
 from hark.engines.llm import Finished, FunctionTool, GenerationRequest, ToolChoice
+from hark.engines.turn import silence_for
 from hark.protocol import client_events as ce
 from hark.protocol import items as wire
 from hark.protocol import server_events as se
@@ -30,6 +31,7 @@ from hark.protocol.response_params import ResponseParams, parse_response_params
 from hark.protocol.session_config import (
     AudioFormat,
     FunctionToolDef,
+    SemanticVad,
     ServerVad,
     SessionConfig,
     ToolChoiceConfig,
@@ -44,8 +46,11 @@ from hark.session.actions import (
     CancelGeneration,
     ClearAudio,
     Close,
+    DiscardSpeculation,
     Generate,
     PlayAudio,
+    ScoreTurn,
+    Speculate,
     Transcribe,
 )
 from hark.session.conversation import (
@@ -58,7 +63,7 @@ from hark.session.conversation import (
 )
 from hark.session.ids import IdGenerator
 from hark.session.input_buffer import InputAudioBuffer
-from hark.session.turn_detection import TurnDetector
+from hark.session.turn_detection import TurnDetector, TurnEvent
 
 MAX_APPEND_BYTES = 15 * 1024 * 1024
 MIN_COMMIT_MS = 100
@@ -67,7 +72,22 @@ VAD_RATE = 16000
 VAD_CHUNK = 512
 ASR_RATE = 16000
 
+# A pause this long inside speech starts speculative recognition (and then a speculative
+# reply): shorter gaps are usually between words.
+SPECULATE_AFTER_MS = 160
+
 Output = se.ServerEvent | Action
+
+
+@dataclass(slots=True)
+class _Pause:
+    """A pause in the current turn, and the speculative work started during it."""
+
+    key: str
+    start_ms: float
+    asr_request: str | None = None
+    transcript: str | None = None
+    speculating: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +181,13 @@ class Session:
         self.plays_audio = plays_audio
         # Responses whose audio the transport is playing: response id → item id.
         self._playing: dict[str, str] = {}
+        # Recognition in flight: request id → the item it is for, or the pause it speculates on.
+        self._asr_requests: dict[str, str | _Pause] = {}
+        self._pause: _Pause | None = None
+        self._pauses = 0
+        self._vad_now_ms = 0.0
+        # How long the pause that ended the last turn lasted (the end-of-turn wait).
+        self.last_pause_ms = 0.0
         self._setup_input()
 
     # ----------------------------------------------------------------- plumbing
@@ -327,11 +354,13 @@ class Session:
         td = self.config.audio.input.turn_detection
         self._turns = TurnDetector(td) if td is not None else None
         self._speech_item_id = None
+        self._drop_pause()
 
     def _reset_turn(self) -> None:
         if self._turns is not None:
             self._turns.reset()
         self._speech_item_id = None
+        self._drop_pause()
 
     def _append(self, audio_b64: str) -> None:
         if len(audio_b64) > MAX_APPEND_BYTES:
@@ -380,15 +409,100 @@ class Session:
         start = self._vad_base_ms + self._vad_done * chunk_ms
         end = start + chunk_ms
         self._vad_done += 1
+        self._vad_now_ms = end
         decision = self._turns.feed(start, end, probability)
-        if decision is not None and decision.kind == "speech_started":
-            self._speech_started(decision.ms)
-        elif decision is not None:
-            self._speech_stopped(decision.ms)
+        if decision is not None:
+            self._on_turn_event(decision)
+        pause = self._pause
+        if (
+            pause is not None
+            and pause.asr_request is None
+            and end - pause.start_ms >= min(SPECULATE_AFTER_MS, self._turns.silence_ms)
+        ):
+            self._transcribe_pause(pause)
         if not self._turns.speaking:
             self._buffer.trim_before(end - self._turns.prefix_padding_ms - 100)
             if self._idle_deadline_ms is not None and end >= self._idle_deadline_ms:
                 self._idle_timeout(end)
+
+    def _on_turn_event(self, event: TurnEvent) -> None:
+        if event.kind == "speech_started":
+            self._speech_started(event.ms)
+        elif event.kind == "pause_started":
+            self._pauses += 1
+            self._pause = _Pause(key=f"{self._speech_item_id}#{self._pauses}", start_ms=event.ms)
+        elif event.kind == "pause_ended":
+            self._drop_pause()
+        else:
+            self._speech_stopped(event.ms)
+
+    # ----------------------------------------------------------------- speculation
+
+    def _drop_pause(self) -> None:
+        """The user went on (or the turn was reset): speculative work is thrown away."""
+        pause, self._pause = getattr(self, "_pause", None), None
+        if pause is None:
+            return
+        if pause.asr_request is not None:
+            self._asr_requests.pop(pause.asr_request, None)
+        if pause.speculating:
+            self._outbox.append(DiscardSpeculation(pause.key))
+
+    def _transcribe_pause(self, pause: _Pause) -> None:
+        """Recognise the turn so far while the pause is waited out."""
+        pause.asr_request = f"{pause.key}:asr"
+        self._asr_requests[pause.asr_request] = pause
+        pcm = self._buffer.peek(self._speech_start_ms, pause.start_ms)
+        self._outbox.append(self._transcribe_action(pause.asr_request, pcm, self._in_rate))
+
+    def _pause_transcribed(self, pause: _Pause, transcript: str) -> None:
+        pause.transcript = transcript
+        self._speculate_reply(pause)
+        td = self.config.audio.input.turn_detection
+        if isinstance(td, SemanticVad):
+            self._outbox.append(ScoreTurn(pause.key, transcript, self._last_assistant_text()))
+
+    def on_turn_score(self, key: str, probability: float) -> None:
+        """How complete the utterance of the pause ``key`` sounds (semantic_vad)."""
+        td = self.config.audio.input.turn_detection
+        pause = self._pause
+        if pause is None or pause.key != key or self._turns is None:
+            return
+        if not isinstance(td, SemanticVad):
+            return
+        self._turns.silence_ms = silence_for(probability, td.eagerness)
+        decision = self._turns.check(self._vad_now_ms)
+        if decision is not None:
+            self._on_turn_event(decision)
+
+    def _speculate_reply(self, pause: _Pause) -> None:
+        """Start the reply the turn would get if it ended now; it stays unseen until it does."""
+        td = self.config.audio.input.turn_detection
+        if (
+            td is None
+            or not td.create_response
+            or self.config.type != "realtime"
+            or self._in_band is not None
+            or pause.transcript is None
+            or self._speech_item_id is None
+        ):
+            return
+        turn = Entry(
+            id=self._speech_item_id,
+            type="message",
+            role="user",
+            parts=[Part("input_audio", heard=pause.transcript)],
+        )
+        response = self._new_response(ResponseParams(), response_id="")
+        entries = [*self.conversation.entries(), turn]
+        self._outbox.append(Speculate(pause.key, self._generate_action(response, entries)))
+        pause.speculating = True
+
+    def _last_assistant_text(self) -> str | None:
+        for entry in reversed(self.conversation.entries()):
+            if entry.type == "message" and entry.role == "assistant":
+                return " ".join(p.transcript or p.text or "" for p in entry.parts).strip() or None
+        return None
 
     def _speech_started(self, ms: float) -> None:
         td = self.config.audio.input.turn_detection
@@ -412,11 +526,15 @@ class Session:
         td = self.config.audio.input.turn_detection
         assert td is not None and self._speech_item_id is not None
         item_id, self._speech_item_id = self._speech_item_id, None
+        pause, self._pause = self._pause, None
+        self.last_pause_ms = ms - pause.start_ms if pause is not None else 0.0
         self._emit(se.SpeechStopped(audio_end_ms=int(ms), item_id=item_id))
         pcm = self._buffer.take(self._speech_start_ms, ms)
-        self._commit_audio(pcm, item_id)
+        self._commit_audio(pcm, item_id, pause)
         if td.create_response and self.config.type == "realtime" and self._in_band is None:
             self._create_response(ResponseParams())
+        elif pause is not None and pause.speculating:
+            self._outbox.append(DiscardSpeculation(pause.key))
 
     def _idle_timeout(self, now_ms: float) -> None:
         self._idle_deadline_ms = None
@@ -445,7 +563,9 @@ class Session:
         self._reset_turn()
         self._commit_audio(self._buffer.take_all(), item_id)
 
-    def _commit_audio(self, pcm: npt.NDArray[np.int16], item_id: str) -> None:
+    def _commit_audio(
+        self, pcm: npt.NDArray[np.int16], item_id: str, pause: _Pause | None = None
+    ) -> None:
         part = Part(
             "input_audio",
             audio=pcm,
@@ -457,57 +577,92 @@ class Session:
         self._emit(se.InputAudioBufferCommitted(previous_item_id=previous, item_id=item_id))
         self._emit(se.ConversationItemAdded(previous_item_id=previous, item=entry.to_wire()))
         self._emit(se.ConversationItemDone(previous_item_id=previous, item=entry.to_wire()))
-        self._recognise(entry, part)
+        if pause is not None and pause.transcript is not None:
+            # Recognised while the end of the turn was waited out: the words are known already.
+            self._transcribed(entry, part, pause.transcript, len(pcm) / self._in_rate, True)
+        elif pause is not None and pause.asr_request in self._asr_requests:
+            # Recognition of the turn is under way: its result is this item's transcript.
+            self._asr_requests[pause.asr_request] = item_id
+        else:
+            self._recognise(entry, part)
+
+    def _transcribe_action(
+        self, request_id: str, pcm: npt.NDArray[np.int16], rate: int
+    ) -> Transcribe:
+        transcription = self.config.audio.input.transcription
+        return Transcribe(
+            request_id=request_id,
+            audio=resample(pcm, rate, ASR_RATE).astype(np.float32) / 32768.0,
+            language=transcription.language if transcription else None,
+            prompt=transcription.prompt if transcription else None,
+        )
 
     def _recognise(self, entry: Entry, part: Part) -> None:
         assert part.audio is not None
-        transcription = self.config.audio.input.transcription
-        audio = resample(part.audio, part.rate, ASR_RATE).astype(np.float32) / 32768.0
-        self._outbox.append(
-            Transcribe(
-                item_id=entry.id,
-                audio=audio,
-                language=transcription.language if transcription else None,
-                prompt=transcription.prompt if transcription else None,
-            )
-        )
+        self._asr_requests[entry.id] = entry.id
+        self._outbox.append(self._transcribe_action(entry.id, part.audio, part.rate))
 
     # ----------------------------------------------------------------- transcription results
 
-    def _pending_part(self, item_id: str) -> Part | None:
+    def _pending_part(self, item_id: str) -> tuple[Entry, Part] | None:
         if item_id not in self.conversation:
             return None
         entry = self.conversation.get(item_id)
-        return next((p for p in entry.parts if p.type == "input_audio" and p.heard is None), None)
+        part = next((p for p in entry.parts if p.type == "input_audio" and p.heard is None), None)
+        return None if part is None else (entry, part)
 
-    def on_transcription_delta(self, item_id: str, delta: str) -> None:
-        """A piece of a user item's transcript."""
-        if self._pending_part(item_id) is not None and self.config.audio.input.transcription:
+    def on_transcription_delta(self, request_id: str, delta: str) -> None:
+        """A piece of a transcript."""
+        item_id = self._asr_requests.get(request_id)
+        if (
+            isinstance(item_id, str)
+            and self._pending_part(item_id) is not None
+            and self.config.audio.input.transcription is not None
+        ):
             self._emit(se.InputTranscriptionDelta(item_id=item_id, content_index=0, delta=delta))
 
-    def on_transcription_done(self, item_id: str, transcript: str, audio_seconds: float) -> None:
-        """A user item's whole transcript."""
-        part = self._pending_part(item_id)
-        if part is None:
+    def on_transcription_done(self, request_id: str, transcript: str, audio_seconds: float) -> None:
+        """A whole transcript."""
+        target = self._asr_requests.pop(request_id, None)
+        if isinstance(target, _Pause):
+            if target is self._pause:
+                self._pause_transcribed(target, transcript)
             return
+        pending = self._pending_part(target) if target is not None else None
+        if pending is not None:
+            self._transcribed(*pending, transcript, audio_seconds, request_id != target)
+
+    def _transcribed(
+        self, entry: Entry, part: Part, transcript: str, seconds: float, send_delta: bool
+    ) -> None:
         part.heard = transcript
         if self.config.audio.input.transcription is not None:
             part.transcript = transcript
+            if send_delta:
+                # Speculative recognition sent no deltas for this item: send the words once.
+                self._emit(
+                    se.InputTranscriptionDelta(item_id=entry.id, content_index=0, delta=transcript)
+                )
             self._emit(
                 se.InputTranscriptionCompleted(
-                    item_id=item_id,
+                    item_id=entry.id,
                     content_index=0,
                     transcript=transcript,
-                    usage={"type": "duration", "seconds": round(audio_seconds, 3)},
+                    usage={"type": "duration", "seconds": round(seconds, 3)},
                 )
             )
         self._resume_waiting()
 
-    def on_transcription_failed(self, item_id: str, message: str) -> None:
-        """Recognition of a user item failed: the LLM will see no words for it."""
-        part = self._pending_part(item_id)
-        if part is None:
+    def on_transcription_failed(self, request_id: str, message: str) -> None:
+        """Recognition failed: the LLM will see no words for that audio."""
+        target = self._asr_requests.pop(request_id, None)
+        if isinstance(target, _Pause) or target is None:
             return
+        pending = self._pending_part(target)
+        if pending is None:
+            return
+        entry, part = pending
+        item_id = entry.id
         part.heard = ""
         if self.config.audio.input.transcription is not None:
             self._emit(
@@ -667,33 +822,10 @@ class Session:
                 "new one.",
                 code="conversation_already_has_active_response",
             )
-        cfg = self.config
-        audio_out = params.audio.output if params.audio and params.audio.output else None
         inputs = None
         if params.input is not None:
             inputs = self._response_inputs(params.input)
-        response = _Response(
-            id=self.ids.new("resp"),
-            in_band=in_band,
-            modalities=list(params.output_modalities or cfg.output_modalities),
-            audio_format=(audio_out.format if audio_out and audio_out.format else None)
-            or cfg.audio.output.format,
-            voice=_voice_name(
-                (audio_out.voice if audio_out and audio_out.voice else None)
-                or cfg.audio.output.voice
-            ),
-            speed=(audio_out.speed if audio_out and audio_out.speed else None)
-            or cfg.audio.output.speed,
-            max_output_tokens=params.max_output_tokens or cfg.max_output_tokens,
-            metadata=params.metadata,
-            instructions=params.instructions
-            if params.instructions is not None
-            else cfg.instructions,
-            tools=params.tools if params.tools is not None else cfg.tools,
-            tool_choice=params.tool_choice or cfg.tool_choice,
-            temperature=params.temperature if params.temperature is not None else cfg.temperature,
-            inputs=inputs,
-        )
+        response = self._new_response(params, self.ids.new("resp"), inputs)
         if isinstance(
             response.tool_choice, ToolChoiceFunction
         ) and response.tool_choice.name not in {t.name for t in response.tools}:
@@ -721,6 +853,35 @@ class Session:
             )
             return
         self._start_generation(response)
+
+    def _new_response(
+        self, params: ResponseParams, response_id: str, inputs: list[Entry] | None = None
+    ) -> _Response:
+        """A response object for ``params`` over the session's settings (no side effects)."""
+        cfg = self.config
+        audio_out = params.audio.output if params.audio and params.audio.output else None
+        return _Response(
+            id=response_id,
+            in_band=params.conversation == "auto",
+            modalities=list(params.output_modalities or cfg.output_modalities),
+            audio_format=(audio_out.format if audio_out and audio_out.format else None)
+            or cfg.audio.output.format,
+            voice=_voice_name(
+                (audio_out.voice if audio_out and audio_out.voice else None)
+                or cfg.audio.output.voice
+            ),
+            speed=(audio_out.speed if audio_out and audio_out.speed else None)
+            or cfg.audio.output.speed,
+            max_output_tokens=params.max_output_tokens or cfg.max_output_tokens,
+            metadata=params.metadata,
+            instructions=params.instructions
+            if params.instructions is not None
+            else cfg.instructions,
+            tools=params.tools if params.tools is not None else cfg.tools,
+            tool_choice=params.tool_choice or cfg.tool_choice,
+            temperature=params.temperature if params.temperature is not None else cfg.temperature,
+            inputs=inputs,
+        )
 
     def _response_inputs(self, items: list[wire.ResponseInputItem]) -> list[Entry]:
         entries: list[Entry] = []
@@ -773,6 +934,11 @@ class Session:
         if any(e.pending_recognition() for e in entries):
             return
         response.generating = True
+        self._outbox.append(self._generate_action(response, entries))
+
+    def _generate_action(self, response: _Response, entries: list[Entry]) -> Generate:
+        """The engine work for ``response`` over ``entries``: the same for a speculative reply
+        and the real one, so that one can become the other."""
         choice = response.tool_choice
         if isinstance(choice, ToolChoiceFunction):
             tool_choice = ToolChoice(mode="function", name=choice.name)
@@ -789,15 +955,13 @@ class Session:
             max_tokens=None if max_tokens == "inf" else max_tokens,
             temperature=response.temperature,
         )
-        self._outbox.append(
-            Generate(
-                response_id=response.id,
-                request=request,
-                audio=response.audio,
-                voice=response.voice,
-                speed=response.speed,
-                output_rate=format_rate(response.audio_format),
-            )
+        return Generate(
+            response_id=response.id,
+            request=request,
+            audio=response.audio,
+            voice=response.voice,
+            speed=response.speed,
+            output_rate=format_rate(response.audio_format),
         )
 
     def _cancel_request(self, response_id: str | None) -> None:

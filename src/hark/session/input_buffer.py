@@ -58,6 +58,11 @@ class InputAudioBuffer:
         self._drop(last)
         return taken
 
+    def peek(self, start_ms: float, end_ms: float) -> Pcm:
+        """A copy of the audio in ``[start_ms, end_ms)``, leaving the buffer as it is."""
+        audio = self._all()
+        return audio[self._index(start_ms) : self._index(end_ms)].copy()
+
     def take_all(self) -> Pcm:
         """Return the whole buffer and empty it."""
         audio = self._all().copy()

@@ -26,6 +26,7 @@ class GenerationSink(Protocol):
     """Where a response's results go (the runner forwards them to the session core)."""
 
     def text(self, delta: str) -> None: ...
+    def clause(self, text: str) -> None: ...
     def audio(self, pcm: npt.NDArray[np.int16], transcript: str) -> None: ...
     def tool_started(self, call_id: str, name: str) -> None: ...
     def tool_delta(self, call_id: str, delta: str) -> None: ...
@@ -48,11 +49,13 @@ async def run_generation(
                     sink.text(event.text)
                 else:
                     for piece in splitter.push(event.text):
+                        sink.clause(piece)
                         clauses.put_nowait(piece)
             elif isinstance(event, ToolCallStarted):
                 if speaker is not None:
                     # Speak what was said before the call, so the message closes before it.
                     for piece in splitter.flush():
+                        sink.clause(piece)
                         clauses.put_nowait(piece)
                     await _drained(clauses, speaker)
                 sink.tool_started(event.call_id, event.name)
@@ -64,6 +67,7 @@ async def run_generation(
                 finished = event
         if speaker is not None:
             for piece in splitter.flush():
+                sink.clause(piece)
                 clauses.put_nowait(piece)
             clauses.put_nowait(None)
             await speaker

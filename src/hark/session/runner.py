@@ -1,37 +1,47 @@
 """The async driver of one session: feeds the core, runs the engine work it asks for.
 
 Transports hand it client frames and forward what ``outgoing`` yields; they know nothing
-else. Engine failures fail one response (or one transcription), never the session.
+else. Engine failures fail one response (or one transcription), never the session. The
+runner also times every response's stages (``TurnTimings``) on a monotonic clock.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from hark.engines.llm import Finished
 from hark.engines.registry import Engines
-from hark.protocol.server_events import ServerEvent, encode_event
+from hark.observability.turn_timing import TurnTimings
+from hark.protocol import server_events as se
 from hark.protocol.session_config import SessionConfig
 from hark.session.actions import (
     AnalyzeSpeech,
     CancelGeneration,
     ClearAudio,
     Close,
+    DiscardSpeculation,
     Generate,
     PlayAudio,
+    ScoreTurn,
+    Speculate,
     Transcribe,
 )
 from hark.session.core import Session
 from hark.session.response_pipeline import run_generation
 
 log = logging.getLogger(__name__)
+
+# The opt-in (session ``include``) for a ``hark.turn_timings`` event after each response.
+TIMINGS_INCLUDE = "hark.turn_timings"
 
 
 class AudioPlayer(Protocol):
@@ -50,6 +60,14 @@ class AudioPlayer(Protocol):
         ...
 
 
+@dataclasses.dataclass(slots=True)
+class _Speculation:
+    key: str
+    generate: Generate
+    sink: _HeldSink
+    task: asyncio.Task[None]
+
+
 class SessionRunner:
     """Runs one Realtime session on the given engines."""
 
@@ -62,10 +80,12 @@ class SessionRunner:
         transport: str = "websocket",
         clock: Callable[[], float] = time.time,
         player: AudioPlayer | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.engines = engines
         self.transport = transport
         self._clock = clock
+        self._now = monotonic
         self._player = player
         self.session = Session(
             model=model,
@@ -77,8 +97,11 @@ class SessionRunner:
         self._vad_in: asyncio.Queue[AnalyzeSpeech] = asyncio.Queue()
         self._vad_stream = engines.vad.open_stream()
         self._generations: dict[str, asyncio.Task[None]] = {}
+        self._speculation: _Speculation | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        self.timings: dict[str, TurnTimings] = {}
+        self._turn_end: tuple[float, float] | None = None
 
     @property
     def id(self) -> str:
@@ -103,6 +126,7 @@ class SessionRunner:
 
     def playout_started(self, response_id: str) -> None:
         """The player began a response's audio."""
+        self._mark(response_id, "first_audio_sent")
         self._call(self.session.on_playout_started, response_id)
 
     def playout_stopped(self, response_id: str) -> None:
@@ -128,11 +152,15 @@ class SessionRunner:
             return
         self._closed = True
         current = asyncio.current_task()
-        tasks = [t for t in (*self._tasks, *self._generations.values()) if t is not current]
+        pending = [*self._tasks, *self._generations.values()]
+        if self._speculation is not None:
+            pending.append(self._speculation.task)
+        tasks = [t for t in pending if t is not current]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._generations.clear()
+        self._speculation = None
         self._out.put_nowait(None)
         log.info("session %s closed", self.id)
 
@@ -151,15 +179,22 @@ class SessionRunner:
 
     def _flush(self) -> None:
         for out in self.session.drain():
-            if isinstance(out, ServerEvent):
-                self._out.put_nowait(encode_event(out).decode())
+            if isinstance(out, se.ServerEvent):
+                self._observe(out)
+                self._out.put_nowait(se.encode_event(out).decode())
             elif isinstance(out, AnalyzeSpeech):
                 self._vad_in.put_nowait(out)
             elif isinstance(out, Transcribe):
-                self._spawn(self._transcribe(out), f"asr {out.item_id}")
+                self._spawn(self._transcribe(out), f"asr {out.request_id}")
+            elif isinstance(out, ScoreTurn):
+                self._spawn(self._score_turn(out), f"turn {out.key}")
+            elif isinstance(out, Speculate):
+                self._speculate(out)
+            elif isinstance(out, DiscardSpeculation):
+                if self._speculation is not None and self._speculation.key == out.key:
+                    self._discard_speculation()
             elif isinstance(out, Generate):
-                task = asyncio.create_task(self._generate(out), name=f"gen {out.response_id}")
-                self._generations[out.response_id] = task
+                self._generate(out)
             elif isinstance(out, CancelGeneration):
                 running = self._generations.pop(out.response_id, None)
                 if running is not None:
@@ -178,6 +213,55 @@ class SessionRunner:
         task: asyncio.Task[None] = asyncio.create_task(coro, name=name)  # type: ignore[arg-type]
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    # ------------------------------------------------------------------ timings
+
+    def _observe(self, event: se.ServerEvent) -> None:
+        """Follow the turn through the events the core emits."""
+        if isinstance(event, se.SpeechStopped):
+            self._turn_end = (self._now(), self.session.last_pause_ms)
+        elif isinstance(event, se.ResponseCreated):
+            timings = TurnTimings(event.response.id)
+            if self._turn_end is not None:
+                ended, waited_ms = self._turn_end
+                timings.turn_end = ended
+                timings.last_voiced = ended - waited_ms / 1000
+                self._turn_end = None
+            self.timings[event.response.id] = timings
+        elif isinstance(event, se.OutputAudioDelta):
+            self._mark(event.response_id, "first_audio_sent")
+        elif isinstance(event, se.ResponseDone):
+            self._response_done(event.response)
+
+    def _mark(self, response_id: str, stage: str, at: float | None = None) -> None:
+        timings = self.timings.get(response_id)
+        if timings is not None:
+            timings.mark(stage, self._now() if at is None else at)
+
+    def _response_done(self, response: se.Response) -> None:
+        timings = self.timings.pop(response.id, None)
+        if timings is None:
+            return
+        timings.status = response.status
+        if timings.turn_end is not None:
+            log.info(
+                "session %s %s %s: e2a %s ms, stages %s",
+                self.id,
+                response.id,
+                response.status,
+                timings.e2a_ms,
+                timings.since_turn_end_ms(),
+            )
+        if TIMINGS_INCLUDE in (self.session.config.include or ()):
+            body: dict[str, Any] = {
+                "type": TIMINGS_INCLUDE,
+                "event_id": self.session.ids.new("event"),
+                "response_id": response.id,
+                "e2a_ms": timings.e2a_ms,
+                "v2v_ms": timings.v2v_ms,
+                "stages_ms": timings.since_turn_end_ms(),
+            }
+            self._out.put_nowait(json.dumps(body))
 
     # ------------------------------------------------------------------ engine work
 
@@ -208,30 +292,93 @@ class SessionRunner:
                 action.audio, language=action.language, prompt=action.prompt
             ):
                 text += delta
-                self._call(self.session.on_transcription_delta, action.item_id, delta)
+                self._call(self.session.on_transcription_delta, action.request_id, delta)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.exception("session %s: transcription of %s failed", self.id, action.item_id)
-            self._call(self.session.on_transcription_failed, action.item_id, str(exc))
+            log.exception("session %s: transcription %s failed", self.id, action.request_id)
+            self._call(self.session.on_transcription_failed, action.request_id, str(exc))
             return
-        self._call(self.session.on_transcription_done, action.item_id, text.strip(), seconds)
+        self._call(self.session.on_transcription_done, action.request_id, text.strip(), seconds)
 
-    async def _generate(self, action: Generate) -> None:
+    async def _score_turn(self, action: ScoreTurn) -> None:
+        try:
+            probability = await self.engines.turn.probability(
+                action.transcript, context=action.context
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("session %s: end-of-turn scoring failed", self.id)
+            # Unknown: wait as for an utterance that may well be over.
+            probability = 0.5
+        self._call(self.session.on_turn_score, action.key, probability)
+
+    def _speculate(self, action: Speculate) -> None:
+        self._discard_speculation()
+        sink = _HeldSink(self._now)
+        task = asyncio.create_task(
+            self._run_generation(action.generate, sink), name=f"speculate {action.key}"
+        )
+        self._speculation = _Speculation(action.key, action.generate, sink, task)
+
+    def _discard_speculation(self) -> None:
+        speculation, self._speculation = self._speculation, None
+        if speculation is not None:
+            speculation.task.cancel()
+
+    def _generate(self, action: Generate) -> None:
+        speculation, self._speculation = self._speculation, None
+        timings = self.timings.get(action.response_id)
+        if timings is not None:
+            timings.mark(
+                "transcript", speculation.sink.started if speculation is not None else self._now()
+            )
+        if speculation is not None:
+            if dataclasses.replace(action, response_id="") == speculation.generate:
+                # The user said what was speculated on: the held reply becomes the response.
+                if timings is not None:
+                    for stage, at in speculation.sink.marks.items():
+                        timings.mark(stage, at)
+                if not speculation.task.done():
+                    self._generations[action.response_id] = speculation.task
+                # After the events already drained (response.created) have been queued.
+                asyncio.get_running_loop().call_soon(
+                    speculation.sink.adopt, _CoreSink(self, action.response_id)
+                )
+                return
+            speculation.task.cancel()
         sink = _CoreSink(self, action.response_id)
+        self._generations[action.response_id] = asyncio.create_task(
+            self._run_generation(action, sink), name=f"gen {action.response_id}"
+        )
+
+    async def _run_generation(self, action: Generate, sink: _Sink) -> None:
         try:
             await run_generation(action, self.engines.llm, self.engines.tts, sink)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.exception("session %s: response %s failed", self.id, action.response_id)
-            self._call(self.session.on_generation_failed, action.response_id, str(exc))
+            log.exception("session %s: a response failed", self.id)
+            sink.failed(str(exc))
         finally:
-            self._generations.pop(action.response_id, None)
+            if action.response_id:
+                self._generations.pop(action.response_id, None)
+
+
+class _Sink(Protocol):
+    def text(self, delta: str) -> None: ...
+    def clause(self, text: str) -> None: ...
+    def audio(self, pcm: npt.NDArray[np.int16], transcript: str) -> None: ...
+    def tool_started(self, call_id: str, name: str) -> None: ...
+    def tool_delta(self, call_id: str, delta: str) -> None: ...
+    def tool_finished(self, call_id: str, arguments: str) -> None: ...
+    def finished(self, finished: Finished) -> None: ...
+    def failed(self, message: str) -> None: ...
 
 
 class _CoreSink:
-    """Forwards one response's engine results into the session core."""
+    """Forwards one response's engine results into the session core, timing the stages."""
 
     def __init__(self, runner: SessionRunner, response_id: str) -> None:
         self._runner = runner
@@ -239,12 +386,20 @@ class _CoreSink:
         self._id = response_id
 
     def text(self, delta: str) -> None:
+        self._runner._mark(self._id, "llm_first_token")
         self._runner._call(self._session.on_text, self._id, delta)
 
+    def clause(self, text: str) -> None:
+        self._runner._mark(self._id, "llm_first_token")
+        self._runner._mark(self._id, "first_clause")
+
     def audio(self, pcm: npt.NDArray[np.int16], transcript: str) -> None:
+        if len(pcm):
+            self._runner._mark(self._id, "tts_first_audio")
         self._runner._call(self._session.on_audio, self._id, pcm, transcript)
 
     def tool_started(self, call_id: str, name: str) -> None:
+        self._runner._mark(self._id, "llm_first_token")
         self._runner._call(self._session.on_tool_call_started, self._id, call_id, name)
 
     def tool_delta(self, call_id: str, delta: str) -> None:
@@ -255,3 +410,64 @@ class _CoreSink:
 
     def finished(self, finished: Finished) -> None:
         self._runner._call(self._session.on_generation_finished, self._id, finished)
+
+    def failed(self, message: str) -> None:
+        self._runner._call(self._session.on_generation_failed, self._id, message)
+
+
+class _HeldSink:
+    """A speculative reply's results, held unseen until the reply is adopted."""
+
+    def __init__(self, now: Callable[[], float]) -> None:
+        self._now = now
+        self.started = now()
+        self.marks: dict[str, float] = {}
+        self._held: list[tuple[str, tuple[Any, ...]]] = []
+        self._live: _CoreSink | None = None
+
+    def adopt(self, live: _CoreSink) -> None:
+        """Hand everything held to the real response, then forward live."""
+        self._live = live
+        held, self._held = self._held, []
+        for name, args in held:
+            getattr(live, name)(*args)
+
+    def _pass(self, name: str, *args: Any) -> None:
+        if self._live is not None:
+            getattr(self._live, name)(*args)
+        else:
+            self._held.append((name, args))
+
+    def _mark(self, stage: str) -> None:
+        if self._live is None:
+            self.marks.setdefault(stage, self._now())
+
+    def text(self, delta: str) -> None:
+        self._mark("llm_first_token")
+        self._pass("text", delta)
+
+    def clause(self, text: str) -> None:
+        self._mark("llm_first_token")
+        self._mark("first_clause")
+        self._pass("clause", text)
+
+    def audio(self, pcm: npt.NDArray[np.int16], transcript: str) -> None:
+        if len(pcm):
+            self._mark("tts_first_audio")
+        self._pass("audio", pcm, transcript)
+
+    def tool_started(self, call_id: str, name: str) -> None:
+        self._mark("llm_first_token")
+        self._pass("tool_started", call_id, name)
+
+    def tool_delta(self, call_id: str, delta: str) -> None:
+        self._pass("tool_delta", call_id, delta)
+
+    def tool_finished(self, call_id: str, arguments: str) -> None:
+        self._pass("tool_finished", call_id, arguments)
+
+    def finished(self, finished: Finished) -> None:
+        self._pass("finished", finished)
+
+    def failed(self, message: str) -> None:
+        self._pass("failed", message)

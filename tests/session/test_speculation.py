@@ -1,0 +1,134 @@
+"""Speculative recognition and replies while the end of a turn is waited out."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hark.session.actions import DiscardSpeculation, Generate, ScoreTurn, Speculate, Transcribe
+
+from .conftest import Driver, silence, voiced
+
+
+def semantic(driver: Driver, eagerness: str = "auto") -> None:
+    driver.send(
+        {
+            "type": "session.update",
+            "session": {
+                "audio": {
+                    "input": {"turn_detection": {"type": "semantic_vad", "eagerness": eagerness}}
+                }
+            },
+        }
+    )
+
+
+def test_reply_is_speculated_during_the_pause_and_adopted_at_turn_end(driver: Driver) -> None:
+    driver.asr_text = "What is the capital of France?"
+    driver.append(silence(300))
+    driver.append(voiced(800))
+    # 200 ms into the pause: recognised and a reply speculated, nothing visible yet.
+    new = driver.append(silence(200))
+    assert driver.types(new) == []
+    (speculate,) = driver.take(Speculate)
+    assert speculate.generate.response_id == ""
+    assert speculate.generate.request.messages[-1].content == "What is the capital of France?"
+    driver.append(silence(400))
+    assert "input_audio_buffer.speech_stopped" in driver.types()
+    # The committed item's transcript was known already: one recognition in all.
+    assert len(driver.take(Transcribe)) == 1
+    (generate,) = driver.take(Generate)
+    assert generate.response_id.startswith("resp_")
+    assert dataclasses.replace(generate, response_id="") == speculate.generate
+    assert not driver.take(DiscardSpeculation)
+
+
+def test_speculation_is_discarded_when_the_user_goes_on(driver: Driver) -> None:
+    driver.asr_text = "My phone number is"
+    driver.append(voiced(800))
+    driver.append(silence(300))
+    (speculate,) = driver.take(Speculate)
+    new = driver.append(voiced(400))
+    assert "input_audio_buffer.speech_started" not in driver.types(new)
+    (discard,) = driver.take(DiscardSpeculation)
+    assert discard.key == speculate.key
+    driver.asr_text = "My phone number is four one five"
+    driver.append(silence(600))
+    (second,) = driver.take(Speculate)
+    assert second.key != speculate.key
+    (generate,) = driver.take(Generate)
+    assert generate.request.messages[-1].content == "My phone number is four one five"
+
+
+def test_recognition_in_flight_at_turn_end_becomes_the_items(driver: Driver) -> None:
+    driver.append(voiced(800))
+    driver.append(silence(600))
+    (pending,) = driver.take(Transcribe)
+    assert not driver.take(Speculate)
+    assert "response.created" in driver.types()
+    driver.session.on_transcription_done(pending.request_id, "Hello there", 0.8)
+    driver.pump()
+    (generate,) = driver.take(Generate)
+    assert generate.request.messages[-1].content == "Hello there"
+    assert not driver.take(Transcribe)
+
+
+def test_no_speculative_reply_without_create_response(driver: Driver) -> None:
+    driver.send(
+        {
+            "type": "session.update",
+            "session": {
+                "audio": {
+                    "input": {"turn_detection": {"type": "server_vad", "create_response": False}}
+                }
+            },
+        }
+    )
+    driver.asr_text = "Hello"
+    driver.append(voiced(600))
+    driver.append(silence(700))
+    assert not driver.take(Speculate)
+    assert "input_audio_buffer.committed" in driver.types()
+
+
+def test_semantic_vad_ends_a_complete_utterance_quickly(driver: Driver) -> None:
+    semantic(driver)
+    driver.asr_text = "What is the capital of France?"
+    driver.turn_score = 0.95
+    driver.append(voiced(800))
+    driver.append(silence(400))
+    (score,) = driver.take(ScoreTurn)
+    assert score.transcript == "What is the capital of France?"
+    stopped = [e for e in driver.events if e["type"] == "input_audio_buffer.speech_stopped"]
+    assert len(stopped) == 1
+    # Speech ended at 800 ms; the judgement came at the pause's recognition (~160 ms) and asks
+    # for about 200 ms of silence.
+    assert 990 <= stopped[0]["audio_end_ms"] <= 1100
+
+
+def test_semantic_vad_waits_through_an_unfinished_utterance(driver: Driver) -> None:
+    semantic(driver)
+    driver.asr_text = "My phone number is four one five"
+    driver.turn_score = 0.05
+    driver.append(voiced(1500))
+    driver.append(silence(1200))
+    assert "input_audio_buffer.speech_stopped" not in driver.types()
+    driver.take(DiscardSpeculation)
+    driver.append(voiced(1500))
+    assert driver.take(DiscardSpeculation)
+    driver.asr_text = "My phone number is four one five, five five five, one two three four."
+    driver.turn_score = 0.9
+    driver.append(silence(700))
+    assert driver.types().count("input_audio_buffer.speech_stopped") == 1
+    (generate,) = driver.take(Generate)
+    assert generate.request.messages[-1].content.endswith("one two three four.")
+
+
+def test_semantic_eagerness_caps_the_wait(driver: Driver) -> None:
+    semantic(driver, "high")
+    driver.asr_text = "so um"
+    driver.turn_score = 0.0
+    driver.append(voiced(600))
+    driver.append(silence(1900))
+    assert "input_audio_buffer.speech_stopped" not in driver.types()
+    driver.append(silence(200))
+    assert "input_audio_buffer.speech_stopped" in driver.types()
