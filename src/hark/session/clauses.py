@@ -13,7 +13,7 @@ import re
 _CLAUSE_END = re.compile(r"[,;:.!?…—](?=\s)|\n")
 _SENTENCE_END = re.compile(r"[.!?…](?=\s)|\n")
 FIRST_MIN_WORDS = 1
-FIRST_MAX_WORDS = 8
+FIRST_MAX_WORDS = 4
 LATER_MAX_WORDS = 30
 
 

@@ -45,9 +45,9 @@ async def run_generation(
     try:
         async for event in llm.generate(action.request):
             if isinstance(event, TextDelta):
-                if speaker is None:
-                    sink.text(event.text)
-                else:
+                # Also for audio replies: the core ignores it there, but it times the LLM.
+                sink.text(event.text)
+                if speaker is not None:
                     for piece in splitter.push(event.text):
                         sink.clause(piece)
                         clauses.put_nowait(piece)
