@@ -51,8 +51,9 @@ class TurnTimings:
 
     @property
     def e2a_ms(self) -> float | None:
-        """End of turn → first audio sent, for a completed response caused by a turn."""
-        if self.status != "completed" or self.turn_end is None:
+        """End of turn → first audio sent, for a response that was heard (completed, or cut
+        by its token limit) and was caused by a turn."""
+        if self.status not in ("completed", "incomplete") or self.turn_end is None:
             return None
         sent = self.stages.get("first_audio_sent")
         return None if sent is None else round(max(0.0, sent - self.turn_end) * 1000, 1)

@@ -1,0 +1,1 @@
+"""Tests of the `hark bench` commands."""
