@@ -7,6 +7,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Sequence
 
@@ -64,7 +65,76 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--log-level", choices=LOG_LEVELS, default=None, help="log level (default info)"
     )
+    serve.add_argument(
+        "--rtc-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="the one UDP port all WebRTC calls share (default 8443; 0: any free port)",
+    )
+    serve.add_argument(
+        "--rtc-advertise-ip",
+        default=None,
+        metavar="IP",
+        help="address WebRTC clients reach the UDP port at (default: the bound host)",
+    )
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="server processes sharing the port, e.g. one per core (default 1)",
+    )
+    serve.add_argument(
+        "--otel-endpoint",
+        default=None,
+        metavar="URL",
+        help="send a trace per turn to this OTLP/HTTP collector (default: no traces)",
+    )
     serve.set_defaults(handler=_serve_command)
+
+    bench = commands.add_parser("bench", help="measure a running server")
+    benches = bench.add_subparsers(dest="bench", required=True, metavar="BENCH")
+    from hark.bench import webrtc as webrtc_bench
+
+    webrtc = benches.add_parser(
+        "webrtc",
+        help="WebRTC call setup time and calls per core",
+        description=webrtc_bench.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    webrtc_bench.configure_parser(webrtc)
+    webrtc.set_defaults(handler=webrtc_bench.command)
+    from hark.bench import latency as latency_bench
+
+    latency = benches.add_parser(
+        "latency",
+        help="E2A and voice-to-voice latency of spoken questions",
+        description=latency_bench.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    latency_bench.configure_parser(latency)
+    latency.set_defaults(handler=latency_bench.command)
+    from hark.bench import load as load_bench
+
+    load = benches.add_parser(
+        "load",
+        help="many simulated callers at once: VAD decision lag, E2A, failures, server figures",
+        description=load_bench.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    load_bench.configure_parser(load)
+    load.set_defaults(handler=load_bench.command)
+    from hark.bench import vad as vad_bench
+
+    vad = benches.add_parser(
+        "vad",
+        help="VAD cost per session-chunk, unbatched and batched",
+        description=vad_bench.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    vad_bench.configure_parser(vad)
+    vad.set_defaults(handler=vad_bench.command)
     return parser
 
 
@@ -93,6 +163,10 @@ def _serve_command(options: dict[str, object]) -> int:
         print(f"hark: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     configure_logging(settings.log_level)
+    if settings.workers > 1:
+        from hark.server.workers import run_workers
+
+        return run_workers(settings)
     try:
         return asyncio.run(serve(settings))
     except KeyboardInterrupt:
@@ -100,22 +174,29 @@ def _serve_command(options: dict[str, object]) -> int:
         return 130
 
 
-async def serve(settings: Settings) -> int:
-    """Run the server until SIGINT or SIGTERM; returns the exit status."""
+async def serve(settings: Settings, sock: socket.socket | None = None) -> int:
+    """Run the server until SIGINT or SIGTERM; returns the exit status.
+
+    ``sock`` is a listening socket to serve on instead of binding ``settings.host:port``
+    (a worker of ``--workers`` gets the one its parent bound).
+    """
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        return await _serve_until(stop, settings)
+        return await _serve_until(stop, settings, sock)
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
 
 
-async def _serve_until(stop: asyncio.Event, settings: Settings) -> int:
+async def _serve_until(
+    stop: asyncio.Event, settings: Settings, sock: socket.socket | None = None
+) -> int:
     from hark.engines.registry import EngineUnavailableError, build_engines
-    from hark.server.app import create_app, make_runner
+    from hark.observability.tracing import TracingUnavailableError
+    from hark.server.app import create_app, make_runner, webrtc_startup_error
     from hark.server.auth import InsecureBindError
 
     try:
@@ -126,13 +207,21 @@ async def _serve_until(stop: asyncio.Event, settings: Settings) -> int:
     try:
         try:
             app = create_app(settings, engines)
-        except InsecureBindError as exc:
+        except (InsecureBindError, TracingUnavailableError) as exc:
             logger.error("%s", exc)
             return EXIT_USAGE
         runner = make_runner(app)
         await runner.setup()
         try:
-            site = web.TCPSite(runner, settings.host, settings.port)
+            rtc_error = webrtc_startup_error(app)
+            if rtc_error is not None:
+                logger.error("%s (set --rtc-port)", rtc_error)
+                return 1
+            site: web.BaseSite = (
+                web.TCPSite(runner, settings.host, settings.port)
+                if sock is None
+                else web.SockSite(runner, sock)
+            )
             try:
                 await site.start()
             except OSError as exc:

@@ -8,11 +8,13 @@ in the environment, ``llm_url`` in the file.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 EngineSet = Literal["embedded", "fake"]
 
@@ -44,6 +46,14 @@ class Settings:
     api_keys: tuple[str, ...] = field(default=(), repr=False)
     log_level: str = "info"
     config_file: Path | None = None
+    # WebRTC: the one UDP port all calls share (0: any free port) and the address put in
+    # the ICE candidates (None: the bound host).
+    rtc_port: int = 8443
+    rtc_advertise_ip: str | None = None
+    # Server processes sharing the listening port (each with its own engines and sessions).
+    workers: int = 1
+    # An OTLP/HTTP collector that gets a trace per turn (None: no traces).
+    otel_endpoint: str | None = None
 
     @property
     def llm_model_name(self) -> str:
@@ -123,16 +133,21 @@ def _from_file(path: Path) -> dict[str, Any]:
     return data
 
 
-def _validate(values: dict[str, Any]) -> Settings:
-    port = values.get("port", _DEFAULTS.port)
+def _validate_port(values: dict[str, Any], name: str) -> None:
+    port = values.get(name, getattr(_DEFAULTS, name))
     if isinstance(port, str):
         try:
             port = int(port)
         except ValueError:
-            raise ConfigError(f"port must be an integer, not {port!r}") from None
+            raise ConfigError(f"{name} must be an integer, not {port!r}") from None
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-        raise ConfigError(f"port must be an integer from 0 to 65535, not {port!r}")
-    values["port"] = port
+        raise ConfigError(f"{name} must be an integer from 0 to 65535, not {port!r}")
+    values[name] = port
+
+
+def _validate(values: dict[str, Any]) -> Settings:
+    _validate_port(values, "port")
+    _validate_port(values, "rtc_port")
 
     for name in (
         "host",
@@ -144,9 +159,18 @@ def _validate(values: dict[str, Any]) -> Settings:
         "asr_model",
         "asr_device",
         "log_level",
+        "rtc_advertise_ip",
+        "otel_endpoint",
     ):
         if name in values and not isinstance(values[name], str):
             raise ConfigError(f"{name} must be a string")
+    if values.get("rtc_advertise_ip") is not None:
+        try:
+            ipaddress.ip_address(values["rtc_advertise_ip"])
+        except ValueError:
+            raise ConfigError(
+                f"rtc_advertise_ip must be an IP address, not {values['rtc_advertise_ip']!r}"
+            ) from None
 
     if values.get("engines", _DEFAULTS.engines) not in ENGINE_SETS:
         raise ConfigError(f"engines must be one of {', '.join(ENGINE_SETS)}")
@@ -155,6 +179,22 @@ def _validate(values: dict[str, Any]) -> Settings:
         raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)}")
     if values.get("llm_url") and not values.get("llm_model"):
         raise ConfigError("llm_model is required with llm_url (the remote model's name)")
+    _validate_workers(values)
+    otel = values.get("otel_endpoint")
+    if otel and urlsplit(otel).scheme not in ("http", "https"):
+        raise ConfigError(f"otel_endpoint must be an http(s) URL, not {otel!r}")
     if any(not k for k in values.get("api_keys", ())):
         raise ConfigError("api_keys must not contain empty keys")
     return Settings(**values)
+
+
+def _validate_workers(values: dict[str, Any]) -> None:
+    workers = values.get("workers", _DEFAULTS.workers)
+    if isinstance(workers, str):
+        try:
+            workers = int(workers)
+        except ValueError:
+            raise ConfigError(f"workers must be an integer, not {workers!r}") from None
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ConfigError(f"workers must be a positive integer, not {workers!r}")
+    values["workers"] = workers

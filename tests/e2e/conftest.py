@@ -58,7 +58,7 @@ def server() -> Iterator[Server]:
     env = {**os.environ, "HARK_API_KEYS": API_KEY}
     with log.open("w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "hark.cli", "serve", "--port", str(port)],
+            [sys.executable, "-m", "hark.cli", "serve", "--port", str(port), "--rtc-port", "0"],
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,

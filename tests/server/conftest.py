@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
@@ -68,6 +69,9 @@ async def start_server() -> AsyncIterator[StartServer]:
     runners: list[web.AppRunner] = []
 
     async def start(settings: Settings, engines: Engines) -> RunningServer:
+        if settings.rtc_port == Settings().rtc_port:
+            # A free UDP port: test runs side by side must not fight over the default.
+            settings = dataclasses.replace(settings, rtc_port=0)
         app = create_app(settings, engines)
         runner = make_runner(app)
         await runner.setup()

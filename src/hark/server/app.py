@@ -1,4 +1,5 @@
-"""The HTTP application: the Realtime WebSocket endpoint, ephemeral keys, models, health.
+"""The HTTP application: the Realtime WebSocket endpoint, WebRTC calls, ephemeral keys,
+models, health.
 
 The server listens at once and loads the engines in the background: ``/healthz`` answers
 from the start, ``/readyz`` once the engines are warm. Sessions opened while the engines
@@ -8,17 +9,23 @@ load wait for them after the upgrade.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import ipaddress
 import json
 import logging
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from aiohttp import WSCloseCode, web
+from aiohttp import BodyPartReader, StreamReader, WSCloseCode, web
 from aiohttp.abc import AbstractAccessLogger
 
 from hark.config import Settings
 from hark.engines.registry import Engines
+from hark.engines.vad.batcher import Batcher
+from hark.observability.metrics import CONTENT_TYPE, Metrics
+from hark.observability.tracing import TurnTracer
 from hark.protocol.errors import ProtocolError
 from hark.protocol.session_config import (
     SessionConfig,
@@ -38,6 +45,10 @@ from hark.server.auth import (
 )
 from hark.session.ids import IdGenerator
 from hark.session.runner import SessionRunner
+from hark.transports.webrtc.call import Call
+from hark.transports.webrtc.calls import Calls
+from hark.transports.webrtc.sdp import MAX_OFFER_BYTES, OfferError
+from hark.transports.webrtc.udp_mux import UdpMux
 from hark.transports.websocket import REALTIME_SUBPROTOCOL, run_session, websocket_response
 
 logger = logging.getLogger(__name__)
@@ -64,6 +75,8 @@ class ServerState:
     # "starting" until the warm-up ends, then "ready" or "failed".
     engines_status: Literal["starting", "ready", "failed"] = "starting"
     websockets: set[web.WebSocketResponse] = field(default_factory=set)
+    # Why WebRTC is unavailable (its UDP port could not be bound), or None.
+    webrtc_error: str | None = None
 
 
 _ids = IdGenerator()
@@ -72,9 +85,15 @@ SETTINGS = web.AppKey("settings", Settings)
 ENGINES = web.AppKey("engines", Engines)
 AUTHENTICATOR = web.AppKey("authenticator", Authenticator)
 STATE = web.AppKey("state", ServerState)
+CALLS = web.AppKey("calls", Calls)
+METRICS = web.AppKey("metrics", Metrics)
+# A session config sent along an offer is a few KB; this leaves room, not abuse.
+MAX_SESSION_PART_BYTES = 256 * 1024
 
 
-def create_app(settings: Settings, engines: Engines) -> web.Application:
+def create_app(
+    settings: Settings, engines: Engines, metrics: Metrics | None = None
+) -> web.Application:
     """The aiohttp application serving hark's HTTP and WebSocket API.
 
     Raises ``InsecureBindError`` when no API keys are configured and ``settings.host`` is not
@@ -86,20 +105,37 @@ def create_app(settings: Settings, engines: Engines) -> web.Application:
     app[ENGINES] = engines
     app[AUTHENTICATOR] = Authenticator(settings.api_keys)
     app[STATE] = ServerState()
+    app[METRICS] = metrics if metrics is not None else metrics_for(settings)
+    mux = UdpMux(settings.host, settings.rtc_port, advertise_ip=settings.rtc_advertise_ip)
+    app[CALLS] = Calls(engines, mux)
     app.add_routes(
         [
             web.get("/healthz", _healthz),
             web.get("/readyz", _readyz),
+            web.get("/metrics", _metrics),
             web.get("/v1/models", _models),
             web.get("/v1/realtime", _realtime_websocket),
+            # The beta dialect's WebRTC endpoint: an SDP offer posted to /v1/realtime.
+            web.post("/v1/realtime", _create_call),
             web.post("/v1/realtime/client_secrets", _client_secrets),
+            web.post("/v1/realtime/calls", _create_call),
+            web.post("/v1/realtime/calls/{call_id}/hangup", _hangup_call),
         ]
     )
     app.on_response_prepare.append(_add_security_headers)
     app.on_startup.append(_start_warmup)
+    app.cleanup_ctx.append(_run_metrics)
+    app.on_startup.append(_start_webrtc)
+    app.on_shutdown.append(_close_calls)
     app.on_shutdown.append(_close_websockets)
     app.on_cleanup.append(_stop_warmup)
+    app.on_cleanup.append(_stop_webrtc)
     return app
+
+
+def webrtc_startup_error(app: web.Application) -> str | None:
+    """Why WebRTC could not start (its UDP port is taken, say), or None when it runs."""
+    return app[STATE].webrtc_error
 
 
 def make_runner(app: web.Application) -> web.AppRunner:
@@ -167,6 +203,24 @@ async def _stop_warmup(app: web.Application) -> None:
     if task is not None and not task.done():
         task.cancel()
         await asyncio.wait([task])
+
+
+async def _start_webrtc(app: web.Application) -> None:
+    # A port in use leaves the server up without WebRTC; `hark serve` treats it as fatal.
+    mux = app[CALLS].mux
+    try:
+        await mux.start()
+    except OSError as exc:
+        app[STATE].webrtc_error = f"cannot listen on UDP {mux.host} port {mux.port}: {exc}"
+        logger.error("WebRTC is unavailable: %s", app[STATE].webrtc_error)
+
+
+async def _close_calls(app: web.Application) -> None:
+    await app[CALLS].close_all()
+
+
+async def _stop_webrtc(app: web.Application) -> None:
+    await app[CALLS].mux.close()
 
 
 async def _close_websockets(app: web.Application) -> None:
@@ -307,12 +361,7 @@ async def _realtime_websocket(request: web.Request) -> web.StreamResponse:
         return principal
     query = request.query
     if "call_id" in query:
-        return error_response(
-            400,
-            "Attaching to a call with 'call_id' is not supported yet.",
-            param="call_id",
-            code="unsupported_parameter",
-        )
+        return await _attach_sideband(request, principal, query["call_id"])
     intent = query.get("intent")
     if intent not in (None, "transcription"):
         return error_response(
@@ -352,3 +401,208 @@ async def _realtime_websocket(request: web.Request) -> web.StreamResponse:
         state.websockets.discard(ws)
         logger.info("session closed for %s", principal.owner)
     return ws
+
+
+# ---------------------------------------------------------------------- WebRTC calls
+
+
+async def _create_call(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/realtime/calls`` (and the beta ``POST /v1/realtime``): answer an offer."""
+    principal = _authenticate(request, allow_subprotocol=False)
+    if isinstance(principal, web.Response):
+        return principal
+    state = request.app[STATE]
+    calls = request.app[CALLS]
+    if state.webrtc_error is not None or not calls.mux.started:
+        return error_response(503, "WebRTC is not available on this server.", type="server_error")
+    try:
+        offer, session = await _read_offer(request)
+        config = principal.ephemeral.session if principal.ephemeral is not None else None
+        if session is not None:
+            config = parse_session_config(session, base=config, param_prefix="session")
+    except ProtocolError as exc:
+        return error_response(400, exc.message, type=exc.type, param=exc.param, code=exc.code)
+    if state.warmup is not None:
+        # wait() rather than await: a client leaving must not cancel the shared warm-up.
+        await asyncio.wait([state.warmup])
+    if state.engines_status != "ready":
+        return error_response(503, "The server's engines failed to load.", type="server_error")
+    model = request.query.get("model") or (config.model if config is not None else None)
+    try:
+        call, answer = await calls.create(
+            offer, owner=principal.owner, model=model or REALTIME_MODEL, config=config
+        )
+    except OfferError as exc:
+        return error_response(400, str(exc), param="sdp", code="invalid_offer")
+    logger.info("call %s opened for %s (model %r)", call.id, principal.owner, model)
+    return web.Response(
+        status=201,
+        body=answer.encode(),
+        content_type="application/sdp",
+        headers={"Location": f"/v1/realtime/calls/{call.id}"},
+    )
+
+
+async def _read_offer(request: web.Request) -> tuple[str, dict[str, Any] | None]:
+    """The SDP offer and, from a multipart form, the session object; raises ProtocolError."""
+    if request.content_type != "multipart/form-data":
+        return _decode_text(await _read_limited(request.content, MAX_OFFER_BYTES), "sdp"), None
+    sdp: str | None = None
+    session: dict[str, Any] | None = None
+    reader = await request.multipart()
+    while (part := await reader.next()) is not None:
+        if not isinstance(part, BodyPartReader):
+            raise ProtocolError("Nested multipart bodies are not supported.", code="invalid_body")
+        if part.name == "sdp":
+            sdp = _decode_text(await _read_limited(part, MAX_OFFER_BYTES), "sdp")
+        elif part.name == "session":
+            raw = await _read_limited(part, MAX_SESSION_PART_BYTES)
+            try:
+                value = json.loads(raw)
+            except ValueError:
+                raise ProtocolError(
+                    "The 'session' part is not valid JSON.", param="session", code="invalid_json"
+                ) from None
+            if not isinstance(value, dict):
+                raise ProtocolError(
+                    "Invalid type for 'session': expected an object.",
+                    param="session",
+                    code="invalid_type",
+                )
+            session = value
+        else:
+            await part.release()
+    if sdp is None:
+        raise ProtocolError(
+            "Missing required parameter: 'sdp'.", param="sdp", code="missing_required_parameter"
+        )
+    return sdp, session
+
+
+async def _read_limited(stream: StreamReader | BodyPartReader, limit: int) -> bytes:
+    data = bytearray()
+    while chunk := (
+        await stream.read_chunk(8192)
+        if isinstance(stream, BodyPartReader)
+        else await stream.read(8192)
+    ):
+        data += chunk
+        if len(data) > limit:
+            raise ProtocolError(
+                f"The request body is larger than {limit} bytes.", code="request_too_large"
+            )
+    return bytes(data)
+
+
+def _decode_text(raw: bytes, param: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError(
+            f"'{param}' is not valid UTF-8 text.", param=param, code="invalid_value"
+        ) from None
+
+
+async def _hangup_call(request: web.Request) -> web.Response:
+    """``POST /v1/realtime/calls/{call_id}/hangup``: end a call."""
+    principal = _authenticate(request, allow_subprotocol=False)
+    if isinstance(principal, web.Response):
+        return principal
+    call = _owned_call(request, principal, request.match_info["call_id"])
+    if isinstance(call, web.Response):
+        return call
+    await call.close("hangup")
+    return web.Response(status=200)
+
+
+async def _attach_sideband(
+    request: web.Request, principal: Principal, call_id: str
+) -> web.StreamResponse:
+    """A WebSocket to ``/v1/realtime?call_id=rtc_…``: the call's events, both ways."""
+    call = _owned_call(request, principal, call_id)
+    if isinstance(call, web.Response):
+        return call
+    ws = websocket_response(
+        offered_realtime=REALTIME_SUBPROTOCOL in offered_subprotocols(request.headers)
+    )
+    if not ws.can_prepare(request).ok:
+        return error_response(400, "Expected a WebSocket upgrade request.")
+    await ws.prepare(request)
+    state = request.app[STATE]
+    state.websockets.add(ws)
+    logger.info("sideband attached to call %s for %s", call.id, principal.owner)
+    try:
+        await call.attach(ws)
+    finally:
+        state.websockets.discard(ws)
+    return ws
+
+
+def _owned_call(request: web.Request, principal: Principal, call_id: str) -> Call | web.Response:
+    """The live call ``call_id`` if ``principal`` owns it, else a 404 or 403 response."""
+    call = request.app[CALLS].get(call_id)
+    if call is None:
+        return error_response(
+            404, f"No call found with id '{call_id[:100]}'.", param="call_id", code="not_found"
+        )
+    if call.owner != principal.owner:
+        logger.info("refused access to call %s for %s", call.id, principal.owner)
+        return error_response(
+            403,
+            "This call was created with another API key.",
+            type="invalid_request_error",
+            code="insufficient_permissions",
+        )
+    return call
+
+
+# ---------------------------------------------------------------------- metrics
+
+
+def metrics_for(settings: Settings) -> Metrics:
+    """The process's metrics, with turn traces when ``settings.otel_endpoint`` is set.
+
+    Raises ``TracingUnavailableError`` when traces are asked for without the ``otel`` extra.
+    """
+    tracer = TurnTracer(settings.otel_endpoint) if settings.otel_endpoint else None
+    return Metrics(tracer=tracer)
+
+
+async def _run_metrics(app: web.Application) -> AsyncIterator[None]:
+    """Loop lag and process figures while the app runs; batchers report their batches."""
+    metrics = app[METRICS]
+    engines = app[ENGINES]
+    for engine_field in dataclasses.fields(engines):
+        batcher = getattr(getattr(engines, engine_field.name), "batcher", None)
+        if isinstance(batcher, Batcher):
+            batcher.observer = metrics.batch_observer(engine_field.name)
+    task = asyncio.create_task(metrics.run_background(), name="hark-metrics")
+    yield
+    task.cancel()
+    await asyncio.wait([task])
+    if metrics.tracer is not None:
+        await asyncio.to_thread(metrics.tracer.shutdown)
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    """Prometheus scrape: open to loopback peers, others need an API key (not ephemeral)."""
+    if not _is_loopback(request.remote):
+        principal = _authenticate(request, allow_subprotocol=False)
+        if isinstance(principal, web.Response):
+            return principal
+        if principal.ephemeral is not None:
+            return error_response(
+                403, "Ephemeral keys cannot read metrics.", code="insufficient_permissions"
+            )
+    # Reading every worker's files in multiprocess mode is blocking file I/O.
+    body = await asyncio.to_thread(request.app[METRICS].exposition)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+def _is_loopback(remote: str | None) -> bool:
+    if remote is None:
+        return False
+    try:
+        return ipaddress.ip_address(remote).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,301 @@
+"""One WebRTC call: a peer connection, the session it drives, and the sockets attached to it.
+
+Events travel on the client's ``oai-events`` data channel exactly as over WebSocket, and on
+every sideband WebSocket attached with ``?call_id=``: each server event goes to all of
+them, and client events from any of them go to the session. The caller's audio track feeds
+the session's input; the reply plays on the outgoing ``PlayoutTrack``.
+
+A call ends on hang-up, when the session ends, when the peer connection fails or closes
+(ICE failure, consent freshness lost, the client's DTLS close), when it is not connected
+within ``SETUP_TIMEOUT_SECONDS``, and at server shutdown. Ending always releases the same
+things in the same order: the session (its engine work), the media tasks, the peer
+connection (tracks, data channel, SCTP, DTLS, ICE and with it the mux registration) and the
+sideband sockets; aiortc leaks sockets, threads and memory otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import msgspec
+from aiohttp import WSCloseCode, WSMsgType, web
+from aiortc import (
+    RTCConfiguration,
+    RTCDataChannel,
+    RTCPeerConnection,
+    RTCRtpSender,
+    RTCSessionDescription,
+)
+from aiortc.mediastreams import MediaStreamTrack
+
+from hark.session.runner import SessionRunner
+from hark.transports.webrtc.ice import use_shared_port
+from hark.transports.webrtc.input_audio import forward_input_audio
+from hark.transports.webrtc.playout import PlayoutTrack
+from hark.transports.webrtc.sdp import OfferError, check_offer
+from hark.transports.webrtc.udp_mux import UdpMux
+
+logger = logging.getLogger(__name__)
+
+EVENTS_CHANNEL = "oai-events"
+# ICE and DTLS take well under a second on a working path; a client that has not connected
+# by then never will, and its call holds a session.
+SETUP_TIMEOUT_SECONDS = 30.0
+# Events held while the data channel is not open yet; beyond that the oldest are dropped.
+MAX_PENDING_EVENTS = 1000
+# A sideband socket this far behind is not reading: it is closed rather than buffered for.
+MAX_SIDEBAND_BACKLOG = 10000
+
+
+class _EndOfAudio(msgspec.Struct):
+    id: str
+
+
+class _EventPeek(msgspec.Struct):
+    """The fields of a server event that say a response's audio is complete."""
+
+    type: str
+    response_id: str | None = None
+    response: _EndOfAudio | None = None
+
+
+_peek = msgspec.json.Decoder(_EventPeek)
+_OPUS = [
+    codec
+    for codec in RTCRtpSender.getCapabilities("audio").codecs
+    if codec.mimeType.lower() == "audio/opus"
+]
+
+
+class Call:
+    """A WebRTC call (``rtc_…``) owned by ``owner`` (see ``hark.server.auth.Principal``).
+
+    ``negotiate`` answers the offer, ``start`` runs the session, ``close`` ends it all;
+    ``on_closed`` is called once, at the end of ``close``.
+    """
+
+    def __init__(
+        self,
+        call_id: str,
+        owner: str,
+        runner: SessionRunner,
+        track: PlayoutTrack,
+        *,
+        on_closed: Callable[[Call], None] | None = None,
+        setup_timeout_s: float = SETUP_TIMEOUT_SECONDS,
+    ) -> None:
+        self.id = call_id
+        self.owner = owner
+        self.runner = runner
+        self.track = track
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        self._on_closed = on_closed
+        self._setup_timeout_s = setup_timeout_s
+        self._channel: RTCDataChannel | None = None
+        self._pending: deque[str] = deque(maxlen=MAX_PENDING_EVENTS)
+        self._sidebands: set[asyncio.Queue[str | None]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._closing = False
+        self.closed = asyncio.Event()
+        self.close_reason: str | None = None
+        self.pc.on("datachannel", self._on_datachannel)
+        self.pc.on("track", self._on_track)
+        self.pc.on("connectionstatechange", self._on_connection_state)
+
+    # ------------------------------------------------------------------ life cycle
+
+    async def negotiate(self, offer: str, mux: UdpMux) -> str:
+        """Answer ``offer`` with ICE on ``mux``; returns the SDP answer.
+
+        Raises ``OfferError`` when the offer cannot be answered (the call is closed then).
+        """
+        try:
+            offer, kinds = check_offer(offer)
+            if "audio" in kinds:
+                # Made before the offer is applied, so that it takes the offer's first audio
+                # section with Opus only: the playout track sends Opus packets.
+                transceiver = self.pc.addTransceiver(self.track, direction="sendrecv")
+                transceiver.setCodecPreferences(_OPUS)
+            await self.pc.setRemoteDescription(RTCSessionDescription(sdp=offer, type="offer"))
+            use_shared_port(self.pc, mux)
+            await self.pc.setLocalDescription(await self.pc.createAnswer())
+        except OfferError:
+            await self.close("bad offer")
+            raise
+        except Exception as exc:
+            await self.close("bad offer")
+            reason = str(exc) or type(exc).__name__
+            raise OfferError(f"The SDP offer could not be answered: {reason}") from None
+        return self.pc.localDescription.sdp
+
+    async def start(self) -> None:
+        """Start the session and its event fan-out; the call is live."""
+        self.track.attach(self.runner)
+        await self.runner.start()
+        self._spawn(self._fan_out(), "events")
+        self._spawn(self._setup_deadline(), "setup deadline")
+
+    async def close(self, reason: str) -> None:
+        """End the call and release everything it holds. Idempotent."""
+        if self._closing:
+            await self.closed.wait()
+            return
+        self._closing = True
+        self.close_reason = reason
+        logger.info("call %s ends: %s", self.id, reason)
+        try:
+            await self.runner.close()
+            current = asyncio.current_task()
+            tasks = [t for t in self._tasks if t is not current]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self.track.stop()
+            if self._channel is not None:
+                self._channel.remove_all_listeners()
+                self._channel = None
+            self._pending.clear()
+            await self.pc.close()
+        except Exception:
+            logger.exception("call %s: error while closing", self.id)
+        finally:
+            self.pc.remove_all_listeners()
+            for queue in self._sidebands:
+                queue.put_nowait(None)
+            self.closed.set()
+            if self._on_closed is not None:
+                self._on_closed(self)
+
+    # ------------------------------------------------------------------ sideband
+
+    async def attach(self, ws: web.WebSocketResponse) -> None:
+        """Serve a sideband WebSocket until it or the call ends."""
+        queue: asyncio.Queue[str | None] = asyncio.Queue()
+        self._sidebands.add(queue)
+        writer = asyncio.create_task(self._send_to_socket(ws, queue), name=f"{self.id} sideband")
+        try:
+            if self._closing:
+                return
+            async for msg in ws:
+                if msg.type is WSMsgType.TEXT:
+                    self.runner.receive_text(msg.data)
+                elif msg.type is WSMsgType.BINARY:
+                    self.runner.receive_bytes(msg.data)
+                elif msg.type is WSMsgType.ERROR:
+                    break
+        finally:
+            self._sidebands.discard(queue)
+            if not writer.done():
+                writer.cancel()
+            await asyncio.wait([writer])
+            if not ws.closed:
+                await ws.close(code=WSCloseCode.GOING_AWAY)
+
+    @property
+    def sidebands(self) -> int:
+        """How many sideband sockets are attached."""
+        return len(self._sidebands)
+
+    @staticmethod
+    async def _send_to_socket(ws: web.WebSocketResponse, queue: asyncio.Queue[str | None]) -> None:
+        try:
+            while (text := await queue.get()) is not None:
+                await ws.send_str(text)
+        except ConnectionError:
+            return
+        await ws.close(code=WSCloseCode.OK, message=b"call ended")
+
+    # ------------------------------------------------------------------ events
+
+    async def _fan_out(self) -> None:
+        async for text in self.runner.outgoing():
+            self._end_of_audio(text)
+            self._send_to_channel(text)
+            for queue in list(self._sidebands):
+                if queue.qsize() >= MAX_SIDEBAND_BACKLOG:
+                    logger.warning("call %s: a sideband socket fell behind; closing it", self.id)
+                    self._sidebands.discard(queue)
+                    queue.put_nowait(None)
+                else:
+                    queue.put_nowait(text)
+        # The session ended by itself (its time limit): the call ends with it.
+        self._spawn(self.close("session ended"), "close")
+
+    def _end_of_audio(self, text: str) -> None:
+        """Tell the playout a response has no more audio coming once its audio is done."""
+        if "response.output_audio.done" not in text and "response.done" not in text:
+            return
+        try:
+            event = _peek.decode(text)
+        except msgspec.DecodeError:
+            return
+        if event.type == "response.output_audio.done" and event.response_id is not None:
+            self.track.finish(event.response_id)
+        elif event.type == "response.done" and event.response is not None:
+            self.track.finish(event.response.id)
+
+    def _send_to_channel(self, text: str) -> None:
+        channel = self._channel
+        if channel is None or channel.readyState != "open":
+            self._pending.append(text)
+            return
+        channel.send(text)
+
+    def _on_datachannel(self, channel: RTCDataChannel) -> None:
+        if channel.label != EVENTS_CHANNEL or self._channel is not None:
+            logger.info("call %s: ignoring data channel %r", self.id, channel.label)
+            return
+        self._channel = channel
+        channel.on("message", self._on_message)
+        channel.on("open", self._flush_pending)
+        channel.on("close", self._on_channel_closed)
+        if channel.readyState == "open":
+            self._flush_pending()
+
+    def _flush_pending(self) -> None:
+        channel = self._channel
+        while channel is not None and channel.readyState == "open" and self._pending:
+            channel.send(self._pending.popleft())
+
+    def _on_channel_closed(self) -> None:
+        if self._channel is not None:
+            self._channel.remove_all_listeners()
+            self._channel = None
+
+    def _on_message(self, message: str | bytes) -> None:
+        if isinstance(message, str):
+            self.runner.receive_text(message)
+        else:
+            self.runner.receive_bytes(message)
+
+    # ------------------------------------------------------------------ media and state
+
+    def _on_track(self, track: MediaStreamTrack) -> None:
+        if track.kind != "audio":
+            return
+        self._spawn(
+            forward_input_audio(
+                track, lambda: self.runner.session.input_rate, self.runner.receive_audio
+            ),
+            "input audio",
+        )
+
+    def _on_connection_state(self) -> None:
+        state = self.pc.connectionState
+        logger.debug("call %s: connection %s", self.id, state)
+        if state in ("failed", "closed") and not self._closing:
+            self._spawn(self.close(f"connection {state}"), "close")
+
+    async def _setup_deadline(self) -> None:
+        await asyncio.sleep(self._setup_timeout_s)
+        if self.pc.connectionState != "connected":
+            self._spawn(self.close("not connected in time"), "close")
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(coro, name=f"{self.id} {name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)

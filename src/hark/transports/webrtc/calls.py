@@ -1,0 +1,93 @@
+"""The calls of one worker: creating them from offers, finding them by id, ending them all.
+
+All calls share one ``UdpMux`` (one UDP port) and the server's engines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+
+from hark.engines.registry import Engines
+from hark.protocol.session_config import SessionConfig
+from hark.session.ids import IdGenerator
+from hark.session.runner import SessionRunner
+from hark.transports.webrtc.call import SETUP_TIMEOUT_SECONDS, Call
+from hark.transports.webrtc.playout import PlayoutTrack
+from hark.transports.webrtc.udp_mux import UdpMux
+
+logger = logging.getLogger(__name__)
+
+CALL_ID_PREFIX = "rtc"
+
+
+class Calls:
+    """The registry of live calls; ``mux`` must be started before ``create``.
+
+    ``setup_timeout_s``: a call not connected this long after its answer is ended.
+    """
+
+    def __init__(
+        self,
+        engines: Engines,
+        mux: UdpMux,
+        *,
+        setup_timeout_s: float = SETUP_TIMEOUT_SECONDS,
+    ) -> None:
+        self.engines = engines
+        self.mux = mux
+        self.setup_timeout_s = setup_timeout_s
+        self._calls: dict[str, Call] = {}
+        self._ids = IdGenerator()
+
+    async def create(
+        self, offer: str, *, owner: str, model: str, config: SessionConfig | None
+    ) -> tuple[Call, str]:
+        """Answer ``offer`` and start its session; returns the call and the SDP answer.
+
+        Raises ``hark.transports.webrtc.sdp.OfferError`` for an offer that cannot be
+        answered.
+        """
+        track = PlayoutTrack()
+        runner = SessionRunner(
+            self.engines, model=model, initial_config=config, transport="webrtc", player=track
+        )
+        call = Call(
+            self._ids.new(CALL_ID_PREFIX),
+            owner,
+            runner,
+            track,
+            on_closed=self._forget,
+            setup_timeout_s=self.setup_timeout_s,
+        )
+        self._calls[call.id] = call
+        try:
+            answer = await call.negotiate(offer, self.mux)
+            await call.start()
+        except BaseException:
+            # Also when the request is cancelled: a half-built call still holds a peer.
+            await asyncio.shield(call.close("setup failed"))
+            raise
+        logger.info("call %s started for %s (session %s)", call.id, owner, runner.id)
+        return call, answer
+
+    def get(self, call_id: str) -> Call | None:
+        """The live call with this id, if any."""
+        return self._calls.get(call_id)
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    def __iter__(self) -> Iterator[Call]:
+        return iter(list(self._calls.values()))
+
+    async def close_all(self, reason: str = "server shutdown") -> None:
+        """End every call (server shutdown)."""
+        await asyncio.gather(
+            *(call.close(reason) for call in list(self._calls.values())), return_exceptions=True
+        )
+
+    def _forget(self, call: Call) -> None:
+        if self._calls.get(call.id) is call:
+            del self._calls[call.id]

@@ -1,0 +1,122 @@
+"""A server with WebRTC on an ephemeral UDP port, and aiortc clients that call it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from hark.bench.webrtc import CallClient
+from hark.config import Settings
+from hark.engines.registry import Engines, build_engines
+from hark.server.app import CALLS, create_app, make_runner
+from hark.transports.webrtc.calls import Calls
+
+API_KEY = "sk-test-webrtc-owner-0123456789"
+OTHER_KEY = "sk-test-webrtc-stranger-987654"
+
+
+@dataclass
+class RtcServer:
+    """A started app with WebRTC, and where to reach it."""
+
+    app: web.Application
+    url: str
+
+    @property
+    def calls(self) -> Calls:
+        """The server's call registry."""
+        return self.app[CALLS]
+
+    @property
+    def ws_url(self) -> str:
+        """The Realtime WebSocket endpoint."""
+        return self.url.replace("http://", "ws://") + "/v1/realtime"
+
+
+StartRtcServer = Callable[..., Awaitable[RtcServer]]
+
+
+@pytest.fixture
+async def start_rtc_server() -> AsyncIterator[StartRtcServer]:
+    """A factory: ``create_app`` on 127.0.0.1 (HTTP and UDP on free ports), engines warm."""
+    runners: list[web.AppRunner] = []
+    engine_sets: list[Engines] = []
+
+    async def start(built: Engines | None = None, **settings: Any) -> RtcServer:
+        options: dict[str, Any] = {
+            "engines": "fake",
+            "rtc_port": 0,
+            "api_keys": (API_KEY, OTHER_KEY),
+        }
+        options.update(settings)
+        config = Settings(**options)
+        engines = built or build_engines(config)
+        engine_sets.append(engines)
+        app = create_app(config, engines)
+        runner = make_runner(app)
+        await runner.setup()
+        runners.append(runner)
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        server = RtcServer(app=app, url=f"http://{host}:{port}")
+        async with aiohttp.ClientSession() as http:
+            for _ in range(600):
+                async with http.get(server.url + "/readyz") as response:
+                    if response.status == 200:
+                        return server
+                await asyncio.sleep(0.05)
+        raise AssertionError("the server never became ready")
+
+    yield start
+    for runner in reversed(runners):
+        await runner.cleanup()
+    for engines in engine_sets:
+        await engines.aclose()
+
+
+@pytest.fixture
+async def rtc_server(start_rtc_server: StartRtcServer) -> RtcServer:
+    """A server on the fake engines (real VAD) with two API keys."""
+    return await start_rtc_server()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    """A client session."""
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+@pytest.fixture
+async def clients() -> AsyncIterator[Callable[..., CallClient]]:
+    """A factory of call clients, all closed at the end."""
+    made: list[CallClient] = []
+
+    def make(**kwargs: Any) -> CallClient:
+        client = CallClient(**kwargs)
+        made.append(client)
+        return client
+
+    yield make
+    await asyncio.gather(*(c.close() for c in made), return_exceptions=True)
+
+
+def bearer(key: str) -> dict[str, str]:
+    """An Authorization header."""
+    return {"Authorization": f"Bearer {key}"}
+
+
+async def until(predicate: Callable[[], bool], limit_s: float = 10.0) -> None:
+    """Wait until ``predicate()`` holds (polling), or fail."""
+    async with asyncio.timeout(limit_s):
+        while True:
+            if predicate():
+                return
+            await asyncio.sleep(0.02)

@@ -1,0 +1,181 @@
+"""The shared UDP socket: ufrags with a routing hint, and routing datagrams to calls."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aioice import stun
+
+from hark.transports.webrtc.udp_mux import (
+    UFRAG_HINT_LENGTH,
+    UFRAG_RANDOM_LENGTH,
+    UdpMux,
+    make_ufrag,
+    route_hint,
+    stun_request_username,
+)
+
+from .conftest import until
+
+
+class Recorder(asyncio.DatagramProtocol):
+    """Keeps what it receives."""
+
+    def __init__(self) -> None:
+        self.received: list[tuple[bytes, tuple[str, int]]] = []
+        self.lost = False
+
+    def datagram_received(self, data: bytes, addr: tuple[Any, ...]) -> None:
+        self.received.append((data, (addr[0], addr[1])))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+
+
+def binding_request(username: str) -> bytes:
+    request = stun.Message(message_method=stun.Method.BINDING, message_class=stun.Class.REQUEST)
+    request.attributes["USERNAME"] = username
+    request.attributes["PRIORITY"] = 1
+    request.add_message_integrity(b"0123456789012345678901")
+    request.add_fingerprint()
+    return bytes(request)
+
+
+@pytest.fixture
+async def mux() -> AsyncIterator[UdpMux]:
+    mux = UdpMux("127.0.0.1", 0, route_hint="w007")
+    await mux.start()
+    yield mux
+    await mux.close()
+
+
+@pytest.fixture
+def client_socket() -> Any:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.settimeout(2)
+    yield sock
+    sock.close()
+
+
+def test_ufrag_starts_with_the_routing_hint() -> None:
+    ufrag = make_ufrag("ab+/")
+    assert len(ufrag) == UFRAG_HINT_LENGTH + UFRAG_RANDOM_LENGTH
+    assert route_hint(ufrag) == "ab+/"
+    assert ufrag[UFRAG_HINT_LENGTH:].isalnum()
+    assert make_ufrag("ab+/") != ufrag
+
+
+@pytest.mark.parametrize("hint", ["abc", "abcde", "ab:c", "ab c"])
+def test_bad_routing_hints_are_refused(hint: str) -> None:
+    with pytest.raises(ValueError):
+        make_ufrag(hint)
+
+
+def test_stun_username_of_binding_requests_only() -> None:
+    assert stun_request_username(binding_request("srv:cli")) == "srv:cli"
+    response = stun.Message(message_method=stun.Method.BINDING, message_class=stun.Class.RESPONSE)
+    assert stun_request_username(bytes(response)) is None
+    assert stun_request_username(b"\x00\x01" + b"\x00" * 30) is None
+    assert stun_request_username(b"\x80" + b"\x00" * 40) is None
+    assert stun_request_username(b"") is None
+
+
+async def test_the_mux_hands_out_ufrags_with_its_hint(mux: UdpMux) -> None:
+    assert route_hint(mux.new_ufrag()) == "w007"
+    assert mux.advertised == ("127.0.0.1", mux.port)
+    assert mux.port != 0
+
+
+async def test_first_binding_request_routes_by_ufrag_then_by_address(
+    mux: UdpMux, client_socket: socket.socket
+) -> None:
+    a, b = Recorder(), Recorder()
+    ufrag_a, ufrag_b = mux.new_ufrag(), mux.new_ufrag()
+    mux.open(ufrag_a, a)
+    mux.open(ufrag_b, b)
+    client_socket.sendto(binding_request(f"{ufrag_b}:client"), mux.advertised)
+    await until(lambda: len(b.received) == 1)
+    client_socket.sendto(b"\x80dtls-or-rtp", mux.advertised)
+    await until(lambda: len(b.received) == 2)
+    assert b.received[1][0] == b"\x80dtls-or-rtp"
+    assert b.received[1][1] == client_socket.getsockname()
+    assert a.received == []
+
+
+async def test_unknown_senders_are_dropped(mux: UdpMux, client_socket: socket.socket) -> None:
+    a = Recorder()
+    mux.open(mux.new_ufrag(), a)
+    client_socket.sendto(b"\x80stray", mux.advertised)
+    client_socket.sendto(binding_request("nobody12345:client"), mux.advertised)
+    await until(lambda: mux.dropped == 2)
+    assert a.received == []
+
+
+async def test_sending_claims_the_address_for_replies(
+    mux: UdpMux, client_socket: socket.socket
+) -> None:
+    a = Recorder()
+    endpoint = mux.open(mux.new_ufrag(), a)
+    endpoint.sendto(b"check", client_socket.getsockname())
+    data, server = client_socket.recvfrom(100)
+    assert data == b"check"
+    assert server == mux.advertised
+    client_socket.sendto(b"\x01reply", mux.advertised)
+    await until(lambda: len(a.received) == 1)
+
+
+async def test_a_binding_request_moves_an_address_to_its_call(
+    mux: UdpMux, client_socket: socket.socket
+) -> None:
+    a, b = Recorder(), Recorder()
+    endpoint_a = mux.open(mux.new_ufrag(), a)
+    ufrag_b = mux.new_ufrag()
+    mux.open(ufrag_b, b)
+    endpoint_a.sendto(b"check", client_socket.getsockname())
+    client_socket.sendto(binding_request(f"{ufrag_b}:client"), mux.advertised)
+    client_socket.sendto(b"\x80media", mux.advertised)
+    await until(lambda: len(b.received) == 2)
+    assert a.received == []
+    assert client_socket.getsockname() not in endpoint_a.addresses
+
+
+async def test_closing_an_endpoint_unregisters_it(
+    mux: UdpMux, client_socket: socket.socket
+) -> None:
+    a = Recorder()
+    ufrag = mux.new_ufrag()
+    endpoint = mux.open(ufrag, a)
+    client_socket.sendto(binding_request(f"{ufrag}:client"), mux.advertised)
+    await until(lambda: len(a.received) == 1)
+    assert (mux.connections, mux.addresses) == (1, 1)
+    endpoint.close()
+    await until(lambda: a.lost)
+    assert (mux.connections, mux.addresses) == (0, 0)
+    client_socket.sendto(b"\x80late", mux.advertised)
+    await until(lambda: mux.dropped == 1)
+    assert len(a.received) == 1
+    endpoint.sendto(b"after close", client_socket.getsockname())
+    with pytest.raises(TimeoutError):
+        client_socket.settimeout(0.2)
+        client_socket.recvfrom(100)
+
+
+async def test_a_ufrag_is_registered_once(mux: UdpMux) -> None:
+    ufrag = mux.new_ufrag()
+    mux.open(ufrag, Recorder())
+    with pytest.raises(ValueError):
+        mux.open(ufrag, Recorder())
+
+
+async def test_a_wildcard_bind_advertises_a_real_address() -> None:
+    mux = UdpMux("0.0.0.0", 0, advertise_ip="198.51.100.7")
+    await mux.start()
+    try:
+        assert mux.advertised == ("198.51.100.7", mux.port)
+    finally:
+        await mux.close()

@@ -1,0 +1,171 @@
+"""Spoken turns over WebRTC: the microphone track, barge-in, and a real conversation."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+
+from hark.bench.webrtc import AUDIBLE_RMS, CallClient, ReceivedFrame
+from hark.transports.webrtc.playout import FRAME_SAMPLES, PLAYOUT_RATE
+from tests.e2e.conftest import speech, transcribe, words
+
+from .conftest import API_KEY, RtcServer, StartRtcServer, until
+
+pytestmark = pytest.mark.slow
+
+MakeClient = Callable[..., CallClient]
+QUESTION = "What is the capital of France?"
+INTERRUPTION = "Wait, stop, I have another question."
+# FakeLlm's reply, spoken by FakeTts at 0.4 s a word.
+REPLY = "The capital of France is Paris."
+
+
+async def connect(http: aiohttp.ClientSession, server: RtcServer, client: CallClient) -> None:
+    await client.connect(http, server.url, api_key=API_KEY)
+    await client.next_event("session.created")
+
+
+def say(client: CallClient, text_id: str, pcm: np.ndarray, rate: int = 24000) -> None:
+    client.microphone.play(text_id, "", pcm, rate)
+    client.microphone.finish(text_id)
+
+
+async def collect(client: CallClient, last: str, limit_s: float = 60) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+    async with asyncio.timeout(limit_s):
+        while not events or events[-1]["type"] != last:
+            events.append(await client.events.get())
+    return events
+
+
+def of_type(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [e for e in events if e["type"] == kind]
+
+
+def audible(frames: list[ReceivedFrame]) -> list[ReceivedFrame]:
+    return [f for f in frames if f.rms > AUDIBLE_RMS]
+
+
+async def test_the_microphone_track_drives_turns(
+    http: aiohttp.ClientSession, rtc_server: RtcServer, clients: MakeClient
+) -> None:
+    client = clients()
+    await connect(http, rtc_server, client)
+    say(client, "q", await speech(QUESTION))
+    events = await collect(client, "output_audio_buffer.stopped")
+    kinds = [e["type"] for e in events]
+    assert kinds.index("input_audio_buffer.speech_started") < kinds.index(
+        "input_audio_buffer.speech_stopped"
+    )
+    assert "input_audio_buffer.committed" in kinds
+    (done,) = of_type(events, "response.done")
+    assert done["response"]["status"] == "completed"
+    await until(lambda: len(audible(client.frames)) * 20 >= 2000)
+
+
+async def test_the_microphone_follows_a_change_of_input_format(
+    http: aiohttp.ClientSession, rtc_server: RtcServer, clients: MakeClient
+) -> None:
+    client = clients()
+    await connect(http, rtc_server, client)
+    client.send(
+        {
+            "type": "session.update",
+            "session": {
+                "type": "realtime",
+                "audio": {"input": {"format": {"type": "audio/pcmu"}}},
+            },
+        }
+    )
+    await client.next_event("session.updated")
+    say(client, "q", await speech(QUESTION))
+    stopped = await client.next_event("input_audio_buffer.speech_stopped")
+    # The sample clock runs at the new rate: the question ends about when it was spoken.
+    spoken_ms = len(await speech(QUESTION)) * 1000 // 24000
+    assert spoken_ms - 600 <= stopped["audio_end_ms"] <= spoken_ms + 1500
+
+
+async def test_barge_in_cuts_the_reply_where_the_item_is_truncated(
+    http: aiohttp.ClientSession, rtc_server: RtcServer, clients: MakeClient
+) -> None:
+    client = clients(keep_audio=True)
+    await connect(http, rtc_server, client)
+    say(client, "q1", await speech(QUESTION))
+    interruption = await speech(INTERRUPTION)
+    events = await collect(client, "output_audio_buffer.started")
+    (item,) = [e["item"] for e in of_type(events, "response.output_item.added")]
+    await until(lambda: len(audible(client.frames)) >= 30)
+    say(client, "q2", interruption)
+    events = await collect(client, "output_audio_buffer.cleared")
+    cleared_at = events[-1]["_received"]
+    kinds = [e["type"] for e in events]
+    assert kinds.index("input_audio_buffer.speech_started") < kinds.index(
+        "conversation.item.truncated"
+    )
+    # The fake engines finish generating at once: the reply was done, only its playout
+    # was still going on.
+    (truncated,) = of_type(events, "conversation.item.truncated")
+    assert truncated["item_id"] == item["id"]
+    end_ms = truncated["audio_end_ms"]
+    assert 600 <= end_ms < 400 * len(REPLY.split())
+
+    # What came over the track: one run of the reply, cut where the server said it was.
+    # The next reply (to the interruption) only starts once the interruption is over.
+    later = await collect(client, "output_audio_buffer.started")
+    next_reply_at = later[-1]["_received"]
+    heard = [f for f in audible(client.frames) if f.arrival < next_reply_at]
+    first, last = heard[0].pts, heard[-1].pts
+    sent_ms = (last + FRAME_SAMPLES - first) * 1000 / PLAYOUT_RATE
+    assert abs(sent_ms - end_ms) <= 20, (sent_ms, end_ms)
+    assert len(heard) == round(sent_ms / 20), "the reply resumed after the cut"
+    # Nothing of the old reply keeps arriving after the server said it cleared it (the
+    # slack is the client's jitter buffer, four frames, and scheduling).
+    assert heard[-1].arrival <= cleared_at + 0.25
+
+    client.send({"type": "conversation.item.retrieve", "item_id": item["id"]})
+    content = (await client.next_event("conversation.item.retrieved"))["item"]["content"][0]
+    assert len(base64.b64decode(content["audio"])) == end_ms * 24 * 2
+    kept = content["transcript"].split()
+    assert kept == REPLY.split()[: len(kept)]
+    assert abs(len(kept) - sent_ms / 400) <= 1
+
+
+async def test_a_spoken_question_gets_a_spoken_answer(
+    http: aiohttp.ClientSession, start_rtc_server: StartRtcServer, clients: MakeClient
+) -> None:
+    server = await start_rtc_server(engines="embedded")
+    client = clients(keep_audio=True)
+    await connect(http, server, client)
+    client.send(
+        {
+            "type": "session.update",
+            "session": {
+                "type": "realtime",
+                "audio": {"input": {"transcription": {"model": "whisper-1"}}},
+            },
+        }
+    )
+    await client.next_event("session.updated")
+    say(client, "q", await speech(QUESTION))
+    events = await collect(client, "output_audio_buffer.stopped", limit_s=120)
+    (heard,) = of_type(events, "conversation.item.input_audio_transcription.completed")
+    assert "france" in words(heard["transcript"])
+    (done,) = of_type(events, "response.done")
+    assert done["response"]["status"] == "completed"
+    (transcript,) = of_type(events, "response.output_audio_transcript.done")
+    started = of_type(events, "output_audio_buffer.started")[0]["_received"]
+    await asyncio.sleep(0.3)
+    reply = client.audio(since=started - 0.1)
+    assert len(reply) > PLAYOUT_RATE // 2
+    recognised = await transcribe(reply, PLAYOUT_RATE)
+    expected = set(words(transcript["transcript"]))
+    assert len(set(words(recognised)) & expected) >= max(1, len(expected) // 2), (
+        recognised,
+        transcript["transcript"],
+    )
