@@ -91,6 +91,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="URL",
         help="send a trace per turn to this OTLP/HTTP collector (default: no traces)",
     )
+    serve.add_argument(
+        "--demo",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="serve the browser demo at / (default: only on loopback without API keys). "
+        "The demo hands a 60-second key to anyone who can load the page: with --demo on a "
+        "reachable address, anyone who reaches the server can use it",
+    )
     serve.set_defaults(handler=_serve_command)
 
     bench = commands.add_parser("bench", help="measure a running server")

@@ -54,6 +54,9 @@ class Settings:
     workers: int = 1
     # An OTLP/HTTP collector that gets a trace per turn (None: no traces).
     otel_endpoint: str | None = None
+    # The browser demo at / (it hands short-lived keys to whoever loads it). None: on only
+    # for a loopback server without API keys.
+    demo: bool | None = None
 
     @property
     def llm_model_name(self) -> str:
@@ -180,6 +183,7 @@ def _validate(values: dict[str, Any]) -> Settings:
     if values.get("llm_url") and not values.get("llm_model"):
         raise ConfigError("llm_model is required with llm_url (the remote model's name)")
     _validate_workers(values)
+    _validate_flag(values, "demo")
     otel = values.get("otel_endpoint")
     if otel and urlsplit(otel).scheme not in ("http", "https"):
         raise ConfigError(f"otel_endpoint must be an http(s) URL, not {otel!r}")
@@ -198,3 +202,18 @@ def _validate_workers(values: dict[str, Any]) -> None:
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ConfigError(f"workers must be a positive integer, not {workers!r}")
     values["workers"] = workers
+
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def _validate_flag(values: dict[str, Any], name: str) -> None:
+    value = values.get(name)
+    if isinstance(value, str):
+        if value.strip().lower() not in _TRUE + _FALSE:
+            raise ConfigError(f"{name} must be true or false, not {value!r}")
+        value = value.strip().lower() in _TRUE
+    if value is not None and not isinstance(value, bool):
+        raise ConfigError(f"{name} must be true or false, not {value!r}")
+    values[name] = value

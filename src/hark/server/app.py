@@ -32,6 +32,7 @@ from hark.protocol.session_config import (
     parse_session_config,
     session_config_to_dict,
 )
+from hark.server import cors
 from hark.server.auth import (
     DEFAULT_EPHEMERAL_SECONDS,
     MAX_EPHEMERAL_SECONDS,
@@ -43,6 +44,7 @@ from hark.server.auth import (
     offered_subprotocols,
     subprotocol_key,
 )
+from hark.server.demo import DEMO_KEY_SECONDS, DemoPage
 from hark.session.ids import IdGenerator
 from hark.session.runner import SessionRunner
 from hark.transports.webrtc.call import Call
@@ -108,6 +110,12 @@ def create_app(
     app[METRICS] = metrics if metrics is not None else metrics_for(settings)
     mux = UdpMux(settings.host, settings.rtc_port, advertise_ip=settings.rtc_advertise_ip)
     app[CALLS] = Calls(engines, mux)
+    demo = DemoPage.for_settings(app[AUTHENTICATOR], settings)
+    if demo.enabled:
+        logger.info(
+            "browser demo on at / (it gives a %d-second key to anyone who loads the page)",
+            DEMO_KEY_SECONDS,
+        )
     app.add_routes(
         [
             web.get("/healthz", _healthz),
@@ -120,9 +128,12 @@ def create_app(
             web.post("/v1/realtime/client_secrets", _client_secrets),
             web.post("/v1/realtime/calls", _create_call),
             web.post("/v1/realtime/calls/{call_id}/hangup", _hangup_call),
+            *cors.preflight_routes(),
+            *demo.routes(),
         ]
     )
     app.on_response_prepare.append(_add_security_headers)
+    app.on_response_prepare.append(cors.add_cors_headers)
     app.on_startup.append(_start_warmup)
     app.cleanup_ctx.append(_run_metrics)
     app.on_startup.append(_start_webrtc)
