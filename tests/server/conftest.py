@@ -14,6 +14,7 @@ from aiohttp import web
 from hark.config import Settings
 from hark.engines.fake import FakeAsr, FakeLlm, FakeTts
 from hark.engines.registry import Engines, build_engines
+from hark.engines.turn.llama_cpp import LlamaCppEndOfTurn
 from hark.engines.vad.silero import SileroVad
 from hark.server.app import create_app, make_runner
 
@@ -54,7 +55,13 @@ class GatedVad(SileroVad):
 
 def gated_engines(gate: asyncio.Event, error: Exception | None = None) -> Engines:
     """Fake engines that are ready only once ``gate`` is set."""
-    return Engines(vad=GatedVad(gate, error), asr=FakeAsr(), llm=FakeLlm(), tts=FakeTts())
+    return Engines(
+        vad=GatedVad(gate, error),
+        asr=FakeAsr(),
+        llm=FakeLlm(),
+        tts=FakeTts(),
+        turn=LlamaCppEndOfTurn(),
+    )
 
 
 @pytest.fixture

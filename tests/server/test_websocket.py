@@ -17,6 +17,7 @@ from hark.config import Settings
 from hark.engines.fake import FakeAsr, FakeTts
 from hark.engines.llm import Finished, GenerationRequest, LlmEvent
 from hark.engines.registry import Engines
+from hark.engines.turn.llama_cpp import LlamaCppEndOfTurn
 from hark.engines.vad.silero import SileroVad
 from hark.server.app import create_app, make_runner
 from hark.transports.websocket import MAX_MESSAGE_BYTES
@@ -203,7 +204,9 @@ async def test_disconnect_cancels_the_sessions_engine_work(
     start_server: StartServer, http: aiohttp.ClientSession
 ) -> None:
     llm = HangingLlm()
-    engines = Engines(vad=SileroVad(), asr=FakeAsr(), llm=llm, tts=FakeTts())
+    engines = Engines(
+        vad=SileroVad(), asr=FakeAsr(), llm=llm, tts=FakeTts(), turn=LlamaCppEndOfTurn()
+    )
     server = await start_server(KEYED, engines)
     ws = await http.ws_connect(server.ws_url + "?model=gpt-realtime", headers=bearer(API_KEY))
     assert (await next_json(ws))["type"] == "session.created"

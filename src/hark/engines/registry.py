@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from hark.engines.asr import AsrEngine
 from hark.engines.llm import LlmEngine
 from hark.engines.tts import TtsEngine
+from hark.engines.turn import EndOfTurnEngine
 from hark.engines.vad import VadEngine
 
 if TYPE_CHECKING:
@@ -31,6 +32,8 @@ class Engines:
     asr: AsrEngine
     llm: LlmEngine
     tts: TtsEngine
+    # semantic_vad's judge of whether an utterance is complete (SmolLM2 + text cues).
+    turn: EndOfTurnEngine
 
     async def warmup(self) -> None:
         """Load and run every engine once, all four at the same time.
@@ -54,8 +57,16 @@ class Engines:
             except Exception:
                 logger.exception("closing the %s engine failed", name)
 
-    def _named(self) -> list[tuple[str, VadEngine | AsrEngine | LlmEngine | TtsEngine]]:
-        return [("vad", self.vad), ("asr", self.asr), ("llm", self.llm), ("tts", self.tts)]
+    def _named(
+        self,
+    ) -> list[tuple[str, VadEngine | AsrEngine | LlmEngine | TtsEngine | EndOfTurnEngine]]:
+        return [
+            ("vad", self.vad),
+            ("asr", self.asr),
+            ("llm", self.llm),
+            ("tts", self.tts),
+            ("turn", self.turn),
+        ]
 
 
 async def _timed_warmup(name: str, warmup: Awaitable[None]) -> None:
@@ -70,15 +81,21 @@ def build_engines(settings: Settings) -> Engines:
 
     ``embedded``: Silero VAD, Whisper, llama.cpp (or an OpenAI-compatible endpoint when
     ``llm_url`` is set) and Piper. ``fake``: the real Silero VAD with fake ASR, LLM and TTS,
-    for protocol tests and overhead benchmarks.
+    for protocol tests and overhead benchmarks. Either way the VAD batches the chunks of all
+    the process's sessions into shared model calls (``BatchedSileroVad``).
     Raises ``EngineUnavailableError`` when an optional package or a model file is missing.
     """
-    from hark.engines.vad.silero import SileroVad
+    from hark.engines.turn.llama_cpp import LlamaCppEndOfTurn
+    from hark.engines.vad.batcher import BatchedSileroVad
 
+    # Real in every engine set, like the VAD: turn-taking is what the fakes are there to test.
+    turn = LlamaCppEndOfTurn()
     if settings.engines == "fake":
         from hark.engines.fake import FakeAsr, FakeLlm, FakeTts
 
-        return Engines(vad=SileroVad(), asr=FakeAsr(), llm=FakeLlm(), tts=FakeTts())
+        return Engines(
+            vad=BatchedSileroVad(), asr=FakeAsr(), llm=FakeLlm(), tts=FakeTts(), turn=turn
+        )
 
     from hark.engines.tts.piper import PiperTts
 
@@ -110,4 +127,4 @@ def build_engines(settings: Settings) -> Engines:
     except FileNotFoundError as exc:
         raise EngineUnavailableError(str(exc)) from exc
 
-    return Engines(vad=SileroVad(), asr=asr, llm=llm, tts=tts)
+    return Engines(vad=BatchedSileroVad(), asr=asr, llm=llm, tts=tts, turn=turn)

@@ -10,14 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from hark.engines.turn import MAX_SILENCE_MS
 from hark.protocol.session_config import SemanticVad, ServerVad
 
 # Speech must last this long before it counts: a click or a breath does not interrupt.
 MIN_SPEECH_MS = 64
 # Silero's usual hysteresis: once speaking, probability must fall this far below the threshold.
 HYSTERESIS = 0.15
-# semantic_vad: how long a pause may last, at most, before the turn ends anyway.
-SEMANTIC_MAX_SILENCE_MS = {"low": 8000, "medium": 4000, "high": 2000, "auto": 4000}
 
 TurnEventKind = Literal["speech_started", "pause_started", "pause_ended", "speech_stopped"]
 
@@ -47,7 +46,7 @@ class TurnDetector:
             self.threshold = 0.5
             self.prefix_padding_ms = 300
             # Until the end-of-turn model has judged the pause, wait as long as allowed.
-            self.silence_ms = SEMANTIC_MAX_SILENCE_MS[config.eagerness]
+            self.silence_ms = MAX_SILENCE_MS[config.eagerness]
         self.default_silence_ms = self.silence_ms
         self.off_threshold = max(0.01, self.threshold - HYSTERESIS)
         self.speaking = False

@@ -142,7 +142,7 @@ def _log_native(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
         _native_log.log({3: logging.WARNING, 4: logging.ERROR}.get(level, logging.DEBUG), message)
 
 
-def _route_native_logs() -> None:
+def route_native_logs() -> None:
     """Send llama.cpp's own log lines to Python logging instead of straight to stderr."""
     llama_cpp.llama_log_set(_log_native, ctypes.c_void_p(0))
 
@@ -241,7 +241,7 @@ class LlamaCppLlm:
 
     def _model(self) -> llama_cpp.Llama:
         if self._llm is None:
-            _route_native_logs()
+            route_native_logs()
             # verbose=False would point the whole process's stdout/stderr at /dev/null while the
             # model loads, swallowing every other thread's logs. Instead llama.cpp's native logs
             # go to `logging`, and llama-cpp-python's own load-time prints are captured here.
