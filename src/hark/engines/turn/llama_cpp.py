@@ -11,8 +11,10 @@ whose output is the probability that the turn is over.
 
 Cost: on one core of the 2-core development machine the model takes about 8 ms a token plus
 about 10 ms for the output layer, so it reads only the last ``window_tokens`` tokens (whole
-words) of the transcript. On the evaluation set the cues carry most of the weight: reading
-4 tokens scores as well as reading the whole transcript, and 2 or fewer noticeably worse.
+words) of the transcript. On the evaluation set the cues carry most of the weight and 4
+tokens score about as well as the whole transcript, but 4 cut questions whose last words
+usually go on ("How many legs does a spider have?" scored 0.04 with 4 tokens, 1.0 with 8),
+so the default reads 8 (about 15 ms more); 2 or fewer score noticeably worse.
 The system prompt is evaluated once and kept, and tokens shared with the previous call are
 not evaluated again. The assistant's previous message (``context``) goes to the cues only:
 through the model it would cost its tokens on every turn's first pause.
@@ -107,7 +109,7 @@ class LlamaCppEndOfTurn:
         self,
         model_path: str | None = None,
         *,
-        window_tokens: int = 4,
+        window_tokens: int = 8,
         n_threads: int = 1,
     ) -> None:
         if window_tokens < 1:
