@@ -75,8 +75,8 @@ ASR_RATE = 16000
 # A pause this long inside speech starts speculative recognition (and then a speculative
 # reply): shorter gaps are usually between words. semantic_vad starts sooner, because its
 # decision to end the turn waits for that transcript.
-SPECULATE_AFTER_MS = 160
-SEMANTIC_SPECULATE_AFTER_MS = 64
+SPECULATE_AFTER_MS = 96
+SEMANTIC_SPECULATE_AFTER_MS = 32
 
 Output = se.ServerEvent | Action
 
