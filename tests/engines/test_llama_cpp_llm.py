@@ -363,3 +363,21 @@ def test_parses_tool_calls_written_in_free_text() -> None:
     ]
     assert _parse_tool_calls("<tool_call>{broken", {"get_weather"}) == []
     assert _parse_tool_calls('<tool_call>{"name": "rm", "arguments": {}}', {"get_weather"}) == []
+
+
+async def test_prefill_reads_the_next_turns_prompt_ahead(llm: LlamaCppLlm) -> None:
+    history = (
+        ChatMessage(role="system", content="Answer in one short sentence."),
+        ChatMessage(role="user", content="What is the capital of France?"),
+        ChatMessage(role="assistant", content="The capital of France is Paris."),
+    )
+    await llm.prefill(GenerationRequest(messages=history))
+    prefilled = llm._llm.n_tokens if llm._llm is not None else 0
+    follow_up = GenerationRequest(
+        messages=(*history, ChatMessage(role="user", content="And of Spain?")), max_tokens=3
+    )
+    done = finished(await collect(llm.generate(follow_up)))
+    # Everything up to the new user message was read before the question came.
+    assert prefilled > 0
+    assert done.cached_tokens >= prefilled
+    assert done.prompt_tokens - done.cached_tokens <= 12

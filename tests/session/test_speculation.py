@@ -132,3 +132,21 @@ def test_semantic_eagerness_caps_the_wait(driver: Driver) -> None:
     assert "input_audio_buffer.speech_stopped" not in driver.types()
     driver.append(silence(200))
     assert "input_audio_buffer.speech_stopped" in driver.types()
+
+
+def test_the_llm_reads_the_conversation_ahead_of_the_next_turn(driver: Driver) -> None:
+    from hark.session.actions import Prefill
+
+    assert len(driver.take(Prefill)) == 1  # at session start
+    driver.asr_text = "What is the capital of France?"
+    driver.append(voiced(800))
+    driver.append(silence(700))
+    (generate,) = driver.take(Generate)
+    driver.speak_reply(generate, ["Paris."])
+    (prefill,) = driver.take(Prefill)
+    # The next turn's prompt begins with exactly these messages.
+    assert [m.content for m in prefill.request.messages[1:]] == [
+        "What is the capital of France?",
+        "Paris.",
+    ]
+    assert prefill.request.messages[0] == generate.request.messages[0]

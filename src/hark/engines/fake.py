@@ -87,6 +87,9 @@ class FakeLlm:
         reason: Literal["stop", "length"] = "length" if limit < len(words) else "stop"
         yield Finished(reason, prompt_tokens=prompt_tokens, completion_tokens=limit)
 
+    async def prefill(self, request: GenerationRequest) -> None:
+        """The scripted reply needs no prompt."""
+
     async def warmup(self) -> None:
         """Nothing to load."""
 

@@ -59,6 +59,13 @@ class Generate:
 
 
 @dataclass(frozen=True, slots=True)
+class Prefill:
+    """The conversation changed: the LLM may read it now, before the next turn needs it."""
+
+    request: GenerationRequest
+
+
+@dataclass(frozen=True, slots=True)
 class Speculate:
     """Start the engines on a reply the user has not asked for yet, holding what they make.
 
@@ -116,6 +123,7 @@ Action = (
     | Transcribe
     | ScoreTurn
     | Generate
+    | Prefill
     | Speculate
     | DiscardSpeculation
     | CancelGeneration

@@ -49,6 +49,7 @@ from hark.session.actions import (
     DiscardSpeculation,
     Generate,
     PlayAudio,
+    Prefill,
     ScoreTurn,
     Speculate,
     Transcribe,
@@ -235,6 +236,16 @@ class Session:
     def start(self) -> None:
         """Emit ``session.created``."""
         self._emit(se.SessionCreated(session=self._session_dict()))
+        self._prefill()
+
+    def _prefill(self) -> None:
+        """Let the LLM read the conversation as the next turn's prompt will begin."""
+        if self.config.type != "realtime" or self._in_band is not None:
+            return
+        response = self._new_response(ResponseParams(), response_id="")
+        self._outbox.append(
+            Prefill(self._generate_action(response, self.conversation.entries()).request)
+        )
 
     def _session_dict(self) -> dict[str, Any]:
         return session_config_to_dict(self.config, session_id=self.id, expires_at=self.expires_at)
@@ -339,6 +350,7 @@ class Session:
         ):
             self._setup_input()
         self._emit(se.SessionUpdated(session=self._session_dict()))
+        self._prefill()
 
     # ----------------------------------------------------------------- input audio
 
@@ -698,6 +710,7 @@ class Session:
         self._emit(se.ConversationItemDone(previous_item_id=previous, item=entry.to_wire()))
         for part in recognise:
             self._recognise(entry, part)
+        self._prefill()
 
     def _entry_from_wire(self, item: wire.Item, param: str) -> tuple[Entry, list[Part]]:
         """Build an entry from a client item; returns the audio parts that need recognition."""
@@ -797,6 +810,7 @@ class Session:
                 item_id=item_id, content_index=content_index, audio_end_ms=audio_end_ms
             )
         )
+        self._prefill()
 
     def _delete(self, item_id: str) -> None:
         entry = self.conversation.get(item_id)
@@ -808,6 +822,7 @@ class Session:
             )
         self.conversation.delete(item_id)
         self._emit(se.ConversationItemDeleted(item_id=item_id))
+        self._prefill()
 
     # ----------------------------------------------------------------- responses
 
@@ -1274,6 +1289,8 @@ class Session:
         if self._in_band is response:
             self._in_band = None
         self._emit(se.ResponseDone(response=response.to_wire()))
+        if response.in_band:
+            self._prefill()
 
 
 def _voice_name(voice: str | VoiceId) -> str:

@@ -31,6 +31,7 @@ from hark.session.actions import (
     DiscardSpeculation,
     Generate,
     PlayAudio,
+    Prefill,
     ScoreTurn,
     Speculate,
     Transcribe,
@@ -188,6 +189,8 @@ class SessionRunner:
                 self._spawn(self._transcribe(out), f"asr {out.request_id}")
             elif isinstance(out, ScoreTurn):
                 self._spawn(self._score_turn(out), f"turn {out.key}")
+            elif isinstance(out, Prefill):
+                self._spawn(self._prefill(out), "prefill")
             elif isinstance(out, Speculate):
                 self._speculate(out)
             elif isinstance(out, DiscardSpeculation):
@@ -300,6 +303,15 @@ class SessionRunner:
             self._call(self.session.on_transcription_failed, action.request_id, str(exc))
             return
         self._call(self.session.on_transcription_done, action.request_id, text.strip(), seconds)
+
+    async def _prefill(self, action: Prefill) -> None:
+        try:
+            await self.engines.llm.prefill(action.request)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # Only an optimisation: the next generation reads the prompt itself.
+            log.warning("session %s: LLM prefill failed", self.id, exc_info=True)
 
     async def _score_turn(self, action: ScoreTurn) -> None:
         try:

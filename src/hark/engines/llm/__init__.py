@@ -105,6 +105,12 @@ class LlmEngine(Protocol):
         """Stream the reply. The last event is always ``Finished``; cancelling stops the work."""
         ...
 
+    async def prefill(self, request: GenerationRequest) -> None:
+        """Get ready for the next turn: ``request`` is the conversation so far, and the next
+        generation will be it plus a new user message. Engines that keep a prompt cache read
+        that shared beginning now, while the user is still speaking; others do nothing."""
+        ...
+
     async def warmup(self) -> None:
         """Load the model (or check the endpoint) and run it once."""
         ...

@@ -237,7 +237,36 @@ class LlamaCppLlm:
                 cancelled.set()
                 await asyncio.wait([job])
 
+    async def prefill(self, request: GenerationRequest) -> None:
+        """Read the prompt up to the opening of the next user message into the KV cache.
+
+        The next turn's prompt starts with exactly these tokens, so when the user's words
+        arrive only they (and the assistant header) are left to read: about 12 ms a token on
+        the development machine, for the 20–40 tokens of the previous reply and turn markers.
+        """
+        async with self._lock:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self._executor, self._prefill_sync, request)
+
     # Everything below runs on the worker thread.
+
+    def _prefill_sync(self, request: GenerationRequest) -> None:
+        llm = self._model()
+        tools = request.tools if request.tool_choice.mode != "none" else ()
+        text = render_chatml(request.messages, tools, default_system=DEFAULT_SYSTEM_PROMPT)
+        opening = f"{IM_START}assistant\n"
+        if not text.endswith(opening):
+            return
+        text = text[: -len(opening)] + f"{IM_START}user\n"
+        tokens = llm.tokenize(text.encode(), add_bos=False, special=True)
+        if len(tokens) + self.max_tokens_default >= self.n_ctx:
+            return
+        cached = llama_cpp.Llama.longest_token_prefix(
+            llm.input_ids[: llm.n_tokens].tolist(), tokens
+        )
+        if cached < len(tokens):
+            llm.n_tokens = cached
+            llm.eval(tokens[cached:])
 
     def _model(self) -> llama_cpp.Llama:
         if self._llm is None:

@@ -135,6 +135,10 @@ class OpenAICompatibleLlm:
             await self._session.close()
             self._session = None
 
+    async def prefill(self, request: GenerationRequest) -> None:
+        """Nothing to do here: servers such as vLLM and SGLang cache shared prompt prefixes
+        themselves when the next request arrives."""
+
     async def warmup(self) -> None:
         """Check that the endpoint answers (``GET /models``; a 404 is fine)."""
         url = self.base_url + "/models"
