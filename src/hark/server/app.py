@@ -109,7 +109,7 @@ def create_app(
     app[STATE] = ServerState()
     app[METRICS] = metrics if metrics is not None else metrics_for(settings)
     mux = UdpMux(settings.host, settings.rtc_port, advertise_ip=settings.rtc_advertise_ip)
-    app[CALLS] = Calls(engines, mux)
+    app[CALLS] = Calls(engines, mux, metrics=app[METRICS])
     demo = DemoPage.for_settings(app[AUTHENTICATOR], settings)
     if demo.enabled:
         logger.info(
@@ -405,7 +405,11 @@ async def _realtime_websocket(request: web.Request) -> web.StreamResponse:
             await ws.close(code=WSCloseCode.INTERNAL_ERROR, message=b"engines failed to load")
             return ws
         runner = SessionRunner(
-            request.app[ENGINES], model=model, initial_config=initial, transport="websocket"
+            request.app[ENGINES],
+            model=model,
+            initial_config=initial,
+            transport="websocket",
+            metrics=request.app[METRICS],
         )
         await run_session(ws, runner)
     finally:

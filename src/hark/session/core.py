@@ -191,6 +191,8 @@ class Session:
         self._vad_now_ms = 0.0
         # How long the pause that ended the last turn lasted (the end-of-turn wait).
         self.last_pause_ms = 0.0
+        # The type of the last client event received ("unknown" when it did not decode).
+        self.last_event_type = "unknown"
         self._setup_input()
 
     # ----------------------------------------------------------------- plumbing
@@ -275,8 +277,10 @@ class Session:
         try:
             event = ce.decode_client_event(data)
         except ce.DecodeError as exc:
+            self.last_event_type = "unknown"
             self._error(exc, exc.event_id)
             return
+        self.last_event_type = str(event.__struct_config__.tag)
         try:
             self._dispatch(event)
         except ProtocolError as exc:
@@ -406,7 +410,8 @@ class Session:
             self._feed_vad(pcm)
 
     def _feed_vad(self, pcm: npt.NDArray[np.int16]) -> None:
-        resampled = self._to_vad.process(pcm).astype(np.float32) / 32768.0
+        # In float32 all the way: the VAD wants floats, and one conversion is cheaper than two.
+        resampled = self._to_vad.process(pcm.astype(np.float32) * (1 / 32768))
         pending = np.concatenate((self._vad_pending, resampled))
         count = len(pending) // VAD_CHUNK
         for i in range(count):

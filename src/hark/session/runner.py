@@ -20,6 +20,8 @@ import numpy.typing as npt
 
 from hark.engines.llm import Finished
 from hark.engines.registry import Engines
+from hark.observability.metrics import Metrics
+from hark.observability.session_metrics import SessionMetrics
 from hark.observability.turn_timing import TurnTimings
 from hark.protocol import server_events as se
 from hark.protocol.session_config import SessionConfig
@@ -82,6 +84,7 @@ class SessionRunner:
         clock: Callable[[], float] = time.time,
         player: AudioPlayer | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        metrics: Metrics | None = None,
     ) -> None:
         self.engines = engines
         self.transport = transport
@@ -94,8 +97,16 @@ class SessionRunner:
             created_at=clock(),
             plays_audio=player is not None,
         )
+        self.metrics = (
+            metrics.session(transport, self.session.id)
+            if metrics is not None
+            else SessionMetrics.disabled()
+        )
         self._out: asyncio.Queue[str | None] = asyncio.Queue()
-        self._vad_in: asyncio.Queue[AnalyzeSpeech] = asyncio.Queue()
+        # Each chunk with the moment its last sample reached the session (monotonic).
+        self._vad_in: asyncio.Queue[tuple[AnalyzeSpeech, float]] = asyncio.Queue()
+        # When the audio behind the VAD result being handled now arrived.
+        self._vad_arrived = 0.0
         self._vad_stream = engines.vad.open_stream()
         self._generations: dict[str, asyncio.Task[None]] = {}
         self._speculation: _Speculation | None = None
@@ -111,6 +122,7 @@ class SessionRunner:
 
     async def start(self) -> None:
         """Queue ``session.created`` and start the session's background work."""
+        self.metrics.started()
         self._spawn(self._vad_loop(), "vad")
         self._spawn(self._expiry_timer(), "expiry")
         self._call(self.session.start)
@@ -120,6 +132,7 @@ class SessionRunner:
         """One client text frame (a JSON event). Never raises."""
         self.session.tick(self._clock())
         self._call(self.session.receive, text)
+        self.metrics.client_event(self.session.last_event_type)
 
     def receive_audio(self, pcm: npt.NDArray[np.int16]) -> None:
         """Input audio from a media track, as PCM at ``self.session.input_rate``."""
@@ -147,11 +160,12 @@ class SessionRunner:
         while (text := await self._out.get()) is not None:
             yield text
 
-    async def close(self) -> None:
-        """Stop all engine work of this session. Idempotent."""
+    async def close(self, reason: str = "client_closed") -> None:
+        """Stop all engine work of this session. Idempotent; the first ``reason`` counts."""
         if self._closed:
             return
         self._closed = True
+        self.metrics.ended(reason)
         current = asyncio.current_task()
         pending = [*self._tasks, *self._generations.values()]
         if self._speculation is not None:
@@ -179,12 +193,14 @@ class SessionRunner:
         self._flush()
 
     def _flush(self) -> None:
+        arrived = self._now()
         for out in self.session.drain():
             if isinstance(out, se.ServerEvent):
                 self._observe(out)
+                self.metrics.server_event(out)
                 self._out.put_nowait(se.encode_event(out).decode())
             elif isinstance(out, AnalyzeSpeech):
-                self._vad_in.put_nowait(out)
+                self._vad_in.put_nowait((out, arrived))
             elif isinstance(out, Transcribe):
                 self._spawn(self._transcribe(out), f"asr {out.request_id}")
             elif isinstance(out, ScoreTurn):
@@ -210,7 +226,7 @@ class SessionRunner:
                 self._player.clear(out.response_id)
             elif isinstance(out, Close):
                 log.info("session %s ends: %s", self.id, out.reason)
-                self._spawn(self.close(), "close")
+                self._spawn(self.close(out.reason), "close")
 
     def _spawn(self, coro: object, name: str) -> None:
         task: asyncio.Task[None] = asyncio.create_task(coro, name=name)  # type: ignore[arg-type]
@@ -223,6 +239,9 @@ class SessionRunner:
         """Follow the turn through the events the core emits."""
         if isinstance(event, se.SpeechStopped):
             self._turn_end = (self._now(), self.session.last_pause_ms)
+            self.metrics.vad_decision("speech_stopped", self._vad_arrived)
+        elif isinstance(event, se.SpeechStarted):
+            self.metrics.vad_decision("speech_started", self._vad_arrived)
         elif isinstance(event, se.ResponseCreated):
             timings = TurnTimings(event.response.id)
             if self._turn_end is not None:
@@ -246,6 +265,7 @@ class SessionRunner:
         if timings is None:
             return
         timings.status = response.status
+        self.metrics.turn(timings)
         if timings.turn_end is not None:
             log.info(
                 "session %s %s %s: e2a %s ms, stages %s",
@@ -271,7 +291,7 @@ class SessionRunner:
     async def _vad_loop(self) -> None:
         epoch = 0
         while True:
-            request = await self._vad_in.get()
+            request, arrived = await self._vad_in.get()
             if request.epoch != epoch:
                 self._vad_stream.reset()
                 epoch = request.epoch
@@ -280,6 +300,8 @@ class SessionRunner:
             except Exception:
                 log.exception("session %s: VAD failed on a chunk", self.id)
                 probability = 0.0
+            self.metrics.vad_chunk(arrived)
+            self._vad_arrived = arrived
             self._call(self.session.on_vad, probability, request.epoch)
 
     async def _expiry_timer(self) -> None:

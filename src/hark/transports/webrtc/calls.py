@@ -10,6 +10,7 @@ import logging
 from collections.abc import Iterator
 
 from hark.engines.registry import Engines
+from hark.observability.metrics import Metrics
 from hark.protocol.session_config import SessionConfig
 from hark.session.ids import IdGenerator
 from hark.session.runner import SessionRunner
@@ -34,9 +35,11 @@ class Calls:
         mux: UdpMux,
         *,
         setup_timeout_s: float = SETUP_TIMEOUT_SECONDS,
+        metrics: Metrics | None = None,
     ) -> None:
         self.engines = engines
         self.mux = mux
+        self.metrics = metrics
         self.setup_timeout_s = setup_timeout_s
         self._calls: dict[str, Call] = {}
         self._ids = IdGenerator()
@@ -51,7 +54,12 @@ class Calls:
         """
         track = PlayoutTrack()
         runner = SessionRunner(
-            self.engines, model=model, initial_config=config, transport="webrtc", player=track
+            self.engines,
+            model=model,
+            initial_config=config,
+            transport="webrtc",
+            player=track,
+            metrics=self.metrics,
         )
         call = Call(
             self._ids.new(CALL_ID_PREFIX),

@@ -1,0 +1,162 @@
+"""``hark bench vad``: what one session's 32 ms VAD chunk costs, unbatched and batched.
+
+Three measures, each as CPU time of this process per session-chunk (all threads counted, so
+the figure is what a core pays, whatever the machine's other load does to wall time):
+
+- ``model``: Silero alone (``run_batch``) on a batch of B rows.
+- ``unbatched``: B concurrent streams of ``SileroVad``, one model call per chunk in a thread
+  (what every session cost before batching).
+- ``batched``: B concurrent streams of ``BatchedSileroVad``, sharing model calls.
+
+A session sends one chunk every 32 ms, so a core carries at most 32 ms / cost sessions' VAD.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from hark.engines.vad import VadEngine
+from hark.engines.vad.batcher import DEFAULT_MAX_WAIT_MS, BatchedSileroVad
+from hark.engines.vad.silero import (
+    CHUNK_SAMPLES,
+    SAMPLE_RATE,
+    WINDOW_SAMPLES,
+    SileroVad,
+    initial_states,
+    load_session,
+    run_batch,
+)
+
+DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+CHUNK_MS = CHUNK_SAMPLES * 1000 / SAMPLE_RATE
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    """The options of ``hark bench vad``."""
+    parser.add_argument(
+        "--batch-sizes",
+        default=",".join(map(str, DEFAULT_BATCH_SIZES)),
+        metavar="LIST",
+        help="comma-separated batch sizes, i.e. concurrent streams (default 1,2,4,…,256)",
+    )
+    parser.add_argument(
+        "--seconds", type=float, default=2.0, help="time spent on each measure (default 2)"
+    )
+    parser.add_argument(
+        "--max-wait-ms",
+        type=float,
+        default=DEFAULT_MAX_WAIT_MS,
+        help=f"the batcher's deadline (default {DEFAULT_MAX_WAIT_MS:g})",
+    )
+    parser.add_argument("--json", dest="json_path", metavar="FILE", help="write the report here")
+
+
+def command(options: dict[str, Any]) -> int:
+    """Run the benchmark, print a summary and optionally write the JSON report."""
+    try:
+        sizes = [int(size) for size in str(options["batch_sizes"]).split(",") if size.strip()]
+    except ValueError:
+        print("hark bench vad: --batch-sizes takes integers, e.g. 1,8,64", file=sys.stderr)
+        return 2
+    if not sizes or min(sizes) < 1:
+        print("hark bench vad: batch sizes must be at least 1", file=sys.stderr)
+        return 2
+    report = asyncio.run(measure(sizes, float(options["seconds"]), float(options["max_wait_ms"])))
+    print(summary(report))
+    if options.get("json_path"):
+        Path(str(options["json_path"])).write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+async def measure(batch_sizes: list[int], seconds: float, max_wait_ms: float) -> dict[str, Any]:
+    """The three measures at every batch size; costs in CPU ms per session-chunk."""
+    session = await asyncio.to_thread(load_session, 1)
+    unbatched = SileroVad()
+    batched = BatchedSileroVad(max_batch=max(batch_sizes), max_wait_ms=max_wait_ms)
+    await unbatched.warmup()
+    await batched.warmup()
+    rows = []
+    try:
+        for size in batch_sizes:
+            model = await asyncio.to_thread(_model_cost, session, size, seconds)
+            plain = await _streams_cost(unbatched, size, seconds)
+            shared = await _streams_cost(batched, size, seconds)
+            rows.append(
+                {
+                    "batch": size,
+                    "model_ms": round(model, 4),
+                    "unbatched_ms": round(plain, 4),
+                    "batched_ms": round(shared, 4),
+                    "unbatched_sessions_per_core": int(CHUNK_MS / plain),
+                    "batched_sessions_per_core": int(CHUNK_MS / shared),
+                }
+            )
+    finally:
+        await batched.aclose()
+    return {
+        "benchmark": "vad",
+        "unit": "CPU ms per session-chunk (32 ms of audio)",
+        "max_wait_ms": max_wait_ms,
+        "seconds_per_measure": seconds,
+        "rows": rows,
+    }
+
+
+def summary(report: Mapping[str, Any]) -> str:
+    """A table of the report for people."""
+    lines = [
+        f"VAD cost, {report['unit']}; sessions per core = 32 ms / cost",
+        f"{'batch':>5} {'model':>8} {'unbatched':>10} {'batched':>8}"
+        f" {'sess/core unbatched':>20} {'batched':>8}",
+    ]
+    for row in report["rows"]:
+        lines.append(
+            f"{row['batch']:>5} {row['model_ms']:>8.3f} {row['unbatched_ms']:>10.3f}"
+            f" {row['batched_ms']:>8.3f} {row['unbatched_sessions_per_core']:>20}"
+            f" {row['batched_sessions_per_core']:>8}"
+        )
+    return "\n".join(lines)
+
+
+def _noise(rows: int, samples: int, seed: int = 0) -> npt.NDArray[np.float32]:
+    # The model's cost does not depend on the audio; quiet noise keeps it realistic anyway.
+    return (0.01 * np.random.default_rng(seed).standard_normal((rows, samples))).astype(np.float32)
+
+
+def _model_cost(session: Any, size: int, seconds: float) -> float:
+    windows = _noise(size, WINDOW_SAMPLES)
+    states = initial_states(size)
+    run_batch(session, windows, states)
+    calls = 0
+    cpu = time.process_time()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        run_batch(session, windows, states)
+        calls += 1
+    return (time.process_time() - cpu) * 1000 / (calls * size)
+
+
+async def _streams_cost(engine: VadEngine, streams: int, seconds: float) -> float:
+    chunks = list(_noise(16, CHUNK_SAMPLES, seed=1))
+    counts = [0] * streams
+    stop = time.monotonic() + seconds
+
+    async def feed(index: int) -> None:
+        stream = engine.open_stream()
+        while time.monotonic() < stop:
+            await stream.probability(chunks[counts[index] % len(chunks)])
+            counts[index] += 1
+
+    cpu = time.process_time()
+    await asyncio.gather(*(feed(i) for i in range(streams)))
+    return (time.process_time() - cpu) * 1000 / max(1, sum(counts))
