@@ -175,7 +175,9 @@ async def test_a_batch_does_not_wait_for_a_silent_caller() -> None:
     finally:
         batcher.close()
     assert (early, late) == ([0, 2, 4], 6)
-    assert [3] in model.batches and [0, 1, 2] in model.batches
+    # How the first three were grouped depends on scheduling; the late one went alone.
+    assert [3] in model.batches
+    assert sorted(i for batch in model.batches if 3 not in batch for i in batch) == [0, 1, 2]
 
 
 async def test_a_full_batch_leaves_before_the_deadline() -> None:

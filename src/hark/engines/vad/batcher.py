@@ -182,9 +182,10 @@ class Batcher(Generic[T, R]):
             deadline = self._pending[0].enqueued + self.max_wait_s
             while len(self._pending) < self.max_batch and not self._closed:
                 remaining = deadline - now
-                # Waiting only pays when others are likely to join: with few callers it
-                # would add the whole deadline to every item and gather nobody.
-                if remaining <= 0 or len(self._pending) + self._rate * remaining < 2:
+                # Waiting only pays when someone else is likely to join before the deadline:
+                # with few callers it would add the whole deadline to every item and gather
+                # nobody.
+                if remaining <= 0 or self._rate * remaining < 1:
                     break
                 self._cond.wait(remaining)
                 now = time.monotonic()
