@@ -381,3 +381,22 @@ async def test_prefill_reads_the_next_turns_prompt_ahead(llm: LlamaCppLlm) -> No
     assert prefilled > 0
     assert done.cached_tokens >= prefilled
     assert done.prompt_tokens - done.cached_tokens <= 12
+
+
+async def test_interleaved_conversations_keep_their_cache(llm: LlamaCppLlm) -> None:
+    def history(city: str) -> tuple[ChatMessage, ...]:
+        return (
+            ChatMessage(role="system", content=f"You are a guide to {city}. Be brief."),
+            ChatMessage(role="user", content=f"Tell me one thing about {city}."),
+            ChatMessage(role="assistant", content=f"{city} has a famous old bridge."),
+        )
+
+    first, second = history("Paris"), history("Prague")
+    await llm.prefill(GenerationRequest(messages=first))
+    await llm.prefill(GenerationRequest(messages=second))
+    # The first conversation comes back after the second used the model.
+    follow_up = GenerationRequest(
+        messages=(*first, ChatMessage(role="user", content="And its river?")), max_tokens=2
+    )
+    done = finished(await collect(llm.generate(follow_up)))
+    assert done.prompt_tokens - done.cached_tokens <= 12
