@@ -6,11 +6,8 @@ import asyncio
 import base64
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -33,6 +30,7 @@ from hark.bench.latency import (
 )
 from hark.bench.spoken_questions import QUESTIONS, RATE, last_voiced_sample, spoken_questions
 from hark.observability.turn_timing import STAGES
+from tests.servers import hark_serve
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -307,48 +305,12 @@ async def test_cancelled_replies_are_failures(
 # --- against `hark serve --engines fake` ---------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def fake_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """`hark serve --engines fake` (instant engines, real VAD), ready to take sessions."""
-    port = _free_port()
     log = tmp_path_factory.mktemp("bench-server") / "server.log"
-    # Any free UDP port for WebRTC, so that this server never collides with another.
-    env = {**os.environ, "HARK_RTC_PORT": "0"}
-    env.pop("HARK_API_KEYS", None)
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "hark.cli", "serve", "--engines", "fake", "--port", str(port)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"hark serve exited: {log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"hark serve never became ready: {log.read_text()[-3000:]}")
-            time.sleep(0.3)
+    with hark_serve(["--engines", "fake"], log, without=("HARK_API_KEYS",), ready_s=120) as port:
         yield f"ws://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 @pytest.mark.slow

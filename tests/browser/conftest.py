@@ -3,12 +3,6 @@ question for Chromium's fake microphone."""
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 import wave
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -19,6 +13,7 @@ import pytest
 from playwright.async_api import Browser, async_playwright
 
 from tests.e2e.conftest import ARTIFACTS, speech
+from tests.servers import hark_serve
 
 API_KEY = "sk-hark-browser-test-key"
 CHROMIUM = Path("/usr/bin/chromium")
@@ -39,45 +34,13 @@ class HarkServer:
     log: Path
 
 
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="session")
 def hark_server() -> Iterator[HarkServer]:
     """`hark serve --demo` on the embedded models with one API key, ready before use."""
     ARTIFACTS.mkdir(exist_ok=True)
-    port = free_port()
     log = ARTIFACTS / "browser-server.log"
-    env = {**os.environ, "HARK_API_KEYS": API_KEY}
-    command = [sys.executable, "-m", "hark.cli", "serve", "--port", str(port)]
-    command += ["--rtc-port", "0", "--demo"]
-    with log.open("w") as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"hark serve exited: {log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"hark serve never became ready: {log.read_text()[-3000:]}")
-            time.sleep(0.5)
+    with hark_serve(["--demo"], log, env={"HARK_API_KEYS": API_KEY}) as port:
         yield HarkServer(f"http://127.0.0.1:{port}", log)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 @pytest.fixture

@@ -3,12 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +12,8 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 from openai import AsyncOpenAI
+
+from tests.servers import hark_serve
 
 API_KEY = "sk-hark-e2e-test-key"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
@@ -43,47 +40,13 @@ class Server:
         return AsyncOpenAI(api_key=api_key, base_url=self.http, websocket_base_url=self.ws)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="session")
 def server() -> Iterator[Server]:
     """`hark serve` with the embedded models, ready (``/readyz`` 200) before tests use it."""
     ARTIFACTS.mkdir(exist_ok=True)
-    port = _free_port()
     log = ARTIFACTS / "e2e-server.log"
-    env = {**os.environ, "HARK_API_KEYS": API_KEY}
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "hark.cli", "serve", "--port", str(port), "--rtc-port", "0"],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"hark serve exited: {log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"hark serve never became ready: {log.read_text()[-3000:]}")
-            time.sleep(0.5)
+    with hark_serve([], log, env={"HARK_API_KEYS": API_KEY}) as port:
         yield Server("127.0.0.1", port, log)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 _speech_cache: dict[str, npt.NDArray[np.int16]] = {}
