@@ -261,6 +261,10 @@ class LlamaCppLlm:
         arrive only they (and the assistant header) are left to read: about 12 ms a token on
         the development machine, for the 20–40 tokens of the previous reply and turn markers.
         """
+        if self._lock.locked():
+            # The model is serving another session: a prefill now would only make that
+            # session's next generation wait; the turn will read its prompt itself.
+            return
         async with self._lock:
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(self._executor, self._prefill_sync, request)
