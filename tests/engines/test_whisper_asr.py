@@ -157,3 +157,20 @@ async def test_rejects_bad_input(asr: WhisperAsr) -> None:
 def test_refuses_a_model_that_would_need_downloading() -> None:
     with pytest.raises(FileNotFoundError):
         WhisperAsr(model_path="tiny")
+
+
+def test_long_pauses_inside_speech_are_shortened_before_recognition() -> None:
+    from hark.engines.asr.whisper import _compact_silences
+
+    rate = 16000
+    t = np.arange(rate // 2) / rate
+    word = (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
+    lead = np.zeros(rate // 4, np.float32)
+    audio = np.concatenate((lead, word, np.zeros(rate * 12 // 10, np.float32), word, lead))
+    compacted = _compact_silences(audio)
+    # The 1.2 s pause becomes 0.4 s; the words and the silence around the turn stay.
+    assert len(compacted) == pytest.approx(len(audio) - 0.8 * rate, abs=rate * 0.03)
+    assert np.count_nonzero(np.abs(compacted) > 0.1) == np.count_nonzero(np.abs(audio) > 0.1)
+    assert np.array_equal(compacted[: len(lead)], lead)
+    short = np.concatenate((word, np.zeros(rate // 5, np.float32), word))
+    assert np.array_equal(_compact_silences(short), short)
