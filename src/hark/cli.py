@@ -103,46 +103,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser("bench", help="measure a running server")
     benches = bench.add_subparsers(dest="bench", required=True, metavar="BENCH")
-    from hark.bench import webrtc as webrtc_bench
+    from hark.bench import latency, load, vad, webrtc
 
-    webrtc = benches.add_parser(
-        "webrtc",
-        help="WebRTC call setup time and calls per core",
-        description=webrtc_bench.__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    webrtc_bench.configure_parser(webrtc)
-    webrtc.set_defaults(handler=webrtc_bench.command)
-    from hark.bench import latency as latency_bench
-
-    latency = benches.add_parser(
-        "latency",
-        help="E2A and voice-to-voice latency of spoken questions",
-        description=latency_bench.__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    latency_bench.configure_parser(latency)
-    latency.set_defaults(handler=latency_bench.command)
-    from hark.bench import load as load_bench
-
-    load = benches.add_parser(
-        "load",
-        help="many simulated callers at once: VAD decision lag, E2A, failures, server figures",
-        description=load_bench.__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    load_bench.configure_parser(load)
-    load.set_defaults(handler=load_bench.command)
-    from hark.bench import vad as vad_bench
-
-    vad = benches.add_parser(
-        "vad",
-        help="VAD cost per session-chunk, unbatched and batched",
-        description=vad_bench.__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    vad_bench.configure_parser(vad)
-    vad.set_defaults(handler=vad_bench.command)
+    for name, module, summary in (
+        ("latency", latency, "E2A and voice-to-voice latency of spoken questions"),
+        ("load", load, "many simulated callers at once: VAD decision lag, E2A, server figures"),
+        ("vad", vad, "VAD cost per session-chunk, unbatched and batched"),
+        ("webrtc", webrtc, "WebRTC call setup time and calls per core"),
+    ):
+        sub = benches.add_parser(
+            name,
+            help=summary,
+            description=module.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        module.configure_parser(sub)
+        sub.set_defaults(handler=module.command)
     return parser
 
 
