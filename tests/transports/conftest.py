@@ -120,3 +120,17 @@ async def until(predicate: Callable[[], bool], limit_s: float = 10.0) -> None:
             if predicate():
                 return
             await asyncio.sleep(0.02)
+
+
+async def collect(client: CallClient, last: str, limit_s: float = 30) -> list[dict[str, Any]]:
+    """A call's events up to and including the next one of type ``last``."""
+    events: list[dict[str, Any]] = []
+    async with asyncio.timeout(limit_s):
+        while not events or events[-1]["type"] != last:
+            events.append(await client.events.get())
+    return events
+
+
+def of_type(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    """The events of one type."""
+    return [e for e in events if e["type"] == kind]

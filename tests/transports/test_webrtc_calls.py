@@ -14,7 +14,7 @@ import pytest
 from hark.bench.webrtc import AUDIBLE_RMS, BenchError, CallClient
 from hark.transports.webrtc.playout import FRAME_SAMPLES, PLAYOUT_RATE
 
-from .conftest import API_KEY, OTHER_KEY, RtcServer, bearer, until
+from .conftest import API_KEY, OTHER_KEY, RtcServer, bearer, collect, of_type, until
 
 MakeClient = Callable[..., CallClient]
 # FakeLlm's reply, spoken by FakeTts at 0.4 s a word.
@@ -63,19 +63,6 @@ async def test_a_call_end_to_end(
     # Audio travels on the track, never as events.
     assert "response.output_audio.delta" not in kinds
     await until(lambda: len(audible(client)) * 20 >= REPLY_MS - 100)
-
-
-async def collect(client: CallClient, last: str, limit_s: float = 30) -> list[dict[str, Any]]:
-    """Events up to and including the next one of type ``last``."""
-    events: list[dict[str, Any]] = []
-    async with asyncio.timeout(limit_s):
-        while not events or events[-1]["type"] != last:
-            events.append(await client.events.get())
-    return events
-
-
-def of_type(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [e for e in events if e["type"] == kind]
 
 
 def drain(client: CallClient) -> list[dict[str, Any]]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import base64
 from collections.abc import Callable
-from typing import Any
 
 import aiohttp
 import numpy as np
@@ -15,7 +14,7 @@ from hark.bench.webrtc import AUDIBLE_RMS, CallClient, ReceivedFrame
 from hark.transports.webrtc.playout import FRAME_SAMPLES, PLAYOUT_RATE
 from tests.e2e.conftest import speech, transcribe, words
 
-from .conftest import API_KEY, RtcServer, StartRtcServer, until
+from .conftest import API_KEY, RtcServer, StartRtcServer, collect, of_type, until
 
 pytestmark = pytest.mark.slow
 
@@ -36,18 +35,6 @@ def say(client: CallClient, text_id: str, pcm: np.ndarray, rate: int = 24000) ->
     client.microphone.finish(text_id)
 
 
-async def collect(client: CallClient, last: str, limit_s: float = 60) -> list[dict[str, Any]]:
-    events: list[dict[str, Any]] = []
-    async with asyncio.timeout(limit_s):
-        while not events or events[-1]["type"] != last:
-            events.append(await client.events.get())
-    return events
-
-
-def of_type(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [e for e in events if e["type"] == kind]
-
-
 def audible(frames: list[ReceivedFrame]) -> list[ReceivedFrame]:
     return [f for f in frames if f.rms > AUDIBLE_RMS]
 
@@ -58,7 +45,7 @@ async def test_the_microphone_track_drives_turns(
     client = clients()
     await connect(http, rtc_server, client)
     say(client, "q", await speech(QUESTION))
-    events = await collect(client, "output_audio_buffer.stopped")
+    events = await collect(client, "output_audio_buffer.stopped", limit_s=60)
     kinds = [e["type"] for e in events]
     assert kinds.index("input_audio_buffer.speech_started") < kinds.index(
         "input_audio_buffer.speech_stopped"
@@ -98,11 +85,11 @@ async def test_barge_in_cuts_the_reply_where_the_item_is_truncated(
     await connect(http, rtc_server, client)
     say(client, "q1", await speech(QUESTION))
     interruption = await speech(INTERRUPTION)
-    events = await collect(client, "output_audio_buffer.started")
+    events = await collect(client, "output_audio_buffer.started", limit_s=60)
     (item,) = [e["item"] for e in of_type(events, "response.output_item.added")]
     await until(lambda: len(audible(client.frames)) >= 30)
     say(client, "q2", interruption)
-    events = await collect(client, "output_audio_buffer.cleared")
+    events = await collect(client, "output_audio_buffer.cleared", limit_s=60)
     cleared_at = events[-1]["_received"]
     kinds = [e["type"] for e in events]
     assert kinds.index("input_audio_buffer.speech_started") < kinds.index(
@@ -117,7 +104,7 @@ async def test_barge_in_cuts_the_reply_where_the_item_is_truncated(
 
     # What came over the track: one run of the reply, cut where the server said it was.
     # The next reply (to the interruption) only starts once the interruption is over.
-    later = await collect(client, "output_audio_buffer.started")
+    later = await collect(client, "output_audio_buffer.started", limit_s=60)
     next_reply_at = later[-1]["_received"]
     heard = [f for f in audible(client.frames) if f.arrival < next_reply_at]
     first, last = heard[0].pts, heard[-1].pts
