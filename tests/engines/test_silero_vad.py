@@ -8,7 +8,6 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from hark.engines.vad import VadEngine
 from hark.engines.vad.silero import (
     CHUNK_SAMPLES,
     WINDOW_SAMPLES,
@@ -42,9 +41,8 @@ def noise(seconds: float, level: float, seed: int = 0) -> npt.NDArray[np.float32
     return (level * samples).astype(np.float32)
 
 
-def test_is_a_vad_engine(vad: SileroVad) -> None:
-    engine: VadEngine = vad
-    assert (engine.sample_rate, engine.chunk_samples) == (16000, 512)
+def test_takes_512_samples_at_16_khz(vad: SileroVad) -> None:
+    assert (vad.sample_rate, vad.chunk_samples) == (16000, 512)
 
 
 async def test_silence_and_faint_noise_are_not_speech(vad: SileroVad) -> None:

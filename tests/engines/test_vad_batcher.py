@@ -1,4 +1,4 @@
-"""The batcher: batched VAD equals unbatched VAD, streams never share state, no caller waits
+"""The batchers: batched VAD equals unbatched VAD, streams never share state, no caller waits
 for another."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Sequence
 import numpy as np
 import numpy.typing as npt
 import pytest
+import soxr
 
 from hark.engines.vad import VadEngine
 from hark.engines.vad.batcher import (
@@ -18,6 +19,7 @@ from hark.engines.vad.batcher import (
     Batcher,
     BatcherClosedError,
 )
+from hark.engines.vad.resample import chunk_resampler
 from hark.engines.vad.silero import CHUNK_SAMPLES, SileroVad
 
 # Generous: these bound hangs, never speed.
@@ -36,9 +38,9 @@ class Recorder:
         self.backlogs.append(backlog)
 
 
-def chunks_of(audio: npt.NDArray[np.float32]) -> list[npt.NDArray[np.float32]]:
-    usable = len(audio) - len(audio) % CHUNK_SAMPLES
-    return list(audio[:usable].reshape(-1, CHUNK_SAMPLES))
+def chunks_of(audio: npt.NDArray[np.float32], size: int = CHUNK_SAMPLES) -> list[npt.NDArray]:
+    usable = len(audio) - len(audio) % size
+    return list(audio[:usable].reshape(-1, size))
 
 
 async def probabilities(stream: object, audio: npt.NDArray[np.float32]) -> list[float]:
@@ -46,10 +48,47 @@ async def probabilities(stream: object, audio: npt.NDArray[np.float32]) -> list[
     return [await stream.probability(chunk) for chunk in chunks_of(audio)]
 
 
+def as_int16(audio: npt.NDArray[np.float32]) -> npt.NDArray[np.int16]:
+    return np.clip(np.rint(audio * 32768), -32768, 32767).astype(np.int16)
+
+
+class Listener:
+    """Collects one stream's results and says when ``expected`` of them have come."""
+
+    def __init__(self, expected: int) -> None:
+        self.results: list[tuple[float, int]] = []
+        self.expected = expected
+        self.done = asyncio.Event()
+
+    def __call__(self, probability: float, epoch: int) -> None:
+        assert threading.current_thread() is threading.main_thread()
+        self.results.append((probability, epoch))
+        if len(self.results) >= self.expected:
+            self.done.set()
+
+    @property
+    def probabilities(self) -> list[float]:
+        return [p for p, _ in self.results]
+
+
+async def pushed(
+    engine: BatchedSileroVad, audio: npt.NDArray, size: int = CHUNK_SAMPLES, epoch: int = 0
+) -> list[float]:
+    """Push all of ``audio`` at once, as a session sending a long append would."""
+    chunks = chunks_of(audio, size)
+    listener = Listener(len(chunks))
+    stream = engine.open_stream(listener)
+    for chunk in chunks:
+        stream.push(chunk, epoch)
+    await asyncio.wait_for(listener.done.wait(), LIVENESS_S)
+    stream.close()
+    return listener.probabilities
+
+
 @pytest.fixture
 async def batched() -> AsyncIterator[BatchedSileroVad]:
     engine = BatchedSileroVad(max_batch=64, max_wait_ms=20)
-    engine.batcher.observer = Recorder()
+    engine.observer = Recorder()
     await engine.warmup()
     yield engine
     await engine.aclose()
@@ -71,7 +110,7 @@ def signals(question: npt.NDArray[np.float32]) -> list[npt.NDArray[np.float32]]:
 
 def test_is_a_vad_engine() -> None:
     engine: VadEngine = BatchedSileroVad()
-    assert (engine.sample_rate, engine.chunk_samples) == (16000, 512)
+    assert engine.chunk_ms == 32
 
 
 async def test_batched_equals_unbatched_row_for_row(
@@ -80,58 +119,141 @@ async def test_batched_equals_unbatched_row_for_row(
     reference = SileroVad()
     audio = signals(question)
     expected = [await probabilities(reference.open_stream(), a) for a in audio]
-    results = await asyncio.wait_for(
-        asyncio.gather(*(probabilities(batched.open_stream(), a) for a in audio)), LIVENESS_S
-    )
+    results = await asyncio.gather(*(pushed(batched, a) for a in audio))
     for got, want in zip(results, expected, strict=True):
         np.testing.assert_allclose(got, want, atol=1e-5)
     # The streams really were batched together, and the speech was heard.
-    recorder = batched.batcher.observer
+    recorder = batched.observer
     assert isinstance(recorder, Recorder)
     assert max(recorder.sizes) == len(audio)
     assert max(results[0]) > 0.9 and max(results[1]) < 0.1
 
 
-async def test_reset_forgets_the_stream(
+async def test_int16_chunks_give_the_float_results(
     batched: BatchedSileroVad, question: npt.NDArray[np.float32]
 ) -> None:
-    stream = batched.open_stream()
-    await probabilities(stream, question[: 10 * CHUNK_SAMPLES])
-    stream.reset()
-    after_reset = await probabilities(stream, question)
-    fresh = await probabilities(batched.open_stream(), question)
-    np.testing.assert_allclose(after_reset, fresh, atol=1e-6)
+    audio = signals(question)[0]
+    floats = await pushed(batched, audio)
+    ints = await pushed(batched, as_int16(audio))
+    np.testing.assert_allclose(ints, floats, atol=0.03)
 
 
-async def test_a_cancelled_chunk_leaves_the_state_untouched(
+@pytest.mark.parametrize("rate", [8000, 24000, 48000])
+async def test_other_rates_are_resampled_in_the_batch(
+    batched: BatchedSileroVad, question: npt.NDArray[np.float32], rate: int
+) -> None:
+    gap = np.zeros(8000, dtype=np.float32)
+    audio = np.concatenate((gap, question, gap))
+    at_rate = soxr.resample(audio, 16000, rate).astype(np.float32)
+    got = np.array(await pushed(batched, at_rate, rate * 32 // 1000))
+    # The reference hears the same band: the audio at `rate` brought back to 16 kHz by soxr.
+    back = soxr.resample(at_rate, rate, 16000).astype(np.float32)
+    want = np.array(await probabilities(SileroVad().open_stream(), back))
+    count = min(len(got), len(want))
+    assert abs(len(got) - len(want)) <= 1
+    assert np.abs(got[:count] - want[:count]).mean() < 0.02
+    assert ((got[:count] > 0.5) == (want[:count] > 0.5)).mean() > 0.97
+    assert got.max() > 0.9 and got[:5].max() < 0.1
+
+
+def test_the_resampler_keeps_the_speech_band() -> None:
+    resampler = chunk_resampler(24000)
+    t = np.arange(768 * 60) / 24000
+    tone = np.sin(2 * np.pi * 1000 * t).astype(np.float32)
+    alias = np.sin(2 * np.pi * 11000 * t).astype(np.float32)  # above 8 kHz: must be removed
+    for signal, low, high in ((tone, 0.95, 1.05), (alias, 0.0, 0.05)):
+        history = np.zeros(resampler.history, dtype=np.float32)
+        out = []
+        for chunk in signal.reshape(-1, 768):
+            row = np.concatenate((history, chunk))[np.newaxis]
+            out.append(resampler.run(row)[0])
+            history = row[0, -resampler.history :]
+        steady = np.concatenate(out)[1600:]
+        amplitude = np.sqrt(2 * np.mean(steady**2))
+        assert low <= amplitude <= high, (signal is tone, amplitude)
+
+
+async def test_a_new_epoch_starts_afresh(
     batched: BatchedSileroVad, question: npt.NDArray[np.float32]
 ) -> None:
     chunks = chunks_of(question)
-    stream = batched.open_stream()
-    # Whether or not its batch has run yet, the cancelled chunk must leave no trace.
-    task = asyncio.create_task(stream.probability(chunks[0] * 0.5))
-    await asyncio.sleep(0)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    got = [await stream.probability(chunk) for chunk in chunks]
-    want = await probabilities(batched.open_stream(), question)
-    np.testing.assert_allclose(got, want, atol=1e-6)
+    listener = Listener(2 * len(chunks))
+    stream = batched.open_stream(listener)
+    for chunk in chunks:
+        stream.push(chunk, 0)
+    for chunk in chunks:
+        stream.push(chunk, 1)
+    await asyncio.wait_for(listener.done.wait(), LIVENESS_S)
+    first, second = listener.results[: len(chunks)], listener.results[len(chunks) :]
+    assert {e for _, e in first} == {0} and {e for _, e in second} == {1}
+    # The second pass starts from fresh state, so it equals the first.
+    np.testing.assert_allclose([p for p, _ in second], [p for p, _ in first], atol=1e-6)
 
 
-async def test_overlapping_calls_on_one_stream_are_refused(batched: BatchedSileroVad) -> None:
-    stream: BatchedSileroVadStream = batched.open_stream()
-    silence = np.zeros(CHUNK_SAMPLES, dtype=np.float32)
-    first = asyncio.create_task(stream.probability(silence))
-    await asyncio.sleep(0)
-    with pytest.raises(RuntimeError, match="overlap"):
-        await stream.probability(silence)
-    assert await first < 0.1
+async def test_a_closed_stream_gets_nothing_more_and_frees_its_row(
+    batched: BatchedSileroVad, question: npt.NDArray[np.float32]
+) -> None:
+    chunks = chunks_of(question)
+    listener = Listener(len(chunks))
+    stream = batched.open_stream(listener)
+    for chunk in chunks:
+        stream.push(chunk, 0)
+    stream.close()
+    stream.push(chunks[0], 0)  # after close: ignored
+    # A new stream reuses the row and starts clean: its results equal a fresh run's.
+    fresh = await pushed(batched, question)
+    np.testing.assert_allclose(fresh, await pushed(batched, question), atol=1e-6)
+    await asyncio.sleep(0.05)
+    assert len(listener.results) < len(chunks)
 
 
-async def test_a_chunk_of_the_wrong_shape_is_refused(batched: BatchedSileroVad) -> None:
-    with pytest.raises(ValueError, match="512 samples"):
-        await batched.open_stream().probability(np.zeros(100, dtype=np.float32))
+async def test_a_chunk_of_no_supported_rate_is_refused(batched: BatchedSileroVad) -> None:
+    stream = batched.open_stream(Listener(1))
+    with pytest.raises(ValueError, match="32 ms"):
+        stream.push(np.zeros(101, dtype=np.float32), 0)
+    with pytest.raises(ValueError, match="3125 Hz"):
+        stream.push(np.zeros(100, dtype=np.float32), 0)
+    with pytest.raises(ValueError):
+        stream.push(np.zeros((2, 512), dtype=np.float32), 0)
+    with pytest.raises(ValueError):
+        stream.push(np.zeros(512, dtype=np.float64), 0)
+    # 44.1 kHz has no whole number of samples in 32 ms.
+    with pytest.raises(ValueError):
+        stream.push(np.zeros(1411, dtype=np.int16), 0)
+
+
+async def test_a_slow_stream_does_not_hold_back_the_others(
+    question: npt.NDArray[np.float32],
+) -> None:
+    # One stream pushes a long backlog at once; another pushes a chunk now and then. The
+    # other's answers must not wait for the backlog to drain: each batch takes one chunk of
+    # every stream that has one.
+    engine = BatchedSileroVad(max_batch=8, max_wait_ms=5)
+    await engine.warmup()
+    try:
+        backlog = chunks_of(np.tile(question, 8))
+        busy = Listener(len(backlog))
+        heavy = engine.open_stream(busy)
+        for chunk in backlog:
+            heavy.push(chunk, 0)
+        light = Listener(3)
+        other: BatchedSileroVadStream = engine.open_stream(light)
+        for chunk in chunks_of(question)[:3]:
+            other.push(chunk, 0)
+        await asyncio.wait_for(light.done.wait(), LIVENESS_S)
+        assert len(busy.results) < len(backlog) / 2
+        await asyncio.wait_for(busy.done.wait(), LIVENESS_S)
+    finally:
+        await engine.aclose()
+
+
+async def test_a_closed_engine_refuses_pushes() -> None:
+    engine = BatchedSileroVad()
+    await engine.warmup()
+    stream = engine.open_stream(Listener(1))
+    await engine.aclose()
+    with pytest.raises(BatcherClosedError):
+        stream.push(np.zeros(512, dtype=np.float32), 0)
 
 
 # ------------------------------------------------------------------ the generic batcher

@@ -15,7 +15,7 @@ from hark.config import Settings
 from hark.engines.fake import FakeAsr, FakeLlm, FakeTts
 from hark.engines.registry import Engines, build_engines
 from hark.engines.turn.llama_cpp import LlamaCppEndOfTurn
-from hark.engines.vad.silero import SileroVad
+from hark.engines.vad.batcher import BatchedSileroVad
 from hark.server.app import create_app, make_runner
 
 API_KEY = "sk-test-correct-horse-battery-staple"
@@ -38,7 +38,7 @@ class RunningServer:
 StartServer = Callable[..., Awaitable[RunningServer]]
 
 
-class GatedVad(SileroVad):
+class GatedVad(BatchedSileroVad):
     """The real VAD, whose warm-up waits for ``gate`` (then raises ``error`` if given)."""
 
     def __init__(self, gate: asyncio.Event, error: Exception | None = None) -> None:

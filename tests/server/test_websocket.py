@@ -13,12 +13,13 @@ import pytest
 from aiohttp import web
 
 import hark.server.app
+import hark.transports.websocket
 from hark.config import Settings
 from hark.engines.fake import FakeAsr, FakeTts
 from hark.engines.llm import Finished, GenerationRequest, LlmEvent
 from hark.engines.registry import Engines
 from hark.engines.turn.llama_cpp import LlamaCppEndOfTurn
-from hark.engines.vad.silero import SileroVad
+from hark.engines.vad.batcher import BatchedSileroVad
 from hark.server.app import create_app, make_runner
 from hark.transports.websocket import MAX_MESSAGE_BYTES
 
@@ -205,7 +206,7 @@ async def test_disconnect_cancels_the_sessions_engine_work(
 ) -> None:
     llm = HangingLlm()
     engines = Engines(
-        vad=SileroVad(), asr=FakeAsr(), llm=llm, tts=FakeTts(), turn=LlamaCppEndOfTurn()
+        vad=BatchedSileroVad(), asr=FakeAsr(), llm=llm, tts=FakeTts(), turn=LlamaCppEndOfTurn()
     )
     server = await start_server(KEYED, engines)
     ws = await http.ws_connect(server.ws_url + "?model=gpt-realtime", headers=bearer(API_KEY))
@@ -220,3 +221,61 @@ async def test_disconnect_cancels_the_sessions_engine_work(
     await asyncio.wait_for(llm.started.wait(), timeout=30)
     await ws.close()
     await asyncio.wait_for(llm.cancelled.wait(), timeout=10)
+
+
+async def test_a_peer_that_does_not_answer_pings_is_closed(
+    start_server: StartServer,
+    http: aiohttp.ClientSession,
+    fake_engines: Engines,
+    stub_sessions: list[StubSession],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(hark.transports.websocket, "HEARTBEAT_SECONDS", 0.3)
+    server = await start_server(KEYED, fake_engines)
+    # autoping=False: the client neither answers the server's pings nor sends anything.
+    ws = await http.ws_connect(server.ws_url + "?model=m", headers=bearer(API_KEY), autoping=False)
+    try:
+        assert (await next_json(ws))["type"] == "session.created"
+        msg = await asyncio.wait_for(ws.receive(), timeout=30)
+        assert msg.type is aiohttp.WSMsgType.PING
+        msg = await asyncio.wait_for(ws.receive(), timeout=30)
+        assert msg.type is aiohttp.WSMsgType.CLOSE
+        assert msg.data == aiohttp.WSCloseCode.GOING_AWAY
+    finally:
+        await ws.close()
+    await asyncio.wait_for(stub_sessions[0].closed.wait(), timeout=10)
+
+
+async def test_a_quiet_peer_that_answers_pings_stays_and_is_answered(
+    start_server: StartServer,
+    http: aiohttp.ClientSession,
+    fake_engines: Engines,
+    stub_sessions: list[StubSession],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(hark.transports.websocket, "HEARTBEAT_SECONDS", 0.2)
+    server = await start_server(KEYED, fake_engines)
+    async with http.ws_connect(
+        server.ws_url + "?model=m", headers=bearer(API_KEY), autoping=False
+    ) as ws:
+        assert (await next_json(ws))["type"] == "session.created"
+        pings = 0
+        loop = asyncio.get_running_loop()
+        until = loop.time() + 1.5
+        while loop.time() < until:
+            try:
+                msg = await asyncio.wait_for(ws.receive(), timeout=until - loop.time())
+            except TimeoutError:
+                break
+            assert msg.type is aiohttp.WSMsgType.PING, msg
+            pings += 1
+            await ws.pong(msg.data)
+        assert pings >= 2
+        # Still open, and the server answers the client's own ping.
+        await ws.ping(b"hello")
+        msg = await asyncio.wait_for(ws.receive(), timeout=30)
+        while msg.type is aiohttp.WSMsgType.PING:
+            await ws.pong(msg.data)
+            msg = await asyncio.wait_for(ws.receive(), timeout=30)
+        assert (msg.type, msg.data) == (aiohttp.WSMsgType.PONG, b"hello")
+        assert not stub_sessions[0].closed.is_set()

@@ -32,13 +32,14 @@ def silence(ms: int, rate: int = RATE) -> npt.NDArray[np.int16]:
     return np.zeros(rate * ms // 1000, np.int16)
 
 
-def energy_probability(chunk: npt.NDArray[np.float32]) -> float:
+def energy_probability(chunk: npt.NDArray[np.int16]) -> float:
     """The tests' stand-in for the VAD model: loud chunks are speech.
 
     The real Silero model is tested in tests/engines and end to end; here the subject is the
     state machine, so the probabilities must be exactly predictable.
     """
-    return 1.0 if float(np.sqrt(np.mean(chunk**2))) > 0.05 else 0.0
+    samples = chunk.astype(np.float32) / 32768
+    return 1.0 if float(np.sqrt(np.mean(samples**2))) > 0.05 else 0.0
 
 
 class Driver:

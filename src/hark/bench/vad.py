@@ -6,7 +6,8 @@ the figure is what a core pays, whatever the machine's other load does to wall t
 - ``model``: Silero alone (``run_batch``) on a batch of B rows.
 - ``unbatched``: B concurrent streams of ``SileroVad``, one model call per chunk in a thread
   (what every session cost before batching).
-- ``batched``: B concurrent streams of ``BatchedSileroVad``, sharing model calls.
+- ``batched``: B concurrent streams of ``BatchedSileroVad``, sharing model calls, fed what
+  sessions feed it: 32 ms int16 chunks at 24 kHz, resampled in the batch.
 
 A session sends one chunk every 32 ms, so a core carries at most 32 ms / cost sessions' VAD.
 """
@@ -15,18 +16,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from hark.engines.vad import VadEngine
-from hark.engines.vad.batcher import DEFAULT_MAX_WAIT_MS, BatchedSileroVad
+from hark.engines.vad.batcher import DEFAULT_MAX_WAIT_MS, BatchedSileroVad, BatchedSileroVadStream
 from hark.engines.vad.silero import (
     CHUNK_SAMPLES,
     SAMPLE_RATE,
@@ -90,7 +91,7 @@ async def measure(batch_sizes: list[int], seconds: float, max_wait_ms: float) ->
         for size in batch_sizes:
             model = await asyncio.to_thread(_model_cost, session, size, seconds)
             plain = await _streams_cost(unbatched, size, seconds)
-            shared = await _streams_cost(batched, size, seconds)
+            shared = await _pushed_cost(batched, size, seconds)
             rows.append(
                 {
                     "batch": size,
@@ -146,7 +147,7 @@ def _model_cost(session: Any, size: int, seconds: float) -> float:
     return (time.process_time() - cpu) * 1000 / (calls * size)
 
 
-async def _streams_cost(engine: VadEngine, streams: int, seconds: float) -> float:
+async def _streams_cost(engine: SileroVad, streams: int, seconds: float) -> float:
     chunks = list(_noise(16, CHUNK_SAMPLES, seed=1))
     counts = [0] * streams
     stop = time.monotonic() + seconds
@@ -160,3 +161,39 @@ async def _streams_cost(engine: VadEngine, streams: int, seconds: float) -> floa
     cpu = time.process_time()
     await asyncio.gather(*(feed(i) for i in range(streams)))
     return (time.process_time() - cpu) * 1000 / max(1, sum(counts))
+
+
+async def _pushed_cost(engine: BatchedSileroVad, streams: int, seconds: float) -> float:
+    """Each stream pushes its next chunk when the last one is answered, as a session would
+    if it spoke faster than real time."""
+    rate = 24000
+    chunks = list((_noise(16, rate * 32 // 1000, seed=1) * 32768).astype(np.int16))
+    counts = [0] * streams
+    stop = time.monotonic() + seconds
+    finished = asyncio.get_running_loop().create_future()
+    running = streams
+    opened: list[BatchedSileroVadStream] = []
+
+    def answered(index: int) -> None:
+        nonlocal running
+        counts[index] += 1
+        if time.monotonic() < stop:
+            opened[index].push(chunks[counts[index] % len(chunks)], 0)
+            return
+        running -= 1
+        if running == 0 and not finished.done():
+            finished.set_result(None)
+
+    cpu = time.process_time()
+    for index in range(streams):
+        opened.append(engine.open_stream(functools.partial(_ignore_result, answered, index)))
+    for stream in opened:
+        stream.push(chunks[0], 0)
+    await finished
+    for stream in opened:
+        stream.close()
+    return (time.process_time() - cpu) * 1000 / max(1, sum(counts))
+
+
+def _ignore_result(then: Callable[[int], None], index: int, probability: float, epoch: int) -> None:
+    then(index)

@@ -23,7 +23,7 @@ from aiohttp.abc import AbstractAccessLogger
 
 from hark.config import Settings
 from hark.engines.registry import Engines
-from hark.engines.vad.batcher import Batcher
+from hark.engines.vad.batcher import BatchedSileroVad, Batcher
 from hark.observability.metrics import CONTENT_TYPE, Metrics
 from hark.observability.tracing import TurnTracer
 from hark.protocol.errors import ProtocolError
@@ -589,7 +589,7 @@ async def _run_metrics(app: web.Application) -> AsyncIterator[None]:
     engines = app[ENGINES]
     for engine_field in dataclasses.fields(engines):
         batcher = getattr(getattr(engines, engine_field.name), "batcher", None)
-        if isinstance(batcher, Batcher):
+        if isinstance(batcher, (Batcher, BatchedSileroVad)):
             batcher.observer = metrics.batch_observer(engine_field.name)
     task = asyncio.create_task(metrics.run_background(), name="hark-metrics")
     yield

@@ -15,12 +15,13 @@ from hark.engines.llm import GenerationRequest
 
 @dataclass(frozen=True, slots=True)
 class AnalyzeSpeech:
-    """Run the VAD on one chunk; answer with ``Session.on_vad(probability, epoch)`` in order.
+    """Run the VAD on one 32 ms chunk of input audio (int16 at the input rate); answer with
+    ``Session.on_vad(probability, epoch)`` in order.
 
     A new ``epoch`` means the VAD stream must start from fresh state.
     """
 
-    chunk: npt.NDArray[np.float32]
+    chunk: npt.NDArray[np.int16]
     epoch: int
 
 

@@ -20,9 +20,11 @@ import numpy as np
 import numpy.typing as npt
 
 from hark.audio.formats import decode_audio, encode_audio, format_rate
-from hark.audio.resample import StreamResampler, resample
+from hark.audio.resample import resample
 from hark.engines.llm import Finished, FunctionTool, GenerationRequest, ToolChoice
 from hark.engines.turn import silence_for
+from hark.engines.vad import CHUNK_MS as VAD_CHUNK_MS
+from hark.engines.vad import chunk_samples
 from hark.protocol import client_events as ce
 from hark.protocol import items as wire
 from hark.protocol import server_events as se
@@ -69,8 +71,6 @@ from hark.session.turn_detection import TurnDetector, TurnEvent
 MAX_APPEND_BYTES = 15 * 1024 * 1024
 MIN_COMMIT_MS = 100
 SESSION_LIMIT_S = 60 * 60
-VAD_RATE = 16000
-VAD_CHUNK = 512
 ASR_RATE = 16000
 
 # A pause this long inside speech starts speculative recognition (and then a speculative
@@ -363,11 +363,12 @@ class Session:
         fmt = self.config.audio.input.format
         self._in_rate = format_rate(fmt)
         self._buffer = InputAudioBuffer(self._in_rate, self._clock_ms)
-        self._to_vad = StreamResampler(self._in_rate, VAD_RATE)
-        self._vad_pending = np.zeros(0, np.float32)
+        # The VAD hears 32 ms chunks at the input rate (it resamples them itself, for all
+        # sessions at once).
+        self._vad_chunk = chunk_samples(self._in_rate)
+        self._vad_pending: npt.NDArray[np.int16] = np.zeros(0, np.int16)
         self._vad_epoch = getattr(self, "_vad_epoch", -1) + 1
         self._vad_base_ms = self._clock_ms
-        self._vad_sent = 0
         self._vad_done = 0
         td = self.config.audio.input.turn_detection
         self._turns = TurnDetector(td) if td is not None else None
@@ -410,23 +411,20 @@ class Session:
             self._feed_vad(pcm)
 
     def _feed_vad(self, pcm: npt.NDArray[np.int16]) -> None:
-        # In float32 all the way: the VAD wants floats, and one conversion is cheaper than two.
-        resampled = self._to_vad.process(pcm.astype(np.float32) * (1 / 32768))
-        pending = np.concatenate((self._vad_pending, resampled))
-        count = len(pending) // VAD_CHUNK
+        if len(self._vad_pending):
+            pcm = np.concatenate((self._vad_pending, pcm))
+        size = self._vad_chunk
+        count = len(pcm) // size
         for i in range(count):
-            chunk = pending[i * VAD_CHUNK : (i + 1) * VAD_CHUNK]
-            self._outbox.append(AnalyzeSpeech(chunk, self._vad_epoch))
-        self._vad_sent += count
-        self._vad_pending = pending[count * VAD_CHUNK :]
+            self._outbox.append(AnalyzeSpeech(pcm[i * size : (i + 1) * size], self._vad_epoch))
+        self._vad_pending = pcm[count * size :]
 
     def on_vad(self, probability: float, epoch: int) -> None:
         """The VAD's answer for the oldest chunk not yet answered (of this epoch)."""
         if epoch != self._vad_epoch or self._turns is None or self._closed:
             return
-        chunk_ms = VAD_CHUNK * 1000 / VAD_RATE
-        start = self._vad_base_ms + self._vad_done * chunk_ms
-        end = start + chunk_ms
+        start = self._vad_base_ms + self._vad_done * VAD_CHUNK_MS
+        end = start + VAD_CHUNK_MS
         self._vad_done += 1
         self._vad_now_ms = end
         decision = self._turns.feed(start, end, probability)

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import logging
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
@@ -104,10 +105,11 @@ class SessionRunner:
         )
         self._out: asyncio.Queue[str | None] = asyncio.Queue()
         # Each chunk with the moment its last sample reached the session (monotonic).
-        self._vad_in: asyncio.Queue[tuple[AnalyzeSpeech, float]] = asyncio.Queue()
+        # When the last sample of each chunk the VAD has not answered yet arrived (monotonic).
+        self._vad_waiting: deque[float] = deque()
         # When the audio behind the VAD result being handled now arrived.
         self._vad_arrived = 0.0
-        self._vad_stream = engines.vad.open_stream()
+        self._vad_stream = engines.vad.open_stream(self._on_vad)
         self._generations: dict[str, asyncio.Task[None]] = {}
         self._speculation: _Speculation | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -123,7 +125,6 @@ class SessionRunner:
     async def start(self) -> None:
         """Queue ``session.created`` and start the session's background work."""
         self.metrics.started()
-        self._spawn(self._vad_loop(), "vad")
         self._spawn(self._expiry_timer(), "expiry")
         self._call(self.session.start)
         log.info("session %s started (%s)", self.id, self.transport)
@@ -165,6 +166,7 @@ class SessionRunner:
         if self._closed:
             return
         self._closed = True
+        self._vad_stream.close()
         self.metrics.ended(reason)
         current = asyncio.current_task()
         pending = [*self._tasks, *self._generations.values()]
@@ -200,7 +202,13 @@ class SessionRunner:
                 self.metrics.server_event(out)
                 self._out.put_nowait(se.encode_event(out).decode())
             elif isinstance(out, AnalyzeSpeech):
-                self._vad_in.put_nowait((out, arrived))
+                try:
+                    self._vad_stream.push(out.chunk, out.epoch)
+                except Exception:
+                    # The core slices the chunks itself: a bug, or the engine is shutting down.
+                    log.exception("session %s: VAD refused a chunk", self.id)
+                else:
+                    self._vad_waiting.append(arrived)
             elif isinstance(out, Transcribe):
                 self._spawn(self._transcribe(out), f"asr {out.request_id}")
             elif isinstance(out, ScoreTurn):
@@ -288,21 +296,12 @@ class SessionRunner:
 
     # ------------------------------------------------------------------ engine work
 
-    async def _vad_loop(self) -> None:
-        epoch = 0
-        while True:
-            request, arrived = await self._vad_in.get()
-            if request.epoch != epoch:
-                self._vad_stream.reset()
-                epoch = request.epoch
-            try:
-                probability = await self._vad_stream.probability(request.chunk)
-            except Exception:
-                log.exception("session %s: VAD failed on a chunk", self.id)
-                probability = 0.0
-            self.metrics.vad_chunk(arrived)
-            self._vad_arrived = arrived
-            self._call(self.session.on_vad, probability, request.epoch)
+    def _on_vad(self, probability: float, epoch: int) -> None:
+        """The VAD's answer for the oldest chunk pushed and not yet answered."""
+        arrived = self._vad_waiting.popleft() if self._vad_waiting else self._now()
+        self.metrics.vad_chunk(arrived)
+        self._vad_arrived = arrived
+        self._call(self.session.on_vad, probability, epoch)
 
     async def _expiry_timer(self) -> None:
         delay = self.session.expires_at - self._clock()

@@ -1,33 +1,47 @@
-"""Voice activity detection: speech probability per fixed-size chunk of 16 kHz audio."""
+"""Voice activity detection: a speech probability for every 32 ms of a session's audio.
+
+Sessions push chunks at their input rate and carry on; the engine answers each chunk, in
+order, through the stream's ``on_result`` callback on the session's event loop. The engine
+resamples to the model's rate itself, so that it can do so for many sessions at once.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
+from hark.engines.vad.resample import CHUNK_MS, UnsupportedRateError, chunk_samples
+
+__all__ = ["CHUNK_MS", "UnsupportedRateError", "VadEngine", "VadStream", "chunk_samples"]
+
 
 class VadStream(Protocol):
-    """One audio stream's VAD state (the model's recurrent state and the previous chunk's tail)."""
+    """One session's audio on a VAD engine."""
 
-    async def probability(self, chunk: npt.NDArray[np.float32]) -> float:
-        """Speech probability of one chunk: exactly ``chunk_samples`` float32 samples in [-1, 1]."""
+    def push(self, chunk: npt.NDArray[np.int16] | npt.NDArray[np.float32], epoch: int) -> None:
+        """Queue the next 32 ms chunk (int16, or float32 in [-1, 1]) at the input rate.
+
+        A chunk whose ``epoch`` differs from the previous chunk's starts from fresh model
+        state. Raises ``ValueError`` when the chunk is not 32 ms at a supported rate.
+        """
         ...
 
-    def reset(self) -> None:
-        """Forget the stream's history, as if it had just been opened."""
+    def close(self) -> None:
+        """Drop queued chunks; no result is delivered afterwards."""
         ...
 
 
 class VadEngine(Protocol):
-    """A VAD model shared by many streams."""
+    """A VAD model shared by every session of the process."""
 
-    sample_rate: int
-    chunk_samples: int
+    chunk_ms: int
 
-    def open_stream(self) -> VadStream:
-        """A new, independent stream with fresh state."""
+    def open_stream(self, on_result: Callable[[float, int], None]) -> VadStream:
+        """A stream with fresh state; ``on_result(probability, epoch)`` gets every chunk's
+        answer, in order, on the event loop that opened it."""
         ...
 
     async def warmup(self) -> None:

@@ -6,8 +6,12 @@ within a short window and runs them through the model as one batch in its own th
 caller awaits its own row's result. A batch leaves when it is full or when its oldest item
 has waited ``max_wait_ms``, whichever comes first, so no item waits on a slow or silent
 session; and at once when, at the recent rate of arrivals, nobody else would join it in
-time, so that a lightly loaded process adds no wait at all. ``BatchedSileroVad`` is the
-Silero VAD on top of it, a drop-in ``VadEngine``.
+time, so that a lightly loaded process adds no wait at all.
+
+``BatchedSileroVad``, the VAD every session uses, applies the same policy without a future
+per item: sessions push chunks and go on, and the results of a whole batch come back in one
+call on the event loop, since at 200 sessions a future, a task switch and a thread hop per
+32 ms chunk cost more than the model itself.
 
 The deadline is kept by the batcher's thread, not by the event loop, so a busy loop does
 not hold batches back.
@@ -17,16 +21,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
+from hark.engines.vad.resample import CHUNK_MS, chunk_rate, chunk_resampler
 from hark.engines.vad.silero import (
     CHUNK_SAMPLES,
     CONTEXT_SAMPLES,
@@ -99,10 +105,7 @@ class Batcher(Generic[T, R]):
         self._cond = threading.Condition(threading.Lock())
         self._thread: threading.Thread | None = None
         self._closed = False
-        # Arrivals per second, to judge whether waiting for more items is worth it.
-        self._rate = 0.0
-        self._arrivals = 0
-        self._rate_since = time.monotonic()
+        self._arrivals = ArrivalRate()
 
     @property
     def pending(self) -> int:
@@ -121,7 +124,7 @@ class Batcher(Generic[T, R]):
             if self._closed:
                 raise BatcherClosedError(f"the {self.name} batcher is closed")
             self._pending.append(_Entry(item, future, loop, time.monotonic()))
-            self._arrivals += 1
+            self._arrivals.count()
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._work, name=f"hark-{self.name}-batcher", daemon=True
@@ -177,18 +180,12 @@ class Batcher(Generic[T, R]):
         while not self._pending and not self._closed:
             self._cond.wait()
         if self._pending:
-            now = time.monotonic()
-            self._update_rate(now)
             deadline = self._pending[0].enqueued + self.max_wait_s
             while len(self._pending) < self.max_batch and not self._closed:
-                remaining = deadline - now
-                # Waiting only pays when someone else is likely to join before the deadline:
-                # with few callers it would add the whole deadline to every item and gather
-                # nobody.
-                if remaining <= 0 or self._rate * remaining < 1:
+                remaining = self._arrivals.worth_waiting(deadline)
+                if remaining is None:
                     break
                 self._cond.wait(remaining)
-                now = time.monotonic()
         if self._closed:
             waiting = list(self._pending)
             self._pending.clear()
@@ -197,14 +194,39 @@ class Batcher(Generic[T, R]):
         take = min(self.max_batch, len(self._pending))
         return [self._pending.popleft() for _ in range(take)]
 
-    def _update_rate(self, now: float) -> None:
-        """Follow how many items arrive per second (smoothed over about a fifth of a second)."""
-        elapsed = now - self._rate_since
-        if elapsed < _RATE_WINDOW_S:
-            return
-        self._rate = 0.5 * self._rate + 0.5 * self._arrivals / elapsed
+
+class ArrivalRate:
+    """How many items arrive per second, to judge whether waiting for more is worth it.
+
+    Not thread-safe by itself: callers hold their own lock.
+    """
+
+    def __init__(self) -> None:
+        self.per_second = 0.0
         self._arrivals = 0
-        self._rate_since = now
+        self._since = time.monotonic()
+
+    def count(self, items: int = 1) -> None:
+        """``items`` more arrived."""
+        self._arrivals += items
+
+    def worth_waiting(self, deadline: float) -> float | None:
+        """Seconds to wait for more items before ``deadline``, or None to go now.
+
+        Waiting only pays when someone else is likely to join before the deadline: with few
+        callers it would add the whole deadline to every item and gather nobody.
+        """
+        now = time.monotonic()
+        elapsed = now - self._since
+        if elapsed >= _RATE_WINDOW_S:
+            # Smoothed over about a fifth of a second.
+            self.per_second = 0.5 * self.per_second + 0.5 * self._arrivals / elapsed
+            self._arrivals = 0
+            self._since = now
+        remaining = deadline - now
+        if remaining <= 0 or self.per_second * remaining < 1:
+            return None
+        return remaining
 
 
 def _deliver_all(
@@ -236,20 +258,36 @@ def _resolve(
 
 # ---------------------------------------------------------------------------- Silero VAD
 
-_Row = tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]
+_log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Chunk:
+    samples: npt.NDArray[Any]
+    epoch: int
+    enqueued: float
 
 
 class BatchedSileroVad:
-    """Silero VAD with every stream's chunks batched into shared model calls.
+    """Silero VAD for every session of the process, in shared model calls: a ``VadEngine``.
 
-    A ``VadEngine``: each stream keeps its own recurrent state and context, and its
-    ``probability`` joins the next batch. Results are those of ``SileroVad`` row for row.
-    ``max_batch`` caps a batch's rows, ``max_wait_ms`` how long a chunk waits for others;
-    ``threads`` is ONNX Runtime's intra-op thread count for each batch.
+    Sessions push 32 ms chunks at their input rate and go on; the engine's thread takes the
+    oldest chunk of every stream that has one, resamples the batch to 16 kHz (one polyphase
+    filter per input rate, :mod:`hark.engines.vad.resample`) and runs Silero once over it.
+    A stream's later chunks wait for the next batch, since each depends on the state the one
+    before leaves; the thread takes them without a round trip through the event loop. The
+    probabilities come back on the stream's event loop, one wake-up per batch for all of
+    them, through each stream's ``on_result``.
+
+    The streams' recurrent states, Silero contexts and resampler histories live in shared
+    arrays, a row per stream, so a batch gathers and scatters them in one step each.
+    A batch leaves when it holds ``max_batch`` streams, when its oldest chunk has waited
+    ``max_wait_ms``, or at once when at the recent rate of arrivals nobody else would join it
+    in time. ``threads`` is ONNX Runtime's intra-op thread count for each batch.
     """
 
     sample_rate: int = SAMPLE_RATE
-    chunk_samples: int = CHUNK_SAMPLES
+    chunk_ms: int = CHUNK_MS
 
     def __init__(
         self,
@@ -257,76 +295,329 @@ class BatchedSileroVad:
         max_wait_ms: float = DEFAULT_MAX_WAIT_MS,
         threads: int = 1,
     ) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be at least 1, got {max_batch}")
+        if max_wait_ms < 0:
+            raise ValueError(f"max_wait_ms must not be negative, got {max_wait_ms}")
+        self.max_batch = max_batch
+        self.max_wait_s = max_wait_ms / 1000
+        self.observer: BatchObserver | None = None
         self._model = SileroVad(threads)
-        self.batcher: Batcher[_Row, _Row] = Batcher(
-            self._run, max_batch=max_batch, max_wait_ms=max_wait_ms, name="vad"
-        )
+        self._cond = threading.Condition(threading.Lock())
+        # Streams with a chunk waiting, oldest first; a stream is here at most once, and not
+        # while its previous chunk is being run.
+        self._ready: deque[BatchedSileroVadStream] = deque()
+        self._arrivals = ArrivalRate()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._free_rows: list[int] = []
+        self._rows_used = 0
+        # Owned by the thread: a row per stream.
+        self._states = np.zeros((2, 0, STATE_SIZE), dtype=np.float32)
+        self._contexts = np.zeros((0, CONTEXT_SAMPLES), dtype=np.float32)
+        self._histories: dict[int, npt.NDArray[np.float32]] = {}
 
-    def open_stream(self) -> BatchedSileroVadStream:
-        """A new, independent stream with fresh state."""
-        return BatchedSileroVadStream(self.batcher)
+    @property
+    def batcher(self) -> BatchedSileroVad:
+        """What the server's metrics observe (``observer`` is set on it)."""
+        return self
+
+    @property
+    def pending(self) -> int:
+        """Streams with a chunk waiting for a batch (not counting the batch running now)."""
+        return len(self._ready)
+
+    def open_stream(self, on_result: Callable[[float, int], None]) -> BatchedSileroVadStream:
+        """A new stream with fresh state; results go to ``on_result`` on the current loop."""
+        loop = asyncio.get_running_loop()
+        with self._cond:
+            if self._closed:
+                raise BatcherClosedError("the vad batcher is closed")
+            if self._free_rows:
+                row = self._free_rows.pop()
+            else:
+                row = self._rows_used
+                self._rows_used += 1
+        return BatchedSileroVadStream(self, row, on_result, loop)
 
     async def warmup(self) -> None:
         """Load the model and run one silent chunk through the batcher."""
         await asyncio.to_thread(self._model.load)
-        await self.open_stream().probability(np.zeros(CHUNK_SAMPLES, dtype=np.float32))
+        done: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+
+        def result(probability: float, epoch: int) -> None:
+            if not done.done():
+                done.set_result(probability)
+
+        stream = self.open_stream(result)
+        try:
+            stream.push(np.zeros(CHUNK_SAMPLES, dtype=np.int16), 0)
+            await done
+        finally:
+            stream.close()
 
     async def aclose(self) -> None:
-        """Stop the batcher's thread."""
-        await asyncio.to_thread(self.batcher.close)
+        """Stop the thread once the running batch is done; later pushes raise."""
+        await asyncio.to_thread(self._close)
 
-    def _run(self, rows: list[_Row]) -> list[_Row]:
-        windows = np.stack([window for window, _ in rows])
-        states = np.stack([state for _, state in rows], axis=1)
-        probabilities, next_states = run_batch(self._model.load(), windows, states)
-        # Copies, so that a stream's state does not keep the whole batch's array alive.
-        return [
-            (probabilities[i : i + 1].copy(), next_states[:, i, :].copy()) for i in range(len(rows))
-        ]
+    def _close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._ready.clear()
+            self._cond.notify()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    # Called by streams, on their loop.
+
+    def _push(self, stream: BatchedSileroVadStream, chunk: _Chunk) -> None:
+        with self._cond:
+            if self._closed:
+                raise BatcherClosedError("the vad batcher is closed")
+            if stream.closed:
+                return
+            stream.queue.append(chunk)
+            self._arrivals.count()
+            if not stream.scheduled:
+                stream.scheduled = True
+                self._ready.append(stream)
+                count = len(self._ready)
+                # The thread sleeps until there is work or until a deadline: only a first
+                # stream or a full batch changes what it does.
+                if count == 1 or count >= self.max_batch:
+                    self._cond.notify()
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._work, name="hark-vad-batcher", daemon=True
+                )
+                self._thread.start()
+
+    def _release(self, stream: BatchedSileroVadStream) -> None:
+        with self._cond:
+            if stream.closed:
+                return
+            stream.closed = True
+            stream.queue.clear()
+            # The callback holds the session; a closed stream must not keep it alive.
+            stream.on_result = _ignore
+            # A stream in a running batch gives its row back when that batch is done.
+            if stream.running:
+                return
+            if stream.scheduled:
+                self._ready.remove(stream)
+            self._free_rows.append(stream.row)
+
+    # The thread.
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                batch = self._next_batch()
+                if batch is None:
+                    return
+                backlog = len(self._ready)
+            if not batch:
+                continue
+            streams = [stream for stream, _ in batch]
+            started = time.monotonic()
+            try:
+                probabilities = self._run([chunk for _, chunk in batch], streams)
+            except Exception:
+                _log.exception("the VAD failed on a batch of %d chunks", len(batch))
+                probabilities = np.zeros(len(batch), dtype=np.float32)
+            finished = time.monotonic()
+            with self._cond:
+                for stream in streams:
+                    stream.running = False
+                    if stream.closed:
+                        self._free_rows.append(stream.row)
+                    elif stream.queue:
+                        self._ready.append(stream)
+                    else:
+                        stream.scheduled = False
+            _deliver_results(batch, probabilities)
+            if self.observer is not None:
+                oldest = min(chunk.enqueued for _, chunk in batch)
+                self.observer.batch(len(batch), started - oldest, finished - started, backlog)
+            # While the thread waits for the next batch, it must not keep this one's streams
+            # (and through them their sessions, calls and codecs) alive.
+            del batch, streams
+
+    def _next_batch(self) -> list[tuple[BatchedSileroVadStream, _Chunk]] | None:
+        """Wait (holding the condition) until a batch is due and take it; None once closed."""
+        while not self._ready and not self._closed:
+            self._cond.wait()
+        if self._ready:
+            deadline = self._ready[0].queue[0].enqueued + self.max_wait_s
+            while len(self._ready) < self.max_batch and not self._closed:
+                remaining = self._arrivals.worth_waiting(deadline)
+                if remaining is None:
+                    break
+                self._cond.wait(remaining)
+        if self._closed:
+            return None
+        batch: list[tuple[BatchedSileroVadStream, _Chunk]] = []
+        while self._ready and len(batch) < self.max_batch:
+            stream = self._ready.popleft()
+            stream.running = True
+            batch.append((stream, stream.queue.popleft()))
+        return batch
+
+    def _run(
+        self, chunks: list[_Chunk], streams: list[BatchedSileroVadStream]
+    ) -> npt.NDArray[np.float32]:
+        rows = np.fromiter((stream.row for stream in streams), dtype=np.intp, count=len(streams))
+        self._grow(self._rows_used)
+        fresh = []
+        for stream, chunk in zip(streams, chunks, strict=True):
+            rate = chunk_rate(len(chunk.samples))
+            if stream.epoch != chunk.epoch or stream.rate != rate:
+                stream.epoch, stream.rate = chunk.epoch, rate
+                fresh.append(stream.row)
+        if fresh:
+            self._states[:, fresh] = 0
+            self._contexts[fresh] = 0
+            for history in self._histories.values():
+                history[fresh] = 0
+        audio = self._resample(chunks, streams, rows)
+        windows = np.concatenate((self._contexts[rows], audio), axis=1)
+        probabilities, states = run_batch(self._model.load(), windows, self._states[:, rows])
+        self._states[:, rows] = states
+        self._contexts[rows] = audio[:, -CONTEXT_SAMPLES:]
+        return probabilities
+
+    def _resample(
+        self,
+        chunks: list[_Chunk],
+        streams: list[BatchedSileroVadStream],
+        rows: npt.NDArray[np.intp],
+    ) -> npt.NDArray[np.float32]:
+        """The batch's chunks at 16 kHz, ``[batch, 512]``, one filter run per input rate."""
+        by_rate: dict[int, list[int]] = {}
+        for index, stream in enumerate(streams):
+            by_rate.setdefault(stream.rate, []).append(index)
+        out = np.empty((len(chunks), CHUNK_SAMPLES), dtype=np.float32)
+        for rate, indices in by_rate.items():
+            resampler = chunk_resampler(rate)
+            samples = _as_float(np.stack([chunks[i].samples for i in indices]))
+            if resampler.history == 0:
+                out[indices] = samples
+                continue
+            history = self._histories.get(rate)
+            if history is None:
+                history = _grown(None, len(self._contexts), resampler.history)
+                self._histories[rate] = history
+            group = rows[indices]
+            extended = np.concatenate((history[group], samples), axis=1)
+            out[indices] = resampler.run(extended)
+            history[group] = extended[:, -resampler.history :]
+        return out
+
+    def _grow(self, rows: int) -> None:
+        if rows <= len(self._contexts):
+            return
+        capacity = max(64, 2 * rows)
+        states = np.zeros((2, capacity, STATE_SIZE), dtype=np.float32)
+        states[:, : self._states.shape[1]] = self._states
+        self._states = states
+        self._contexts = _grown(self._contexts, capacity, CONTEXT_SAMPLES)
+        for rate, history in self._histories.items():
+            self._histories[rate] = _grown(history, capacity, history.shape[1])
 
 
 class BatchedSileroVadStream:
-    """One stream of ``BatchedSileroVad``: its recurrent state and the previous chunk's tail.
+    """One session's stream of ``BatchedSileroVad``: push chunks, results come back in order.
 
-    Calls to ``probability`` on one stream must not overlap (each chunk depends on the one
-    before); an overlapping call raises ``RuntimeError``.
+    ``on_result(probability, epoch)`` is called on the loop that opened the stream, once per
+    pushed chunk and in order, until the stream is closed. A chunk with a new ``epoch``
+    starts from fresh state, as does a change of sample rate.
     """
 
-    def __init__(self, batcher: Batcher[_Row, _Row]) -> None:
-        self._batcher = batcher
-        self._state = np.zeros((2, STATE_SIZE), dtype=np.float32)
-        self._context = np.zeros(CONTEXT_SAMPLES, dtype=np.float32)
-        self._busy = False
+    __slots__ = (
+        "_engine",
+        "_loop",
+        "closed",
+        "epoch",
+        "on_result",
+        "queue",
+        "rate",
+        "row",
+        "running",
+        "scheduled",
+    )
 
-    async def probability(self, chunk: npt.NDArray[np.float32]) -> float:
-        """Speech probability of one chunk of exactly 512 float32 samples in [-1, 1].
+    def __init__(
+        self,
+        engine: BatchedSileroVad,
+        row: int,
+        on_result: Callable[[float, int], None],
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self._engine = engine
+        self._loop = loop
+        self.row = row
+        self.on_result = on_result
+        self.queue: deque[_Chunk] = deque()
+        self.scheduled = False  # waiting in the ready queue or running
+        self.running = False
+        self.closed = False
+        self.epoch: int | None = None
+        self.rate = 0
 
-        Raises ``ValueError`` for a chunk of another size or a non-float dtype. When the
-        call is cancelled the stream's state is left as if the chunk was never given.
+    def push(self, chunk: npt.NDArray[np.int16] | npt.NDArray[np.float32], epoch: int) -> None:
+        """Queue one 32 ms chunk (int16, or float32 in [-1, 1]) at any supported rate.
+
+        Raises ``ValueError`` for a chunk that is not 32 ms of mono audio at a rate the VAD
+        can resample (8, 16, 24 or 48 kHz, among others).
         """
-        samples = _checked_chunk(chunk)
-        if self._busy:
-            raise RuntimeError("probability() calls on one VAD stream must not overlap")
-        self._busy = True
+        array = np.asarray(chunk)
+        if array.ndim != 1 or array.dtype not in (np.int16, np.float32):
+            raise ValueError(
+                f"a VAD chunk is mono int16 or float32 audio, got {array.dtype} {array.shape}"
+            )
+        chunk_resampler(chunk_rate(len(array)))
+        self._engine._push(self, _Chunk(array, epoch, time.monotonic()))
+
+    def close(self) -> None:
+        """Stop: queued chunks are dropped and no more results are delivered."""
+        self._engine._release(self)
+
+
+def _deliver_results(
+    batch: list[tuple[BatchedSileroVadStream, _Chunk]], probabilities: npt.NDArray[np.float32]
+) -> None:
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[BatchedSileroVadStream, float, int]]] = {}
+    for (stream, chunk), probability in zip(batch, probabilities.tolist(), strict=True):
+        by_loop.setdefault(stream._loop, []).append((stream, probability, chunk.epoch))
+    for loop, results in by_loop.items():
+        # A closed loop raises RuntimeError: nobody is waiting for these results any more.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(_hand_out, results)
+
+
+def _hand_out(results: list[tuple[BatchedSileroVadStream, float, int]]) -> None:
+    for stream, probability, epoch in results:
+        if stream.closed:
+            continue
         try:
-            window = np.concatenate((self._context, samples))
-            probability, state = await self._batcher.submit((window, self._state))
-        finally:
-            self._busy = False
-        self._state = state
-        self._context = window[-CONTEXT_SAMPLES:].copy()
-        return float(probability[0])
-
-    def reset(self) -> None:
-        """Forget the stream's history, as if it had just been opened."""
-        self._state = np.zeros((2, STATE_SIZE), dtype=np.float32)
-        self._context = np.zeros(CONTEXT_SAMPLES, dtype=np.float32)
+            stream.on_result(probability, epoch)
+        except Exception:
+            _log.exception("a VAD result handler failed")
 
 
-def _checked_chunk(chunk: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
-    array = np.asarray(chunk)
-    if array.shape != (CHUNK_SAMPLES,):
-        raise ValueError(f"a VAD chunk is {CHUNK_SAMPLES} samples, got shape {array.shape}")
-    if not np.issubdtype(array.dtype, np.floating):
-        raise ValueError(f"a VAD chunk is float32 samples in [-1, 1], got {array.dtype}")
-    return array.astype(np.float32, copy=False)
+def _ignore(probability: float, epoch: int) -> None:
+    pass
+
+
+def _as_float(samples: npt.NDArray[Any]) -> npt.NDArray[np.float32]:
+    if samples.dtype == np.float32:
+        return samples.astype(np.float32, copy=False)
+    return samples.astype(np.float32) * np.float32(1 / 32768)
+
+
+def _grown(array: npt.NDArray[np.float32] | None, rows: int, width: int) -> npt.NDArray[np.float32]:
+    grown = np.zeros((rows, width), dtype=np.float32)
+    if array is not None:
+        grown[: len(array)] = array
+    return grown

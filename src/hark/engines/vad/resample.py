@@ -1,0 +1,115 @@
+"""Resampling many streams' VAD chunks to 16 kHz at once, as one polyphase FIR per batch.
+
+The VAD hears 32 ms chunks at the session's input rate (24 kHz for ``pcm``, 8 kHz for G.711)
+and Silero wants 16 kHz. Resampling every chunk on its own costs a library call and its
+fixed overhead per chunk; here a batch of chunks of one rate is resampled by a few matrix
+products over a strided view of all its rows, each row carrying the last input samples of its
+stream as history so that chunk boundaries stay seamless.
+
+The filter is a short windowed-sinc low-pass (8 or 16 taps per phase): enough for a VAD,
+which needs the speech band and not 100 dB of alias rejection, and cheap enough that a row
+costs a few microseconds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cache
+
+import numpy as np
+import numpy.typing as npt
+from numpy.lib.stride_tricks import sliding_window_view
+
+VAD_RATE = 16000
+CHUNK_MS = 32
+CHUNK_SAMPLES = VAD_RATE * CHUNK_MS // 1000
+_KAISER_BETA = 6.0
+# The pass band ends this far below the lower Nyquist frequency (7.2 kHz of 8 kHz at 16 kHz).
+_PASSBAND = 0.9
+
+
+class UnsupportedRateError(ValueError):
+    """No 32 ms chunk of whole samples, or no short polyphase filter, exists for this rate."""
+
+
+@dataclass(frozen=True, eq=False)
+class ChunkResampler:
+    """Turns ``[rows, history + in_samples]`` float32 rows at ``rate`` into 512-sample rows.
+
+    Each row is the last ``history`` input samples of its stream followed by its new 32 ms
+    chunk; the output is that chunk at 16 kHz, delayed by half the filter (under 0.4 ms).
+    """
+
+    rate: int
+    up: int
+    down: int
+    in_samples: int
+    history: int
+    # Per output phase, the taps in input order (oldest sample first).
+    taps: npt.NDArray[np.float32]
+
+    def run(self, rows: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        """Resample a batch of rows; see the class documentation for the layout."""
+        count = rows.shape[0]
+        if rows.shape[1] != self.history + self.in_samples:
+            raise ValueError(
+                f"rows at {self.rate} Hz hold {self.history + self.in_samples} samples, "
+                f"got {rows.shape[1]}"
+            )
+        if self.up == self.down:
+            return rows[:, self.history :]
+        width = self.taps.shape[1]
+        windows = sliding_window_view(rows, width, axis=1)
+        out = np.empty((count, CHUNK_SAMPLES), dtype=np.float32)
+        per_phase = CHUNK_SAMPLES // self.up
+        for residue in range(self.up):
+            # Outputs residue, residue + up, … all use the same phase of the filter and step
+            # `down` input samples apart: one strided view and one product for all rows.
+            first = residue * self.down // self.up
+            phase = residue * self.down % self.up
+            view = windows[:, first : first + per_phase * self.down : self.down, :]
+            out[:, residue :: self.up] = view @ self.taps[phase]
+        return out
+
+
+def chunk_samples(rate: int) -> int:
+    """Samples in one 32 ms VAD chunk at ``rate``; raises for rates without a whole number."""
+    if rate <= 0 or rate * CHUNK_MS % 1000:
+        raise UnsupportedRateError(f"{rate} Hz has no 32 ms chunk of whole samples")
+    return rate * CHUNK_MS // 1000
+
+
+def chunk_rate(samples: int) -> int:
+    """The sample rate at which ``samples`` last 32 ms; raises when there is none."""
+    if samples <= 0 or samples * 1000 % CHUNK_MS:
+        raise UnsupportedRateError(f"{samples} samples are not 32 ms at any whole rate")
+    return samples * 1000 // CHUNK_MS
+
+
+@cache
+def chunk_resampler(rate: int) -> ChunkResampler:
+    """The resampler for 32 ms chunks at ``rate`` (cached per rate)."""
+    samples = chunk_samples(rate)
+    divisor = math.gcd(VAD_RATE, rate)
+    up, down = VAD_RATE // divisor, rate // divisor
+    if up == down:
+        return ChunkResampler(rate, 1, 1, samples, 0, np.ones((1, 1), dtype=np.float32))
+    if CHUNK_SAMPLES % up or up > 8:
+        raise UnsupportedRateError(f"no short filter resamples {rate} Hz to {VAD_RATE} Hz")
+    width = 16 if down > up else 8
+    return ChunkResampler(rate, up, down, samples, width - 1, _design(up, down, width))
+
+
+def _design(up: int, down: int, width: int) -> npt.NDArray[np.float32]:
+    """Polyphase taps ``[up, width]`` of a Kaiser-windowed sinc low-pass, oldest first."""
+    length = up * width
+    cutoff = _PASSBAND * 0.5 / max(up, down)  # cycles per sample of the upsampled signal
+    n = np.arange(length) - (length - 1) / 2
+    prototype = 2 * cutoff * np.sinc(2 * cutoff * n) * np.kaiser(length, _KAISER_BETA)
+    taps = np.empty((up, width), dtype=np.float64)
+    for phase in range(up):
+        # Tap i of a phase weighs the input sample i steps back from the newest one.
+        back = prototype[phase::up][:width]
+        taps[phase] = back[::-1] / back.sum()  # unit gain at DC in every phase
+    return taps.astype(np.float32)
