@@ -52,6 +52,8 @@ class Settings:
     rtc_advertise_ip: str | None = None
     # Server processes sharing the listening port (each with its own engines and sessions).
     workers: int = 1
+    # The rate the VAD model hears: 16000, or 8000 for about half its CPU per session.
+    vad_rate: int = 16000
     # An OTLP/HTTP collector that gets a trace per turn (None: no traces).
     otel_endpoint: str | None = None
     # The browser demo at / (it hands short-lived keys to whoever loads it). None: on only
@@ -183,6 +185,7 @@ def _validate(values: dict[str, Any]) -> Settings:
     if values.get("llm_url") and not values.get("llm_model"):
         raise ConfigError("llm_model is required with llm_url (the remote model's name)")
     _validate_workers(values)
+    _validate_vad_rate(values)
     _validate_flag(values, "demo")
     otel = values.get("otel_endpoint")
     if otel and urlsplit(otel).scheme not in ("http", "https"):
@@ -190,6 +193,15 @@ def _validate(values: dict[str, Any]) -> Settings:
     if any(not k for k in values.get("api_keys", ())):
         raise ConfigError("api_keys must not contain empty keys")
     return Settings(**values)
+
+
+def _validate_vad_rate(values: dict[str, Any]) -> None:
+    rate = values.get("vad_rate", _DEFAULTS.vad_rate)
+    if isinstance(rate, str) and rate.strip().isdigit():
+        rate = int(rate)
+    if isinstance(rate, bool) or rate not in (16000, 8000):
+        raise ConfigError(f"vad_rate must be 16000 or 8000, not {rate!r}")
+    values["vad_rate"] = rate
 
 
 def _validate_workers(values: dict[str, Any]) -> None:

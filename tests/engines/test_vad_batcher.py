@@ -20,7 +20,7 @@ from hark.engines.vad.batcher import (
     BatcherClosedError,
 )
 from hark.engines.vad.resample import chunk_resampler
-from hark.engines.vad.silero import CHUNK_SAMPLES, SileroVad
+from hark.engines.vad.silero import CHUNK_SAMPLES, SileroVad, initial_states, run_batch
 
 # Generous: these bound hangs, never speed.
 LIVENESS_S = 30.0
@@ -171,6 +171,37 @@ def test_the_resampler_keeps_the_speech_band() -> None:
         steady = np.concatenate(out)[1600:]
         amplitude = np.sqrt(2 * np.mean(steady**2))
         assert low <= amplitude <= high, (signal is tone, amplitude)
+
+
+async def test_the_8_khz_model_equals_running_it_chunk_by_chunk(
+    question: npt.NDArray[np.float32],
+) -> None:
+    engine = BatchedSileroVad(model_rate=8000)
+    await engine.warmup()
+    try:
+        gap = np.zeros(4000, dtype=np.float32)
+        audio = np.concatenate((gap, soxr.resample(question, 16000, 8000), gap))
+        audio = audio.astype(np.float32)
+        got = await asyncio.gather(*(pushed(engine, a, 256) for a in (audio, 0.5 * audio)))
+        # The reference: the model's 8 kHz branch called once per chunk, 32 samples of context.
+        session = SileroVad().load()
+        for result, signal in zip(got, (audio, 0.5 * audio), strict=True):
+            state, context, want = initial_states(1), np.zeros(32, np.float32), []
+            for chunk in chunks_of(signal.astype(np.float32), 256):
+                window = np.concatenate((context, chunk))[np.newaxis]
+                p, state = run_batch(session, window, state, 8000)
+                want.append(float(p[0]))
+                context = chunk[-32:]
+            np.testing.assert_allclose(result, want, atol=1e-5)
+        assert max(got[0]) > 0.9 and max(got[0][:4]) < 0.1
+        # 24 kHz sessions are brought down to 8 kHz in the batch, and still heard.
+        at_24k = soxr.resample(audio, 8000, 24000).astype(np.float32)
+        from_24k = np.array(await pushed(engine, at_24k, 768))
+        count = min(len(from_24k), len(got[0]))
+        agree = ((from_24k[:count] > 0.5) == (np.array(got[0][:count]) > 0.5)).mean()
+        assert agree > 0.95
+    finally:
+        await engine.aclose()
 
 
 async def test_a_new_epoch_starts_afresh(

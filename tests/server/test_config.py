@@ -70,6 +70,8 @@ def test_secrets_are_not_in_repr() -> None:
         ({"engines": "gpu"}, {}, "engines"),
         ({}, {"HARK_LOG_LEVEL": "loud"}, "log_level"),
         ({"colour": "blue"}, {}, "unknown option"),
+        ({"vad_rate": 24000}, {}, "vad_rate"),
+        ({}, {"HARK_VAD_RATE": "fast"}, "vad_rate"),
     ],
 )
 def test_invalid_values(cli: dict[str, object], env: dict[str, str], message: str) -> None:
@@ -88,3 +90,9 @@ def test_bad_files(tmp_path: Path) -> None:
         load_settings({"config_file": str(tmp_path / "missing.toml")}, env={})
     with pytest.raises(ConfigError, match="port"):
         load_settings({"config_file": str(write(tmp_path, 'port = "x"\n'))}, env={})
+
+
+def test_vad_rate_from_the_command_line_or_the_environment() -> None:
+    assert load_settings({}, env={}).vad_rate == 16000
+    assert load_settings({"vad_rate": 8000}, env={}).vad_rate == 8000
+    assert load_settings({}, env={"HARK_VAD_RATE": "8000"}).vad_rate == 8000

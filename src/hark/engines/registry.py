@@ -94,7 +94,11 @@ def build_engines(settings: Settings) -> Engines:
         from hark.engines.fake import FakeAsr, FakeLlm, FakeTts
 
         return Engines(
-            vad=BatchedSileroVad(), asr=FakeAsr(), llm=FakeLlm(), tts=FakeTts(), turn=turn
+            vad=BatchedSileroVad(model_rate=settings.vad_rate),
+            asr=FakeAsr(),
+            llm=FakeLlm(),
+            tts=FakeTts(),
+            turn=turn,
         )
 
     from hark.engines.tts.piper import PiperTts
@@ -127,4 +131,5 @@ def build_engines(settings: Settings) -> Engines:
     except FileNotFoundError as exc:
         raise EngineUnavailableError(str(exc)) from exc
 
-    return Engines(vad=BatchedSileroVad(), asr=asr, llm=llm, tts=tts, turn=turn)
+    vad = BatchedSileroVad(model_rate=settings.vad_rate)
+    return Engines(vad=vad, asr=asr, llm=llm, tts=tts, turn=turn)

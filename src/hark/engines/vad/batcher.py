@@ -32,13 +32,13 @@ from typing import Any, Generic, Protocol, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from hark.engines.vad.resample import CHUNK_MS, chunk_rate, chunk_resampler
+from hark.engines.vad.resample import CHUNK_MS, chunk_rate, chunk_resampler, chunk_samples
 from hark.engines.vad.silero import (
-    CHUNK_SAMPLES,
-    CONTEXT_SAMPLES,
+    MODEL_RATES,
     SAMPLE_RATE,
     STATE_SIZE,
     SileroVad,
+    context_samples,
     run_batch,
 )
 
@@ -284,9 +284,12 @@ class BatchedSileroVad:
     A batch leaves when it holds ``max_batch`` streams, when its oldest chunk has waited
     ``max_wait_ms``, or at once when at the recent rate of arrivals nobody else would join it
     in time. ``threads`` is ONNX Runtime's intra-op thread count for each batch.
+
+    ``model_rate`` is the rate the model hears: 16 kHz by default, or 8 kHz, where Silero
+    costs about half as much per chunk but hears only the telephone band (enough to tell
+    speech from silence, a little less sure of quiet fricatives).
     """
 
-    sample_rate: int = SAMPLE_RATE
     chunk_ms: int = CHUNK_MS
 
     def __init__(
@@ -294,15 +297,21 @@ class BatchedSileroVad:
         max_batch: int = DEFAULT_MAX_BATCH,
         max_wait_ms: float = DEFAULT_MAX_WAIT_MS,
         threads: int = 1,
+        model_rate: int = SAMPLE_RATE,
     ) -> None:
+        if model_rate not in MODEL_RATES:
+            raise ValueError(f"the VAD model runs at 16000 or 8000 Hz, not {model_rate}")
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         if max_wait_ms < 0:
             raise ValueError(f"max_wait_ms must not be negative, got {max_wait_ms}")
         self.max_batch = max_batch
         self.max_wait_s = max_wait_ms / 1000
+        self.sample_rate = model_rate
         self.observer: BatchObserver | None = None
         self._model = SileroVad(threads)
+        self._chunk = chunk_samples(model_rate)
+        self._context = context_samples(model_rate)
         self._cond = threading.Condition(threading.Lock())
         # Streams with a chunk waiting, oldest first; a stream is here at most once, and not
         # while its previous chunk is being run.
@@ -314,7 +323,7 @@ class BatchedSileroVad:
         self._rows_used = 0
         # Owned by the thread: a row per stream.
         self._states = np.zeros((2, 0, STATE_SIZE), dtype=np.float32)
-        self._contexts = np.zeros((0, CONTEXT_SAMPLES), dtype=np.float32)
+        self._contexts = np.zeros((0, self._context), dtype=np.float32)
         self._histories: dict[int, npt.NDArray[np.float32]] = {}
 
     @property
@@ -351,7 +360,7 @@ class BatchedSileroVad:
 
         stream = self.open_stream(result)
         try:
-            stream.push(np.zeros(CHUNK_SAMPLES, dtype=np.int16), 0)
+            stream.push(np.zeros(self._chunk, dtype=np.int16), 0)
             await done
         finally:
             stream.close()
@@ -482,9 +491,11 @@ class BatchedSileroVad:
                 history[fresh] = 0
         audio = self._resample(chunks, streams, rows)
         windows = np.concatenate((self._contexts[rows], audio), axis=1)
-        probabilities, states = run_batch(self._model.load(), windows, self._states[:, rows])
+        probabilities, states = run_batch(
+            self._model.load(), windows, self._states[:, rows], self.sample_rate
+        )
         self._states[:, rows] = states
-        self._contexts[rows] = audio[:, -CONTEXT_SAMPLES:]
+        self._contexts[rows] = audio[:, -self._context :]
         return probabilities
 
     def _resample(
@@ -493,13 +504,13 @@ class BatchedSileroVad:
         streams: list[BatchedSileroVadStream],
         rows: npt.NDArray[np.intp],
     ) -> npt.NDArray[np.float32]:
-        """The batch's chunks at 16 kHz, ``[batch, 512]``, one filter run per input rate."""
+        """The batch's chunks at the model's rate, one filter run per input rate."""
         by_rate: dict[int, list[int]] = {}
         for index, stream in enumerate(streams):
             by_rate.setdefault(stream.rate, []).append(index)
-        out = np.empty((len(chunks), CHUNK_SAMPLES), dtype=np.float32)
+        out = np.empty((len(chunks), self._chunk), dtype=np.float32)
         for rate, indices in by_rate.items():
-            resampler = chunk_resampler(rate)
+            resampler = chunk_resampler(rate, self.sample_rate)
             samples = _as_float(np.stack([chunks[i].samples for i in indices]))
             if resampler.history == 0:
                 out[indices] = samples
@@ -521,7 +532,7 @@ class BatchedSileroVad:
         states = np.zeros((2, capacity, STATE_SIZE), dtype=np.float32)
         states[:, : self._states.shape[1]] = self._states
         self._states = states
-        self._contexts = _grown(self._contexts, capacity, CONTEXT_SAMPLES)
+        self._contexts = _grown(self._contexts, capacity, self._context)
         for rate, history in self._histories.items():
             self._histories[rate] = _grown(history, capacity, history.shape[1])
 
@@ -576,7 +587,7 @@ class BatchedSileroVadStream:
             raise ValueError(
                 f"a VAD chunk is mono int16 or float32 audio, got {array.dtype} {array.shape}"
             )
-        chunk_resampler(chunk_rate(len(array)))
+        chunk_resampler(chunk_rate(len(array)), self._engine.sample_rate)
         self._engine._push(self, _Chunk(array, epoch, time.monotonic()))
 
     def close(self) -> None:

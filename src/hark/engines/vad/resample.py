@@ -23,7 +23,6 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 VAD_RATE = 16000
 CHUNK_MS = 32
-CHUNK_SAMPLES = VAD_RATE * CHUNK_MS // 1000
 _KAISER_BETA = 6.0
 # The pass band ends this far below the lower Nyquist frequency (7.2 kHz of 8 kHz at 16 kHz).
 _PASSBAND = 0.9
@@ -35,13 +34,16 @@ class UnsupportedRateError(ValueError):
 
 @dataclass(frozen=True, eq=False)
 class ChunkResampler:
-    """Turns ``[rows, history + in_samples]`` float32 rows at ``rate`` into 512-sample rows.
+    """Turns ``[rows, history + in_samples]`` float32 rows at ``rate`` into rows of
+    ``out_samples`` at ``target`` (512 at 16 kHz, 256 at 8 kHz).
 
     Each row is the last ``history`` input samples of its stream followed by its new 32 ms
     chunk; the output is that chunk at 16 kHz, delayed by half the filter (under 0.4 ms).
     """
 
     rate: int
+    target: int
+    out_samples: int
     up: int
     down: int
     in_samples: int
@@ -61,8 +63,8 @@ class ChunkResampler:
             return rows[:, self.history :]
         width = self.taps.shape[1]
         windows = sliding_window_view(rows, width, axis=1)
-        out = np.empty((count, CHUNK_SAMPLES), dtype=np.float32)
-        per_phase = CHUNK_SAMPLES // self.up
+        out = np.empty((count, self.out_samples), dtype=np.float32)
+        per_phase = self.out_samples // self.up
         for residue in range(self.up):
             # Outputs residue, residue + up, … all use the same phase of the filter and step
             # `down` input samples apart: one strided view and one product for all rows.
@@ -88,17 +90,19 @@ def chunk_rate(samples: int) -> int:
 
 
 @cache
-def chunk_resampler(rate: int) -> ChunkResampler:
-    """The resampler for 32 ms chunks at ``rate`` (cached per rate)."""
-    samples = chunk_samples(rate)
-    divisor = math.gcd(VAD_RATE, rate)
-    up, down = VAD_RATE // divisor, rate // divisor
+def chunk_resampler(rate: int, target: int = VAD_RATE) -> ChunkResampler:
+    """The resampler for 32 ms chunks from ``rate`` to ``target`` (cached)."""
+    samples, out = chunk_samples(rate), chunk_samples(target)
+    divisor = math.gcd(target, rate)
+    up, down = target // divisor, rate // divisor
     if up == down:
-        return ChunkResampler(rate, 1, 1, samples, 0, np.ones((1, 1), dtype=np.float32))
-    if CHUNK_SAMPLES % up or up > 8:
-        raise UnsupportedRateError(f"no short filter resamples {rate} Hz to {VAD_RATE} Hz")
+        identity = np.ones((1, 1), dtype=np.float32)
+        return ChunkResampler(rate, target, out, 1, 1, samples, 0, identity)
+    if out % up or up > 8:
+        raise UnsupportedRateError(f"no short filter resamples {rate} Hz to {target} Hz")
     width = 16 if down > up else 8
-    return ChunkResampler(rate, up, down, samples, width - 1, _design(up, down, width))
+    taps = _design(up, down, width)
+    return ChunkResampler(rate, target, out, up, down, samples, width - 1, taps)
 
 
 def _design(up: int, down: int, width: int) -> npt.NDArray[np.float32]:

@@ -26,7 +26,14 @@ CONTEXT_SAMPLES = 64
 WINDOW_SAMPLES = CONTEXT_SAMPLES + CHUNK_SAMPLES
 STATE_SIZE = 128
 
-_SAMPLE_RATE_INPUT = np.array(SAMPLE_RATE, dtype=np.int64)
+# The model also has an 8 kHz branch: 256-sample chunks after 32 samples of context, at
+# about half the cost per chunk.
+MODEL_RATES = (16000, 8000)
+
+
+def context_samples(rate: int) -> int:
+    """Samples of the previous chunk the model sees before each chunk at ``rate``."""
+    return CONTEXT_SAMPLES * rate // SAMPLE_RATE
 
 
 def model_path() -> str:
@@ -54,6 +61,7 @@ def run_batch(
     session: onnxruntime.InferenceSession,
     windows: npt.NDArray[np.float32],
     states: npt.NDArray[np.float32],
+    rate: int = SAMPLE_RATE,
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
     """Run the model once on a batch; blocking, thread-safe (call it off the event loop).
 
@@ -61,15 +69,18 @@ def run_batch(
     ``states`` is ``[2, batch, 128]``. Returns the speech probabilities ``[batch]`` and the
     next states ``[2, batch, 128]``, row for row.
     """
+    if rate not in MODEL_RATES:
+        raise ValueError(f"the model runs at 16000 or 8000 Hz, not {rate}")
     batch = windows.shape[0]
-    if windows.shape != (batch, WINDOW_SAMPLES) or states.shape != (2, batch, STATE_SIZE):
+    width = WINDOW_SAMPLES * rate // SAMPLE_RATE
+    if windows.shape != (batch, width) or states.shape != (2, batch, STATE_SIZE):
         raise ValueError(
-            f"expected windows [B, {WINDOW_SAMPLES}] and states [2, B, {STATE_SIZE}], "
+            f"expected windows [B, {width}] and states [2, B, {STATE_SIZE}], "
             f"got {windows.shape} and {states.shape}"
         )
     probabilities, next_states = session.run(
         ["output", "stateN"],
-        {"input": windows, "state": states, "sr": _SAMPLE_RATE_INPUT},
+        {"input": windows, "state": states, "sr": np.array(rate, dtype=np.int64)},
     )
     return (
         np.asarray(probabilities, dtype=np.float32).reshape(batch),
