@@ -108,6 +108,12 @@ class FakeTts:
 
     def __init__(self, sample_rate: int = 24000) -> None:
         self.sample_rate = sample_rate
+        # One second of the tone holds a whole number of cycles, so it repeats seamlessly:
+        # chunks are cut from it instead of computing sines for every reply (the fake TTS
+        # should cost nothing in overhead benchmarks).
+        t = np.arange(sample_rate) / sample_rate
+        wave = self.amplitude * 32767 * np.sin(2 * np.pi * self.frequency * t)
+        self._second = wave.astype(np.int16)
 
     async def synthesize(
         self, text: str, *, voice: str | None = None, speed: float = 1.0
@@ -119,10 +125,9 @@ class FakeTts:
         step = round(self.chunk_seconds * self.sample_rate)
         for start in range(0, total, step):
             # Indexing by absolute sample keeps the phase continuous across chunks.
-            t = np.arange(start, min(start + step, total)) / self.sample_rate
-            tone = self.amplitude * 32767 * np.sin(2 * np.pi * self.frequency * t)
+            indices = np.arange(start, min(start + step, total)) % self.sample_rate
             await asyncio.sleep(0)
-            yield tone.astype(np.int16)
+            yield self._second[indices]
 
     async def warmup(self) -> None:
         """Nothing to load."""
