@@ -15,6 +15,7 @@ from aiohttp import web
 
 from hark import __version__
 from hark.config import ENGINE_SETS, LOG_LEVELS, ConfigError, Settings, load_settings
+from hark.eventloop import run_event_loop
 
 logger = logging.getLogger("hark")
 
@@ -159,7 +160,7 @@ def _serve_command(options: dict[str, object]) -> int:
 
         return run_workers(settings)
     try:
-        return asyncio.run(serve(settings))
+        return run_event_loop(serve(settings))
     except KeyboardInterrupt:
         # Ctrl-C before the signal handlers were installed.
         return 130

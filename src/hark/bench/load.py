@@ -51,6 +51,7 @@ import numpy.typing as npt
 
 from hark import __version__
 from hark.bench.spoken_questions import RATE, SpokenQuestion, spoken_questions
+from hark.eventloop import run_event_loop
 
 TRANSPORTS = ("ws",)
 # Quiet room noise between words (about -60 dBFS), so the VAD hears a live microphone.
@@ -975,7 +976,7 @@ def command(options: dict[str, Any]) -> int:
     )
     try:
         server_urls(config.url, config.model)
-        report = asyncio.run(run_load_bench(config, progress=not options["quiet"]))
+        report = run_event_loop(run_load_bench(config, progress=not options["quiet"]))
         print(format_summary(report))
         if options["json"] is not None:
             options["json"].parent.mkdir(parents=True, exist_ok=True)

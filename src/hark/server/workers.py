@@ -177,15 +177,15 @@ def _set_on_signal(stop: threading.Event) -> Callable[[int, FrameType | None], N
 
 def _worker_main(settings: Settings, sock: socket.socket, index: int) -> None:
     """A worker process: the usual server, on the parent's socket."""
-    import asyncio
     import sys
 
     from hark.cli import configure_logging, serve
+    from hark.eventloop import run_event_loop
 
     configure_logging(settings.log_level)
     logging.getLogger("hark").info("worker %d serving (pid %d)", index, os.getpid())
     try:
-        status = asyncio.run(serve(settings, sock=sock))
+        status = run_event_loop(serve(settings, sock=sock))
     except KeyboardInterrupt:
         status = 130
     sys.exit(status)
