@@ -14,7 +14,7 @@ from hark.engines.llm import Finished
 from hark.protocol.server_events import ServerEvent, encode_event
 from hark.protocol.session_config import SessionConfig
 from hark.session.actions import Action, AnalyzeSpeech, Generate, ScoreTurn, Transcribe
-from hark.session.core import Session
+from hark.session.core import AUDIO_RETENTION_S, Session
 from hark.session.ids import IdGenerator
 
 RATE = 24000
@@ -50,6 +50,7 @@ class Driver:
         config: SessionConfig | None = None,
         created_at: float = 1000.0,
         plays_audio: bool = False,
+        audio_retention_s: float = AUDIO_RETENTION_S,
     ) -> None:
         self.session = Session(
             model="gpt-realtime",
@@ -57,6 +58,7 @@ class Driver:
             ids=IdGenerator(seed=7),
             created_at=created_at,
             plays_audio=plays_audio,
+            audio_retention_s=audio_retention_s,
         )
         self.events: list[dict[str, Any]] = []
         self.actions: list[Action] = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import re
+from collections.abc import Container
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -44,12 +45,54 @@ class Part:
     segments: list[AudioSegment] = field(default_factory=list)
     image_url: str | None = None
     detail: Literal["auto", "low", "high"] | None = None
+    # The audio was let go under the session's retention budget (see Conversation.limit_audio):
+    # it existed, so a truncate of it is told why it cannot be done.
+    audio_dropped: bool = False
+    # While a reply is spoken, ``audio`` is a view of the start of this buffer, which doubles
+    # when full so that a reply of n samples costs O(n) copying, not O(n^2).
+    _room: npt.NDArray[np.int16] | None = field(default=None, init=False, repr=False)
 
     def duration_ms(self) -> int:
         """Length of the part's audio in milliseconds."""
         if self.audio is None or not self.rate:
             return 0
         return len(self.audio) * 1000 // self.rate
+
+    def extend_audio(self, pcm: npt.NDArray[np.int16]) -> None:
+        """Append ``pcm`` to the audio, in amortised O(len(pcm)).
+
+        Call ``compact_audio`` when no more will come, or the part keeps up to twice its audio.
+        """
+        audio = self.audio if self.audio is not None else np.zeros(0, np.int16)
+        start = len(audio)
+        end = start + len(pcm)
+        room = self._room
+        # Something else may have replaced ``audio`` (truncation copies it): then the buffer no
+        # longer holds it, and a new one starts from what ``audio`` is now.
+        if room is not None and len(room) >= end and _is_view_of(audio, room):
+            room[start:end] = pcm
+        else:
+            room = np.empty(max(2 * end, 1024), np.int16)
+            room[:start] = audio
+            room[start:end] = pcm
+            self._room = room
+        self.audio = room[:end]
+
+    def compact_audio(self) -> None:
+        """Give back the spare room ``extend_audio`` keeps (a copy when there is any)."""
+        room, self._room = self._room, None
+        audio = self.audio
+        if room is None or audio is None or len(audio) == len(room):
+            return
+        if _is_view_of(audio, room):
+            self.audio = audio.copy()
+
+    def drop_audio(self) -> None:
+        """Let the PCM go; the transcript and text, which the LLM reads, stay."""
+        self.audio = None
+        self.segments = []
+        self._room = None
+        self.audio_dropped = True
 
     def to_wire(self, include_audio: bool) -> wire.ContentPart:
         """The part as sent to clients; audio only when asked (retrieve)."""
@@ -167,6 +210,27 @@ class Conversation:
         self._entries.remove(entry)
         del self._by_id[item_id]
 
+    def limit_audio(self, budget_ms: int, keep: Container[str]) -> None:
+        """Keep the PCM of only the latest ``budget_ms`` of audio, counted from the end.
+
+        Older parts drop their audio but keep their words, so what the LLM reads does not
+        change. Items in ``keep`` (a reply being generated or played) always keep theirs; their
+        audio counts toward the budget all the same.
+        """
+        kept_ms = 0
+        for entry in reversed(self._entries):
+            for part in reversed(entry.parts):
+                if part.audio is None:
+                    continue
+                kept_ms += part.duration_ms()
+                if kept_ms > budget_ms and entry.id not in keep:
+                    part.drop_audio()
+
+
+def _is_view_of(audio: npt.NDArray[np.int16], room: npt.NDArray[np.int16]) -> bool:
+    # A function, not an inline ``is``: mypy would narrow ``room`` to the type of ``.base``.
+    return audio.base is room
+
 
 def truncate_part(part: Part, audio_end_ms: int) -> None:
     """Cut an assistant audio part, and its transcript, to the first ``audio_end_ms``.
@@ -177,6 +241,8 @@ def truncate_part(part: Part, audio_end_ms: int) -> None:
     assert part.audio is not None
     end = min(len(part.audio), audio_end_ms * part.rate // 1000)
     part.audio = part.audio[:end].copy()
+    # The buffer the reply grew in no longer holds its audio: let it go.
+    part.compact_audio()
     kept: list[AudioSegment] = []
     words: list[str] = []
     for seg in part.segments:

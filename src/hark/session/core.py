@@ -71,6 +71,12 @@ from hark.session.turn_detection import TurnDetector, TurnEvent
 MAX_APPEND_BYTES = 15 * 1024 * 1024
 MIN_COMMIT_MS = 100
 SESSION_LIMIT_S = 60 * 60
+# How much conversation audio a session keeps as PCM, newest first, input and replies together.
+# Kept whole, an hour of 24 kHz audio is 170 MB, the memory of a machine across hundreds of
+# sessions. Five minutes (14 MB at 24 kHz, 5 MB for G.711) still covers what clients come back
+# for, truncating the reply being played and retrieving recent turns; a client that wants a
+# recording has had every byte of it already.
+AUDIO_RETENTION_S = 5 * 60
 ASR_RATE = 16000
 
 # A pause this long inside speech starts speculative recognition (and then a speculative
@@ -159,9 +165,12 @@ class Session:
         max_duration_s: float = SESSION_LIMIT_S,
         rate_limits: RateLimits | None = None,
         plays_audio: bool = False,
+        audio_retention_s: float = AUDIO_RETENTION_S,
     ) -> None:
         """``plays_audio``: the transport plays reply audio itself (WebRTC, SIP), so audio
-        leaves as PlayAudio actions instead of ``response.output_audio.delta`` events."""
+        leaves as PlayAudio actions instead of ``response.output_audio.delta`` events.
+        ``audio_retention_s``: how many seconds of the latest conversation audio items keep;
+        older items keep only their words."""
         self.ids = ids or IdGenerator()
         self.id = session_id or self.ids.new("sess")
         base = config or SessionConfig()
@@ -182,6 +191,7 @@ class Session:
         self._speech_item_id: str | None = None
         self._speech_start_ms = 0.0
         self.plays_audio = plays_audio
+        self._audio_retention_ms = int(audio_retention_s * 1000)
         # Responses whose audio the transport is playing: response id → item id.
         self._playing: dict[str, str] = {}
         # Recognition in flight: request id → the item it is for, or the pause it speculates on.
@@ -602,6 +612,14 @@ class Session:
             self._asr_requests[pause.asr_request] = item_id
         else:
             self._recognise(entry, part)
+        self._limit_audio()
+
+    def _limit_audio(self) -> None:
+        """Hold conversation audio to the retention budget; replies still being generated or
+        played keep theirs, whatever their length."""
+        keep = {e.id for r in self._responses.values() for e in r.output}
+        keep.update(self._playing.values())
+        self.conversation.limit_audio(self._audio_retention_ms, keep)
 
     def _transcribe_action(
         self, request_id: str, pcm: npt.NDArray[np.int16], rate: int
@@ -713,6 +731,7 @@ class Session:
         self._emit(se.ConversationItemDone(previous_item_id=previous, item=entry.to_wire()))
         for part in recognise:
             self._recognise(entry, part)
+        self._limit_audio()
         self._prefill()
 
     def _entry_from_wire(self, item: wire.Item, param: str) -> tuple[Entry, list[Part]]:
@@ -795,6 +814,13 @@ class Session:
                 "invalid_value",
             )
         part = entry.parts[content_index]
+        if part.audio_dropped:
+            raise ProtocolError(
+                f"The audio of item {item_id} is no longer kept: a session keeps only its last "
+                f"{self._audio_retention_ms / 1000:g} seconds of audio, and this item is older.",
+                "item_id",
+                "invalid_value",
+            )
         duration = part.duration_ms()
         if part.audio is None or audio_end_ms > duration:
             raise ProtocolError(
@@ -1074,7 +1100,7 @@ class Session:
         _, part, position = self._message(response)
         assert part.audio is not None and part.audio_format is not None
         start = len(part.audio)
-        part.audio = np.concatenate((part.audio, pcm))
+        part.extend_audio(pcm)
         if transcript or not part.segments:
             part.segments.append(AudioSegment(start, len(part.audio), transcript))
         else:
@@ -1102,6 +1128,8 @@ class Session:
         response.message = None
         entry.status = status
         if part.type == "output_audio":
+            part.compact_audio()
+            self._limit_audio()
             self._emit(se.OutputAudioDone(**position))
             self._emit(se.OutputAudioTranscriptDone(transcript=part.transcript or "", **position))
         else:
