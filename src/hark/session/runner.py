@@ -349,6 +349,8 @@ class SessionRunner:
 
     def _speculate(self, action: Speculate) -> None:
         self._discard_speculation()
+        # A shared LLM serves the replies people wait for first.
+        action.generate.request.urgency.speculative = True
         sink = _HeldSink(self._now)
         task = asyncio.create_task(
             self._run_generation(action.generate, sink), name=f"speculate {action.key}"
@@ -370,6 +372,7 @@ class SessionRunner:
         if speculation is not None:
             if dataclasses.replace(action, response_id="") == speculation.generate:
                 # The user said what was speculated on: the held reply becomes the response.
+                speculation.generate.request.urgency.speculative = False
                 if timings is not None:
                     for stage, at in speculation.sink.marks.items():
                         timings.mark(stage, at)

@@ -43,6 +43,16 @@ class ToolChoice:
     name: str | None = None
 
 
+@dataclass(eq=False, slots=True)
+class Urgency:
+    """Whether anyone waits for a generation yet. Engines that share one model between
+    sessions serve waited-for work first. A reply started while the end of the turn is still
+    uncertain is ``speculative``; when the turn adopts it the mark is cleared, and the engine
+    sees the change while it generates."""
+
+    speculative: bool = False
+
+
 @dataclass(frozen=True, slots=True)
 class GenerationRequest:
     """Everything an LLM needs for one response."""
@@ -52,6 +62,8 @@ class GenerationRequest:
     tool_choice: ToolChoice = ToolChoice()
     max_tokens: int | None = None
     temperature: float | None = None
+    # How the work is scheduled, not what is asked: requests for the same reply compare equal.
+    urgency: Urgency = field(default_factory=Urgency, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

