@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,7 +13,7 @@ import numpy.typing as npt
 import pytest
 
 from hark.engines.tts import TtsEngine
-from hark.engines.tts.piper import PiperTts
+from hark.engines.tts.piper import PiperTts, _DueFirst
 
 pytestmark = pytest.mark.slow
 
@@ -127,6 +128,58 @@ async def test_cancelling_mid_sentence_renders_no_further_sentence(
     await asyncio.sleep(1.0)
     assert len(received) == 1
     assert renders.count <= 2
+
+
+def test_due_first_runs_the_soonest_due_first_and_skips_cancelled_calls() -> None:
+    queue = _DueFirst(workers=1)
+    gate = threading.Event()
+    ran: list[str] = []
+    blocker = queue.submit(0.0, gate.wait)
+    futures = {
+        name: queue.submit(due, lambda n=name: ran.append(n))
+        for name, due in (("late", 30.0), ("now", 1.0), ("soon", 2.0), ("dropped", 1.5))
+    }
+    assert futures["dropped"].cancel()
+    gate.set()
+    blocker.result(timeout=5)
+    for name, future in futures.items():
+        if name != "dropped":
+            future.result(timeout=5)
+    assert ran == ["now", "soon", "late"]
+
+
+def test_due_first_hands_errors_to_the_caller() -> None:
+    def fail() -> None:
+        raise ValueError("broken voice")
+
+    queue = _DueFirst(workers=1)
+    with pytest.raises(ValueError, match="broken voice"):
+        queue.submit(0.0, fail).result(timeout=5)
+    assert queue.submit(0.0, lambda: 42).result(timeout=5) == 42
+
+
+async def test_first_words_overtake_sentences_with_audio_still_to_play() -> None:
+    needs_piper()
+    # One worker, as on a 2-core machine. Two replies with seconds of audio queued ahead of
+    # them (slack 10 s) have each asked for a sentence when a third session's first words
+    # (slack 0) come: those go before the sentence still waiting.
+    engine = PiperTts(workers=1)
+    await engine.warmup()
+    order: list[str] = []
+
+    async def speak_as(name: str, text: str, slack: float, after: int = 0) -> None:
+        for _ in range(after):
+            await asyncio.sleep(0)
+        async for _ in engine.synthesize(text, slack_s=slack):
+            order.append(name)
+
+    await asyncio.gather(
+        speak_as("a", THREE_SENTENCES, 10.0),
+        speak_as("b", THREE_SENTENCES, 10.0),
+        speak_as("first words", "Paris.", 0.0, after=2),
+    )
+    assert order.count("a") == order.count("b") == 3
+    assert order.index("first words") < order.index("b")
 
 
 async def test_warmup_loads_the_voice() -> None:

@@ -123,7 +123,9 @@ async def test_speech_before_a_tool_call_is_spoken_first() -> None:
 
 async def test_tts_failure_propagates() -> None:
     class BrokenTts(FakeTts):
-        async def synthesize(self, text: str, *, voice: str | None = None, speed: float = 1.0):  # type: ignore[override]
+        async def synthesize(  # type: ignore[override]
+            self, text: str, *, voice: str | None = None, speed: float = 1.0, slack_s: float = 0.0
+        ):
             raise RuntimeError("voice model missing")
             yield np.zeros(0, np.int16)
 
@@ -136,3 +138,37 @@ async def test_tts_failure_propagates() -> None:
     else:
         raise AssertionError("the TTS failure was swallowed")
     assert ("finished", "stop") not in sink.log
+
+
+async def test_tts_is_told_how_much_audio_the_listener_has_left() -> None:
+    class RecordingTts(FakeTts):
+        def __init__(self) -> None:
+            super().__init__(24000)
+            self.slack: list[tuple[str, float]] = []
+
+        async def synthesize(  # type: ignore[override]
+            self, text: str, *, voice: str | None = None, speed: float = 1.0, slack_s: float = 0.0
+        ) -> AsyncIterator[npt.NDArray[np.int16]]:
+            self.slack.append((text, slack_s))
+            async for chunk in super().synthesize(text, voice=voice, speed=speed):
+                yield chunk
+
+    tts = RecordingTts()
+    script: list[LlmEvent] = [
+        TextDelta("Sure, "),
+        TextDelta("the capital of France is Paris. "),
+        TextDelta("It is on the Seine."),
+        Finished("stop"),
+    ]
+    await run_generation(action(), ScriptedLlm(script), tts, Sink())
+    assert [text for text, _ in tts.slack] == [
+        "Sure,",
+        "the capital of France is Paris.",
+        "It is on the Seine.",
+    ]
+    # The first words are awaited in silence; each later clause has the audio before it
+    # (the fake voice: 0.4 s a word, made at once) still to play.
+    (_, first), (_, second), (_, third) = tts.slack
+    assert first == 0.0
+    assert 0.3 < second <= 0.4
+    assert 2.6 < third <= 2.8

@@ -116,7 +116,7 @@ class FakeTts:
         self._second = wave.astype(np.int16)
 
     async def synthesize(
-        self, text: str, *, voice: str | None = None, speed: float = 1.0
+        self, text: str, *, voice: str | None = None, speed: float = 1.0, slack_s: float = 0.0
     ) -> AsyncIterator[npt.NDArray[np.int16]]:
         """Yield the tone for ``text`` in 100 ms int16 chunks (the last one may be shorter)."""
         if speed <= 0:

@@ -93,9 +93,22 @@ async def _speak(
     sink: GenerationSink,
 ) -> None:
     resampler = StreamResampler(tts.sample_rate, action.output_rate)
+    loop = asyncio.get_running_loop()
+    # The listener's clock: playback starts with the first audio, so the audio made so far
+    # less the time since then is what is still queued ahead of the next clause.
+    first_audio_at: float | None = None
+    produced_s = 0.0
     while (clause := await clauses.get()) is not None:
         transcript = clause
-        async for chunk in tts.synthesize(clause.strip(), voice=action.voice, speed=action.speed):
+        slack = 0.0
+        if first_audio_at is not None:
+            slack = max(0.0, produced_s - (loop.time() - first_audio_at))
+        async for chunk in tts.synthesize(
+            clause.strip(), voice=action.voice, speed=action.speed, slack_s=slack
+        ):
+            if first_audio_at is None:
+                first_audio_at = loop.time()
+            produced_s += len(chunk) / tts.sample_rate
             pcm = resampler.process(chunk)
             if len(pcm) or transcript:
                 sink.audio(pcm.astype(np.int16, copy=False), transcript)

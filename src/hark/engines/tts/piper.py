@@ -8,13 +8,18 @@ Piper is GPL-3.0, so it is an optional extra of hark and is imported only when a
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import heapq
 import importlib.util
+import itertools
 import json
 import logging
+import os
 import threading
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -33,6 +38,8 @@ _DEFAULT_VOICE_FILE = "en_US-joe-medium.onnx"
 # resampling from clipping.
 _VOLUME = 0.9
 
+_T = TypeVar("_T")
+
 
 def _default_voice_path() -> Path:
     """The ONNX file of the voice that ships with hark's 'piper' extra."""
@@ -42,18 +49,71 @@ def _default_voice_path() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "data" / _DEFAULT_VOICE_FILE
 
 
+class _DueFirst:
+    """Runs calls on up to ``workers`` threads, the one due soonest first.
+
+    Piper renders a sentence in one model call that holds a core for tens to hundreds of
+    milliseconds. Run side by side, the calls of several sessions share the cores, and a
+    reply's first words (someone waits in silence) take as long as the later sentences of
+    replies already playing (whose listeners have seconds of audio left). Taken in order of
+    when their audio is needed, the first words go first and the rest still arrive in time.
+    """
+
+    def __init__(self, workers: int) -> None:
+        self._workers = workers
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, concurrent.futures.Future[Any], Callable[[], Any]]] = []
+        self._order = itertools.count()
+        self._started = 0
+
+    def submit(self, due: float, call: Callable[[], _T]) -> concurrent.futures.Future[_T]:
+        """Queue ``call`` to run by ``due`` (``time.monotonic()``); cancel the future to drop
+        it while it waits."""
+        future: concurrent.futures.Future[_T] = concurrent.futures.Future()
+        with self._cond:
+            heapq.heappush(self._heap, (due, next(self._order), future, call))
+            if self._started < self._workers:
+                self._started += 1
+                threading.Thread(target=self._work, name="hark-piper", daemon=True).start()
+            self._cond.notify()
+        return future
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while not self._heap:
+                    self._cond.wait()
+                _, _, future, call = heapq.heappop(self._heap)
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                result = call()
+            except BaseException as exc:  # handed to the waiting coroutine
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+            # Drop the references before waiting: a finished reply must not stay alive here.
+            del future, call
+
+
 class PiperTts:
     """Speaks text with a Piper voice on the CPU; yields one int16 chunk per sentence.
 
     ``model_path`` is a Piper ``.onnx`` voice with its ``.onnx.json`` config beside it (the
     bundled en_US joe voice when omitted); ``speaker`` picks a speaker of a multi-speaker
-    voice; ``threads`` caps ONNX Runtime's threads per synthesis. The model loads on
-    ``warmup`` or on first use. Only one voice ships, so client voice names (``alloy``,
-    ``marin``…) all get it.
+    voice; ``threads`` caps ONNX Runtime's threads per synthesis. Sentences of all sessions
+    are rendered on ``workers`` threads (by default half the cores), the one whose listener
+    would run out of audio first (``slack_s``) first. The model loads on ``warmup`` or on
+    first use. Only one voice ships, so client voice names (``alloy``, ``marin``…) all get
+    it.
     """
 
     def __init__(
-        self, model_path: str | None = None, speaker: int | None = None, threads: int = 1
+        self,
+        model_path: str | None = None,
+        speaker: int | None = None,
+        threads: int = 1,
+        workers: int | None = None,
     ) -> None:
         try:
             from piper import PiperConfig, SynthesisConfig
@@ -69,6 +129,7 @@ class PiperTts:
         self._synthesis_config = SynthesisConfig
         self._voice: PiperVoice | None = None
         self._load_lock = threading.Lock()
+        self._queue = _DueFirst(workers or max(1, (os.cpu_count() or 2) // 2))
 
     def _load(self) -> PiperVoice:
         # Several sessions may ask for the voice at once; the 60 MB model loads only once.
@@ -92,12 +153,15 @@ class PiperTts:
             return self._voice
 
     async def synthesize(
-        self, text: str, *, voice: str | None = None, speed: float = 1.0
+        self, text: str, *, voice: str | None = None, speed: float = 1.0, slack_s: float = 0.0
     ) -> AsyncIterator[npt.NDArray[np.int16]]:
         """Speak ``text``; yields one int16 chunk per sentence at ``sample_rate``.
 
-        ``speed`` above 1 speaks faster. Cancelling stops before the next sentence (the one
-        being rendered, at most a few hundred milliseconds of work, completes unseen).
+        ``speed`` above 1 speaks faster. ``slack_s``: how long the listener has audio for
+        before this (see :class:`hark.engines.tts.TtsEngine`); each later sentence is due
+        when the ones before it will have played. Cancelling stops before the next sentence
+        (the one being rendered, at most a few hundred milliseconds of work, completes
+        unseen).
         """
         if not text.strip():
             return
@@ -114,12 +178,15 @@ class PiperTts:
             volume=_VOLUME,
         )
         sentences = iter(piper_voice.synthesize(text, syn_config=config))
+        due = time.monotonic() + max(0.0, slack_s)
         while True:
-            # One sentence per hop to the thread, so that nothing more runs once cancelled.
-            chunk = await asyncio.to_thread(next, sentences, None)
+            # One sentence per model call, so that nothing more runs once cancelled.
+            future = self._queue.submit(due, lambda: next(sentences, None))
+            chunk = await asyncio.wrap_future(future)
             if chunk is None:
                 return
             audio: npt.NDArray[np.int16] = chunk.audio_int16_array
+            due += audio.size / self.sample_rate
             if audio.size:
                 yield audio
 
