@@ -105,6 +105,30 @@ def test_semantic_vad_ends_a_complete_utterance_quickly(driver: Driver) -> None:
     assert 990 <= stopped[0]["audio_end_ms"] <= 1100
 
 
+def silence_until_recognition(driver: Driver) -> int:
+    """Append silence 32 ms at a time until the pause is sent to recognition; how much."""
+    waited = 0
+    while not driver.take(Transcribe):
+        driver.append(silence(32))
+        waited += 32
+        assert waited < 2000
+    return waited
+
+
+def test_semantic_vad_recognises_a_pause_at_once(driver: Driver) -> None:
+    driver.asr_text = "What is the capital of France?"
+    driver.append(voiced(800))
+    server = silence_until_recognition(driver)
+    driver.append(silence(600))
+    semantic(driver)
+    driver.turn_score = 0.0
+    driver.append(voiced(800))
+    at_once = silence_until_recognition(driver)
+    # server_vad lets a pause last SPECULATE_AFTER_MS (96) before transcribing it, since
+    # most short gaps are between words; semantic_vad needs the words to end the turn at all.
+    assert server - at_once == 64
+
+
 def test_semantic_vad_waits_through_an_unfinished_utterance(driver: Driver) -> None:
     semantic(driver)
     driver.asr_text = "My phone number is four one five"

@@ -80,8 +80,9 @@ AUDIO_RETENTION_S = 5 * 60
 ASR_RATE = 16000
 
 # A pause this long inside speech starts speculative recognition (and then a speculative
-# reply): shorter gaps are usually between words. semantic_vad starts sooner, because its
-# decision to end the turn waits for that transcript.
+# reply): shorter gaps are usually between words. semantic_vad starts at once (the pause's
+# first chunk), because its decision to end the turn, and so the reply, waits for that
+# transcript.
 SPECULATE_AFTER_MS = 96
 SEMANTIC_SPECULATE_AFTER_MS = 32
 
@@ -382,6 +383,9 @@ class Session:
         self._vad_done = 0
         td = self.config.audio.input.turn_detection
         self._turns = TurnDetector(td) if td is not None else None
+        self._speculate_after_ms = (
+            SEMANTIC_SPECULATE_AFTER_MS if isinstance(td, SemanticVad) else SPECULATE_AFTER_MS
+        )
         self._speech_item_id = None
         self._drop_pause()
 
@@ -444,7 +448,7 @@ class Session:
         if (
             pause is not None
             and pause.asr_request is None
-            and end - pause.start_ms >= min(SPECULATE_AFTER_MS, self._turns.silence_ms)
+            and end - pause.start_ms >= min(self._speculate_after_ms, self._turns.silence_ms)
         ):
             self._transcribe_pause(pause)
         if not self._turns.speaking:
