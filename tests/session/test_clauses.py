@@ -51,3 +51,25 @@ def test_long_text_without_punctuation_is_cut_by_words() -> None:
 
 def test_nothing_to_say() -> None:
     assert split(["", "  "]) == []
+
+
+def test_without_early_punctuation_the_first_piece_ends_where_a_phrase_does() -> None:
+    assert split(tokens("The capital of France is Paris.")) == [
+        "The capital",
+        " of France is Paris.",
+    ]
+    assert split(tokens("Two plus two is four.")) == ["Two plus two", " is four."]
+    # A short sentence is a piece of its own; no phrase boundary within four words: cut there.
+    assert split(tokens("Bees make honey. They do.")) == ["Bees make honey.", " They do."]
+    assert split(tokens("William Shakespeare wrote Romeo and Juliet."))[0] == (
+        "William Shakespeare wrote Romeo"
+    )
+    # One word is too short a phrase: "Jupiter" alone would sound clipped.
+    assert split(tokens("Jupiter is the largest planet of all."))[0] == "Jupiter is the largest"
+
+
+def test_the_phrase_cut_waits_for_the_whole_next_word() -> None:
+    splitter = ClauseSplitter()
+    # "of" might still become "often": nothing is cut until a space follows it.
+    assert splitter.push("The capital of") == []
+    assert splitter.push(" France") == ["The capital"]
