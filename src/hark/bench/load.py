@@ -11,8 +11,8 @@ Measured on the client's clock:
 
 - **VAD decision lag**: from sending the chunk that holds the audio at a
   ``speech_stopped``'s ``audio_end_ms`` to receiving that ``speech_stopped``: how long the
-  server took to decide, once it had the audio it decided on. It includes up to one chunk of
-  the server's resampler hold-back, the same at any load.
+  server took to decide, once it had the audio it decided on (the VAD hears 32 ms chunks cut
+  straight from the input, so nothing is held back before it).
 - **E2A**: ``speech_stopped`` received → first reply audio received. **V2V**: the chunk
   with the question's last voiced sample sent → first reply audio received.
 - **Failures**: calls that could not connect, were closed by the server, got an ``error``
