@@ -18,8 +18,10 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import llama_cpp
 import pytest
 
+from hark.engines.activity import computing
 from hark.engines.llm import (
     ChatMessage,
     FunctionTool,
@@ -314,5 +316,40 @@ async def test_a_full_cache_makes_generations_wait_not_fail(
         assert [text_of(events) for events in results] == alone[:2]
         # An idle conversation fills the cache now: a new one evicts it.
         assert text_of(await collect(engine.generate(requests[2]))) == alone[2]
+    finally:
+        await engine.aclose()
+
+
+async def test_a_lone_prompt_is_read_on_every_core_only_while_nothing_else_computes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    engine = LlamaCppLlm(n_threads=1, wide_threads=2)
+    await engine.warmup()
+    set_threads: list[int] = []
+    original = llama_cpp.llama_set_n_threads
+
+    def spy(ctx: Any, n_threads: int, n_threads_batch: int) -> None:
+        set_threads.append(n_threads_batch)
+        original(ctx, n_threads, n_threads_batch)
+
+    monkeypatch.setattr(llama_cpp, "llama_set_n_threads", spy)
+    question = GenerationRequest(
+        messages=(ChatMessage(role="user", content="What is the capital of Spain?"),),
+        max_tokens=2,
+    )
+    try:
+        await collect(engine.generate(question))
+        # The prompt was read on both threads, the tokens after it on one.
+        assert set_threads == [2, 1]
+        set_threads.clear()
+        other = GenerationRequest(
+            messages=(ChatMessage(role="user", content="What is the capital of Italy?"),),
+            max_tokens=2,
+        )
+        with computing():
+            # Another model computes (Whisper, Piper, the end-of-turn model): stay narrow.
+            done = finished(await collect(engine.generate(other)))
+        assert done.prompt_tokens - done.cached_tokens > 1
+        assert set_threads == []
     finally:
         await engine.aclose()

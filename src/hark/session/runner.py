@@ -8,6 +8,7 @@ runner also times every response's stages (``TurnTimings``) on a monotonic clock
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -46,6 +47,9 @@ log = logging.getLogger(__name__)
 
 # The opt-in (session ``include``) for a ``hark.turn_timings`` event after each response.
 TIMINGS_INCLUDE = "hark.turn_timings"
+# semantic_vad's end-of-turn verdict waits at most this long for the reply speculated on the
+# same words to have read its prompt (about 85 ms on two cores for a short question).
+SCORE_AFTER_READ_MAX_S = 0.2
 
 
 class AudioPlayer(Protocol):
@@ -335,6 +339,13 @@ class SessionRunner:
             log.warning("session %s: LLM prefill failed", self.id, exc_info=True)
 
     async def _score_turn(self, action: ScoreTurn) -> None:
+        speculation = self._speculation
+        if speculation is not None and speculation.key == action.key:
+            # The reply speculated on the same transcript is reading its prompt, on every core
+            # if no other model computes (hark.engines.activity): the reply, not the verdict,
+            # is what the user waits for, and the verdict still comes well before its audio.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(speculation.sink.answering.wait(), SCORE_AFTER_READ_MAX_S)
         try:
             probability = await self.engines.turn.probability(
                 action.transcript, context=action.context
@@ -458,6 +469,8 @@ class _HeldSink:
         self._now = now
         self.started = now()
         self.marks: dict[str, float] = {}
+        # Set once the LLM has read the prompt (its first output) or the reply has ended.
+        self.answering = asyncio.Event()
         self._held: list[tuple[str, tuple[Any, ...]]] = []
         self._live: _CoreSink | None = None
 
@@ -469,6 +482,7 @@ class _HeldSink:
             getattr(live, name)(*args)
 
     def _pass(self, name: str, *args: Any) -> None:
+        self.answering.set()
         if self._live is not None:
             getattr(self._live, name)(*args)
         else:

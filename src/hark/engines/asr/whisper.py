@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
+from hark.engines.activity import marked
 from hark.engines.models import package_data_path
 
 if TYPE_CHECKING:
@@ -195,9 +196,11 @@ class WhisperAsr:
         language: str | None,
         prompt: str | None,
     ) -> AsyncIterator[str]:
-        memory = await asyncio.to_thread(_encode_trimmed, loaded, samples)
+        memory = await asyncio.to_thread(marked(_encode_trimmed), loaded, samples)
         duration = samples.size / SAMPLE_RATE
-        yield await asyncio.to_thread(self._decode, loaded, memory, duration, language, prompt)
+        yield await asyncio.to_thread(
+            marked(self._decode), loaded, memory, duration, language, prompt
+        )
 
     def _decode(
         self,
@@ -254,9 +257,9 @@ class WhisperAsr:
         prompt: str | None,
     ) -> AsyncIterator[str]:
         segments: Iterator[Segment] = await asyncio.to_thread(
-            self._start_long, loaded, samples, language, prompt
+            marked(self._start_long), loaded, samples, language, prompt
         )
-        while (segment := await asyncio.to_thread(next, segments, None)) is not None:
+        while (segment := await asyncio.to_thread(marked(next), segments, None)) is not None:
             yield segment.text
 
     def _start_long(

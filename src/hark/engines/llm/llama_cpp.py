@@ -356,11 +356,13 @@ class LlamaCppLlm:
     else, and only while a sequence is free. Idle conversations beyond
     ``resident_idle_cells`` tokens move to RAM (at most ``ram_bytes``) and come back on their
     next turn, since every decoded token attends over every occupied cell of the cache.
-    ``flash_attention`` skips other conversations' cells, and its greedy replies do not
-    depend on what else shares the batch; but on a CPU it is slower over a long conversation
-    (one thread, 1000 tokens of context: 30 ms a token against 22 without), so it is off, and
-    greedy replies are then the same token for token as llama-cpp-python's ``Llama`` gives
-    alone, though a reply made beside others may part from its solo run after a few dozen.
+    A prompt read alone while no other model computes runs on ``wide_threads`` threads (by
+    default every core). ``flash_attention`` skips other conversations' cells, and its greedy
+    replies do not depend on what else shares the batch; but on a CPU it is slower over a long
+    conversation (one thread, 1000 tokens of context: 30 ms a token against 22 without), so it
+    is off, and greedy replies are then the same token for token as llama-cpp-python's
+    ``Llama`` gives alone, though a reply made beside others may part from its solo run after a
+    few dozen.
     """
 
     def __init__(
@@ -377,6 +379,7 @@ class LlamaCppLlm:
         flash_attention: bool = False,
         resident_idle_cells: int = 1024,
         ram_bytes: int = 512 << 20,
+        wide_threads: int | None = None,
     ) -> None:
         self.model_path = model_path or default_model_path()
         self.n_ctx = n_ctx
@@ -390,6 +393,7 @@ class LlamaCppLlm:
         self.flash_attention = flash_attention
         self.resident_idle_cells = resident_idle_cells
         self.ram_bytes = ram_bytes
+        self.wide_threads = wide_threads or os.cpu_count() or 1
         self._batcher: BatchScheduler | None = None
         self._closed = False
 
@@ -521,6 +525,7 @@ class LlamaCppLlm:
                 ram_bytes=self.ram_bytes,
                 stop_markers=(IM_END, IM_START),
                 check=self._check_model,
+                wide_threads=self.wide_threads,
             )
         return self._batcher
 

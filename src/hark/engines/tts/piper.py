@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from hark.engines.activity import computing
+
 if TYPE_CHECKING:
     from piper import PiperConfig, PiperVoice
 
@@ -87,7 +89,8 @@ class _DueFirst:
             if not future.set_running_or_notify_cancel():
                 continue
             try:
-                result = call()
+                with computing():
+                    result = call()
             except BaseException as exc:  # handed to the waiting coroutine
                 future.set_exception(exc)
             else:

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import llama_cpp
 import numpy as np
 
+from hark.engines.activity import marked
 from hark.engines.llm.chat_template import IM_END, IM_START
 from hark.engines.llm.llama_cpp import default_model_path, route_native_logs
 from hark.engines.turn.cues import Cue, read_transcript
@@ -144,7 +145,7 @@ class LlamaCppEndOfTurn:
     async def judge(self, transcript: str, *, context: str | None = None) -> Judgement:
         """:meth:`probability` with the evidence behind it, for logs and evaluation."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._judge, transcript, context)
+        return await loop.run_in_executor(self._executor, marked(self._judge), transcript, context)
 
     # Everything below runs on the worker thread.
 
