@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -201,3 +202,14 @@ def test_missing_piper_is_explained(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "piper", None)
     with pytest.raises(RuntimeError, match=r"uv sync --extra piper"):
         PiperTts()
+
+
+def test_idle_workers_end_and_come_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("hark.engines.tts.piper._IDLE_WORKER_S", 0.05)
+    queue = _DueFirst(workers=1)
+    assert queue.submit(0.0, lambda: 1).result(timeout=5) == 1
+    deadline = time.monotonic() + 5
+    while queue._started:
+        assert time.monotonic() < deadline, "the idle worker did not end"
+        time.sleep(0.01)
+    assert queue.submit(0.0, lambda: 2).result(timeout=5) == 2

@@ -41,6 +41,8 @@ _DEFAULT_VOICE_FILE = "en_US-joe-medium.onnx"
 _VOLUME = 0.9
 
 _T = TypeVar("_T")
+# A rendering thread with nothing to do for this long ends; the next sentence starts another.
+_IDLE_WORKER_S = 30.0
 
 
 def _default_voice_path() -> Path:
@@ -84,7 +86,10 @@ class _DueFirst:
         while True:
             with self._cond:
                 while not self._heap:
-                    self._cond.wait()
+                    if not self._cond.wait(timeout=_IDLE_WORKER_S) and not self._heap:
+                        # Idle: end, so that an engine no longer used leaves no thread behind.
+                        self._started -= 1
+                        return
                 _, _, future, call = heapq.heappop(self._heap)
             if not future.set_running_or_notify_cancel():
                 continue
