@@ -54,9 +54,11 @@ def test_nothing_to_say() -> None:
 
 
 def test_without_early_punctuation_the_first_piece_ends_where_a_phrase_does() -> None:
+    assert split(tokens("A spider has eight legs.")) == ["A spider", " has eight legs."]
+    # Not before a preposition: Piper swallows a leading "of".
     assert split(tokens("The capital of France is Paris.")) == [
-        "The capital",
-        " of France is Paris.",
+        "The capital of France",
+        " is Paris.",
     ]
     assert split(tokens("Two plus two is four.")) == ["Two plus two", " is four."]
     # A short sentence is a piece of its own; no phrase boundary within four words: cut there.
@@ -70,6 +72,6 @@ def test_without_early_punctuation_the_first_piece_ends_where_a_phrase_does() ->
 
 def test_the_phrase_cut_waits_for_the_whole_next_word() -> None:
     splitter = ClauseSplitter()
-    # "of" might still become "often": nothing is cut until a space follows it.
-    assert splitter.push("The capital of") == []
-    assert splitter.push(" France") == ["The capital"]
+    # "is" might still become "island": nothing is cut until a space follows it.
+    assert splitter.push("Two plus two is") == []
+    assert splitter.push(" four") == ["Two plus two"]

@@ -7,9 +7,9 @@ their concatenation is the LLM's text.
 Piper takes about 25 ms plus 100 ms per second of speech on one core of the development
 machine, and the LLM about 15 ms a token, so every word of the first piece delays the first
 audio by about 40 ms. Without punctuation early on, the first piece ends where a phrase does:
-before a preposition, a conjunction or an auxiliary verb after at least two words ("The
-capital | of France is Paris.", "Two plus two | is four."), so that it still sounds like a
-phrase of its own; otherwise after four words.
+before a conjunction or an auxiliary verb after at least two words ("Two plus two | is
+four.", "A spider | has eight legs."), so that it still sounds like a phrase of its own;
+otherwise after four words.
 """
 
 from __future__ import annotations
@@ -23,12 +23,13 @@ FIRST_MIN_WORDS = 1
 FIRST_MAX_WORDS = 4
 # The first piece may end before one of these words once it has this many words.
 FIRST_PHRASE_WORDS = 2
+# Not prepositions: Piper voices a piece that starts with "of" or "in" weakly enough that
+# Whisper heard "The capital | of France is Paris." as "The capital, the Francis Paris."
 _PHRASE_STARTS = frozenset(
     word
     for group in (
-        "of in on at to for with from by about into over under after before between through",
-        "during and but or so because that which who when where while if than as is are was",
-        "were has have had will would can could should may might must does do did",
+        "and but or so because that which who when where while if than as is are was were",
+        "has have had will would can could should may might must does do did",
     )
     for word in group.split()
 )
