@@ -434,4 +434,7 @@ async def test_the_observer_sees_every_batch() -> None:
     finally:
         batcher.close()
     assert sum(recorder.sizes) == 12
-    assert max(recorder.sizes) == 5
+    # How the 12 split depends on timing (a batch may leave before it is full when nobody
+    # else is expected soon); the cap holds whatever the split.
+    assert max(recorder.sizes) <= 5
+    assert len(recorder.sizes) >= 3
