@@ -24,16 +24,23 @@ import pytest
 from hark.engines.activity import computing
 from hark.engines.llm import (
     ChatMessage,
-    FunctionTool,
     GenerationRequest,
     LlmEvent,
     TextDelta,
-    ToolChoice,
     Urgency,
 )
 from hark.engines.llm.llama_cpp import LlamaCppLlm
 
-from .test_llama_cpp_llm import ORDER, ask, check, collect, finished, single_call, text_of
+from .test_llama_cpp_llm import (
+    ORDER,
+    ask,
+    check,
+    collect,
+    finished,
+    order_call,
+    single_call,
+    text_of,
+)
 
 QUESTIONS = (
     "What is the capital of France?",
@@ -146,13 +153,7 @@ async def test_generations_arriving_at_different_times_match_their_solo_runs(
 
 @pytest.mark.slow
 async def test_a_tool_call_beside_text_keeps_its_grammar(exact: LlamaCppLlm) -> None:
-    tool = FunctionTool("place_order", "Place an order for a customer.", ORDER)
-    call = ask(
-        "Order two apples (sku A1) for Alice, express.",
-        tools=(tool,),
-        tool_choice=ToolChoice("function", "place_order"),
-        temperature=0.8,
-    )
+    call = order_call()
     texts = [greedy(q) for q in QUESTIONS[:2]]
     alone = await solo(texts, **EXACT)
     results = await asyncio.gather(

@@ -201,15 +201,19 @@ async def test_forced_call_fits_the_schema(llm: LlamaCppLlm) -> None:
     check(arguments, WEATHER.parameters)
 
 
-@pytest.mark.slow
-async def test_forced_call_with_a_nested_schema(llm: LlamaCppLlm) -> None:
-    tool = FunctionTool("place_order", "Place an order for a customer.", ORDER)
-    request = ask(
+def order_call() -> GenerationRequest:
+    """A request forcing a call whose arguments nest objects in arrays (sampled, not greedy)."""
+    return ask(
         "Order two apples (sku A1) for Alice, express.",
-        tools=(tool,),
+        tools=(FunctionTool("place_order", "Place an order for a customer.", ORDER),),
         tool_choice=ToolChoice("function", "place_order"),
         temperature=0.8,
     )
+
+
+@pytest.mark.slow
+async def test_forced_call_with_a_nested_schema(llm: LlamaCppLlm) -> None:
+    request = order_call()
     name, arguments = single_call(await collect(llm.generate(request)))
     assert name == "place_order"
     check(arguments, ORDER)

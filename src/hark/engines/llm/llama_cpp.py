@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import functools
 import importlib.util
 import json
 import logging
@@ -383,17 +384,25 @@ class LlamaCppLlm:
     ) -> None:
         self.model_path = model_path or default_model_path()
         self.n_ctx = n_ctx
-        self.n_threads = n_threads
         self.temperature = temperature
         self.max_tokens_default = max_tokens_default
-        self.seed = seed
-        self.sequences = sequences
-        self.kv_cells = kv_cells or 2 * n_ctx
-        self.step_tokens = step_tokens
-        self.flash_attention = flash_attention
-        self.resident_idle_cells = resident_idle_cells
-        self.ram_bytes = ram_bytes
-        self.wide_threads = wide_threads or os.cpu_count() or 1
+        # The scheduler is made on first use, and again after a model that failed to load.
+        self._new_scheduler = functools.partial(
+            BatchScheduler,
+            self.model_path,
+            n_ctx=n_ctx,
+            kv_cells=kv_cells or 2 * n_ctx,
+            sequences=sequences,
+            n_threads=n_threads or max((os.cpu_count() or 2) // 2, 1),
+            step_tokens=step_tokens,
+            seed=seed,
+            flash_attention=flash_attention,
+            resident_idle_cells=resident_idle_cells,
+            ram_bytes=ram_bytes,
+            stop_markers=(IM_END, IM_START),
+            check=self._check_model,
+            wide_threads=wide_threads or os.cpu_count() or 1,
+        )
         self._batcher: BatchScheduler | None = None
         self._closed = False
 
@@ -512,21 +521,7 @@ class LlamaCppLlm:
         if self._batcher is None or self._batcher.closed:
             # A model that failed to load is tried again by the next request.
             route_native_logs()
-            self._batcher = BatchScheduler(
-                self.model_path,
-                n_ctx=self.n_ctx,
-                kv_cells=self.kv_cells,
-                sequences=self.sequences,
-                n_threads=self.n_threads or max((os.cpu_count() or 2) // 2, 1),
-                step_tokens=self.step_tokens,
-                seed=self.seed,
-                flash_attention=self.flash_attention,
-                resident_idle_cells=self.resident_idle_cells,
-                ram_bytes=self.ram_bytes,
-                stop_markers=(IM_END, IM_START),
-                check=self._check_model,
-                wide_threads=self.wide_threads,
-            )
+            self._batcher = self._new_scheduler()
         return self._batcher
 
     def _check_model(self, model: LlamaModel) -> None:
