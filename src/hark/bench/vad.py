@@ -1,9 +1,11 @@
 """``hark bench vad``: what one session's 32 ms VAD chunk costs, unbatched and batched.
 
-Three measures, each as CPU time of this process per session-chunk (all threads counted, so
+Four measures, each as CPU time of this process per session-chunk (all threads counted, so
 the figure is what a core pays, whatever the machine's other load does to wall time):
 
-- ``model``: Silero alone (``run_batch``) on a batch of B rows.
+- ``model``: Silero alone through ONNX Runtime (``run_batch``) on a batch of B rows.
+- ``matmul``: Silero alone as the batcher runs it, a few matrix products over the whole
+  batch (:mod:`hark.engines.vad.silero_gemm`), on the same B rows.
 - ``unbatched``: B concurrent streams of ``SileroVad``, one model call per chunk in a thread
   (what every session cost before batching).
 - ``batched``: B concurrent streams of ``BatchedSileroVad``, sharing model calls, fed what
@@ -27,6 +29,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from hark.engines.vad import silero_gemm
 from hark.engines.vad.batcher import DEFAULT_MAX_WAIT_MS, BatchedSileroVad, BatchedSileroVadStream
 from hark.engines.vad.silero import (
     CHUNK_SAMPLES,
@@ -35,6 +38,7 @@ from hark.engines.vad.silero import (
     SileroVad,
     initial_states,
     load_session,
+    model_path,
     run_batch,
 )
 
@@ -80,8 +84,9 @@ def command(options: dict[str, Any]) -> int:
 
 
 async def measure(batch_sizes: list[int], seconds: float, max_wait_ms: float) -> dict[str, Any]:
-    """The three measures at every batch size; costs in CPU ms per session-chunk."""
+    """The four measures at every batch size; costs in CPU ms per session-chunk."""
     session = await asyncio.to_thread(load_session, 1)
+    gemm = (await asyncio.to_thread(silero_gemm.load, model_path()))[SAMPLE_RATE]
     unbatched = SileroVad()
     batched = BatchedSileroVad(max_batch=max(batch_sizes), max_wait_ms=max_wait_ms)
     await unbatched.warmup()
@@ -89,13 +94,17 @@ async def measure(batch_sizes: list[int], seconds: float, max_wait_ms: float) ->
     rows = []
     try:
         for size in batch_sizes:
-            model = await asyncio.to_thread(_model_cost, session, size, seconds)
+            model = await asyncio.to_thread(
+                _model_cost, functools.partial(run_batch, session), size, seconds
+            )
+            matmul = await asyncio.to_thread(_model_cost, gemm.run, size, seconds)
             plain = await _streams_cost(unbatched, size, seconds)
             shared = await _pushed_cost(batched, size, seconds)
             rows.append(
                 {
                     "batch": size,
                     "model_ms": round(model, 4),
+                    "matmul_ms": round(matmul, 4),
                     "unbatched_ms": round(plain, 4),
                     "batched_ms": round(shared, 4),
                     "unbatched_sessions_per_core": int(CHUNK_MS / plain),
@@ -117,12 +126,13 @@ def summary(report: Mapping[str, Any]) -> str:
     """A table of the report for people."""
     lines = [
         f"VAD cost, {report['unit']}; sessions per core = 32 ms / cost",
-        f"{'batch':>5} {'model':>8} {'unbatched':>10} {'batched':>8}"
+        f"{'batch':>5} {'model':>8} {'matmul':>8} {'unbatched':>10} {'batched':>8}"
         f" {'sess/core unbatched':>20} {'batched':>8}",
     ]
     for row in report["rows"]:
         lines.append(
-            f"{row['batch']:>5} {row['model_ms']:>8.3f} {row['unbatched_ms']:>10.3f}"
+            f"{row['batch']:>5} {row['model_ms']:>8.3f} {row['matmul_ms']:>8.3f}"
+            f" {row['unbatched_ms']:>10.3f}"
             f" {row['batched_ms']:>8.3f} {row['unbatched_sessions_per_core']:>20}"
             f" {row['batched_sessions_per_core']:>8}"
         )
@@ -134,15 +144,15 @@ def _noise(rows: int, samples: int, seed: int = 0) -> npt.NDArray[np.float32]:
     return (0.01 * np.random.default_rng(seed).standard_normal((rows, samples))).astype(np.float32)
 
 
-def _model_cost(session: Any, size: int, seconds: float) -> float:
+def _model_cost(run: Callable[[Any, Any], object], size: int, seconds: float) -> float:
     windows = _noise(size, WINDOW_SAMPLES)
     states = initial_states(size)
-    run_batch(session, windows, states)
+    run(windows, states)
     calls = 0
     cpu = time.process_time()
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        run_batch(session, windows, states)
+        run(windows, states)
         calls += 1
     return (time.process_time() - cpu) * 1000 / (calls * size)
 
