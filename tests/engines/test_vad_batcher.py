@@ -173,6 +173,28 @@ def test_the_resampler_keeps_the_speech_band() -> None:
         assert low <= amplitude <= high, (signal is tone, amplitude)
 
 
+@pytest.mark.parametrize(
+    ("rate", "target"),
+    [(24000, 16000), (8000, 16000), (48000, 16000), (12000, 16000), (24000, 8000)],
+)
+def test_the_block_product_is_the_polyphase_filter(rate: int, target: int) -> None:
+    """Output up*m + r of a row is phase (r*down) % up of the filter, applied from input
+    sample down*m + (r*down) // up: the definition, evaluated one output at a time."""
+    resampler = chunk_resampler(rate, target)
+    rows = np.random.default_rng(rate).standard_normal(
+        (3, resampler.history + resampler.in_samples)
+    )
+    rows = rows.astype(np.float32)
+    got = resampler.run(rows)
+    up, down, width = resampler.up, resampler.down, resampler.taps.shape[1]
+    want = np.empty_like(got)
+    for j in range(resampler.out_samples):
+        m, residue = divmod(j, up)
+        start = down * m + residue * down // up
+        want[:, j] = rows[:, start : start + width] @ resampler.taps[residue * down % up]
+    np.testing.assert_allclose(got, want, atol=1e-5)
+
+
 async def test_the_8_khz_model_equals_running_it_chunk_by_chunk(
     question: npt.NDArray[np.float32],
 ) -> None:
