@@ -181,10 +181,8 @@ def test_the_block_product_is_the_polyphase_filter(rate: int, target: int) -> No
     """Output up*m + r of a row is phase (r*down) % up of the filter, applied from input
     sample down*m + (r*down) // up: the definition, evaluated one output at a time."""
     resampler = chunk_resampler(rate, target)
-    rows = np.random.default_rng(rate).standard_normal(
-        (3, resampler.history + resampler.in_samples)
-    )
-    rows = rows.astype(np.float32)
+    generator = np.random.default_rng(rate)
+    rows = generator.standard_normal((3, resampler.history + resampler.in_samples), np.float32)
     got = resampler.run(rows)
     up, down, width = resampler.up, resampler.down, resampler.taps.shape[1]
     want = np.empty_like(got)
