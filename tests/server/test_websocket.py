@@ -104,6 +104,23 @@ async def test_large_appends_arrive_and_binary_frames_reach_the_session(
     await asyncio.wait_for(session.closed.wait(), timeout=10)
 
 
+async def test_an_offer_of_compression_is_declined(
+    start_server: StartServer,
+    http: aiohttp.ClientSession,
+    fake_engines: Engines,
+    stub_sessions: list[StubSession],
+) -> None:
+    """Base64 audio barely deflates: the server answers without permessage-deflate, and
+    frames still arrive whole."""
+    server = await start_server(KEYED, fake_engines)
+    url = server.ws_url + "?model=m"
+    async with http.ws_connect(url, headers=bearer(API_KEY), compress=15) as ws:
+        assert ws.compress == 0
+        assert (await next_json(ws))["type"] == "session.created"
+        await ws.send_str("{}")
+        assert await next_json(ws) == {"type": "received", "length": 2}
+
+
 async def test_a_frame_over_the_limit_closes_with_1009_and_ends_the_session(
     start_server: StartServer,
     http: aiohttp.ClientSession,

@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hark.engines.vad import silero_gemm
-from hark.engines.vad.batcher import DEFAULT_MAX_WAIT_MS, BatchedSileroVad, BatchedSileroVadStream
+from hark.engines.vad.batcher import VAD_MAX_WAIT_MS, BatchedSileroVad, BatchedSileroVadStream
 from hark.engines.vad.silero import (
     CHUNK_SAMPLES,
     SAMPLE_RATE,
@@ -60,8 +60,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-wait-ms",
         type=float,
-        default=DEFAULT_MAX_WAIT_MS,
-        help=f"the batcher's deadline (default {DEFAULT_MAX_WAIT_MS:g})",
+        default=VAD_MAX_WAIT_MS,
+        help=f"the batcher's deadline (default {VAD_MAX_WAIT_MS:g})",
     )
     parser.add_argument("--json", dest="json_path", metavar="FILE", help="write the report here")
 

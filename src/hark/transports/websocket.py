@@ -64,6 +64,9 @@ def websocket_response(*, offered_realtime: bool) -> web.WebSocketResponse:
         # Pings and pongs come to run_session, which answers pings and counts pongs as signs
         # of life.
         autoping=False,
+        # Base64 audio barely deflates: per-message compression would cost zlib time on every
+        # append and every reply delta for a quarter off their size.
+        compress=False,
     )
 
 

@@ -79,13 +79,18 @@ class _Conv:
     def __call__(self, x: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
         """``x`` is ``[rows, frames, c_in]``; returns ``[rows, frames', c_out]`` after ReLU."""
         rows, frames, channels = x.shape
-        padded = np.zeros((rows, frames + 2, channels), dtype=np.float32)
-        padded[:, 1:-1] = x
         out_frames = (frames - 1) // self.stride + 1
-        # Output frame t sees padded frames stride * t .. stride * t + 2.
-        span = self.stride * (out_frames - 1) + 1
-        taps = np.concatenate([padded[:, k : k + span : self.stride] for k in range(3)], axis=2)
-        y = taps.reshape(rows * out_frames, 3 * channels) @ self.weight
+        if out_frames == 1 and frames <= 2:
+            # One output, which sees [zero padding, x0, x1 or padding]: only the taps on real
+            # frames count, and they are consecutive rows of the tap-major weights.
+            y = x.reshape(rows, frames * channels) @ self.weight[channels : (1 + frames) * channels]
+        else:
+            padded = np.zeros((rows, frames + 2, channels), dtype=np.float32)
+            padded[:, 1:-1] = x
+            # Output frame t sees padded frames stride * t .. stride * t + 2.
+            span = self.stride * (out_frames - 1) + 1
+            taps = [padded[:, k : k + span : self.stride] for k in range(3)]
+            y = np.concatenate(taps, axis=2).reshape(rows * out_frames, 3 * channels) @ self.weight
         y += self.bias
         np.maximum(y, 0, out=y)
         return y.reshape(rows, out_frames, -1)
