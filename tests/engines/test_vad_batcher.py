@@ -14,6 +14,8 @@ import soxr
 
 from hark.engines.vad import VadEngine
 from hark.engines.vad.batcher import (
+    VAD_WORTH_WAITING_ROWS,
+    ArrivalRate,
     BatchedSileroVad,
     BatchedSileroVadStream,
     Batcher,
@@ -458,3 +460,22 @@ async def test_the_observer_sees_every_batch() -> None:
     # else is expected soon); the cap holds whatever the split.
     assert max(recorder.sizes) <= 5
     assert len(recorder.sizes) >= 3
+
+
+def test_waiting_pays_only_for_enough_expected_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At 4 sessions' rate (125 chunks a second) the VAD goes at once; at 200 sessions'
+    (6 250 a second) it waits, until fewer than its threshold are still expected."""
+    now = [100.0]
+    monkeypatch.setattr("hark.engines.vad.batcher.time.monotonic", lambda: now[0])
+    for per_second, waits in ((125, False), (6250, True)):
+        rate = ArrivalRate()
+        rate.count(int(per_second * 0.2))
+        now[0] += 0.2
+        rate.worth_waiting(now[0])  # closes a 200 ms window
+        rate.per_second = per_second
+        remaining = rate.worth_waiting(now[0] + 0.010, VAD_WORTH_WAITING_ROWS)
+        assert (remaining is not None) is waits, per_second
+        # One item expected before the deadline is enough for the generic batcher.
+        assert rate.worth_waiting(now[0] + 0.010) is not None
+        # Too close to the deadline for enough rows to join: go now.
+        assert rate.worth_waiting(now[0] + 0.001, VAD_WORTH_WAITING_ROWS) is None

@@ -49,9 +49,11 @@ R = TypeVar("R")
 # A 32 ms chunk that waits 5 ms costs little latency.
 DEFAULT_MAX_WAIT_MS = 5.0
 # The VAD waits up to 10 ms: at 200 sessions (6 250 chunks a second) that gathers batches of
-# about 60 rows, where Silero's cost per row bottoms out (a third less than at 30 rows). With
-# few sessions it does not wait at all (see ``ArrivalRate``).
+# about 60 rows, where Silero's cost per row bottoms out (a third less than at 30 rows).
 VAD_MAX_WAIT_MS = 10.0
+# ... but only while at least this many more chunks are expected before the deadline, so
+# that a process with a few sessions (4 of them send 125 chunks a second) never waits.
+VAD_WORTH_WAITING_ROWS = 8.0
 DEFAULT_MAX_BATCH = 256
 # The arrival rate is measured over windows at least this long.
 _RATE_WINDOW_S = 0.1
@@ -214,11 +216,12 @@ class ArrivalRate:
         """``items`` more arrived."""
         self._arrivals += items
 
-    def worth_waiting(self, deadline: float) -> float | None:
+    def worth_waiting(self, deadline: float, rows: float = 1.0) -> float | None:
         """Seconds to wait for more items before ``deadline``, or None to go now.
 
-        Waiting only pays when someone else is likely to join before the deadline: with few
-        callers it would add the whole deadline to every item and gather nobody.
+        Waiting only pays when at least ``rows`` more items are likely to join before the
+        deadline: with few callers it would add the whole deadline to every item and gather
+        nobody.
         """
         now = time.monotonic()
         elapsed = now - self._since
@@ -228,7 +231,7 @@ class ArrivalRate:
             self._arrivals = 0
             self._since = now
         remaining = deadline - now
-        if remaining <= 0 or self.per_second * remaining < 1:
+        if remaining <= 0 or self.per_second * remaining < rows:
             return None
         return remaining
 
@@ -474,7 +477,7 @@ class BatchedSileroVad:
         if self._ready:
             deadline = self._ready[0].queue[0].enqueued + self.max_wait_s
             while len(self._ready) < self.max_batch and not self._closed:
-                remaining = self._arrivals.worth_waiting(deadline)
+                remaining = self._arrivals.worth_waiting(deadline, VAD_WORTH_WAITING_ROWS)
                 if remaining is None:
                     break
                 self._cond.wait(remaining)
