@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         choices=(16000, 8000),
         default=None,
-        help="the rate the VAD model hears; 8000 costs about half the CPU (default 16000)",
+        help="the rate the VAD model hears; 8000 costs about a quarter less (default 16000)",
     )
     serve.add_argument(
         "--otel-endpoint",

@@ -296,7 +296,7 @@ class BatchedSileroVad:
     thread, since a pool of spinning BLAS threads would take cores from the other models.
 
     ``model_rate`` is the rate the model hears: 16 kHz by default, or 8 kHz, where Silero
-    costs about half as much per chunk but hears only the telephone band (enough to tell
+    costs about a quarter less per row but hears only the telephone band (enough to tell
     speech from silence, a little less sure of quiet fricatives).
     """
 
