@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-STATE_SIZE = 128
+from hark.engines.vad.silero import STATE_SIZE
+
 _WEIGHTS = (
     "stft.forward_basis_buffer",
     "encoder.0.reparam_conv.weight",
