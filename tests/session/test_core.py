@@ -6,11 +6,14 @@ import base64
 import json
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 
 from hark.audio.g711 import ulaw_decode, ulaw_encode
 from hark.engines.llm import Finished
-from hark.session.actions import CancelGeneration, Close, Generate, Transcribe
+from hark.session.actions import AnalyzeSpeech, CancelGeneration, Close, Generate, Transcribe
+from hark.session.core import Session
+from hark.session.ids import IdGenerator
 
 from .conftest import RATE, Driver, silence, voiced
 
@@ -882,6 +885,37 @@ def test_odd_pcm_bytes_rejected(driver: Driver) -> None:
         {"type": "input_audio_buffer.append", "audio": base64.b64encode(b"\x00\x01\x02").decode()}
     )
     assert new[0]["error"]["param"] == "audio"
+
+
+def test_audio_errors_speak_of_base64_text(driver: Driver) -> None:
+    wrong_type = driver.send({"type": "input_audio_buffer.append", "audio": 5})[0]["error"]
+    assert "string of base64" in wrong_type["message"]
+    assert "bytes" not in wrong_type["message"]
+    not_base64 = driver.send({"type": "input_audio_buffer.append", "audio": "ab"})[0]["error"]
+    assert not_base64["message"] == "Invalid 'audio': expected base64-encoded audio."
+
+
+@pytest.mark.parametrize("sizes", [[480], [100, 1000, 7], [768], [2000, 1, 767], [5000]])
+def test_vad_chunks_are_the_appended_audio_whatever_the_append_sizes(sizes: list[int]) -> None:
+    session = Session(model="gpt-realtime", ids=IdGenerator(seed=7))
+    session.drain()
+    rng = np.random.default_rng(3)
+    sent: list[npt.NDArray[np.int16]] = []
+    chunks: list[npt.NDArray[np.int16]] = []
+    for _ in range(6):
+        for size in sizes:
+            pcm = rng.integers(-3000, 3000, size, dtype=np.int16)
+            sent.append(pcm)
+            audio = base64.b64encode(pcm.astype("<i2").tobytes()).decode()
+            session.receive(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
+            # Kept as handed out, not copied: a chunk the VAD may still be reading must never
+            # be written again.
+            chunks += [a.chunk for a in session.drain() if isinstance(a, AnalyzeSpeech)]
+    # 32 ms chunks at 24 kHz, cut from the audio in order, the last partial one held back.
+    everything = np.concatenate(sent)
+    assert all(len(chunk) == 768 for chunk in chunks)
+    assert len(chunks) == len(everything) // 768
+    assert np.array_equal(np.concatenate(chunks), everything[: len(chunks) * 768])
 
 
 def test_mcp_items_are_stored_and_seen_by_the_model(driver: Driver) -> None:

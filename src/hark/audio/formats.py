@@ -10,6 +10,8 @@ from hark.protocol.errors import ProtocolError
 from hark.protocol.session_config import AudioFormat, PcmaFormat, PcmFormat, PcmuFormat
 
 Pcm = npt.NDArray[np.int16]
+# audio/pcm is little-endian 16-bit (a dtype object: numpy parses a dtype string every call).
+_WIRE_PCM = np.dtype("<i2")
 
 
 def format_rate(fmt: AudioFormat) -> int:
@@ -24,7 +26,7 @@ def decode_audio(fmt: AudioFormat, data: bytes, param: str = "audio") -> Pcm:
             raise ProtocolError(
                 "audio/pcm must hold whole 16-bit samples (an even number of bytes).", param
             )
-        return np.frombuffer(data, dtype="<i2").astype(np.int16, copy=False)
+        return np.frombuffer(data, dtype=_WIRE_PCM).astype(np.int16, copy=False)
     if isinstance(fmt, PcmuFormat):
         return ulaw_decode(data)
     return alaw_decode(data)

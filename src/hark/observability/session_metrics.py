@@ -105,12 +105,13 @@ class SessionMetrics:
             self._metrics.errors.labels(event.error.code or "none").inc()
         self._hold()
 
-    def vad_chunk(self, arrived: float) -> None:
-        """The VAD answered for a chunk whose last sample arrived at ``arrived``."""
+    def vad_chunk(self, arrived: float, now: float | None = None) -> None:
+        """The VAD answered (at ``now``, else the clock's time) for a chunk whose last sample
+        arrived at ``arrived``."""
         if self._metrics is None:
             return
         self._vad_chunks += 1
-        if self._clock() - arrived > LATE_AFTER_SECONDS:
+        if (self._clock() if now is None else now) - arrived > LATE_AFTER_SECONDS:
             self._vad_late += 1
         self._hold()
 

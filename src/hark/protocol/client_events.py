@@ -23,9 +23,13 @@ class SessionUpdate(ClientEvent, tag="session.update"):
 
 
 class InputAudioBufferAppend(ClientEvent, tag="input_audio_buffer.append"):
-    """Base64 audio in the session's input format."""
+    """Audio in the session's input format, base64 on the wire.
 
-    audio: str
+    The JSON decoder decodes the base64 itself (about five times faster than ``binascii``),
+    and fails on invalid base64 with an error at ``audio``.
+    """
+
+    audio: bytes
 
 
 class InputAudioBufferCommit(ClientEvent, tag="input_audio_buffer.commit"):
@@ -94,10 +98,14 @@ AnyClientEvent = (
 )
 
 CLIENT_EVENT_TYPES: tuple[str, ...] = tuple(
-    t.__struct_config__.tag for t in AnyClientEvent.__args__
+    str(t.__struct_config__.tag) for t in AnyClientEvent.__args__
 )
 
 _decoder = msgspec.json.Decoder(AnyClientEvent)
+# Each event class's ``type``, looked up once rather than through ``__struct_config__``.
+EVENT_TYPE: dict[type[ClientEvent], str] = {
+    t: str(t.__struct_config__.tag) for t in AnyClientEvent.__args__
+}
 
 
 class DecodeError(ProtocolError):
@@ -142,6 +150,21 @@ def decode_client_event(data: str | bytes) -> AnyClientEvent:
             param="type",
             code="invalid_value",
         )
+    elif kind == "input_audio_buffer.append" and str(first_error).endswith("`$.audio`"):
+        error = _audio_error(str(first_error))
     else:
         error = from_validation_error(first_error, None)
     raise DecodeError(error, event_id)
+
+
+def _audio_error(message: str) -> ProtocolError:
+    """An append's ``audio`` is decoded as bytes: word its errors for base64 text."""
+    if message.startswith("Expected"):
+        return ProtocolError(
+            "Invalid type for 'audio': expected a string of base64-encoded audio.",
+            "audio",
+            "invalid_type",
+        )
+    return ProtocolError(
+        "Invalid 'audio': expected base64-encoded audio.", "audio", "invalid_value"
+    )

@@ -70,7 +70,10 @@ class InputAudioBuffer:
         return audio
 
     def trim_before(self, ms: float) -> None:
-        """Forget audio older than ``ms`` (bounds memory while nobody speaks)."""
+        """Forget audio older than ``ms`` once more than half a second of it is buffered (bounds
+        memory while nobody speaks; called for every VAD chunk)."""
+        if ms - self.start_ms <= 500:
+            return
         cut = self._index(ms)
         if cut > self.rate // 2:
             self._drop(cut)

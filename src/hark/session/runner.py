@@ -199,13 +199,13 @@ class SessionRunner:
         self._flush()
 
     def _flush(self) -> None:
+        outputs = self.session.drain()
+        if not outputs:
+            return
         arrived = self._now()
-        for out in self.session.drain():
-            if isinstance(out, se.ServerEvent):
-                self._observe(out)
-                self.metrics.server_event(out)
-                self._out.put_nowait(se.encode_event(out).decode())
-            elif isinstance(out, AnalyzeSpeech):
+        for out in outputs:
+            # Audio for the VAD first: it is most of what the core asks for.
+            if type(out) is AnalyzeSpeech:
                 try:
                     self._vad_stream.push(out.chunk, out.epoch)
                 except Exception:
@@ -213,6 +213,10 @@ class SessionRunner:
                     log.exception("session %s: VAD refused a chunk", self.id)
                 else:
                     self._vad_waiting.append(arrived)
+            elif isinstance(out, se.ServerEvent):
+                self._observe(out)
+                self.metrics.server_event(out)
+                self._out.put_nowait(se.encode_event(out).decode())
             elif isinstance(out, Transcribe):
                 self._spawn(self._transcribe(out), f"asr {out.request_id}")
             elif isinstance(out, ScoreTurn):
@@ -301,11 +305,22 @@ class SessionRunner:
     # ------------------------------------------------------------------ engine work
 
     def _on_vad(self, probability: float, epoch: int) -> None:
-        """The VAD's answer for the oldest chunk pushed and not yet answered."""
-        arrived = self._vad_waiting.popleft() if self._vad_waiting else self._now()
-        self.metrics.vad_chunk(arrived)
+        """The VAD's answer for the oldest chunk pushed and not yet answered.
+
+        About thirty a second per session: ``_call`` inlined.
+        """
+        if self._closed:
+            return
+        now = self._now()
+        arrived = self._vad_waiting.popleft() if self._vad_waiting else now
+        self.metrics.vad_chunk(arrived, now)
         self._vad_arrived = arrived
-        self._call(self.session.on_vad, probability, epoch)
+        try:
+            self.session.on_vad(probability, epoch)
+        except Exception:
+            log.exception("session %s: internal error", self.id)
+            self.session.report_internal_error()
+        self._flush()
 
     async def _expiry_timer(self) -> None:
         delay = self.session.expires_at - self._clock()

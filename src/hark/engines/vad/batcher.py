@@ -108,7 +108,8 @@ class Batcher(Generic[T, R]):
         self.observer = observer
         self._run = run
         self._pending: deque[_Entry[T, R]] = deque()
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
         self._closed = False
         self._arrivals = ArrivalRate()
@@ -322,7 +323,8 @@ class BatchedSileroVad:
         self._load_lock = threading.Lock()
         self._chunk = chunk_samples(model_rate)
         self._context = context_samples(model_rate)
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         # Streams with a chunk waiting, oldest first; a stream is here at most once, and not
         # while its previous chunk is being run.
         self._ready: deque[BatchedSileroVadStream] = deque()
@@ -398,7 +400,8 @@ class BatchedSileroVad:
     # Called by streams, on their loop.
 
     def _push(self, stream: BatchedSileroVadStream, chunk: _Chunk) -> None:
-        with self._cond:
+        # The condition's lock itself: entering the condition is a Python call per chunk.
+        with self._lock:
             if self._closed:
                 raise BatcherClosedError("the vad batcher is closed")
             if stream.closed:
@@ -562,6 +565,7 @@ class BatchedSileroVadStream:
 
     __slots__ = (
         "_engine",
+        "_length_checked",
         "_loop",
         "closed",
         "epoch",
@@ -582,6 +586,8 @@ class BatchedSileroVadStream:
     ) -> None:
         self._engine = engine
         self._loop = loop
+        # A chunk length whose rate the resampler is known to support.
+        self._length_checked = 0
         self.row = row
         self.on_result = on_result
         self.queue: deque[_Chunk] = deque()
@@ -597,12 +603,15 @@ class BatchedSileroVadStream:
         Raises ``ValueError`` for a chunk that is not 32 ms of mono audio at a rate the VAD
         can resample (8, 16, 24 or 48 kHz, among others).
         """
-        array = np.asarray(chunk)
-        if array.ndim != 1 or array.dtype not in (np.int16, np.float32):
+        array = chunk if type(chunk) is np.ndarray else np.asarray(chunk)
+        # dtype.char: 'h' is int16, 'f' float32 (cheaper than comparing dtypes).
+        if array.ndim != 1 or array.dtype.char not in ("h", "f"):
             raise ValueError(
                 f"a VAD chunk is mono int16 or float32 audio, got {array.dtype} {array.shape}"
             )
-        chunk_resampler(chunk_rate(len(array)), self._engine.sample_rate)
+        if len(array) != self._length_checked:
+            chunk_resampler(chunk_rate(len(array)), self._engine.sample_rate)
+            self._length_checked = len(array)
         self._engine._push(self, _Chunk(array, epoch, time.monotonic()))
 
     def close(self) -> None:
