@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import numpy as np
@@ -42,12 +43,20 @@ def streams(say: Say, rate: int) -> npt.NDArray[np.float32]:
     return np.stack([audio[:length] for audio in resampled])
 
 
+@pytest.mark.parametrize("spectrum", ["fft", "product"])
 @pytest.mark.parametrize("rate", [16000, 8000])
 def test_same_probabilities_and_states_as_onnx_runtime(
-    models: dict[int, silero_gemm.SileroGemm], say: Say, rate: int
+    models: dict[int, silero_gemm.SileroGemm], say: Say, rate: int, spectrum: str
 ) -> None:
-    """Both run the streams chunk by chunk, each carrying its own state forward."""
-    model = models[rate]
+    """Both run the streams chunk by chunk, each carrying its own state forward.
+
+    The STFT is a real FFT of Hann-windowed frames when the model's basis is that DFT (it is,
+    at both rates), else the product with the basis; both must match.
+    """
+    model = copy.copy(models[rate])
+    assert model._window is not None
+    if spectrum == "product":
+        model._window = None
     session = load_session()
     audio = streams(say, rate)
     rows, chunk, context = len(audio), rate * 32 // 1000, context_samples(rate)
@@ -100,3 +109,14 @@ def test_a_file_that_is_not_the_silero_model_is_refused(tmp_path: Path) -> None:
     empty.write_bytes(b"\x08\x07")
     with pytest.raises(silero_gemm.SileroFormatError, match="no graph"):
         silero_gemm.load(empty)
+
+
+def test_a_basis_that_is_not_a_hann_dft_keeps_the_product() -> None:
+    n = 16
+    angle = 2 * np.pi * np.outer(np.arange(n), np.arange(n // 2 + 1)) / n
+    plain = np.concatenate((np.cos(angle), -np.sin(angle)), axis=1).astype(np.float32)
+    assert silero_gemm._dft_window(plain) is None
+    hann = 0.5 - 0.5 * np.cos(2 * np.pi * np.arange(n) / n)
+    window = silero_gemm._dft_window((plain * hann[:, None]).astype(np.float32))
+    assert window is not None
+    np.testing.assert_allclose(window, hann, atol=1e-7)
