@@ -6,6 +6,7 @@ Results come back through the core's ``on_*`` methods.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -13,12 +14,13 @@ import numpy.typing as npt
 from hark.engines.llm import GenerationRequest
 
 
-@dataclass(frozen=True, slots=True)
-class AnalyzeSpeech:
+class AnalyzeSpeech(NamedTuple):
     """Run the VAD on one 32 ms chunk of input audio (int16 at the input rate); answer with
     ``Session.on_vad(probability, epoch)`` in order.
 
-    A new ``epoch`` means the VAD stream must start from fresh state.
+    A new ``epoch`` means the VAD stream must start from fresh state. A named tuple rather
+    than a frozen dataclass like the other actions: a session makes about thirty a second,
+    and a tuple is built in a third of the time.
     """
 
     chunk: npt.NDArray[np.int16]

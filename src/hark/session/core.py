@@ -69,6 +69,9 @@ from hark.session.input_buffer import InputAudioBuffer
 from hark.session.turn_detection import TurnDetector, TurnEvent
 
 MAX_APPEND_BYTES = 15 * 1024 * 1024
+# The most audio an append can carry: its base64 is at most MAX_APPEND_BYTES long.
+_MAX_APPEND_AUDIO = MAX_APPEND_BYTES // 4 * 3
+_APPEND = "input_audio_buffer.append"
 MIN_COMMIT_MS = 100
 SESSION_LIMIT_S = 60 * 60
 # How much conversation audio a session keeps as PCM, newest first, input and replies together.
@@ -291,6 +294,14 @@ class Session:
             self.last_event_type = "unknown"
             self._error(exc, exc.event_id)
             return
+        if type(event) is ce.InputAudioBufferAppend:
+            # Most events are appends (fifty a second at 20 ms each): straight to the buffer.
+            self.last_event_type = _APPEND
+            try:
+                self._append(event.audio)
+            except ProtocolError as exc:
+                self._error(exc, event.event_id)
+            return
         self.last_event_type = ce.EVENT_TYPE[type(event)]
         try:
             self._dispatch(event)
@@ -372,6 +383,7 @@ class Session:
     def _setup_input(self) -> None:
         """(Re)build the input path for the current format and turn detection."""
         fmt = self.config.audio.input.format
+        self._in_format = fmt
         self._in_rate = format_rate(fmt)
         self._buffer = InputAudioBuffer(self._in_rate, self._clock_ms)
         # The VAD hears 32 ms chunks at the input rate (it resamples them itself, for all
@@ -399,14 +411,14 @@ class Session:
 
     def _append(self, data: bytes) -> None:
         """An append's audio, already decoded from base64 with the event."""
-        encoded = (len(data) + 2) // 3 * 4
-        if encoded > MAX_APPEND_BYTES:
+        if len(data) > _MAX_APPEND_AUDIO:
+            encoded = (len(data) + 2) // 3 * 4
             raise ProtocolError(
                 f"Audio append of {encoded} bytes exceeds the 15 MiB limit per event.",
                 "audio",
                 "invalid_value",
             )
-        self.append_audio(decode_audio(self.config.audio.input.format, data))
+        self.append_audio(decode_audio(self._in_format, data))
 
     @property
     def input_rate(self) -> int:
@@ -425,8 +437,13 @@ class Session:
     def _feed_vad(self, pcm: npt.NDArray[np.int16]) -> None:
         # Copied into the chunk being filled: an append rarely ends on a chunk boundary (20 ms
         # appends, 32 ms chunks), and a copy of the few samples costs less than joining arrays.
-        size = self._vad_chunk
         filled = self._vad_filled
+        end = filled + len(pcm)
+        size = self._vad_chunk
+        if end < size:
+            self._vad_pending[filled:end] = pcm
+            self._vad_filled = end
+            return
         taken = 0
         while taken < len(pcm):
             count = min(size - filled, len(pcm) - taken)

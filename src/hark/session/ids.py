@@ -7,6 +7,8 @@ import secrets
 import string
 
 _ALPHABET = string.ascii_letters + string.digits
+# Two base-62 digits at a time, low digit first: half the divisions of one digit at a time.
+_PAIRS = [_ALPHABET[d % 62] + _ALPHABET[d // 62] for d in range(62 * 62)]
 
 
 class IdGenerator:
@@ -17,11 +19,11 @@ class IdGenerator:
 
     def new(self, prefix: str) -> str:
         """A fresh identifier such as ``item_Bq3…``: 128 random bits in 22 base-62 digits."""
-        # One random integer rather than a choice per character: ids are made for every
-        # server event, so this sits on the hot path (about 3 µs instead of 45).
+        # One random integer rather than a choice per character, cut two digits at a time:
+        # ids are made for every server event, so this sits on the hot path (about 3 µs).
         n = secrets.randbits(128) if self._rng is None else self._rng.getrandbits(128)
-        digits = []
-        for _ in range(22):
-            n, digit = divmod(n, 62)
-            digits.append(_ALPHABET[digit])
-        return f"{prefix}_{''.join(digits)}"
+        pairs = []
+        for _ in range(11):
+            n, pair = divmod(n, 3844)
+            pairs.append(_PAIRS[pair])
+        return f"{prefix}_{''.join(pairs)}"
