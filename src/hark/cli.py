@@ -15,7 +15,7 @@ from aiohttp import web
 
 from hark import __version__
 from hark.config import ENGINE_SETS, LOG_LEVELS, ConfigError, Settings, load_settings
-from hark.eventloop import run_event_loop
+from hark.eventloop import run_event_loop, settle_heap
 
 logger = logging.getLogger("hark")
 
@@ -219,6 +219,7 @@ async def _serve_until(
             except OSError as exc:
                 logger.error("cannot listen on %s port %d: %s", settings.host, settings.port, exc)
                 return 1
+            settled = asyncio.create_task(_settle_heap_when_warm(app), name="hark-settle-heap")
             for host, port, *_ in runner.addresses:
                 logger.info(
                     "hark %s listening on http://%s:%d (engines: %s, llm: %s)",
@@ -230,11 +231,21 @@ async def _serve_until(
                 )
             await stop.wait()
             logger.info("shutting down")
+            settled.cancel()
             return 0
         finally:
             await runner.cleanup()
     finally:
         await engines.aclose()
+
+
+async def _settle_heap_when_warm(app: web.Application) -> None:
+    from hark.server.app import STATE
+
+    warmup = app[STATE].warmup
+    if warmup is not None:
+        await asyncio.wait([warmup])
+    settle_heap()
 
 
 if __name__ == "__main__":

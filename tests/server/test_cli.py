@@ -96,4 +96,7 @@ async def test_serves_until_sigterm_without_logging_keys() -> None:
             await process.wait()
     output = "".join(logged)
     assert "shutting down" in output
+    # Once warm, the process froze its start-up heap out of garbage collection.
+    settled = re.search(r"heap settled: (\d+) objects frozen", output)
+    assert settled is not None and int(settled.group(1)) > 10_000
     assert SECRET not in output and SECRET[:10] not in output
