@@ -4,8 +4,8 @@ Four measures, each as CPU time of this process per session-chunk (all threads c
 the figure is what a core pays, whatever the machine's other load does to wall time):
 
 - ``model``: Silero alone through ONNX Runtime (``run_batch``) on a batch of B rows.
-- ``matmul``: Silero alone as the batcher runs it, a few matrix products over the whole
-  batch (:mod:`hark.engines.vad.silero_gemm`), on the same B rows.
+- ``matmul``: Silero alone as the batcher runs it, an FFT and a few matrix products over the
+  whole batch (:mod:`hark.engines.vad.silero_gemm`), on the same B rows.
 - ``unbatched``: B concurrent streams of ``SileroVad``, one model call per chunk in a thread
   (what every session cost before batching).
 - ``batched``: B concurrent streams of ``BatchedSileroVad``, sharing model calls, fed what
