@@ -90,10 +90,7 @@ class SessionMetrics:
         if self._metrics is None:
             return
         self._client[type if type in _KNOWN_CLIENT_TYPES else UNKNOWN_TYPE] += 1
-        # _hold inlined: fifty calls a second per session.
-        self._held += 1
-        if self._held >= FLUSH_EVERY:
-            self.flush()
+        self._hold()
 
     def server_event(self, event: ServerEvent) -> None:
         """A server event was queued for the client; an ``error`` also counts by its code."""
@@ -116,9 +113,7 @@ class SessionMetrics:
         self._vad_chunks += 1
         if (self._clock() if now is None else now) - arrived > LATE_AFTER_SECONDS:
             self._vad_late += 1
-        self._held += 1
-        if self._held >= FLUSH_EVERY:
-            self.flush()
+        self._hold()
 
     def vad_decision(self, decision: str, arrived: float) -> None:
         """Turn detection decided ``decision`` (``speech_started`` / ``speech_stopped``) on the

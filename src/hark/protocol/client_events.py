@@ -97,15 +97,13 @@ AnyClientEvent = (
     | OutputAudioBufferClear
 )
 
-CLIENT_EVENT_TYPES: tuple[str, ...] = tuple(
-    str(t.__struct_config__.tag) for t in AnyClientEvent.__args__
-)
-
-_decoder = msgspec.json.Decoder(AnyClientEvent)
 # Each event class's ``type``, looked up once rather than through ``__struct_config__``.
 EVENT_TYPE: dict[type[ClientEvent], str] = {
     t: str(t.__struct_config__.tag) for t in AnyClientEvent.__args__
 }
+CLIENT_EVENT_TYPES: tuple[str, ...] = tuple(EVENT_TYPE.values())
+
+_decoder = msgspec.json.Decoder(AnyClientEvent)
 
 
 class DecodeError(ProtocolError):

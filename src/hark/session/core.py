@@ -71,7 +71,6 @@ from hark.session.turn_detection import TurnDetector, TurnEvent
 MAX_APPEND_BYTES = 15 * 1024 * 1024
 # The most audio an append can carry: its base64 is at most MAX_APPEND_BYTES long.
 _MAX_APPEND_AUDIO = MAX_APPEND_BYTES // 4 * 3
-_APPEND = "input_audio_buffer.append"
 MIN_COMMIT_MS = 100
 SESSION_LIMIT_S = 60 * 60
 # How much conversation audio a session keeps as PCM, newest first, input and replies together.
@@ -293,14 +292,6 @@ class Session:
         except ce.DecodeError as exc:
             self.last_event_type = "unknown"
             self._error(exc, exc.event_id)
-            return
-        if type(event) is ce.InputAudioBufferAppend:
-            # Most events are appends (fifty a second at 20 ms each): straight to the buffer.
-            self.last_event_type = _APPEND
-            try:
-                self._append(event.audio)
-            except ProtocolError as exc:
-                self._error(exc, event.event_id)
             return
         self.last_event_type = ce.EVENT_TYPE[type(event)]
         try:

@@ -145,8 +145,7 @@ class SessionRunner:
         try:
             session.receive(text)
         except Exception:
-            log.exception("session %s: internal error", self.id)
-            session.report_internal_error()
+            self._internal_error()
         self._flush()
         self.metrics.client_event(session.last_event_type)
 
@@ -205,9 +204,13 @@ class SessionRunner:
         try:
             method(*args)
         except Exception:
-            log.exception("session %s: internal error", self.id)
-            self.session.report_internal_error()
+            self._internal_error()
         self._flush()
+
+    def _internal_error(self) -> None:
+        """A core bug on the last input: logged, and the client told (the session goes on)."""
+        log.exception("session %s: internal error", self.id)
+        self.session.report_internal_error()
 
     def _flush(self) -> None:
         outputs = self.session.drain()
@@ -329,8 +332,7 @@ class SessionRunner:
         try:
             self.session.on_vad(probability, epoch)
         except Exception:
-            log.exception("session %s: internal error", self.id)
-            self.session.report_internal_error()
+            self._internal_error()
         self._flush()
 
     async def _expiry_timer(self) -> None:

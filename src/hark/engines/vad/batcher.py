@@ -108,8 +108,7 @@ class Batcher(Generic[T, R]):
         self.observer = observer
         self._run = run
         self._pending: deque[_Entry[T, R]] = deque()
-        self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
+        self._cond = threading.Condition(threading.Lock())
         self._thread: threading.Thread | None = None
         self._closed = False
         self._arrivals = ArrivalRate()

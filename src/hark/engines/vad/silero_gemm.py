@@ -150,13 +150,13 @@ class SileroGemm:
         that glibc hands back to the system and faults in again, which cost the batcher's
         thread more in the kernel than the FFT saves.
         """
-        scratch = self._scratch.__dict__
-        windowed = scratch.get("windowed")
-        if windowed is None or len(windowed) < frames:
-            capacity = max(frames, 2 * len(windowed) if windowed is not None else 0)
-            windowed = scratch["windowed"] = np.empty((capacity, self.frame), np.float32)
-            scratch["spectrum"] = np.empty((capacity, self.bins), np.complex64)
-        return windowed[:frames], scratch["spectrum"][:frames]
+        scratch = self._scratch
+        held = getattr(scratch, "windowed", None)
+        if held is None or len(held) < frames:
+            capacity = max(frames, 2 * len(held) if held is not None else 0)
+            scratch.windowed = np.empty((capacity, self.frame), np.float32)
+            scratch.spectrum = np.empty((capacity, self.bins), np.complex64)
+        return scratch.windowed[:frames], scratch.spectrum[:frames]
 
     @property
     def window(self) -> int:
