@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 import string
 
+import pytest
+
 from hark.session.ids import IdGenerator
 
 ALPHABET = string.ascii_letters + string.digits
@@ -29,3 +31,22 @@ def test_unseeded_ids_differ_and_seeded_ones_repeat() -> None:
     assert [IdGenerator(seed=3).new("resp") for _ in range(2)] == [
         IdGenerator(seed=3).new("resp") for _ in range(2)
     ]
+
+
+def test_unseeded_ids_are_the_systems_random_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Read in bulk from os.urandom, 16 bytes (little-endian) per id, and read again once used.
+    reads: list[int] = []
+
+    def urandom(size: int) -> bytes:
+        reads.append(size)
+        return bytes(range(256)) * (size // 256)
+
+    monkeypatch.setattr("hark.session.ids.os.urandom", urandom)
+    ids = IdGenerator()
+    drawn = [ids.new("event") for _ in range(300)]
+    expected = [
+        int.from_bytes(bytes(range(k % 16 * 16, k % 16 * 16 + 16)), "little") for k in range(300)
+    ]
+    values = [sum(ALPHABET.index(c) * 62**i for i, c in enumerate(d.split("_")[1])) for d in drawn]
+    assert values == expected
+    assert reads == [4096, 4096]
