@@ -7,6 +7,11 @@ import numpy.typing as npt
 
 Pcm = npt.NDArray[np.int16]
 
+# Seconds of audio the buffer's array holds at first, and above which an emptied buffer
+# shrinks back to that.
+_INITIAL_CAPACITY_S = 2
+_SHRINK_ABOVE_S = 30
+
 
 class InputAudioBuffer:
     """Audio appended by the client and not yet committed.
@@ -18,7 +23,11 @@ class InputAudioBuffer:
     def __init__(self, rate: int, start_ms: float = 0.0) -> None:
         self.rate = rate
         self.start_ms = start_ms
-        self._chunks: list[Pcm] = []
+        # One array, the buffered samples at [_head, _head + _samples): an append copies its
+        # few samples in, and cutting or reading the buffer joins nothing (a list of appended
+        # arrays had to be joined, 50 small arrays a second, every time the buffer was cut).
+        self._data: Pcm = np.empty(_INITIAL_CAPACITY_S * rate, np.int16)
+        self._head = 0
         self._samples = 0
 
     @property
@@ -38,17 +47,31 @@ class InputAudioBuffer:
 
     def append(self, pcm: Pcm) -> None:
         """Add audio at the end."""
-        if len(pcm):
-            self._chunks.append(pcm)
-            self._samples += len(pcm)
+        count = len(pcm)
+        if not count:
+            return
+        end = self._head + self._samples
+        if end + count > len(self._data):
+            self._make_room(count)
+            end = self._samples
+        self._data[end : end + count] = pcm
+        self._samples += count
+
+    def _make_room(self, count: int) -> None:
+        """Move the buffered samples to the front, into a larger array if they would not fit."""
+        needed = self._samples + count
+        data = self._data
+        if needed > len(data):
+            data = np.empty(max(needed, 2 * len(data)), np.int16)
+        data[: self._samples] = self._data[self._head : self._head + self._samples]
+        self._data = data
+        self._head = 0
 
     def _index(self, ms: float) -> int:
         return max(0, min(self._samples, round((ms - self.start_ms) * self.rate / 1000)))
 
     def _all(self) -> Pcm:
-        if len(self._chunks) > 1:
-            self._chunks = [np.concatenate(self._chunks)]
-        return self._chunks[0] if self._chunks else np.zeros(0, np.int16)
+        return self._data[self._head : self._head + self._samples]
 
     def take(self, start_ms: float, end_ms: float) -> Pcm:
         """Return the audio in ``[start_ms, end_ms)`` and drop everything before ``end_ms``."""
@@ -79,11 +102,12 @@ class InputAudioBuffer:
             self._drop(cut)
 
     def _drop(self, count: int) -> None:
-        audio = self._all()
-        rest = audio[count:]
         self.start_ms += count * 1000 / self.rate
-        self._chunks = [rest] if len(rest) else []
-        self._samples = len(rest)
+        self._samples -= count
+        self._head = self._head + count if self._samples else 0
+        if not self._samples and len(self._data) > _SHRINK_ABOVE_S * self.rate:
+            # A long utterance grew the array; nothing is buffered now, so give it back.
+            self._data = np.empty(_INITIAL_CAPACITY_S * self.rate, np.int16)
 
     def clear(self) -> None:
         """Drop everything; the clock position moves to the end of the dropped audio."""
