@@ -113,7 +113,8 @@ class FakeTts:
         # should cost nothing in overhead benchmarks).
         t = np.arange(sample_rate) / sample_rate
         wave = self.amplitude * 32767 * np.sin(2 * np.pi * self.frequency * t)
-        self._second = wave.astype(np.int16)
+        # A second more than a chunk, so that every chunk is one slice of it.
+        self._wave = np.tile(wave.astype(np.int16), 2 + int(self.chunk_seconds))
 
     async def synthesize(
         self, text: str, *, voice: str | None = None, speed: float = 1.0, slack_s: float = 0.0
@@ -124,10 +125,10 @@ class FakeTts:
         total = round(_count_words(text) * self.seconds_per_word / speed * self.sample_rate)
         step = round(self.chunk_seconds * self.sample_rate)
         for start in range(0, total, step):
-            # Indexing by absolute sample keeps the phase continuous across chunks.
-            indices = np.arange(start, min(start + step, total)) % self.sample_rate
+            # Cutting at the absolute sample keeps the phase continuous across chunks.
+            offset = start % self.sample_rate
             await asyncio.sleep(0)
-            yield self._second[indices]
+            yield self._wave[offset : offset + min(step, total - start)].copy()
 
     async def warmup(self) -> None:
         """Nothing to load."""
