@@ -3,9 +3,9 @@
 ONNX Runtime runs the model's 1-D convolutions one batch row at a time: each row's STFT is a
 ``[258, 256] x [256, 4]`` product, far too thin for a fast GEMM, so a batch of 64 chunks
 costs about 60 µs a row whatever its size. Laid out time-major instead, a batch's four STFT
-frames are one ``[4B, 256] x [256, 258]`` product, every encoder convolution one product over
-its ``kernel x channels`` columns, and the LSTM cell one more: OpenBLAS runs those near its
-peak, and a row costs under half as much.
+frames are one ``[4B, 256] x [256, 258]`` product, every encoder convolution one product per
+output frame over its ``kernel x channels`` columns, and the LSTM cell one more: OpenBLAS runs
+those near its peak, and a row costs under half as much.
 
 The weights are read from the same ``silero_vad.onnx`` file ONNX Runtime loads (its
 ``Constant`` nodes, one set per sample rate), with a small reader of ONNX's protobuf
@@ -63,7 +63,7 @@ class SileroFormatError(ValueError):
 
 @dataclass(frozen=True, eq=False)
 class _Conv:
-    """A width-3 convolution as one product: ``[frames, 3 * c_in] @ weight + bias``."""
+    """A width-3 convolution as one product per output frame: ``[rows, 3 * c_in] @ weight``."""
 
     weight: npt.NDArray[np.float32]  # [3 * c_in, c_out], tap-major
     bias: npt.NDArray[np.float32]
@@ -83,20 +83,21 @@ class _Conv:
         """``x`` is ``[rows, frames, c_in]``; returns ``[rows, frames', c_out]`` after ReLU."""
         rows, frames, channels = x.shape
         out_frames = (frames - 1) // self.stride + 1
-        if out_frames == 1 and frames <= 2:
-            # One output, which sees [zero padding, x0, x1 or padding]: only the taps on real
-            # frames count, and they are consecutive rows of the tap-major weights.
-            y = x.reshape(rows, frames * channels) @ self.weight[channels : (1 + frames) * channels]
-        else:
-            padded = np.zeros((rows, frames + 2, channels), dtype=np.float32)
-            padded[:, 1:-1] = x
-            # Output frame t sees padded frames stride * t .. stride * t + 2.
-            span = self.stride * (out_frames - 1) + 1
-            taps = [padded[:, k : k + span : self.stride] for k in range(3)]
-            y = np.concatenate(taps, axis=2).reshape(rows * out_frames, 3 * channels) @ self.weight
+        # A row's frames side by side: the three that output frame t sees (stride * t - 1 to
+        # stride * t + 1) are then one run of columns, read in place, and the taps that fall
+        # on the zero padding past either end are left out with their rows of the weights. One
+        # product per output frame beats copying the taps into a padded [frames', 3 * c_in]
+        # matrix first: no copy, and a sixth fewer multiplications at 4 frames.
+        flat = x.reshape(rows, frames * channels)
+        y = np.empty((rows, out_frames, self.weight.shape[1]), dtype=np.float32)
+        for t in range(out_frames):
+            first = self.stride * t - 1  # the frame under tap 0, -1 for the padding
+            start, stop = max(first, 0), min(first + 3, frames)
+            taps = self.weight[(start - first) * channels : (stop - first) * channels]
+            np.matmul(flat[:, start * channels : stop * channels], taps, out=y[:, t])
         y += self.bias
         np.maximum(y, 0, out=y)
-        return y.reshape(rows, out_frames, -1)
+        return y
 
 
 class SileroGemm:
@@ -135,9 +136,12 @@ class SileroGemm:
             [np.arange(k * STATE_SIZE, (k + 1) * STATE_SIZE) for k in (0, 1, 3, 2)]
         )
         cell = np.concatenate((weight_ih, weight_hh), axis=1)[order]
-        self._cell = np.ascontiguousarray(cell.T)
+        # Scaled so that the product is the argument of exp in `run`: -x for the sigmoid
+        # gates, -2x for the cell gate (tanh(x) = 2 * sigmoid(2x) - 1). Exact: powers of two.
+        scale = np.repeat(np.array([-1, -1, -1, -2], dtype=np.float32), STATE_SIZE)
+        self._cell = np.ascontiguousarray(cell.T * scale, dtype=np.float32)
         bias = constants["decoder.rnn.bias_ih"] + constants["decoder.rnn.bias_hh"]
-        self._cell_bias = bias[order].astype(np.float32)
+        self._cell_bias = (bias[order] * scale).astype(np.float32)
         self._out = constants["decoder.decoder.2.weight"].reshape(STATE_SIZE).astype(np.float32)
         self._out_bias = float(constants["decoder.decoder.2.bias"].reshape(1)[0])
 
@@ -204,15 +208,25 @@ class SileroGemm:
         gates = np.concatenate((x[:, 0], h), axis=1) @ self._cell
         gates += self._cell_bias
         size = STATE_SIZE
-        _sigmoid_(gates[:, : 3 * size])
-        np.tanh(gates[:, 3 * size :], out=gates[:, 3 * size :])
-        i, f, o, g = (gates[:, k * size : (k + 1) * size] for k in range(4))
         next_states = np.empty((2, rows, size), dtype=np.float32)
         h_next, c_next = next_states[0], next_states[1]
-        np.multiply(f, c, out=c_next)
-        c_next += i * g
-        np.tanh(c_next, out=h_next)
-        h_next *= o
+        # Sigmoid and tanh through exp, which numpy computes in about half the time of tanh.
+        # exp overflows to inf for large arguments, and the results are then the right limits
+        # (1 / inf = 0): the warning is noise.
+        with np.errstate(over="ignore"):
+            _reciprocal_one_plus_exp_(gates)
+            i, f, o, g = (gates[:, k * size : (k + 1) * size] for k in range(4))
+            g *= 2  # the cell gate: tanh(x) = 2 * sigmoid(2x) - 1
+            g -= 1
+            np.multiply(f, c, out=c_next)
+            i *= g
+            c_next += i
+            # h = o * tanh(c), with tanh(c) = 2 / (1 + exp(-2c)) - 1.
+            np.multiply(c_next, -2, out=h_next)
+            _reciprocal_one_plus_exp_(h_next)
+            h_next *= 2
+            h_next -= 1
+            h_next *= o
         logits = np.maximum(h_next, 0) @ self._out
         logits += self._out_bias
         return _sigmoid_(logits), next_states
@@ -245,6 +259,13 @@ def _dft_window(basis: npt.NDArray[np.float32]) -> npt.NDArray[np.float32] | Non
     if np.abs(basis - expected).max() > 1e-5:
         return None
     return window.astype(np.float32)
+
+
+def _reciprocal_one_plus_exp_(x: npt.NDArray[np.float32]) -> None:
+    """``1 / (1 + exp(x))``, in place: the logistic function of ``-x``."""
+    np.exp(x, out=x)
+    x += 1
+    np.reciprocal(x, out=x)
 
 
 def _sigmoid_(x: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
