@@ -37,6 +37,8 @@ class StubSession:
     def __init__(self, engines: Engines, *, model: str, **_: Any) -> None:
         self.model = model
         self.texts: list[str] = []
+        # For each text: whether it came outside any task (straight from the frame parser).
+        self.from_parser: list[bool] = []
         self.binaries: list[bytes] = []
         self.events: asyncio.Queue[str | None] = asyncio.Queue()
         self.closed = asyncio.Event()
@@ -47,6 +49,7 @@ class StubSession:
 
     def receive_text(self, text: str) -> None:
         self.texts.append(text)
+        self.from_parser.append(asyncio.current_task() is None)
         self.events.put_nowait(json.dumps({"type": "received", "length": len(text)}))
 
     def receive_bytes(self, data: bytes) -> None:
@@ -102,6 +105,34 @@ async def test_large_appends_arrive_and_binary_frames_reach_the_session(
     assert session.texts[0] == frame
     assert session.binaries == [b"\x00\x01"]
     await asyncio.wait_for(session.closed.wait(), timeout=10)
+
+
+async def test_text_frames_go_to_the_session_from_the_parser_and_in_order(
+    start_server: StartServer,
+    http: aiohttp.ClientSession,
+    fake_engines: Engines,
+    stub_sessions: list[StubSession],
+) -> None:
+    server = await start_server(KEYED, fake_engines)
+    async with http.ws_connect(server.ws_url, headers=bearer(API_KEY)) as ws:
+        # Frames sent before the session has started wait in aiohttp's queue; pings and
+        # binary frames in between still go through the reader loop.
+        for i in range(40):
+            await ws.send_str(json.dumps({"n": i}))
+            if i % 10 == 5:
+                await ws.ping()
+                await ws.send_bytes(b"\x00")
+        assert (await next_json(ws))["type"] == "session.created"
+        for i in range(40, 80):
+            await ws.send_str(json.dumps({"n": i}))
+        for _ in range(80):
+            assert (await next_json(ws))["type"] == "received"
+    session = stub_sessions[0]
+    assert [json.loads(text)["n"] for text in session.texts] == list(range(80))
+    # Once the queue has been received, appends are handled in the data_received that
+    # parsed them, with no task behind them.
+    assert all(session.from_parser[40:])
+    assert session.binaries == [b"\x00"] * 4
 
 
 async def test_an_offer_of_compression_is_declined(

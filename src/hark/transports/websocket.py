@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
-from typing import Protocol
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
 
 from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp._websocket.reader import WebSocketDataQueue, WebSocketReader
+from aiohttp.helpers import DEFAULT_CHUNK_SIZE
+from aiohttp.web_request import BaseRequest
 
 logger = logging.getLogger(__name__)
 
@@ -52,13 +55,73 @@ class RealtimeSession(Protocol):
         ...
 
 
-def websocket_response(*, offered_realtime: bool) -> web.WebSocketResponse:
+class _TextQueue(WebSocketDataQueue):
+    """aiohttp's queue of received messages, except that once ``on_text`` is set, text
+    messages go to it straight from the frame parser instead of through the queue.
+
+    A queued message costs a wake-up of the reader's task and a pass through
+    ``WebSocketResponse.receive`` for every 20 ms append; handed over from the parser, an
+    append is handled within the ``data_received`` that brought it. Other messages (pings,
+    pongs, binary frames, the close handshake, errors) still go through the queue.
+    """
+
+    def __init__(self, protocol: Any, limit: int, *, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(protocol, limit, loop=loop)
+        self.on_text: Callable[[str], None] | None = None
+
+    def feed_data(self, data: Any, size: int) -> None:
+        on_text = self.on_text
+        if on_text is not None and data[0] is WSMsgType.TEXT:
+            on_text(data[1])
+        else:
+            super().feed_data(data, size)
+
+    @property
+    def empty(self) -> bool:
+        """Nothing is waiting in the queue."""
+        return not self._buffer
+
+
+class RealtimeWebSocket(web.WebSocketResponse):
+    """A ``WebSocketResponse`` whose text messages can go straight to a session."""
+
+    def _post_start(self, request: BaseRequest, protocol: str | None, writer: Any) -> None:
+        # aiohttp's own _post_start (3.14), with a _TextQueue for its queue: the parser can
+        # be set only once, so this cannot wrap it. tests/server/test_websocket.py fails if
+        # text stops reaching sessions this way.
+        self._ws_protocol = protocol
+        self._writer = writer
+        self._reset_heartbeat()
+        queue = _TextQueue(request._protocol, DEFAULT_CHUNK_SIZE, loop=request._loop)
+        self._reader = queue
+        self._parser = WebSocketReader(
+            queue,
+            self._max_msg_size,
+            compress=bool(self._compress),
+            decode_text=self._decode_text,
+        )
+        callback = None if self._heartbeat is None else self._on_data_received
+        request.protocol.set_parser(self._parser, data_received_cb=callback)
+        request.protocol.keep_alive(False)
+
+    def text_to(self, on_text: Callable[[str], None] | None) -> bool:
+        """From now on, hand text messages to ``on_text`` as they are parsed (None: queue
+        them again); only while nothing is queued, since what came before must be received
+        first. True once set."""
+        queue = self._reader
+        if not isinstance(queue, _TextQueue) or (on_text is not None and not queue.empty):
+            return False
+        queue.on_text = on_text
+        return True
+
+
+def websocket_response(*, offered_realtime: bool) -> RealtimeWebSocket:
     """A response configured for Realtime sessions.
 
     It selects the ``realtime`` subprotocol only when the client offered it (browsers offer
     it with their key), since answering a subprotocol nobody asked for fails the handshake.
     """
-    return web.WebSocketResponse(
+    return RealtimeWebSocket(
         protocols=(REALTIME_SUBPROTOCOL,) if offered_realtime else (),
         max_msg_size=MAX_MESSAGE_BYTES,
         # Pings and pongs come to run_session, which answers pings and counts pongs as signs
@@ -73,20 +136,33 @@ def websocket_response(*, offered_realtime: bool) -> web.WebSocketResponse:
 async def run_session(ws: web.WebSocketResponse, session: RealtimeSession) -> None:
     """Start ``session`` and drive it over the prepared ``ws`` until either side ends.
 
-    Returns once the connection is closed and the session is closed.
+    Returns once the connection is closed and the session is closed. With a
+    ``RealtimeWebSocket``, text messages go to the session straight from the frame parser
+    once those received before the session started have been handled.
     """
     session_over = asyncio.Event()
     writer: asyncio.Task[None] | None = None
     loop = asyncio.get_running_loop()
     heard = _Heard(loop.time())
     keepalive = asyncio.create_task(_keep_alive(ws, heard, HEARTBEAT_SECONDS))
+
+    def on_text(text: str) -> None:
+        heard.at = loop.time()
+        session.receive_text(text)
+
+    # Text goes straight to the session once what was queued before it started is handled.
+    switching = ws if isinstance(ws, RealtimeWebSocket) else None
     try:
         await session.start()
         writer = asyncio.create_task(_send_events(ws, session, session_over))
+        if switching is not None and switching.text_to(on_text):
+            switching = None
         async for msg in ws:
             heard.at = loop.time()
             if msg.type is WSMsgType.TEXT:
                 session.receive_text(msg.data)
+                if switching is not None and switching.text_to(on_text):
+                    switching = None
             elif msg.type is WSMsgType.BINARY:
                 session.receive_bytes(msg.data)
             elif msg.type is WSMsgType.PING:
@@ -95,6 +171,8 @@ async def run_session(ws: web.WebSocketResponse, session: RealtimeSession) -> No
                 logger.info("websocket closed on a bad frame: %s", ws.exception())
                 break
     finally:
+        if isinstance(ws, RealtimeWebSocket):
+            ws.text_to(None)
         keepalive.cancel()
         if writer is not None:
             # A writer that is closing the socket is finishing the closing handshake.
