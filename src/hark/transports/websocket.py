@@ -1,8 +1,9 @@
 """The WebSocket transport: one session per connection, events as JSON text frames.
 
-A thin driver around the session: a reader loop hands every frame to the session, a writer
-task sends whatever the session emits. Either side ending ends both, and the session is
-always closed, which cancels its engine work.
+A thin driver around the session: text frames go to the session straight from aiohttp's
+frame parser (``RealtimeWebSocket``), a reader loop handles the rest (binary frames, pings,
+the close handshake), and a writer task sends whatever the session emits. Either side ending
+ends both, and the session is always closed, which cancels its engine work.
 """
 
 from __future__ import annotations
