@@ -27,7 +27,8 @@ class IdGenerator:
 
     def __init__(self, seed: int | None = None) -> None:
         self._rng: random.Random | None = random.Random(seed) if seed is not None else None
-        self._draws = _secure_draws()
+        # A seeded generator never reads the system's bytes.
+        self._draws: Iterator[tuple[int, int]] = iter(()) if seed is not None else _secure_draws()
 
     def new(self, prefix: str) -> str:
         """A fresh identifier such as ``item_Bq3…``: 128 random bits in 22 base-62 digits."""
