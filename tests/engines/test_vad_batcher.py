@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import AsyncIterator, Sequence
 
 import numpy as np
@@ -298,6 +299,34 @@ async def test_a_slow_stream_does_not_hold_back_the_others(
         await asyncio.wait_for(busy.done.wait(), LIVENESS_S)
     finally:
         await engine.aclose()
+
+
+async def test_ready_results_are_handed_out_without_waiting_for_the_loop(
+    batched: BatchedSileroVad, question: npt.NDArray[np.float32]
+) -> None:
+    # A busy loop runs the engine's wake-up callback late; a session handling input calls
+    # deliver_ready first. Here the loop never runs at all between the pushes and the
+    # results: they can only have come through deliver_ready, each stream's in order.
+    chunks = chunks_of(question)[:6]
+    first, second = Listener(len(chunks)), Listener(len(chunks))
+    streams = [batched.open_stream(first), batched.open_stream(second)]
+    for chunk in chunks:
+        for stream in streams:
+            stream.push(chunk, 3)
+    deadline = time.monotonic() + LIVENESS_S
+    while not (first.done.is_set() and second.done.is_set()) and time.monotonic() < deadline:
+        time.sleep(0.005)  # noqa: ASYNC251 (blocks the loop, as a long pass over many sockets would)
+        streams[1].deliver_ready()
+    assert len(first.results) == len(second.results) == len(chunks)
+    expected = await pushed(batched, np.concatenate(chunks))
+    for listener in (first, second):
+        assert {epoch for _, epoch in listener.results} == {3}
+        np.testing.assert_allclose(listener.probabilities, expected, atol=1e-6)
+    # The wake-up callbacks still queued find nothing left to hand out.
+    await asyncio.sleep(0.05)
+    assert len(first.results) == len(second.results) == len(chunks)
+    for stream in streams:
+        stream.close()
 
 
 async def test_a_closed_engine_refuses_pushes() -> None:

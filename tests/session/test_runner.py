@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from base64 import b64encode
+from collections.abc import AsyncIterator, Callable
+
+import numpy as np
+import numpy.typing as npt
 
 from hark.config import Settings
 from hark.engines.fake import FakeLlm
@@ -114,3 +118,61 @@ async def test_the_turn_verdict_waits_for_the_speculated_reply_to_read_its_promp
     assert SCORE_AFTER_READ_MAX_S <= waited < SCORE_AFTER_READ_MAX_S + 1
     prompt_read.set()
     await runner.close()
+
+
+class HeldVad:
+    """A VAD whose answers (every chunk is speech) are ready at once but handed out only
+    when a stream's ``deliver_ready`` is called: a loop too busy to run the engine's own
+    wake-up."""
+
+    chunk_ms = 32
+
+    def __init__(self) -> None:
+        self.ready: list[tuple[Callable[[float, int], None], int]] = []
+
+    def open_stream(self, on_result: Callable[[float, int], None]) -> HeldVad.Stream:
+        return HeldVad.Stream(self, on_result)
+
+    async def warmup(self) -> None:
+        return None
+
+    class Stream:
+        def __init__(self, vad: HeldVad, on_result: Callable[[float, int], None]) -> None:
+            self.vad, self.on_result = vad, on_result
+
+        def push(self, chunk: npt.NDArray[np.int16] | npt.NDArray[np.float32], epoch: int) -> None:
+            self.vad.ready.append((self.on_result, epoch))
+
+        def deliver_ready(self) -> None:
+            ready, self.vad.ready = self.vad.ready, []
+            for on_result, epoch in ready:
+                on_result(1.0, epoch)
+
+        def close(self) -> None:
+            pass
+
+
+def append(ms: int) -> str:
+    audio = np.full(24 * ms, 3000, np.int16).tobytes()
+    return json.dumps({"type": "input_audio_buffer.append", "audio": b64encode(audio).decode()})
+
+
+async def test_ready_vad_results_go_before_the_next_input() -> None:
+    engines = build_engines(Settings(engines="fake"))
+    vad = engines.vad = HeldVad()
+    speaker = SessionRunner(engines, model="m")
+    other = SessionRunner(engines, model="m")
+    for runner in (speaker, other):
+        await runner.start()
+    speaker.receive_text(append(200))
+    # 200 ms of speech answered, but nothing handed out: no speech_started yet.
+    assert len(vad.ready) == 6
+    queued = [json.loads(speaker._out.get_nowait())["type"] for _ in range(speaker._out.qsize())]
+    assert queued == ["session.created"]
+    # Any session's next input hands out what is ready first, to whichever session it is.
+    other.receive_text(append(20))
+    assert not vad.ready
+    queued = [json.loads(speaker._out.get_nowait())["type"] for _ in range(speaker._out.qsize())]
+    assert queued == ["input_audio_buffer.speech_started"]
+    for runner in (speaker, other):
+        await runner.close()

@@ -136,10 +136,13 @@ class SessionRunner:
     def receive_text(self, text: str) -> None:
         """One client text frame (a JSON event). Never raises.
 
-        Fifty a second per session streaming 20 ms appends: ``_call`` inlined.
+        Fifty a second per session streaming 20 ms appends: ``_call`` inlined. VAD results
+        that are ready go first, to whichever sessions they belong to: on a busy loop their
+        own callback would wait behind all the input already received.
         """
         if self._closed:
             return
+        self._vad_stream.deliver_ready()
         session = self.session
         session.tick(self._clock())
         try:
@@ -151,6 +154,8 @@ class SessionRunner:
 
     def receive_audio(self, pcm: npt.NDArray[np.int16]) -> None:
         """Input audio from a media track, as PCM at ``self.session.input_rate``."""
+        if not self._closed:
+            self._vad_stream.deliver_ready()
         self._call(self.session.append_audio, pcm)
 
     def playout_started(self, response_id: str) -> None:

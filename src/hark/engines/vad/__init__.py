@@ -29,6 +29,13 @@ class VadStream(Protocol):
         """
         ...
 
+    def deliver_ready(self) -> None:
+        """Hand out at once the results the engine has ready for this stream's loop, which
+        would otherwise wait for a callback behind whatever the loop has queued. Called on
+        that loop at the start of a session's input handling, where any ``on_result`` may run.
+        """
+        ...
+
     def close(self) -> None:
         """Drop queued chunks; no result is delivered afterwards."""
         ...

@@ -11,7 +11,8 @@ time, so that a lightly loaded process adds no wait at all.
 ``BatchedSileroVad``, the VAD every session uses, applies the same policy without a future
 per item: sessions push chunks and go on, and the results of a whole batch come back in one
 call on the event loop, since at 200 sessions a future, a task switch and a thread hop per
-32 ms chunk cost more than the model itself.
+32 ms chunk cost more than the model itself. Those results also need not wait their turn
+behind the loop's backlog: a session's next input hands them out first (``deliver_ready``).
 
 The deadline is kept by the batcher's thread, not by the event loop, so a busy loop does
 not hold batches back.
@@ -284,7 +285,8 @@ class BatchedSileroVad:
     A stream's later chunks wait for the next batch, since each depends on the state the one
     before leaves; the thread takes them without a round trip through the event loop. The
     probabilities come back on the stream's event loop, one wake-up per batch for all of
-    them, through each stream's ``on_result``.
+    them, through each stream's ``on_result``; or sooner, when a session handling input calls
+    ``deliver_ready`` first (see :class:`_Mailbox`).
 
     The streams' recurrent states, Silero contexts and resampler histories live in shared
     arrays, a row per stream, so a batch gathers and scatters them in one step each.
@@ -330,6 +332,8 @@ class BatchedSileroVad:
         self._arrivals = ArrivalRate()
         self._thread: threading.Thread | None = None
         self._closed = False
+        # Results on their way to each event loop that has streams open (see _Mailbox).
+        self._mailboxes: dict[asyncio.AbstractEventLoop, _Mailbox] = {}
         self._free_rows: list[int] = []
         self._rows_used = 0
         # Owned by the thread: a row per stream.
@@ -358,7 +362,11 @@ class BatchedSileroVad:
             else:
                 row = self._rows_used
                 self._rows_used += 1
-        return BatchedSileroVadStream(self, row, on_result, loop)
+            mailbox = self._mailboxes.get(loop)
+            if mailbox is None:
+                mailbox = self._mailboxes[loop] = _Mailbox(loop)
+            mailbox.streams += 1
+        return BatchedSileroVadStream(self, row, on_result, mailbox)
 
     async def warmup(self) -> None:
         """Load the model and run one silent chunk through the batcher."""
@@ -429,6 +437,11 @@ class BatchedSileroVad:
             stream.queue.clear()
             # The callback holds the session; a closed stream must not keep it alive.
             stream.on_result = _ignore
+            mailbox = stream.mailbox
+            mailbox.streams -= 1
+            if not mailbox.streams and self._mailboxes.get(mailbox.loop) is mailbox:
+                # Its last stream is gone: a test's short-lived loop is not kept alive here.
+                del self._mailboxes[mailbox.loop]
             # A stream in a running batch gives its row back when that batch is done.
             if stream.running:
                 return
@@ -565,9 +578,9 @@ class BatchedSileroVadStream:
     __slots__ = (
         "_engine",
         "_length_checked",
-        "_loop",
         "closed",
         "epoch",
+        "mailbox",
         "on_result",
         "queue",
         "rate",
@@ -581,10 +594,10 @@ class BatchedSileroVadStream:
         engine: BatchedSileroVad,
         row: int,
         on_result: Callable[[float, int], None],
-        loop: asyncio.AbstractEventLoop,
+        mailbox: _Mailbox,
     ) -> None:
         self._engine = engine
-        self._loop = loop
+        self.mailbox = mailbox
         # A chunk length whose rate the resampler is known to support.
         self._length_checked = 0
         self.row = row
@@ -613,6 +626,12 @@ class BatchedSileroVadStream:
             self._length_checked = len(array)
         self._engine._push(self, _Chunk(array, epoch, time.monotonic()))
 
+    def deliver_ready(self) -> None:
+        """Hand out now, in order, every result that is ready for the streams of this stream's
+        loop (this session's and the others'). Call it on that loop, before handling input."""
+        if self.mailbox.results:
+            self.mailbox.deliver()
+
     def close(self) -> None:
         """Stop: queued chunks are dropped and no more results are delivered."""
         self._engine._release(self)
@@ -621,23 +640,60 @@ class BatchedSileroVadStream:
 def _deliver_results(
     batch: list[tuple[BatchedSileroVadStream, _Chunk]], probabilities: npt.NDArray[np.float32]
 ) -> None:
-    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[BatchedSileroVadStream, float, int]]] = {}
+    mailboxes: set[_Mailbox] = set()
     for (stream, chunk), probability in zip(batch, probabilities.tolist(), strict=True):
-        by_loop.setdefault(stream._loop, []).append((stream, probability, chunk.epoch))
-    for loop, results in by_loop.items():
+        stream.mailbox.results.append((stream, probability, chunk.epoch))
+        mailboxes.add(stream.mailbox)
+    for mailbox in mailboxes:
+        mailbox.wake()
+
+
+class _Mailbox:
+    """The results on their way to one event loop's streams, in the order they were computed.
+
+    The batcher's thread appends a batch's results and wakes the loop once, with a callback
+    that hands them out. But a loop under load runs that callback only after everything
+    queued before it: a whole pass over every socket with data, tens of milliseconds at 200
+    sessions. Meanwhile sessions keep handling input, and the first of them to call
+    ``deliver_ready`` hands the results out instead. A result then waits for at most one
+    input's handling, and each session still gets its own results in order.
+    """
+
+    __slots__ = ("loop", "results", "streams", "woken")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.results: deque[tuple[BatchedSileroVadStream, float, int]] = deque()
+        self.streams = 0  # open streams on the loop
+        # A wake-up callback is queued on the loop and has not started. The thread appends
+        # before it reads this, and the callback clears it before it empties the deque, so a
+        # result is never left behind with no wake-up coming.
+        self.woken = False
+
+    def wake(self) -> None:
+        """From the batcher's thread: make sure the loop will hand out what was appended."""
+        if self.woken:
+            return
+        self.woken = True
         # A closed loop raises RuntimeError: nobody is waiting for these results any more.
         with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(_hand_out, results)
+            self.loop.call_soon_threadsafe(self._woken)
 
+    def _woken(self) -> None:
+        self.woken = False
+        self.deliver()
 
-def _hand_out(results: list[tuple[BatchedSileroVadStream, float, int]]) -> None:
-    for stream, probability, epoch in results:
-        if stream.closed:
-            continue
-        try:
-            stream.on_result(probability, epoch)
-        except Exception:
-            _log.exception("a VAD result handler failed")
+    def deliver(self) -> None:
+        """On the loop: hand out every result here, oldest first."""
+        results = self.results
+        while results:
+            stream, probability, epoch = results.popleft()
+            if stream.closed:
+                continue
+            try:
+                stream.on_result(probability, epoch)
+            except Exception:
+                _log.exception("a VAD result handler failed")
 
 
 def _ignore(probability: float, epoch: int) -> None:
