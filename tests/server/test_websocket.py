@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, ClassVar
 
 import aiohttp
@@ -30,7 +30,9 @@ MiB = 1024 * 1024
 
 
 class StubSession:
-    """Records what the transport hands it and answers each text frame with its length."""
+    """Records what the transport hands it and answers each text frame with its length, or
+    ``{"burst": n, "size": k}`` with n events of about k bytes each; it sends as the runner
+    does, through the transport's sender while nothing is queued."""
 
     opened: ClassVar[list[StubSession]] = []
 
@@ -42,6 +44,9 @@ class StubSession:
         self.binaries: list[bytes] = []
         self.events: asyncio.Queue[str | None] = asyncio.Queue()
         self.closed = asyncio.Event()
+        self.send: Callable[[str], bool] | None = None
+        self.sent_now = 0
+        self.refused = 0
         StubSession.opened.append(self)
 
     async def start(self) -> None:
@@ -50,7 +55,24 @@ class StubSession:
     def receive_text(self, text: str) -> None:
         self.texts.append(text)
         self.from_parser.append(asyncio.current_task() is None)
-        self.events.put_nowait(json.dumps({"type": "received", "length": len(text)}))
+        burst = json.loads(text).get("burst") if text.startswith("{") else None
+        if burst is None:
+            self.emit(json.dumps({"type": "received", "length": len(text)}))
+            return
+        filler = "x" * json.loads(text)["size"]
+        for n in range(burst):
+            self.emit(json.dumps({"type": "burst", "n": n, "filler": filler}))
+
+    def emit(self, event: str) -> None:
+        if self.send is not None and not self.events.qsize():
+            if self.send(event):
+                self.sent_now += 1
+                return
+            self.refused += 1
+        self.events.put_nowait(event)
+
+    def send_with(self, send: Callable[[str], bool] | None) -> None:
+        self.send = send
 
     def receive_bytes(self, data: bytes) -> None:
         self.binaries.append(data)
@@ -130,9 +152,37 @@ async def test_text_frames_go_to_the_session_from_the_parser_and_in_order(
     session = stub_sessions[0]
     assert [json.loads(text)["n"] for text in session.texts] == list(range(80))
     # Once the queue has been received, appends are handled in the data_received that
-    # parsed them, with no task behind them.
+    # parsed them, with no task behind them, and their answers are written right there.
     assert all(session.from_parser[40:])
+    assert session.sent_now >= 40
     assert session.binaries == [b"\x00"] * 4
+
+
+async def test_events_for_a_peer_that_stops_reading_queue_and_all_arrive_in_order(
+    start_server: StartServer,
+    http: aiohttp.ClientSession,
+    fake_engines: Engines,
+    stub_sessions: list[StubSession],
+) -> None:
+    server = await start_server(KEYED, fake_engines)
+    async with http.ws_connect(server.ws_url, headers=bearer(API_KEY)) as ws:
+        assert (await next_json(ws))["type"] == "session.created"
+        # 32 MiB at once, while this client reads nothing: far more than the sockets
+        # buffer, so the server's sender must refuse and the rest wait in the queue.
+        await ws.send_str(json.dumps({"burst": 512, "size": 64 * 1024}))
+        session = stub_sessions[0]
+        for _ in range(100):
+            if session.refused:
+                break
+            await asyncio.sleep(0.02)
+        assert session.refused and session.sent_now
+        received = [(await next_json(ws))["n"] for _ in range(512)]
+        assert received == list(range(512))
+        # Once the queue is empty, events are written at once again.
+        sent_before = session.sent_now
+        await ws.send_str("{}")
+        assert (await next_json(ws)) == {"type": "received", "length": 2}
+        assert session.sent_now == sent_before + 1
 
 
 async def test_an_offer_of_compression_is_declined(

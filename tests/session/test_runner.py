@@ -176,3 +176,36 @@ async def test_ready_vad_results_go_before_the_next_input() -> None:
     assert queued == ["input_audio_buffer.speech_started"]
     for runner in (speaker, other):
         await runner.close()
+
+
+async def test_events_go_to_the_sender_and_queue_behind_what_it_refused() -> None:
+    runner = SessionRunner(build_engines(Settings(engines="fake")), model="m")
+    await runner.start()
+    sent: list[str] = []
+    open_ = [True]
+
+    def send(text: str) -> bool:
+        if open_[0]:
+            sent.append(json.loads(text)["type"])
+        return open_[0]
+
+    runner.send_with(send)
+    update = json.dumps({"type": "session.update", "session": {}})
+    # session.created was queued before the sender came: what follows waits behind it.
+    runner.receive_text(update)
+    assert sent == []
+    queued = [json.loads(runner._out.get_nowait())["type"] for _ in range(runner._out.qsize())]
+    assert queued == ["session.created", "session.updated"]
+    runner.receive_text(update)
+    assert sent == ["session.updated"] and runner._out.empty()
+    # Refused: that event and every later one queue, in order, until the queue is empty.
+    open_[0] = False
+    runner.receive_text(update)
+    open_[0] = True
+    runner.receive_text(json.dumps({"type": "input_audio_buffer.clear"}))
+    assert sent == ["session.updated"]
+    queued = [json.loads(runner._out.get_nowait())["type"] for _ in range(runner._out.qsize())]
+    assert queued == ["session.updated", "input_audio_buffer.cleared"]
+    runner.receive_text(update)
+    assert sent == ["session.updated", "session.updated"]
+    await runner.close()

@@ -1,8 +1,9 @@
 """The async driver of one session: feeds the core, runs the engine work it asks for.
 
-Transports hand it client frames and forward what ``outgoing`` yields; they know nothing
-else. Engine failures fail one response (or one transcription), never the session. The
-runner also times every response's stages (``TurnTimings``) on a monotonic clock.
+Transports hand it client frames and forward what ``outgoing`` yields, or write events the
+moment they are made through ``send_with``; they know nothing else. Engine failures fail one
+response (or one transcription), never the session. The runner also times every response's
+stages (``TurnTimings``) on a monotonic clock.
 """
 
 from __future__ import annotations
@@ -108,6 +109,7 @@ class SessionRunner:
             else SessionMetrics.disabled()
         )
         self._out: asyncio.Queue[str | None] = asyncio.Queue()
+        self._send: Callable[[str], bool] | None = None
         # Each chunk with the moment its last sample reached the session (monotonic).
         # When the last sample of each chunk the VAD has not answered yet arrived (monotonic).
         self._vad_waiting: deque[float] = deque()
@@ -175,6 +177,17 @@ class SessionRunner:
         """One client binary frame: not part of the protocol, answered with an error."""
         self._call(self.session.receive_binary, data)
 
+    def send_with(self, send: Callable[[str], bool] | None) -> None:
+        """Offer each server event to ``send`` first, as soon as it is made.
+
+        ``send`` writes the event and returns True, or returns False (its connection is
+        backed up or closing) and the event goes to ``outgoing`` instead; so do all later
+        ones while anything waits there, which keeps the order. A task woken per event
+        would run only after everything the loop already has queued: tens of milliseconds
+        behind a busy loop's pass over every socket. None: everything goes to ``outgoing``.
+        """
+        self._send = send
+
     async def outgoing(self) -> AsyncIterator[str]:
         """Serialised server events, in order; ends when the session is over."""
         while (text := await self._out.get()) is not None:
@@ -235,7 +248,7 @@ class SessionRunner:
             elif isinstance(out, se.ServerEvent):
                 self._observe(out)
                 self.metrics.server_event(out)
-                self._out.put_nowait(se.encode_event(out).decode())
+                self._emit(se.encode_event(out).decode())
             elif isinstance(out, Transcribe):
                 self._spawn(self._transcribe(out), f"asr {out.request_id}")
             elif isinstance(out, ScoreTurn):
@@ -262,6 +275,11 @@ class SessionRunner:
             elif isinstance(out, Close):
                 log.info("session %s ends: %s", self.id, out.reason)
                 self._spawn(self.close(out.reason), "close")
+
+    def _emit(self, text: str) -> None:
+        send = self._send
+        if send is None or self._out.qsize() or not send(text):
+            self._out.put_nowait(text)
 
     def _spawn(self, coro: object, name: str) -> None:
         task: asyncio.Task[None] = asyncio.create_task(coro, name=name)  # type: ignore[arg-type]
@@ -319,7 +337,7 @@ class SessionRunner:
                 "v2v_ms": timings.v2v_ms,
                 "stages_ms": timings.since_turn_end_ms(),
             }
-            self._out.put_nowait(json.dumps(body))
+            self._emit(json.dumps(body))
 
     # ------------------------------------------------------------------ engine work
 

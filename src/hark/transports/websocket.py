@@ -2,14 +2,16 @@
 
 A thin driver around the session: text frames go to the session straight from aiohttp's
 frame parser (``RealtimeWebSocket``), a reader loop handles the rest (binary frames, pings,
-the close handshake), and a writer task sends whatever the session emits. Either side ending
-ends both, and the session is always closed, which cancels its engine work.
+the close handshake), and the session's events are written as it makes them
+(``RealtimeWebSocket.send_now``), with a writer task for what has to wait on a slow reader.
+Either side ending ends both, and the session is always closed, which cancels its engine work.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
@@ -30,6 +32,9 @@ MAX_MESSAGE_BYTES = 32 * 1024 * 1024
 # receiving the frame does; here a frame only records when it came.
 HEARTBEAT_SECONDS = 20.0
 REALTIME_SUBPROTOCOL = "realtime"
+# Events are written at once while less than this waits in the socket's send buffer; beyond
+# it they queue for the writer task, which waits for the peer to read (aiohttp's drain).
+SEND_NOW_MAX_BUFFERED = 256 * 1024
 
 
 class RealtimeSession(Protocol):
@@ -49,6 +54,10 @@ class RealtimeSession(Protocol):
 
     def outgoing(self) -> AsyncIterator[str]:
         """Serialized server events; ends when the session is over."""
+        ...
+
+    def send_with(self, send: Callable[[str], bool] | None) -> None:
+        """Offer events to ``send`` as they are made; those it refuses go to ``outgoing``."""
         ...
 
     async def close(self) -> None:
@@ -92,6 +101,7 @@ class RealtimeWebSocket(web.WebSocketResponse):
         # text stops reaching sessions this way.
         self._ws_protocol = protocol
         self._writer = writer
+        self._transport = writer.transport
         self._reset_heartbeat()
         queue = _TextQueue(request._protocol, DEFAULT_CHUNK_SIZE, loop=request._loop)
         self._reader = queue
@@ -105,6 +115,25 @@ class RealtimeWebSocket(web.WebSocketResponse):
         request.protocol.set_parser(self._parser, data_received_cb=callback)
         request.protocol.keep_alive(False)
 
+    def send_now(self, text: str) -> bool:
+        """Write ``text`` as one text frame now, if the connection is open and its send buffer
+        holds under ``SEND_NOW_MAX_BUFFERED``; False, with nothing written, otherwise.
+
+        Frames are written whole, so they never interleave with aiohttp's own (pings, the
+        close frame, the writer task's); compression is off on these sockets.
+        """
+        transport = getattr(self, "_transport", None)
+        if (
+            transport is None
+            or self.closed
+            or transport.is_closing()
+            or transport.get_write_buffer_size() > SEND_NOW_MAX_BUFFERED
+        ):
+            return False
+        payload = text.encode()
+        transport.writelines((_text_frame_header(len(payload)), payload))
+        return True
+
     def text_to(self, on_text: Callable[[str], None] | None) -> bool:
         """From now on, hand text messages to ``on_text`` as they are parsed (None: queue
         them again); only while nothing is queued, since what came before must be received
@@ -114,6 +143,15 @@ class RealtimeWebSocket(web.WebSocketResponse):
             return False
         queue.on_text = on_text
         return True
+
+
+def _text_frame_header(length: int) -> bytes:
+    """A final, unmasked text frame's header (RFC 6455 section 5.2) for ``length`` bytes."""
+    if length < 126:
+        return struct.pack("!BB", 0x81, length)
+    if length < 1 << 16:
+        return struct.pack("!BBH", 0x81, 126, length)
+    return struct.pack("!BBQ", 0x81, 127, length)
 
 
 def websocket_response(*, offered_realtime: bool) -> RealtimeWebSocket:
@@ -139,7 +177,8 @@ async def run_session(ws: web.WebSocketResponse, session: RealtimeSession) -> No
 
     Returns once the connection is closed and the session is closed. With a
     ``RealtimeWebSocket``, text messages go to the session straight from the frame parser
-    once those received before the session started have been handled.
+    once those received before the session started have been handled, and the session's
+    events are written as it makes them.
     """
     session_over = asyncio.Event()
     writer: asyncio.Task[None] | None = None
@@ -156,6 +195,8 @@ async def run_session(ws: web.WebSocketResponse, session: RealtimeSession) -> No
     try:
         await session.start()
         writer = asyncio.create_task(_send_events(ws, session, session_over))
+        if isinstance(ws, RealtimeWebSocket):
+            session.send_with(ws.send_now)
         if switching is not None and switching.text_to(on_text):
             switching = None
         async for msg in ws:
@@ -174,6 +215,7 @@ async def run_session(ws: web.WebSocketResponse, session: RealtimeSession) -> No
     finally:
         if isinstance(ws, RealtimeWebSocket):
             ws.text_to(None)
+            session.send_with(None)
         keepalive.cancel()
         if writer is not None:
             # A writer that is closing the socket is finishing the closing handshake.
