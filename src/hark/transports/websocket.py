@@ -131,7 +131,11 @@ class RealtimeWebSocket(web.WebSocketResponse):
         ):
             return False
         payload = text.encode()
-        transport.writelines((_text_frame_header(len(payload)), payload))
+        try:
+            transport.writelines((_text_frame_header(len(payload)), payload))
+        except (OSError, RuntimeError):
+            # The socket failed under us: the writer task and the reader loop see it too.
+            return False
         return True
 
     def text_to(self, on_text: Callable[[str], None] | None) -> bool:
