@@ -152,6 +152,11 @@ class HeldVad:
             pass
 
 
+def take_queued(runner: SessionRunner) -> list[str]:
+    """The types of the events waiting in the runner's outgoing queue, which is emptied."""
+    return [json.loads(runner._out.get_nowait())["type"] for _ in range(runner._out.qsize())]
+
+
 def append(ms: int) -> str:
     audio = np.full(24 * ms, 3000, np.int16).tobytes()
     return json.dumps({"type": "input_audio_buffer.append", "audio": b64encode(audio).decode()})
@@ -167,12 +172,12 @@ async def test_ready_vad_results_go_before_the_next_input() -> None:
     speaker.receive_text(append(200))
     # 200 ms of speech answered, but nothing handed out: no speech_started yet.
     assert len(vad.ready) == 6
-    queued = [json.loads(speaker._out.get_nowait())["type"] for _ in range(speaker._out.qsize())]
+    queued = take_queued(speaker)
     assert queued == ["session.created"]
     # Any session's next input hands out what is ready first, to whichever session it is.
     other.receive_text(append(20))
     assert not vad.ready
-    queued = [json.loads(speaker._out.get_nowait())["type"] for _ in range(speaker._out.qsize())]
+    queued = take_queued(speaker)
     assert queued == ["input_audio_buffer.speech_started"]
     for runner in (speaker, other):
         await runner.close()
@@ -194,7 +199,7 @@ async def test_events_go_to_the_sender_and_queue_behind_what_it_refused() -> Non
     # session.created was queued before the sender came: what follows waits behind it.
     runner.receive_text(update)
     assert sent == []
-    queued = [json.loads(runner._out.get_nowait())["type"] for _ in range(runner._out.qsize())]
+    queued = take_queued(runner)
     assert queued == ["session.created", "session.updated"]
     runner.receive_text(update)
     assert sent == ["session.updated"] and runner._out.empty()
@@ -204,7 +209,7 @@ async def test_events_go_to_the_sender_and_queue_behind_what_it_refused() -> Non
     open_[0] = True
     runner.receive_text(json.dumps({"type": "input_audio_buffer.clear"}))
     assert sent == ["session.updated"]
-    queued = [json.loads(runner._out.get_nowait())["type"] for _ in range(runner._out.qsize())]
+    queued = take_queued(runner)
     assert queued == ["session.updated", "input_audio_buffer.cleared"]
     runner.receive_text(update)
     assert sent == ["session.updated", "session.updated"]
