@@ -181,14 +181,18 @@ def test_a_turn_gives_stage_latencies_e2a_and_v2v() -> None:
 def test_a_disabled_session_records_nothing() -> None:
     session = SessionMetrics.disabled()
     session.started()
-    for _ in range(FLUSH_EVERY + 1):
+    for _ in range(3 * FLUSH_EVERY + 1):
         session.client_event("input_audio_buffer.append")
-    session.vad_chunk(0.0)
+        session.server_event(an_error("x"))
+        session.vad_chunk(0.0)
     session.vad_decision("speech_stopped", 0.0)
-    session.server_event(an_error("x"))
     session.turn(completed_turn())
     session.audio_dropped(3)
     session.ended("client_closed")
+    # With no registry to hand counts to, holding them would only grow for the whole session.
+    assert session._held == 0
+    assert not session._client and not session._server
+    assert session._vad_chunks == session._vad_late == 0
 
 
 async def test_batchers_report_their_batches() -> None:
