@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from collections.abc import Iterator
 from difflib import SequenceMatcher
 from typing import Any
 
@@ -12,6 +13,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from hark.engines.activity import computing_now
 from hark.engines.asr import AsrEngine
 from hark.engines.asr.whisper import WhisperAsr, default_model_path
 
@@ -116,12 +118,34 @@ async def test_long_audio_is_transcribed_window_by_window(
 
 
 async def test_closing_midway_stops_cleanly(
-    asr: WhisperAsr, question: npt.NDArray[np.float32]
+    asr: WhisperAsr, question: npt.NDArray[np.float32], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    decoded: list[str] = []
+    released = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    start_long = asr._start_long
+
+    def watched(*args: Any) -> Iterator[Any]:
+        # faster-whisper decodes a window each time its segment iterator is stepped.
+        try:
+            for segment in start_long(*args):
+                decoded.append(segment.text)
+                yield segment
+        finally:
+            loop.call_soon_threadsafe(released.set)
+
+    monkeypatch.setattr(asr, "_start_long", watched)
     gap = np.zeros(29 * 16000, dtype=np.float32)
     deltas = asr.transcribe(np.concatenate((question, gap, question)), language="en")
     assert "capital" in words(await anext(deltas))
-    await deltas.aclose()  # type: ignore[attr-defined]
+    await deltas.aclose()
+    assert computing_now() == 0
+    with pytest.raises(StopAsyncIteration):
+        await anext(deltas)
+    # faster-whisper's iterator goes when the loop finalises the engine's inner generator.
+    await asyncio.wait_for(released.wait(), 10)
+    # The second window was never decoded.
+    assert len(decoded) == 1
 
 
 async def test_cancelling_midway_raises_only_cancelled_error(
