@@ -1,0 +1,132 @@
+"""Fixtures of the cluster tests: a real redis-server, and each store backend behind one
+helper so that a contract test runs against both."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio
+
+from hark.cluster.embedded import EmbeddedStore
+from hark.cluster.redis import RedisStore
+from hark.cluster.store import ClusterStore
+from tests.redis_server import RedisServer, RedisServerMissingError
+
+# How long a test waits for Redis to expire a key by its own clock before failing; the TTLs
+# involved are about a second.
+EXPIRY_GUARD_S = 15.0
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """One redis-server for the session; tests keep apart by key prefix. Missing
+    redis-server fails the tests that need it (it is never skipped)."""
+    try:
+        server = RedisServer(tmp_path_factory.mktemp("redis"))
+    except RedisServerMissingError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    with server:
+        yield server
+
+
+class Clock:
+    """A clock the test moves by hand, starting at the real time (Redis expiry is absolute)."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class Backend:
+    """One backend under test: opens stores on the same shared state (one store per
+    "worker"), makes heartbeats expire, and shows the raw data the backend holds."""
+
+    def __init__(self, name: str, tmp_path: Path, server: RedisServer | None) -> None:
+        self.name = name
+        self.tmp_path = tmp_path
+        self.redis = server
+        self.clock = Clock()
+        self.prefix = f"test-{secrets.token_hex(4)}:"
+        # Heartbeats given this TTL expire in ``expire_heartbeats``; the embedded store's
+        # clock is moved by hand, Redis's runs on its own.
+        self.short_ttl = 5.0 if server is None else 1.5
+        self.stores: list[ClusterStore] = []
+
+    async def open(self) -> ClusterStore:
+        """A started store on this backend's shared state."""
+        store: ClusterStore
+        if self.redis is None:
+            store = EmbeddedStore(self.tmp_path, clock=self.clock)
+        else:
+            store = RedisStore(self.redis.url, prefix=self.prefix)
+        await store.start()
+        self.stores.append(store)
+        return store
+
+    async def expire_heartbeats(self, *worker_ids: str) -> None:
+        """Let the heartbeats of ``worker_ids``, given ``short_ttl``, expire."""
+        if self.redis is None:
+            self.clock.advance(self.short_ttl)
+            return
+        client = self._redis_client()
+        keys = [f"{self.prefix}worker:{w}" for w in worker_ids]
+        deadline = time.monotonic() + EXPIRY_GUARD_S
+        while await client.exists(*keys):
+            assert time.monotonic() < deadline, f"Redis never expired {keys}"
+            await asyncio.sleep(0.05)
+
+    def _redis_client(self) -> redis.asyncio.Redis:
+        store = next(s for s in self.stores if isinstance(s, RedisStore))
+        return store.client
+
+    async def raw(self) -> bytes:
+        """Every byte of state the backend holds: the SQLite files, or every key of this
+        test's prefix with its value."""
+        if self.redis is None:
+            files = sorted(self.tmp_path.glob("cluster.sqlite3*"))
+            assert files, "no SQLite file"
+            return b"".join(f.read_bytes() for f in files)
+        client = self._redis_client()
+        out = []
+        async for key in client.scan_iter(match=f"{self.prefix}*"):
+            out.append(key)
+            kind = await client.type(key)
+            if kind == b"string":
+                out.append(await client.get(key))
+            elif kind == b"hash":
+                for field, value in (await client.hgetall(key)).items():
+                    out += [field, value]
+            elif kind == b"set":
+                out += list(await client.smembers(key))
+            else:
+                raise AssertionError(f"unexpected Redis type {kind!r} of {key!r}")
+        return b"\n".join(out)
+
+    def sqlite(self) -> sqlite3.Connection:
+        """A plain connection to the embedded store's file, for looking inside."""
+        assert self.redis is None
+        return sqlite3.connect(self.tmp_path / "cluster.sqlite3")
+
+    async def aclose(self) -> None:
+        for store in self.stores:
+            await store.aclose()
+
+
+@pytest.fixture(params=["embedded", "redis"])
+async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
+    """Each backend in turn."""
+    server = request.getfixturevalue("redis_server") if request.param == "redis" else None
+    backend = Backend(request.param, tmp_path, server)
+    yield backend
+    await backend.aclose()
