@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -13,10 +14,10 @@ from aiohttp import web
 
 from hark.config import Settings
 from hark.engines.fake import FakeAsr, FakeLlm, FakeTts
-from hark.engines.registry import Engines, build_engines
-from hark.engines.turn.llama_cpp import LlamaCppEndOfTurn
+from hark.engines.registry import Engines
 from hark.engines.vad.batcher import BatchedSileroVad
 from hark.server.app import create_app, make_runner
+from tests.conftest import engines_sharing_turn, shared_end_of_turn
 
 API_KEY = "sk-test-correct-horse-battery-staple"
 OTHER_KEY = "sk-test-second-key-0123456789"
@@ -60,25 +61,29 @@ def gated_engines(gate: asyncio.Event, error: Exception | None = None) -> Engine
         asr=FakeAsr(),
         llm=FakeLlm(),
         tts=FakeTts(),
-        turn=LlamaCppEndOfTurn(),
+        turn=shared_end_of_turn(),
     )
 
 
 @pytest.fixture
-def fake_engines() -> Engines:
-    """``--engines fake``: the real Silero VAD with fake ASR, LLM and TTS."""
-    return build_engines(Settings(engines="fake"))
+async def fake_engines() -> AsyncIterator[Engines]:
+    """``--engines fake``: the real Silero VAD with fake ASR, LLM and TTS; closed afterwards."""
+    engines = engines_sharing_turn(Settings(engines="fake"))
+    yield engines
+    await engines.aclose()
 
 
-@pytest.fixture
-async def start_server() -> AsyncIterator[StartServer]:
-    """A factory starting ``create_app(settings, engines)`` on 127.0.0.1, port 0."""
+@contextlib.asynccontextmanager
+async def serving() -> AsyncIterator[StartServer]:
+    """What ``start_server`` yields: on leaving, every app is stopped and its engines closed."""
     runners: list[web.AppRunner] = []
+    engine_sets: list[Engines] = []
 
     async def start(settings: Settings, engines: Engines) -> RunningServer:
         if settings.rtc_port == Settings().rtc_port:
             # A free UDP port: test runs side by side must not fight over the default.
             settings = dataclasses.replace(settings, rtc_port=0)
+        engine_sets.append(engines)
         app = create_app(settings, engines)
         runner = make_runner(app)
         await runner.setup()
@@ -88,9 +93,21 @@ async def start_server() -> AsyncIterator[StartServer]:
         host, port = runner.addresses[0][:2]
         return RunningServer(app=app, url=f"http://{host}:{port}")
 
-    yield start
-    for runner in runners:
-        await runner.cleanup()
+    try:
+        yield start
+    finally:
+        for runner in reversed(runners):
+            await runner.cleanup()
+        # The engines hold threads (the VAD batcher, the end-of-turn worker).
+        for engines in engine_sets:
+            await engines.aclose()
+
+
+@pytest.fixture
+async def start_server() -> AsyncIterator[StartServer]:
+    """A factory starting ``create_app(settings, engines)`` on 127.0.0.1, port 0."""
+    async with serving() as start:
+        yield start
 
 
 @pytest.fixture

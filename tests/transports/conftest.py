@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -13,9 +14,10 @@ from aiohttp import web
 
 from hark.bench.webrtc import CallClient
 from hark.config import Settings
-from hark.engines.registry import Engines, build_engines
+from hark.engines.registry import Engines
 from hark.server.app import CALLS, create_app, make_runner
 from hark.transports.webrtc.calls import Calls
+from tests.conftest import engines_sharing_turn
 
 API_KEY = "sk-test-webrtc-owner-0123456789"
 OTHER_KEY = "sk-test-webrtc-stranger-987654"
@@ -42,9 +44,9 @@ class RtcServer:
 StartRtcServer = Callable[..., Awaitable[RtcServer]]
 
 
-@pytest.fixture
-async def start_rtc_server() -> AsyncIterator[StartRtcServer]:
-    """A factory: ``create_app`` on 127.0.0.1 (HTTP and UDP on free ports), engines warm."""
+@contextlib.asynccontextmanager
+async def serving_rtc() -> AsyncIterator[StartRtcServer]:
+    """What ``start_rtc_server`` yields: on leaving, every app is stopped and its engines closed."""
     runners: list[web.AppRunner] = []
     engine_sets: list[Engines] = []
 
@@ -56,7 +58,7 @@ async def start_rtc_server() -> AsyncIterator[StartRtcServer]:
         }
         options.update(settings)
         config = Settings(**options)
-        engines = built or build_engines(config)
+        engines = built or engines_sharing_turn(config)
         engine_sets.append(engines)
         app = create_app(config, engines)
         runner = make_runner(app)
@@ -74,11 +76,21 @@ async def start_rtc_server() -> AsyncIterator[StartRtcServer]:
                 await asyncio.sleep(0.05)
         raise AssertionError("the server never became ready")
 
-    yield start
-    for runner in reversed(runners):
-        await runner.cleanup()
-    for engines in engine_sets:
-        await engines.aclose()
+    try:
+        yield start
+    finally:
+        for runner in reversed(runners):
+            await runner.cleanup()
+        # The engines hold threads (the VAD batcher, the end-of-turn worker).
+        for engines in engine_sets:
+            await engines.aclose()
+
+
+@pytest.fixture
+async def start_rtc_server() -> AsyncIterator[StartRtcServer]:
+    """A factory: ``create_app`` on 127.0.0.1 (HTTP and UDP on free ports), engines warm."""
+    async with serving_rtc() as start:
+        yield start
 
 
 @pytest.fixture

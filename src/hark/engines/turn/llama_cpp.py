@@ -129,10 +129,17 @@ class LlamaCppEndOfTurn:
         await self.probability("What is two plus two?")
 
     async def aclose(self) -> None:
-        """Free the model; the engine cannot be used afterwards."""
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._executor, self._unload)
-        self._executor.shutdown(wait=False)
+        """Free the model and stop the engine's thread; the engine cannot be used afterwards."""
+        await asyncio.to_thread(self.close)
+
+    def close(self) -> None:
+        """:meth:`aclose` for callers without a loop; blocks until a running call is done.
+
+        Calls still waiting are cancelled. Closing twice does nothing more.
+        """
+        # Joining the worker first means no call can be using the context while it is freed.
+        self._executor.shutdown(wait=True, cancel_futures=True)
+        self._unload()
 
     async def probability(self, transcript: str, *, context: str | None = None) -> float:
         """Probability that ``transcript`` (what the user said so far) is a finished turn.

@@ -1,0 +1,58 @@
+"""What every test server in a run shares: one end-of-turn model (SmolLM2), loaded once."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+
+import pytest
+
+from hark.config import Settings
+from hark.engines.registry import Engines, build_engines
+from hark.engines.turn.llama_cpp import LlamaCppEndOfTurn
+
+
+class BorrowedEndOfTurn:
+    """The run's shared end-of-turn model, lent to one engine set.
+
+    It has no ``aclose``, so closing the engine set leaves the model loaded for the next
+    server; the model is closed once, when the run ends.
+    """
+
+    def __init__(self, turn: LlamaCppEndOfTurn) -> None:
+        self._turn = turn
+
+    async def probability(self, transcript: str, *, context: str | None = None) -> float:
+        """The shared model's probability that ``transcript`` is a finished turn."""
+        return await self._turn.probability(transcript, context=context)
+
+    async def warmup(self) -> None:
+        """Load the shared model (once per run) and score one utterance."""
+        await self._turn.warmup()
+
+
+_shared_turn: LlamaCppEndOfTurn | None = None
+
+
+def shared_end_of_turn() -> BorrowedEndOfTurn:
+    """The end-of-turn model every test server uses, instead of loading one per server."""
+    global _shared_turn
+    if _shared_turn is None:
+        _shared_turn = LlamaCppEndOfTurn()
+    return BorrowedEndOfTurn(_shared_turn)
+
+
+def engines_sharing_turn(settings: Settings) -> Engines:
+    """``build_engines(settings)`` with the shared end-of-turn model in place of its own.
+
+    The engine set's own model is never loaded (that happens on warm-up), so dropping it
+    costs nothing.
+    """
+    return dataclasses.replace(build_engines(settings), turn=shared_end_of_turn())
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _close_shared_end_of_turn() -> Iterator[None]:
+    yield
+    if _shared_turn is not None:
+        _shared_turn.close()
