@@ -45,7 +45,7 @@ def hark_server() -> Iterator[HarkServer]:
 
 @pytest.fixture
 async def question_wav(tmp_path: Path) -> Path:
-    """The question, spoken by Piper, as a 48 kHz mono 16-bit WAV with silence around it."""
+    """The question (a committed fixture) as a 48 kHz mono 16-bit WAV, silence around it."""
     pcm = await speech(QUESTION, FAKE_MIC_RATE)
     lead = np.zeros(int(LEAD_IN_S * FAKE_MIC_RATE), np.int16)
     tail = np.zeros(int(TAIL_S * FAKE_MIC_RATE), np.int16)

@@ -1,4 +1,4 @@
-"""A real `hark serve` on the embedded models, and spoken fixtures synthesised with Piper."""
+"""A real `hark serve` on the embedded models, and spoken input from committed fixtures."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from tests.servers import hark_serve
+from tests.speech import spoken
 
 API_KEY = "sk-hark-e2e-test-key"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
@@ -49,25 +50,10 @@ def server() -> Iterator[Server]:
         yield Server("127.0.0.1", port, log)
 
 
-_speech_cache: dict[str, npt.NDArray[np.int16]] = {}
-_tts = None
-
-
 async def speech(text: str, rate: int = 24000) -> npt.NDArray[np.int16]:
-    """``text`` spoken by Piper at ``rate``, with 300 ms of silence before and after."""
-    from hark.audio.resample import resample
-    from hark.engines.tts.piper import PiperTts
-
-    global _tts
-    key = f"{rate}:{text}"
-    if key not in _speech_cache:
-        if _tts is None:
-            _tts = PiperTts()
-        chunks = [c async for c in _tts.synthesize(text)]
-        pcm = resample(np.concatenate(chunks), _tts.sample_rate, rate)
-        pad = np.zeros(rate * 3 // 10, np.int16)
-        _speech_cache[key] = np.concatenate((pad, pcm, pad))
-    return _speech_cache[key]
+    """``text`` spoken (a committed fixture) at ``rate``, with 300 ms of silence around it."""
+    pad = np.zeros(rate * 3 // 10, np.int16)
+    return np.concatenate((pad, spoken(text, rate), pad))
 
 
 _asr = None
