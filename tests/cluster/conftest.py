@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import sqlite3
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -112,11 +111,6 @@ class Backend:
             else:
                 raise AssertionError(f"unexpected Redis type {kind!r} of {key!r}")
         return b"\n".join(out)
-
-    def sqlite(self) -> sqlite3.Connection:
-        """A plain connection to the embedded store's file, for looking inside."""
-        assert self.redis is None
-        return sqlite3.connect(self.tmp_path / "cluster.sqlite3")
 
     async def aclose(self) -> None:
         for store in self.stores:

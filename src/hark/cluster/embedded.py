@@ -153,8 +153,9 @@ class EmbeddedStore(ClusterStore):
 
         try:
             return await asyncio.get_running_loop().run_in_executor(executor, run)
-        except sqlite3.OperationalError as exc:
-            # A locked database past busy_timeout, a full or unreadable disk.
+        except (sqlite3.DatabaseError, OSError) as exc:
+            # A locked database past busy_timeout, a full or unreadable disk, a run directory
+            # that cannot be made, a file that is not a database.
             raise ClusterUnavailableError(f"the cluster store {self.path}: {exc}") from exc
         except RuntimeError as exc:
             # The executor was shut down under us (aclose while a call was on its way).
