@@ -68,7 +68,10 @@ from hark.session.ids import IdGenerator
 from hark.session.input_buffer import InputAudioBuffer
 from hark.session.turn_detection import TurnDetector, TurnEvent
 
-MAX_APPEND_BYTES = 15 * 1024 * 1024
+MiB = 1024 * 1024
+# The one definition of the append limit ("15 MiB per event"): the base64 text of an
+# append's audio. The WebSocket transport's frame limit derives from it; the README states it.
+MAX_APPEND_BYTES = 15 * MiB
 # The most audio an append can carry: its base64 is at most MAX_APPEND_BYTES long.
 _MAX_APPEND_AUDIO = MAX_APPEND_BYTES // 4 * 3
 MIN_COMMIT_MS = 100
@@ -180,6 +183,7 @@ class Session:
         self.config = msgspec.structs.replace(base, model=model)
         self.created_at = created_at
         self.expires_at = int(created_at + max_duration_s)
+        self._max_duration_s = max_duration_s
         self.conversation = Conversation()
         self._limits = rate_limits or RateLimits()
         self._outbox: list[Output] = []
@@ -269,17 +273,24 @@ class Session:
         """Advance the wall time (UNIX seconds): the session limit and rate windows use it."""
         self._now = now
         if not self._closed and now >= self.expires_at:
-            self._closed = True
-            for response in list(self._responses.values()):
-                self._end_response(response, "cancelled", {"type": "cancelled", "reason": None})
-            self._error(
+            self.end(
                 ProtocolError(
-                    "Your session hit the maximum duration of 60 minutes.",
+                    f"Your session hit the maximum duration of {_duration(self._max_duration_s)}.",
                     code="session_expired",
                 ),
-                None,
+                "session_expired",
             )
-            self._outbox.append(Close("session_expired"))
+
+    def end(self, error: ProtocolError, reason: str) -> None:
+        """End the session for ``reason``: running responses are cancelled, the client gets
+        ``error`` as an ``error`` event, and the transport is asked to close. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for response in list(self._responses.values()):
+            self._end_response(response, "cancelled", {"type": "cancelled", "reason": None})
+        self._error(error, None)
+        self._outbox.append(Close(reason))
 
     # ----------------------------------------------------------------- client events
 
@@ -405,7 +416,8 @@ class Session:
         if len(data) > _MAX_APPEND_AUDIO:
             encoded = (len(data) + 2) // 3 * 4
             raise ProtocolError(
-                f"Audio append of {encoded} bytes exceeds the 15 MiB limit per event.",
+                f"Audio append of {encoded} bytes exceeds the {MAX_APPEND_BYTES // MiB} MiB "
+                "limit per event.",
                 "audio",
                 "invalid_value",
             )
@@ -1340,6 +1352,14 @@ class Session:
         self._emit(se.ResponseDone(response=response.to_wire()))
         if response.in_band:
             self._prefill()
+
+
+def _duration(seconds: float) -> str:
+    """``3600`` → "60 minutes" (OpenAI's wording), ``1.5`` → "1.5 seconds"."""
+    value, unit = (
+        (seconds // 60, "minute") if seconds >= 60 and seconds % 60 == 0 else (seconds, "second")
+    )
+    return f"{value:g} {unit}{'' if value == 1 else 's'}"
 
 
 def _voice_name(voice: str | VoiceId) -> str:

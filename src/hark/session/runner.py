@@ -27,6 +27,7 @@ from hark.observability.metrics import Metrics
 from hark.observability.session_metrics import SessionMetrics
 from hark.observability.turn_timing import TurnTimings
 from hark.protocol import server_events as se
+from hark.protocol.errors import ProtocolError
 from hark.protocol.session_config import SessionConfig
 from hark.session.actions import (
     AnalyzeSpeech,
@@ -41,7 +42,7 @@ from hark.session.actions import (
     Speculate,
     Transcribe,
 )
-from hark.session.core import Session
+from hark.session.core import SESSION_LIMIT_S, Session
 from hark.session.response_pipeline import run_generation
 
 log = logging.getLogger(__name__)
@@ -91,8 +92,15 @@ class SessionRunner:
         player: AudioPlayer | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         metrics: Metrics | None = None,
+        on_usage: Callable[[int], None] | None = None,
+        max_duration_s: float = SESSION_LIMIT_S,
     ) -> None:
+        """``max_duration_s``: the session limit, after which the client gets
+        ``session_expired`` and the session ends (OpenAI's 60 minutes unless a test needs
+        less)."""
         self.engines = engines
+        # Told each finished response's total tokens (the fleet's per-key limits count them).
+        self._on_usage = on_usage
         self.transport = transport
         self._clock = clock
         self._now = monotonic
@@ -101,6 +109,7 @@ class SessionRunner:
             model=model,
             config=initial_config,
             created_at=clock(),
+            max_duration_s=max_duration_s,
             plays_audio=player is not None,
         )
         self.metrics = (
@@ -127,6 +136,11 @@ class SessionRunner:
     def id(self) -> str:
         """The session id (``sess_…``)."""
         return self.session.id
+
+    @property
+    def generations_running(self) -> int:
+        """Responses being generated for this session now (a worker's load)."""
+        return len(self._generations)
 
     async def start(self) -> None:
         """Queue ``session.created`` and start the session's background work."""
@@ -192,6 +206,17 @@ class SessionRunner:
         """Serialised server events, in order; ends when the session is over."""
         while (text := await self._out.get()) is not None:
             yield text
+
+    async def end(self, message: str, code: str, reason: str) -> None:
+        """End the session from the server's side (drain, shutdown): the client gets an
+        ``error`` event with ``message`` and ``code``, then the session closes."""
+        if not self._closed:
+            self._call(
+                self.session.end,
+                ProtocolError(message, code=code, type="server_error"),
+                reason,
+            )
+        await self.close(reason)
 
     async def close(self, reason: str = "client_closed") -> None:
         """Stop all engine work of this session. Idempotent; the first ``reason`` counts."""
@@ -314,6 +339,8 @@ class SessionRunner:
             timings.mark(stage, self._now() if at is None else at)
 
     def _response_done(self, response: se.Response) -> None:
+        if self._on_usage is not None and response.usage is not None:
+            self._on_usage(response.usage.total_tokens)
         timings = self.timings.pop(response.id, None)
         if timings is None:
             return
@@ -359,9 +386,15 @@ class SessionRunner:
         self._flush()
 
     async def _expiry_timer(self) -> None:
-        delay = self.session.expires_at - self._clock()
-        await asyncio.sleep(max(0.0, delay))
-        self._call(self.session.tick, self._clock())
+        # The loop sleeps on its monotonic clock, the limit is in wall time: a wall clock
+        # slewed or stepped back wakes this before the limit, so it sleeps again until the
+        # core has seen the limit pass.
+        while not self._closed:
+            delay = self.session.expires_at - self._clock()
+            if delay <= 0:
+                self._call(self.session.tick, self._clock())
+                return
+            await asyncio.sleep(delay)
 
     async def _transcribe(self, action: Transcribe) -> None:
         text = ""

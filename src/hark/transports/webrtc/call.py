@@ -49,6 +49,8 @@ SETUP_TIMEOUT_SECONDS = 30.0
 MAX_PENDING_EVENTS = 1000
 # A sideband socket this far behind is not reading: it is closed rather than buffered for.
 MAX_SIDEBAND_BACKLOG = 10000
+# How long a call ended by the server waits for its last events to leave.
+END_FLUSH_TIMEOUT_S = 1.0
 
 
 class _EndOfAudio(msgspec.Struct):
@@ -99,6 +101,7 @@ class Call:
         self._pending: deque[str] = deque(maxlen=MAX_PENDING_EVENTS)
         self._sidebands: set[asyncio.Queue[str | None]] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._fan_out_task: asyncio.Task[None] | None = None
         self._closing = False
         self.closed = asyncio.Event()
         self.close_reason: str | None = None
@@ -136,8 +139,34 @@ class Call:
         """Start the session and its event fan-out; the call is live."""
         self.track.attach(self.runner)
         await self.runner.start()
-        self._spawn(self._fan_out(), "events")
+        self._fan_out_task = self._spawn(self._fan_out(), "events")
         self._spawn(self._setup_deadline(), "setup deadline")
+
+    async def end(self, message: str, code: str, reason: str) -> None:
+        """End the call from the server's side (drain, shutdown): the client is told why in
+        an ``error`` event on the data channel and the sidebands, then the call closes."""
+        if not self._closing:
+            await self.runner.end(message, code, reason)
+            if self._fan_out_task is not None:
+                # The fan-out ends once it has handed out the session's last events.
+                await asyncio.wait([self._fan_out_task], timeout=END_FLUSH_TIMEOUT_S)
+            await self._flush_channel()
+        await self.close(reason)
+
+    async def _flush_channel(self) -> None:
+        """Wait (boundedly) until the data channel has handed its queued events to SCTP."""
+        channel = self._channel
+        if channel is None or channel.readyState != "open" or channel.bufferedAmount == 0:
+            return
+        emptied = asyncio.Event()
+        channel.bufferedAmountLowThreshold = 0
+        channel.on("bufferedamountlow", emptied.set)
+        try:
+            await asyncio.wait_for(emptied.wait(), END_FLUSH_TIMEOUT_S)
+        except TimeoutError:
+            logger.info("call %s: events still queued on the data channel at the end", self.id)
+        finally:
+            channel.remove_listener("bufferedamountlow", emptied.set)
 
     async def close(self, reason: str) -> None:
         """End the call and release everything it holds. Idempotent."""
@@ -295,7 +324,8 @@ class Call:
         if self.pc.connectionState != "connected":
             self._spawn(self.close("not connected in time"), "close")
 
-    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         task = asyncio.create_task(coro, name=f"{self.id} {name}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
