@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -61,3 +62,105 @@ def hark_serve(
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+class HarkProcess:
+    """A `hark serve` process the test can signal, kill and restart."""
+
+    def __init__(
+        self,
+        args: list[str],
+        log: Path,
+        *,
+        env: dict[str, str] | None = None,
+        host: str = "127.0.0.1",
+        netns: str | None = None,
+        port: int | None = None,
+    ) -> None:
+        self.args = args
+        self.log = log
+        self.env = env or {}
+        self.host = host
+        self.netns = netns
+        self.port = port if port is not None else free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """The server's HTTP base URL."""
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, ready_s: float = 300) -> HarkProcess:
+        """Start the server and wait until ``/readyz`` answers 200."""
+        command = [
+            sys.executable,
+            "-m",
+            "hark.cli",
+            "serve",
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--rtc-port",
+            "0",
+            *self.args,
+        ]
+        if self.netns is not None:
+            command = ["ip", "netns", "exec", self.netns, *command]
+        with self.log.open("a") as out:
+            self.proc = subprocess.Popen(
+                command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **self.env},
+            )
+        self.wait_ready(ready_s)
+        return self
+
+    def readyz(self) -> int | None:
+        """The status ``/readyz`` answers now, or None when nothing answers."""
+        try:
+            with urllib.request.urlopen(f"{self.url}/readyz", timeout=2) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as exc:
+            return exc.code
+        except OSError:
+            return None
+
+    def wait_ready(self, ready_s: float = 300) -> None:
+        """Until ``/readyz`` answers 200; fails if the process exits or never gets there."""
+        assert self.proc is not None
+        deadline = time.monotonic() + ready_s
+        while self.readyz() != 200:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"hark serve exited: {self.log.read_text()[-3000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"hark serve never became ready: {self.log.read_text()[-3000:]}")
+            time.sleep(0.2)
+
+    def signal(self, signum: int) -> None:
+        """Send ``signum`` to the server (through ``ip netns exec``, which execs it)."""
+        assert self.proc is not None
+        self.proc.send_signal(signum)
+
+    def wait(self, timeout: float) -> int:
+        """The exit status, once the process has ended."""
+        assert self.proc is not None
+        return self.proc.wait(timeout=timeout)
+
+    def stop(self) -> None:
+        """Terminate (and, if it lingers, kill) the server."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __enter__(self) -> HarkProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -10,6 +10,7 @@ import signal
 import socket
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from aiohttp import web
 
@@ -45,7 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--engines", choices=ENGINE_SETS, default=None, help="engine set (default embedded)"
     )
     serve.add_argument(
-        "--llm-url", default=None, metavar="URL", help="an OpenAI-compatible LLM endpoint"
+        "--llm-url",
+        default=None,
+        metavar="URL[,URL...]",
+        help="OpenAI-compatible LLM endpoints; with several, a response fails over between them",
     )
     serve.add_argument(
         "--llm-model", default=None, metavar="NAME", help="LLM name (required with --llm-url)"
@@ -107,13 +111,58 @@ def build_parser() -> argparse.ArgumentParser:
         "The demo hands a 60-second key to anyone who can load the page: with --demo on a "
         "reachable address, anyone who reaches the server can use it",
     )
+    fleet = serve.add_argument_group("fleet")
+    fleet.add_argument(
+        "--redis-url",
+        default=None,
+        metavar="URL",
+        help="Redis shared by every worker of every host (redis://host:6379/0; prefer "
+        "HARK_REDIS_URL when it holds a password). Default: an embedded store shared by the "
+        "--workers of this machine",
+    )
+    fleet.add_argument(
+        "--advertise-url",
+        default=None,
+        metavar="URL",
+        help="how other workers reach this one (default http://<host>:<port>)",
+    )
+    fleet.add_argument("--zone", default=None, metavar="NAME", help="this worker's zone")
+    fleet.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="on SIGTERM, how long running sessions may go on before they are ended (default 60)",
+    )
+    fleet.add_argument(
+        "--key-max-sessions",
+        type=int,
+        default=None,
+        metavar="N",
+        help="open sessions and calls per API key across the fleet (default: no limit)",
+    )
+    fleet.add_argument(
+        "--key-requests-per-minute",
+        type=int,
+        default=None,
+        metavar="N",
+        help="sessions, calls and client secrets per API key and minute (default: no limit)",
+    )
+    fleet.add_argument(
+        "--key-tokens-per-minute",
+        type=int,
+        default=None,
+        metavar="N",
+        help="response tokens per API key and minute across the fleet (default: no limit)",
+    )
     serve.set_defaults(handler=_serve_command)
 
     bench = commands.add_parser("bench", help="measure a running server")
     benches = bench.add_subparsers(dest="bench", required=True, metavar="BENCH")
-    from hark.bench import latency, load, vad, webrtc
+    from hark.bench import hop, latency, load, vad, webrtc
 
     for name, module, summary in (
+        ("hop", hop, "what the hop between two workers of a fleet adds to a call's requests"),
         ("latency", latency, "E2A and voice-to-voice latency of spoken questions"),
         ("load", load, "many simulated callers at once: VAD decision lag, E2A, server figures"),
         ("vad", vad, "VAD cost per session-chunk, unbatched and batched"),
@@ -173,22 +222,40 @@ async def serve(settings: Settings, sock: socket.socket | None = None) -> int:
     (a worker of ``--workers`` gets the one its parent bound).
     """
     stop = asyncio.Event()
+    drain = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+
+    def on_sigterm() -> None:
+        # The first SIGTERM drains (Kubernetes, `--workers`' parent); a second stops at once.
+        if drain.is_set():
+            stop.set()
+        drain.set()
+
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    loop.add_signal_handler(signal.SIGTERM, on_sigterm)
     try:
-        return await _serve_until(stop, settings, sock)
+        return await _serve_until(stop, settings, sock, drain=drain)
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
 
 
 async def _serve_until(
-    stop: asyncio.Event, settings: Settings, sock: socket.socket | None = None
+    stop: asyncio.Event,
+    settings: Settings,
+    sock: socket.socket | None = None,
+    *,
+    drain: asyncio.Event | None = None,
 ) -> int:
     from hark.engines.registry import EngineUnavailableError, build_engines
     from hark.observability.tracing import TracingUnavailableError
-    from hark.server.app import create_app, make_runner, webrtc_startup_error
+    from hark.server.app import (
+        create_app,
+        drain_app,
+        make_runner,
+        set_advertised_port,
+        webrtc_startup_error,
+    )
     from hark.server.auth import InsecureBindError
 
     try:
@@ -216,6 +283,13 @@ async def _serve_until(
             )
             try:
                 await site.start()
+                if sock is None:
+                    set_advertised_port(app, runner.addresses[0][1])
+                else:
+                    # The workers of `--workers` share the public port, so other workers
+                    # reach each one on a port of its own.
+                    await web.TCPSite(runner, settings.host, 0).start()
+                    set_advertised_port(app, runner.addresses[-1][1])
             except OSError as exc:
                 logger.error("cannot listen on %s port %d: %s", settings.host, settings.port, exc)
                 return 1
@@ -229,7 +303,13 @@ async def _serve_until(
                     settings.engines,
                     settings.llm_model_name,
                 )
-            await stop.wait()
+            await _wait_for_stop(stop, drain)
+            if drain is not None and drain.is_set() and not stop.is_set():
+                logger.info("draining (up to %.0f s)", settings.drain_timeout)
+                draining = asyncio.create_task(drain_app(app, settings.drain_timeout))
+                await _wait_for_stop(stop, draining)
+                if not draining.done():
+                    draining.cancel()
             logger.info("shutting down")
             settled.cancel()
             return 0
@@ -237,6 +317,23 @@ async def _serve_until(
             await runner.cleanup()
     finally:
         await engines.aclose()
+
+
+async def _wait_for_stop(
+    stop: asyncio.Event, other: asyncio.Event | asyncio.Task[None] | None
+) -> None:
+    """Until ``stop`` is set or ``other`` (an event set, a task done) happens."""
+    waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(stop.wait())]
+    if isinstance(other, asyncio.Event):
+        waits.append(asyncio.ensure_future(other.wait()))
+    elif other is not None:
+        waits.append(other)
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            if wait is not other:
+                wait.cancel()
 
 
 async def _settle_heap_when_warm(app: web.Application) -> None:

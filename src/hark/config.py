@@ -36,7 +36,8 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8000
     engines: EngineSet = "embedded"
-    llm_url: str | None = None
+    # OpenAI-compatible endpoints; several: one engine fails over between them.
+    llm_url: tuple[str, ...] = ()
     # None means "the embedded default" for embedded engines; a remote LLM needs a name.
     llm_model: str | None = None
     llm_api_key: str | None = field(default=None, repr=False)
@@ -59,6 +60,24 @@ class Settings:
     # The browser demo at / (it hands short-lived keys to whoever loads it). None: on only
     # for a loopback server without API keys.
     demo: bool | None = None
+    # The fleet. ``redis_url``: the cluster store shared by every worker of every host (None:
+    # an embedded store shared by the ``--workers`` of this machine, in ``run_dir``). Kept out
+    # of repr: a Redis URL may carry a password.
+    redis_url: str | None = field(default=None, repr=False)
+    # How other workers reach this one over HTTP (None: http://<host>:<port>).
+    advertise_url: str | None = None
+    # This worker's zone: placement prefers workers of the caller's worker's zone.
+    zone: str = ""
+    # On SIGTERM: how long running sessions may go on before they are ended.
+    drain_timeout: float = 60.0
+    # Where the embedded cluster store lives (None: a fresh private directory). The parent of
+    # ``--workers`` sets it so that its workers share one store.
+    run_dir: str | None = None
+    # Per-key limits counted across the fleet (None: no limit): open sessions and calls,
+    # API requests (sessions, calls, client secrets) and response tokens per minute.
+    key_max_sessions: int | None = None
+    key_requests_per_minute: int | None = None
+    key_tokens_per_minute: int | None = None
 
     @property
     def llm_model_name(self) -> str:
@@ -109,7 +128,7 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
         raw = env.get(env_var(name))
         if raw is None or raw == "":
             continue
-        if name == "api_keys":
+        if name in ("api_keys", "llm_url"):
             values[name] = tuple(k.strip() for k in raw.split(",") if k.strip())
         else:
             values[name] = raw
@@ -157,7 +176,6 @@ def _validate(values: dict[str, Any]) -> Settings:
     for name in (
         "host",
         "engines",
-        "llm_url",
         "llm_model",
         "llm_api_key",
         "llm_model_path",
@@ -166,6 +184,10 @@ def _validate(values: dict[str, Any]) -> Settings:
         "log_level",
         "rtc_advertise_ip",
         "otel_endpoint",
+        "redis_url",
+        "advertise_url",
+        "zone",
+        "run_dir",
     ):
         if name in values and not isinstance(values[name], str):
             raise ConfigError(f"{name} must be a string")
@@ -182,17 +204,41 @@ def _validate(values: dict[str, Any]) -> Settings:
     values["log_level"] = str(values.get("log_level", _DEFAULTS.log_level)).lower()
     if values["log_level"] not in LOG_LEVELS:
         raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)}")
+    _validate_llm_url(values)
     if values.get("llm_url") and not values.get("llm_model"):
         raise ConfigError("llm_model is required with llm_url (the remote model's name)")
     _validate_workers(values)
     _validate_vad_rate(values)
     _validate_flag(values, "demo")
+    _validate_fleet(values)
     otel = values.get("otel_endpoint")
     if otel and urlsplit(otel).scheme not in ("http", "https"):
         raise ConfigError(f"otel_endpoint must be an http(s) URL, not {otel!r}")
     if any(not k for k in values.get("api_keys", ())):
         raise ConfigError("api_keys must not contain empty keys")
     return Settings(**values)
+
+
+def _validate_llm_url(values: dict[str, Any]) -> None:
+    """One URL or several (comma-separated, or a list in the file): a tuple of http(s) URLs."""
+    urls = values.get("llm_url", ())
+    if isinstance(urls, str):
+        urls = tuple(u.strip() for u in urls.split(",") if u.strip())
+    if not isinstance(urls, (tuple, list)) or not all(isinstance(u, str) for u in urls):
+        raise ConfigError("llm_url must be a URL or a list of URLs")
+    for number, url in enumerate(urls, 1):
+        try:
+            parts = urlsplit(url)
+            port_ok = parts.port is None or parts.port > 0  # .port raises on a bad port
+            valid = parts.scheme in ("http", "https") and bool(parts.hostname) and port_ok
+        except ValueError:
+            valid = False
+        if not valid:
+            # The URL may carry credentials: say which one, not what it says.
+            raise ConfigError(f"llm_url must hold http(s) URLs; URL {number} is not one")
+    if len(set(urls)) != len(urls):
+        raise ConfigError("llm_url lists the same URL twice")
+    values["llm_url"] = tuple(urls)
 
 
 def _validate_vad_rate(values: dict[str, Any]) -> None:
@@ -229,3 +275,34 @@ def _validate_flag(values: dict[str, Any], name: str) -> None:
     if value is not None and not isinstance(value, bool):
         raise ConfigError(f"{name} must be true or false, not {value!r}")
     values[name] = value
+
+
+def _positive_number(values: dict[str, Any], name: str, kind: type[int] | type[float]) -> None:
+    value = values.get(name)
+    if value is None:
+        return
+    if isinstance(value, str):
+        try:
+            value = kind(value)
+        except ValueError:
+            raise ConfigError(f"{name} must be a positive number, not {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ConfigError(f"{name} must be a positive number, not {value!r}")
+    if kind is int and value != int(value):
+        raise ConfigError(f"{name} must be a whole number, not {value!r}")
+    values[name] = kind(value)
+
+
+def _validate_fleet(values: dict[str, Any]) -> None:
+    redis_url = values.get("redis_url")
+    if redis_url and urlsplit(redis_url).scheme not in ("redis", "rediss", "unix"):
+        # The URL may hold a password: name the option, not the value.
+        raise ConfigError("redis_url must be a redis://, rediss:// or unix:// URL")
+    advertise = values.get("advertise_url")
+    if advertise:
+        parts = urlsplit(advertise)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(f"advertise_url must be an http(s) URL, not {advertise!r}")
+    _positive_number(values, "drain_timeout", float)
+    for name in ("key_max_sessions", "key_requests_per_minute", "key_tokens_per_minute"):
+        _positive_number(values, name, int)

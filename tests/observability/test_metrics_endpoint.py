@@ -85,9 +85,9 @@ async def test_an_ephemeral_key_cannot_scrape(server: tuple[web.Application, str
 
     app, _ = server
     authenticator = app[AUTHENTICATOR]
-    owner = authenticator.authenticate(API_KEY)
+    owner = await authenticator.authenticate(API_KEY)
     assert owner is not None
-    ephemeral, _ = authenticator.mint(owner, parse_session_config({}), "sess_x", 60)
+    ephemeral, _ = await authenticator.mint(owner, parse_session_config({}), "sess_x", 60)
     assert await scrape_as_remote(app, {"Authorization": f"Bearer {ephemeral}"}) == 403
 
 

@@ -203,7 +203,7 @@ async def test_minted_key_opens_a_session_with_its_config(
     assert secret["session"]["object"] == "realtime.session"
     assert abs(secret["expires_at"] - (time.time() + 120)) < 60
     assert secret["session"]["expires_at"] == secret["expires_at"]
-    minted = server.app[AUTHENTICATOR].authenticate(secret["value"])
+    minted = await server.app[AUTHENTICATOR].authenticate(secret["value"])
     assert minted is not None and minted.owner == owner_of(API_KEY)
 
     async with http.ws_connect(
@@ -302,7 +302,7 @@ async def test_invalid_client_secret_requests(
     assert error["param"] == param
     if code is not None:
         assert error["code"] == code
-    assert server.app[AUTHENTICATOR].live_ephemeral_keys() == 0
+    assert server.app[AUTHENTICATOR].minted == 0
 
 
 async def test_unparsable_client_secret_body(

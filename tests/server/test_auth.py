@@ -1,11 +1,17 @@
-"""API keys, ephemeral keys and the bind policy, without a server."""
+"""API keys, ephemeral keys (in a real embedded cluster store) and the bind policy, without
+a server."""
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
+from hark.cluster import open_store
+from hark.cluster.store import ClusterStore
 from hark.protocol.session_config import parse_session_config
 from hark.server.auth import (
     Authenticator,
@@ -23,24 +29,33 @@ KEY2 = "sk-unit-second"
 
 
 class Clock:
-    """A settable clock."""
+    """A settable clock, starting now: the store also prunes by its own (real) clock."""
 
-    def __init__(self, now: float = 1_700_000_000.0) -> None:
-        self.now = now
+    def __init__(self) -> None:
+        self.now = float(int(time.time()))
 
     def __call__(self) -> float:
         return self.now
 
 
-def test_configured_keys_accept_each_key_and_reject_others() -> None:
-    auth = Authenticator([KEY, KEY2])
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[ClusterStore]:
+    """An embedded cluster store of its own."""
+    opened = open_store(None, tmp_path)
+    await opened.start()
+    yield opened
+    await opened.aclose()
+
+
+async def test_configured_keys_accept_each_key_and_reject_others(store: ClusterStore) -> None:
+    auth = Authenticator([KEY, KEY2], store)
     assert not auth.open
-    first, second = auth.authenticate(KEY), auth.authenticate(KEY2)
+    first, second = await auth.authenticate(KEY), await auth.authenticate(KEY2)
     assert first is not None and second is not None
     assert first.owner != second.owner
     assert first.ephemeral is None
     for wrong in ("sk-unit", KEY + "x", "", None, "ключ", "\udcff"):
-        assert auth.authenticate(wrong) is None
+        assert await auth.authenticate(wrong) is None
 
 
 def test_owner_is_stable_and_does_not_contain_the_key() -> None:
@@ -49,61 +64,81 @@ def test_owner_is_stable_and_does_not_contain_the_key() -> None:
     assert KEY not in owner_of(KEY) and KEY[:6] not in owner_of(KEY)
 
 
-def test_no_keys_accepts_any_real_key_but_no_unknown_ephemeral_key() -> None:
-    auth = Authenticator([])
+async def test_no_keys_accepts_any_real_key_but_no_unknown_ephemeral_key(
+    store: ClusterStore,
+) -> None:
+    auth = Authenticator([], store)
     assert auth.open
-    principal = auth.authenticate("anything")
+    principal = await auth.authenticate("anything")
     assert principal is not None and principal.owner == owner_of("anything")
-    assert auth.authenticate("ek_made_up") is None
-    assert auth.authenticate(None) is None
+    assert await auth.authenticate("ek_made_up") is None
+    assert await auth.authenticate(None) is None
 
 
-def test_minted_key_carries_session_and_owner_until_it_expires() -> None:
+async def test_minted_key_carries_session_and_owner_until_it_expires(
+    store: ClusterStore,
+) -> None:
     clock = Clock()
-    auth = Authenticator([KEY], clock=clock)
-    owner = auth.authenticate(KEY)
+    auth = Authenticator([KEY], store, clock=clock)
+    owner = await auth.authenticate(KEY)
     assert owner is not None
     session = parse_session_config({"instructions": "Speak like a pirate."})
-    value, record = auth.mint(owner, session, "sess_1", 10)
+    value, record = await auth.mint(owner, session, "sess_1", 10)
     assert value.startswith("ek_") and len(value) > 32
     assert record.expires_at == int(clock.now) + 10
     assert value not in repr(record)
 
-    principal = auth.authenticate(value)
-    assert principal is not None and principal.ephemeral is record
+    principal = await auth.authenticate(value)
+    assert principal is not None and principal.ephemeral == record
     assert principal.owner == owner.owner
     assert principal.ephemeral.session.instructions == "Speak like a pirate."
 
     clock.now += 9.5
-    assert auth.authenticate(value) is not None
+    assert await auth.authenticate(value) is not None
     clock.now += 0.5
-    assert auth.authenticate(value) is None
+    assert await auth.authenticate(value) is None
 
 
-def test_ephemeral_key_cannot_mint() -> None:
-    auth = Authenticator([KEY])
-    owner = auth.authenticate(KEY)
+async def test_a_key_minted_by_one_worker_is_valid_on_another_until_it_expires(
+    store: ClusterStore,
+) -> None:
+    clock = Clock()
+    minting = Authenticator([KEY], store, clock=clock)
+    other = Authenticator([KEY], store, clock=clock)
+    owner = Principal(owner=owner_of(KEY))
+    session = parse_session_config({"instructions": "Be brief."})
+    value, record = await minting.mint(owner, session, "sess_1", 60)
+    found = await other.authenticate(value)
+    assert found is not None and found.ephemeral is not None
+    assert (found.owner, found.ephemeral.session_id) == (owner.owner, "sess_1")
+    assert found.ephemeral.session.instructions == "Be brief."
+    assert found.ephemeral.expires_at == record.expires_at
+    clock.now += 60
+    assert await other.authenticate(value) is None
+    assert await minting.authenticate(value) is None
+
+
+async def test_ephemeral_key_cannot_mint(store: ClusterStore) -> None:
+    auth = Authenticator([KEY], store)
+    owner = await auth.authenticate(KEY)
     assert owner is not None
-    value, _ = auth.mint(owner, parse_session_config({}), "sess_1", 600)
-    ephemeral = auth.authenticate(value)
+    value, _ = await auth.mint(owner, parse_session_config({}), "sess_1", 600)
+    ephemeral = await auth.authenticate(value)
     assert ephemeral is not None
     with pytest.raises(PermissionError):
-        auth.mint(ephemeral, parse_session_config({}), "sess_2", 600)
+        await auth.mint(ephemeral, parse_session_config({}), "sess_2", 600)
 
 
-def test_mint_checks_the_lifetime_and_prunes_expired_keys() -> None:
-    clock = Clock()
-    auth = Authenticator([KEY], clock=clock)
+async def test_mint_checks_the_lifetime(store: ClusterStore) -> None:
+    auth = Authenticator([KEY], store)
     owner = Principal(owner=owner_of(KEY))
     for seconds in (9, 7201):
         with pytest.raises(ValueError):
-            auth.mint(owner, parse_session_config({}), "sess_x", seconds)
-    auth.mint(owner, parse_session_config({}), "sess_1", 10)
-    auth.mint(owner, parse_session_config({}), "sess_2", 7200)
-    assert auth.live_ephemeral_keys() == 2
-    clock.now += 11
-    auth.mint(owner, parse_session_config({}), "sess_3", 10)
-    assert auth.live_ephemeral_keys() == 2
+            await auth.mint(owner, parse_session_config({}), "sess_x", seconds)
+    for seconds in (10, 7200):
+        value, record = await auth.mint(owner, parse_session_config({}), "sess_1", seconds)
+        assert record.expires_at - record.created_at == seconds
+        assert await auth.authenticate(value) is not None
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "127.5.6.7", "::1", "[::1]", "localhost"])

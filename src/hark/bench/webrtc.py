@@ -82,6 +82,8 @@ class CallClient:
 
     def __init__(self, *, keep_audio: bool = False) -> None:
         self.keep_audio = keep_audio
+        # The worker that answered the offer (hark's X-Hark-Worker header), once connected.
+        self.worker: str | None = None
         self.microphone = PlayoutTrack()
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         self.pc.addTrack(self.microphone)
@@ -134,6 +136,7 @@ class CallClient:
             if response.status != 201:
                 raise BenchError(f"POST {path}: {response.status} {text[:300]}")
             location = response.headers.get("Location", "")
+            self.worker = response.headers.get("X-Hark-Worker")
         elapsed = time.monotonic() - started
         self.call_id = location.rsplit("/", 1)[-1]
         self.answer = text

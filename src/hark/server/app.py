@@ -9,19 +9,32 @@ load wait for them after the upgrade.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import ipaddress
 import json
 import logging
+import shutil
+import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
+from email.message import Message
+from email.parser import BytesParser
+from email.policy import HTTP
+from pathlib import Path
 from typing import Any, Literal
 
-from aiohttp import BodyPartReader, StreamReader, WSCloseCode, web
+from aiohttp import StreamReader, WSCloseCode, web
 from aiohttp.abc import AbstractAccessLogger
 
+from hark.cluster import open_store
+from hark.cluster.forwarding import Forwarder, ForwardError, is_forwarded
+from hark.cluster.limits import FleetLimits
+from hark.cluster.node import ClusterNode, Load
+from hark.cluster.store import ClusterStore, ClusterUnavailableError, WorkerInfo
 from hark.config import Settings
+from hark.engines.llm.failover import FailoverLlm
 from hark.engines.registry import Engines
 from hark.engines.vad.batcher import BatchedSileroVad, Batcher
 from hark.observability.metrics import CONTENT_TYPE, Metrics
@@ -45,6 +58,7 @@ from hark.server.auth import (
     subprotocol_key,
 )
 from hark.server.demo import DEMO_KEY_SECONDS, DemoPage
+from hark.session.core import SESSION_LIMIT_S
 from hark.session.ids import IdGenerator
 from hark.session.runner import SessionRunner
 from hark.transports.webrtc.call import Call
@@ -77,8 +91,22 @@ class ServerState:
     # "starting" until the warm-up ends, then "ready" or "failed".
     engines_status: Literal["starting", "ready", "failed"] = "starting"
     websockets: set[web.WebSocketResponse] = field(default_factory=set)
+    # The WebSocket sessions running here (sidebands and forwarded sockets are not sessions).
+    sessions: set[SessionRunner] = field(default_factory=set)
     # Why WebRTC is unavailable (its UDP port could not be bound), or None.
     webrtc_error: str | None = None
+    # Set on SIGTERM: /readyz turns red and nothing new starts here.
+    draining: bool = False
+    # Set whenever a session or call ends, so that a drain wakes up to count again.
+    session_ended: asyncio.Event = field(default_factory=asyncio.Event)
+    # Store updates made in the background when calls end.
+    background: set[asyncio.Task[None]] = field(default_factory=set)
+
+    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        """Run ``coro`` in the background, kept until it ends."""
+        task = asyncio.create_task(coro, name=name)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
 
 
 _ids = IdGenerator()
@@ -89,15 +117,35 @@ AUTHENTICATOR = web.AppKey("authenticator", Authenticator)
 STATE = web.AppKey("state", ServerState)
 CALLS = web.AppKey("calls", Calls)
 METRICS = web.AppKey("metrics", Metrics)
+NODE = web.AppKey("node", ClusterNode)
+WORKER_HEADER = "X-Hark-Worker"
+FORWARDER = web.AppKey("forwarder", Forwarder)
+LIMITS = web.AppKey("limits", FleetLimits)
+# How long a session may last, in seconds.
+SESSION_LIMIT = web.AppKey("session_limit", float)
 # A session config sent along an offer is a few KB; this leaves room, not abuse.
 MAX_SESSION_PART_BYTES = 256 * 1024
+# A multipart offer: both parts and the multipart framing around them.
+MAX_OFFER_BODY_BYTES = MAX_OFFER_BYTES + MAX_SESSION_PART_BYTES + 16 * 1024
+# What a client hears when the server ends its session (drain, shutdown).
+SHUTDOWN_MESSAGE = "The server is shutting down; reconnect to continue."
+SHUTDOWN_CODE = "server_shutting_down"
 
 
 def create_app(
-    settings: Settings, engines: Engines, metrics: Metrics | None = None
+    settings: Settings,
+    engines: Engines,
+    metrics: Metrics | None = None,
+    *,
+    store: ClusterStore | None = None,
+    session_limit_s: float = SESSION_LIMIT_S,
 ) -> web.Application:
     """The aiohttp application serving hark's HTTP and WebSocket API.
 
+    ``store`` is the cluster store (default: Redis at ``settings.redis_url``, else an
+    embedded store in ``settings.run_dir`` or in a private directory removed at cleanup).
+    ``session_limit_s`` is the session limit of WebSockets and calls alike (OpenAI's 60
+    minutes; tests shorten it).
     Raises ``InsecureBindError`` when no API keys are configured and ``settings.host`` is not
     loopback. The engines stay the caller's to close.
     """
@@ -105,11 +153,29 @@ def create_app(
     app = web.Application()
     app[SETTINGS] = settings
     app[ENGINES] = engines
-    app[AUTHENTICATOR] = Authenticator(settings.api_keys)
     app[STATE] = ServerState()
+    if store is None:
+        store = _open_store(app, settings)
+    app[AUTHENTICATOR] = Authenticator(settings.api_keys, store)
     app[METRICS] = metrics if metrics is not None else metrics_for(settings)
     mux = UdpMux(settings.host, settings.rtc_port, advertise_ip=settings.rtc_advertise_ip)
-    app[CALLS] = Calls(engines, mux, metrics=app[METRICS])
+    app[SESSION_LIMIT] = session_limit_s
+    app[CALLS] = Calls(engines, mux, metrics=app[METRICS], session_limit_s=session_limit_s)
+    app[NODE] = ClusterNode(
+        store,
+        url=advertise_url(settings),
+        zone=settings.zone,
+        load=lambda: _load(app),
+    )
+    app[FORWARDER] = Forwarder(app[NODE].id)
+    app[LIMITS] = FleetLimits(
+        store,
+        app[NODE].id,
+        max_sessions=settings.key_max_sessions,
+        requests_per_minute=settings.key_requests_per_minute,
+        tokens_per_minute=settings.key_tokens_per_minute,
+    )
+    app[CALLS].on_closed = lambda call: _call_ended(app, call)
     demo = DemoPage.for_settings(app[AUTHENTICATOR], settings)
     if demo.enabled:
         logger.info(
@@ -137,6 +203,7 @@ def create_app(
     app.on_startup.append(_start_warmup)
     app.cleanup_ctx.append(_run_metrics)
     app.on_startup.append(_start_webrtc)
+    app.cleanup_ctx.append(_run_cluster)
     app.on_shutdown.append(_close_calls)
     app.on_shutdown.append(_close_websockets)
     app.on_cleanup.append(_stop_warmup)
@@ -147,6 +214,113 @@ def create_app(
 def webrtc_startup_error(app: web.Application) -> str | None:
     """Why WebRTC could not start (its UDP port is taken, say), or None when it runs."""
     return app[STATE].webrtc_error
+
+
+def advertise_url(settings: Settings, port: int | None = None) -> str:
+    """How other workers reach this one: ``--advertise-url``, else the bound host and
+    ``port`` (default ``settings.port``); a wildcard host advertises this machine's name's
+    address."""
+    if settings.advertise_url:
+        return settings.advertise_url.rstrip("/")
+    host = settings.host
+    if host in ("0.0.0.0", "::", ""):
+        import socket
+
+        try:
+            host = socket.gethostbyname(socket.gethostname())
+        except OSError:
+            host = "127.0.0.1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{settings.port if port is None else port}"
+
+
+def set_advertised_port(app: web.Application, port: int) -> None:
+    """The worker's HTTP port is known only once it listens (port 0, ``--workers``)."""
+    settings = app[SETTINGS]
+    if not settings.advertise_url:
+        app[NODE].url = advertise_url(settings, port)
+
+
+def _open_store(app: web.Application, settings: Settings) -> ClusterStore:
+    if settings.redis_url:
+        return open_store(settings.redis_url, None)
+    if settings.run_dir:
+        return open_store(None, Path(settings.run_dir))
+    # One process alone: a private store, removed with the app.
+    run_dir = Path(tempfile.mkdtemp(prefix="hark-run-"))
+
+    async def remove(app: web.Application) -> None:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+    app.on_cleanup.append(remove)
+    return open_store(None, run_dir)
+
+
+def _load(app: web.Application) -> Load:
+    """What the heartbeat reports: sessions here, and responses being generated."""
+    state = app[STATE]
+    runners = [*state.sessions, *(call.runner for call in app[CALLS])]
+    return Load(sessions=len(runners), queue_depth=sum(r.generations_running for r in runners))
+
+
+def _call_ended(app: web.Application, call: Call) -> None:
+    state = app[STATE]
+    state.session_ended.set()
+    state.spawn(app[NODE].forget_call(call.id), f"forget {call.id}")
+    state.spawn(app[LIMITS].close_session(call.owner), f"release {call.id}")
+
+
+async def _run_cluster(app: web.Application) -> AsyncIterator[None]:
+    """Join the cluster while the app runs; leave it (and end what is left) at cleanup."""
+    node = app[NODE]
+    await node.start()
+    logger.info(
+        "worker %s in the cluster (store %s, url %s, zone %r)",
+        node.id,
+        node.store.description,
+        node.url,
+        node.zone,
+    )
+    yield
+    state = app[STATE]
+    if state.background:
+        await asyncio.gather(*state.background, return_exceptions=True)
+    await app[LIMITS].aclose()
+    await app[FORWARDER].aclose()
+    await node.stop()
+
+
+async def drain_app(app: web.Application, timeout_s: float) -> None:
+    """Stop taking work, let running sessions and calls finish for up to ``timeout_s``
+    seconds, then end the rest, each told why in an ``error`` event."""
+    state = app[STATE]
+    node = app[NODE]
+    state.draining = True
+    node.draining = True
+    with contextlib.suppress(ClusterUnavailableError):
+        await node.beat()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    calls = app[CALLS]
+    while (left := len(state.sessions) + len(calls)) and loop.time() < deadline:
+        logger.info("draining: %d session(s) still running", left)
+        state.session_ended.clear()
+        try:
+            await asyncio.wait_for(state.session_ended.wait(), deadline - loop.time())
+        except TimeoutError:
+            break
+    await end_sessions(app)
+
+
+async def end_sessions(app: web.Application) -> None:
+    """End every session and call still running, telling each client why."""
+    state = app[STATE]
+    ending = [r.end(SHUTDOWN_MESSAGE, SHUTDOWN_CODE, "server shutdown") for r in state.sessions]
+    ending += [call.end(SHUTDOWN_MESSAGE, SHUTDOWN_CODE, "server shutdown") for call in app[CALLS]]
+    if ending:
+        logger.info("ending %d session(s) and call(s)", len(ending))
+        await asyncio.gather(*ending, return_exceptions=True)
 
 
 def make_runner(app: web.Application) -> web.AppRunner:
@@ -188,6 +362,9 @@ def error_response(
 
 
 async def _add_security_headers(request: web.Request, response: web.StreamResponse) -> None:
+    # Which worker answered: an operator can follow a request through the fleet. A
+    # forwarded answer keeps the header of the worker that made it.
+    response.headers.setdefault(WORKER_HEADER, request.app[NODE].id)
     if not isinstance(response, web.WebSocketResponse):
         for name, value in _SECURITY_HEADERS.items():
             response.headers.setdefault(name, value)
@@ -195,17 +372,19 @@ async def _add_security_headers(request: web.Request, response: web.StreamRespon
 
 async def _start_warmup(app: web.Application) -> None:
     state = app[STATE]
-    state.warmup = asyncio.create_task(_warm(app[ENGINES], state), name="hark-warmup")
+    state.warmup = asyncio.create_task(_warm(app), name="hark-warmup")
 
 
-async def _warm(engines: Engines, state: ServerState) -> None:
+async def _warm(app: web.Application) -> None:
+    state = app[STATE]
     try:
-        await engines.warmup()
+        await app[ENGINES].warmup()
     except Exception:
         state.engines_status = "failed"
         logger.exception("loading the engines failed; /readyz stays unready")
         return
     state.engines_status = "ready"
+    app[NODE].ready = True
     logger.info("engines ready")
 
 
@@ -224,9 +403,13 @@ async def _start_webrtc(app: web.Application) -> None:
     except OSError as exc:
         app[STATE].webrtc_error = f"cannot listen on UDP {mux.host} port {mux.port}: {exc}"
         logger.error("WebRTC is unavailable: %s", app[STATE].webrtc_error)
+        return
+    host, port = mux.advertised
+    app[NODE].media_address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 async def _close_calls(app: web.Application) -> None:
+    await end_sessions(app)
     await app[CALLS].close_all()
 
 
@@ -247,11 +430,38 @@ async def _healthz(request: web.Request) -> web.Response:
 
 
 async def _readyz(request: web.Request) -> web.Response:
-    status = request.app[STATE].engines_status
+    state = request.app[STATE]
+    status = "draining" if state.draining else state.engines_status
     return web.json_response({"status": status}, status=200 if status == "ready" else 503)
 
 
-def _authenticate(request: web.Request, *, allow_subprotocol: bool) -> Principal | web.Response:
+def cluster_unavailable() -> web.Response:
+    """What a request that needs the shared state gets while the cluster store is down."""
+    return error_response(
+        503,
+        "The service's shared state is unavailable right now; try again shortly.",
+        type="server_error",
+        code="cluster_unavailable",
+    )
+
+
+def draining() -> web.Response:
+    """What a new session gets from a worker that is draining."""
+    return error_response(
+        503,
+        "This server is shutting down and takes no new sessions; try again.",
+        type="server_error",
+        code="server_shutting_down",
+    )
+
+
+def _rate_limited(message: str) -> web.Response:
+    return error_response(429, message, type="rate_limit_error", code="rate_limit_exceeded")
+
+
+async def _authenticate(
+    request: web.Request, *, allow_subprotocol: bool
+) -> Principal | web.Response:
     key = bearer_key(request.headers)
     if key is None and allow_subprotocol:
         key = subprotocol_key(request.headers)
@@ -261,7 +471,11 @@ def _authenticate(request: web.Request, *, allow_subprotocol: bool) -> Principal
             "You didn't provide an API key. You need to provide your API key in an "
             "Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
         )
-    principal = request.app[AUTHENTICATOR].authenticate(key)
+    try:
+        principal = await request.app[AUTHENTICATOR].authenticate(key)
+    except ClusterUnavailableError as exc:
+        logger.warning("could not check a key for %s: %s", request.path, exc)
+        return cluster_unavailable()
     if principal is None:
         logger.info("rejected a request to %s: invalid API key", request.path)
         return error_response(
@@ -271,7 +485,7 @@ def _authenticate(request: web.Request, *, allow_subprotocol: bool) -> Principal
 
 
 async def _models(request: web.Request) -> web.Response:
-    principal = _authenticate(request, allow_subprotocol=False)
+    principal = await _authenticate(request, allow_subprotocol=False)
     if isinstance(principal, web.Response):
         return principal
     created = request.app[STATE].started_at
@@ -281,7 +495,7 @@ async def _models(request: web.Request) -> web.Response:
 
 
 async def _client_secrets(request: web.Request) -> web.Response:
-    principal = _authenticate(request, allow_subprotocol=False)
+    principal = await _authenticate(request, allow_subprotocol=False)
     if isinstance(principal, web.Response):
         return principal
     if principal.ephemeral is not None:
@@ -295,7 +509,16 @@ async def _client_secrets(request: web.Request) -> web.Response:
     except ProtocolError as exc:
         return error_response(400, exc.message, type=exc.type, param=exc.param, code=exc.code)
     session_id = _ids.new("sess")
-    value, record = request.app[AUTHENTICATOR].mint(principal, session, session_id, seconds)
+    try:
+        refusal = await request.app[LIMITS].admit_request(principal.owner)
+        if refusal is not None:
+            return _rate_limited(refusal)
+        value, record = await request.app[AUTHENTICATOR].mint(
+            principal, session, session_id, seconds
+        )
+    except ClusterUnavailableError as exc:
+        logger.warning("could not mint a key: %s", exc)
+        return cluster_unavailable()
     return web.json_response(
         {
             "value": value,
@@ -367,7 +590,7 @@ def _reject_unknown(obj: dict[str, Any], known: set[str], *, prefix: str) -> Non
 
 
 async def _realtime_websocket(request: web.Request) -> web.StreamResponse:
-    principal = _authenticate(request, allow_subprotocol=True)
+    principal = await _authenticate(request, allow_subprotocol=True)
     if isinstance(principal, web.Response):
         return principal
     query = request.query
@@ -389,49 +612,100 @@ async def _realtime_websocket(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     if state.engines_status == "failed":
         return error_response(503, "The server's engines failed to load.", type="server_error")
-
-    initial = principal.ephemeral.session if principal.ephemeral is not None else None
-    if intent == "transcription":
-        initial = parse_session_config({"type": "transcription"}, base=initial)
-    model = query.get("model") or (initial.model if initial is not None else REALTIME_MODEL)
-    await ws.prepare(request)
-    state.websockets.add(ws)
-    logger.info("session opened for %s (model %r)", principal.owner, model)
+    if state.draining:
+        return draining()
+    limits = request.app[LIMITS]
+    refusal = await _admit_session(limits, principal.owner)
+    if refusal is not None:
+        return refusal
     try:
-        if state.warmup is not None:
-            # wait() rather than await: a client leaving must not cancel the shared warm-up.
-            await asyncio.wait([state.warmup])
-        if state.engines_status != "ready":
-            await ws.close(code=WSCloseCode.INTERNAL_ERROR, message=b"engines failed to load")
-            return ws
-        runner = SessionRunner(
-            request.app[ENGINES],
-            model=model,
-            initial_config=initial,
-            transport="websocket",
-            metrics=request.app[METRICS],
-        )
-        await run_session(ws, runner)
+        initial = principal.ephemeral.session if principal.ephemeral is not None else None
+        if intent == "transcription":
+            initial = parse_session_config({"type": "transcription"}, base=initial)
+        model = query.get("model") or (initial.model if initial is not None else REALTIME_MODEL)
+        await ws.prepare(request)
+        state.websockets.add(ws)
+        logger.info("session opened for %s (model %r)", principal.owner, model)
+        try:
+            if state.warmup is not None:
+                # wait() rather than await: a client leaving must not cancel the shared warm-up.
+                await asyncio.wait([state.warmup])
+            if state.engines_status != "ready":
+                await ws.close(code=WSCloseCode.INTERNAL_ERROR, message=b"engines failed to load")
+                return ws
+            runner = SessionRunner(
+                request.app[ENGINES],
+                model=model,
+                initial_config=initial,
+                transport="websocket",
+                metrics=request.app[METRICS],
+                on_usage=_usage_counter(limits, principal.owner),
+                max_duration_s=request.app[SESSION_LIMIT],
+            )
+            state.sessions.add(runner)
+            try:
+                await run_session(ws, runner)
+            finally:
+                state.sessions.discard(runner)
+                state.session_ended.set()
+        finally:
+            state.websockets.discard(ws)
+            logger.info("session closed for %s", principal.owner)
     finally:
-        state.websockets.discard(ws)
-        logger.info("session closed for %s", principal.owner)
+        await limits.close_session(principal.owner)
     return ws
+
+
+async def _admit_session(limits: FleetLimits, owner: str) -> web.Response | None:
+    """Count a new session or call of ``owner`` against its limits; the refusal, or None.
+
+    A session admitted here must be released with ``limits.close_session`` when it ends.
+    """
+    try:
+        refusal = await limits.admit_request(owner)
+        if refusal is not None:
+            return _rate_limited(refusal)
+        refusal = await limits.open_session(owner)
+    except ClusterUnavailableError as exc:
+        logger.warning("could not check the limits of %s: %s", owner, exc)
+        return cluster_unavailable()
+    return None if refusal is None else _rate_limited(refusal)
+
+
+def _usage_counter(limits: FleetLimits, owner: str) -> Callable[[int], None] | None:
+    if limits.tokens_per_minute is None:
+        return None
+    return lambda tokens: limits.add_tokens(owner, tokens)
 
 
 # ---------------------------------------------------------------------- WebRTC calls
 
 
 async def _create_call(request: web.Request) -> web.StreamResponse:
-    """``POST /v1/realtime/calls`` (and the beta ``POST /v1/realtime``): answer an offer."""
-    principal = _authenticate(request, allow_subprotocol=False)
+    """``POST /v1/realtime/calls`` (and the beta ``POST /v1/realtime``): answer an offer.
+
+    Unless another worker sent it here, the offer goes to the least-loaded ready worker of
+    the cluster (this one on a tie), and that worker answers it.
+    """
+    principal = await _authenticate(request, allow_subprotocol=False)
     if isinstance(principal, web.Response):
         return principal
+    try:
+        body = await _read_limited(request.content, MAX_OFFER_BODY_BYTES)
+    except ProtocolError as exc:
+        return error_response(400, exc.message, type=exc.type, param=exc.param, code=exc.code)
+    if not is_forwarded(request):
+        placed = await _place_call(request, body)
+        if placed is not None:
+            return placed
     state = request.app[STATE]
+    if state.draining:
+        return draining()
     calls = request.app[CALLS]
     if state.webrtc_error is not None or not calls.mux.started:
         return error_response(503, "WebRTC is not available on this server.", type="server_error")
     try:
-        offer, session = await _read_offer(request)
+        offer, session = _parse_offer(request.headers.get("Content-Type", ""), body)
         config = principal.ephemeral.session if principal.ephemeral is not None else None
         if session is not None:
             config = parse_session_config(session, base=config, param_prefix="session")
@@ -442,13 +716,26 @@ async def _create_call(request: web.Request) -> web.StreamResponse:
         await asyncio.wait([state.warmup])
     if state.engines_status != "ready":
         return error_response(503, "The server's engines failed to load.", type="server_error")
+    limits = request.app[LIMITS]
+    refusal = await _admit_session(limits, principal.owner)
+    if refusal is not None:
+        return refusal
     model = request.query.get("model") or (config.model if config is not None else None)
     try:
         call, answer = await calls.create(
-            offer, owner=principal.owner, model=model or REALTIME_MODEL, config=config
+            offer,
+            owner=principal.owner,
+            model=model or REALTIME_MODEL,
+            config=config,
+            on_usage=_usage_counter(limits, principal.owner),
         )
     except OfferError as exc:
+        await limits.close_session(principal.owner)
         return error_response(400, str(exc), param="sdp", code="invalid_offer")
+    except BaseException:
+        await asyncio.shield(limits.close_session(principal.owner))
+        raise
+    await request.app[NODE].register_call(call.id, principal.owner)
     logger.info("call %s opened for %s (model %r)", call.id, principal.owner, model)
     return web.Response(
         status=201,
@@ -458,22 +745,64 @@ async def _create_call(request: web.Request) -> web.StreamResponse:
     )
 
 
-async def _read_offer(request: web.Request) -> tuple[str, dict[str, Any] | None]:
+async def _place_call(request: web.Request, body: bytes) -> web.Response | None:
+    """Send a new call's offer to the worker placement picks; None when it is this one.
+
+    A worker that cannot be reached is passed over for the next one. With the store down,
+    the call stays here: a call needs no shared state to run, only to be placed.
+    """
+    node = request.app[NODE]
+    draining_here = request.app[STATE].draining
+    try:
+        candidates = await node.place(
+            exclude=frozenset({node.id}) if draining_here else frozenset()
+        )
+    except ClusterUnavailableError as exc:
+        logger.warning("cannot place a call (%s); answering it here", exc)
+        return None
+    forwarder = request.app[FORWARDER]
+    for worker in candidates:
+        node.placed(worker.id)
+        if worker.id == node.id:
+            return None
+        try:
+            answer = await forwarder.http(request, worker, body)
+        except ForwardError as exc:
+            logger.warning("placing a call on %s failed: %s", worker.id, exc)
+            continue
+        logger.info("call placed on worker %s (%s)", worker.id, worker.url)
+        return answer
+    return None
+
+
+def _parse_offer(content_type: str, body: bytes) -> tuple[str, dict[str, Any] | None]:
     """The SDP offer and, from a multipart form, the session object; raises ProtocolError."""
-    if request.content_type != "multipart/form-data":
-        return _decode_text(await _read_limited(request.content, MAX_OFFER_BYTES), "sdp"), None
+    if not content_type.lower().startswith("multipart/form-data"):
+        if len(body) > MAX_OFFER_BYTES:
+            raise _too_large(MAX_OFFER_BYTES)
+        return _decode_text(body, "sdp"), None
+    message = BytesParser(policy=HTTP).parsebytes(
+        b"Content-Type: " + content_type.encode("latin-1", "replace") + b"\r\n\r\n" + body
+    )
+    if not message.is_multipart():
+        raise ProtocolError("The multipart body could not be parsed.", code="invalid_body")
     sdp: str | None = None
     session: dict[str, Any] | None = None
-    reader = await request.multipart()
-    while (part := await reader.next()) is not None:
-        if not isinstance(part, BodyPartReader):
+    for part in message.iter_parts():
+        if not isinstance(part, Message) or part.is_multipart():
             raise ProtocolError("Nested multipart bodies are not supported.", code="invalid_body")
-        if part.name == "sdp":
-            sdp = _decode_text(await _read_limited(part, MAX_OFFER_BYTES), "sdp")
-        elif part.name == "session":
-            raw = await _read_limited(part, MAX_SESSION_PART_BYTES)
+        name = part.get_param("name", header="content-disposition")
+        payload = part.get_payload(decode=True)
+        data = payload if isinstance(payload, bytes) else b""
+        if name == "sdp":
+            if len(data) > MAX_OFFER_BYTES:
+                raise _too_large(MAX_OFFER_BYTES)
+            sdp = _decode_text(data, "sdp")
+        elif name == "session":
+            if len(data) > MAX_SESSION_PART_BYTES:
+                raise _too_large(MAX_SESSION_PART_BYTES)
             try:
-                value = json.loads(raw)
+                value = json.loads(data)
             except ValueError:
                 raise ProtocolError(
                     "The 'session' part is not valid JSON.", param="session", code="invalid_json"
@@ -485,8 +814,6 @@ async def _read_offer(request: web.Request) -> tuple[str, dict[str, Any] | None]
                     code="invalid_type",
                 )
             session = value
-        else:
-            await part.release()
     if sdp is None:
         raise ProtocolError(
             "Missing required parameter: 'sdp'.", param="sdp", code="missing_required_parameter"
@@ -494,18 +821,18 @@ async def _read_offer(request: web.Request) -> tuple[str, dict[str, Any] | None]
     return sdp, session
 
 
-async def _read_limited(stream: StreamReader | BodyPartReader, limit: int) -> bytes:
+def _too_large(limit: int) -> ProtocolError:
+    return ProtocolError(
+        f"The request body is larger than {limit} bytes.", code="request_too_large"
+    )
+
+
+async def _read_limited(stream: StreamReader, limit: int) -> bytes:
     data = bytearray()
-    while chunk := (
-        await stream.read_chunk(8192)
-        if isinstance(stream, BodyPartReader)
-        else await stream.read(8192)
-    ):
+    while chunk := await stream.read(8192):
         data += chunk
         if len(data) > limit:
-            raise ProtocolError(
-                f"The request body is larger than {limit} bytes.", code="request_too_large"
-            )
+            raise _too_large(limit)
     return bytes(data)
 
 
@@ -519,13 +846,19 @@ def _decode_text(raw: bytes, param: str) -> str:
 
 
 async def _hangup_call(request: web.Request) -> web.Response:
-    """``POST /v1/realtime/calls/{call_id}/hangup``: end a call."""
-    principal = _authenticate(request, allow_subprotocol=False)
+    """``POST /v1/realtime/calls/{call_id}/hangup``: end a call, wherever it lives."""
+    principal = await _authenticate(request, allow_subprotocol=False)
     if isinstance(principal, web.Response):
         return principal
-    call = _owned_call(request, principal, request.match_info["call_id"])
+    call = await _find_call(request, principal, request.match_info["call_id"])
     if isinstance(call, web.Response):
         return call
+    if isinstance(call, WorkerInfo):
+        try:
+            return await request.app[FORWARDER].http(request, call, await request.read())
+        except ForwardError as exc:
+            logger.warning("a hangup could not reach its call's worker: %s", exc)
+            return _owner_unreachable()
     await call.close("hangup")
     return web.Response(status=200)
 
@@ -534,7 +867,7 @@ async def _attach_sideband(
     request: web.Request, principal: Principal, call_id: str
 ) -> web.StreamResponse:
     """A WebSocket to ``/v1/realtime?call_id=rtc_…``: the call's events, both ways."""
-    call = _owned_call(request, principal, call_id)
+    call = await _find_call(request, principal, call_id)
     if isinstance(call, web.Response):
         return call
     ws = websocket_response(
@@ -542,8 +875,17 @@ async def _attach_sideband(
     )
     if not ws.can_prepare(request).ok:
         return error_response(400, "Expected a WebSocket upgrade request.")
-    await ws.prepare(request)
     state = request.app[STATE]
+    if isinstance(call, WorkerInfo):
+        state.websockets.add(ws)
+        try:
+            return await request.app[FORWARDER].websocket(request, call, ws)
+        except ForwardError as exc:
+            logger.warning("a sideband could not reach its call's worker: %s", exc)
+            return _owner_unreachable()
+        finally:
+            state.websockets.discard(ws)
+    await ws.prepare(request)
     state.websockets.add(ws)
     logger.info("sideband attached to call %s for %s", call.id, principal.owner)
     try:
@@ -553,22 +895,54 @@ async def _attach_sideband(
     return ws
 
 
-def _owned_call(request: web.Request, principal: Principal, call_id: str) -> Call | web.Response:
-    """The live call ``call_id`` if ``principal`` owns it, else a 404 or 403 response."""
+def _owner_unreachable() -> web.Response:
+    return error_response(
+        503,
+        "The server that holds this call cannot be reached; try again.",
+        type="server_error",
+        code="call_unreachable",
+    )
+
+
+async def _find_call(
+    request: web.Request, principal: Principal, call_id: str
+) -> Call | WorkerInfo | web.Response:
+    """The live call ``call_id`` if it is here, the worker that has it if it is elsewhere,
+    or the refusal: 404 for a call that does not exist (or no longer does), 403 for another
+    key's call, the same on every worker."""
+    not_found = error_response(
+        404, f"No call found with id '{call_id[:100]}'.", param="call_id", code="not_found"
+    )
     call = request.app[CALLS].get(call_id)
-    if call is None:
-        return error_response(
-            404, f"No call found with id '{call_id[:100]}'.", param="call_id", code="not_found"
-        )
-    if call.owner != principal.owner:
-        logger.info("refused access to call %s for %s", call.id, principal.owner)
-        return error_response(
-            403,
-            "This call was created with another API key.",
-            type="invalid_request_error",
-            code="insufficient_permissions",
-        )
-    return call
+    if call is not None:
+        return _check_owner(call.id, call.owner, principal) or call
+    node = request.app[NODE]
+    if is_forwarded(request):
+        return not_found
+    try:
+        record = await node.find_call(call_id)
+        if record is None or record.worker_id == node.id:
+            return not_found
+        refusal = _check_owner(record.id, record.owner, principal)
+        if refusal is not None:
+            return refusal
+        worker = await node.worker(record.worker_id)
+    except ClusterUnavailableError as exc:
+        logger.warning("cannot look up call %s: %s", call_id[:100], exc)
+        return cluster_unavailable()
+    return not_found if worker is None else worker
+
+
+def _check_owner(call_id: str, owner: str, principal: Principal) -> web.Response | None:
+    if owner == principal.owner:
+        return None
+    logger.info("refused access to call %s for %s", call_id, principal.owner)
+    return error_response(
+        403,
+        "This call was created with another API key.",
+        type="invalid_request_error",
+        code="insufficient_permissions",
+    )
 
 
 # ---------------------------------------------------------------------- metrics
@@ -584,13 +958,16 @@ def metrics_for(settings: Settings) -> Metrics:
 
 
 async def _run_metrics(app: web.Application) -> AsyncIterator[None]:
-    """Loop lag and process figures while the app runs; batchers report their batches."""
+    """Loop lag and process figures while the app runs; batchers report their batches, and
+    LLM backends their requests, failures and health."""
     metrics = app[METRICS]
     engines = app[ENGINES]
     for engine_field in dataclasses.fields(engines):
         batcher = getattr(getattr(engines, engine_field.name), "batcher", None)
         if isinstance(batcher, (Batcher, BatchedSileroVad)):
             batcher.observer = metrics.batch_observer(engine_field.name)
+    if isinstance(engines.llm, FailoverLlm):
+        engines.llm.observer = metrics.llm_backend_observer()
     task = asyncio.create_task(metrics.run_background(), name="hark-metrics")
     yield
     task.cancel()
@@ -602,7 +979,7 @@ async def _run_metrics(app: web.Application) -> AsyncIterator[None]:
 async def _metrics(request: web.Request) -> web.Response:
     """Prometheus scrape: open to loopback peers, others need an API key (not ephemeral)."""
     if not _is_loopback(request.remote):
-        principal = _authenticate(request, allow_subprotocol=False)
+        principal = await _authenticate(request, allow_subprotocol=False)
         if isinstance(principal, web.Response):
             return principal
         if principal.ephemeral is not None:

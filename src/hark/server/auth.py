@@ -3,7 +3,8 @@
 Keys are compared in constant time (SHA-256 digests, against every configured key) and are
 never logged. A key's *owner* is a stable, non-reversible identity of the real API key behind
 it (the ephemeral keys it minted share it), so that later features can tell who may attach
-to what without ever keeping the key itself around.
+to what without ever keeping the key itself around. Ephemeral keys live in the cluster store
+under their digest, so every worker of the service accepts them until they expire.
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ import ipaddress
 import logging
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from hark.protocol.session_config import SessionConfig
+import msgspec
+
+from hark.cluster.store import ClusterStore
+from hark.protocol.session_config import SessionConfig
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +31,8 @@ SUBPROTOCOL_KEY_PREFIX = "openai-insecure-api-key."
 MIN_EPHEMERAL_SECONDS = 10
 MAX_EPHEMERAL_SECONDS = 7200
 DEFAULT_EPHEMERAL_SECONDS = 600
+# Ephemeral keys a worker remembers having seen (each a few hundred bytes).
+MAX_CACHED_KEYS = 10_000
 
 
 class InsecureBindError(RuntimeError):
@@ -97,36 +102,62 @@ class Principal:
     ephemeral: EphemeralKey | None = None
 
 
-class Authenticator:
-    """Checks API keys and mints, stores and checks ephemeral keys (in memory).
+class _StoredKey(msgspec.Struct, frozen=True):
+    """An ephemeral key's record as the cluster store keeps it (no key, no digest)."""
 
+    owner: str
+    session: SessionConfig
+    session_id: str
+    created_at: int
+    expires_at: int
+
+
+_encode_key = msgspec.json.Encoder().encode
+_decode_key = msgspec.json.Decoder(_StoredKey).decode
+
+
+class Authenticator:
+    """Checks API keys, and mints and checks ephemeral keys kept in the cluster store.
+
+    A key minted on one worker is valid on every worker of the store until it expires. Each
+    worker remembers the keys it has seen (up to ``MAX_CACHED_KEYS``): a key cannot change
+    once minted, so the memory only saves store round trips and lets a key already in use
+    here go on working while the store is unreachable; expiry is checked on every use.
     With no ``api_keys`` every key is accepted (the caller enforces ``check_bind_policy``),
     except ``ek_…`` keys, which must always be live minted keys.
     """
 
-    def __init__(self, api_keys: Iterable[str], *, clock: Callable[[], float] = time.time):
+    def __init__(
+        self,
+        api_keys: Iterable[str],
+        store: ClusterStore,
+        *,
+        clock: Callable[[], float] = time.time,
+    ):
         self._digests = tuple(_digest(k) for k in api_keys)
-        self._ephemeral: dict[bytes, EphemeralKey] = {}
+        self.store = store
+        self._seen: OrderedDict[bytes, EphemeralKey] = OrderedDict()
         self.clock = clock
+        # Keys minted by this worker since it started (an operator's figure, and tests').
+        self.minted = 0
 
     @property
     def open(self) -> bool:
         """True when no keys are configured and any real key is accepted."""
         return not self._digests
 
-    def authenticate(self, key: str | None) -> Principal | None:
-        """The principal behind ``key``, or None if it is missing, wrong, unknown or expired."""
+    async def authenticate(self, key: str | None) -> Principal | None:
+        """The principal behind ``key``, or None if it is missing, wrong, unknown or expired.
+
+        Raises ``ClusterUnavailableError`` when an ephemeral key must be looked up and the
+        cluster store cannot be reached.
+        """
         if not key:
             return None
         digest = _digest(key)
         if key.startswith(EPHEMERAL_PREFIX):
-            record = self._ephemeral.get(digest)
-            if record is None:
-                return None
-            if record.expires_at <= self.clock():
-                del self._ephemeral[digest]
-                return None
-            return Principal(owner=record.owner, ephemeral=record)
+            record = await self._ephemeral(digest)
+            return None if record is None else Principal(owner=record.owner, ephemeral=record)
         if self.open:
             return Principal(owner=owner_of(key))
         # Compare with every key, without stopping early, so timing says nothing.
@@ -135,19 +166,46 @@ class Authenticator:
             matched |= hmac.compare_digest(digest, known)
         return Principal(owner=owner_of(key)) if matched else None
 
-    def mint(
+    async def _ephemeral(self, digest: bytes) -> EphemeralKey | None:
+        now = self.clock()
+        record = self._seen.get(digest)
+        if record is None:
+            raw = await self.store.get_key(digest.hex(), now)
+            if raw is None:
+                return None
+            stored = _decode_key(raw)
+            record = EphemeralKey(
+                digest=digest,
+                owner=stored.owner,
+                session=stored.session,
+                session_id=stored.session_id,
+                created_at=stored.created_at,
+                expires_at=stored.expires_at,
+            )
+            self._remember(record)
+        if record.expires_at <= now:
+            self._seen.pop(digest, None)
+            return None
+        return record
+
+    def _remember(self, record: EphemeralKey) -> None:
+        self._seen[record.digest] = record
+        while len(self._seen) > MAX_CACHED_KEYS:
+            self._seen.popitem(last=False)
+
+    async def mint(
         self, owner: Principal, session: SessionConfig, session_id: str, seconds: int
     ) -> tuple[str, EphemeralKey]:
         """Create an ephemeral key for ``owner`` valid for ``seconds``; returns (value, record).
 
-        Raises ``PermissionError`` when ``owner`` itself authenticated with an ephemeral key.
+        Raises ``PermissionError`` when ``owner`` itself authenticated with an ephemeral key,
+        and ``ClusterUnavailableError`` when the key cannot be stored.
         """
         if owner.ephemeral is not None:
             raise PermissionError("an ephemeral key cannot mint ephemeral keys")
         if not MIN_EPHEMERAL_SECONDS <= seconds <= MAX_EPHEMERAL_SECONDS:
             raise ValueError(f"seconds must be {MIN_EPHEMERAL_SECONDS}..{MAX_EPHEMERAL_SECONDS}")
         now = int(self.clock())
-        self._prune(now)
         value = EPHEMERAL_PREFIX + secrets.token_urlsafe(32)
         record = EphemeralKey(
             digest=_digest(value),
@@ -157,7 +215,16 @@ class Authenticator:
             created_at=now,
             expires_at=now + seconds,
         )
-        self._ephemeral[record.digest] = record
+        stored = _StoredKey(
+            owner=record.owner,
+            session=session,
+            session_id=session_id,
+            created_at=record.created_at,
+            expires_at=record.expires_at,
+        )
+        await self.store.put_key(record.digest.hex(), _encode_key(stored), record.expires_at)
+        self._remember(record)
+        self.minted += 1
         logger.info(
             "minted an ephemeral key for %s (session %s), expires at %d",
             owner.owner,
@@ -165,15 +232,6 @@ class Authenticator:
             record.expires_at,
         )
         return value, record
-
-    def live_ephemeral_keys(self) -> int:
-        """How many minted keys are stored (expired ones may linger until the next mint)."""
-        return len(self._ephemeral)
-
-    def _prune(self, now: float) -> None:
-        expired = [d for d, r in self._ephemeral.items() if r.expires_at <= now]
-        for digest in expired:
-            del self._ephemeral[digest]
 
 
 def bearer_key(headers: Mapping[str, str]) -> str | None:

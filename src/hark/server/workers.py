@@ -10,8 +10,14 @@ Before any worker starts, the parent points ``PROMETHEUS_MULTIPROC_DIR`` at a fr
 directory, so a ``/metrics`` scrape of any worker shows the whole server. WebRTC needs one
 UDP port per worker: worker i takes ``rtc_port + i`` (any free port when ``rtc_port`` is 0).
 
-The parent forwards SIGINT and SIGTERM to the workers, waits for them to finish, and
-restarts a worker that dies unexpectedly (a few times a minute at most).
+The workers share ephemeral keys, calls and per-key limits through the cluster store: an
+embedded one in a private run directory the parent makes, or Redis with ``--redis-url``.
+Each worker also listens on a port of its own, which it advertises in the store, so that a
+request for a call another worker owns reaches that worker.
+
+The parent forwards SIGINT and SIGTERM to the workers (on SIGTERM each drains first), waits
+for them to finish, and restarts a worker that dies unexpectedly (a few times a minute at
+most).
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ EXIT_USAGE = 2
 # More restarts than this in RESTART_WINDOW_S means something is wrong with every worker.
 MAX_RESTARTS = 5
 RESTART_WINDOW_S = 60.0
-# The workers' own shutdown takes up to 5 s (sessions say goodbye); then they are killed.
+# Beyond the drain, the workers' own shutdown takes up to 5 s; then they are killed.
 STOP_TIMEOUT_S = 15.0
 _POLL_S = 0.5
 
@@ -61,6 +67,11 @@ def run_workers(settings: Settings) -> int:
         logger.error("cannot listen on %s port %d: %s", settings.host, settings.port, exc)
         return 1
     metrics_dir = tempfile.mkdtemp(prefix="hark-metrics-")
+    # The workers share ephemeral keys, calls and limits through one embedded store here,
+    # unless a Redis shares them across hosts.
+    own_run_dir = settings.run_dir is None and not settings.redis_url
+    if own_run_dir:
+        settings = dataclasses.replace(settings, run_dir=tempfile.mkdtemp(prefix="hark-run-"))
     # Inherited by every worker, which must see it before it first imports prometheus_client.
     os.environ[MULTIPROC_ENV] = metrics_dir
     stop = threading.Event()
@@ -75,6 +86,8 @@ def run_workers(settings: Settings) -> int:
         sock.close()
         os.environ.pop(MULTIPROC_ENV, None)
         shutil.rmtree(metrics_dir, ignore_errors=True)
+        if own_run_dir and settings.run_dir is not None:
+            shutil.rmtree(settings.run_dir, ignore_errors=True)
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
@@ -142,15 +155,16 @@ def _supervise(
                 logger.error("worker %d exited (%s); restarting it", index, process.exitcode)
                 workers[index] = start(index)
     finally:
-        _stop_all(workers, metrics_dir)
+        _stop_all(workers, metrics_dir, settings.drain_timeout + STOP_TIMEOUT_S)
     return status
 
 
-def _stop_all(workers: list[BaseProcess], metrics_dir: str) -> None:
+def _stop_all(workers: list[BaseProcess], metrics_dir: str, timeout_s: float) -> None:
+    # SIGTERM: each worker drains (up to --drain-timeout), then shuts down.
     for process in workers:
         if process.is_alive():
             process.terminate()
-    deadline = time.monotonic() + STOP_TIMEOUT_S
+    deadline = time.monotonic() + timeout_s
     for process in workers:
         process.join(max(0.0, deadline - time.monotonic()))
         if process.is_alive():

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
+from hark.cluster.store import ClusterUnavailableError
 from hark.config import Settings
 from hark.protocol.session_config import parse_session_config, session_config_to_dict
 from hark.server.auth import Authenticator, Principal, is_loopback_host
@@ -108,7 +109,7 @@ class DemoPage:
     async def _client_secret(self, request: web.Request) -> web.Response:
         """An ephemeral key for the page, shaped like ``/v1/realtime/client_secrets``'s."""
         # Imported here: the app module imports this one.
-        from hark.server.app import error_response
+        from hark.server.app import cluster_unavailable, error_response
 
         if not self.enabled:
             return error_response(
@@ -132,7 +133,12 @@ class DemoPage:
         owner = Principal(owner="demo_" + secrets.token_hex(8))
         session = parse_session_config(DEMO_SESSION)
         session_id = self._ids.new("sess")
-        value, record = self.authenticator.mint(owner, session, session_id, DEMO_KEY_SECONDS)
+        try:
+            value, record = await self.authenticator.mint(
+                owner, session, session_id, DEMO_KEY_SECONDS
+            )
+        except ClusterUnavailableError:
+            return cluster_unavailable()
         return web.json_response(
             {
                 "value": value,

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from hark.engines.registry import Engines
 from hark.observability.metrics import Metrics
 from hark.protocol.session_config import SessionConfig
+from hark.session.core import SESSION_LIMIT_S
 from hark.session.ids import IdGenerator
 from hark.session.runner import SessionRunner
 from hark.transports.webrtc.call import SETUP_TIMEOUT_SECONDS, Call
@@ -27,6 +28,7 @@ class Calls:
     """The registry of live calls; ``mux`` must be started before ``create``.
 
     ``setup_timeout_s``: a call not connected this long after its answer is ended.
+    ``session_limit_s``: how long a call's session may last before it is ended.
     """
 
     def __init__(
@@ -36,8 +38,12 @@ class Calls:
         *,
         setup_timeout_s: float = SETUP_TIMEOUT_SECONDS,
         metrics: Metrics | None = None,
+        session_limit_s: float = SESSION_LIMIT_S,
     ) -> None:
         self.engines = engines
+        self.session_limit_s = session_limit_s
+        # Told of every call that ended (the cluster forgets it, limits release it).
+        self.on_closed: Callable[[Call], None] | None = None
         self.mux = mux
         self.metrics = metrics
         self.setup_timeout_s = setup_timeout_s
@@ -45,7 +51,13 @@ class Calls:
         self._ids = IdGenerator()
 
     async def create(
-        self, offer: str, *, owner: str, model: str, config: SessionConfig | None
+        self,
+        offer: str,
+        *,
+        owner: str,
+        model: str,
+        config: SessionConfig | None,
+        on_usage: Callable[[int], None] | None = None,
     ) -> tuple[Call, str]:
         """Answer ``offer`` and start its session; returns the call and the SDP answer.
 
@@ -60,6 +72,8 @@ class Calls:
             transport="webrtc",
             player=track,
             metrics=self.metrics,
+            on_usage=on_usage,
+            max_duration_s=self.session_limit_s,
         )
         call = Call(
             self._ids.new(CALL_ID_PREFIX),
@@ -99,3 +113,5 @@ class Calls:
     def _forget(self, call: Call) -> None:
         if self._calls.get(call.id) is call:
             del self._calls[call.id]
+            if self.on_closed is not None:
+                self.on_closed(call)

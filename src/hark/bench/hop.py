@@ -1,0 +1,206 @@
+"""``hark bench hop``: what the internal hop between workers adds to a call's requests.
+
+Two workers of one fleet are given (``--url`` and ``--other``). A WebRTC call is made on
+one of them (its owner); a sideband socket is opened on the owner and another on the other
+worker, which pipes it to the owner. The bench then alternates ``session.update`` round
+trips (sent, until ``session.updated`` comes back) on the two sockets, and hangs up calls
+alternately on the owner and through the other worker. The difference of the two sides'
+percentiles is what the hop costs. Offers for the hangup calls carry ``X-Hark-Forwarded``
+so that they stay on the owner instead of being placed; they are never connected and are
+hung up within their setup time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiortc import RTCConfiguration, RTCPeerConnection
+
+from hark.bench.latency import percentile
+from hark.bench.webrtc import CallClient
+
+WORKER_HEADER = "X-Hark-Worker"
+
+
+async def _worker_of(http: aiohttp.ClientSession, url: str) -> str:
+    async with http.get(url + "/healthz") as response:
+        return response.headers[WORKER_HEADER]
+
+
+async def _round_trips(
+    direct: aiohttp.ClientWebSocketResponse,
+    via: aiohttp.ClientWebSocketResponse,
+    count: int,
+) -> dict[str, list[float]]:
+    """``session.update`` → ``session.updated`` times (ms) on each socket, alternating.
+
+    Every sideband sees every event of the call, so each side also reads the copy of the
+    other side's answer before it sends again.
+    """
+    times: dict[str, list[float]] = {"direct": [], "via": []}
+    sockets = {"direct": direct, "via": via}
+
+    async def next_updated(ws: aiohttp.ClientWebSocketResponse) -> None:
+        while True:
+            message = await ws.receive()
+            if message.type != aiohttp.WSMsgType.TEXT:
+                raise RuntimeError(f"the sideband closed: {message.type!r}")
+            if json.loads(message.data)["type"] == "session.updated":
+                return
+
+    for i in range(count):
+        for side in ("direct", "via") if i % 2 else ("via", "direct"):
+            ws = sockets[side]
+            started = time.perf_counter()
+            await ws.send_json(
+                {"type": "session.update", "session": {"type": "realtime", "instructions": str(i)}}
+            )
+            await next_updated(ws)
+            times[side].append((time.perf_counter() - started) * 1000)
+            other = sockets["via" if side == "direct" else "direct"]
+            await next_updated(other)
+    return times
+
+
+async def _offer() -> str:
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    try:
+        pc.addTransceiver("audio", direction="sendrecv")
+        pc.createDataChannel("oai-events")
+        await pc.setLocalDescription(await pc.createOffer())
+        return str(pc.localDescription.sdp)
+    finally:
+        await pc.close()
+
+
+async def _hangups(
+    http: aiohttp.ClientSession, owner_url: str, other_url: str, api_key: str, count: int
+) -> dict[str, list[float]]:
+    """Hang-up times (ms) of calls on the owner, alternately direct and through the other."""
+    offer = await _offer()
+    headers = {"Authorization": f"Bearer {api_key}"}
+    times: dict[str, list[float]] = {"direct": [], "via": []}
+    for i in range(count):
+        async with http.post(
+            owner_url + "/v1/realtime/calls",
+            data=offer,
+            headers={
+                **headers,
+                "Content-Type": "application/sdp",
+                "X-Hark-Forwarded": "bench",
+            },
+        ) as response:
+            if response.status != 201:
+                raise RuntimeError(f"offer: {response.status} {await response.text()}")
+            call_id = response.headers["Location"].rsplit("/", 1)[-1]
+        side, url = ("direct", owner_url) if i % 2 else ("via", other_url)
+        started = time.perf_counter()
+        async with http.post(
+            url + f"/v1/realtime/calls/{call_id}/hangup", headers=headers
+        ) as response:
+            await response.read()
+            if response.status != 200:
+                raise RuntimeError(f"hangup: {response.status}")
+        times[side].append((time.perf_counter() - started) * 1000)
+    return times
+
+
+def _summary(times: dict[str, list[float]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for side, values in times.items():
+        out[side] = {
+            "n": len(values),
+            **{f"p{q}": round(percentile(values, q), 3) for q in (50, 90, 99)},
+        }
+    out["added"] = {
+        f"p{q}": round(out["via"][f"p{q}"] - out["direct"][f"p{q}"], 3) for q in (50, 90, 99)
+    }
+    return out
+
+
+async def run_hop_bench(url: str, other: str, *, api_key: str, count: int) -> dict[str, Any]:
+    """Measure the hop between the workers at ``url`` and ``other``; the report."""
+    async with aiohttp.ClientSession() as http:
+        workers = {await _worker_of(http, url): url, await _worker_of(http, other): other}
+        if len(workers) != 2:
+            raise RuntimeError("--url and --other reach the same worker")
+        client = CallClient()
+        try:
+            await client.connect(http, url, api_key=api_key)
+            await asyncio.wait_for(client.opened.wait(), 30)
+            if client.worker not in workers:
+                raise RuntimeError(f"the call landed on worker {client.worker}, not on either")
+            owner_url = workers[client.worker]
+            other_url = other if owner_url == url else url
+            query = f"/v1/realtime?call_id={client.call_id}"
+            headers = {"Authorization": f"Bearer {api_key}"}
+            async with (
+                http.ws_connect(owner_url.replace("http", "ws", 1) + query, headers=headers) as d,
+                http.ws_connect(other_url.replace("http", "ws", 1) + query, headers=headers) as v,
+            ):
+                sideband = _round_trips(d, v, count)
+                events = await sideband
+        finally:
+            await client.close()
+        hangups = await _hangups(http, owner_url, other_url, api_key, count)
+    return {
+        "owner": owner_url,
+        "via": other_url,
+        "sideband_round_trip_ms": _summary(events),
+        "hangup_ms": _summary(hangups),
+    }
+
+
+def format_summary(report: dict[str, Any]) -> str:
+    """A human summary of the report."""
+    lines = [f"owner {report['owner']}, reached directly and through {report['via']}"]
+    for name, title in (
+        ("sideband_round_trip_ms", "sideband session.update round trip"),
+        ("hangup_ms", "hangup"),
+    ):
+        figures = report[name]
+        lines.append(f"{title} (n={figures['direct']['n']} each way):")
+        for side in ("direct", "via", "added"):
+            row = figures[side]
+            lines.append(
+                f"  {side:7s} p50 {row['p50']:7.2f} ms  p90 {row['p90']:7.2f} ms  "
+                f"p99 {row['p99']:7.2f} ms"
+            )
+    return "\n".join(lines)
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    """Add ``hark bench hop``'s options to ``parser``."""
+    parser.add_argument("--url", required=True, help="one worker's HTTP root")
+    parser.add_argument("--other", required=True, help="another worker of the same fleet")
+    parser.add_argument("--count", type=int, default=200, help="round trips each way")
+    parser.add_argument("--api-key", default="local", help="API key (default 'local')")
+    parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="write JSON")
+
+
+def command(options: dict[str, Any]) -> int:
+    """Run ``hark bench hop``; returns the exit status."""
+    try:
+        report = asyncio.run(
+            run_hop_bench(
+                options["url"],
+                options["other"],
+                api_key=options["api_key"],
+                count=options["count"],
+            )
+        )
+    except (RuntimeError, aiohttp.ClientError) as exc:
+        print(f"hark bench hop: {exc}", file=sys.stderr)
+        return 1
+    print(format_summary(report))
+    if options["json"] is not None:
+        options["json"].parent.mkdir(parents=True, exist_ok=True)
+        options["json"].write_text(json.dumps(report, indent=2))
+    return 0

@@ -1,0 +1,238 @@
+"""This worker as a member of the cluster: its registry entry, heartbeats and sweeps, the
+calls it owns, and where a new call should go.
+
+A worker registers with a heartbeat every ``HEARTBEAT_INTERVAL_S`` that expires after
+``HEARTBEAT_TTL_S``: a worker killed without a word disappears from placement within a few
+seconds, and every worker sweeps what the dead one left (its calls, its session counts).
+When the store cannot be reached the worker keeps serving what it has (its calls are found
+locally first) and keeps beating; once the store answers again the worker writes its calls
+back, so a store that restarted empty learns them again within one resync.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hark.cluster.store import CallRecord, ClusterStore, ClusterUnavailableError, WorkerInfo
+
+logger = logging.getLogger(__name__)
+
+HEARTBEAT_INTERVAL_S = 1.0
+# Three missed beats: a worker stalled by a long pause is not declared dead at once.
+HEARTBEAT_TTL_S = 4.0
+SWEEP_INTERVAL_S = 2.0
+# How often a worker writes its calls again, in case the store lost them (a restart).
+RESYNC_INTERVAL_S = 10.0
+# Calls placed on a worker count towards its load until its own heartbeat reports them.
+PLACEMENT_MEMORY_S = 2 * HEARTBEAT_INTERVAL_S
+# Bound on remembered placements (each is a float): a flood of offers cannot grow it.
+MAX_REMEMBERED_PLACEMENTS = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """What a worker reports about itself with each heartbeat."""
+
+    sessions: int
+    queue_depth: int = 0
+
+
+class ClusterNode:
+    """One worker's membership of the cluster.
+
+    ``url`` is how other workers reach this one (``--advertise-url``); ``media_address`` the
+    ``host:port`` clients send WebRTC media to; ``load`` is read at every heartbeat.
+    """
+
+    def __init__(
+        self,
+        store: ClusterStore,
+        *,
+        url: str,
+        zone: str = "",
+        media_address: str = "",
+        load: Callable[[], Load] = lambda: Load(0),
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.id = "wrk_" + secrets.token_hex(6)
+        self.url = url
+        self.zone = zone
+        self.media_address = media_address
+        self.ready = False
+        self.draining = False
+        self._load = load
+        self._clock = clock
+        self._started_at = clock()
+        self._calls: dict[str, CallRecord] = {}
+        self._placements: deque[tuple[float, str]] = deque(maxlen=MAX_REMEMBERED_PLACEMENTS)
+        self._task: asyncio.Task[None] | None = None
+        self._cpu_mark = (time.monotonic(), time.process_time())
+        self._cpu = 0.0
+        # Whether the last store operation of the heartbeat succeeded.
+        self.store_available = True
+
+    # ------------------------------------------------------------------ life cycle
+
+    async def start(self) -> None:
+        """Open the store and start beating; a store that is down is retried, not fatal."""
+        try:
+            await self.store.start()
+            await self.beat()
+        except ClusterUnavailableError as exc:
+            self._store_failed(exc)
+        self._task = asyncio.create_task(self._run(), name="hark-cluster-heartbeat")
+
+    async def stop(self) -> None:
+        """Stop beating and leave the registry (taking this worker's calls with it)."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.wait([self._task])
+            self._task = None
+        try:
+            await self.store.remove_worker(self.id)
+        except ClusterUnavailableError as exc:
+            logger.warning("could not leave the cluster registry: %s", exc)
+        await self.store.aclose()
+
+    async def _run(self) -> None:
+        next_sweep = next_resync = 0.0
+        while True:
+            await asyncio.sleep(HEARTBEAT_INTERVAL_S)
+            now = time.monotonic()
+            try:
+                was_available = self.store_available
+                await self.beat()
+                if not was_available or now >= next_resync:
+                    await self._resync()
+                    next_resync = now + RESYNC_INTERVAL_S
+                if now >= next_sweep:
+                    swept = await self.store.sweep(self._clock())
+                    if swept:
+                        logger.info("swept %d worker(s) whose heartbeat expired", swept)
+                    next_sweep = now + SWEEP_INTERVAL_S
+            except ClusterUnavailableError as exc:
+                self._store_failed(exc)
+            except Exception:
+                logger.exception("cluster heartbeat failed")
+
+    def _store_failed(self, exc: ClusterUnavailableError) -> None:
+        if self.store_available:
+            logger.error("the cluster store is unavailable (%s); running sessions go on", exc)
+        self.store_available = False
+
+    async def beat(self) -> None:
+        """Write this worker's registry entry once (the heartbeat task does it periodically)."""
+        await self.store.heartbeat(self.info(), HEARTBEAT_TTL_S)
+        if not self.store_available:
+            logger.info("the cluster store is back")
+        self.store_available = True
+
+    async def _resync(self) -> None:
+        for record in list(self._calls.values()):
+            await self.store.put_call(record)
+
+    def info(self) -> WorkerInfo:
+        """This worker's registry entry as of now."""
+        load = self._load()
+        return WorkerInfo(
+            id=self.id,
+            url=self.url,
+            media_address=self.media_address,
+            zone=self.zone,
+            sessions=load.sessions,
+            cpu=self._cpu_share(),
+            queue_depth=load.queue_depth,
+            draining=self.draining,
+            ready=self.ready,
+            started_at=self._started_at,
+            heartbeat_at=self._clock(),
+        )
+
+    def _cpu_share(self) -> float:
+        """The process's CPU time over wall time since the last heartbeat (1.0: one core)."""
+        wall, cpu = time.monotonic(), time.process_time()
+        last_wall, last_cpu = self._cpu_mark
+        if wall - last_wall >= HEARTBEAT_INTERVAL_S / 2:
+            self._cpu = (cpu - last_cpu) / (wall - last_wall)
+            self._cpu_mark = (wall, cpu)
+        return round(self._cpu, 3)
+
+    # ------------------------------------------------------------------ calls
+
+    async def register_call(self, call_id: str, owner: str) -> None:
+        """Record a call this worker owns; the store learns it now or at the next resync."""
+        record = CallRecord(id=call_id, owner=owner, worker_id=self.id, created_at=self._clock())
+        self._calls[call_id] = record
+        try:
+            await self.store.put_call(record)
+        except ClusterUnavailableError as exc:
+            self._store_failed(exc)
+
+    async def forget_call(self, call_id: str) -> None:
+        """The call ended."""
+        self._calls.pop(call_id, None)
+        try:
+            await self.store.delete_call(call_id)
+        except ClusterUnavailableError as exc:
+            self._store_failed(exc)
+
+    async def find_call(self, call_id: str) -> CallRecord | None:
+        """Where a call lives; raises ``ClusterUnavailableError`` when the store is down."""
+        local = self._calls.get(call_id)
+        if local is not None:
+            return local
+        return await self.store.get_call(call_id)
+
+    async def worker(self, worker_id: str) -> WorkerInfo | None:
+        """The live worker ``worker_id``; raises ``ClusterUnavailableError``."""
+        for worker in await self.store.workers(self._clock()):
+            if worker.id == worker_id:
+                return worker
+        return None
+
+    # ------------------------------------------------------------------ placement
+
+    async def place(self, exclude: frozenset[str] = frozenset()) -> list[WorkerInfo]:
+        """The ready, non-draining workers a new call may go to, best first.
+
+        Best is the least loaded as the registry says, counting the calls placed on a
+        worker since its last heartbeat, in this worker's zone before others; on a tie this
+        worker comes first (no hop). Raises ``ClusterUnavailableError``.
+        """
+        now = self._clock()
+        workers = [
+            w
+            for w in await self.store.workers(now)
+            if w.ready and not w.draining and w.id not in exclude
+        ]
+        recent = self._recent_placements(now)
+
+        def key(worker: WorkerInfo) -> tuple[bool, int, float, bool]:
+            placed_since = sum(1 for t in recent.get(worker.id, ()) if t > worker.heartbeat_at)
+            return (
+                worker.zone != self.zone,
+                worker.sessions + placed_since,
+                worker.cpu,
+                worker.id != self.id,
+            )
+
+        return sorted(workers, key=key)
+
+    def placed(self, worker_id: str) -> None:
+        """A call was just placed on ``worker_id``."""
+        self._placements.append((self._clock(), worker_id))
+
+    def _recent_placements(self, now: float) -> dict[str, list[float]]:
+        while self._placements and self._placements[0][0] < now - PLACEMENT_MEMORY_S:
+            self._placements.popleft()
+        recent: dict[str, list[float]] = {}
+        for at, worker_id in self._placements:
+            recent.setdefault(worker_id, []).append(at)
+        return recent

@@ -1,0 +1,396 @@
+"""hark as one service over several processes: real `hark serve` processes sharing an
+embedded store (``--workers 2``) or a real Redis, reached by real HTTP, WebSocket and WebRTC
+clients. Bad keys and call ids are refused the same way on every worker."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from hark.bench.webrtc import CallClient
+from tests.redis_server import RedisServer
+from tests.servers import HarkProcess
+
+pytestmark = pytest.mark.slow  # real processes, and real time: heartbeats expire, drains wait
+
+API_KEY = "sk-fleet-test-owner-0123456789"
+OTHER_KEY = "sk-fleet-test-stranger-98765"
+ENV = {"HARK_API_KEYS": f"{API_KEY},{OTHER_KEY}"}
+FAKE = ["--engines", "fake", "--drain-timeout", "3", "--log-level", "info"]
+WORKER = "X-Hark-Worker"
+VIA = "X-Hark-Via"
+
+
+def bearer(key: str) -> dict[str, str]:
+    """An Authorization header."""
+    return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.fixture(scope="module")
+def redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A real redis-server on a free loopback port, for this module's servers."""
+    with RedisServer(tmp_path_factory.mktemp("redis")) as server:
+        yield server
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    """A client that opens a new connection per request (so `--workers` spreads them)."""
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
+        yield s
+
+
+@pytest.fixture
+async def clients() -> AsyncIterator[list[CallClient]]:
+    """WebRTC clients, all closed at the end."""
+    made: list[CallClient] = []
+    yield made
+    await asyncio.gather(*(c.close() for c in made), return_exceptions=True)
+
+
+async def mint(http: aiohttp.ClientSession, url: str, key: str = API_KEY) -> tuple[str, str]:
+    """An ephemeral key minted at ``url``, and the worker that minted it."""
+    async with http.post(
+        url + "/v1/realtime/client_secrets",
+        json={"session": {"type": "realtime"}},
+        headers=bearer(key),
+    ) as response:
+        assert response.status == 200, await response.text()
+        return (await response.json())["value"], response.headers[WORKER]
+
+
+async def models_on(
+    http: aiohttp.ClientSession, url: str, key: str, worker: str | None, tries: int = 400
+) -> tuple[int, str]:
+    """``GET /v1/models`` with ``key``, retried on fresh connections until ``worker``
+    answers (any worker when None); the status and the worker."""
+    for _ in range(tries):
+        async with http.get(url + "/v1/models", headers=bearer(key)) as response:
+            await response.read()
+            if worker is None or response.headers[WORKER] == worker:
+                return response.status, response.headers[WORKER]
+    raise AssertionError(f"worker {worker} never answered in {tries} connections")
+
+
+@contextlib.asynccontextmanager
+async def connected_to_another(url: str, worker: str) -> AsyncIterator[aiohttp.ClientSession]:
+    """A client whose one kept-alive connection reached a worker other than ``worker``."""
+    for _ in range(400):
+        client = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1))
+        async with client.get(url + "/healthz") as response:
+            await response.read()
+            answered = response.headers[WORKER]
+        if answered != worker:
+            try:
+                yield client
+            finally:
+                await client.close()
+            return
+        await client.close()
+    raise AssertionError("no connection reached another worker")
+
+
+async def call(
+    http: aiohttp.ClientSession, clients: list[CallClient], url: str, key: str = API_KEY
+) -> CallClient:
+    """A connected WebRTC call placed through ``url`` (text replies)."""
+    client = CallClient()
+    clients.append(client)
+    await client.connect(
+        http,
+        url,
+        api_key=key,
+        session={"type": "realtime", "output_modalities": ["text"]},
+    )
+    await asyncio.wait_for(client.opened.wait(), 30)
+    return client
+
+
+async def text_turn(send: Any, receive: Any, words: str) -> dict[str, Any]:
+    """A user message and a response; the ``response.done`` event."""
+    await send(
+        {
+            "type": "conversation.item.create",
+            "item": {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": words}],
+            },
+        }
+    )
+    await send({"type": "response.create"})
+    async with asyncio.timeout(30):
+        while True:
+            event = await receive()
+            if event["type"] == "response.done":
+                return event
+
+
+# ---------------------------------------------------------------------- --workers 2
+
+
+async def test_keys_minted_on_one_worker_work_on_the_other(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    with HarkProcess([*FAKE, "--workers", "2"], tmp_path / "hark.log", env=ENV) as hark:
+        minted: dict[str, str] = {}
+        for _ in range(400):
+            value, worker = await mint(http, hark.url)
+            minted.setdefault(worker, value)
+            if len(minted) == 2:
+                break
+        assert len(minted) == 2, "the kernel never handed a connection to the second worker"
+        (first, key_of_first), (second, key_of_second) = minted.items()
+        assert await models_on(http, hark.url, key_of_first, second) == (200, second)
+        assert await models_on(http, hark.url, key_of_second, first) == (200, first)
+        # Forged keys are refused the same way by both workers.
+        for worker in (first, second):
+            status, _ = await models_on(http, hark.url, "ek_forged-key-0000", worker)
+            assert status == 401
+
+
+async def test_sideband_and_hangup_reach_the_call_through_the_other_worker(
+    tmp_path: Path, http: aiohttp.ClientSession, clients: list[CallClient]
+) -> None:
+    with HarkProcess([*FAKE, "--workers", "2"], tmp_path / "hark.log", env=ENV) as hark:
+        client = await call(http, clients, hark.url)
+        owner = client.worker
+        assert owner is not None
+        # A sideband socket through whichever worker the kernel picks; keep the first one
+        # that another worker took in (it says so in its handshake's X-Hark-Worker).
+        for _ in range(200):
+            ws = await http.ws_connect(
+                hark.url.replace("http", "ws") + f"/v1/realtime?call_id={client.call_id}",
+                headers=bearer(API_KEY),
+            )
+            if ws._response.headers[WORKER] != owner:
+                break
+            await ws.close()
+        else:
+            raise AssertionError("no sideband connection reached the other worker")
+
+        async def receive() -> dict[str, Any]:
+            message = await ws.receive()
+            assert message.type == aiohttp.WSMsgType.TEXT, message
+            event: dict[str, Any] = json.loads(message.data)
+            return event
+
+        done = await text_turn(ws.send_json, receive, "Hello from the sideband")
+        assert done["response"]["status"] == "completed"
+        # The call's own data channel saw the same response.
+        on_channel = await client.next_event("response.done")
+        assert on_channel["response"]["id"] == done["response"]["id"]
+
+        # A hangup through the other worker ends the call on its owner.
+        async with (
+            connected_to_another(hark.url, owner) as other,
+            other.post(
+                hark.url + f"/v1/realtime/calls/{client.call_id}/hangup", headers=bearer(API_KEY)
+            ) as response,
+        ):
+            assert response.status == 200
+            assert response.headers[WORKER] == owner
+            assert response.headers[VIA] != owner
+        closed = await ws.receive()
+        assert closed.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+        await ws.close()
+
+
+# ---------------------------------------------------------------------- two servers, one Redis
+
+
+def fleet_args(redis: RedisServer, zone: str = "") -> list[str]:
+    """A worker of the Redis fleet."""
+    return [*FAKE, "--redis-url", redis.url, *(["--zone", zone] if zone else [])]
+
+
+async def test_a_call_on_one_server_is_reached_through_another(
+    tmp_path: Path, redis: RedisServer, http: aiohttp.ClientSession, clients: list[CallClient]
+) -> None:
+    with (
+        HarkProcess(fleet_args(redis), tmp_path / "a.log", env=ENV) as a,
+        HarkProcess(fleet_args(redis), tmp_path / "b.log", env=ENV) as b,
+    ):
+        key, minted_by = await mint(http, a.url)
+        status, answered_by = await models_on(http, b.url, key, None)
+        assert (status, answered_by != minted_by) == (200, True)
+
+        client = await call(http, clients, a.url)
+        on_a = client.worker
+        # The sideband through B is piped to the call's worker.
+        async with http.ws_connect(
+            b.url.replace("http", "ws") + f"/v1/realtime?call_id={client.call_id}",
+            headers=bearer(API_KEY),
+        ) as ws:
+
+            async def receive() -> dict[str, Any]:
+                event: dict[str, Any] = json.loads((await ws.receive()).data)
+                return event
+
+            done = await text_turn(ws.send_json, receive, "Through the other server")
+            assert done["response"]["status"] == "completed"
+        # Another key's call, and a call that does not exist, are refused alike by both.
+        for server in (a, b):
+            async with http.post(
+                server.url + f"/v1/realtime/calls/{client.call_id}/hangup",
+                headers=bearer(OTHER_KEY),
+            ) as response:
+                assert response.status == 403
+                assert (await response.json())["error"]["code"] == "insufficient_permissions"
+            async with http.post(
+                server.url + "/v1/realtime/calls/rtc_no_such_call/hangup", headers=bearer(API_KEY)
+            ) as response:
+                assert response.status == 404
+                assert (await response.json())["error"]["code"] == "not_found"
+        async with http.post(
+            b.url + f"/v1/realtime/calls/{client.call_id}/hangup", headers=bearer(API_KEY)
+        ) as response:
+            assert response.status == 200
+            assert (response.headers[WORKER], response.headers[VIA]) != (on_a, on_a)
+            assert response.headers[WORKER] == on_a
+
+
+async def test_new_calls_go_to_the_least_loaded_worker(
+    tmp_path: Path, redis: RedisServer, http: aiohttp.ClientSession, clients: list[CallClient]
+) -> None:
+    with (
+        HarkProcess(fleet_args(redis), tmp_path / "a.log", env=ENV) as a,
+        HarkProcess(fleet_args(redis), tmp_path / "b.log", env=ENV) as b,
+    ):
+        # Every offer goes to A; placement spreads them over both servers' load.
+        placed = [(await call(http, clients, a.url)).worker for _ in range(6)]
+        counts = {worker: placed.count(worker) for worker in set(placed)}
+        assert len(counts) == 2, placed
+        assert sorted(counts.values()) == [3, 3], placed
+        del b
+
+
+async def test_a_killed_worker_leaves_the_fleet_and_only_its_calls_end(
+    tmp_path: Path, redis: RedisServer, http: aiohttp.ClientSession, clients: list[CallClient]
+) -> None:
+    a = HarkProcess(fleet_args(redis), tmp_path / "a.log", env=ENV)
+    b = HarkProcess(fleet_args(redis), tmp_path / "b.log", env=ENV)
+    with a, b:
+        on_a = await call(http, clients, a.url)
+        placed_on_b = await call(http, clients, a.url)
+        if placed_on_b.worker == on_a.worker:
+            placed_on_b = await call(http, clients, b.url)
+        assert placed_on_b.worker != on_a.worker
+        b_worker = placed_on_b.worker
+        b.signal(signal.SIGKILL)
+        b.wait(timeout=10)
+        # Within a few seconds A no longer places calls on B, and B's call is gone.
+        async with asyncio.timeout(20):
+            while True:
+                async with http.post(
+                    a.url + f"/v1/realtime/calls/{placed_on_b.call_id}/hangup",
+                    headers=bearer(API_KEY),
+                ) as response:
+                    if response.status == 404:
+                        break
+                await asyncio.sleep(0.5)
+        fresh = [await call(http, clients, a.url) for _ in range(3)]
+        assert all(c.worker == on_a.worker for c in fresh), [c.worker for c in fresh]
+        assert b_worker not in {c.worker for c in fresh}
+        # A's own call never noticed.
+        on_a.send(
+            {
+                "type": "conversation.item.create",
+                "item": {
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "Still there?"}],
+                },
+            }
+        )
+        on_a.send({"type": "response.create"})
+        done = await on_a.next_event("response.done")
+        assert done["response"]["status"] == "completed"
+
+
+async def test_running_sessions_survive_a_redis_restart(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    with (
+        RedisServer(tmp_path / "redis") as redis,
+        HarkProcess(fleet_args(redis), tmp_path / "a.log", env=ENV) as a,
+    ):
+        key, _ = await mint(http, a.url)
+        async with http.ws_connect(
+            a.url.replace("http", "ws") + "/v1/realtime", headers=bearer(key)
+        ) as ws:
+
+            async def receive() -> dict[str, Any]:
+                event: dict[str, Any] = json.loads((await ws.receive()).data)
+                return event
+
+            assert (await receive())["type"] == "session.created"
+            redis.stop()
+            # What needs the store fails clearly; the running session goes on.
+            async with http.post(
+                a.url + "/v1/realtime/client_secrets", json={}, headers=bearer(API_KEY)
+            ) as response:
+                assert response.status == 503
+                assert (await response.json())["error"]["code"] == "cluster_unavailable"
+            done = await text_turn(ws.send_json, receive, "Is the store down?")
+            assert done["response"]["status"] == "completed"
+            redis.start()
+            async with asyncio.timeout(20):
+                while True:
+                    async with http.post(
+                        a.url + "/v1/realtime/client_secrets", json={}, headers=bearer(API_KEY)
+                    ) as response:
+                        if response.status == 200:
+                            break
+                    await asyncio.sleep(0.25)
+            done = await text_turn(ws.send_json, receive, "And now?")
+            assert done["response"]["status"] == "completed"
+
+
+async def test_drain_lets_sessions_finish_then_ends_the_rest_with_an_error(
+    tmp_path: Path, redis: RedisServer, http: aiohttp.ClientSession
+) -> None:
+    hark = HarkProcess(fleet_args(redis), tmp_path / "a.log", env=ENV)
+    with hark:
+        async with http.ws_connect(
+            hark.url.replace("http", "ws") + "/v1/realtime", headers=bearer(API_KEY)
+        ) as ws:
+
+            async def receive() -> dict[str, Any]:
+                message = await ws.receive()
+                assert message.type == aiohttp.WSMsgType.TEXT, message
+                event: dict[str, Any] = json.loads(message.data)
+                return event
+
+            assert (await receive())["type"] == "session.created"
+            hark.signal(signal.SIGTERM)
+            async with asyncio.timeout(10):
+                while True:
+                    async with http.get(hark.url + "/readyz") as response:
+                        if response.status == 503:
+                            assert (await response.json())["status"] == "draining"
+                            break
+            # Nothing new starts here...
+            with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                await http.ws_connect(
+                    hark.url.replace("http", "ws") + "/v1/realtime", headers=bearer(API_KEY)
+                )
+            assert refused.value.status == 503
+            # ...while the running session goes on until the drain timeout ends it, with a
+            # word of why.
+            done = await text_turn(ws.send_json, receive, "Still serving?")
+            assert done["response"]["status"] == "completed"
+            event = await asyncio.wait_for(receive(), 10)
+            assert event["type"] == "error"
+            assert event["error"]["code"] == "server_shutting_down"
+            closed = await ws.receive()
+            assert closed.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+        assert hark.wait(timeout=20) == 0
