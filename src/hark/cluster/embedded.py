@@ -119,10 +119,10 @@ class EmbeddedStore(ClusterStore):
     def _connect(self) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # Autocommit (isolation_level=None): transactions are the explicit BEGIN IMMEDIATE
-        # blocks below, never ones the sqlite3 module opens on its own.
+        # blocks below, never ones the sqlite3 module opens on its own. ``timeout`` is
+        # SQLite's busy_timeout.
         db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
         try:
-            db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             db.execute("PRAGMA journal_mode = WAL")
             # WAL with NORMAL sync stays consistent after a crash; it only risks the last
             # transactions on power loss, and all of this state is rebuilt within seconds
