@@ -34,12 +34,17 @@ class BorrowedEndOfTurn:
 _shared_turn: LlamaCppEndOfTurn | None = None
 
 
-def shared_end_of_turn() -> BorrowedEndOfTurn:
-    """The end-of-turn model every test server uses, instead of loading one per server."""
+def shared_end_of_turn_model() -> LlamaCppEndOfTurn:
+    """The run's one end-of-turn model, for tests of the model itself; never close it."""
     global _shared_turn
     if _shared_turn is None:
         _shared_turn = LlamaCppEndOfTurn()
-    return BorrowedEndOfTurn(_shared_turn)
+    return _shared_turn
+
+
+def shared_end_of_turn() -> BorrowedEndOfTurn:
+    """The end-of-turn model every test server uses, instead of loading one per server."""
+    return BorrowedEndOfTurn(shared_end_of_turn_model())
 
 
 def engines_sharing_turn(settings: Settings) -> Engines:

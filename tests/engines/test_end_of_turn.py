@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import math
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,6 +22,7 @@ from hark.engines.turn.evaluation import (
     load_examples,
 )
 from hark.engines.turn.llama_cpp import EMPTY_PROBABILITY, LlamaCppEndOfTurn
+from tests.conftest import shared_end_of_turn_model
 
 from .conftest import Say
 
@@ -179,14 +178,13 @@ def test_evaluation_set_rejects_bad_lines(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ the model
 
 
-@pytest.fixture(scope="module")
-def engine() -> Iterator[LlamaCppEndOfTurn]:
-    # One engine for the module (it loads on first use); each test runs on its own loop.
-    turn = LlamaCppEndOfTurn()
-    yield turn
-    asyncio.run(turn.aclose())
+@pytest.fixture
+def engine() -> LlamaCppEndOfTurn:
+    # The run's one model (it loads on first use); each test runs on its own loop.
+    return shared_end_of_turn_model()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("transcript", PHONE_PREFIXES)
 async def test_phone_number_prefix_is_unfinished(
     engine: LlamaCppEndOfTurn, transcript: str
@@ -195,6 +193,7 @@ async def test_phone_number_prefix_is_unfinished(
     assert survives_mid_sentence_pause(p), p
 
 
+@pytest.mark.slow
 async def test_digits_answering_a_phone_question_are_unfinished(
     engine: LlamaCppEndOfTurn,
 ) -> None:
@@ -204,28 +203,33 @@ async def test_digits_answering_a_phone_question_are_unfinished(
     assert survives_mid_sentence_pause(answering), answering
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("transcript", UM_ENDINGS)
 async def test_um_endings_are_unfinished(engine: LlamaCppEndOfTurn, transcript: str) -> None:
     p = await engine.probability(transcript)
     assert survives_mid_sentence_pause(p), p
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("transcript", COMPLETE_QUESTIONS)
 async def test_complete_questions_end_fast(engine: LlamaCppEndOfTurn, transcript: str) -> None:
     p = await engine.probability(transcript)
     assert p >= END_FAST_PROBABILITY, p
 
 
+@pytest.mark.slow
 async def test_full_phone_number_ends_fast(engine: LlamaCppEndOfTurn) -> None:
     assert await engine.probability("My phone number is 415-555-1234.") >= END_FAST_PROBABILITY
 
 
+@pytest.mark.slow
 async def test_no_words_waits_a_while(engine: LlamaCppEndOfTurn) -> None:
     judgement = await engine.judge(" ")
     assert judgement.probability == EMPTY_PROBABILITY
     assert judgement.end_log_probability is None
 
 
+@pytest.mark.slow
 async def test_judgement_shows_its_evidence(engine: LlamaCppEndOfTurn) -> None:
     question = await engine.judge("What is two plus two?")
     dangling = await engine.judge("I want to book a table for")
@@ -236,6 +240,7 @@ async def test_judgement_shows_its_evidence(engine: LlamaCppEndOfTurn) -> None:
     assert Cue.DANGLING_WORD in dangling.cues
 
 
+@pytest.mark.slow
 async def test_scores_do_not_depend_on_the_previous_call(engine: LlamaCppEndOfTurn) -> None:
     # The engine keeps the model's state between calls; a stale state would shift scores.
     first = await engine.judge("Where is the nearest pharmacy?")
