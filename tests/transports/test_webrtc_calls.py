@@ -12,6 +12,7 @@ import aiohttp
 import pytest
 
 from hark.bench.webrtc import AUDIBLE_RMS, BenchError, CallClient
+from hark.transports.webrtc.call import Call
 from hark.transports.webrtc.playout import FRAME_SAMPLES, PLAYOUT_RATE
 
 from .conftest import API_KEY, OTHER_KEY, RtcServer, bearer, collect, of_type, until
@@ -37,6 +38,13 @@ def audible(client: CallClient) -> list[Any]:
 
 def candidate_ports(sdp: str) -> set[int]:
     return {int(line.split()[5]) for line in sdp.splitlines() if line.startswith("a=candidate:")}
+
+
+def live_call(server: RtcServer, client: CallClient) -> Call:
+    """The server's side of ``client``'s call, which must still be running."""
+    found = server.calls.get(client.call_id or "")
+    assert found is not None, "the call has ended"
+    return found
 
 
 async def test_a_call_end_to_end(
@@ -157,7 +165,7 @@ async def test_sideband_attach_sees_and_drives_the_call(
     await call(http, rtc_server, client)
     url = f"{rtc_server.ws_url}?call_id={client.call_id}"
     async with http.ws_connect(url, headers=bearer(API_KEY)) as ws:
-        await until(lambda: rtc_server.calls.get(client.call_id or "").sidebands == 1)
+        await until(lambda: live_call(rtc_server, client).sidebands == 1)
         await ws.send_json(
             {"type": "session.update", "session": {"type": "realtime", "instructions": "Side."}}
         )
@@ -169,7 +177,7 @@ async def test_sideband_attach_sees_and_drives_the_call(
         async with asyncio.timeout(10):
             while json.loads((await ws.receive()).data)["type"] != "response.done":
                 pass
-    await until(lambda: rtc_server.calls.get(client.call_id or "").sidebands == 0)
+    await until(lambda: live_call(rtc_server, client).sidebands == 0)
     assert client.pc.connectionState == "connected", "a sideband leaving keeps the call"
 
 
@@ -178,18 +186,23 @@ async def test_only_the_owner_attaches_or_hangs_up(
 ) -> None:
     client = clients()
     await call(http, rtc_server, client)
+    ended = live_call(rtc_server, client)
     with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
         await http.ws_connect(
             f"{rtc_server.ws_url}?call_id={client.call_id}", headers=bearer(OTHER_KEY)
         )
     assert refused.value.status == 403
+    assert ended.sidebands == 0
     hangup = f"{rtc_server.url}/v1/realtime/calls/{client.call_id}/hangup"
     async with http.post(hangup, headers=bearer(OTHER_KEY)) as response:
         assert response.status == 403
         assert (await response.json())["error"]["code"] == "insufficient_permissions"
+    assert not ended.closed.is_set()
     async with http.post(hangup, headers=bearer(API_KEY)) as response:
         assert response.status == 200
     assert rtc_server.calls.get(client.call_id or "") is None
+    assert ended.close_reason == "hangup"
+    assert rtc_server.calls.mux.connections == 0
     await until(lambda: client.pc.connectionState in ("closed", "failed"))
     async with http.post(hangup, headers=bearer(API_KEY)) as response:
         assert response.status == 404
@@ -203,12 +216,13 @@ async def test_hangup_closes_attached_sidebands(
     async with http.ws_connect(
         f"{rtc_server.ws_url}?call_id={client.call_id}", headers=bearer(API_KEY)
     ) as ws:
-        await until(lambda: rtc_server.calls.get(client.call_id or "").sidebands == 1)
+        await until(lambda: live_call(rtc_server, client).sidebands == 1)
         hangup = f"{rtc_server.url}/v1/realtime/calls/{client.call_id}/hangup"
         async with http.post(hangup, headers=bearer(API_KEY)) as response:
             assert response.status == 200
         message = await ws.receive(timeout=5)
         assert message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+    assert rtc_server.calls.get(client.call_id or "") is None
 
 
 async def test_unknown_calls_are_404(http: aiohttp.ClientSession, rtc_server: RtcServer) -> None:
@@ -234,15 +248,23 @@ async def test_an_ephemeral_key_calls_with_its_session(
     created = await call(http, rtc_server, client, api_key=ephemeral, model="gpt-realtime-mini")
     assert created["session"]["instructions"] == "From the key."
     assert created["session"]["model"] == "gpt-realtime-mini"
-    assert rtc_server.calls.get(client.call_id or "") is not None
-    # The real key that minted the ephemeral one owns the call too.
+    ended = live_call(rtc_server, client)
+    # The real key that minted the ephemeral one owns the call too: it attaches and drives it.
     async with http.ws_connect(
         f"{rtc_server.ws_url}?call_id={client.call_id}", headers=bearer(API_KEY)
-    ):
-        pass
+    ) as ws:
+        await until(lambda: ended.sidebands == 1)
+        await ws.send_json({"type": "response.create", "response": {"output_modalities": ["text"]}})
+        async with asyncio.timeout(10):
+            while (event := json.loads((await ws.receive()).data))["type"] != "response.done":
+                pass
+        assert event["response"]["status"] == "completed"
     hangup = f"{rtc_server.url}/v1/realtime/calls/{client.call_id}/hangup"
     async with http.post(hangup, headers=bearer(ephemeral)) as response:
         assert response.status == 200
+    assert ended.close_reason == "hangup"
+    assert rtc_server.calls.get(client.call_id or "") is None
+    assert rtc_server.calls.mux.connections == 0
 
 
 async def test_a_multipart_offer_carries_the_session(
@@ -259,8 +281,12 @@ async def test_the_beta_path_answers_an_offer(
     http: aiohttp.ClientSession, rtc_server: RtcServer, clients: MakeClient
 ) -> None:
     client = clients()
-    await call(http, rtc_server, client, path="/v1/realtime")
+    created = await call(http, rtc_server, client, path="/v1/realtime")
     assert client.call_id is not None and client.call_id.startswith("rtc_")
+    assert created["session"]["type"] == "realtime"
+    assert live_call(rtc_server, client).pc.connectionState == "connected"
+    client.send({"type": "response.create", "response": {"output_modalities": ["text"]}})
+    assert (await client.next_event("response.done"))["response"]["status"] == "completed"
 
 
 async def test_a_bad_session_part_is_400_naming_the_parameter(
@@ -334,8 +360,10 @@ async def test_a_client_closing_its_peer_ends_the_call(
 ) -> None:
     client = clients()
     await call(http, rtc_server, client)
+    ended = live_call(rtc_server, client)
     await client.close()
     await until(lambda: len(rtc_server.calls) == 0)
+    assert ended.close_reason == "connection closed"
     assert rtc_server.calls.mux.connections == 0
 
 
@@ -368,10 +396,13 @@ async def test_a_client_gone_silent_is_ended_by_consent_freshness(
     monkeypatch.setattr(aioice.ice, "CONSENT_FAILURES", 2)
     client = clients()
     await call(http, rtc_server, client)
+    ended = live_call(rtc_server, client)
     mux = rtc_server.calls.mux
     # The client vanishes without a goodbye: nothing of it reaches the server any more.
     monkeypatch.setattr(mux, "route", lambda data, addr: None)
     await until(lambda: len(rtc_server.calls) == 0, limit_s=20)
+    # aiortc closes a peer connection itself once ICE, and DTLS with it, has ended.
+    assert ended.close_reason == "connection closed"
     assert mux.connections == 0
 
 
