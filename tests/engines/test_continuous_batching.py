@@ -52,6 +52,9 @@ STORY = "Write a long story about a dragon."
 # Batch-invariant greedy replies (see the module doc).
 EXACT: dict[str, Any] = {"flash_attention": True}
 
+# Every test here loads SmolLM2.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 async def llm() -> AsyncIterator[LlamaCppLlm]:
@@ -151,7 +154,6 @@ async def test_generations_arriving_at_different_times_match_their_solo_runs(
     assert list(await asyncio.gather(*(later(i) for i in range(3)))) == alone
 
 
-@pytest.mark.slow
 async def test_a_tool_call_beside_text_keeps_its_grammar(exact: LlamaCppLlm) -> None:
     call = order_call()
     texts = [greedy(q) for q in QUESTIONS[:2]]
@@ -260,7 +262,6 @@ async def test_sessions_share_the_cache_of_a_common_beginning(llm: LlamaCppLlm) 
     await story
 
 
-@pytest.mark.slow
 async def test_a_turn_overtakes_a_speculative_reply(llm: LlamaCppLlm) -> None:
     speculation = GenerationRequest(
         messages=long_history("Rome", 8),
@@ -280,7 +281,6 @@ async def test_a_turn_overtakes_a_speculative_reply(llm: LlamaCppLlm) -> None:
     assert urgent.first_text < speculative.first_text
 
 
-@pytest.mark.slow
 async def test_a_turn_overtakes_a_running_prefill(llm: LlamaCppLlm) -> None:
     history = long_history("Rome", 12)
     prefill = asyncio.create_task(llm.prefill(GenerationRequest(messages=history)))
@@ -298,7 +298,6 @@ async def test_a_turn_overtakes_a_running_prefill(llm: LlamaCppLlm) -> None:
     assert done.prompt_tokens - done.cached_tokens <= 12
 
 
-@pytest.mark.slow
 async def test_a_full_cache_makes_generations_wait_not_fail(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
