@@ -101,6 +101,7 @@ def question_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
+@pytest.mark.slow
 def test_spoken_questions_are_cached_with_their_last_voiced_sample(
     question_cache: Path,
 ) -> None:
