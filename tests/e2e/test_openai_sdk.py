@@ -9,6 +9,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from openai.types.realtime import (
+    RealtimeConversationItemAssistantMessage,
+    RealtimeFunctionToolParam,
+    RealtimeSessionCreateRequest,
+)
 
 from .conftest import Server, events_until, speech, stream_realtime, transcribe, words
 
@@ -59,6 +64,7 @@ async def test_text_turn(server: Server) -> None:
         )
         updated = await conn.recv()
         assert updated.type == "session.updated"
+        assert isinstance(updated.session, RealtimeSessionCreateRequest)
         assert updated.session.output_modalities == ["text"]
         await conn.conversation.item.create(
             item={
@@ -129,7 +135,7 @@ async def test_spoken_turn(server: Server) -> None:
     assert matched >= 0.6, (transcript, heard_reply)
 
 
-WEATHER = {
+WEATHER: RealtimeFunctionToolParam = {
     "type": "function",
     "name": "get_weather",
     "description": "Get the current weather for a city.",
@@ -235,6 +241,7 @@ async def test_barge_in_and_truncate(server: Server) -> None:
         finally:
             await mic.close()
         assert done.status == "cancelled"
+        assert done.status_details is not None
         assert done.status_details.reason == "turn_detected"
         assert item_id is not None and received > 0
         # The listener heard half of what arrived: cut the item there.
@@ -250,7 +257,9 @@ async def test_barge_in_and_truncate(server: Server) -> None:
         async with asyncio.timeout(30):
             while (event := await conn.recv()).type != "conversation.item.retrieved":
                 pass
+    assert isinstance(event.item, RealtimeConversationItemAssistantMessage)
     part = event.item.content[0]
+    assert part.audio is not None
     assert len(base64.b64decode(part.audio)) == heard_ms * 24 * 2
     kept = words(part.transcript or "")
     assert kept == words(transcript)[: len(kept)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import sys
 import threading
 import time
@@ -142,7 +143,7 @@ def test_due_first_runs_the_soonest_due_first_and_skips_cancelled_calls() -> Non
     ran: list[str] = []
     blocker = queue.submit(0.0, gate.wait)
     futures = {
-        name: queue.submit(due, lambda n=name: ran.append(n))
+        name: queue.submit(due, functools.partial(ran.append, name))
         for name, due in (("late", 30.0), ("now", 1.0), ("soon", 2.0), ("dropped", 1.5))
     }
     assert futures["dropped"].cancel()

@@ -138,7 +138,7 @@ async def test_closing_midway_stops_cleanly(
     gap = np.zeros(29 * 16000, dtype=np.float32)
     deltas = asr.transcribe(np.concatenate((question, gap, question)), language="en")
     assert "capital" in words(await anext(deltas))
-    await deltas.aclose()
+    await deltas.aclose()  # type: ignore[attr-defined]
     assert computing_now() == 0
     with pytest.raises(StopAsyncIteration):
         await anext(deltas)

@@ -50,13 +50,16 @@ def test_a_turn_is_a_span_with_a_child_per_stage() -> None:
     assert root.attributes["hark.session_id"] == "sess_1"
     assert root.attributes["hark.e2a_ms"] == timings.e2a_ms
     children = [span for name, span in spans.items() if name != "turn"]
+    assert root.start_time is not None and root.end_time is not None
     for span in children:
         assert span.parent is not None and span.parent.span_id == root.context.span_id
         assert span.context.trace_id == root.context.trace_id
+        assert span.start_time is not None and span.end_time is not None
         assert root.start_time <= span.start_time <= span.end_time <= root.end_time
 
     def ms(span_name: str) -> float:
         span = spans[span_name]
+        assert span.start_time is not None and span.end_time is not None
         return (span.end_time - span.start_time) / 1e6
 
     assert ms("end_of_turn") == pytest.approx(500, abs=0.01)

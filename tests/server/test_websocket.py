@@ -295,6 +295,9 @@ class HangingLlm:
             raise
         yield Finished(reason="stop")  # unreachable; makes this an async generator
 
+    async def prefill(self, request: GenerationRequest) -> None:
+        pass
+
     async def warmup(self) -> None:
         pass
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -920,7 +921,7 @@ def test_vad_chunks_are_the_appended_audio_whatever_the_append_sizes(sizes: list
 
 def test_mcp_items_are_stored_and_seen_by_the_model(driver: Driver) -> None:
     manual(driver)
-    items = [
+    items: list[dict[str, Any]] = [
         {
             "type": "mcp_list_tools",
             "server_label": "shop",

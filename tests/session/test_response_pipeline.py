@@ -34,6 +34,9 @@ class ScriptedLlm:
                 await asyncio.wait_for(self.gate.wait(), 10)
             yield event
 
+    async def prefill(self, request: GenerationRequest) -> None:
+        return None
+
     async def warmup(self) -> None:
         return None
 
@@ -123,7 +126,7 @@ async def test_speech_before_a_tool_call_is_spoken_first() -> None:
 
 async def test_tts_failure_propagates() -> None:
     class BrokenTts(FakeTts):
-        async def synthesize(  # type: ignore[override]
+        async def synthesize(
             self, text: str, *, voice: str | None = None, speed: float = 1.0, slack_s: float = 0.0
         ):
             raise RuntimeError("voice model missing")
@@ -146,7 +149,7 @@ async def test_tts_is_told_how_much_audio_the_listener_has_left() -> None:
             super().__init__(24000)
             self.slack: list[tuple[str, float]] = []
 
-        async def synthesize(  # type: ignore[override]
+        async def synthesize(
             self, text: str, *, voice: str | None = None, speed: float = 1.0, slack_s: float = 0.0
         ) -> AsyncIterator[npt.NDArray[np.int16]]:
             self.slack.append((text, slack_s))

@@ -154,7 +154,9 @@ class HeldVad:
 
 def take_queued(runner: SessionRunner) -> list[str]:
     """The types of the events waiting in the runner's outgoing queue, which is emptied."""
-    return [json.loads(runner._out.get_nowait())["type"] for _ in range(runner._out.qsize())]
+    queued = [runner._out.get_nowait() for _ in range(runner._out.qsize())]
+    assert None not in queued, "the runner was told to stop"
+    return [json.loads(text)["type"] for text in queued if text is not None]
 
 
 def append(ms: int) -> str:

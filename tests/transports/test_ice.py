@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 from collections.abc import AsyncIterator
 
@@ -115,7 +116,7 @@ async def test_peers_connect_through_one_socket(mux: UdpMux) -> None:
         pairs.append((client, server, channel, received))
     try:
         for n, (_, _, channel, received) in enumerate(pairs):
-            await until(lambda channel=channel: channel.readyState == "open")
+            await until(functools.partial(lambda c: c.readyState == "open", channel))
             channel.send(f"hello {n}")
             async with asyncio.timeout(5):
                 assert await received.get() == f"echo hello {n}"
