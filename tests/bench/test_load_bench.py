@@ -26,8 +26,8 @@ from hark.bench.load import (
 )
 from hark.bench.spoken_questions import RATE, SpokenQuestion
 from hark.config import Settings
-from hark.engines.registry import build_engines
 from hark.server.app import create_app, make_runner
+from tests.conftest import engines_sharing_turn
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -93,7 +93,7 @@ def test_the_script_is_cut_into_append_events() -> None:
 @pytest.fixture
 async def server_url() -> AsyncIterator[str]:
     settings = Settings(engines="fake", rtc_port=0)
-    engines = build_engines(settings)
+    engines = engines_sharing_turn(settings)
     app = create_app(settings, engines)
     runner = make_runner(app)
     await runner.setup()

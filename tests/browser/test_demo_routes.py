@@ -11,9 +11,9 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from hark.cli import build_parser
 from hark.config import ConfigError, Settings, load_settings
-from hark.engines.registry import build_engines
 from hark.server.app import create_app
 from hark.server.demo import DEMO_KEY_SECONDS, MAX_KEYS_PER_MINUTE, demo_enabled
+from tests.conftest import engines_sharing_turn
 
 API_KEY = "sk-test-demo-routes-key"
 MakeClient = Callable[..., Awaitable[TestClient[Any, Any]]]
@@ -23,7 +23,7 @@ MakeClient = Callable[..., Awaitable[TestClient[Any, Any]]]
 async def make_client() -> AsyncIterator[MakeClient]:
     """A factory: the app with fake engines (WebRTC on a free port), and a client for it."""
     clients: list[TestClient[Any, Any]] = []
-    engines = build_engines(Settings(engines="fake"))
+    engines = engines_sharing_turn(Settings(engines="fake"))
 
     async def make(**settings: Any) -> TestClient[Any, Any]:
         app = create_app(Settings(engines="fake", rtc_port=0, **settings), engines)

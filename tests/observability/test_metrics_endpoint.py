@@ -13,15 +13,15 @@ from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
 from hark.config import Settings
-from hark.engines.registry import build_engines
 from hark.server.app import AUTHENTICATOR, METRICS, create_app, make_runner
+from tests.conftest import engines_sharing_turn
 
 API_KEY = "sk-test-metrics-0123456789"
 
 
 @pytest.fixture
 async def server() -> AsyncIterator[tuple[web.Application, str]]:
-    engines = build_engines(Settings(engines="fake", rtc_port=0))
+    engines = engines_sharing_turn(Settings(engines="fake", rtc_port=0))
     app = create_app(Settings(engines="fake", api_keys=(API_KEY,), rtc_port=0), engines)
     runner = make_runner(app)
     await runner.setup()
