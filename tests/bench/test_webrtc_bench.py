@@ -19,14 +19,14 @@ from hark.bench.webrtc import (
 )
 from hark.cli import build_parser
 from hark.config import Settings
-from hark.engines.registry import build_engines
 from hark.server.app import create_app, make_runner
+from tests.conftest import engines_sharing_turn
 
 
 @pytest.fixture
 async def server_url() -> AsyncIterator[str]:
     settings = Settings(engines="fake", rtc_port=0)
-    engines = build_engines(settings)
+    engines = engines_sharing_turn(settings)
     runner = make_runner(create_app(settings, engines))
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
