@@ -49,15 +49,9 @@ CONNECT_TIMEOUT_S = 1.0
 OPERATION_TIMEOUT_S = 2.0
 DEFAULT_PREFIX = "hark:"
 
-# Errors that mean "Redis cannot serve us now" rather than a bug: unreachable, timing out,
-# loading after a restart, a replica after a failover, or out of memory.
-_UNAVAILABLE = (
-    redis.exceptions.ConnectionError,
-    redis.exceptions.TimeoutError,
-    redis.exceptions.ReadOnlyError,
-    redis.exceptions.OutOfMemoryError,
-    OSError,
-)
+# Whatever Redis answers with an error (refused, down, read-only, out of memory, a wrong
+# password, protected mode) leaves the shared state out of reach the same way.
+_UNAVAILABLE = (redis.exceptions.RedisError, OSError)
 
 # ARGV: prefix, call id, owner, worker id, created_at
 _PUT_CALL = """
