@@ -394,3 +394,68 @@ async def test_drain_lets_sessions_finish_then_ends_the_rest_with_an_error(
             closed = await ws.receive()
             assert closed.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
         assert hark.wait(timeout=20) == 0
+
+
+async def test_per_key_limits_hold_across_the_fleet(
+    tmp_path: Path, redis: RedisServer, http: aiohttp.ClientSession
+) -> None:
+    limits = ["--key-max-sessions", "2", "--key-tokens-per-minute", "1"]
+    with (
+        HarkProcess([*fleet_args(redis), *limits], tmp_path / "a.log", env=ENV) as a,
+        HarkProcess([*fleet_args(redis), *limits], tmp_path / "b.log", env=ENV) as b,
+    ):
+
+        async def open_session(url: str, key: str = API_KEY) -> aiohttp.ClientWebSocketResponse:
+            ws = await http.ws_connect(
+                url.replace("http", "ws") + "/v1/realtime", headers=bearer(key)
+            )
+            assert json.loads((await ws.receive()).data)["type"] == "session.created"
+            return ws
+
+        async def refused(url: str, key: str = API_KEY) -> None:
+            with pytest.raises(aiohttp.WSServerHandshakeError) as raised:
+                await http.ws_connect(
+                    url.replace("http", "ws") + "/v1/realtime", headers=bearer(key)
+                )
+            assert raised.value.status == 429
+            # Only new sessions are refused: the key still works for everything else.
+            async with http.get(url + "/v1/models", headers=bearer(key)) as response:
+                assert response.status == 200
+
+        first = await open_session(a.url)
+        second = await open_session(b.url)
+        # The third session of the key is refused on either server; another key is not.
+        await refused(a.url)
+        await refused(b.url)
+        other = await open_session(a.url, OTHER_KEY)
+        await first.close()
+        # A closed session frees its place for the fleet (the release is asynchronous).
+        async with asyncio.timeout(10):
+            while True:
+                try:
+                    third = await open_session(b.url)
+                    break
+                except aiohttp.WSServerHandshakeError as exc:
+                    assert exc.status == 429
+                    await asyncio.sleep(0.1)
+
+        # Tokens: one response spends more than the key's minute allows, and the key gets
+        # no new session anywhere until the window turns.
+        async def receive() -> dict[str, Any]:
+            event: dict[str, Any] = json.loads((await other.receive()).data)
+            return event
+
+        done = await text_turn(other.send_json, receive, "Spend some tokens")
+        assert done["response"]["usage"]["total_tokens"] > 1
+        await other.close()
+        async with asyncio.timeout(10):
+            while True:
+                try:
+                    ws = await open_session(b.url, OTHER_KEY)
+                    await ws.close()
+                    await asyncio.sleep(0.1)
+                except aiohttp.WSServerHandshakeError as exc:
+                    assert exc.status == 429
+                    break
+        for ws in (second, third):
+            await ws.close()
