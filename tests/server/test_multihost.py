@@ -178,6 +178,7 @@ async def test_two_hosts_are_one_service(
             await asyncio.wait_for(client.opened.wait(), 30)
             owner = client.worker
             owner_url, other_url = (one.url, two.url) if owner == first else (two.url, one.url)
+            assert client.answer is not None
             candidate = next(
                 line for line in client.answer.splitlines() if line.startswith("a=candidate")
             )
