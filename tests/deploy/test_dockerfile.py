@@ -1,0 +1,228 @@
+"""The Dockerfile, checked without a Docker daemon: its stages, its user, and that what it
+exposes and runs matches the server's own defaults and the libraries the wheels need."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import tomllib
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+from hark.cli import build_parser
+from hark.config import Settings, env_var
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULTS = Settings()
+# Debian packages python:3.11-slim-bookworm already has that the wheels' libraries use:
+# the C and C++ runtimes (apt itself needs them), zlib (essential) and OpenSSL (Python's).
+BASE_IMAGE_LIBRARIES = frozenset({"libc6", "libgcc-s1", "libstdc++6", "zlib1g", "libssl3"})
+
+
+@dataclass
+class Stage:
+    """One FROM … AS … stage: its image, name and instructions (keyword, arguments)."""
+
+    image: str
+    name: str
+    instructions: list[tuple[str, str]] = field(default_factory=list)
+
+    def all(self, keyword: str) -> list[str]:
+        """The arguments of every ``keyword`` instruction, in order."""
+        return [args for kw, args in self.instructions if kw == keyword]
+
+    def env(self) -> dict[str, str]:
+        """The variables its ENV instructions set (``KEY=value`` form)."""
+        values: dict[str, str] = {}
+        for args in self.all("ENV"):
+            for word in shlex.split(args):
+                key, _, value = word.partition("=")
+                values[key] = value
+        return values
+
+
+def parse_dockerfile(text: str) -> tuple[dict[str, str], list[Stage]]:
+    """The global ARG defaults and the stages, with continuation lines joined and comment
+    lines dropped (as Docker does, also inside a continued instruction)."""
+    logical: list[str] = []
+    pending = ""
+    for line in text.splitlines():
+        if line.lstrip().startswith("#") or (not line.strip() and not pending):
+            continue
+        if line.rstrip().endswith("\\"):
+            pending += line.rstrip()[:-1] + " "
+            continue
+        logical.append(pending + line)
+        pending = ""
+    assert not pending, "the Dockerfile ends inside a continued line"
+    global_args: dict[str, str] = {}
+    stages: list[Stage] = []
+    for line in logical:
+        keyword, _, args = line.strip().partition(" ")
+        keyword, args = keyword.upper(), args.strip()
+        if keyword == "FROM":
+            words = args.split()
+            image = re.sub(r"\$\{(\w+)\}", lambda m: global_args[m[1]], words[0])
+            assert len(words) == 3 and words[1].upper() == "AS", f"unnamed stage: {line}"
+            stages.append(Stage(image, words[2]))
+        elif not stages:
+            assert keyword == "ARG", f"{keyword} before the first FROM"
+            name, _, default = args.partition("=")
+            global_args[name] = default
+        else:
+            stages[-1].instructions.append((keyword, args))
+    return global_args, stages
+
+
+@pytest.fixture(scope="module")
+def stages() -> list[Stage]:
+    return parse_dockerfile((ROOT / "Dockerfile").read_text())[1]
+
+
+def _arg_default(stage: Stage, name: str) -> str:
+    (default,) = [a.partition("=")[2] for a in stage.all("ARG") if a.startswith(f"{name}=")]
+    return default.strip('"')
+
+
+def test_builder_installs_the_locked_dependencies_like_the_setup_scripts(
+    stages: list[Stage],
+) -> None:
+    builder, _runtime = stages
+    syncs = [r for r in builder.all("RUN") if "uv sync" in r]
+    assert syncs, "the builder stage never runs uv sync"
+    for run in syncs:
+        assert {"--frozen", "--extra", "piper", "--no-dev"} <= set(run.split())
+    # The last sync installs hark itself, not as a link to a source tree the image lacks.
+    assert "--no-editable" in syncs[-1].split()
+    assert "--no-install-project" not in syncs[-1].split()
+    lib_sh = (ROOT / "scripts" / "lib.sh").read_text()
+    (uv_version,) = re.findall(r"^UV_VERSION=(\S+)$", lib_sh, re.MULTILINE)
+    assert _arg_default(builder, "UV_VERSION") == uv_version
+    # llama.cpp is compiled here: a toolchain, and not for this machine's CPU only.
+    assert any("build-essential" in r for r in builder.all("RUN"))
+    assert "-DGGML_NATIVE=OFF" in _arg_default(builder, "LLAMA_CMAKE_ARGS")
+    assert builder.env()["UV_PROJECT_ENVIRONMENT"] == "/app/.venv"
+
+
+def test_runtime_stage_gets_only_the_venv_from_the_builder(stages: list[Stage]) -> None:
+    builder, runtime = stages
+    # The venv's python is a link to the base image's interpreter: the same image.
+    assert runtime.image == builder.image
+    copies = [c.split() for c in runtime.all("COPY") if c.startswith("--from=")]
+    assert copies == [[f"--from={builder.name}", "/app/.venv", "/app/.venv"]]
+    runs = " ".join(runtime.all("RUN"))
+    assert "uv " not in runs and "build-essential" not in runs
+    assert runtime.env()["PATH"].startswith("/app/.venv/bin:")
+
+
+def test_runtime_runs_as_a_user_that_is_not_root(stages: list[Stage]) -> None:
+    runtime = stages[-1]
+    user = runtime.all("USER")[-1]
+    uid = user.partition(":")[0]
+    assert uid.isdigit() and int(uid) != 0, f"USER {user} is not a numeric non-root uid"
+    # Nothing after USER switches back (an instruction order check, since USER is positional).
+    last_user = max(i for i, (kw, _) in enumerate(runtime.instructions) if kw == "USER")
+    assert all(kw != "RUN" for kw, _ in runtime.instructions[last_user:])
+    assert any(f"--uid {uid}" in r for r in runtime.all("RUN")), "the user is never created"
+
+
+def test_ports_health_check_and_entrypoint_match_the_server(stages: list[Stage]) -> None:
+    runtime = stages[-1]
+    exposed = " ".join(runtime.all("EXPOSE")).split()
+    assert sorted(exposed) == sorted([f"{DEFAULTS.port}/tcp", f"{DEFAULTS.rtc_port}/udp"])
+    env = runtime.env()
+    assert env["HARK_HOST"] == "0.0.0.0"
+    known = {env_var(name) for name in Settings.__dataclass_fields__}
+    assert {k for k in env if k.startswith("HARK_")} <= known
+    (healthcheck,) = runtime.all("HEALTHCHECK")
+    command = json.loads(healthcheck.partition("CMD")[2])
+    assert "/healthz" in command[-1] and f"'{DEFAULTS.port}'" in command[-1]
+    (entrypoint,) = runtime.all("ENTRYPOINT")
+    program, subcommand = json.loads(entrypoint)
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts[program] == "hark.cli:main"
+    assert build_parser().parse_args([subcommand]).command == "serve"
+
+
+def test_the_build_context_holds_what_the_build_copies(stages: list[Stage]) -> None:
+    lines = [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert lines[0] == "*", ".dockerignore is an allow-list"
+    allowed = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
+    for stage in stages:
+        for copy in stage.all("COPY"):
+            if copy.startswith("--from="):
+                continue
+            *sources, _destination = copy.split()
+            assert set(sources) <= allowed, f"COPY {copy}: not in the build context"
+            for source in sources:
+                assert (ROOT / source).exists()
+
+
+def _image_distributions() -> set[str]:
+    """The distributions the image installs: hark and the piper extra, closed over uv.lock
+    (markers ignored, so a superset), the dev group left out."""
+    lock = tomllib.loads((ROOT / "uv.lock").read_text())
+    packages = {p["name"]: p for p in lock["package"]}
+    wanted = [("hark", ("piper",))]
+    seen: set[str] = set()
+    while wanted:
+        name, extras = wanted.pop()
+        package = packages[name]
+        deps = list(package.get("dependencies", []))
+        for extra in extras:
+            deps += package.get("optional-dependencies", {}).get(extra, [])
+        key = f"{name}{sorted(extras)}"
+        if key in seen:
+            continue
+        seen.add(key)
+        wanted += [(d["name"], tuple(d.get("extra", ()))) for d in deps]
+    return {key.partition("[")[0] for key in seen}
+
+
+def test_runtime_stage_installs_every_system_library_the_wheels_need(
+    stages: list[Stage],
+) -> None:
+    installed = {
+        word for run in stages[-1].all("RUN") if "apt-get install" in run for word in run.split()
+    }
+    libraries: dict[str, str] = {}
+    for name in sorted(_image_distributions() - {"hark"}):
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue  # only for other Pythons or platforms (its marker says so)
+        for file in dist.files or ():
+            if re.search(r"\.so(\.|$)", file.name):
+                libraries[str(dist.locate_file(file))] = name
+    # One ldd for all of them: it prints each file's name, then what that file links.
+    linked = subprocess.run(["ldd", *libraries], capture_output=True, text=True).stdout
+    users: dict[str, set[str]] = {}
+    current = ""
+    for line in linked.splitlines():
+        if not line.startswith("\t"):
+            current = libraries.get(line.rstrip(":"), "")
+        elif m := re.search(r"=> (/(?:usr/)?lib\S*/[^/\s]+)", line):
+            users.setdefault(m[1].removeprefix("/usr"), set()).add(current)
+    # On a merged-/usr system a package names its library under /lib or under /usr/lib.
+    both = [p for path in users for p in (path, "/usr" + path)]
+    owners = subprocess.run(["dpkg", "-S", *both], capture_output=True, text=True).stdout
+    needed: dict[str, set[str]] = {}
+    for line in owners.splitlines():
+        packages, _, path = line.partition(": ")
+        for package in packages.split(", "):
+            needed.setdefault(package.partition(":")[0], set()).update(
+                users.pop(path.removeprefix("/usr"), set())
+            )
+    assert users == {}, f"libraries no Debian package owns: {users}"
+    assert "libgomp1" in needed, "llama.cpp is expected to need OpenMP"
+    missing = {p: sorted(d) for p, d in needed.items() if p not in BASE_IMAGE_LIBRARIES | installed}
+    assert missing == {}, f"system packages the runtime stage lacks: {missing}"
