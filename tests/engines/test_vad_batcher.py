@@ -25,6 +25,8 @@ from hark.engines.vad.batcher import (
 from hark.engines.vad.resample import chunk_resampler
 from hark.engines.vad.silero import CHUNK_SAMPLES, SileroVad, initial_states, run_batch
 
+from .tolerances import assert_probabilities_close, assert_sums_close
+
 # Generous: these bound hangs, never speed.
 LIVENESS_S = 30.0
 
@@ -124,7 +126,7 @@ async def test_batched_equals_unbatched_row_for_row(
     expected = [await probabilities(reference.open_stream(), a) for a in audio]
     results = await asyncio.gather(*(pushed(batched, a) for a in audio))
     for got, want in zip(results, expected, strict=True):
-        np.testing.assert_allclose(got, want, atol=1e-5)
+        assert_probabilities_close(got, want)
     # The streams really were batched together, and the speech was heard.
     recorder = batched.observer
     assert isinstance(recorder, Recorder)
@@ -189,11 +191,14 @@ def test_the_block_product_is_the_polyphase_filter(rate: int, target: int) -> No
     got = resampler.run(rows)
     up, down, width = resampler.up, resampler.down, resampler.taps.shape[1]
     want = np.empty_like(got)
+    magnitude = np.empty(got.shape, np.float64)
     for j in range(resampler.out_samples):
         m, residue = divmod(j, up)
         start = down * m + residue * down // up
-        want[:, j] = rows[:, start : start + width] @ resampler.taps[residue * down % up]
-    np.testing.assert_allclose(got, want, atol=1e-5)
+        taps = resampler.taps[residue * down % up]
+        want[:, j] = rows[:, start : start + width] @ taps
+        magnitude[:, j] = np.abs(rows[:, start : start + width]) @ np.abs(taps.astype(np.float64))
+    assert_sums_close(got, want, terms=width, magnitude=magnitude)
 
 
 async def test_the_8_khz_model_equals_running_it_chunk_by_chunk(
@@ -215,7 +220,7 @@ async def test_the_8_khz_model_equals_running_it_chunk_by_chunk(
                 p, state = run_batch(session, window, state, 8000)
                 want.append(float(p[0]))
                 context = chunk[-32:]
-            np.testing.assert_allclose(result, want, atol=1e-5)
+            assert_probabilities_close(result, want)
         assert max(got[0]) > 0.9 and max(got[0][:4]) < 0.1
         # 24 kHz sessions are brought down to 8 kHz in the batch, and still heard.
         at_24k = soxr.resample(audio, 8000, 24000).astype(np.float32)
@@ -241,7 +246,7 @@ async def test_a_new_epoch_starts_afresh(
     first, second = listener.results[: len(chunks)], listener.results[len(chunks) :]
     assert {e for _, e in first} == {0} and {e for _, e in second} == {1}
     # The second pass starts from fresh state, so it equals the first.
-    np.testing.assert_allclose([p for p, _ in second], [p for p, _ in first], atol=1e-6)
+    assert_probabilities_close([p for p, _ in second], [p for p, _ in first])
 
 
 async def test_a_closed_stream_gets_nothing_more_and_frees_its_row(
@@ -256,7 +261,7 @@ async def test_a_closed_stream_gets_nothing_more_and_frees_its_row(
     stream.push(chunks[0], 0)  # after close: ignored
     # A new stream reuses the row and starts clean: its results equal a fresh run's.
     fresh = await pushed(batched, question)
-    np.testing.assert_allclose(fresh, await pushed(batched, question), atol=1e-6)
+    assert_probabilities_close(fresh, await pushed(batched, question))
     await asyncio.sleep(0.05)
     assert len(listener.results) < len(chunks)
 
@@ -321,7 +326,7 @@ async def test_ready_results_are_handed_out_without_waiting_for_the_loop(
     expected = await pushed(batched, np.concatenate(chunks))
     for listener in (first, second):
         assert {epoch for _, epoch in listener.results} == {3}
-        np.testing.assert_allclose(listener.probabilities, expected, atol=1e-6)
+        assert_probabilities_close(listener.probabilities, expected)
     # The wake-up callbacks still queued find nothing left to hand out.
     await asyncio.sleep(0.05)
     assert len(first.results) == len(second.results) == len(chunks)
