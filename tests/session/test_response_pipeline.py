@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 import numpy.typing as npt
+import pytest
 
 from hark.engines.fake import FakeTts
 from hark.engines.llm import (
@@ -143,7 +144,16 @@ async def test_tts_failure_propagates() -> None:
     assert ("finished", "stop") not in sink.log
 
 
-async def test_tts_is_told_how_much_audio_the_listener_has_left() -> None:
+async def test_tts_is_told_how_much_audio_the_listener_has_left(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The pipeline reads the listener's clock from the loop. Here that clock moves only when
+    # the voice says so: each clause takes `render_s` to render, however fast the machine is.
+    loop = asyncio.get_running_loop()
+    clock = [loop.time()]
+    monkeypatch.setattr(loop, "time", lambda: clock[0])
+    render_s = 0.1
+
     class RecordingTts(FakeTts):
         def __init__(self) -> None:
             super().__init__(24000)
@@ -155,6 +165,7 @@ async def test_tts_is_told_how_much_audio_the_listener_has_left() -> None:
             self.slack.append((text, slack_s))
             async for chunk in super().synthesize(text, voice=voice, speed=speed):
                 yield chunk
+            clock[0] += render_s
 
     tts = RecordingTts()
     script: list[LlmEvent] = [
@@ -170,8 +181,9 @@ async def test_tts_is_told_how_much_audio_the_listener_has_left() -> None:
         "It is on the Seine.",
     ]
     # The first words are awaited in silence; each later clause has the audio before it
-    # (the fake voice: 0.4 s a word, made at once) still to play.
+    # (the fake voice: 0.4 s a word) less what has played since the first audio, one render
+    # per clause before it.
     (_, first), (_, second), (_, third) = tts.slack
     assert first == 0.0
-    assert 0.3 < second <= 0.4
-    assert 2.6 < third <= 2.8
+    assert second == pytest.approx(0.4 - render_s)
+    assert third == pytest.approx(0.4 + 6 * 0.4 - 2 * render_s)
