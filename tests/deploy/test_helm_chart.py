@@ -19,6 +19,8 @@ import yaml
 import hark
 from hark.config import Settings, env_var, load_settings
 from hark.server.auth import check_bind_policy
+from hark.server.workers import STOP_TIMEOUT_S
+from hark.server.workers import worker_settings as process_settings
 from tests.deploy.chart import CHART, HelmRenderError, Rendered, check_object, lint, render
 
 # What the downward API hands a worker in these tests.
@@ -41,6 +43,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "given-keys": {"apiKeys": {"keys": ["sk-one", "sk-two"]}, "hark": {"zone": "eu-west-1a"}},
     "long-drain": {"hark": {"drainTimeoutSeconds": 900, "preStopSleepSeconds": 10}},
     "limits": {"hark": {"keyMaxSessions": 10, "keyTokensPerMinute": 50000}},
+    "workers": {"hark": {"workers": 3}},
     "no-policies": {
         "networkPolicy": {"enabled": False},
         "podDisruptionBudget": {"enabled": False},
@@ -155,7 +158,11 @@ def test_workers_start_with_settings_the_server_accepts(rendered: Rendered) -> N
     # Not on loopback: the server refuses to start without keys.
     assert settings.api_keys
     check_bind_policy(settings.host, settings.api_keys)
-    assert settings.advertise_url == f"http://{POD_IP}:{settings.port}"
+    if settings.workers == 1:
+        assert settings.advertise_url == f"http://{POD_IP}:{settings.port}"
+    else:
+        # Each process advertises its own port: one URL for all of them would be wrong.
+        assert settings.advertise_url is None
     assert settings.redis_url
     for name in env:
         if name.startswith("HARK_"):
@@ -170,8 +177,8 @@ def test_drain_fits_in_the_grace_period(rendered: Rendered) -> None:
     pre_stop = float(command[1])
     drain = worker_settings(rendered).drain_timeout
     # Kubernetes counts the grace period from the preStop hook's start; after the drain the
-    # worker still closes what is left.
-    assert pod["terminationGracePeriodSeconds"] >= pre_stop + drain + 10
+    # worker still closes what is left, as long as --workers' parent waits for it.
+    assert pod["terminationGracePeriodSeconds"] >= pre_stop + drain + STOP_TIMEOUT_S
 
 
 def test_everything_runs_as_non_root(rendered: Rendered) -> None:
@@ -233,6 +240,16 @@ def test_each_worker_takes_the_udp_port_on_its_node() -> None:
     without = render(VARIANTS["no-media"])
     assert "hostPort" not in _port(_container(_worker(without)), "rtc")
     assert worker_settings(without).rtc_advertise_ip is None
+
+
+def test_every_process_of_a_pod_gets_its_udp_port_on_the_node() -> None:
+    r = render(VARIANTS["workers"])
+    settings = worker_settings(r)
+    assert settings.workers == 3
+    udp = {p["containerPort"]: p for p in _container(_worker(r))["ports"] if p["protocol"] == "UDP"}
+    ports = [process_settings(settings, i).rtc_port for i in range(settings.workers)]
+    assert sorted(udp) == ports
+    assert all(udp[port]["hostPort"] == port for port in ports)
 
 
 def test_redis_in_the_chart_is_what_the_workers_use() -> None:

@@ -97,6 +97,9 @@ sleep, the whole drain, then up to 15 s of shutdown (closing sessions, the store
 {{- if and (include "hark.llmUrls" .) (not (include "hark.llmModel" .)) }}
 {{- fail "llm.urls is set: llm.model must name the remote model" }}
 {{- end }}
+{{- if lt (int .Values.hark.workers) 1 }}
+{{- fail "hark.workers must be at least 1" }}
+{{- end }}
 {{- if not (has .Values.hark.engines (list "embedded" "fake")) }}
 {{- fail "hark.engines must be embedded or fake" }}
 {{- end }}
