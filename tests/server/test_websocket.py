@@ -21,6 +21,7 @@ from hark.engines.registry import Engines
 from hark.engines.turn.llama_cpp import LlamaCppEndOfTurn
 from hark.engines.vad.batcher import BatchedSileroVad
 from hark.server.app import create_app, make_runner
+from hark.session.core import MAX_APPEND_BYTES
 from hark.transports.websocket import MAX_MESSAGE_BYTES
 
 from .conftest import API_KEY, StartServer, bearer
@@ -84,6 +85,14 @@ class StubSession:
     async def close(self) -> None:
         self.closed.set()
 
+    # What the server asks of every session it runs, besides the transport's part.
+    generations_running = 0
+
+    async def end(self, message: str, code: str, reason: str) -> None:
+        self.emit(json.dumps({"type": "error", "error": {"message": message, "code": code}}))
+        self.events.put_nowait(None)
+        await self.close()
+
 
 @pytest.fixture
 def stub_sessions(monkeypatch: pytest.MonkeyPatch) -> list[StubSession]:
@@ -114,8 +123,8 @@ async def test_large_appends_arrive_and_binary_frames_reach_the_session(
     server = await start_server(KEYED, fake_engines)
     async with http.ws_connect(server.ws_url + "?model=m", headers=bearer(API_KEY)) as ws:
         assert (await next_json(ws))["type"] == "session.created"
-        # 15 MiB of audio is 20 MiB of base64.
-        audio = "A" * (20 * MiB)
+        # The largest append a session takes: 15 MiB of base64.
+        audio = "A" * MAX_APPEND_BYTES
         frame = json.dumps({"type": "input_audio_buffer.append", "audio": audio})
         await ws.send_str(frame)
         assert await next_json(ws) == {"type": "received", "length": len(frame)}
@@ -258,7 +267,7 @@ async def test_one_session_closing_leaves_another_running(
         assert not stub_sessions[0].closed.is_set()
 
 
-async def test_server_shutdown_closes_sessions_with_going_away(
+async def test_server_shutdown_tells_sessions_why_and_closes_them(
     http: aiohttp.ClientSession,
     fake_engines: Engines,
     stub_sessions: list[StubSession],
@@ -271,9 +280,12 @@ async def test_server_shutdown_closes_sessions_with_going_away(
     ws = await http.ws_connect(f"ws://{host}:{port}/v1/realtime?model=m", headers=bearer(API_KEY))
     await next_json(ws)
     cleanup = asyncio.create_task(runner.cleanup())
+    # The client hears why, then the session ends and its socket closes normally.
+    error = await next_json(ws)
+    assert (error["type"], error["error"]["code"]) == ("error", "server_shutting_down")
     msg = await asyncio.wait_for(ws.receive(), timeout=30)
     assert msg.type is aiohttp.WSMsgType.CLOSE
-    assert msg.data == aiohttp.WSCloseCode.GOING_AWAY
+    assert msg.data == aiohttp.WSCloseCode.OK
     await ws.close()
     await asyncio.wait_for(cleanup, timeout=30)
     assert stub_sessions[0].closed.is_set()

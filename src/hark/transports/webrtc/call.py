@@ -102,6 +102,8 @@ class Call:
         self._sidebands: set[asyncio.Queue[str | None]] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._fan_out_task: asyncio.Task[None] | None = None
+        # Why the server is ending the call, once it is (``end``).
+        self._end_reason: str | None = None
         self._closing = False
         self.closed = asyncio.Event()
         self.close_reason: str | None = None
@@ -146,6 +148,7 @@ class Call:
         """End the call from the server's side (drain, shutdown): the client is told why in
         an ``error`` event on the data channel and the sidebands, then the call closes."""
         if not self._closing:
+            self._end_reason = reason
             await self.runner.end(message, code, reason)
             if self._fan_out_task is not None:
                 # The fan-out ends once it has handed out the session's last events.
@@ -251,8 +254,8 @@ class Call:
                     queue.put_nowait(None)
                 else:
                     queue.put_nowait(text)
-        # The session ended by itself (its time limit): the call ends with it.
-        self._spawn(self.close("session ended"), "close")
+        # The session ended (its time limit, or the server ending it): the call ends with it.
+        self._spawn(self.close(self._end_reason or "session ended"), "close")
 
     def _end_of_audio(self, text: str) -> None:
         """Tell the playout a response has no more audio coming once its audio is done."""
