@@ -20,11 +20,14 @@ from aiohttp._websocket.reader import WebSocketDataQueue, WebSocketReader
 from aiohttp.helpers import DEFAULT_CHUNK_SIZE
 from aiohttp.web_request import BaseRequest
 
+from hark.session.core import MAX_APPEND_BYTES, MiB
+
 logger = logging.getLogger(__name__)
 
-# An append may carry 15 MiB of audio, about 20 MiB once base64 and JSON wrap it; larger
-# frames close the connection with 1009 (message too big).
-MAX_MESSAGE_BYTES = 32 * 1024 * 1024
+# The largest append the session accepts (its base64 audio) and room for the JSON around
+# it: an append just over the session's limit still reaches the session, which answers with
+# an error event and goes on; larger frames close the connection with 1009 (message too big).
+MAX_MESSAGE_BYTES = MAX_APPEND_BYTES + MiB
 # Pings find dead peers (a laptop lid closed, a NAT forgot us) whose sessions would
 # otherwise hold engine work until the 60-minute limit: a connection silent for this long is
 # pinged, and closed if it stays silent for half as long again. aiohttp's own heartbeat
