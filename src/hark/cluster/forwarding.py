@@ -21,6 +21,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from yarl import URL
 
 from hark.cluster.store import WorkerInfo
+from hark.transports.websocket import MAX_MESSAGE_BYTES
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +35,6 @@ _RETURNED_HEADERS = ("Content-Type", "Location", "WWW-Authenticate", "X-Hark-Wor
 CONNECT_TIMEOUT_S = 2.0
 # An answer to an offer or a hangup comes in well under this; past it the owner is stuck.
 RESPONSE_TIMEOUT_S = 30.0
-# The same bound as a client's own frames (hark.transports.websocket.MAX_MESSAGE_BYTES).
-MAX_MESSAGE_BYTES = 32 * 1024 * 1024
 
 
 class ForwardError(Exception):
