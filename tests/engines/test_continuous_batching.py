@@ -13,9 +13,10 @@ words.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
-import time
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import llama_cpp
@@ -29,6 +30,7 @@ from hark.engines.llm import (
     TextDelta,
     Urgency,
 )
+from hark.engines.llm.continuous_batching import BatchScheduler
 from hark.engines.llm.llama_cpp import LlamaCppLlm
 
 from .test_llama_cpp_llm import (
@@ -106,23 +108,100 @@ def long_history(topic: str, turns: int) -> tuple[ChatMessage, ...]:
     return tuple(messages)
 
 
+# Bounds a hang, never speed.
+LIVENESS_S = 60.0
+# Which of two things happened first, in the order the event loop saw them.
+_ticks = itertools.count()
+
+
 class Timed:
-    """Consumes a stream, noting when its first text and its end arrived."""
+    """Consumes a stream, noting in what order its first text and its end arrived."""
 
     def __init__(self) -> None:
         self.events: list[LlmEvent] = []
-        self.first_text: float | None = None
-        self.ended: float | None = None
+        self.first_text: int | None = None
+        self.ended: int | None = None
         self.started = asyncio.Event()
 
     async def run(self, stream: AsyncIterator[LlmEvent]) -> list[LlmEvent]:
         async for event in stream:
             if isinstance(event, TextDelta) and self.first_text is None:
-                self.first_text = time.perf_counter()
+                self.first_text = next(_ticks)
                 self.started.set()
             self.events.append(event)
-        self.ended = time.perf_counter()
+        self.ended = next(_ticks)
         return self.events
+
+
+class DecodeGate:
+    """Holds the scheduler thread at ``llama_decode`` while closed, and counts the jobs that
+    reach a scheduler: a test then knows what is still running when its next request
+    arrives, however fast the machine generates. Open until ``close``."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self._cond = threading.Condition()
+        self._permits: int | None = None  # None: open
+        self.entered = 0
+        self.submitted = 0
+        decode = llama_cpp.llama_decode
+        submit = BatchScheduler.submit
+
+        def gated(ctx: Any, batch: Any) -> int:
+            with self._cond:
+                self.entered += 1
+                self._cond.notify_all()
+                if not self._cond.wait_for(
+                    lambda: self._permits is None or self._permits > 0, LIVENESS_S
+                ):
+                    raise AssertionError("the decode gate was never opened")
+                if self._permits is not None:
+                    self._permits -= 1
+            return int(decode(ctx, batch))
+
+        def counted(scheduler: BatchScheduler, job: Any) -> None:
+            submit(scheduler, job)
+            with self._cond:
+                self.submitted += 1
+                self._cond.notify_all()
+
+        monkeypatch.setattr(llama_cpp, "llama_decode", gated)
+        monkeypatch.setattr(BatchScheduler, "submit", counted)
+
+    def close(self) -> None:
+        """Hold every decode from now on."""
+        with self._cond:
+            self._permits = 0
+
+    def open(self) -> None:
+        """Let every decode through."""
+        with self._cond:
+            self._permits = None
+            self._cond.notify_all()
+
+    async def _until(self, ready: Callable[[], bool]) -> None:
+        def wait() -> bool:
+            with self._cond:
+                return self._cond.wait_for(ready, LIVENESS_S)
+
+        assert await asyncio.to_thread(wait), "the scheduler never got there"
+
+    async def held(self, decodes: int = 1) -> None:
+        """Wait until the scheduler has reached its ``decodes``-th decode since the gate was
+        made (and, closed, is held there)."""
+        await self._until(lambda: self.entered >= decodes)
+
+    async def arrived(self, jobs: int) -> None:
+        """Wait until ``jobs`` jobs have reached a scheduler since the gate was made."""
+        await self._until(lambda: self.submitted >= jobs)
+
+    async def step(self) -> None:
+        """Let the held decode run, and wait until the scheduler is held at the next one."""
+        with self._cond:
+            target = self.entered + 1
+            assert self._permits is not None, "the gate is open"
+            self._permits += 1
+            self._cond.notify_all()
+        await self.held(target)
 
 
 async def test_concurrent_generations_match_their_solo_runs(exact: LlamaCppLlm) -> None:
@@ -142,16 +221,29 @@ async def test_concurrent_openings_match_their_solo_runs(llm: LlamaCppLlm) -> No
 
 
 async def test_generations_arriving_at_different_times_match_their_solo_runs(
-    exact: LlamaCppLlm,
+    exact: LlamaCppLlm, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     systems = [f"You are assistant number {i}. Answer in one short sentence." for i in range(3)]
     alone = await solo([greedy(STORY, 30, s) for s in systems], **EXACT)
-
-    async def later(i: int) -> str:
-        await asyncio.sleep(0.15 * i)
-        return text_of(await collect(exact.generate(greedy(STORY, 30, systems[i]))))
-
-    assert list(await asyncio.gather(*(later(i) for i in range(3)))) == alone
+    gate = DecodeGate(monkeypatch)
+    gate.close()
+    streams = [Timed() for _ in systems]
+    tasks = []
+    for i, system in enumerate(systems):
+        tasks.append(asyncio.create_task(streams[i].run(exact.generate(greedy(STORY, 30, system)))))
+        await gate.arrived(i + 1)
+        if i == 0:
+            await gate.held()
+        # Each arrives once the one before has spoken, and before it can finish: the
+        # scheduler is held until the next one is queued.
+        while not streams[i].started.is_set():
+            await gate.step()
+    gate.open()
+    replies = [text_of(events) for events in await asyncio.gather(*tasks)]
+    assert replies == alone
+    for earlier, later in itertools.pairwise(streams):
+        assert earlier.ended is not None and later.first_text is not None
+        assert later.first_text < earlier.ended
 
 
 async def test_a_tool_call_beside_text_keeps_its_grammar(exact: LlamaCppLlm) -> None:
@@ -167,13 +259,22 @@ async def test_a_tool_call_beside_text_keeps_its_grammar(exact: LlamaCppLlm) -> 
     assert [text_of(events) for events in results[1:]] == alone
 
 
-async def test_cancelling_one_generation_leaves_the_others_alone(exact: LlamaCppLlm) -> None:
+async def test_cancelling_one_generation_leaves_the_others_alone(
+    exact: LlamaCppLlm, monkeypatch: pytest.MonkeyPatch
+) -> None:
     alone = await solo([greedy(q) for q in QUESTIONS[:2]], **EXACT)
+    gate = DecodeGate(monkeypatch)
+    gate.close()
     doomed = Timed()
     task = asyncio.create_task(doomed.run(exact.generate(greedy(STORY, 200))))
     others = asyncio.gather(*(collect(exact.generate(greedy(q))) for q in QUESTIONS[:2]))
-    await asyncio.wait_for(doomed.started.wait(), 30)
+    await gate.arrived(3)
+    await gate.held()
+    while not doomed.started.is_set():
+        await gate.step()
+    # Cancelled while the scheduler is held mid-story: it cannot have finished.
     task.cancel()
+    gate.open()
     with pytest.raises(asyncio.CancelledError):
         await task
     assert [text_of(events) for events in await others] == alone
@@ -262,7 +363,9 @@ async def test_sessions_share_the_cache_of_a_common_beginning(llm: LlamaCppLlm) 
     await story
 
 
-async def test_a_turn_overtakes_a_speculative_reply(llm: LlamaCppLlm) -> None:
+async def test_a_turn_overtakes_a_speculative_reply(
+    llm: LlamaCppLlm, monkeypatch: pytest.MonkeyPatch
+) -> None:
     speculation = GenerationRequest(
         messages=long_history("Rome", 8),
         temperature=0.0,
@@ -271,9 +374,14 @@ async def test_a_turn_overtakes_a_speculative_reply(llm: LlamaCppLlm) -> None:
     )
     turn = GenerationRequest(messages=long_history("Paris", 12), temperature=0.0, max_tokens=20)
     speculative, urgent = Timed(), Timed()
+    gate = DecodeGate(monkeypatch)
+    gate.close()
     first = asyncio.create_task(speculative.run(llm.generate(speculation)))
-    await asyncio.sleep(0.1)
+    # The turn arrives while the speculation's prompt is being read (its first step held).
+    await gate.held()
     second = asyncio.create_task(urgent.run(llm.generate(turn)))
+    await gate.arrived(2)
+    gate.open()
     await asyncio.gather(first, second)
     # The turn came later with a longer prompt, yet spoke first: its prompt was read first.
     assert finished(urgent.events).prompt_tokens > finished(speculative.events).prompt_tokens
@@ -281,12 +389,20 @@ async def test_a_turn_overtakes_a_speculative_reply(llm: LlamaCppLlm) -> None:
     assert urgent.first_text < speculative.first_text
 
 
-async def test_a_turn_overtakes_a_running_prefill(llm: LlamaCppLlm) -> None:
+async def test_a_turn_overtakes_a_running_prefill(
+    llm: LlamaCppLlm, monkeypatch: pytest.MonkeyPatch
+) -> None:
     history = long_history("Rome", 12)
+    gate = DecodeGate(monkeypatch)
+    gate.close()
     prefill = asyncio.create_task(llm.prefill(GenerationRequest(messages=history)))
-    await asyncio.sleep(0.2)
+    # The turn arrives while the prefill's first chunk is being read (held there).
+    await gate.held()
     turn = Timed()
-    await turn.run(llm.generate(greedy(QUESTIONS[0])))
+    answer = asyncio.create_task(turn.run(llm.generate(greedy(QUESTIONS[0]))))
+    await gate.arrived(2)
+    gate.open()
+    await answer
     assert text_of(turn.events) == "The capital of France is Paris."
     assert not prefill.done()
     await prefill
