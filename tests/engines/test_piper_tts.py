@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,8 @@ from hark.engines.tts.piper import PiperTts, _DueFirst
 pytestmark = pytest.mark.slow
 
 THREE_SENTENCES = "The first sentence is here. Then comes a second one. And a third ends it."
+# Bounds a hang, never speed.
+LIVENESS_S = 30.0
 
 
 def needs_piper() -> None:
@@ -88,18 +91,32 @@ async def test_openai_voice_names_are_accepted(tts: PiperTts) -> None:
 
 
 class CountingRenders:
-    """Counts the sentences the voice renders, by wrapping its ONNX call."""
+    """Counts the sentences the voice renders (by wrapping its ONNX call) and keeps every call
+    handed to the engine's workers, so that a test can wait for all of them to be over."""
 
     def __init__(self, engine: PiperTts, monkeypatch: pytest.MonkeyPatch) -> None:
         voice = engine._load()
         self.count = 0
+        self.calls: list[concurrent.futures.Future[Any]] = []
         original = voice.phoneme_ids_to_audio
+        submit = engine._queue.submit
 
         def counted(*args: Any, **kwargs: Any) -> Any:
             self.count += 1
             return original(*args, **kwargs)
 
+        def kept(due: float, call: Callable[[], Any]) -> concurrent.futures.Future[Any]:
+            future = submit(due, call)
+            self.calls.append(future)
+            return future
+
         monkeypatch.setattr(voice, "phoneme_ids_to_audio", counted)
+        monkeypatch.setattr(engine._queue, "submit", kept)
+
+    async def settled(self) -> None:
+        """Wait until every call handed to the workers has run or been dropped."""
+        _, running = await asyncio.to_thread(concurrent.futures.wait, self.calls, LIVENESS_S)
+        assert not running, "a render never ended"
 
 
 async def test_closing_the_stream_stops_before_the_next_sentence(
@@ -110,8 +127,8 @@ async def test_closing_the_stream_stops_before_the_next_sentence(
     first = await anext(stream)
     assert first.size > 0
     await stream.aclose()  # type: ignore[attr-defined]
-    await asyncio.sleep(0.5)
-    assert renders.count == 1
+    await renders.settled()
+    assert len(renders.calls) == 1 and renders.count == 1
 
 
 async def test_cancelling_mid_sentence_renders_no_further_sentence(
@@ -128,13 +145,14 @@ async def test_cancelling_mid_sentence_renders_no_further_sentence(
 
     task = asyncio.create_task(consume())
     await first_arrived.wait()
-    # The second sentence is now being rendered in a thread; cancel while it runs.
+    # The second sentence is now asked for (being rendered, or waiting for a worker).
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    await asyncio.sleep(1.0)
+    await renders.settled()
     assert len(received) == 1
-    assert renders.count <= 2
+    # Asked for, it may have been rendered unseen; nothing after it was asked for.
+    assert len(renders.calls) == 2 and renders.count <= 2
 
 
 def test_due_first_runs_the_soonest_due_first_and_skips_cancelled_calls() -> None:
@@ -214,7 +232,7 @@ def test_idle_workers_end_and_come_back(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr("hark.engines.tts.piper._IDLE_WORKER_S", 0.05)
     queue = _DueFirst(workers=1)
     assert queue.submit(0.0, lambda: 1).result(timeout=5) == 1
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + LIVENESS_S
     while queue._started:
         assert time.monotonic() < deadline, "the idle worker did not end"
         time.sleep(0.01)
