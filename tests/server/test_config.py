@@ -96,3 +96,37 @@ def test_vad_rate_from_the_command_line_or_the_environment() -> None:
     assert load_settings({}, env={}).vad_rate == 16000
     assert load_settings({"vad_rate": 8000}, env={}).vad_rate == 8000
     assert load_settings({}, env={"HARK_VAD_RATE": "8000"}).vad_rate == 8000
+
+
+def test_llm_url_takes_several_endpoints_from_every_source(tmp_path: Path) -> None:
+    a, b = "http://gpu-a:8001/v1", "https://gpu-b/v1"
+    model = {"llm_model": "qwen"}
+    assert load_settings({"llm_url": a, **model}, env={}).llm_url == (a,)
+    assert load_settings({"llm_url": f"{a}, {b}", **model}, env={}).llm_url == (a, b)
+    env = {"HARK_LLM_URL": f"{a},{b}", "HARK_LLM_MODEL": "qwen"}
+    assert load_settings({}, env=env).llm_url == (a, b)
+    config = write(tmp_path, f'llm_url = ["{a}", "{b}"]\nllm_model = "qwen"\n')
+    assert load_settings({"config_file": str(config)}, env={}).llm_url == (a, b)
+    config = write(tmp_path, f'llm_url = "{b}"\nllm_model = "qwen"\n')
+    assert load_settings({"config_file": str(config)}, env={}).llm_url == (b,)
+
+
+@pytest.mark.parametrize(
+    "urls",
+    [
+        "ftp://gpu-a/v1",
+        "http://gpu-a:8001/v1,gpu-b:8001",
+        "http://gpu-a:eighty/v1",
+        "http://gpu-a/v1,http://gpu-a/v1",
+        ["http://gpu-a/v1", 8001],
+    ],
+)
+def test_llm_url_refuses_what_is_not_a_list_of_http_urls(urls: object) -> None:
+    with pytest.raises(ConfigError, match="llm_url"):
+        load_settings({"llm_url": urls, "llm_model": "qwen"}, env={})
+
+
+def test_a_bad_llm_url_is_not_echoed() -> None:
+    with pytest.raises(ConfigError) as refused:
+        load_settings({"llm_url": "ftp://user:sk-secret@gpu/v1", "llm_model": "q"}, env={})
+    assert "sk-secret" not in str(refused.value)

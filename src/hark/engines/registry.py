@@ -80,9 +80,10 @@ def build_engines(settings: Settings) -> Engines:
     """The engines ``settings.engines`` names; nothing is loaded until ``warmup``.
 
     ``embedded``: Silero VAD, Whisper, llama.cpp (or an OpenAI-compatible endpoint when
-    ``llm_url`` is set) and Piper. ``fake``: the real Silero VAD with fake ASR, LLM and TTS,
-    for protocol tests and overhead benchmarks. Either way the VAD batches the chunks of all
-    the process's sessions into shared model calls (``BatchedSileroVad``).
+    ``llm_url`` is set; several fail over between them) and Piper. ``fake``: the real Silero
+    VAD with fake ASR, LLM and TTS, for protocol tests and overhead benchmarks. Either way the
+    VAD batches the chunks of all the process's sessions into shared model calls
+    (``BatchedSileroVad``).
     Raises ``EngineUnavailableError`` when an optional package or a model file is missing.
     """
     from hark.engines.turn.llama_cpp import LlamaCppEndOfTurn
@@ -116,11 +117,17 @@ def build_engines(settings: Settings) -> Engines:
     try:
         asr = WhisperAsr(model_path=settings.asr_model, device=settings.asr_device)
         llm: LlmEngine
-        if settings.llm_url:
+        if len(settings.llm_url) > 1:
+            from hark.engines.llm.failover import FailoverLlm
+
+            llm = FailoverLlm.for_urls(
+                settings.llm_url, settings.llm_model_name, api_key=settings.llm_api_key
+            )
+        elif settings.llm_url:
             from hark.engines.llm.openai_compatible import OpenAICompatibleLlm
 
             llm = OpenAICompatibleLlm(
-                base_url=settings.llm_url,
+                base_url=settings.llm_url[0],
                 model=settings.llm_model_name,
                 api_key=settings.llm_api_key,
             )

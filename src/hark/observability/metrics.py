@@ -34,6 +34,7 @@ from hark.observability.loop_lag import monitor_loop_lag
 from hark.observability.session_metrics import SessionMetrics
 
 if TYPE_CHECKING:
+    from hark.engines.llm.failover import BackendObserver, BackendState
     from hark.engines.vad.batcher import BatchObserver
     from hark.observability.tracing import TurnTracer
 
@@ -215,6 +216,32 @@ class Metrics:
             registry=r,
             multiprocess_mode="liveall",
         )
+        self.llm_backend_requests = Counter(
+            "hark_llm_backend_requests",
+            "Generation requests sent to each LLM backend (retries and continuations too).",
+            ["backend"],
+            registry=r,
+        )
+        self.llm_backend_failures = Counter(
+            "hark_llm_backend_failures",
+            "Generation requests that failed on each LLM backend.",
+            ["backend"],
+            registry=r,
+        )
+        self.llm_backend_failovers = Counter(
+            "hark_llm_backend_failovers",
+            "Responses that moved from each LLM backend to another after it failed.",
+            ["backend"],
+            registry=r,
+        )
+        self.llm_backend_state = Gauge(
+            "hark_llm_backend_state",
+            "1 for each LLM backend's state (healthy, unknown, unhealthy), 0 for the others; "
+            "summed over the workers.",
+            ["backend", "state"],
+            registry=r,
+            multiprocess_mode="livesum",
+        )
         self._lag_lock = threading.Lock()
         self._lag_window_max = 0.0
 
@@ -225,6 +252,10 @@ class Metrics:
     def batch_observer(self, model: str) -> BatchObserver:
         """An observer for a ``Batcher`` of ``model`` (e.g. ``vad``)."""
         return _BatchMetrics(self, model)
+
+    def llm_backend_observer(self) -> BackendObserver:
+        """An observer for a ``FailoverLlm``'s backends."""
+        return _LlmBackendMetrics(self)
 
     def observe_loop_lag(self, seconds: float) -> None:
         """One measure of the event loop's lag."""
@@ -280,6 +311,28 @@ class _BatchMetrics:
         self._wait.observe(wait_s)
         self._run.observe(run_s)
         self._queue.set(backlog)
+
+
+class _LlmBackendMetrics:
+    """Feeds a ``FailoverLlm``'s reports into the per-backend LLM series."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def request(self, backend: str) -> None:
+        self._metrics.llm_backend_requests.labels(backend).inc()
+
+    def failure(self, backend: str) -> None:
+        self._metrics.llm_backend_failures.labels(backend).inc()
+
+    def failover(self, backend: str) -> None:
+        self._metrics.llm_backend_failovers.labels(backend).inc()
+
+    def state(self, backend: str, state: BackendState) -> None:
+        from hark.engines.llm.failover import BACKEND_STATES
+
+        for each in BACKEND_STATES:
+            self._metrics.llm_backend_state.labels(backend, each).set(1 if each == state else 0)
 
 
 def resident_memory_bytes() -> int | None:

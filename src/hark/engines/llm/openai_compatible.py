@@ -104,6 +104,8 @@ class OpenAICompatibleLlm:
     ``base_url`` includes the version prefix (``http://host:8000/v1``). ``temperature`` and
     ``max_tokens_default`` are sent when a request leaves them unset (``None``: the server's
     default). ``timeout_s`` bounds connecting and each wait for the next bytes of a stream.
+    ``connect_attempts`` is how often a request tries to connect before it fails (one where
+    another backend can take over, see :mod:`hark.engines.llm.failover`).
     Call :meth:`aclose` when done.
     """
 
@@ -115,19 +117,24 @@ class OpenAICompatibleLlm:
         temperature: float | None = None,
         max_tokens_default: int | None = None,
         timeout_s: float = 60.0,
+        connect_attempts: int = CONNECT_ATTEMPTS,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.temperature = temperature
         self.max_tokens_default = max_tokens_default
         self.timeout_s = timeout_s
+        self.connect_attempts = connect_attempts
         self._api_key = api_key
         self._session: aiohttp.ClientSession | None = None
 
     def __repr__(self) -> str:
-        return (
-            f"OpenAICompatibleLlm(base_url={self._safe_url(self.base_url)!r}, model={self.model!r})"
-        )
+        return f"OpenAICompatibleLlm(base_url={self.safe_base_url!r}, model={self.model!r})"
+
+    @property
+    def safe_base_url(self) -> str:
+        """``base_url`` without credentials or query: fit for logs and metric labels."""
+        return self._safe_url(self.base_url)
 
     async def aclose(self) -> None:
         """Close the HTTP session (its connections)."""
@@ -141,9 +148,16 @@ class OpenAICompatibleLlm:
 
     async def warmup(self) -> None:
         """Check that the endpoint answers (``GET /models``; a 404 is fine)."""
+        await self.check()
+
+    async def check(self, timeout_s: float | None = None) -> None:
+        """Raise ``LlmError`` unless ``GET /models`` answers (a 404 is fine) within
+        ``timeout_s`` (``None``: the engine's own timeouts)."""
         url = self.base_url + "/models"
+        http = self._http()
+        timeout = http.timeout if timeout_s is None else aiohttp.ClientTimeout(total=timeout_s)
         try:
-            async with self._http().get(url, headers=self._headers()) as response:
+            async with http.get(url, headers=self._headers(), timeout=timeout) as response:
                 if response.status >= 400 and response.status != 404:
                     raise await self._http_error(response)
                 await response.read()
@@ -152,8 +166,11 @@ class OpenAICompatibleLlm:
                 f"LLM endpoint {self._safe_url(url)} is unreachable: {self._scrub(repr(exc))}"
             ) from None
 
-    def payload(self, request: GenerationRequest) -> dict[str, Any]:
-        """The JSON body of the chat-completions request for ``request``."""
+    def payload(
+        self, request: GenerationRequest, extra_body: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """The JSON body of the chat-completions request for ``request``, with the fields of
+        ``extra_body`` (server-specific extensions) added."""
         body: dict[str, Any] = {
             "model": self.model,
             "messages": [message_to_openai(m) for m in request.messages],
@@ -169,12 +186,15 @@ class OpenAICompatibleLlm:
         if request.tools:
             body["tools"] = [tool_to_openai(t) for t in request.tools]
             body["tool_choice"] = tool_choice_to_openai(request.tool_choice)
-        return body
+        return body | (extra_body or {})
 
-    async def generate(self, request: GenerationRequest) -> AsyncGenerator[LlmEvent, None]:
-        """Stream the reply; ``Finished`` comes last. Cancelling closes the connection."""
+    async def generate(
+        self, request: GenerationRequest, extra_body: dict[str, Any] | None = None
+    ) -> AsyncGenerator[LlmEvent, None]:
+        """Stream the reply; ``Finished`` comes last. Cancelling closes the connection.
+        ``extra_body``: fields added to the request body (see :meth:`payload`)."""
         url = self.base_url + "/chat/completions"
-        body = self.payload(request)
+        body = self.payload(request, extra_body)
         response = await self._post(url, body)
         async with response:
             if response.status >= 400:
@@ -206,7 +226,7 @@ class OpenAICompatibleLlm:
             try:
                 return await self._http().post(url, json=body, headers=self._headers())
             except (aiohttp.ClientConnectionError, TimeoutError) as exc:
-                if attempt >= CONNECT_ATTEMPTS:
+                if attempt >= self.connect_attempts:
                     raise LlmError(
                         f"LLM endpoint {self._safe_url(url)} is unreachable after "
                         f"{attempt} attempts: {self._scrub(repr(exc))}"
