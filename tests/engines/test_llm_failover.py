@@ -405,10 +405,11 @@ class LlamaServer:
             self.process = await asyncio.to_thread(
                 subprocess.Popen, command, stdout=log, stderr=subprocess.STDOUT
             )
-        async with aiohttp.ClientSession() as http, asyncio.timeout(120):
+        probe = aiohttp.ClientTimeout(total=5)
+        async with aiohttp.ClientSession(timeout=probe) as http, asyncio.timeout(120):
             while True:
                 assert self.process.poll() is None, self.log.read_text()[-2000:]
-                with contextlib.suppress(aiohttp.ClientError):
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError):
                     async with http.get(self.url + "/models") as response:
                         if response.status == 200:
                             return
