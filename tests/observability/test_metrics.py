@@ -240,7 +240,10 @@ async def test_a_blocked_loop_shows_as_lag() -> None:
 async def test_the_background_task_samples_and_stops() -> None:
     metrics = Metrics()
     task = asyncio.create_task(metrics.run_background())
-    await asyncio.sleep(0.3)
+    # However slow the machine, the task samples and measures the loop; wait until it has.
+    async with asyncio.timeout(30):
+        while scrape(metrics).get("hark_event_loop_lag_seconds_count", 0) < 1:
+            await asyncio.sleep(0.05)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
