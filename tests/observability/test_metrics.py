@@ -40,6 +40,13 @@ SERIES = (
     "hark_batcher_run_seconds",
     "hark_process_resident_memory_bytes",
     "hark_process_open_fds",
+    "hark_cluster_store_up",
+    "hark_call_placements_total",
+    "hark_forwarded_requests_total",
+    "hark_llm_backend_requests_total",
+    "hark_llm_backend_failures_total",
+    "hark_llm_backend_failovers_total",
+    "hark_llm_backend_state",
 )
 
 
@@ -84,6 +91,16 @@ def test_every_series_is_exported() -> None:
     metrics.batch_observer("vad").batch(4, 0.002, 0.001, 0)
     metrics.observe_loop_lag(0.001)
     metrics.sample_process()
+    metrics.cluster_store_up.set(1)
+    metrics.placements.labels("here").inc()
+    metrics.forwarded.labels("hangup", "ok").inc()
+    for series in (
+        metrics.llm_backend_requests,
+        metrics.llm_backend_failures,
+        metrics.llm_backend_failovers,
+    ):
+        series.labels("http://gpu-1:8000/v1").inc()
+    metrics.llm_backend_state.labels("http://gpu-1:8000/v1", "healthy").set(1)
     names = {name.split("{")[0] for name in scrape(metrics)}
     for series in SERIES:
         assert any(name == series or name.startswith(series + "_") for name in names), series

@@ -256,6 +256,11 @@ async def test_a_call_on_one_server_is_reached_through_another(
             assert response.status == 200
             assert (response.headers[WORKER], response.headers[VIA]) != (on_a, on_a)
             assert response.headers[WORKER] == on_a
+        # B counted what it passed on.
+        async with http.get(b.url + "/metrics") as response:
+            exposition = await response.text()
+        for kind in ("sideband", "hangup"):
+            assert f'hark_forwarded_requests_total{{kind="{kind}",outcome="ok"}} 1.0' in exposition
 
 
 async def test_new_calls_go_to_the_least_loaded_worker(

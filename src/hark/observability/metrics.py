@@ -242,6 +242,25 @@ class Metrics:
             registry=r,
             multiprocess_mode="livesum",
         )
+        self.cluster_store_up = Gauge(
+            "hark_cluster_store_up",
+            "1 while the worker's last heartbeat reached the cluster store, else 0.",
+            registry=r,
+            multiprocess_mode="liveall",
+        )
+        self.placements = Counter(
+            "hark_call_placements",
+            "New WebRTC calls by where placement put them (here, or another worker).",
+            ["where"],
+            registry=r,
+        )
+        self.forwarded = Counter(
+            "hark_forwarded_requests",
+            "Requests passed to the worker that owns their call, by kind (offer, hangup, "
+            "sideband) and outcome (ok, unreachable).",
+            ["kind", "outcome"],
+            registry=r,
+        )
         self._lag_lock = threading.Lock()
         self._lag_window_max = 0.0
 

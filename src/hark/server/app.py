@@ -259,6 +259,7 @@ def _open_store(app: web.Application, settings: Settings) -> ClusterStore:
 
 def _load(app: web.Application) -> Load:
     """What the heartbeat reports: sessions here, and responses being generated."""
+    app[METRICS].cluster_store_up.set(1 if app[NODE].store_available else 0)
     state = app[STATE]
     runners = [*state.sessions, *(call.runner for call in app[CALLS])]
     return Load(sessions=len(runners), queue_depth=sum(r.generations_running for r in runners))
@@ -761,17 +762,23 @@ async def _place_call(request: web.Request, body: bytes) -> web.Response | None:
         logger.warning("cannot place a call (%s); answering it here", exc)
         return None
     forwarder = request.app[FORWARDER]
+    metrics = request.app[METRICS]
     for worker in candidates:
         node.placed(worker.id)
         if worker.id == node.id:
+            metrics.placements.labels("here").inc()
             return None
         try:
             answer = await forwarder.http(request, worker, body)
         except ForwardError as exc:
+            metrics.forwarded.labels("offer", "unreachable").inc()
             logger.warning("placing a call on %s failed: %s", worker.id, exc)
             continue
+        metrics.placements.labels("other").inc()
+        metrics.forwarded.labels("offer", "ok").inc()
         logger.info("call placed on worker %s (%s)", worker.id, worker.url)
         return answer
+    metrics.placements.labels("here").inc()
     return None
 
 
@@ -854,11 +861,15 @@ async def _hangup_call(request: web.Request) -> web.Response:
     if isinstance(call, web.Response):
         return call
     if isinstance(call, WorkerInfo):
+        forwarded = request.app[METRICS].forwarded
         try:
-            return await request.app[FORWARDER].http(request, call, await request.read())
+            answer = await request.app[FORWARDER].http(request, call, await request.read())
         except ForwardError as exc:
+            forwarded.labels("hangup", "unreachable").inc()
             logger.warning("a hangup could not reach its call's worker: %s", exc)
             return _owner_unreachable()
+        forwarded.labels("hangup", "ok").inc()
+        return answer
     await call.close("hangup")
     return web.Response(status=200)
 
@@ -878,13 +889,17 @@ async def _attach_sideband(
     state = request.app[STATE]
     if isinstance(call, WorkerInfo):
         state.websockets.add(ws)
+        forwarded = request.app[METRICS].forwarded
         try:
-            return await request.app[FORWARDER].websocket(request, call, ws)
+            piped = await request.app[FORWARDER].websocket(request, call, ws)
         except ForwardError as exc:
+            forwarded.labels("sideband", "unreachable").inc()
             logger.warning("a sideband could not reach its call's worker: %s", exc)
             return _owner_unreachable()
         finally:
             state.websockets.discard(ws)
+        forwarded.labels("sideband", "ok").inc()
+        return piped
     await ws.prepare(request)
     state.websockets.add(ws)
     logger.info("sideband attached to call %s for %s", call.id, principal.owner)
