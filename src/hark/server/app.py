@@ -385,7 +385,11 @@ async def _warm(app: web.Application) -> None:
         logger.exception("loading the engines failed; /readyz stays unready")
         return
     state.engines_status = "ready"
-    app[NODE].ready = True
+    node = app[NODE]
+    node.ready = True
+    # Tell the registry now, not at the next heartbeat: calls may be placed here at once.
+    with contextlib.suppress(ClusterUnavailableError):
+        await node.beat()
     logger.info("engines ready")
 
 
