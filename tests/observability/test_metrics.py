@@ -94,12 +94,12 @@ def test_every_series_is_exported() -> None:
     metrics.cluster_store_up.set(1)
     metrics.placements.labels("here").inc()
     metrics.forwarded.labels("hangup", "ok").inc()
-    for series in (
+    for counter in (
         metrics.llm_backend_requests,
         metrics.llm_backend_failures,
         metrics.llm_backend_failovers,
     ):
-        series.labels("http://gpu-1:8000/v1").inc()
+        counter.labels("http://gpu-1:8000/v1").inc()
     metrics.llm_backend_state.labels("http://gpu-1:8000/v1", "healthy").set(1)
     names = {name.split("{")[0] for name in scrape(metrics)}
     for series in SERIES:
