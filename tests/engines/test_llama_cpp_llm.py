@@ -168,6 +168,7 @@ def test_model_is_chatml() -> None:
     assert "<|im_start|>" in template and "<|im_end|>" in template
 
 
+@pytest.mark.slow
 async def test_answers_a_question(llm: LlamaCppLlm) -> None:
     await llm.warmup()
     events = await collect(llm.generate(ask("What is the capital of France?")))
@@ -177,6 +178,7 @@ async def test_answers_a_question(llm: LlamaCppLlm) -> None:
     assert end.prompt_tokens > 10 and 0 < end.completion_tokens < 200
 
 
+@pytest.mark.slow
 async def test_max_tokens_ends_with_length(llm: LlamaCppLlm) -> None:
     question = "Tell me about the history of Rome."
     events = await collect(llm.generate(ask(question, max_tokens=3, temperature=0.0)))
@@ -190,6 +192,7 @@ async def test_max_tokens_ends_with_length(llm: LlamaCppLlm) -> None:
     assert len(text_of(longer)) > len(text_of(events))
 
 
+@pytest.mark.slow
 async def test_default_cap_on_reply_length(
     llm: LlamaCppLlm, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -246,6 +249,7 @@ async def test_required_picks_one_of_the_tools(llm: LlamaCppLlm) -> None:
     check(arguments, TIME.parameters)
 
 
+@pytest.mark.slow
 async def test_unknown_forced_function_is_an_error(llm: LlamaCppLlm) -> None:
     request = ask("Hi", tools=(WEATHER,), tool_choice=ToolChoice("function", "nope"))
     with pytest.raises(ValueError, match="nope"):
@@ -294,6 +298,7 @@ async def test_answers_after_a_tool_output(llm: LlamaCppLlm) -> None:
     assert "Paris" in text_of(events) and "sunny" in text_of(events).lower()
 
 
+@pytest.mark.slow
 async def test_cancelling_stops_and_frees_the_engine(llm: LlamaCppLlm) -> None:
     long = ask("Write a long story about a dragon.", max_tokens=400, temperature=0.8)
     received: list[LlmEvent] = []
@@ -319,6 +324,7 @@ async def test_cancelling_stops_and_frees_the_engine(llm: LlamaCppLlm) -> None:
     assert "Paris" in text_of(events)
 
 
+@pytest.mark.slow
 async def test_next_turn_reuses_the_cached_prefix(llm: LlamaCppLlm) -> None:
     first_turn = ask("What is the capital of France?")
     events = await collect(llm.generate(first_turn))
@@ -388,6 +394,7 @@ def test_parses_tool_calls_written_in_free_text() -> None:
     assert _parse_tool_calls('<tool_call>{"name": "rm", "arguments": {}}', {"get_weather"}) == []
 
 
+@pytest.mark.slow
 async def test_prefill_reads_the_next_turns_prompt_ahead(llm: LlamaCppLlm) -> None:
     history = (
         ChatMessage(role="system", content="Answer in one short sentence."),
@@ -404,6 +411,7 @@ async def test_prefill_reads_the_next_turns_prompt_ahead(llm: LlamaCppLlm) -> No
     assert done.prompt_tokens - done.cached_tokens <= 12
 
 
+@pytest.mark.slow
 async def test_interleaved_conversations_keep_their_cache(llm: LlamaCppLlm) -> None:
     def history(city: str) -> tuple[ChatMessage, ...]:
         return (
