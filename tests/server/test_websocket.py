@@ -18,11 +18,11 @@ from hark.config import Settings
 from hark.engines.fake import FakeAsr, FakeTts
 from hark.engines.llm import Finished, GenerationRequest, LlmEvent
 from hark.engines.registry import Engines
-from hark.engines.turn.llama_cpp import LlamaCppEndOfTurn
 from hark.engines.vad.batcher import BatchedSileroVad
 from hark.server.app import create_app, make_runner
 from hark.session.core import MAX_APPEND_BYTES
 from hark.transports.websocket import MAX_MESSAGE_BYTES
+from tests.conftest import shared_end_of_turn
 
 from .conftest import API_KEY, StartServer, bearer
 
@@ -319,7 +319,7 @@ async def test_disconnect_cancels_the_sessions_engine_work(
 ) -> None:
     llm = HangingLlm()
     engines = Engines(
-        vad=BatchedSileroVad(), asr=FakeAsr(), llm=llm, tts=FakeTts(), turn=LlamaCppEndOfTurn()
+        vad=BatchedSileroVad(), asr=FakeAsr(), llm=llm, tts=FakeTts(), turn=shared_end_of_turn()
     )
     server = await start_server(KEYED, engines)
     ws = await http.ws_connect(server.ws_url + "?model=gpt-realtime", headers=bearer(API_KEY))
