@@ -90,21 +90,19 @@ def test_last_voiced_sample_of_silence_and_of_a_loud_end() -> None:
     assert last_voiced_sample(pcm, RATE) == 4804
 
 
-@pytest.fixture(scope="session")
-def question_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A cache of the questions that the tests use, synthesised once with Piper.
-
-    It lies where the command looks with ``XDG_CACHE_HOME`` set to its grandparent.
-    """
-    directory = tmp_path_factory.mktemp("xdg-cache") / "hark" / "bench"
-    asyncio.run(spoken_questions(QUESTIONS[:4], cache_dir=directory))
-    return directory
+@pytest.fixture
+def question_cache(recorded_questions: Path) -> Path:
+    """The benchmark questions, recorded (no Piper)."""
+    return recorded_questions
 
 
 @pytest.mark.slow
-def test_spoken_questions_are_cached_with_their_last_voiced_sample(
-    question_cache: Path,
+def test_spoken_questions_are_synthesised_once_with_their_last_voiced_sample(
+    tmp_path: Path,
 ) -> None:
+    # This test is of the synthesis itself, so it runs Piper.
+    question_cache = tmp_path / "hark" / "bench"
+    asyncio.run(spoken_questions(QUESTIONS[:4], cache_dir=question_cache))
     cached = sorted(question_cache.glob("*.wav"))
     assert len(cached) == 4
     stamps = [path.stat().st_mtime_ns for path in cached]

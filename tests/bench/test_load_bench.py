@@ -107,10 +107,12 @@ async def server_url() -> AsyncIterator[str]:
 
 
 @pytest.mark.slow
-async def test_a_short_run_against_a_server(server_url: str, tmp_path: Path) -> None:
-    pytest.importorskip("piper", reason="the speech fixtures are synthesised by Piper")
+async def test_a_short_run_against_a_server(
+    server_url: str, tmp_path: Path, recorded_questions: Path
+) -> None:
     config = LoadConfig(
         url=server_url,
+        cache_dir=recorded_questions,
         sessions=3,
         ramp_s=1.0,
         duration_s=9.0,

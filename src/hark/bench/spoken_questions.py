@@ -100,7 +100,7 @@ async def spoken_questions(
     tts: TtsEngine | None = None
     questions = []
     for text in texts:
-        path = directory / f"{_cache_key(text, voice)}.wav"
+        path = cache_path(directory, text, voice)
         pcm = _read_wav(path) if path.exists() else None
         if pcm is None:
             if tts is None:
@@ -108,15 +108,17 @@ async def spoken_questions(
 
                 tts = PiperTts(model_path=voice)
             pcm = await _synthesize(tts, text)
-            _write_wav(path, pcm)
+            write_question(path, pcm)
         questions.append(SpokenQuestion(text, pcm, last_voiced_sample(pcm, RATE)))
     return questions
 
 
-def _cache_key(text: str, voice: str | None) -> str:
+def cache_path(directory: Path, text: str, voice: str | None = None) -> Path:
+    """Where ``text`` spoken by ``voice`` is cached in ``directory``: a recording placed
+    there (24 kHz mono 16-bit, ``write_question``) is used instead of synthesising."""
     voice_name = Path(voice).name if voice is not None else "piper-default"
     digest = hashlib.sha256(f"{_CACHE_VERSION}\n{voice_name}\n{RATE}\n{text}".encode())
-    return digest.hexdigest()[:24]
+    return directory / f"{digest.hexdigest()[:24]}.wav"
 
 
 async def _synthesize(tts: TtsEngine, text: str) -> npt.NDArray[np.int16]:
@@ -141,7 +143,8 @@ def _read_wav(path: Path) -> npt.NDArray[np.int16] | None:
     return pcm if pcm.size else None
 
 
-def _write_wav(path: Path, pcm: npt.NDArray[np.int16]) -> None:
+def write_question(path: Path, pcm: npt.NDArray[np.int16]) -> None:
+    """Cache ``pcm`` (24 kHz) at ``path``, atomically."""
     path.parent.mkdir(parents=True, exist_ok=True)
     # Written beside and renamed, so that a concurrent run never reads half a file.
     handle, temporary = tempfile.mkstemp(dir=path.parent, suffix=".wav.tmp")
