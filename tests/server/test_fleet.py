@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import json
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +120,18 @@ async def call(
     return client
 
 
+def receiver(ws: aiohttp.ClientWebSocketResponse) -> Callable[[], Awaitable[dict[str, Any]]]:
+    """A function that reads ``ws``'s next event (and fails on anything but a text frame)."""
+
+    async def receive() -> dict[str, Any]:
+        message = await ws.receive()
+        assert message.type == aiohttp.WSMsgType.TEXT, message
+        event: dict[str, Any] = json.loads(message.data)
+        return event
+
+    return receive
+
+
 async def text_turn(send: Any, receive: Any, words: str) -> dict[str, Any]:
     """A user message and a response; the ``response.done`` event."""
     await send(
@@ -183,11 +195,7 @@ async def test_sideband_and_hangup_reach_the_call_through_the_other_worker(
         else:
             raise AssertionError("no sideband connection reached the other worker")
 
-        async def receive() -> dict[str, Any]:
-            message = await ws.receive()
-            assert message.type == aiohttp.WSMsgType.TEXT, message
-            event: dict[str, Any] = json.loads(message.data)
-            return event
+        receive = receiver(ws)
 
         done = await text_turn(ws.send_json, receive, "Hello from the sideband")
         assert done["response"]["status"] == "completed"
@@ -241,10 +249,7 @@ async def test_a_call_on_one_server_is_reached_through_another(
             other_url.replace("http", "ws") + f"/v1/realtime?call_id={client.call_id}",
             headers=bearer(API_KEY),
         ) as ws:
-
-            async def receive() -> dict[str, Any]:
-                event: dict[str, Any] = json.loads((await ws.receive()).data)
-                return event
+            receive = receiver(ws)
 
             done = await text_turn(ws.send_json, receive, "Through the other server")
             assert done["response"]["status"] == "completed"
@@ -341,10 +346,7 @@ async def test_running_sessions_survive_a_redis_restart(
         async with http.ws_connect(
             a.url.replace("http", "ws") + "/v1/realtime", headers=bearer(key)
         ) as ws:
-
-            async def receive() -> dict[str, Any]:
-                event: dict[str, Any] = json.loads((await ws.receive()).data)
-                return event
+            receive = receiver(ws)
 
             assert (await receive())["type"] == "session.created"
             redis.stop()
@@ -377,12 +379,7 @@ async def test_drain_lets_sessions_finish_then_ends_the_rest_with_an_error(
         async with http.ws_connect(
             hark.url.replace("http", "ws") + "/v1/realtime", headers=bearer(API_KEY)
         ) as ws:
-
-            async def receive() -> dict[str, Any]:
-                message = await ws.receive()
-                assert message.type == aiohttp.WSMsgType.TEXT, message
-                event: dict[str, Any] = json.loads(message.data)
-                return event
+            receive = receiver(ws)
 
             assert (await receive())["type"] == "session.created"
             hark.signal(signal.SIGTERM)
@@ -455,9 +452,7 @@ async def test_per_key_limits_hold_across_the_fleet(
 
         # Tokens: one response spends more than the key's minute allows, and the key gets
         # no new session anywhere until the window turns.
-        async def receive() -> dict[str, Any]:
-            event: dict[str, Any] = json.loads((await other.receive()).data)
-            return event
+        receive = receiver(other)
 
         done = await text_turn(other.send_json, receive, "Spend some tokens")
         assert done["response"]["usage"]["total_tokens"] > 1
