@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 import pytest
@@ -14,6 +15,7 @@ from aiohttp import web
 
 from hark.config import Settings
 from hark.engines.fake import FakeAsr, FakeLlm, FakeTts
+from hark.engines.llm import Finished, GenerationRequest, LlmEvent
 from hark.engines.registry import Engines
 from hark.engines.vad.batcher import BatchedSileroVad
 from hark.server.app import create_app, make_runner
@@ -79,12 +81,12 @@ async def serving() -> AsyncIterator[StartServer]:
     runners: list[web.AppRunner] = []
     engine_sets: list[Engines] = []
 
-    async def start(settings: Settings, engines: Engines) -> RunningServer:
+    async def start(settings: Settings, engines: Engines, **options: Any) -> RunningServer:
         if settings.rtc_port == Settings().rtc_port:
             # A free UDP port: test runs side by side must not fight over the default.
             settings = dataclasses.replace(settings, rtc_port=0)
         engine_sets.append(engines)
-        app = create_app(settings, engines)
+        app = create_app(settings, engines, **options)
         runner = make_runner(app)
         await runner.setup()
         runners.append(runner)
@@ -105,7 +107,7 @@ async def serving() -> AsyncIterator[StartServer]:
 
 @pytest.fixture
 async def start_server() -> AsyncIterator[StartServer]:
-    """A factory starting ``create_app(settings, engines)`` on 127.0.0.1, port 0."""
+    """A factory starting ``create_app(settings, engines, **options)`` on 127.0.0.1, port 0."""
     async with serving() as start:
         yield start
 
@@ -130,3 +132,27 @@ async def wait_ready(http: aiohttp.ClientSession, server: RunningServer) -> None
 def bearer(key: str) -> dict[str, str]:
     """An Authorization header."""
     return {"Authorization": f"Bearer {key}"}
+
+
+class HangingLlm:
+    """An LLM that starts a reply and never finishes it, recording its cancellation."""
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.cancelled = asyncio.Event()
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[LlmEvent]:
+        """Wait until cancelled."""
+        self.started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+        yield Finished(reason="stop")  # unreachable; makes this an async generator
+
+    async def prefill(self, request: GenerationRequest) -> None:
+        """Nothing to read ahead."""
+
+    async def warmup(self) -> None:
+        """Nothing to load."""

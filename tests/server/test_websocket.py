@@ -16,7 +16,6 @@ import hark.server.app
 import hark.transports.websocket
 from hark.config import Settings
 from hark.engines.fake import FakeAsr, FakeTts
-from hark.engines.llm import Finished, GenerationRequest, LlmEvent
 from hark.engines.registry import Engines
 from hark.engines.vad.batcher import BatchedSileroVad
 from hark.server.app import create_app, make_runner
@@ -24,7 +23,7 @@ from hark.session.core import MAX_APPEND_BYTES
 from hark.transports.websocket import MAX_MESSAGE_BYTES
 from tests.conftest import shared_end_of_turn
 
-from .conftest import API_KEY, StartServer, bearer
+from .conftest import API_KEY, HangingLlm, StartServer, bearer
 
 KEYED = Settings(api_keys=(API_KEY,))
 MiB = 1024 * 1024
@@ -289,29 +288,6 @@ async def test_server_shutdown_tells_sessions_why_and_closes_them(
     await ws.close()
     await asyncio.wait_for(cleanup, timeout=30)
     assert stub_sessions[0].closed.is_set()
-
-
-class HangingLlm:
-    """An LLM that starts generating and never finishes, recording its cancellation."""
-
-    def __init__(self) -> None:
-        self.started = asyncio.Event()
-        self.cancelled = asyncio.Event()
-
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[LlmEvent]:
-        self.started.set()
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            self.cancelled.set()
-            raise
-        yield Finished(reason="stop")  # unreachable; makes this an async generator
-
-    async def prefill(self, request: GenerationRequest) -> None:
-        pass
-
-    async def warmup(self) -> None:
-        pass
 
 
 async def test_disconnect_cancels_the_sessions_engine_work(
