@@ -272,19 +272,25 @@ def text_of(events: list[dict[str, Any]], response_id: str) -> str:
     )
 
 
-async def test_runner_interleaves_two_out_of_band_responses(
-    gated: tuple[SessionRunner, GatedLlm],
-) -> None:
-    runner, llm = gated
+async def both_in_flight(runner: SessionRunner) -> list[dict[str, Any]]:
+    """Start out-of-band responses "alpha" and "beta"; the events until both have said their
+    first word, so that both are in flight at once."""
     runner.receive_text(create("alpha"))
     runner.receive_text(create("beta"))
     events: list[dict[str, Any]] = []
     async with asyncio.timeout(30):
         async for text in runner.outgoing():
             events.append(json.loads(text))
-            # Both responses have said their first word: both are in flight at once.
             if sum(e["type"] == "response.output_text.delta" for e in events) == 2:
                 break
+    return events
+
+
+async def test_runner_interleaves_two_out_of_band_responses(
+    gated: tuple[SessionRunner, GatedLlm],
+) -> None:
+    runner, llm = gated
+    events = await both_in_flight(runner)
     ids = {e["response"]["id"]: e for e in events if e["type"] == "response.created"}
     assert len(ids) == 2
     llm.gates["beta"].set()
@@ -306,14 +312,7 @@ async def test_runner_cancels_only_the_named_response(
     gated: tuple[SessionRunner, GatedLlm],
 ) -> None:
     runner, llm = gated
-    runner.receive_text(create("alpha"))
-    runner.receive_text(create("beta"))
-    events: list[dict[str, Any]] = []
-    async with asyncio.timeout(30):
-        async for text in runner.outgoing():
-            events.append(json.loads(text))
-            if sum(e["type"] == "response.output_text.delta" for e in events) == 2:
-                break
+    events = await both_in_flight(runner)
     first_words = {
         e["delta"]: e["response_id"] for e in events if e["type"] == "response.output_text.delta"
     }
