@@ -5,40 +5,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from hark.bench.webrtc import CallClient
 from hark.config import Settings
 from hark.engines.registry import Engines
-from hark.server.app import CALLS, create_app, make_runner
+from hark.server.app import CALLS
 from hark.transports.webrtc.calls import Calls
 from tests.conftest import engines_sharing_turn
+from tests.server.conftest import RunningServer, serving, wait_ready
 
 API_KEY = "sk-test-webrtc-owner-0123456789"
 OTHER_KEY = "sk-test-webrtc-stranger-987654"
 
 
-@dataclass
-class RtcServer:
+class RtcServer(RunningServer):
     """A started app with WebRTC, and where to reach it."""
-
-    app: web.Application
-    url: str
 
     @property
     def calls(self) -> Calls:
         """The server's call registry."""
         return self.app[CALLS]
-
-    @property
-    def ws_url(self) -> str:
-        """The Realtime WebSocket endpoint."""
-        return self.url.replace("http://", "ws://") + "/v1/realtime"
 
 
 StartRtcServer = Callable[..., Awaitable[RtcServer]]
@@ -46,44 +36,24 @@ StartRtcServer = Callable[..., Awaitable[RtcServer]]
 
 @contextlib.asynccontextmanager
 async def serving_rtc() -> AsyncIterator[StartRtcServer]:
-    """What ``start_rtc_server`` yields: on leaving, every app is stopped and its engines closed."""
-    runners: list[web.AppRunner] = []
-    engine_sets: list[Engines] = []
+    """What ``start_rtc_server`` yields: ``serving``'s servers, with WebRTC and warm engines."""
+    async with serving() as serve:
 
-    async def start(built: Engines | None = None, **settings: Any) -> RtcServer:
-        options: dict[str, Any] = {
-            "engines": "fake",
-            "rtc_port": 0,
-            "api_keys": (API_KEY, OTHER_KEY),
-        }
-        options.update(settings)
-        config = Settings(**options)
-        engines = built or engines_sharing_turn(config)
-        engine_sets.append(engines)
-        app = create_app(config, engines)
-        runner = make_runner(app)
-        await runner.setup()
-        runners.append(runner)
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = runner.addresses[0][:2]
-        server = RtcServer(app=app, url=f"http://{host}:{port}")
-        async with aiohttp.ClientSession() as http:
-            for _ in range(600):
-                async with http.get(server.url + "/readyz") as response:
-                    if response.status == 200:
-                        return server
-                await asyncio.sleep(0.05)
-        raise AssertionError("the server never became ready")
+        async def start(built: Engines | None = None, **settings: Any) -> RtcServer:
+            options: dict[str, Any] = {
+                "engines": "fake",
+                "rtc_port": 0,
+                "api_keys": (API_KEY, OTHER_KEY),
+            }
+            options.update(settings)
+            config = Settings(**options)
+            started = await serve(config, built or engines_sharing_turn(config))
+            server = RtcServer(app=started.app, url=started.url)
+            async with aiohttp.ClientSession() as http:
+                await wait_ready(http, server)
+            return server
 
-    try:
         yield start
-    finally:
-        for runner in reversed(runners):
-            await runner.cleanup()
-        # The engines hold threads (the VAD batcher, the end-of-turn worker).
-        for engines in engine_sets:
-            await engines.aclose()
 
 
 @pytest.fixture
