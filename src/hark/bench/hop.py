@@ -145,8 +145,7 @@ async def run_hop_bench(url: str, other: str, *, api_key: str, count: int) -> di
                 http.ws_connect(owner_url.replace("http", "ws", 1) + query, headers=headers) as d,
                 http.ws_connect(other_url.replace("http", "ws", 1) + query, headers=headers) as v,
             ):
-                sideband = _round_trips(d, v, count)
-                events = await sideband
+                events = await _round_trips(d, v, count)
         finally:
             await client.close()
         hangups = await _hangups(http, owner_url, other_url, api_key, count)

@@ -15,6 +15,7 @@ import ipaddress
 import json
 import logging
 import shutil
+import socket
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -118,11 +119,12 @@ STATE = web.AppKey("state", ServerState)
 CALLS = web.AppKey("calls", Calls)
 METRICS = web.AppKey("metrics", Metrics)
 NODE = web.AppKey("node", ClusterNode)
-WORKER_HEADER = "X-Hark-Worker"
 FORWARDER = web.AppKey("forwarder", Forwarder)
 LIMITS = web.AppKey("limits", FleetLimits)
 # How long a session may last, in seconds.
 SESSION_LIMIT = web.AppKey("session_limit", float)
+# On every answer: the worker that made it (a forwarded answer keeps its maker's).
+WORKER_HEADER = "X-Hark-Worker"
 # A session config sent along an offer is a few KB; this leaves room, not abuse.
 MAX_SESSION_PART_BYTES = 256 * 1024
 # A multipart offer: both parts and the multipart framing around them.
@@ -224,8 +226,6 @@ def advertise_url(settings: Settings, port: int | None = None) -> str:
         return settings.advertise_url.rstrip("/")
     host = settings.host
     if host in ("0.0.0.0", "::", ""):
-        import socket
-
         try:
             host = socket.gethostbyname(socket.gethostname())
         except OSError:
@@ -259,6 +259,7 @@ def _open_store(app: web.Application, settings: Settings) -> ClusterStore:
 
 def _load(app: web.Application) -> Load:
     """What the heartbeat reports: sessions here, and responses being generated."""
+    # Read at every heartbeat, which is also when the store's reachability is known.
     app[METRICS].cluster_store_up.set(1 if app[NODE].store_available else 0)
     state = app[STATE]
     runners = [*state.sessions, *(call.runner for call in app[CALLS])]
