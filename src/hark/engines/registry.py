@@ -8,6 +8,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from hark.engines import EngineMetrics, ObservableEngine
 from hark.engines.asr import AsrEngine
 from hark.engines.llm import LlmEngine
 from hark.engines.tts import TtsEngine
@@ -45,6 +46,12 @@ class Engines:
         async with asyncio.TaskGroup() as group:
             for name, engine in self._named():
                 group.create_task(_timed_warmup(name, engine.warmup()))
+
+    def observe(self, metrics: EngineMetrics) -> None:
+        """Hand ``metrics`` to every engine that reports figures of its own."""
+        for _, engine in self._named():
+            if isinstance(engine, ObservableEngine):
+                engine.observe(metrics)
 
     async def aclose(self) -> None:
         """Release what the engines hold (connections, threads) for those that hold any."""
