@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 from aioice import stun
 
+from hark.edge import framing
+from hark.edge.route_hint import Route, RouteSigner, RouteVerifier
 from hark.transports.webrtc.udp_mux import (
     UFRAG_HINT_LENGTH,
     UFRAG_RANDOM_LENGTH,
@@ -179,3 +181,56 @@ async def test_a_wildcard_bind_advertises_a_real_address() -> None:
         assert mux.advertised == ("198.51.100.7", mux.port)
     finally:
         await mux.close()
+
+
+async def test_behind_a_relay_calls_advertise_it_and_answer_through_it(
+    client_socket: socket.socket,
+) -> None:
+    relay_address = ("192.0.2.7", 3478)
+    mux = UdpMux(
+        "127.0.0.1",
+        0,
+        relay=relay_address,
+        signer=RouteSigner("fleet-secret-for-tests-0123456789", "wrk_00000000beef"),
+    )
+    await mux.start()
+    try:
+        a = Recorder()
+        ufrag = mux.new_ufrag()
+        endpoint = mux.open(ufrag, a)
+        assert endpoint.get_extra_info("sockname") == relay_address
+        assert RouteVerifier("fleet-secret-for-tests-0123456789").verify(ufrag) == Route(
+            "wrk_00000000beef"
+        )
+        # The test's socket plays the relay: it wraps what a client at 198.51.100.9 sent.
+        client = ("198.51.100.9", 50000)
+        request = binding_request(f"{ufrag}:client")
+        client_socket.sendto(framing.encode_header(client) + request, mux.advertised)
+        await until(lambda: len(a.received) == 1)
+        assert a.received[0] == (request, client)
+        client_socket.sendto(framing.encode_header(client) + b"\x80media", mux.advertised)
+        await until(lambda: len(a.received) == 2)
+        assert a.received[1] == (b"\x80media", client)
+
+        endpoint.sendto(b"\x80reply", client)
+        data, _ = client_socket.recvfrom(100)
+        assert framing.decode(data) == (client, b"\x80reply")
+        # Nothing goes straight to an address never heard through the relay.
+        endpoint.sendto(b"check", client_socket.getsockname())
+        client_socket.settimeout(0.2)
+        with pytest.raises(TimeoutError):
+            client_socket.recvfrom(100)
+    finally:
+        await mux.close()
+
+
+async def test_without_a_relay_wrapped_datagrams_are_not_unwrapped(
+    mux: UdpMux, client_socket: socket.socket
+) -> None:
+    a = Recorder()
+    ufrag = mux.new_ufrag()
+    mux.open(ufrag, a)
+    wrapped = framing.encode_header(("198.51.100.9", 50000)) + binding_request(f"{ufrag}:c")
+    client_socket.sendto(wrapped, mux.advertised)
+    await until(lambda: mux.dropped == 1)
+    assert a.received == []

@@ -13,9 +13,17 @@ to the ICE connection they belong to:
 3. Datagrams from unknown addresses are dropped.
 
 The server ufrag is ``<hint><random>``: ``UFRAG_HINT_LENGTH`` (4) ice-chars of routing hint,
-then ``UFRAG_RANDOM_LENGTH`` (12) random letters and digits (71 bits). The hint names the
-worker; a relay in front of several workers can route a client's first Binding request by
-it without keeping any state. A single worker uses ``DEFAULT_ROUTE_HINT``.
+then ``UFRAG_RANDOM_LENGTH`` (12) random letters and digits (71 bits). A single worker uses
+``DEFAULT_ROUTE_HINT``. A worker of a fleet behind ``hark relay`` is given a ``RouteSigner``
+instead: its ufrags are signed tokens naming the worker (``hark.edge.route_hint``), which the
+relay verifies before it forwards a client's first Binding request here.
+
+Behind a relay (``relay`` given), the candidates carry the relay's public address, and the
+relay's datagrams come wrapped in a header naming the client (``hark.edge.framing``): they
+are routed as if they came from the client itself, and what is sent to that client goes
+back through the relay it came by. Nothing is sent straight to a client that was never heard
+through a relay: the worker is not meant to be reachable, and its own checks towards the
+offer's candidates would otherwise leak its address (or find a path around the relay).
 """
 
 from __future__ import annotations
@@ -28,6 +36,9 @@ import socket
 import string
 import struct
 from typing import Any
+
+from hark.edge import framing
+from hark.edge.route_hint import RouteSigner
 
 logger = logging.getLogger(__name__)
 
@@ -127,9 +138,10 @@ class MuxEndpoint(asyncio.DatagramTransport):
         return self._closing
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
-        """``sockname`` is the advertised address of the shared port."""
+        """``sockname`` is the address the candidates carry (the relay's, behind one): ICE
+        reads it for the host candidate only."""
         if name == "sockname":
-            return self._mux.advertised
+            return self._mux.candidate
         return default
 
     def get_protocol(self) -> asyncio.BaseProtocol:
@@ -158,7 +170,7 @@ class _SharedSocket(asyncio.DatagramProtocol):
         self._mux = mux
 
     def datagram_received(self, data: bytes, addr: tuple[Any, ...]) -> None:
-        self._mux.route(data, (addr[0], addr[1]))
+        self._mux.receive(data, (addr[0], addr[1]))
 
     def error_received(self, exc: Exception) -> None:
         # ICMP errors (a client gone away) concern one peer, never the shared socket.
@@ -169,8 +181,10 @@ class UdpMux:
     """The worker's shared UDP socket and its routing table.
 
     ``host``/``port`` is where to bind (port 0: any free port); ``advertise_ip`` is the
-    address put in the candidates (default: ``host``, or for a wildcard bind the first
-    address of this machine); ``route_hint`` starts every ufrag this mux hands out.
+    address clients or relays reach this port at (default: ``host``, or for a wildcard bind
+    the first address of this machine); ``route_hint`` starts every ufrag this mux hands
+    out, unless ``signer`` is set (then ufrags are signed hints for a relay). ``relay`` is
+    the relay's public address, put in the candidates instead of this port's.
     """
 
     def __init__(
@@ -180,15 +194,21 @@ class UdpMux:
         *,
         advertise_ip: str | None = None,
         route_hint: str = DEFAULT_ROUTE_HINT,
+        relay: Address | None = None,
+        signer: RouteSigner | None = None,
     ) -> None:
         check_route_hint(route_hint)
         self.host = host
         self.port = port
         self.route_hint = route_hint
+        self.relay = relay
+        self.signer = signer
         self._advertise_ip = advertise_ip
         self._transport: asyncio.DatagramTransport | None = None
         self._by_ufrag: dict[str, MuxEndpoint] = {}
         self._by_address: dict[Address, MuxEndpoint] = {}
+        # Client address → the relay socket its datagrams last came through.
+        self._relayed: dict[Address, Address] = {}
         self.dropped = 0
 
     async def start(self) -> None:
@@ -218,9 +238,14 @@ class UdpMux:
 
     @property
     def advertised(self) -> Address:
-        """The ``(ip, port)`` every call's host candidate carries."""
+        """The ``(ip, port)`` this port is reached at (the registry's media address)."""
         assert self._advertise_ip is not None, "the mux is not started"
         return (self._advertise_ip, self.port)
+
+    @property
+    def candidate(self) -> Address:
+        """The ``(ip, port)`` every call's host candidate carries: the relay's, if any."""
+        return self.relay if self.relay is not None else self.advertised
 
     @property
     def started(self) -> bool:
@@ -230,7 +255,7 @@ class UdpMux:
     def new_ufrag(self) -> str:
         """A fresh server ufrag carrying this mux's routing hint."""
         while True:
-            ufrag = make_ufrag(self.route_hint)
+            ufrag = self.signer.ufrag() if self.signer else make_ufrag(self.route_hint)
             if ufrag not in self._by_ufrag:
                 return ufrag
 
@@ -251,6 +276,7 @@ class UdpMux:
         for address in endpoint.addresses:
             if self._by_address.get(address) is endpoint:
                 del self._by_address[address]
+                self._relayed.pop(address, None)
         endpoint.addresses.clear()
 
     @property
@@ -267,12 +293,33 @@ class UdpMux:
         """Send for ``endpoint``; the first send to an unclaimed address claims it."""
         if self._transport is None:
             return
+        via = self._relayed.get(addr)
+        if via is not None:
+            self._transport.sendto(framing.encode_header(addr) + data, via)
+            return
+        if self.relay is not None:
+            return
         if addr not in self._by_address:
             self._bind(addr, endpoint)
         self._transport.sendto(data, addr)
 
-    def route(self, data: bytes, addr: Address) -> None:
-        """Deliver one received datagram to the endpoint it belongs to, or drop it."""
+    def receive(self, data: bytes, addr: Address) -> None:
+        """Route one datagram that arrived on the socket, unwrapping a relay's."""
+        if data and data[0] == framing.MAGIC and self.relay is not None:
+            decoded = framing.decode(data)
+            if decoded is None:
+                self.dropped += 1
+                return
+            client, inner = decoded
+            endpoint = self.route(inner, client)
+            if endpoint is not None:
+                self._relayed[client] = addr
+            return
+        self.route(data, addr)
+
+    def route(self, data: bytes, addr: Address) -> MuxEndpoint | None:
+        """Deliver one datagram from ``addr`` to the endpoint it belongs to (returned), or
+        drop it (None)."""
         # RFC 7983: a first byte below 4 is STUN; only requests name their connection.
         if data and data[0] < 4:
             username = stun_request_username(data)
@@ -282,17 +329,19 @@ class UdpMux:
                     if self._by_address.get(addr) is not endpoint:
                         self._bind(addr, endpoint)
                     endpoint.deliver(data, addr)
-                    return
+                    return endpoint
         endpoint = self._by_address.get(addr)
         if endpoint is None:
             self.dropped += 1
-            return
+            return None
         endpoint.deliver(data, addr)
+        return endpoint
 
     def _bind(self, addr: Address, endpoint: MuxEndpoint) -> None:
         previous = self._by_address.get(addr)
         if previous is not None:
             previous.addresses.discard(addr)
+            self._relayed.pop(addr, None)
         self._by_address[addr] = endpoint
         endpoint.addresses.add(addr)
 
