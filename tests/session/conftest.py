@@ -14,7 +14,7 @@ from hark.engines.llm import Finished
 from hark.protocol.server_events import ServerEvent, encode_event
 from hark.protocol.session_config import SessionConfig
 from hark.session.actions import Action, AnalyzeSpeech, Generate, ScoreTurn, Transcribe
-from hark.session.core import AUDIO_RETENTION_S, Session
+from hark.session.core import AUDIO_RETENTION_S, SESSION_LIMIT_S, Session
 from hark.session.ids import IdGenerator
 
 RATE = 24000
@@ -51,6 +51,7 @@ class Driver:
         created_at: float = 1000.0,
         plays_audio: bool = False,
         audio_retention_s: float = AUDIO_RETENTION_S,
+        max_duration_s: float = SESSION_LIMIT_S,
     ) -> None:
         self.session = Session(
             model="gpt-realtime",
@@ -59,7 +60,11 @@ class Driver:
             created_at=created_at,
             plays_audio=plays_audio,
             audio_retention_s=audio_retention_s,
+            max_duration_s=max_duration_s,
         )
+        # The wall time handed to the core with each input: it moves with the audio sent, as
+        # it would for a client streaming in real time.
+        self.now = created_at
         self.events: list[dict[str, Any]] = []
         self.actions: list[Action] = []
         # When set, recognition and end-of-turn scoring are answered at once with these.
@@ -74,14 +79,16 @@ class Driver:
         while out := self.session.drain():
             for item in out:
                 if isinstance(item, AnalyzeSpeech):
-                    self.session.on_vad(energy_probability(item.chunk), item.epoch)
+                    self.session.on_vad(energy_probability(item.chunk), item.epoch, now=self.now)
                 elif isinstance(item, Transcribe) and self.asr_text is not None:
                     self.actions.append(item)
                     seconds = len(item.audio) / 16000
-                    self.session.on_transcription_done(item.request_id, self.asr_text, seconds)
+                    self.session.on_transcription_done(
+                        item.request_id, self.asr_text, seconds, now=self.now
+                    )
                 elif isinstance(item, ScoreTurn) and self.turn_score is not None:
                     self.actions.append(item)
-                    self.session.on_turn_score(item.key, self.turn_score)
+                    self.session.on_turn_score(item.key, self.turn_score, now=self.now)
                 elif isinstance(item, ServerEvent):
                     new.append(json.loads(encode_event(item)))
                 else:
@@ -91,7 +98,7 @@ class Driver:
 
     def send(self, event: dict[str, Any] | str) -> list[dict[str, Any]]:
         """Send one client event; returns the server events it caused."""
-        self.session.receive(event if isinstance(event, str) else json.dumps(event))
+        self.session.receive(event if isinstance(event, str) else json.dumps(event), now=self.now)
         return self.pump()
 
     def append(self, pcm: npt.NDArray[np.int16], chunk_ms: int = 20) -> list[dict[str, Any]]:
@@ -99,8 +106,21 @@ class Driver:
         step = RATE * chunk_ms // 1000
         new: list[dict[str, Any]] = []
         for i in range(0, len(pcm), step):
-            audio = base64.b64encode(pcm[i : i + step].astype("<i2").tobytes()).decode()
+            piece = pcm[i : i + step]
+            self.now += len(piece) / RATE
+            audio = base64.b64encode(piece.astype("<i2").tobytes()).decode()
             new += self.send({"type": "input_audio_buffer.append", "audio": audio})
+        return new
+
+    def stream(self, pcm: npt.NDArray[np.int16], frame_ms: int = 20) -> list[dict[str, Any]]:
+        """Feed audio as a media track does (WebRTC, SIP): PCM frames, no client events."""
+        step = RATE * frame_ms // 1000
+        new: list[dict[str, Any]] = []
+        for i in range(0, len(pcm), step):
+            piece = pcm[i : i + step]
+            self.now += len(piece) / RATE
+            self.session.append_audio(piece, now=self.now)
+            new += self.pump()
         return new
 
     def take(self, kind: type) -> list[Any]:
@@ -112,16 +132,20 @@ class Driver:
     def transcribe_all(self, text: str = "What is the capital of France?") -> list[dict[str, Any]]:
         """Answer every pending transcription with ``text``."""
         for action in self.take(Transcribe):
-            self.session.on_transcription_done(action.request_id, text, len(action.audio) / 16000)
+            self.session.on_transcription_done(
+                action.request_id, text, len(action.audio) / 16000, now=self.now
+            )
         return self.pump()
 
     def speak_reply(self, generate: Generate, clauses: list[str], ms_per_clause: int = 400) -> None:
         """Play the engines' part for an audio response."""
         for clause in clauses:
             pcm = voiced(ms_per_clause, generate.output_rate)
-            self.session.on_audio(generate.response_id, pcm, clause)
+            self.session.on_audio(generate.response_id, pcm, clause, now=self.now)
         self.session.on_generation_finished(
-            generate.response_id, Finished("stop", prompt_tokens=20, completion_tokens=8)
+            generate.response_id,
+            Finished("stop", prompt_tokens=20, completion_tokens=8),
+            now=self.now,
         )
         self.pump()
 

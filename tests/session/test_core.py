@@ -205,8 +205,8 @@ def test_input_transcription_events_only_when_configured(driver: Driver) -> None
     driver.send({"type": "input_audio_buffer.commit"})
     (action,) = driver.take(Transcribe)
     assert action.language == "en"
-    driver.session.on_transcription_delta(action.request_id, "hello")
-    driver.session.on_transcription_done(action.request_id, "hello there", 0.3)
+    driver.session.on_transcription_delta(action.request_id, "hello", now=driver.now)
+    driver.session.on_transcription_done(action.request_id, "hello there", 0.3, now=driver.now)
     new = driver.pump()
     assert driver.types(new) == [
         "conversation.item.input_audio_transcription.delta",
@@ -243,7 +243,9 @@ def test_server_vad_turn_sequence(driver: Driver) -> None:
     # result becomes the item's transcript, so there is no second request.
     (asr,) = driver.take(Transcribe)
     assert len(asr.audio) / 16000 == pytest.approx(1.3, abs=0.05)
-    driver.session.on_transcription_done(asr.request_id, "What is the capital of France?", 1.8)
+    driver.session.on_transcription_done(
+        asr.request_id, "What is the capital of France?", 1.8, now=driver.now
+    )
     driver.pump()
     (generate,) = driver.take(Generate)
     assert generate.request.messages[-1].content == "What is the capital of France?"
@@ -279,7 +281,7 @@ def response_in_progress(driver: Driver) -> Generate:
     spoken_turn(driver)
     driver.transcribe_all()
     (generate,) = driver.take(Generate)
-    driver.session.on_audio(generate.response_id, voiced(400), "The capital")
+    driver.session.on_audio(generate.response_id, voiced(400), "The capital", now=driver.now)
     driver.pump()
     return generate
 
@@ -298,7 +300,7 @@ def test_barge_in_cancels_with_turn_detected(driver: Driver) -> None:
         for a in driver.actions
     )
     # Late engine output for the cancelled response is ignored.
-    driver.session.on_audio(generate.response_id, voiced(100), " is Paris.")
+    driver.session.on_audio(generate.response_id, voiced(100), " is Paris.", now=driver.now)
     assert driver.pump() == []
 
 
@@ -425,8 +427,10 @@ def test_text_response_with_overrides(driver: Driver) -> None:
     assert generate.request.messages[0].content == "Answer in French."
     assert generate.request.messages[1].content == "Hi"
     for word in ["Bon", "jour"]:
-        driver.session.on_text(generate.response_id, word)
-    driver.session.on_generation_finished(generate.response_id, Finished("length", 10, 5))
+        driver.session.on_text(generate.response_id, word, now=driver.now)
+    driver.session.on_generation_finished(
+        generate.response_id, Finished("length", 10, 5), now=driver.now
+    )
     new = driver.pump()
     assert driver.types(new)[:3] == [
         "response.output_item.added",
@@ -472,8 +476,8 @@ def test_out_of_band_response_leaves_conversation_alone(driver: Driver) -> None:
     )
     (generate,) = driver.take(Generate)
     assert [m.content for m in generate.request.messages[1:]] == ["Classify: hello"]
-    driver.session.on_text(generate.response_id, "greeting")
-    driver.session.on_generation_finished(generate.response_id, Finished("stop"))
+    driver.session.on_text(generate.response_id, "greeting", now=driver.now)
+    driver.session.on_generation_finished(generate.response_id, Finished("stop"), now=driver.now)
     new = driver.pump()
     assert "conversation.item.added" not in driver.types(new)
     assert len(driver.session.conversation) == before
@@ -575,11 +579,11 @@ def test_forced_tool_call_and_output(driver: Driver) -> None:
     assert generate.request.tool_choice.name == "get_weather"
     assert generate.request.tools[0].parameters["required"] == ["city"]
     rid = generate.response_id
-    driver.session.on_tool_call_started(rid, "call_1", "get_weather")
-    driver.session.on_tool_call_delta(rid, "call_1", '{"city":')
-    driver.session.on_tool_call_delta(rid, "call_1", '"Paris"}')
-    driver.session.on_tool_call_finished(rid, "call_1", '{"city":"Paris"}')
-    driver.session.on_generation_finished(rid, Finished("tool_calls"))
+    driver.session.on_tool_call_started(rid, "call_1", "get_weather", now=driver.now)
+    driver.session.on_tool_call_delta(rid, "call_1", '{"city":', now=driver.now)
+    driver.session.on_tool_call_delta(rid, "call_1", '"Paris"}', now=driver.now)
+    driver.session.on_tool_call_finished(rid, "call_1", '{"city":"Paris"}', now=driver.now)
+    driver.session.on_generation_finished(rid, Finished("tool_calls"), now=driver.now)
     new = driver.pump()
     assert driver.types(new) == [
         "response.output_item.added",
@@ -618,7 +622,7 @@ def test_rate_limits_and_engine_failure(driver: Driver) -> None:
     names = [r["name"] for r in new[1]["rate_limits"]]
     assert names == ["requests", "tokens"]
     (generate,) = driver.take(Generate)
-    driver.session.on_generation_failed(generate.response_id, "LLM unreachable")
+    driver.session.on_generation_failed(generate.response_id, "LLM unreachable", now=driver.now)
     done = driver.pump()[-1]["response"]
     assert done["status"] == "failed"
     assert done["status_details"]["error"]["message"] == "LLM unreachable"
@@ -792,7 +796,9 @@ def test_g711_in_and_out(driver: Driver) -> None:
     (asr,) = driver.take(Transcribe)
     # Speech from 0 ms (no room for prefix padding) to the start of the pause.
     assert len(asr.audio) / 16000 == pytest.approx(1.0, abs=0.06)
-    driver.session.on_transcription_done(asr.request_id, "What is the capital of France?", 1.5)
+    driver.session.on_transcription_done(
+        asr.request_id, "What is the capital of France?", 1.5, now=driver.now
+    )
     driver.pump()
     (generate,) = driver.take(Generate)
     assert generate.output_rate == 8000
@@ -805,9 +811,10 @@ def test_g711_in_and_out(driver: Driver) -> None:
 
 
 def test_session_limit(driver: Driver) -> None:
-    driver.session.tick(1000 + 3599)
+    assert driver.session.next_deadline() == 1000 + 3600
+    driver.session.handle_timer(1000 + 3599)
     assert driver.pump() == []
-    driver.session.tick(1000 + 3600)
+    driver.session.handle_timer(1000 + 3600)
     new = driver.pump()
     assert new[-1]["error"]["code"] == "session_expired"
     assert any(isinstance(a, Close) for a in driver.actions)
@@ -874,7 +881,7 @@ def test_oversized_append_and_binary(driver: Driver) -> None:
     new = driver.send(big)
     assert new[0]["error"]["param"] == "audio"
     assert "15 MiB" in new[0]["error"]["message"]
-    driver.session.receive_binary(b"\x00\x01")
+    driver.session.receive_binary(b"\x00\x01", now=driver.now)
     assert driver.pump()[0]["error"]["code"] == "invalid_event"
     assert (
         driver.send({"type": "input_audio_buffer.clear"})[0]["type"] == "input_audio_buffer.cleared"
@@ -908,7 +915,8 @@ def test_vad_chunks_are_the_appended_audio_whatever_the_append_sizes(sizes: list
             pcm = rng.integers(-3000, 3000, size, dtype=np.int16)
             sent.append(pcm)
             audio = base64.b64encode(pcm.astype("<i2").tobytes()).decode()
-            session.receive(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
+            append = json.dumps({"type": "input_audio_buffer.append", "audio": audio})
+            session.receive(append, now=0.0)
             # Kept as handed out, not copied: a chunk the VAD may still be reading must never
             # be written again.
             chunks += [a.chunk for a in session.drain() if isinstance(a, AnalyzeSpeech)]

@@ -28,8 +28,8 @@ def test_audio_goes_to_the_player_not_into_events() -> None:
     assert len(plays) == 3
     assert {p.response_id for p in plays} == {generate.response_id}
     assert sum(len(p.pcm) for p in plays) == 24000 * 1200 // 1000
-    driver.session.on_playout_started(generate.response_id)
-    driver.session.on_playout_stopped(generate.response_id)
+    driver.session.on_playout_started(generate.response_id, now=driver.now)
+    driver.session.on_playout_stopped(generate.response_id, now=driver.now)
     assert driver.types(driver.pump()) == [
         "output_audio_buffer.started",
         "output_audio_buffer.stopped",
@@ -40,13 +40,13 @@ def test_barge_in_during_playout_truncates_to_what_was_heard() -> None:
     driver = Driver(plays_audio=True)
     generate = answered(driver)
     item_id = driver.take(PlayAudio)[0].item_id
-    driver.session.on_playout_started(generate.response_id)
+    driver.session.on_playout_started(generate.response_id, now=driver.now)
     driver.pump()
     # The reply is generated (response.done) but still playing when the user speaks.
     driver.append(voiced(200))
     (clear,) = driver.take(ClearAudio)
     assert clear.response_id == generate.response_id
-    driver.session.on_playout_cleared(generate.response_id, 700)
+    driver.session.on_playout_cleared(generate.response_id, 700, now=driver.now)
     new = driver.pump()
     assert driver.types(new) == ["conversation.item.truncated", "output_audio_buffer.cleared"]
     assert new[0]["item_id"] == item_id and new[0]["audio_end_ms"] == 700
@@ -63,7 +63,7 @@ def test_client_clear_and_nothing_playing() -> None:
     driver.take(PlayAudio)
     driver.send({"type": "output_audio_buffer.clear"})
     assert [a.response_id for a in driver.take(ClearAudio)] == [generate.response_id]
-    driver.session.on_playout_cleared(generate.response_id, 1200)
+    driver.session.on_playout_cleared(generate.response_id, 1200, now=driver.now)
     # Everything had been heard: nothing to truncate.
     assert driver.types(driver.pump()) == ["output_audio_buffer.cleared"]
 

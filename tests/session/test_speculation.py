@@ -65,7 +65,7 @@ def test_recognition_in_flight_at_turn_end_becomes_the_items(driver: Driver) -> 
     (pending,) = driver.take(Transcribe)
     assert not driver.take(Speculate)
     assert "response.created" in driver.types()
-    driver.session.on_transcription_done(pending.request_id, "Hello there", 0.8)
+    driver.session.on_transcription_done(pending.request_id, "Hello there", 0.8, now=driver.now)
     driver.pump()
     (generate,) = driver.take(Generate)
     assert generate.request.messages[-1].content == "Hello there"

@@ -1,9 +1,11 @@
 """The Realtime session as a sans-I/O state machine.
 
-Inputs are client events (``receive``), engine results (``on_*``) and the wall time
-(``tick``); outputs are server events and actions for the driver, collected with ``drain``.
-Turn-taking runs on the audio sample clock, so a test can replay a conversation and get the
-same events every time. Nothing here touches a socket, a thread or the system clock.
+Inputs are client events (``receive``), input audio (``append_audio``) and engine and
+playout results (``on_*``), each handed in with the wall time ``now`` (UNIX seconds), plus
+``handle_timer(now)`` when ``next_deadline()`` has come; outputs are server events and actions
+for the driver, collected with ``drain``. Turn-taking runs on the audio sample clock and the
+session limit and rate windows on the wall time handed in, so a test can replay a conversation
+and get the same events every time. Nothing here touches a socket, a thread or the system clock.
 """
 
 from __future__ import annotations
@@ -269,8 +271,8 @@ class Session:
     def _session_dict(self) -> dict[str, Any]:
         return session_config_to_dict(self.config, session_id=self.id, expires_at=self.expires_at)
 
-    def tick(self, now: float) -> None:
-        """Advance the wall time (UNIX seconds): the session limit and rate windows use it."""
+    def _at(self, now: float) -> bool:
+        """Take the wall time handed in with an input; False once the session is over."""
         self._now = now
         if not self._closed and now >= self.expires_at:
             self.end(
@@ -279,11 +281,26 @@ class Session:
                     code="session_expired",
                 ),
                 "session_expired",
+                now=now,
             )
+        return not self._closed
 
-    def end(self, error: ProtocolError, reason: str) -> None:
+    def handle_timer(self, now: float) -> None:
+        """The driver's timer fired at wall time ``now`` (UNIX seconds): act on every deadline
+        that has passed (see ``next_deadline``)."""
+        self._at(now)
+
+    def next_deadline(self) -> float | None:
+        """The wall time (UNIX seconds) at which ``handle_timer`` must be called next, if no
+        other input comes first; None when nothing waits on the clock."""
+        if self._closed:
+            return None
+        return self.expires_at
+
+    def end(self, error: ProtocolError, reason: str, *, now: float) -> None:
         """End the session for ``reason``: running responses are cancelled, the client gets
         ``error`` as an ``error`` event, and the transport is asked to close. Idempotent."""
+        self._now = now
         if self._closed:
             return
         self._closed = True
@@ -294,9 +311,9 @@ class Session:
 
     # ----------------------------------------------------------------- client events
 
-    def receive(self, data: str | bytes) -> None:
+    def receive(self, data: str | bytes, *, now: float) -> None:
         """Handle one client event (a WebSocket text frame). Never raises for bad input."""
-        if self._closed:
+        if not self._at(now):
             return
         try:
             event = ce.decode_client_event(data)
@@ -310,8 +327,10 @@ class Session:
         except ProtocolError as exc:
             self._error(exc, event.event_id)
 
-    def receive_binary(self, data: bytes) -> None:
+    def receive_binary(self, data: bytes, *, now: float) -> None:
         """Binary frames are not part of the protocol: answer with an error."""
+        if not self._at(now):
+            return
         self._error(
             ProtocolError(
                 "Binary frames are not supported: send events as JSON text, "
@@ -421,17 +440,19 @@ class Session:
                 "audio",
                 "invalid_value",
             )
-        self.append_audio(decode_audio(self._in_format, data))
+        self._take_audio(decode_audio(self._in_format, data))
 
     @property
     def input_rate(self) -> int:
         """Sample rate of the input format: what ``append_audio`` expects."""
         return self._in_rate
 
-    def append_audio(self, pcm: npt.NDArray[np.int16]) -> None:
+    def append_audio(self, pcm: npt.NDArray[np.int16], *, now: float) -> None:
         """Input audio that arrived as PCM at ``input_rate`` (a media track, not an event)."""
-        if self._closed:
-            return
+        if self._at(now):
+            self._take_audio(pcm)
+
+    def _take_audio(self, pcm: npt.NDArray[np.int16]) -> None:
         self._buffer.append(pcm)
         self._clock_ms += len(pcm) * 1000 / self._in_rate
         if self._turns is not None:
@@ -459,8 +480,10 @@ class Session:
                 filled = 0
         self._vad_filled = filled
 
-    def on_vad(self, probability: float, epoch: int) -> None:
+    def on_vad(self, probability: float, epoch: int, *, now: float) -> None:
         """The VAD's answer for the oldest chunk not yet answered (of this epoch)."""
+        if not self._at(now):
+            return
         if epoch != self._vad_epoch or self._turns is None or self._closed:
             return
         start = self._vad_base_ms + self._vad_done * VAD_CHUNK_MS
@@ -519,8 +542,10 @@ class Session:
         if isinstance(td, SemanticVad):
             self._outbox.append(ScoreTurn(pause.key, transcript, self._last_assistant_text()))
 
-    def on_turn_score(self, key: str, probability: float) -> None:
+    def on_turn_score(self, key: str, probability: float, *, now: float) -> None:
         """How complete the utterance of the pause ``key`` sounds (semantic_vad)."""
+        if not self._at(now):
+            return
         td = self.config.audio.input.turn_detection
         pause = self._pause
         if pause is None or pause.key != key or self._turns is None:
@@ -676,8 +701,10 @@ class Session:
         part = next((p for p in entry.parts if p.type == "input_audio" and p.heard is None), None)
         return None if part is None else (entry, part)
 
-    def on_transcription_delta(self, request_id: str, delta: str) -> None:
+    def on_transcription_delta(self, request_id: str, delta: str, *, now: float) -> None:
         """A piece of a transcript."""
+        if not self._at(now):
+            return
         item_id = self._asr_requests.get(request_id)
         if (
             isinstance(item_id, str)
@@ -686,8 +713,12 @@ class Session:
         ):
             self._emit(se.InputTranscriptionDelta(item_id=item_id, content_index=0, delta=delta))
 
-    def on_transcription_done(self, request_id: str, transcript: str, audio_seconds: float) -> None:
+    def on_transcription_done(
+        self, request_id: str, transcript: str, audio_seconds: float, *, now: float
+    ) -> None:
         """A whole transcript."""
+        if not self._at(now):
+            return
         target = self._asr_requests.pop(request_id, None)
         if isinstance(target, _Pause):
             if target is self._pause:
@@ -718,8 +749,10 @@ class Session:
             )
         self._resume_waiting()
 
-    def on_transcription_failed(self, request_id: str, message: str) -> None:
+    def on_transcription_failed(self, request_id: str, message: str, *, now: float) -> None:
         """Recognition failed: the LLM will see no words for that audio."""
+        if not self._at(now):
+            return
         target = self._asr_requests.pop(request_id, None)
         if isinstance(target, _Pause) or target is None:
             return
@@ -1113,8 +1146,10 @@ class Session:
         }
         return entry, entry.parts[0], position
 
-    def on_text(self, response_id: str, delta: str) -> None:
+    def on_text(self, response_id: str, delta: str, *, now: float) -> None:
         """LLM text for a text-only response."""
+        if not self._at(now):
+            return
         response = self._live(response_id)
         if response is None or response.audio or not delta:
             return
@@ -1122,8 +1157,12 @@ class Session:
         part.text = (part.text or "") + delta
         self._emit(se.OutputTextDelta(delta=delta, **position))
 
-    def on_audio(self, response_id: str, pcm: npt.NDArray[np.int16], transcript: str) -> None:
+    def on_audio(
+        self, response_id: str, pcm: npt.NDArray[np.int16], transcript: str, *, now: float
+    ) -> None:
         """Reply audio at the output rate; ``transcript`` is the text this audio starts to speak."""
+        if not self._at(now):
+            return
         response = self._live(response_id)
         if response is None or not response.audio:
             return
@@ -1177,8 +1216,12 @@ class Session:
             previous = entries[position - 1].id if position else None
             self._emit(se.ConversationItemDone(previous_item_id=previous, item=entry.to_wire()))
 
-    def on_tool_call_started(self, response_id: str, call_id: str, name: str) -> None:
+    def on_tool_call_started(
+        self, response_id: str, call_id: str, name: str, *, now: float
+    ) -> None:
         """The LLM began a function call."""
+        if not self._at(now):
+            return
         response = self._live(response_id)
         if response is None:
             return
@@ -1193,8 +1236,10 @@ class Session:
         response.calls[call_id] = entry
         self._add_output(response, entry)
 
-    def on_tool_call_delta(self, response_id: str, call_id: str, delta: str) -> None:
+    def on_tool_call_delta(self, response_id: str, call_id: str, delta: str, *, now: float) -> None:
         """A piece of a function call's arguments."""
+        if not self._at(now):
+            return
         response = self._live(response_id)
         entry = response.calls.get(call_id) if response else None
         if response is None or entry is None:
@@ -1210,8 +1255,12 @@ class Session:
             )
         )
 
-    def on_tool_call_finished(self, response_id: str, call_id: str, arguments: str) -> None:
+    def on_tool_call_finished(
+        self, response_id: str, call_id: str, arguments: str, *, now: float
+    ) -> None:
         """A function call is complete."""
+        if not self._at(now):
+            return
         response = self._live(response_id)
         entry = response.calls.pop(call_id, None) if response else None
         if response is None or entry is None:
@@ -1231,8 +1280,10 @@ class Session:
         )
         self._finish_item(response, entry, index)
 
-    def on_generation_finished(self, response_id: str, finished: Finished) -> None:
+    def on_generation_finished(self, response_id: str, finished: Finished, *, now: float) -> None:
         """The engines are done with a response."""
+        if not self._at(now):
+            return
         response = self._live(response_id)
         if response is None:
             return
@@ -1286,18 +1337,24 @@ class Session:
         for response_id in self._playing:
             self._outbox.append(ClearAudio(response_id))
 
-    def on_playout_started(self, response_id: str) -> None:
+    def on_playout_started(self, response_id: str, *, now: float) -> None:
         """The transport began playing a response's audio."""
+        if not self._at(now):
+            return
         self._emit(se.OutputAudioBufferStarted(response_id=response_id))
 
-    def on_playout_stopped(self, response_id: str) -> None:
+    def on_playout_stopped(self, response_id: str, *, now: float) -> None:
         """The transport played a response's audio to the end."""
+        if not self._at(now):
+            return
         if self._playing.pop(response_id, None) is not None:
             self._emit(se.OutputAudioBufferStopped(response_id=response_id))
             self._arm_idle_timeout(0)
 
-    def on_playout_cleared(self, response_id: str, played_ms: int) -> None:
+    def on_playout_cleared(self, response_id: str, played_ms: int, *, now: float) -> None:
         """Playout stopped early (barge-in or a clear): the item keeps only what was heard."""
+        if not self._at(now):
+            return
         item_id = self._playing.pop(response_id, None)
         if item_id is None:
             return
@@ -1312,8 +1369,10 @@ class Session:
                 )
         self._emit(se.OutputAudioBufferCleared(response_id=response_id))
 
-    def on_generation_failed(self, response_id: str, message: str) -> None:
+    def on_generation_failed(self, response_id: str, message: str, *, now: float) -> None:
         """An engine failed: this response fails, the session goes on."""
+        if not self._at(now):
+            return
         response = self._live(response_id)
         if response is None:
             return

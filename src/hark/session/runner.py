@@ -128,6 +128,9 @@ class SessionRunner:
         self._generations: dict[str, asyncio.Task[None]] = {}
         self._speculation: _Speculation | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        # The one timer: wakes the core at its next deadline (see ``_arm_timer``).
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_deadline: float | None = None
         self._closed = False
         self.timings: dict[str, TurnTimings] = {}
         self._turn_end: tuple[float, float] | None = None
@@ -145,8 +148,8 @@ class SessionRunner:
     async def start(self) -> None:
         """Queue ``session.created`` and start the session's background work."""
         self.metrics.started()
-        self._spawn(self._expiry_timer(), "expiry")
-        self._call(self.session.start)
+        self.session.start()
+        self._flush()
         log.info("session %s started (%s)", self.id, self.transport)
 
     def receive_text(self, text: str) -> None:
@@ -160,9 +163,8 @@ class SessionRunner:
             return
         self._vad_stream.deliver_ready()
         session = self.session
-        session.tick(self._clock())
         try:
-            session.receive(text)
+            session.receive(text, now=self._clock())
         except Exception:
             self._internal_error()
         self._flush()
@@ -212,9 +214,7 @@ class SessionRunner:
         ``error`` event with ``message`` and ``code``, then the session closes."""
         if not self._closed:
             self._call(
-                self.session.end,
-                ProtocolError(message, code=code, type="server_error"),
-                reason,
+                self.session.end, ProtocolError(message, code=code, type="server_error"), reason
             )
         await self.close(reason)
 
@@ -223,6 +223,8 @@ class SessionRunner:
         if self._closed:
             return
         self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
         self._vad_stream.close()
         self.metrics.ended(reason)
         current = asyncio.current_task()
@@ -241,11 +243,12 @@ class SessionRunner:
     # ------------------------------------------------------------------ plumbing
 
     def _call(self, method: Callable[..., None], *args: object) -> None:
-        """Call into the core and carry out what it produced; a core bug fails closed."""
+        """Call an input of the core with the wall time and carry out what it produced; a
+        core bug fails closed."""
         if self._closed:
             return
         try:
-            method(*args)
+            method(*args, now=self._clock())
         except Exception:
             self._internal_error()
         self._flush()
@@ -256,6 +259,8 @@ class SessionRunner:
         self.session.report_internal_error()
 
     def _flush(self) -> None:
+        if self.session.next_deadline() != self._timer_deadline:
+            self._arm_timer()
         outputs = self.session.drain()
         if not outputs:
             return
@@ -380,21 +385,30 @@ class SessionRunner:
         self.metrics.vad_chunk(arrived, now)
         self._vad_arrived = arrived
         try:
-            self.session.on_vad(probability, epoch)
+            self.session.on_vad(probability, epoch, now=self._clock())
         except Exception:
             self._internal_error()
         self._flush()
 
-    async def _expiry_timer(self) -> None:
-        # The loop sleeps on its monotonic clock, the limit is in wall time: a wall clock
-        # slewed or stepped back wakes this before the limit, so it sleeps again until the
-        # core has seen the limit pass.
-        while not self._closed:
-            delay = self.session.expires_at - self._clock()
-            if delay <= 0:
-                self._call(self.session.tick, self._clock())
-                return
-            await asyncio.sleep(delay)
+    def _arm_timer(self) -> None:
+        """Set the one timer for the core's next deadline (wall time)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        deadline = self._timer_deadline = self.session.next_deadline()
+        if deadline is None or self._closed:
+            return
+        # The loop's timers run on its monotonic clock and the deadline is wall time: a wall
+        # clock slewed or stepped back fires this early, and the core, seeing no deadline
+        # passed, keeps it, so the timer is set again for what is left.
+        delay = max(0.0, deadline - self._clock())
+        self._timer = asyncio.get_running_loop().call_later(delay, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._call(self.session.handle_timer)
+        if self._timer is None and not self._closed:
+            self._arm_timer()
 
     async def _transcribe(self, action: Transcribe) -> None:
         text = ""
