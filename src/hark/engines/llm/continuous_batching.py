@@ -2,31 +2,15 @@
 
 One thread owns the model and a context whose KV cache holds up to ``sequences`` token
 sequences in a single pool of cells (llama.cpp's unified KV cache, where a cell may belong to
-several sequences). Each admitted job owns a sequence. Each step builds one ``llama_batch`` of
-the work the order below picks (the next token of generating sequences, bounded chunks of
-prompt for sequences still reading theirs), calls ``llama_decode`` once and samples each
-generating sequence from its own row of logits with its own sampler chain (and so its own
-grammar state). A cancelled job leaves at the next step.
-
-On a CPU a step costs about the same per token whatever the batch holds (one thread of the
-development machine: one decode token 14 ms, four in one batch 53 ms), so batching does not make
-the model faster; what it buys is order. A reply that has not yet said its first few words (its
-"opening": the first clause, the first audio) goes before everything else, one at a time,
-the one with the least work left first; replies already being spoken decode together after
-them, and get a token at least every ``SPOKEN_TOKEN_GAP_S`` whatever waits, to keep ahead of
-the voice; speculative replies come after replies someone waits for, and prefills last.
-
-Conversations stay between turns. A job continues, in place, the idle sequence that holds the
-beginning of its tokens (the same conversation, a turn further on); otherwise it takes an empty
-sequence, or the least recently used idle one, and when another sequence holds more of its
-beginning (another session with the same instructions) it shares that sequence's cells rather
-than read those tokens again. Every token decoded attends over every occupied cell, so idle
-conversations beyond ``resident_idle_cells`` move to RAM (``llama_state_seq_get_data``, about
-16 ms for 1000 tokens) and come back when their session speaks again (3 ms); measured with
-four sessions (flash attention on), a cache holding them all made a token cost 29 ms by the
-twentieth turn, against 18 ms at the start. When the cache is full, idle sequences go to RAM,
-least recently used first; then the least urgent running job goes back to the queue, to read
-its tokens again once another has left. A job that does not fit alone fails.
+several sequences). Each admitted job owns a sequence (:mod:`hark.engines.llm.kv_cache` says
+which, and keeps conversations between turns). Each step builds one ``llama_batch`` of the work
+:mod:`hark.engines.llm.step_policy` picks (the next token of generating sequences, bounded
+chunks of prompt for sequences still reading theirs), calls ``llama_decode`` once
+(:mod:`hark.engines.llm.llama_model`) and samples each generating sequence from its own row of
+logits with its own sampler chain (:mod:`hark.engines.llm.sampling`). A cancelled job leaves at
+the next step. When the cache is full and no idle sequence is left to move to RAM, the least
+urgent running job goes back to the queue, to read its tokens again once another has left. A
+job that does not fit alone fails.
 
 Numerics: llama.cpp sums attention in cell order. With flash attention it skips other
 sequences' cells, so a sequence whose cells are in position order gets the same logits whatever
@@ -36,98 +20,23 @@ two runs of one request can part after a few dozen greedy tokens.
 
 from __future__ import annotations
 
-import codecs
-import ctypes
 import itertools
 import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
-
-import llama_cpp
+from typing import Literal, Protocol
 
 from hark.engines.activity import computing_now
+from hark.engines.llm import step_policy
+from hark.engines.llm.kv_cache import CacheSequence, KvCache, shared_prefix
+from hark.engines.llm.llama_model import LlamaContext, LlamaModel, Row
+from hark.engines.llm.sampling import Sampler
 
 log = logging.getLogger(__name__)
 
-# A reply has said its first clause (the first audio) after about this many tokens; until then
-# it is served before replies already being spoken.
-OPENING_TOKENS = 8
-# Idle sequences shorter than this are forgotten rather than moved to RAM.
-SPILL_MIN_TOKENS = 32
-# A reply being spoken gets a token at least this often, whatever else waits: about the pace
-# of speech, so that its audio does not run dry behind a burst of new turns.
-SPOKEN_TOKEN_GAP_S = 0.25
-
 StopReason = Literal["stop", "length"]
-
-# Urgency tiers, most urgent first: a reply being spoken that has waited too long for a token;
-# replies that have not said their first words yet (a turn's, then a speculative one's); replies
-# being spoken; speculative replies past their first words; prefills.
-_OVERDUE, _OPENING, _SPECULATIVE_OPENING, _SPOKEN, _SPECULATIVE, _PREFILL = range(6)
-_OPENINGS = (_OPENING, _SPECULATIVE_OPENING)
-
-
-class ModelError(RuntimeError):
-    """llama.cpp could not load the model or create its context."""
-
-
-class LlamaModel:
-    """A GGUF model loaded by llama.cpp, with its vocabulary."""
-
-    def __init__(self, path: str) -> None:
-        llama_cpp.llama_backend_init()
-        params = llama_cpp.llama_model_default_params()
-        model = llama_cpp.llama_model_load_from_file(path.encode(), params)
-        if not model:
-            raise ModelError(f"llama.cpp could not load {path}")
-        self.model = model
-        self.vocab = llama_cpp.llama_model_get_vocab(model)
-        self._piece = ctypes.create_string_buffer(64)
-
-    @property
-    def chat_template(self) -> str | None:
-        """The model's default chat template (GGUF ``tokenizer.chat_template``)."""
-        template = llama_cpp.llama_model_chat_template(self.model, None)
-        return template.decode("utf-8", "replace") if template else None
-
-    @property
-    def eos(self) -> int:
-        """The end-of-sequence token."""
-        return int(llama_cpp.llama_vocab_eos(self.vocab))
-
-    def is_end_of_generation(self, token: int) -> bool:
-        """Whether ``token`` ends a generation (end of sequence, end of turn …)."""
-        return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
-
-    def tokenize(self, text: str) -> list[int]:
-        """``text`` as tokens, special tokens (``<|im_start|>``) included, no BOS added."""
-        data = text.encode()
-        room = len(data) + 8
-        while True:
-            tokens = (llama_cpp.llama_token * room)()
-            n = llama_cpp.llama_tokenize(self.vocab, data, len(data), tokens, room, False, True)
-            if n >= 0:
-                return list(tokens[:n])
-            room = -n
-
-    def piece(self, token: int) -> bytes:
-        """The bytes of ``token`` (nothing for special tokens)."""
-        n = llama_cpp.llama_token_to_piece(
-            self.vocab, token, self._piece, len(self._piece), 0, False
-        )
-        if n < 0:
-            self._piece = ctypes.create_string_buffer(-n)
-            n = llama_cpp.llama_token_to_piece(
-                self.vocab, token, self._piece, len(self._piece), 0, False
-            )
-        return self._piece.raw[:n]
-
-    def close(self) -> None:
-        """Free the model."""
-        llama_cpp.llama_model_free(self.model)
 
 
 @dataclass(slots=True)
@@ -189,38 +98,16 @@ class Job:
 
 
 @dataclass(eq=False, slots=True)
-class _Sequence:
-    """A KV-cache sequence: the tokens it holds at positions 0…n-1, and the job using it."""
-
-    id: int
-    tokens: list[int] = field(default_factory=list)
-    task: _Task | None = None
-    last_used: int = 0
-
-
-@dataclass(eq=False, slots=True)
-class _Snapshot:
-    """An idle sequence moved out of the KV cache (``llama_state_seq_get_data``)."""
-
-    tokens: list[int]
-    data: bytearray
-    size: int
-
-
-@dataclass(eq=False, slots=True)
 class _Task:
-    """A job inside the scheduler."""
+    """A job inside the scheduler (a :class:`hark.engines.llm.step_policy.Work`)."""
 
     job: Job
     plan: Plan
     order: int
     # What the sequence must read next: the rest of the prompt, or the token just sampled.
     todo: list[int]
-    sequence: _Sequence | None = None
-    sampler: llama_cpp.llama_sampler_p | None = None
-    decoder: codecs.IncrementalDecoder = field(
-        default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace")
-    )
+    sequence: CacheSequence | None = None
+    sampler: Sampler | None = None
     admitted: bool = False
     last_served: float = 0.0
     # Put back in the queue for want of room: it waits until a running job has left.
@@ -230,36 +117,17 @@ class _Task:
     def generates(self) -> bool:
         return self.plan.reader is not None
 
-    def tier(self, now: float) -> int:
-        if self.plan.reader is None:
-            return _PREFILL
-        speculative = self.job.speculative()
-        if self.plan.usage.completion_tokens < OPENING_TOKENS:
-            return _SPECULATIVE_OPENING if speculative else _OPENING
-        if speculative:
-            return _SPECULATIVE
-        if len(self.todo) == 1 and now - self.last_served > SPOKEN_TOKEN_GAP_S:
-            return _OVERDUE
-        return _SPOKEN
+    @property
+    def speculative(self) -> bool:
+        return self.job.speculative()
 
-    def rank(self, now: float) -> tuple[int, int, int]:
-        """Sort key, most urgent first: by tier; openings by the work left before the first
-        words (shortest first); then by arrival."""
-        tier = self.tier(now)
-        left = 0
-        if tier in _OPENINGS:
-            left = len(self.todo) + OPENING_TOKENS - self.plan.usage.completion_tokens
-        return tier, left, self.order
+    @property
+    def generated(self) -> int:
+        return self.plan.usage.completion_tokens
 
-
-def shared_prefix(a: list[int], b: list[int]) -> int:
-    """How many tokens ``a`` and ``b`` have in common from the start."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
+    @property
+    def to_read(self) -> int:
+        return len(self.todo)
 
 
 class BatchScheduler:
@@ -313,18 +181,13 @@ class BatchScheduler:
         self._thread: threading.Thread | None = None
         # Scheduler-thread state.
         self._model: LlamaModel | None = None
-        self._ctx: llama_cpp.llama_context_p | None = None
-        self._memory: llama_cpp.llama_memory_t | None = None
-        self._batch: llama_cpp.llama_batch | None = None
+        self._context: LlamaContext | None = None
+        self._cache: KvCache | None = None
         self._batch_size = max(512, step_tokens + sequences)
         self._stops: frozenset[int] = frozenset()
-        self._sequences: list[_Sequence] = []
-        # Least recently used first.
-        self._snapshots: list[_Snapshot] = []
         self._waiting: list[_Task] = []
         self._running: list[_Task] = []
         self._order = itertools.count()
-        self._clock = itertools.count(1)
         self._departures = 0
 
     # ------------------------------------------------------------------ any thread
@@ -399,33 +262,25 @@ class BatchScheduler:
             if len(ids) == 1:
                 stops.add(ids[0])
         self._stops = frozenset(stops)
-        params = llama_cpp.llama_context_default_params()
-        params.n_ctx = self.kv_cells
-        params.n_batch = params.n_ubatch = self._batch_size
-        params.n_seq_max = self.n_sequences
-        params.kv_unified = True
-        params.flash_attn_type = (
-            llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO
-            if self.flash_attention
-            else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        self._context = LlamaContext(
+            model,
+            kv_cells=self.kv_cells,
+            sequences=self.n_sequences,
+            batch_size=self._batch_size,
+            n_threads=self.n_threads,
+            flash_attention=self.flash_attention,
         )
-        params.n_threads = params.n_threads_batch = self.n_threads
-        ctx = llama_cpp.llama_init_from_model(model.model, params)
-        if not ctx:
-            raise ModelError("llama.cpp could not create a context")
-        self._ctx = ctx
-        self._memory = llama_cpp.llama_get_memory(ctx)
-        self._batch = llama_cpp.llama_batch_init(self._batch_size, 0, 1)
-        self._sequences = [_Sequence(i) for i in range(self.n_sequences)]
+        self._cache = KvCache(
+            self._context, self.n_sequences, self.resident_idle_cells, self.ram_bytes
+        )
 
     def _free(self) -> None:
-        self._snapshots.clear()
-        if self._batch is not None:
-            llama_cpp.llama_batch_free(self._batch)
-            self._batch = None
-        if self._ctx is not None:
-            llama_cpp.llama_free(self._ctx)
-            self._ctx = None
+        if self._cache is not None:
+            self._cache.forget_saved()
+            self._cache = None
+        if self._context is not None:
+            self._context.close()
+            self._context = None
         if self._model is not None:
             self._model.close()
             self._model = None
@@ -454,43 +309,15 @@ class BatchScheduler:
             if plan is None:
                 job.done()
                 return
-            sampler = self._sampler(plan) if plan.reader is not None else None
+            sampler = None
+            if plan.reader is not None:
+                sampler = Sampler(self._model, plan.temperature, plan.grammar, self.seed)
         except Exception as exc:
             job.failed(exc)
             return
         plan.usage.prompt_tokens = len(plan.prompt)
         task = _Task(job, plan, next(self._order), list(plan.prompt), sampler=sampler)
         self._waiting.append(task)
-
-    def _sampler(self, plan: Plan) -> llama_cpp.llama_sampler_p:
-        """A sampler chain as llama-cpp-python's ``Llama.generate`` builds one (so that results
-        match it): the grammar first, then greedy at temperature 0, else top-k 40, top-p 0.95,
-        min-p 0.05, the temperature, and a draw from a fixed seed."""
-        assert self._model is not None
-        grammar = None
-        if plan.grammar is not None:
-            grammar = llama_cpp.llama_sampler_init_grammar(
-                self._model.vocab, plan.grammar.encode(), b"root"
-            )
-            if not grammar:
-                # llama.cpp says why in its log; a bad schema fails only this request.
-                raise ValueError("the tool schema produced a grammar llama.cpp rejects")
-        chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
-        if grammar is not None:
-            llama_cpp.llama_sampler_chain_add(chain, grammar)
-        if plan.temperature == 0.0:
-            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_greedy())
-        else:
-            if plan.temperature > 0.0:
-                for sampler in (
-                    llama_cpp.llama_sampler_init_top_k(40),
-                    llama_cpp.llama_sampler_init_top_p(0.95, 1),
-                    llama_cpp.llama_sampler_init_min_p(0.05, 1),
-                    llama_cpp.llama_sampler_init_temp(plan.temperature),
-                ):
-                    llama_cpp.llama_sampler_chain_add(chain, sampler)
-            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_dist(self.seed))
-        return chain
 
     def _reap(self) -> None:
         """Cancelled jobs leave: their sequences keep what they read, for the next turn."""
@@ -507,11 +334,11 @@ class BatchScheduler:
         if task in self._waiting:
             self._waiting.remove(task)
         if task.sequence is not None:
-            task.sequence.task = None
-            task.sequence.last_used = next(self._clock)
+            assert self._cache is not None
+            self._cache.release(task.sequence)
             task.sequence = None
         if task.sampler is not None:
-            llama_cpp.llama_sampler_free(task.sampler)
+            task.sampler.close()
             task.sampler = None
 
     def _leave(self, task: _Task) -> None:
@@ -525,8 +352,9 @@ class BatchScheduler:
     # ------------------------------------------------------------------ admission
 
     def _admit(self) -> None:
+        assert self._cache is not None
         now = time.monotonic()
-        for task in sorted(self._waiting, key=lambda t: (t.tier(now), t.order)):
+        for task in step_policy.admission_order(self._waiting, now):
             if task.readmit_after >= self._departures and self._running:
                 continue
             sequence = self._place(task)
@@ -538,114 +366,33 @@ class BatchScheduler:
             self._waiting.remove(task)
             if not task.todo:
                 # A prefill of tokens the cache already holds.
-                sequence.last_used = next(self._clock)
-                task.sequence = None
+                self._cache.release(sequence)
                 if task.sampler is not None:
-                    llama_cpp.llama_sampler_free(task.sampler)
+                    task.sampler.close()
                     task.sampler = None
                 task.job.done()
                 continue
-            sequence.task = task
+            sequence.busy = True
             task.sequence = sequence
             task.last_served = now
             self._running.append(task)
 
-    def _place(self, task: _Task) -> _Sequence | None:
+    def _place(self, task: _Task) -> CacheSequence | None:
         """Give ``task`` a sequence holding as much of its tokens as the cache (or RAM) has."""
-        assert self._memory is not None
-        tokens = task.todo
-        # A generation reads at least its last token again, for the logits to sample from.
-        limit = len(tokens) - 1 if task.generates else len(tokens)
-
-        def shared(held: _Sequence | _Snapshot) -> int:
-            return min(shared_prefix(held.tokens, tokens), limit)
-
+        assert self._cache is not None
         if task.generates:
-            self._supersede_prefills(tokens)
-        idle = [s for s in self._sequences if s.task is None]
-        if not idle:
+            self._supersede_prefills(task.todo)
+        # A generation reads at least its last token again, for the logits to sample from.
+        limit = len(task.todo) - 1 if task.generates else len(task.todo)
+        placed = self._cache.place(task.todo, limit)
+        if placed is None:
             return None
-        # The same conversation, further on or gone astray (a speculative reply to words the
-        # user did not finish): continue it in place. Another conversation is left whole.
-        best = max(self._sequences, key=shared)
-        same = [s for s in idle if shared(s) > 0 and 2 * shared(s) >= len(s.tokens)]
-        if same:
-            target = max(same, key=shared)
-        else:
-            # An empty sequence, else the least recently used, sparing the one shared from.
-            target = min(idle, key=lambda s: (bool(s.tokens), s is best, s.last_used))
-        cached = shared(target)
-        stored = max(self._snapshots, key=shared, default=None)
-        if stored is not None and shared(stored) > max(cached, shared(best)):
-            if target.tokens:
-                self._spill(target)
-            self._restore(stored, target)
-            cached = shared(target)
-        if shared(best) > cached:
-            # Another sequence holds more of the beginning (the same instructions, say):
-            # share its cells rather than read those tokens again.
-            if target.tokens:
-                self._spill(target)
-            cached = shared(best)
-            llama_cpp.llama_memory_seq_cp(self._memory, best.id, target.id, 0, cached)
-            target.tokens = best.tokens[:cached]
-        llama_cpp.llama_memory_seq_rm(self._memory, target.id, cached, -1)
-        del target.tokens[cached:]
+        sequence, cached = placed
         if not task.admitted:
             task.plan.usage.cached_tokens = cached
             task.admitted = True
         del task.todo[:cached]
-        self._limit_idle(target)
-        return target
-
-    def _limit_idle(self, keep: _Sequence) -> None:
-        """Move idle sequences to RAM, least recently used first, until those left in the
-        cache hold at most ``resident_idle_cells``: every token decoded attends over every
-        occupied cell, so a cache full of idle conversations slows down the busy ones."""
-        idle = sorted(
-            (s for s in self._sequences if s.task is None and s.tokens and s is not keep),
-            key=lambda s: s.last_used,
-        )
-        held = sum(len(s.tokens) for s in idle)
-        for sequence in idle:
-            if held <= self.resident_idle_cells:
-                break
-            held -= len(sequence.tokens)
-            self._spill(sequence)
-
-    def _spill(self, sequence: _Sequence) -> None:
-        """Move an idle sequence's cells to RAM (short ones are not worth it) and free them."""
-        assert self._ctx is not None and self._memory is not None
-        tokens = sequence.tokens
-        kept = any(s.tokens[: len(tokens)] == tokens for s in self._snapshots)
-        if len(tokens) >= SPILL_MIN_TOKENS and self.ram_bytes > 0 and not kept:
-            size = llama_cpp.llama_state_seq_get_size(self._ctx, sequence.id)
-            data = bytearray(size)
-            written = llama_cpp.llama_state_seq_get_data(
-                self._ctx, (ctypes.c_uint8 * size).from_buffer(data), size, sequence.id
-            )
-            if written:
-                self._snapshots = [
-                    s for s in self._snapshots if s.tokens != tokens[: len(s.tokens)]
-                ]
-                self._snapshots.append(_Snapshot(tokens, data, written))
-                total = sum(s.size for s in self._snapshots)
-                while total > self.ram_bytes:
-                    total -= self._snapshots.pop(0).size
-        llama_cpp.llama_memory_seq_rm(self._memory, sequence.id, -1, -1)
-        sequence.tokens = []
-
-    def _restore(self, snapshot: _Snapshot, sequence: _Sequence) -> None:
-        """Bring a conversation back from RAM into ``sequence`` (empty), making room if need be;
-        the sequence stays empty if there is no room."""
-        assert self._ctx is not None
-        data = (ctypes.c_uint8 * snapshot.size).from_buffer(snapshot.data)
-        while not llama_cpp.llama_state_seq_set_data(self._ctx, data, snapshot.size, sequence.id):
-            if not self._evict_idle(spare=sequence):
-                return
-        if snapshot in self._snapshots:
-            self._snapshots.remove(snapshot)
-        sequence.tokens = snapshot.tokens
+        return sequence
 
     def _supersede_prefills(self, tokens: list[int]) -> None:
         """End the prefills that read the beginning of ``tokens``: the generation reads it now."""
@@ -666,28 +413,7 @@ class BatchScheduler:
         if not self._running:
             return
         now = time.monotonic()
-        chosen: list[tuple[_Task, int]] = []
-        budget = self.step_tokens
-        opening = False
-        for task in sorted(self._running, key=lambda t: t.rank(now)):
-            tier = task.tier(now)
-            if tier == _OVERDUE:
-                n = 1
-            elif tier in _OPENINGS:
-                # On a CPU a step costs what its tokens cost: anything beside the opening in
-                # the lead would delay its first words. One opening at a time, shortest first.
-                if opening:
-                    continue
-                opening = True
-                n = min(len(task.todo), max(budget, 1))
-            elif opening:
-                break
-            else:
-                n = min(len(task.todo), budget)
-            if n <= 0:
-                continue
-            chosen.append((task, n))
-            budget -= n
+        chosen = step_policy.next_step(self._running, now, self.step_tokens)
         if not chosen:
             return
         outputs = self._decode(chosen)
@@ -712,45 +438,27 @@ class BatchScheduler:
 
     def _decode(self, chosen: list[tuple[_Task, int]]) -> list[int] | None:
         """Run one batch; the batch index of each task's logits (-1: none). None: not run."""
-        batch = self._batch
-        assert batch is not None and self._ctx is not None and self._memory is not None
-        outputs = []
-        # llama-cpp-python declares ``pos`` as an array of arrays; it is one of positions.
-        positions: Any = batch.pos
-        i = 0
+        assert self._context is not None and self._cache is not None
+        rows = []
         for task, n in chosen:
-            sequence = task.sequence
-            assert sequence is not None
-            start = len(sequence.tokens)
-            for j, token in enumerate(task.todo[:n]):
-                batch.token[i] = token
-                positions[i] = start + j
-                batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = sequence.id
-                batch.logits[i] = False
-                i += 1
+            assert task.sequence is not None
             last = task.generates and n == len(task.todo)
-            if last:
-                batch.logits[i - 1] = True
-            outputs.append(i - 1 if last else -1)
-        batch.n_tokens = i
+            rows.append(Row(task.sequence.id, len(task.sequence.tokens), task.todo[:n], last))
         self._spread(chosen)
         while True:
-            rc = llama_cpp.llama_decode(self._ctx, batch)
+            rc, outputs = self._context.decode(rows)
             if rc == 0:
                 return outputs
-            if rc == 1 and self._evict_idle():
+            if rc == 1 and self._cache.evict_idle():
                 continue
             break
         if rc == 1:
-            self._make_room(chosen)
+            self._make_room()
             return None
         error = RuntimeError(f"llama_decode failed ({rc})")
         for task, _ in chosen:
             assert task.sequence is not None
-            llama_cpp.llama_memory_seq_rm(
-                self._memory, task.sequence.id, len(task.sequence.tokens), -1
-            )
+            self._cache.truncate(task.sequence)
             self._fail(task, error)
         return None
 
@@ -759,27 +467,18 @@ class BatchScheduler:
         read after its transcript, is on the way to its first words (about 13 tokens: 84 ms
         on two threads against 121 on one). llama.cpp uses ``n_threads_batch`` for steps of
         more than one token, so single-token steps keep ``n_threads`` whatever is set here."""
-        assert self._ctx is not None
+        assert self._context is not None
         wide = len(chosen) == 1 and chosen[0][1] > 1 and computing_now() == 0
         threads = self.wide_threads if wide else self.n_threads
         if threads != self._batch_threads:
-            llama_cpp.llama_set_n_threads(self._ctx, self.n_threads, threads)
+            self._context.set_threads(self.n_threads, threads)
             self._batch_threads = threads
 
-    def _evict_idle(self, spare: _Sequence | None = None) -> bool:
-        """Move the least recently used idle conversation to RAM; False if there is none."""
-        idle = [s for s in self._sequences if s.task is None and s.tokens and s is not spare]
-        if not idle:
-            return False
-        self._spill(min(idle, key=lambda s: s.last_used))
-        return True
-
-    def _make_room(self, chosen: list[tuple[_Task, int]]) -> None:
+    def _make_room(self) -> None:
         """The cache is full of running work: put the least urgent job back in the queue, to
         read its tokens again later; a job that does not fit alone fails."""
-        assert self._memory is not None
-        now = time.monotonic()
-        victim = max(self._running, key=lambda t: (t.tier(now), t.order))
+        assert self._cache is not None
+        victim = step_policy.least_urgent(self._running, time.monotonic())
         sequence = victim.sequence
         assert sequence is not None
         if len(self._running) == 1:
@@ -789,26 +488,26 @@ class BatchScheduler:
             self._leave(victim)
             return
         victim.todo = sequence.tokens + victim.todo
-        llama_cpp.llama_memory_seq_rm(self._memory, sequence.id, -1, -1)
-        sequence.tokens = []
+        self._cache.clear(sequence)
         self._running.remove(victim)
-        sequence.task = None
+        sequence.busy = False
         victim.sequence = None
         victim.readmit_after = self._departures
         self._waiting.append(victim)
         log.info("the KV cache is full: a generation waits for room")
 
     def _sample(self, task: _Task, output: int) -> None:
-        assert self._ctx is not None and self._model is not None and task.sampler is not None
+        assert self._context is not None and self._model is not None
+        sampler = task.sampler
         reader = task.plan.reader
-        assert reader is not None
+        assert sampler is not None and reader is not None
         usage = task.plan.usage
-        token = llama_cpp.llama_sampler_sample(task.sampler, self._ctx, output)
+        token = sampler.sample(self._context, output)
         if token in self._stops or self._model.is_end_of_generation(token):
             self._finish(task, "stop")
             return
         usage.completion_tokens += 1
-        piece = task.decoder.decode(self._model.piece(token))
+        piece = sampler.text(token)
         if piece and reader.feed(piece):
             self._leave(task)
             return
@@ -819,8 +518,9 @@ class BatchScheduler:
 
     def _finish(self, task: _Task, reason: StopReason) -> None:
         reader = task.plan.reader
-        assert reader is not None
-        tail = task.decoder.decode(b"", final=True)
+        sampler = task.sampler
+        assert reader is not None and sampler is not None
+        tail = sampler.flush()
         if not (tail and reader.feed(tail)):
             reader.end(reason)
         self._leave(task)

@@ -48,14 +48,8 @@ from hark.engines.llm.chat_template import (
     render_chatml,
     tool_call_header,
 )
-from hark.engines.llm.continuous_batching import (
-    BatchScheduler,
-    Job,
-    LlamaModel,
-    Plan,
-    StopReason,
-    Usage,
-)
+from hark.engines.llm.continuous_batching import BatchScheduler, Job, Plan, StopReason, Usage
+from hark.engines.llm.llama_model import LlamaModel
 from hark.engines.llm.tool_grammar import arguments_gbnf, tool_call_gbnf
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
