@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 from typing import Any
 
@@ -13,7 +14,16 @@ import pytest
 from hark.engines.llm import Finished
 from hark.protocol.server_events import ServerEvent, encode_event
 from hark.protocol.session_config import SessionConfig
-from hark.session.actions import Action, AnalyzeSpeech, Generate, ScoreTurn, Transcribe
+from hark.session.actions import (
+    Action,
+    AdoptSpeculation,
+    AnalyzeSpeech,
+    DiscardSpeculation,
+    Generate,
+    ScoreTurn,
+    Speculate,
+    Transcribe,
+)
 from hark.session.core import AUDIO_RETENTION_S, SESSION_LIMIT_S, Session
 from hark.session.ids import IdGenerator
 
@@ -43,7 +53,12 @@ def energy_probability(chunk: npt.NDArray[np.int16]) -> float:
 
 
 class Driver:
-    """Feeds a Session and records its events and actions, answering VAD requests in order."""
+    """Feeds a Session and records its events and actions, answering VAD requests in order.
+
+    An adopted speculation is recorded twice: as the ``AdoptSpeculation`` and as the
+    ``Generate`` the engines then run for the response (the speculated one under the
+    response's id), as a runner does; tests of the engines' part take the ``Generate``.
+    """
 
     def __init__(
         self,
@@ -70,6 +85,9 @@ class Driver:
         # When set, recognition and end-of-turn scoring are answered at once with these.
         self.asr_text: str | None = None
         self.turn_score: float | None = None
+        # Whether a speculative reply reads its prompt at once (reported as it starts).
+        self.reads_at_once = True
+        self._speculations: dict[str, Generate] = {}
         self.session.start()
         self.pump()
 
@@ -86,6 +104,20 @@ class Driver:
                     self.session.on_transcription_done(
                         item.request_id, self.asr_text, seconds, now=self.now
                     )
+                elif isinstance(item, Speculate):
+                    self.actions.append(item)
+                    self._speculations[item.key] = item.generate
+                    if self.reads_at_once:
+                        self.session.on_speculation_answering(item.key, now=self.now)
+                elif isinstance(item, DiscardSpeculation):
+                    self.actions.append(item)
+                    self._speculations.pop(item.key, None)
+                elif isinstance(item, AdoptSpeculation):
+                    self.actions.append(item)
+                    speculated = self._speculations.pop(item.key)
+                    self.actions.append(
+                        dataclasses.replace(speculated, response_id=item.response_id)
+                    )
                 elif isinstance(item, ScoreTurn) and self.turn_score is not None:
                     self.actions.append(item)
                     self.session.on_turn_score(item.key, self.turn_score, now=self.now)
@@ -95,6 +127,16 @@ class Driver:
                     self.actions.append(item)
         self.events.extend(new)
         return new
+
+    def advance(self, seconds: float) -> list[dict[str, Any]]:
+        """Move the wall time on, firing the core's timer as a driver does when its deadline
+        passes."""
+        self.now += seconds
+        deadline = self.session.next_deadline()
+        if deadline is not None and deadline <= self.now:
+            self.session.handle_timer(self.now)
+            return self.pump()
+        return []
 
     def send(self, event: dict[str, Any] | str) -> list[dict[str, Any]]:
         """Send one client event; returns the server events it caused."""
@@ -107,7 +149,7 @@ class Driver:
         new: list[dict[str, Any]] = []
         for i in range(0, len(pcm), step):
             piece = pcm[i : i + step]
-            self.now += len(piece) / RATE
+            new += self.advance(len(piece) / RATE)
             audio = base64.b64encode(piece.astype("<i2").tobytes()).decode()
             new += self.send({"type": "input_audio_buffer.append", "audio": audio})
         return new
@@ -118,7 +160,7 @@ class Driver:
         new: list[dict[str, Any]] = []
         for i in range(0, len(pcm), step):
             piece = pcm[i : i + step]
-            self.now += len(piece) / RATE
+            new += self.advance(len(piece) / RATE)
             self.session.append_audio(piece, now=self.now)
             new += self.pump()
         return new

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 
-from hark.session.actions import DiscardSpeculation, Generate, ScoreTurn, Speculate, Transcribe
+from hark.engines.turn import silence_for
+from hark.session.actions import (
+    AdoptSpeculation,
+    DiscardSpeculation,
+    Generate,
+    ScoreTurn,
+    Speculate,
+    Transcribe,
+)
+from hark.session.core import SCORE_AFTER_READ_MAX_S, UNKNOWN_TURN_SCORE
 
 from .conftest import Driver, silence, voiced
 
@@ -36,10 +45,81 @@ def test_reply_is_speculated_during_the_pause_and_adopted_at_turn_end(driver: Dr
     assert "input_audio_buffer.speech_stopped" in driver.types()
     # The committed item's transcript was known already: one recognition in all.
     assert len(driver.take(Transcribe)) == 1
+    (adopt,) = driver.take(AdoptSpeculation)
+    assert adopt.key == speculate.key
+    created = next(e for e in driver.events if e["type"] == "response.created")
+    assert adopt.response_id == created["response"]["id"]
+    assert not driver.take(DiscardSpeculation)
+
+
+def test_a_turn_that_differs_from_the_speculation_gets_a_fresh_generation(
+    driver: Driver,
+) -> None:
+    driver.asr_text = "What is the capital of France?"
+    driver.append(voiced(800))
+    driver.append(silence(200))
+    (speculate,) = driver.take(Speculate)
+    # The instructions change while the end of the turn is waited out: the speculated reply
+    # answers under the old ones.
+    driver.send({"type": "session.update", "session": {"instructions": "Answer in French."}})
+    driver.append(silence(400))
+    assert not driver.take(AdoptSpeculation)
+    (discard,) = driver.take(DiscardSpeculation)
+    assert discard.key == speculate.key
     (generate,) = driver.take(Generate)
     assert generate.response_id.startswith("resp_")
-    assert dataclasses.replace(generate, response_id="") == speculate.generate
-    assert not driver.take(DiscardSpeculation)
+    assert generate.request.messages[0].content == "Answer in French."
+    assert dataclasses.replace(generate, response_id="") != speculate.generate
+
+
+def test_the_verdict_waits_for_the_speculated_reply_to_read_its_prompt(driver: Driver) -> None:
+    semantic(driver)
+    driver.reads_at_once = False
+    driver.asr_text = "What is the capital of France?"
+    driver.turn_score = 0.95
+    driver.append(voiced(800))
+    driver.append(silence(64))
+    (speculate,) = driver.take(Speculate)
+    assert not driver.take(ScoreTurn)
+    driver.session.on_speculation_answering(speculate.key, now=driver.now)
+    driver.pump()
+    (score,) = driver.take(ScoreTurn)
+    assert score.key == speculate.key
+
+
+def test_the_verdict_waits_for_the_speculated_reply_only_so_long(driver: Driver) -> None:
+    semantic(driver)
+    driver.reads_at_once = False
+    driver.asr_text = "What is the capital of France?"
+    driver.turn_score = 0.95
+    driver.append(voiced(800))
+    driver.append(silence(32))
+    driver.take(Speculate)
+    asked_at = driver.now
+    deadline = driver.session.next_deadline()
+    assert deadline == asked_at + SCORE_AFTER_READ_MAX_S
+    driver.session.handle_timer(deadline - 0.001)
+    driver.pump()
+    assert not driver.take(ScoreTurn)
+    driver.session.handle_timer(deadline)
+    driver.pump()
+    assert len(driver.take(ScoreTurn)) == 1
+    assert driver.session.next_deadline() == driver.session.expires_at
+
+
+def test_a_failed_verdict_waits_as_for_an_utterance_that_may_be_over(driver: Driver) -> None:
+    semantic(driver)
+    driver.asr_text = "What is the capital of France?"
+    driver.append(voiced(800))
+    driver.append(silence(32))
+    (score,) = driver.take(ScoreTurn)
+    pause_ms = silence_for(UNKNOWN_TURN_SCORE, "auto")
+    driver.session.on_turn_score_failed(score.key, now=driver.now)
+    driver.pump()
+    driver.append(silence(pause_ms - 96))
+    assert "input_audio_buffer.speech_stopped" not in driver.types()
+    driver.append(silence(96))
+    assert "input_audio_buffer.speech_stopped" in driver.types()
 
 
 def test_speculation_is_discarded_when_the_user_goes_on(driver: Driver) -> None:

@@ -42,7 +42,8 @@ class Transcribe:
 
 @dataclass(frozen=True, slots=True)
 class ScoreTurn:
-    """Judge how complete an utterance sounds; answer with ``on_turn_score(key, p)``."""
+    """Judge how complete an utterance sounds; answer with ``on_turn_score(key, p)``, or
+    ``on_turn_score_failed(key)`` when the model fails."""
 
     key: str
     transcript: str
@@ -72,12 +73,22 @@ class Prefill:
 class Speculate:
     """Start the engines on a reply the user has not asked for yet, holding what they make.
 
-    When a ``Generate`` for the same request follows, the held work becomes that response;
-    ``DiscardSpeculation`` (or a ``Generate`` for anything else) throws it away unseen.
+    Report ``on_speculation_answering(key)`` once it has read its prompt (its first output)
+    or ended. ``AdoptSpeculation`` turns the held work into a response; ``DiscardSpeculation``
+    throws it away unseen. One runs at a time: the core discards one before the next.
     """
 
     key: str
     generate: Generate
+
+
+@dataclass(frozen=True, slots=True)
+class AdoptSpeculation:
+    """The user said what was speculated on: the speculative reply ``key`` becomes the
+    response ``response_id``, with what it has made so far and all it makes from now on."""
+
+    key: str
+    response_id: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +139,7 @@ Action = (
     | Generate
     | Prefill
     | Speculate
+    | AdoptSpeculation
     | DiscardSpeculation
     | CancelGeneration
     | PlayAudio

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ from hark.protocol.session_config import (
 )
 from hark.session.actions import (
     Action,
+    AdoptSpeculation,
     AnalyzeSpeech,
     CancelGeneration,
     ClearAudio,
@@ -92,6 +94,14 @@ ASR_RATE = 16000
 # transcript.
 SPECULATE_AFTER_MS = 96
 SEMANTIC_SPECULATE_AFTER_MS = 32
+# semantic_vad's end-of-turn verdict waits at most this long (wall time) for the reply
+# speculated on the same words to have read its prompt (about 85 ms on two cores for a short
+# question): the reply, not the verdict, is what the user waits for, and the verdict still
+# comes well before its audio.
+SCORE_AFTER_READ_MAX_S = 0.2
+# The end-of-turn probability assumed when scoring fails: wait as for an utterance that may
+# well be over.
+UNKNOWN_TURN_SCORE = 0.5
 
 Output = se.ServerEvent | Action
 
@@ -104,7 +114,12 @@ class _Pause:
     start_ms: float
     asr_request: str | None = None
     transcript: str | None = None
-    speculating: bool = False
+    # The speculative reply started on ``transcript``, and whether it has read its prompt.
+    speculation: Generate | None = None
+    answering: bool = False
+    # The end-of-turn verdict held back until the speculative reply answers or ``score_due``.
+    score: ScoreTurn | None = None
+    score_due: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +221,9 @@ class Session:
         # Recognition in flight: request id → the item it is for, or the pause it speculates on.
         self._asr_requests: dict[str, str | _Pause] = {}
         self._pause: _Pause | None = None
+        # The pause whose speculative reply the driver is running (it outlives the pause
+        # until the turn's response adopts or discards it).
+        self._speculated: _Pause | None = None
         self._pauses = 0
         self._vad_now_ms = 0.0
         # How long the pause that ended the last turn lasted (the end-of-turn wait).
@@ -288,13 +306,20 @@ class Session:
     def handle_timer(self, now: float) -> None:
         """The driver's timer fired at wall time ``now`` (UNIX seconds): act on every deadline
         that has passed (see ``next_deadline``)."""
-        self._at(now)
+        if not self._at(now):
+            return
+        pause = self._pause
+        if pause is not None and pause.score_due is not None and now >= pause.score_due:
+            self._release_score(pause)
 
     def next_deadline(self) -> float | None:
         """The wall time (UNIX seconds) at which ``handle_timer`` must be called next, if no
         other input comes first; None when nothing waits on the clock."""
         if self._closed:
             return None
+        pause = self._pause
+        if pause is not None and pause.score_due is not None:
+            return min(self.expires_at, pause.score_due)
         return self.expires_at
 
     def end(self, error: ProtocolError, reason: str, *, now: float) -> None:
@@ -525,8 +550,13 @@ class Session:
             return
         if pause.asr_request is not None:
             self._asr_requests.pop(pause.asr_request, None)
-        if pause.speculating:
-            self._outbox.append(DiscardSpeculation(pause.key))
+        if self._speculated is pause:
+            self._discard_speculation()
+
+    def _discard_speculation(self) -> None:
+        speculated, self._speculated = self._speculated, None
+        if speculated is not None:
+            self._outbox.append(DiscardSpeculation(speculated.key))
 
     def _transcribe_pause(self, pause: _Pause) -> None:
         """Recognise the turn so far while the pause is waited out."""
@@ -540,7 +570,32 @@ class Session:
         self._speculate_reply(pause)
         td = self.config.audio.input.turn_detection
         if isinstance(td, SemanticVad):
-            self._outbox.append(ScoreTurn(pause.key, transcript, self._last_assistant_text()))
+            score = ScoreTurn(pause.key, transcript, self._last_assistant_text())
+            if pause.speculation is not None and not pause.answering:
+                # The reply speculated on the same words reads its prompt first, on every core
+                # if no other model computes (hark.engines.activity).
+                pause.score = score
+                pause.score_due = self._now + SCORE_AFTER_READ_MAX_S
+            else:
+                self._outbox.append(score)
+
+    def _release_score(self, pause: _Pause) -> None:
+        if pause.score is not None:
+            self._outbox.append(pause.score)
+            pause.score = pause.score_due = None
+
+    def on_speculation_answering(self, key: str, *, now: float) -> None:
+        """The speculative reply ``key`` has read its prompt (its first output) or ended."""
+        if not self._at(now):
+            return
+        pause = self._pause
+        if pause is not None and pause.key == key:
+            pause.answering = True
+            self._release_score(pause)
+
+    def on_turn_score_failed(self, key: str, *, now: float) -> None:
+        """The end-of-turn model failed on the pause ``key``."""
+        self.on_turn_score(key, UNKNOWN_TURN_SCORE, now=now)
 
     def on_turn_score(self, key: str, probability: float, *, now: float) -> None:
         """How complete the utterance of the pause ``key`` sounds (semantic_vad)."""
@@ -577,8 +632,10 @@ class Session:
         )
         response = self._new_response(ResponseParams(), response_id="")
         entries = [*self.conversation.entries(), turn]
-        self._outbox.append(Speculate(pause.key, self._generate_action(response, entries)))
-        pause.speculating = True
+        self._discard_speculation()
+        pause.speculation = self._generate_action(response, entries)
+        self._outbox.append(Speculate(pause.key, pause.speculation))
+        self._speculated = pause
 
     def _last_assistant_text(self) -> str | None:
         for entry in reversed(self.conversation.entries()):
@@ -615,8 +672,9 @@ class Session:
         self._commit_audio(pcm, item_id, pause)
         if td.create_response and self.config.type == "realtime" and self._in_band is None:
             self._create_response(ResponseParams())
-        elif pause is not None and pause.speculating:
-            self._outbox.append(DiscardSpeculation(pause.key))
+        if self._in_band is None:
+            # No response for this turn (or it failed at once): nobody adopts the speculation.
+            self._discard_speculation()
 
     def _idle_timeout(self, now_ms: float) -> None:
         self._idle_deadline_ms = None
@@ -1043,7 +1101,15 @@ class Session:
         if any(e.pending_recognition() for e in entries):
             return
         response.generating = True
-        self._outbox.append(self._generate_action(response, entries))
+        generate = self._generate_action(response, entries)
+        if response.in_band and self._speculated is not None:
+            speculated, self._speculated = self._speculated, None
+            if dataclasses.replace(generate, response_id="") == speculated.speculation:
+                # The user said what was speculated on: the held reply becomes the response.
+                self._outbox.append(AdoptSpeculation(speculated.key, response.id))
+                return
+            self._outbox.append(DiscardSpeculation(speculated.key))
+        self._outbox.append(generate)
 
     def _generate_action(self, response: _Response, entries: list[Entry]) -> Generate:
         """The engine work for ``response`` over ``entries``: the same for a speculative reply

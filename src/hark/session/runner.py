@@ -9,7 +9,6 @@ stages (``TurnTimings``) on a monotonic clock.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import logging
@@ -30,6 +29,7 @@ from hark.protocol import server_events as se
 from hark.protocol.errors import ProtocolError
 from hark.protocol.session_config import SessionConfig
 from hark.session.actions import (
+    AdoptSpeculation,
     AnalyzeSpeech,
     CancelGeneration,
     ClearAudio,
@@ -49,9 +49,6 @@ log = logging.getLogger(__name__)
 
 # The opt-in (session ``include``) for a ``hark.turn_timings`` event after each response.
 TIMINGS_INCLUDE = "hark.turn_timings"
-# semantic_vad's end-of-turn verdict waits at most this long for the reply speculated on the
-# same words to have read its prompt (about 85 ms on two cores for a short question).
-SCORE_AFTER_READ_MAX_S = 0.2
 
 
 class AudioPlayer(Protocol):
@@ -292,6 +289,8 @@ class SessionRunner:
                     self._discard_speculation()
             elif isinstance(out, Generate):
                 self._generate(out)
+            elif isinstance(out, AdoptSpeculation):
+                self._adopt(out)
             elif isinstance(out, CancelGeneration):
                 running = self._generations.pop(out.response_id, None)
                 if running is not None:
@@ -437,13 +436,6 @@ class SessionRunner:
             log.warning("session %s: LLM prefill failed", self.id, exc_info=True)
 
     async def _score_turn(self, action: ScoreTurn) -> None:
-        speculation = self._speculation
-        if speculation is not None and speculation.key == action.key:
-            # The reply speculated on the same transcript is reading its prompt, on every core
-            # if no other model computes (hark.engines.activity): the reply, not the verdict,
-            # is what the user waits for, and the verdict still comes well before its audio.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(speculation.sink.answering.wait(), SCORE_AFTER_READ_MAX_S)
         try:
             probability = await self.engines.turn.probability(
                 action.transcript, context=action.context
@@ -452,15 +444,16 @@ class SessionRunner:
             raise
         except Exception:
             log.exception("session %s: end-of-turn scoring failed", self.id)
-            # Unknown: wait as for an utterance that may well be over.
-            probability = 0.5
+            self._call(self.session.on_turn_score_failed, action.key)
+            return
         self._call(self.session.on_turn_score, action.key, probability)
 
     def _speculate(self, action: Speculate) -> None:
         self._discard_speculation()
         # A shared LLM serves the replies people wait for first.
         action.generate.request.urgency.speculative = True
-        sink = _HeldSink(self._now)
+        key = action.key
+        sink = _HeldSink(self._now, lambda: self._call(self.session.on_speculation_answering, key))
         task = asyncio.create_task(
             self._run_generation(action.generate, sink), name=f"speculate {action.key}"
         )
@@ -472,30 +465,31 @@ class SessionRunner:
             speculation.task.cancel()
 
     def _generate(self, action: Generate) -> None:
-        speculation, self._speculation = self._speculation, None
-        timings = self.timings.get(action.response_id)
-        if timings is not None:
-            timings.mark(
-                "transcript", speculation.sink.started if speculation is not None else self._now()
-            )
-        if speculation is not None:
-            if dataclasses.replace(action, response_id="") == speculation.generate:
-                # The user said what was speculated on: the held reply becomes the response.
-                speculation.generate.request.urgency.speculative = False
-                if timings is not None:
-                    for stage, at in speculation.sink.marks.items():
-                        timings.mark(stage, at)
-                if not speculation.task.done():
-                    self._generations[action.response_id] = speculation.task
-                # After the events already drained (response.created) have been queued.
-                asyncio.get_running_loop().call_soon(
-                    speculation.sink.adopt, _CoreSink(self, action.response_id)
-                )
-                return
-            speculation.task.cancel()
+        self._mark(action.response_id, "transcript")
         sink = _CoreSink(self, action.response_id)
         self._generations[action.response_id] = asyncio.create_task(
             self._run_generation(action, sink), name=f"gen {action.response_id}"
+        )
+
+    def _adopt(self, action: AdoptSpeculation) -> None:
+        speculation = self._speculation
+        if speculation is None or speculation.key != action.key:
+            # The core keeps one speculation and names it: only a bug gets here.
+            log.error("session %s: no speculation %s to adopt", self.id, action.key)
+            self._call(self.session.on_generation_failed, action.response_id, "internal error")
+            return
+        self._speculation = None
+        speculation.generate.request.urgency.speculative = False
+        timings = self.timings.get(action.response_id)
+        if timings is not None:
+            timings.mark("transcript", speculation.sink.started)
+            for stage, at in speculation.sink.marks.items():
+                timings.mark(stage, at)
+        if not speculation.task.done():
+            self._generations[action.response_id] = speculation.task
+        # After the events already drained (response.created) have been queued.
+        asyncio.get_running_loop().call_soon(
+            speculation.sink.adopt, _CoreSink(self, action.response_id)
         )
 
     async def _run_generation(self, action: Generate, sink: _Sink) -> None:
@@ -563,12 +557,13 @@ class _CoreSink:
 class _HeldSink:
     """A speculative reply's results, held unseen until the reply is adopted."""
 
-    def __init__(self, now: Callable[[], float]) -> None:
+    def __init__(self, now: Callable[[], float], on_answering: Callable[[], None]) -> None:
+        """``on_answering`` is called once, when the LLM has read the prompt (its first
+        output) or the reply has ended."""
         self._now = now
         self.started = now()
         self.marks: dict[str, float] = {}
-        # Set once the LLM has read the prompt (its first output) or the reply has ended.
-        self.answering = asyncio.Event()
+        self._on_answering: Callable[[], None] | None = on_answering
         self._held: list[tuple[str, tuple[Any, ...]]] = []
         self._live: _CoreSink | None = None
 
@@ -580,7 +575,9 @@ class _HeldSink:
             getattr(live, name)(*args)
 
     def _pass(self, name: str, *args: Any) -> None:
-        self.answering.set()
+        if self._on_answering is not None:
+            on_answering, self._on_answering = self._on_answering, None
+            on_answering()
         if self._live is not None:
             getattr(self._live, name)(*args)
         else:
