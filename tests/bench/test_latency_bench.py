@@ -23,9 +23,7 @@ from hark.bench.latency import (
     Summary,
     TurnResult,
     format_summary,
-    percentile,
     run_latency_bench,
-    sdk_urls,
     write_chart,
 )
 from hark.bench.spoken_questions import QUESTIONS, RATE, last_voiced_sample, spoken_questions
@@ -36,26 +34,6 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 # --- statistics --------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("q", [0, 1, 37.5, 50, 95, 99, 100])
-def test_percentile_matches_numpy(q: float) -> None:
-    values = [float(v) for v in np.random.default_rng(7).gamma(2.0, 150.0, size=41)]
-    assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)))
-
-
-def test_percentile_interpolates_between_ranks() -> None:
-    assert percentile([10.0, 20.0], 50) == 15.0
-    assert percentile([30.0, 10.0, 20.0], 50) == 20.0
-    assert percentile([5.0], 99) == 5.0
-    assert percentile([1.0, 2.0, 3.0, 4.0, 5.0], 95) == pytest.approx(4.8)
-
-
-def test_percentile_rejects_nothing_and_bad_ranks() -> None:
-    with pytest.raises(ValueError):
-        percentile([], 50)
-    with pytest.raises(ValueError):
-        percentile([1.0], 101)
 
 
 def test_summary() -> None:
@@ -117,14 +95,7 @@ def test_spoken_questions_are_synthesised_once_with_their_last_voiced_sample(
         assert tail.size == 0 or np.sqrt(np.mean(tail**2)) < 100
 
 
-# --- URLs, summary and chart -----------------------------------------------------------------
-
-
-def test_sdk_urls() -> None:
-    assert sdk_urls("ws://127.0.0.1:8000") == ("http://127.0.0.1:8000/v1", "ws://127.0.0.1:8000/v1")
-    assert sdk_urls("wss://example.org/v1/") == ("https://example.org/v1", "wss://example.org/v1")
-    with pytest.raises(Exception, match="ws://HOST:PORT"):
-        sdk_urls("127.0.0.1:8000")
+# --- summary and chart -----------------------------------------------------------------------
 
 
 def _report(server_timings: bool) -> LatencyReport:

@@ -17,20 +17,26 @@ import asyncio
 import json
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 from aiortc import RTCConfiguration, RTCPeerConnection
 
-from hark.bench.latency import percentile
+from hark.bench.report import (
+    ServerUrl,
+    add_api_key_option,
+    add_json_option,
+    api_key,
+    percentiles,
+    publish,
+)
 from hark.bench.webrtc import CallClient
 
 WORKER_HEADER = "X-Hark-Worker"
 
 
-async def _worker_of(http: aiohttp.ClientSession, url: str) -> str:
-    async with http.get(url + "/healthz") as response:
+async def _worker_of(http: aiohttp.ClientSession, server: ServerUrl) -> str:
+    async with http.get(server.http("/healthz")) as response:
         return response.headers[WORKER_HEADER]
 
 
@@ -81,7 +87,7 @@ async def _offer() -> str:
 
 
 async def _hangups(
-    http: aiohttp.ClientSession, owner_url: str, other_url: str, api_key: str, count: int
+    http: aiohttp.ClientSession, owner: ServerUrl, other: ServerUrl, api_key: str, count: int
 ) -> dict[str, list[float]]:
     """Hang-up times (ms) of calls on the owner, alternately direct and through the other."""
     offer = await _offer()
@@ -89,7 +95,7 @@ async def _hangups(
     times: dict[str, list[float]] = {"direct": [], "via": []}
     for i in range(count):
         async with http.post(
-            owner_url + "/v1/realtime/calls",
+            owner.http("/v1/realtime/calls"),
             data=offer,
             headers={
                 **headers,
@@ -100,10 +106,10 @@ async def _hangups(
             if response.status != 201:
                 raise RuntimeError(f"offer: {response.status} {await response.text()}")
             call_id = response.headers["Location"].rsplit("/", 1)[-1]
-        side, url = ("direct", owner_url) if i % 2 else ("via", other_url)
+        side, server = ("direct", owner) if i % 2 else ("via", other)
         started = time.perf_counter()
         async with http.post(
-            url + f"/v1/realtime/calls/{call_id}/hangup", headers=headers
+            server.http(f"/v1/realtime/calls/{call_id}/hangup"), headers=headers
         ) as response:
             await response.read()
             if response.status != 200:
@@ -115,10 +121,7 @@ async def _hangups(
 def _summary(times: dict[str, list[float]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for side, values in times.items():
-        out[side] = {
-            "n": len(values),
-            **{f"p{q}": round(percentile(values, q), 3) for q in (50, 90, 99)},
-        }
+        out[side] = {"n": len(values), **percentiles(values, (50, 90, 99), digits=3)}
     out["added"] = {
         f"p{q}": round(out["via"][f"p{q}"] - out["direct"][f"p{q}"], 3) for q in (50, 90, 99)
     }
@@ -127,31 +130,32 @@ def _summary(times: dict[str, list[float]]) -> dict[str, Any]:
 
 async def run_hop_bench(url: str, other: str, *, api_key: str, count: int) -> dict[str, Any]:
     """Measure the hop between the workers at ``url`` and ``other``; the report."""
+    first, second = ServerUrl.parse(url), ServerUrl.parse(other)
     async with aiohttp.ClientSession() as http:
-        workers = {await _worker_of(http, url): url, await _worker_of(http, other): other}
+        workers = {await _worker_of(http, first): first, await _worker_of(http, second): second}
         if len(workers) != 2:
             raise RuntimeError("--url and --other reach the same worker")
         client = CallClient()
         try:
-            await client.connect(http, url, api_key=api_key)
+            await client.connect(http, first.http(), api_key=api_key)
             await asyncio.wait_for(client.opened.wait(), 30)
             if client.worker not in workers:
                 raise RuntimeError(f"the call landed on worker {client.worker}, not on either")
-            owner_url = workers[client.worker]
-            other_url = other if owner_url == url else url
-            query = f"/v1/realtime?call_id={client.call_id}"
+            owner = workers[client.worker]
+            via = second if owner == first else first
+            sideband = f"/v1/realtime?call_id={client.call_id}"
             headers = {"Authorization": f"Bearer {api_key}"}
             async with (
-                http.ws_connect(owner_url.replace("http", "ws", 1) + query, headers=headers) as d,
-                http.ws_connect(other_url.replace("http", "ws", 1) + query, headers=headers) as v,
+                http.ws_connect(owner.ws(sideband), headers=headers) as d,
+                http.ws_connect(via.ws(sideband), headers=headers) as v,
             ):
                 events = await _round_trips(d, v, count)
         finally:
             await client.close()
-        hangups = await _hangups(http, owner_url, other_url, api_key, count)
+        hangups = await _hangups(http, owner, via, api_key, count)
     return {
-        "owner": owner_url,
-        "via": other_url,
+        "owner": owner.http(),
+        "via": via.http(),
         "sideband_round_trip_ms": _summary(events),
         "hangup_ms": _summary(hangups),
     }
@@ -180,8 +184,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", required=True, help="one worker's HTTP root")
     parser.add_argument("--other", required=True, help="another worker of the same fleet")
     parser.add_argument("--count", type=int, default=200, help="round trips each way")
-    parser.add_argument("--api-key", default="local", help="API key (default 'local')")
-    parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="write JSON")
+    add_api_key_option(parser)
+    add_json_option(parser)
 
 
 def command(options: dict[str, Any]) -> int:
@@ -191,15 +195,12 @@ def command(options: dict[str, Any]) -> int:
             run_hop_bench(
                 options["url"],
                 options["other"],
-                api_key=options["api_key"],
+                api_key=api_key(options["api_key"]),
                 count=options["count"],
             )
         )
     except (RuntimeError, aiohttp.ClientError) as exc:
         print(f"hark bench hop: {exc}", file=sys.stderr)
         return 1
-    print(format_summary(report))
-    if options["json"] is not None:
-        options["json"].parent.mkdir(parents=True, exist_ok=True)
-        options["json"].write_text(json.dumps(report, indent=2))
+    publish(format_summary(report), report, options["json"])
     return 0

@@ -30,7 +30,6 @@ import asyncio
 import base64
 import json
 import logging
-import math
 import os
 import random
 import sys
@@ -39,9 +38,18 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
-from urllib.parse import urlsplit, urlunsplit
 
 from hark import __version__
+from hark.bench.report import (
+    DEFAULT_API_KEY,
+    BenchError,
+    ServerUrl,
+    add_api_key_option,
+    add_json_option,
+    api_key,
+    percentile,
+    publish,
+)
 from hark.bench.spoken_questions import QUESTIONS, RATE, SpokenQuestion, spoken_questions
 from hark.observability.turn_timing import STAGES
 
@@ -61,10 +69,6 @@ _TIMINGS_GRACE_S = 2.0
 _START_SPREAD_S = 1.0
 
 
-class BenchError(Exception):
-    """The benchmark cannot run (server unreachable, session refused, chart impossible)."""
-
-
 @dataclass(frozen=True)
 class LatencyBenchConfig:
     """What to measure and how.
@@ -82,7 +86,7 @@ class LatencyBenchConfig:
     concurrency: int = 1
     vad: Literal["server", "semantic"] = "server"
     silence_ms: int = 500
-    api_key: str = "local"
+    api_key: str = DEFAULT_API_KEY
     model: str = "gpt-realtime"
     seed: int = 0
     think_s: tuple[float, float] = (0.3, 0.8)
@@ -136,22 +140,6 @@ class TurnResult:
     def ok(self) -> bool:
         """Whether the turn counts in the percentiles."""
         return self.status in ANSWERED and self.v2v_ms is not None
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The ``q``-th percentile (0–100) of ``values``, interpolating between closest ranks.
-
-    The same definition as NumPy's default (``method="linear"``).
-    """
-    if not values:
-        raise ValueError("percentile of no values")
-    if not 0 <= q <= 100:
-        raise ValueError(f"percentile must be within [0, 100], got {q}")
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100
-    low = math.floor(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
 @dataclass(frozen=True)
@@ -513,8 +501,12 @@ class _Client:
         """Ask every question; returns the turns and whether the server sent turn timings."""
         from openai import AsyncOpenAI
 
-        http, ws = sdk_urls(self._config.url)
-        client = AsyncOpenAI(api_key=self._config.api_key, base_url=http, websocket_base_url=ws)
+        server = ServerUrl.parse(self._config.url)
+        client = AsyncOpenAI(
+            api_key=self._config.api_key,
+            base_url=server.http("/v1"),
+            websocket_base_url=server.ws("/v1"),
+        )
         from websockets.exceptions import InvalidHandshake
 
         if self._index:
@@ -740,23 +732,6 @@ def _optional_ms(value: object) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
-def sdk_urls(url: str) -> tuple[str, str]:
-    """The SDK's ``base_url`` and ``websocket_base_url`` for a server at ``url``.
-
-    ``ws://HOST:PORT`` gives ``http://HOST:PORT/v1`` and ``ws://HOST:PORT/v1``; ``wss``
-    and ``https`` give their secure pair; a trailing ``/v1`` may be given or not.
-    """
-    parts = urlsplit(url)
-    secure = {"ws": False, "http": False, "wss": True, "https": True}.get(parts.scheme)
-    if secure is None or not parts.netloc:
-        raise BenchError(f"--url must look like ws://HOST:PORT, got {url!r}")
-    path = parts.path.rstrip("/")
-    path = path if path.endswith("/v1") else f"{path}/v1"
-    http = urlunsplit(("https" if secure else "http", parts.netloc, path, "", ""))
-    ws = urlunsplit(("wss" if secure else "ws", parts.netloc, path, "", ""))
-    return http, ws
-
-
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Add ``hark bench latency``'s options to ``parser``."""
     parser.add_argument(
@@ -783,16 +758,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         default=500,
         help="server_vad silence_duration_ms (default 500)",
     )
-    parser.add_argument(
-        "--api-key",
-        default=None,
-        help="API key (default $OPENAI_API_KEY, else 'local')",
-    )
+    add_api_key_option(parser)
     parser.add_argument(
         "--model", default="gpt-realtime", help="model name to ask for (default gpt-realtime)"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the think times")
-    parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="write JSON")
+    add_json_option(parser)
     parser.add_argument(
         "--chart", type=Path, default=None, metavar="FILE.png", help="write a PNG chart"
     )
@@ -803,24 +774,20 @@ def command(options: dict[str, Any]) -> int:
     logging.basicConfig(
         level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
     )
-    api_key = options["api_key"] or os.environ.get("OPENAI_API_KEY") or "local"
     config = LatencyBenchConfig(
         url=options["url"],
         turns=options["turns"],
         concurrency=options["concurrency"],
         vad=options["vad"],
         silence_ms=options["silence_ms"],
-        api_key=api_key,
+        api_key=api_key(options["api_key"]),
         model=options["model"],
         seed=options["seed"],
     )
     try:
-        sdk_urls(config.url)
+        ServerUrl.parse(config.url)
         report = asyncio.run(run_latency_bench(config, progress=_print_turn))
-        print(format_summary(report))
-        if options["json"] is not None:
-            options["json"].parent.mkdir(parents=True, exist_ok=True)
-            options["json"].write_text(json.dumps(report.to_json(), indent=2) + "\n")
+        publish(format_summary(report), report.to_json(), options["json"])
         if options["chart"] is not None:
             write_chart(report, options["chart"])
         return 0 if report.answered() else 1

@@ -19,16 +19,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
-import json
 import sys
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from hark.bench.report import add_json_option, publish
 from hark.engines.vad import silero_gemm
 from hark.engines.vad.batcher import VAD_MAX_WAIT_MS, BatchedSileroVad, BatchedSileroVadStream
 from hark.engines.vad.silero import (
@@ -63,7 +62,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         default=VAD_MAX_WAIT_MS,
         help=f"the batcher's deadline (default {VAD_MAX_WAIT_MS:g})",
     )
-    parser.add_argument("--json", dest="json_path", metavar="FILE", help="write the report here")
+    add_json_option(parser)
 
 
 def command(options: dict[str, Any]) -> int:
@@ -77,9 +76,7 @@ def command(options: dict[str, Any]) -> int:
         print("hark bench vad: batch sizes must be at least 1", file=sys.stderr)
         return 2
     report = asyncio.run(measure(sizes, float(options["seconds"]), float(options["max_wait_ms"])))
-    print(summary(report))
-    if options.get("json_path"):
-        Path(str(options["json_path"])).write_text(json.dumps(report, indent=2) + "\n")
+    publish(summary(report), report, options["json"])
     return 0
 
 

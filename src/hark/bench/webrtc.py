@@ -44,6 +44,15 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from av import AudioFrame
 
+from hark.bench.report import (
+    BenchError,
+    ServerUrl,
+    add_api_key_option,
+    add_json_option,
+    api_key,
+    percentile,
+    publish,
+)
 from hark.transports.webrtc.input_audio import frame_to_mono
 from hark.transports.webrtc.playout import PLAYOUT_RATE, PlayoutTrack
 
@@ -55,10 +64,6 @@ AUDIBLE_RMS = 200.0
 DEFAULT_THRESHOLD_MS = 20.0
 # Capacity calls ask for a reply this often (a fake reply plays for about 2.4 s).
 _ASK_EVERY_S = 4.0
-
-
-class BenchError(RuntimeError):
-    """The bench could not run (server unreachable, a call failed to set up)."""
 
 
 @dataclass
@@ -275,9 +280,8 @@ def _lateness_ms(frames: Sequence[ReceivedFrame]) -> list[float]:
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
-    if not values:
-        return math.nan
-    return float(np.percentile(np.asarray(values), q))
+    # NaN rather than None: the window's figures stay floats, printed and written as NaN.
+    return percentile(values, q) if values else math.nan
 
 
 async def measure_capacity(
@@ -485,7 +489,7 @@ async def run_webrtc_bench(
     server_pid: int | None = None,
 ) -> WebRtcReport:
     """Run the setup measurement, then the capacity ramp if asked."""
-    report = WebRtcReport(url=url.rstrip("/"), threshold_ms=threshold_ms)
+    report = WebRtcReport(url=ServerUrl.parse(url).http(), threshold_ms=threshold_ms)
     async with aiohttp.ClientSession() as http:
         for _ in range(calls):
             report.setup.append(await measure_setup(http, report.url, api_key))
@@ -511,7 +515,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--calls", type=int, default=20, help="calls to time, one after another (default 20)"
     )
-    parser.add_argument("--api-key", default="local", help="API key (default 'local')")
+    add_api_key_option(parser)
     parser.add_argument("--capacity", action="store_true", help="also ramp up simultaneous calls")
     parser.add_argument("--step", type=int, default=5, help="calls added per step (default 5)")
     parser.add_argument(
@@ -533,7 +537,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         metavar="PID",
         help="a local server's process id: report its CPU use per capacity step",
     )
-    parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="write JSON")
+    add_json_option(parser)
 
 
 def command(options: dict[str, Any]) -> int:
@@ -547,7 +551,7 @@ def command(options: dict[str, Any]) -> int:
         report = asyncio.run(
             run_webrtc_bench(
                 options["url"],
-                api_key=options["api_key"],
+                api_key=api_key(options["api_key"]),
                 calls=options["calls"],
                 capacity=options["capacity"],
                 step=options["step"],
@@ -557,11 +561,11 @@ def command(options: dict[str, Any]) -> int:
                 server_pid=options["server_pid"],
             )
         )
+    except BenchError as error:
+        print(f"hark bench webrtc: error: {error}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
-    print(format_summary(report))
-    if options["json"] is not None:
-        options["json"].parent.mkdir(parents=True, exist_ok=True)
-        options["json"].write_text(json.dumps(report.to_json(), indent=2) + "\n")
+    publish(format_summary(report), report.to_json(), options["json"])
     failed = any(r.error is not None for r in report.setup)
     return 1 if failed else 0

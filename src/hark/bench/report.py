@@ -1,0 +1,141 @@
+"""What every ``hark bench`` shares: percentiles, the server's URL forms, the report's output.
+
+A bench measures, then prints a summary for people and writes the same figures as JSON
+(``--json FILE``); the statistics and the URL handling live here so that two benches can
+never disagree on what "p99" or "the server at ``--url``" means.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+# The key a server takes when it has none configured (any key is accepted then).
+DEFAULT_API_KEY = "local"
+
+
+class BenchError(RuntimeError):
+    """The benchmark cannot run (bad options, server unreachable, chart impossible)."""
+
+
+# ---------------------------------------------------------------------------- statistics
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0–100) of ``values``, interpolating between closest ranks.
+
+    The same definition as NumPy's default (``method="linear"``).
+    """
+    if not values:
+        raise ValueError("percentile of no values")
+    return _ranked(sorted(values), q)
+
+
+def percentiles(
+    values: Sequence[float], qs: Iterable[float], digits: int | None = None
+) -> dict[str, float | None]:
+    """``{"p50": …, "p99": …}`` for each ``q`` of ``qs``, rounded to ``digits`` when given.
+
+    Every figure is None when there are no values: a window without a sample has no
+    percentile, and the report says so rather than inventing one.
+    """
+    ordered = sorted(values)
+    figures: dict[str, float | None] = {}
+    for q in qs:
+        figure = _ranked(ordered, q) if ordered else None
+        figures[f"p{q:g}"] = rounded(figure, digits) if digits is not None else figure
+    return figures
+
+
+def rounded(value: float | None, digits: int = 1) -> float | None:
+    """``value`` rounded to ``digits``; None stays None."""
+    return None if value is None else round(value, digits)
+
+
+def _ranked(ordered: Sequence[float], q: float) -> float:
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile must be within [0, 100], got {q}")
+    rank = (len(ordered) - 1) * q / 100
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+# ---------------------------------------------------------------------------- the server's URLs
+
+
+@dataclass(frozen=True)
+class ServerUrl:
+    """A server's root as ``--url`` gives it, with its HTTP and WebSocket forms.
+
+    ``--url`` may use any of ``ws://``, ``wss://``, ``http://`` and ``https://``, with or
+    without a path prefix and a trailing ``/v1``: ``wss://h/base/v1/`` and ``https://h/base``
+    are the same server.
+    """
+
+    secure: bool
+    netloc: str
+    # The path before ``/v1``, without a trailing slash ("" at the host's root).
+    prefix: str
+
+    @classmethod
+    def parse(cls, url: str) -> ServerUrl:
+        """The server at ``url``; ``BenchError`` when it is not an HTTP or WebSocket URL."""
+        parts = urlsplit(url)
+        secure = {"ws": False, "http": False, "wss": True, "https": True}.get(parts.scheme)
+        if secure is None or not parts.netloc:
+            raise BenchError(f"--url must look like ws://HOST:PORT, got {url!r}")
+        prefix = parts.path.rstrip("/").removesuffix("/v1")
+        return cls(secure, parts.netloc, prefix)
+
+    def http(self, path: str = "") -> str:
+        """The ``http(s)://`` URL of ``path`` (``"/metrics"``, ``"/v1/…?…"``) on the server."""
+        return urlunsplit(
+            ("https" if self.secure else "http", self.netloc, self.prefix + path, "", "")
+        )
+
+    def ws(self, path: str = "") -> str:
+        """The ``ws(s)://`` URL of ``path`` (which may end in a query) on the server."""
+        return urlunsplit(("wss" if self.secure else "ws", self.netloc, self.prefix + path, "", ""))
+
+
+# ---------------------------------------------------------------------------- options and output
+
+
+def add_api_key_option(parser: argparse.ArgumentParser) -> None:
+    """``--api-key``, read with ``api_key``."""
+    parser.add_argument(
+        "--api-key", default=None, help="API key (default $OPENAI_API_KEY, else 'local')"
+    )
+
+
+def api_key(option: str | None) -> str:
+    """The key to send: ``--api-key``, else ``$OPENAI_API_KEY``, else ``local``."""
+    return option or os.environ.get("OPENAI_API_KEY") or DEFAULT_API_KEY
+
+
+def add_json_option(parser: argparse.ArgumentParser) -> None:
+    """``--json FILE``, the report's destination for ``publish``."""
+    parser.add_argument(
+        "--json", type=Path, default=None, metavar="FILE", help="write the report as JSON"
+    )
+
+
+def write_json(path: Path, report: Mapping[str, Any]) -> None:
+    """``report`` as indented JSON at ``path``, its folder created if need be."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+
+
+def publish(summary: str, report: Mapping[str, Any], json_path: Path | None) -> None:
+    """Print the summary for people and, with ``json_path``, write the report as JSON."""
+    print(summary)
+    if json_path is not None:
+        write_json(json_path, report)
