@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from hark.session.actions import ClearAudio, Generate, PlayAudio
+from hark.engines.llm import Finished
+from hark.session.actions import ClearAudio, FinishAudio, Generate, PlayAudio
 
 from .conftest import Driver, silence, voiced
+from .test_out_of_band import manual, out_of_band
 
 
 def answered(driver: Driver) -> Generate:
@@ -28,6 +30,8 @@ def test_audio_goes_to_the_player_not_into_events() -> None:
     assert len(plays) == 3
     assert {p.response_id for p in plays} == {generate.response_id}
     assert sum(len(p.pcm) for p in plays) == 24000 * 1200 // 1000
+    # The generation finished: the player is told that no more audio comes.
+    assert driver.take(FinishAudio) == [FinishAudio(generate.response_id)]
     driver.session.on_playout_started(generate.response_id, now=driver.now)
     driver.session.on_playout_stopped(generate.response_id, now=driver.now)
     assert driver.types(driver.pump()) == [
@@ -70,3 +74,45 @@ def test_client_clear_and_nothing_playing() -> None:
 
 def test_websocket_sessions_refuse_output_audio_buffer_clear(driver: Driver) -> None:
     assert driver.send({"type": "output_audio_buffer.clear"})[0]["error"]["code"] == "invalid_event"
+
+
+def test_an_out_of_band_reply_is_played_to_the_end_and_reported_stopped() -> None:
+    driver = Driver(plays_audio=True)
+    manual(driver)
+    generate = out_of_band(driver, "aside", "audio")
+    driver.session.on_audio(generate.response_id, voiced(300), "Aside.", now=driver.now)
+    driver.pump()
+    assert not driver.take(FinishAudio)
+    driver.session.on_generation_finished(generate.response_id, Finished("stop"), now=driver.now)
+    driver.pump()
+    assert driver.take(FinishAudio) == [FinishAudio(generate.response_id)]
+    driver.session.on_playout_started(generate.response_id, now=driver.now)
+    driver.session.on_playout_stopped(generate.response_id, now=driver.now)
+    assert driver.types(driver.pump()) == [
+        "output_audio_buffer.started",
+        "output_audio_buffer.stopped",
+    ]
+
+
+def test_a_cancelled_reply_still_finishes_its_audio() -> None:
+    driver = Driver(plays_audio=True)
+    manual(driver)
+    generate = out_of_band(driver, "aside", "audio")
+    driver.session.on_audio(generate.response_id, voiced(300), "Aside.", now=driver.now)
+    driver.send({"type": "response.cancel", "response_id": generate.response_id})
+    assert driver.take(FinishAudio) == [FinishAudio(generate.response_id)]
+
+
+def test_barge_in_clears_the_conversations_reply_and_a_client_clear_clears_all() -> None:
+    driver = Driver(plays_audio=True)
+    generate = answered(driver)
+    aside = out_of_band(driver, "aside", "audio")
+    driver.session.on_audio(aside.response_id, voiced(300), "Aside.", now=driver.now)
+    driver.pump()
+    driver.append(voiced(200))
+    assert [a.response_id for a in driver.take(ClearAudio)] == [generate.response_id]
+    driver.send({"type": "output_audio_buffer.clear"})
+    assert {a.response_id for a in driver.take(ClearAudio)} == {
+        generate.response_id,
+        aside.response_id,
+    }

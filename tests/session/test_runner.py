@@ -224,3 +224,37 @@ async def test_events_go_to_the_sender_and_queue_behind_what_it_refused() -> Non
     runner.receive_text(update)
     assert sent == ["session.updated", "session.updated"]
     await runner.close()
+
+
+class RecordingPlayer:
+    """An ``AudioPlayer`` that records what it is asked to do."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.finished = asyncio.Event()
+
+    def play(self, response_id: str, item_id: str, pcm: npt.NDArray[np.int16], rate: int) -> None:
+        self.calls.append(("play", response_id))
+
+    def finish(self, response_id: str) -> None:
+        self.calls.append(("finish", response_id))
+        self.finished.set()
+
+    def clear(self, response_id: str) -> None:
+        self.calls.append(("clear", response_id))
+
+
+async def test_the_player_is_told_when_a_response_has_no_more_audio() -> None:
+    player = RecordingPlayer()
+    runner = SessionRunner(build_engines(Settings(engines="fake")), model="m", player=player)
+    await runner.start()
+    item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]}
+    runner.receive_text(json.dumps({"type": "conversation.item.create", "item": item}))
+    runner.receive_text(
+        json.dumps({"type": "response.create", "response": {"conversation": "none"}})
+    )
+    await asyncio.wait_for(player.finished.wait(), 10)
+    kinds = [kind for kind, _ in player.calls]
+    assert kinds[-1] == "finish" and kinds.count("finish") == 1
+    assert "play" in kinds and len({rid for _, rid in player.calls}) == 1
+    await runner.close()

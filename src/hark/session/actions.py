@@ -119,6 +119,14 @@ class PlayAudio:
 
 
 @dataclass(frozen=True, slots=True)
+class FinishAudio:
+    """No more audio comes for this response: report ``on_playout_stopped`` once what is
+    queued has played."""
+
+    response_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class ClearAudio:
     """Stop playing this response now and drop the rest; answer with ``on_playout_cleared``."""
 
@@ -143,6 +151,7 @@ Action = (
     | DiscardSpeculation
     | CancelGeneration
     | PlayAudio
+    | FinishAudio
     | ClearAudio
     | Close
 )

@@ -53,6 +53,7 @@ from hark.session.actions import (
     ClearAudio,
     Close,
     DiscardSpeculation,
+    FinishAudio,
     Generate,
     PlayAudio,
     Prefill,
@@ -120,6 +121,15 @@ class _Pause:
     # The end-of-turn verdict held back until the speculative reply answers or ``score_due``.
     score: ScoreTurn | None = None
     score_due: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Playout:
+    """A response whose audio the transport plays: the item it belongs to (the latest, for a
+    response with several), and whether it is the conversation's."""
+
+    item_id: str
+    in_band: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,8 +226,8 @@ class Session:
         self._speech_start_ms = 0.0
         self.plays_audio = plays_audio
         self._audio_retention_ms = int(audio_retention_s * 1000)
-        # Responses whose audio the transport is playing: response id → item id.
-        self._playing: dict[str, str] = {}
+        # Responses whose audio the transport is playing, in-band or not.
+        self._playing: dict[str, _Playout] = {}
         # Recognition in flight: request id → the item it is for, or the pause it speculates on.
         self._asr_requests: dict[str, str | _Pause] = {}
         self._pause: _Pause | None = None
@@ -731,7 +741,7 @@ class Session:
         """Hold conversation audio to the retention budget; replies still being generated or
         played keep theirs, whatever their length."""
         keep = {e.id for r in self._responses.values() for e in r.output}
-        keep.update(self._playing.values())
+        keep.update(p.item_id for p in self._playing.values())
         self.conversation.limit_audio(self._audio_retention_ms, keep)
 
     def _transcribe_action(
@@ -1247,8 +1257,7 @@ class Session:
         if not len(pcm):
             return
         if self.plays_audio:
-            if response.in_band:
-                self._playing[response.id] = position["item_id"]
+            self._playing[response.id] = _Playout(position["item_id"], response.in_band)
             self._outbox.append(PlayAudio(response.id, position["item_id"], pcm, part.rate))
         else:
             payload = base64.b64encode(encode_audio(part.audio_format, pcm)).decode()
@@ -1398,10 +1407,13 @@ class Session:
     # ----------------------------------------------------------------- playout (WebRTC, SIP)
 
     def _clear_playout(self, requested: bool = False) -> None:
+        """Stop the audio playing: all of it when the client asks, the conversation's reply on
+        barge-in (an out-of-band response is not part of the turn the user interrupts)."""
         if requested and not self._playing:
             raise ProtocolError("No audio is playing.", code="output_audio_buffer_empty")
-        for response_id in self._playing:
-            self._outbox.append(ClearAudio(response_id))
+        for response_id, playout in self._playing.items():
+            if requested or playout.in_band:
+                self._outbox.append(ClearAudio(response_id))
 
     def on_playout_started(self, response_id: str, *, now: float) -> None:
         """The transport began playing a response's audio."""
@@ -1413,17 +1425,20 @@ class Session:
         """The transport played a response's audio to the end."""
         if not self._at(now):
             return
-        if self._playing.pop(response_id, None) is not None:
+        playout = self._playing.pop(response_id, None)
+        if playout is not None:
             self._emit(se.OutputAudioBufferStopped(response_id=response_id))
-            self._arm_idle_timeout(0)
+            if playout.in_band:
+                self._arm_idle_timeout(0)
 
     def on_playout_cleared(self, response_id: str, played_ms: int, *, now: float) -> None:
         """Playout stopped early (barge-in or a clear): the item keeps only what was heard."""
         if not self._at(now):
             return
-        item_id = self._playing.pop(response_id, None)
-        if item_id is None:
+        playout = self._playing.pop(response_id, None)
+        if playout is None:
             return
+        item_id = playout.item_id
         if item_id in self.conversation:
             part = self.conversation.get(item_id).parts[0]
             if part.audio is not None and played_ms < part.duration_ms():
@@ -1465,6 +1480,8 @@ class Session:
             "completed" if status == "completed" else "incomplete"
         )
         self._close_message(response, item_status)
+        if response.id in self._playing:
+            self._outbox.append(FinishAudio(response.id))
         for call_id, entry in list(response.calls.items()):
             entry.status = "incomplete"
             del response.calls[call_id]

@@ -35,6 +35,7 @@ from hark.session.actions import (
     ClearAudio,
     Close,
     DiscardSpeculation,
+    FinishAudio,
     Generate,
     PlayAudio,
     Prefill,
@@ -60,6 +61,11 @@ class AudioPlayer(Protocol):
 
     def play(self, response_id: str, item_id: str, pcm: npt.NDArray[np.int16], rate: int) -> None:
         """Queue audio of a response after whatever is queued already."""
+        ...
+
+    def finish(self, response_id: str) -> None:
+        """No more audio comes for this response; report ``playout_stopped`` once what is
+        queued has played."""
         ...
 
     def clear(self, response_id: str) -> None:
@@ -298,6 +304,9 @@ class SessionRunner:
             elif isinstance(out, PlayAudio):
                 assert self._player is not None
                 self._player.play(out.response_id, out.item_id, out.pcm, out.rate)
+            elif isinstance(out, FinishAudio):
+                assert self._player is not None
+                self._player.finish(out.response_id)
             elif isinstance(out, ClearAudio):
                 assert self._player is not None
                 self._player.clear(out.response_id)
