@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from hark.engines import ObservableEngine
 from hark.engines.llm import (
     ChatMessage,
     Finished,
@@ -44,6 +46,7 @@ from hark.engines.llm.failover import (
     RepeatFilter,
 )
 from hark.engines.llm.openai_compatible import LlmError
+from hark.engines.vad.batcher import BatchObserver
 from hark.observability.metrics import Metrics
 
 QUESTION = GenerationRequest(messages=(ChatMessage("user", "Say hello."),))
@@ -135,15 +138,37 @@ class Watcher:
         self.changed.set()
 
 
+class WatchingMetrics:
+    """The server's metrics as an engine sees them, handing out a :class:`Watcher` as the LLM
+    backend observer."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+        self.watchers: list[Watcher] = []
+
+    def batch_observer(self, model: str) -> BatchObserver:
+        return self.metrics.batch_observer(model)
+
+    def llm_backend_observer(self) -> BackendObserver:
+        watcher = Watcher(self.metrics)
+        self.watchers.append(watcher)
+        return watcher
+
+
+# The watcher each engine of a test reports to.
+_watchers: weakref.WeakKeyDictionary[FailoverLlm, Watcher] = weakref.WeakKeyDictionary()
+
+
 def watched(engine: FailoverLlm, metrics: Metrics) -> FailoverLlm:
-    engine.observer = Watcher(metrics)
+    watching = WatchingMetrics(metrics)
+    engine.observe(watching)
+    (_watchers[engine],) = watching.watchers
     return engine
 
 
 async def wait_for_state(engine: FailoverLlm, url: str, state: BackendState) -> None:
     """Wait (up to 30 s) until the engine's background checks have put ``url`` in ``state``."""
-    watcher = engine.observer
-    assert isinstance(watcher, Watcher)
+    watcher = _watchers[engine]
     async with asyncio.timeout(30):
         while engine.state(url) != state:
             watcher.changed.clear()
@@ -194,6 +219,27 @@ async def collect(engine: FailoverLlm, request: GenerationRequest = QUESTION) ->
 
 def text_of(events: list[LlmEvent]) -> str:
     return "".join(e.text for e in events if isinstance(e, TextDelta))
+
+
+async def test_observed_metrics_hear_every_backend_state_at_once(backends: Backends) -> None:
+    engine = FailoverLlm.for_urls([backends.url_a, backends.url_b], "m")
+    assert isinstance(engine, ObservableEngine)
+    metrics = Metrics()
+    engine.observe(metrics)
+    for url in (backends.url_a, backends.url_b):
+        # Not checked yet, and already on the dashboard as such.
+        value = metrics.registry.get_sample_value(
+            "hark_llm_backend_state", {"backend": url, "state": "unknown"}
+        )
+        assert value == 1
+    await engine.warmup()
+    try:
+        value = metrics.registry.get_sample_value(
+            "hark_llm_backend_state", {"backend": backends.url_a, "state": "healthy"}
+        )
+        assert value == 1
+    finally:
+        await engine.aclose()
 
 
 async def test_a_failure_before_any_text_is_retried_on_the_next_backend(

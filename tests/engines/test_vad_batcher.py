@@ -1,26 +1,28 @@
-"""The batchers: batched VAD equals unbatched VAD, streams never share state, no caller waits
-for another."""
+"""The batched VAD: it equals unbatched VAD, streams never share state, no stream or event loop
+waits for another."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 
 import numpy as np
 import numpy.typing as npt
 import pytest
 import soxr
 
+from hark.engines import ObservableEngine
+from hark.engines.llm.failover import BackendObserver
 from hark.engines.vad import VadEngine
 from hark.engines.vad.batcher import (
     VAD_WORTH_WAITING_ROWS,
     ArrivalRate,
     BatchedSileroVad,
     BatchedSileroVadStream,
-    Batcher,
     BatcherClosedError,
+    BatchObserver,
 )
 from hark.engines.vad.resample import chunk_resampler
 from hark.engines.vad.silero import CHUNK_SAMPLES, SileroVad, initial_states, run_batch
@@ -41,6 +43,28 @@ class Recorder:
     def batch(self, size: int, wait_s: float, run_s: float, backlog: int) -> None:
         self.sizes.append(size)
         self.backlogs.append(backlog)
+
+
+class Recording:
+    """Metrics that hand a :class:`Recorder` to the VAD."""
+
+    def __init__(self) -> None:
+        self.recorder = Recorder()
+
+    def batch_observer(self, model: str) -> BatchObserver:
+        assert model == "vad"
+        return self.recorder
+
+    def llm_backend_observer(self) -> BackendObserver:
+        raise AssertionError("the VAD has no LLM backends")
+
+
+def observed(engine: BatchedSileroVad) -> Recorder:
+    """What ``engine`` reports about its batches from now on."""
+    assert isinstance(engine, ObservableEngine)
+    metrics = Recording()
+    engine.observe(metrics)
+    return metrics.recorder
 
 
 def chunks_of(audio: npt.NDArray[np.float32], size: int = CHUNK_SAMPLES) -> list[npt.NDArray]:
@@ -93,7 +117,6 @@ async def pushed(
 @pytest.fixture
 async def batched() -> AsyncIterator[BatchedSileroVad]:
     engine = BatchedSileroVad(max_batch=64, max_wait_ms=20)
-    engine.observer = Recorder()
     await engine.warmup()
     yield engine
     await engine.aclose()
@@ -124,12 +147,11 @@ async def test_batched_equals_unbatched_row_for_row(
     reference = SileroVad()
     audio = signals(question)
     expected = [await probabilities(reference.open_stream(), a) for a in audio]
+    recorder = observed(batched)
     results = await asyncio.gather(*(pushed(batched, a) for a in audio))
     for got, want in zip(results, expected, strict=True):
         assert_probabilities_close(got, want)
     # The streams really were batched together, and the speech was heard.
-    recorder = batched.observer
-    assert isinstance(recorder, Recorder)
     assert max(recorder.sizes) == len(audio)
     assert max(results[0]) > 0.9 and max(results[1]) < 0.1
 
@@ -275,7 +297,7 @@ async def test_a_chunk_of_no_supported_rate_is_refused(batched: BatchedSileroVad
     with pytest.raises(ValueError):
         stream.push(np.zeros((2, 512), dtype=np.float32), 0)
     with pytest.raises(ValueError):
-        stream.push(np.zeros(512, dtype=np.float64), 0)  # type: ignore[arg-type]
+        stream.push(np.zeros(512, dtype=np.float64), 0)
     # 44.1 kHz has no whole number of samples in 32 ms.
     with pytest.raises(ValueError):
         stream.push(np.zeros(1411, dtype=np.int16), 0)
@@ -343,157 +365,60 @@ async def test_a_closed_engine_refuses_pushes() -> None:
         stream.push(np.zeros(512, dtype=np.float32), 0)
 
 
-# ------------------------------------------------------------------ the generic batcher
-
-
-class Doubler:
-    """A model that doubles numbers and remembers every batch it ran."""
-
-    def __init__(self) -> None:
-        self.batches: list[list[int]] = []
-
-    def __call__(self, items: list[int]) -> Sequence[int]:
-        self.batches.append(list(items))
-        return [2 * item for item in items]
-
-
-async def test_each_caller_gets_its_own_result() -> None:
-    model = Doubler()
-    batcher: Batcher[int, int] = Batcher(model, max_batch=16, max_wait_ms=5)
+async def test_a_batch_holds_at_most_max_batch_streams(
+    question: npt.NDArray[np.float32],
+) -> None:
+    engine = BatchedSileroVad(max_batch=4, max_wait_ms=20)
+    recorder = observed(engine)
+    await engine.warmup()
     try:
-        results = await asyncio.wait_for(
-            asyncio.gather(*(batcher.submit(i) for i in range(100))), LIVENESS_S
-        )
+        audio = signals(question)
+        results = await asyncio.gather(*(pushed(engine, a) for a in audio))
     finally:
-        batcher.close()
-    assert results == [2 * i for i in range(100)]
-    assert max(len(batch) for batch in model.batches) <= 16
-    assert sorted(i for batch in model.batches for i in batch) == list(range(100))
+        # The thread has reported its last batch once it is stopped.
+        await engine.aclose()
+    assert max(recorder.sizes) == 4
+    # The warm-up's chunk, then every chunk of every stream.
+    assert sum(recorder.sizes) == 1 + sum(len(r) for r in results)
 
 
-async def test_a_batch_does_not_wait_for_a_silent_caller() -> None:
-    model = Doubler()
-    batcher: Batcher[int, int] = Batcher(model, max_batch=8, max_wait_ms=10)
-    try:
-        early = await asyncio.wait_for(
-            asyncio.gather(*(batcher.submit(i) for i in range(3))), LIVENESS_S
-        )
-        # The fourth caller speaks only once the others are answered: a batcher that waited
-        # for every caller would never answer them.
-        late = await asyncio.wait_for(batcher.submit(3), LIVENESS_S)
-    finally:
-        batcher.close()
-    assert (early, late) == ([0, 2, 4], 6)
-    # How the first three were grouped depends on scheduling; the late one went alone.
-    assert [3] in model.batches
-    assert sorted(i for batch in model.batches if 3 not in batch for i in batch) == [0, 1, 2]
-
-
-async def test_a_full_batch_leaves_before_the_deadline() -> None:
-    model = Doubler()
-    batcher: Batcher[int, int] = Batcher(model, max_batch=4, max_wait_ms=3_600_000)
-    try:
-        results = await asyncio.wait_for(
-            asyncio.gather(*(batcher.submit(i) for i in range(4))), LIVENESS_S
-        )
-    finally:
-        batcher.close()
-    assert results == [0, 2, 4, 6]
-
-
-async def test_a_stalled_caller_does_not_hold_back_the_others() -> None:
-    """A caller whose event loop is stuck gets its result later; the others get theirs now."""
-    model = Doubler()
-    batcher: Batcher[int, int] = Batcher(model, max_batch=8, max_wait_ms=5)
-    submitted = threading.Event()
+async def test_a_stalled_event_loop_does_not_hold_back_the_others(
+    batched: BatchedSileroVad, question: npt.NDArray[np.float32]
+) -> None:
+    """A stream whose event loop is stuck gets its results later; the others get theirs now."""
+    chunks = chunks_of(question)[:4]
+    pushed_there = threading.Event()
     release = threading.Event()
-    stalled_result: list[int] = []
+    stalled: list[tuple[float, int]] = []
 
-    async def stalled_caller() -> None:
-        task = asyncio.create_task(batcher.submit(100))
-        await asyncio.sleep(0)
-        submitted.set()
-        # Block this loop outright, as a session stuck in a long computation would.
+    async def stalled_loop() -> None:
+        done = asyncio.Event()
+
+        def heard(probability: float, epoch: int) -> None:
+            stalled.append((probability, epoch))
+            if len(stalled) == len(chunks):
+                done.set()
+
+        stream = batched.open_stream(heard)
+        for chunk in chunks:
+            stream.push(chunk, 0)
+        pushed_there.set()
+        # Block this loop outright, as a loop stuck in a long computation would.
         release.wait(LIVENESS_S)
-        stalled_result.append(await task)
+        await asyncio.wait_for(done.wait(), LIVENESS_S)
+        stream.close()
 
-    thread = threading.Thread(target=asyncio.run, args=(stalled_caller(),))
+    thread = threading.Thread(target=asyncio.run, args=(stalled_loop(),))
     thread.start()
     try:
-        assert await asyncio.to_thread(submitted.wait, LIVENESS_S)
-        results = await asyncio.wait_for(
-            asyncio.gather(*(batcher.submit(i) for i in range(20))), LIVENESS_S
-        )
-        assert results == [2 * i for i in range(20)]
-        assert not stalled_result
+        assert await asyncio.to_thread(pushed_there.wait, LIVENESS_S)
+        here = await pushed(batched, question)
+        assert len(here) == len(chunks_of(question))
+        assert not stalled
     finally:
         release.set()
         await asyncio.to_thread(thread.join, LIVENESS_S)
-        batcher.close()
-    assert stalled_result == [200]
-
-
-async def test_a_model_error_fails_that_batch_only() -> None:
-    def flaky(items: list[int]) -> Sequence[int]:
-        if 13 in items:
-            raise ValueError("unlucky")
-        return items
-
-    batcher: Batcher[int, int] = Batcher(flaky, max_batch=1, max_wait_ms=0)
-    try:
-        with pytest.raises(ValueError, match="unlucky"):
-            await asyncio.wait_for(batcher.submit(13), LIVENESS_S)
-        assert await asyncio.wait_for(batcher.submit(12), LIVENESS_S) == 12
-    finally:
-        batcher.close()
-
-
-async def test_a_closed_batcher_fails_waiting_and_new_items() -> None:
-    started = threading.Event()
-    proceed = threading.Event()
-
-    def closes_while_running(items: list[int]) -> Sequence[int]:
-        started.set()
-        proceed.wait(LIVENESS_S)
-        # Closed while this batch runs: it still finishes, the next one never starts.
-        batcher.close()
-        return items
-
-    batcher: Batcher[int, int] = Batcher(closes_while_running, max_batch=8, max_wait_ms=0)
-    running = asyncio.create_task(batcher.submit(1))
-    assert await asyncio.to_thread(started.wait, LIVENESS_S)
-    waiting = asyncio.create_task(batcher.submit(2))
-    await asyncio.sleep(0)
-    proceed.set()
-    assert await asyncio.wait_for(running, LIVENESS_S) == 1
-    with pytest.raises(BatcherClosedError):
-        await asyncio.wait_for(waiting, LIVENESS_S)
-    with pytest.raises(BatcherClosedError):
-        await batcher.submit(3)
-
-
-async def test_a_lone_caller_is_not_held_for_the_deadline() -> None:
-    # Nobody else is submitting, so waiting an hour for company would gather nobody.
-    batcher: Batcher[int, int] = Batcher(Doubler(), max_batch=8, max_wait_ms=3_600_000)
-    try:
-        for i in range(5):
-            assert await asyncio.wait_for(batcher.submit(i), LIVENESS_S) == 2 * i
-    finally:
-        batcher.close()
-
-
-async def test_the_observer_sees_every_batch() -> None:
-    recorder = Recorder()
-    batcher: Batcher[int, int] = Batcher(Doubler(), max_batch=5, observer=recorder)
-    try:
-        await asyncio.wait_for(asyncio.gather(*(batcher.submit(i) for i in range(12))), LIVENESS_S)
-    finally:
-        batcher.close()
-    assert sum(recorder.sizes) == 12
-    # How the 12 split depends on timing (a batch may leave before it is full when nobody
-    # else is expected soon); the cap holds whatever the split.
-    assert max(recorder.sizes) <= 5
-    assert len(recorder.sizes) >= 3
+    assert [p for p, _ in stalled] == pytest.approx(here[: len(chunks)], abs=1e-5)
 
 
 def test_waiting_pays_only_for_enough_expected_rows(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -505,11 +430,11 @@ def test_waiting_pays_only_for_enough_expected_rows(monkeypatch: pytest.MonkeyPa
         rate = ArrivalRate()
         rate.count(int(per_second * 0.2))
         now[0] += 0.2
-        rate.worth_waiting(now[0])  # closes a 200 ms window
+        rate.worth_waiting(now[0], VAD_WORTH_WAITING_ROWS)  # closes a 200 ms window
         rate.per_second = per_second
         remaining = rate.worth_waiting(now[0] + 0.010, VAD_WORTH_WAITING_ROWS)
         assert (remaining is not None) is waits, per_second
-        # One item expected before the deadline is enough for the generic batcher.
-        assert rate.worth_waiting(now[0] + 0.010) is not None
+        # Fewer rows asked for, the same rate is worth waiting for.
+        assert rate.worth_waiting(now[0] + 0.010, 1.0) is not None
         # Too close to the deadline for enough rows to join: go now.
         assert rate.worth_waiting(now[0] + 0.001, VAD_WORTH_WAITING_ROWS) is None

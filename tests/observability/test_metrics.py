@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import time
 
+import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hark.engines.vad.batcher import Batcher
+from hark.engines.vad.batcher import BatchedSileroVad
 from hark.observability.loop_lag import monitor_loop_lag
 from hark.observability.metrics import Metrics
 from hark.observability.session_metrics import FLUSH_EVERY, LATE_AFTER_SECONDS, SessionMetrics
@@ -214,17 +215,34 @@ def test_a_disabled_session_records_nothing() -> None:
 
 async def test_batchers_report_their_batches() -> None:
     metrics = Metrics()
-    batcher: Batcher[int, int] = Batcher(
-        lambda items: items, max_batch=8, max_wait_ms=1, observer=metrics.batch_observer("vad")
-    )
+    vad = BatchedSileroVad(max_batch=8, max_wait_ms=1)
+    vad.observe(metrics)
+    await vad.warmup()
+    done = asyncio.Event()
+    results: list[float] = []
+
+    def heard(probability: float, epoch: int) -> None:
+        results.append(probability)
+        if len(results) == 20:
+            done.set()
+
+    streams = [vad.open_stream(heard) for _ in range(4)]
     try:
-        await asyncio.wait_for(asyncio.gather(*(batcher.submit(i) for i in range(20))), 30)
+        for _ in range(5):
+            for stream in streams:
+                stream.push(np.zeros(512, dtype=np.int16), 0)
+        await asyncio.wait_for(done.wait(), 30)
     finally:
-        batcher.close()
+        for stream in streams:
+            stream.close()
+        # The thread has reported its last batch once it is stopped.
+        await vad.aclose()
     values = scrape(metrics)
-    assert values['hark_batcher_batch_size_sum{model="vad"}'] == 20
-    assert values['hark_batcher_batch_size_count{model="vad"}'] >= 3
-    assert values['hark_batcher_wait_seconds_count{model="vad"}'] >= 3
+    # The warm-up's chunk, then the streams' 20.
+    assert values['hark_batcher_batch_size_sum{model="vad"}'] == 21
+    # A stream's chunks go one per batch, each after the state the one before leaves.
+    assert values['hark_batcher_batch_size_count{model="vad"}'] >= 6
+    assert values['hark_batcher_wait_seconds_count{model="vad"}'] >= 6
     assert 'hark_batcher_queue_depth{model="vad"}' in values
 
 

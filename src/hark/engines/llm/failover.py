@@ -27,6 +27,7 @@ from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from hark.engines import EngineMetrics
 from hark.engines.llm import (
     ChatMessage,
     Finished,
@@ -225,17 +226,13 @@ class FailoverLlm:
         """The backends' URLs, without credentials, in the order given."""
         return tuple(b.label for b in self._backends)
 
-    @property
-    def observer(self) -> BackendObserver | None:
-        """Where per-backend events go; a new observer is told every backend's state."""
-        return self._observer
-
-    @observer.setter
-    def observer(self, observer: BackendObserver | None) -> None:
+    def observe(self, metrics: EngineMetrics) -> None:
+        """Report every backend's requests, failures, failovers and state to ``metrics``'s LLM
+        backend observer, from now on; it is told every backend's state at once."""
+        observer = metrics.llm_backend_observer()
         self._observer = observer
-        if observer is not None:
-            for backend in self._backends:
-                observer.state(backend.label, backend.state)
+        for backend in self._backends:
+            observer.state(backend.label, backend.state)
 
     def state(self, backend: str) -> BackendState:
         """The state of the backend whose URL (without credentials) is ``backend``."""

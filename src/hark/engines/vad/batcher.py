@@ -1,40 +1,33 @@
-"""Batching across sessions: one model call per tick for every stream of the process.
+"""Batching across sessions: one Silero VAD call per tick for every stream of the process.
 
 A model that sessions call once per audio chunk (Silero VAD: a 32 ms chunk each) spends most
-of a single-row call on fixed overhead. ``Batcher`` gathers the items that sessions submit
-within a short window and runs them through the model as one batch in its own thread; each
-caller awaits its own row's result. A batch leaves when it is full or when its oldest item
-has waited ``max_wait_ms``, whichever comes first, so no item waits on a slow or silent
-session; and at once when, at the recent rate of arrivals, nobody else would join it in
-time, so that a lightly loaded process adds no wait at all.
-
-``BatchedSileroVad``, the VAD every session uses, applies the same policy without a future
-per item: sessions push chunks and go on, and the results of a whole batch come back in one
-call on the event loop, since at 200 sessions a future, a task switch and a thread hop per
-32 ms chunk cost more than the model itself. Those results also need not wait their turn
-behind the loop's backlog: a session's next input hands them out first (``deliver_ready``).
-
-The deadline is kept by the batcher's thread, not by the event loop, so a busy loop does
-not hold batches back.
+of a single-row call on fixed overhead. ``BatchedSileroVad`` gathers the chunks that sessions
+push within a short window and runs them through the model as one batch in its own thread. A
+batch leaves when it is full or when its oldest chunk has waited ``max_wait_ms``, whichever
+comes first, so no chunk waits on a slow or silent session; and at once when, at the recent
+rate of arrivals, too few others would join it in time, so that a lightly loaded process adds
+no wait at all. The deadline is kept by the batcher's thread, not by the event loop, so a busy
+loop does not hold batches back. Sessions push chunks and go on; the results come back to
+their event loops through :mod:`hark.engines.vad.delivery`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 from threadpoolctl import threadpool_limits
 
 from hark.engines.vad import silero_gemm
+from hark.engines.vad.delivery import Mailbox
 from hark.engines.vad.resample import CHUNK_MS, chunk_rate, chunk_resampler, chunk_samples
 from hark.engines.vad.silero import (
     MODEL_RATES,
@@ -44,11 +37,9 @@ from hark.engines.vad.silero import (
     model_path,
 )
 
-T = TypeVar("T")
-R = TypeVar("R")
+if TYPE_CHECKING:
+    from hark.engines import EngineMetrics
 
-# A 32 ms chunk that waits 5 ms costs little latency.
-DEFAULT_MAX_WAIT_MS = 5.0
 # The VAD waits up to 10 ms: at 200 sessions (6 250 chunks a second) that gathers batches of
 # about 60 rows, where Silero's cost per row bottoms out (a third less than at 30 rows).
 VAD_MAX_WAIT_MS = 10.0
@@ -70,136 +61,7 @@ class BatchObserver(Protocol):
 
 
 class BatcherClosedError(RuntimeError):
-    """The batcher was closed: it takes no new items and fails the ones still waiting."""
-
-
-@dataclass(slots=True)
-class _Entry(Generic[T, R]):
-    item: T
-    future: asyncio.Future[R]
-    loop: asyncio.AbstractEventLoop
-    enqueued: float
-
-
-class Batcher(Generic[T, R]):
-    """Runs the items of many callers through one blocking function, a batch at a time.
-
-    ``run`` takes a list of items and returns one result per item, in order; it runs in the
-    batcher's own thread (start on first use), so it should release the GIL for its heavy
-    part, as ONNX Runtime does. An exception from ``run`` fails every item of that batch.
-    Callers on any event loop may submit; each result is delivered on the caller's loop.
-    """
-
-    def __init__(
-        self,
-        run: Callable[[list[T]], Sequence[R]],
-        *,
-        max_batch: int = DEFAULT_MAX_BATCH,
-        max_wait_ms: float = DEFAULT_MAX_WAIT_MS,
-        name: str = "batcher",
-        observer: BatchObserver | None = None,
-    ) -> None:
-        if max_batch < 1:
-            raise ValueError(f"max_batch must be at least 1, got {max_batch}")
-        if max_wait_ms < 0:
-            raise ValueError(f"max_wait_ms must not be negative, got {max_wait_ms}")
-        self.max_batch = max_batch
-        self.max_wait_s = max_wait_ms / 1000
-        self.name = name
-        self.observer = observer
-        self._run = run
-        self._pending: deque[_Entry[T, R]] = deque()
-        self._cond = threading.Condition(threading.Lock())
-        self._thread: threading.Thread | None = None
-        self._closed = False
-        self._arrivals = ArrivalRate()
-
-    @property
-    def pending(self) -> int:
-        """Items waiting for a batch (not counting the batch running now)."""
-        return len(self._pending)
-
-    async def submit(self, item: T) -> R:
-        """Run ``item`` in the next batch and return its result.
-
-        Cancelling the call drops the item if its batch has not started yet, and otherwise
-        discards its result. Raises ``BatcherClosedError`` once the batcher is closed.
-        """
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[R] = loop.create_future()
-        with self._cond:
-            if self._closed:
-                raise BatcherClosedError(f"the {self.name} batcher is closed")
-            self._pending.append(_Entry(item, future, loop, time.monotonic()))
-            self._arrivals.count()
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._work, name=f"hark-{self.name}-batcher", daemon=True
-                )
-                self._thread.start()
-            count = len(self._pending)
-            # The thread sleeps either until there is work (first item) or until the
-            # deadline; only these two events can change what it does.
-            if count == 1 or count >= self.max_batch:
-                self._cond.notify()
-        return await future
-
-    def close(self) -> None:
-        """Stop the thread once the running batch is done; waiting items fail. Blocking."""
-        with self._cond:
-            self._closed = True
-            self._cond.notify()
-            thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join()
-
-    def _work(self) -> None:
-        while True:
-            with self._cond:
-                batch = self._next_batch()
-                backlog = len(self._pending)
-            if batch is None:
-                return
-            live = [entry for entry in batch if not entry.future.cancelled()]
-            if not live:
-                continue
-            started = time.monotonic()
-            results: Sequence[R] | None = None
-            error: BaseException | None = None
-            try:
-                results = self._run([entry.item for entry in live])
-                if len(results) != len(live):
-                    raise RuntimeError(
-                        f"the {self.name} model returned {len(results)} results "
-                        f"for {len(live)} items"
-                    )
-            except Exception as exc:
-                error = exc
-            finished = time.monotonic()
-            _deliver_all(live, results, error)
-            if self.observer is not None:
-                self.observer.batch(
-                    len(live), started - live[0].enqueued, finished - started, backlog
-                )
-
-    def _next_batch(self) -> list[_Entry[T, R]] | None:
-        """Wait (holding the condition) until a batch is due and take it; None once closed."""
-        while not self._pending and not self._closed:
-            self._cond.wait()
-        if self._pending:
-            deadline = self._pending[0].enqueued + self.max_wait_s
-            while len(self._pending) < self.max_batch and not self._closed:
-                remaining = self._arrivals.worth_waiting(deadline)
-                if remaining is None:
-                    break
-                self._cond.wait(remaining)
-        if self._closed:
-            waiting = list(self._pending)
-            self._pending.clear()
-            _deliver_all(waiting, None, BatcherClosedError(f"the {self.name} batcher is closed"))
-            return None
-        take = min(self.max_batch, len(self._pending))
-        return [self._pending.popleft() for _ in range(take)]
+    """The batcher was closed: it takes no new chunks, and drops the ones still waiting."""
 
 
 class ArrivalRate:
@@ -217,7 +79,7 @@ class ArrivalRate:
         """``items`` more arrived."""
         self._arrivals += items
 
-    def worth_waiting(self, deadline: float, rows: float = 1.0) -> float | None:
+    def worth_waiting(self, deadline: float, rows: float) -> float | None:
         """Seconds to wait for more items before ``deadline``, or None to go now.
 
         Waiting only pays when at least ``rows`` more items are likely to join before the
@@ -236,35 +98,6 @@ class ArrivalRate:
             return None
         return remaining
 
-
-def _deliver_all(
-    entries: list[_Entry[T, R]], results: Sequence[R] | None, error: BaseException | None
-) -> None:
-    """Hand each entry its result (or the error) on its own event loop, one wake-up per loop."""
-    by_loop: dict[asyncio.AbstractEventLoop, list[int]] = {}
-    for index, entry in enumerate(entries):
-        by_loop.setdefault(entry.loop, []).append(index)
-    for loop, indices in by_loop.items():
-        chosen = [entries[i] for i in indices]
-        values = None if results is None else [results[i] for i in indices]
-        # A closed loop raises RuntimeError: nobody is waiting for these results any more.
-        with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(_resolve, chosen, values, error)
-
-
-def _resolve(
-    entries: list[_Entry[T, R]], values: list[R] | None, error: BaseException | None
-) -> None:
-    for index, entry in enumerate(entries):
-        if entry.future.done():
-            continue
-        if values is None:
-            entry.future.set_exception(error or RuntimeError("no result"))
-        else:
-            entry.future.set_result(values[index])
-
-
-# ---------------------------------------------------------------------------- Silero VAD
 
 _log = logging.getLogger(__name__)
 
@@ -286,7 +119,7 @@ class BatchedSileroVad:
     before leaves; the thread takes them without a round trip through the event loop. The
     probabilities come back on the stream's event loop, one wake-up per batch for all of
     them, through each stream's ``on_result``; or sooner, when a session handling input calls
-    ``deliver_ready`` first (see :class:`_Mailbox`).
+    ``deliver_ready`` first (see :mod:`hark.engines.vad.delivery`).
 
     The streams' recurrent states, Silero contexts and resampler histories live in shared
     arrays, a row per stream, so a batch gathers and scatters them in one step each.
@@ -319,7 +152,7 @@ class BatchedSileroVad:
         self.max_batch = max_batch
         self.max_wait_s = max_wait_ms / 1000
         self.sample_rate = model_rate
-        self.observer: BatchObserver | None = None
+        self._observer: BatchObserver | None = None
         self._model: silero_gemm.SileroGemm | None = None
         self._load_lock = threading.Lock()
         self._chunk = chunk_samples(model_rate)
@@ -332,8 +165,8 @@ class BatchedSileroVad:
         self._arrivals = ArrivalRate()
         self._thread: threading.Thread | None = None
         self._closed = False
-        # Results on their way to each event loop that has streams open (see _Mailbox).
-        self._mailboxes: dict[asyncio.AbstractEventLoop, _Mailbox] = {}
+        # Results on their way to each event loop that has streams open.
+        self._mailboxes: dict[asyncio.AbstractEventLoop, Mailbox] = {}
         self._free_rows: list[int] = []
         self._rows_used = 0
         # Owned by the thread: a row per stream.
@@ -341,10 +174,9 @@ class BatchedSileroVad:
         self._contexts = np.zeros((0, self._context), dtype=np.float32)
         self._histories: dict[int, npt.NDArray[np.float32]] = {}
 
-    @property
-    def batcher(self) -> BatchedSileroVad:
-        """What the server's metrics observe (``observer`` is set on it)."""
-        return self
+    def observe(self, metrics: EngineMetrics) -> None:
+        """Report every batch to ``metrics``'s ``vad`` batch observer, from now on."""
+        self._observer = metrics.batch_observer("vad")
 
     @property
     def pending(self) -> int:
@@ -364,7 +196,7 @@ class BatchedSileroVad:
                 self._rows_used += 1
             mailbox = self._mailboxes.get(loop)
             if mailbox is None:
-                mailbox = self._mailboxes[loop] = _Mailbox(loop)
+                mailbox = self._mailboxes[loop] = Mailbox(loop)
             mailbox.streams += 1
         return BatchedSileroVadStream(self, row, on_result, mailbox)
 
@@ -478,9 +310,9 @@ class BatchedSileroVad:
                     else:
                         stream.scheduled = False
             _deliver_results(batch, probabilities)
-            if self.observer is not None:
+            if self._observer is not None:
                 oldest = min(chunk.enqueued for _, chunk in batch)
-                self.observer.batch(len(batch), started - oldest, finished - started, backlog)
+                self._observer.batch(len(batch), started - oldest, finished - started, backlog)
             # While the thread waits for the next batch, it must not keep this one's streams
             # (and through them their sessions, calls and codecs) alive.
             del batch, streams
@@ -594,7 +426,7 @@ class BatchedSileroVadStream:
         engine: BatchedSileroVad,
         row: int,
         on_result: Callable[[float, int], None],
-        mailbox: _Mailbox,
+        mailbox: Mailbox,
     ) -> None:
         self._engine = engine
         self.mailbox = mailbox
@@ -640,60 +472,12 @@ class BatchedSileroVadStream:
 def _deliver_results(
     batch: list[tuple[BatchedSileroVadStream, _Chunk]], probabilities: npt.NDArray[np.float32]
 ) -> None:
-    mailboxes: set[_Mailbox] = set()
+    mailboxes: set[Mailbox] = set()
     for (stream, chunk), probability in zip(batch, probabilities.tolist(), strict=True):
-        stream.mailbox.results.append((stream, probability, chunk.epoch))
+        stream.mailbox.post(stream, probability, chunk.epoch)
         mailboxes.add(stream.mailbox)
     for mailbox in mailboxes:
         mailbox.wake()
-
-
-class _Mailbox:
-    """The results on their way to one event loop's streams, in the order they were computed.
-
-    The batcher's thread appends a batch's results and wakes the loop once, with a callback
-    that hands them out. But a loop under load runs that callback only after everything
-    queued before it: a whole pass over every socket with data, tens of milliseconds at 200
-    sessions. Meanwhile sessions keep handling input, and the first of them to call
-    ``deliver_ready`` hands the results out instead. A result then waits for at most one
-    input's handling, and each session still gets its own results in order.
-    """
-
-    __slots__ = ("loop", "results", "streams", "woken")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.results: deque[tuple[BatchedSileroVadStream, float, int]] = deque()
-        self.streams = 0  # open streams on the loop
-        # A wake-up callback is queued on the loop and has not started. The thread appends
-        # before it reads this, and the callback clears it before it empties the deque, so a
-        # result is never left behind with no wake-up coming.
-        self.woken = False
-
-    def wake(self) -> None:
-        """From the batcher's thread: make sure the loop will hand out what was appended."""
-        if self.woken:
-            return
-        self.woken = True
-        # A closed loop raises RuntimeError: nobody is waiting for these results any more.
-        with contextlib.suppress(RuntimeError):
-            self.loop.call_soon_threadsafe(self._woken)
-
-    def _woken(self) -> None:
-        self.woken = False
-        self.deliver()
-
-    def deliver(self) -> None:
-        """On the loop: hand out every result here, oldest first."""
-        results = self.results
-        while results:
-            stream, probability, epoch = results.popleft()
-            if stream.closed:
-                continue
-            try:
-                stream.on_result(probability, epoch)
-            except Exception:
-                _log.exception("a VAD result handler failed")
 
 
 def _ignore(probability: float, epoch: int) -> None:
