@@ -11,19 +11,14 @@ import numpy as np
 import pytest
 from aiohttp import web
 
-from hark.bench.load import (
-    LoadBenchError,
-    LoadConfig,
-    build_script,
-    format_summary,
-    histogram_quantile,
-    parse_duration,
-    parse_metrics,
-    passed,
-    run_load_bench,
-    server_urls,
-    write_chart,
-)
+from hark.bench.load import LoadConfig, run_load_bench
+from hark.bench.load.chart import write_chart
+from hark.bench.load.config import parse_duration
+from hark.bench.load.generator import LoadGenerator
+from hark.bench.load.script import build_script
+from hark.bench.load.server_metrics import histogram_quantile, parse_metrics
+from hark.bench.load.summary import format_summary, passed
+from hark.bench.report import BenchError
 from hark.bench.spoken_questions import RATE, SpokenQuestion
 from hark.config import Settings
 from hark.server.app import create_app, make_runner
@@ -46,17 +41,17 @@ def test_parse_duration_refuses_nonsense(text: str) -> None:
         parse_duration(text)
 
 
-def test_server_urls() -> None:
-    assert server_urls("ws://127.0.0.1:8000", "gpt-realtime") == (
-        "ws://127.0.0.1:8000/v1/realtime?model=gpt-realtime",
-        "http://127.0.0.1:8000/metrics",
-    )
-    assert server_urls("https://h/base/v1/", "m") == (
-        "wss://h/base/v1/realtime?model=m",
-        "https://h/base/metrics",
-    )
-    with pytest.raises(LoadBenchError):
-        server_urls("127.0.0.1:8000", "m")
+def test_the_generator_talks_to_the_servers_realtime_and_metrics_urls() -> None:
+    script = build_script([], chunk_ms=20)
+    local = LoadGenerator(LoadConfig(url="ws://127.0.0.1:8000", sessions=1), script, False)
+    assert local.ws_url == "ws://127.0.0.1:8000/v1/realtime?model=gpt-realtime"
+    assert local.metrics_url == "http://127.0.0.1:8000/metrics"
+    config = LoadConfig(url="https://h/base/v1/", sessions=1, model="m")
+    remote = LoadGenerator(config, script, False)
+    assert remote.ws_url == "wss://h/base/v1/realtime?model=m"
+    assert remote.metrics_url == "https://h/base/metrics"
+    with pytest.raises(BenchError):
+        LoadGenerator(LoadConfig(url="127.0.0.1:8000", sessions=1), script, False)
 
 
 def test_histogram_quantile_between_two_scrapes() -> None:
@@ -146,7 +141,7 @@ async def test_a_short_run_against_a_server(
 
 
 async def test_refuses_bad_options() -> None:
-    with pytest.raises(LoadBenchError):
+    with pytest.raises(BenchError):
         await run_load_bench(LoadConfig(url="ws://127.0.0.1:1", sessions=0))
-    with pytest.raises(LoadBenchError):
+    with pytest.raises(BenchError):
         await run_load_bench(LoadConfig(url="ws://127.0.0.1:1", sessions=1, chunk_ms=7))

@@ -1,0 +1,90 @@
+"""``hark bench load``'s command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from hark.bench.load.chart import write_chart
+from hark.bench.load.config import TRANSPORTS, LoadConfig, parse_duration
+from hark.bench.load.generator import run_load_bench
+from hark.bench.load.summary import format_summary, passed
+from hark.bench.report import (
+    BenchError,
+    ServerUrl,
+    add_api_key_option,
+    add_json_option,
+    api_key,
+    publish,
+)
+from hark.eventloop import run_event_loop
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    """Add ``hark bench load``'s options to ``parser``."""
+    parser.add_argument("--url", required=True, help="the server's root, e.g. ws://127.0.0.1:8000")
+    parser.add_argument("--sessions", type=int, required=True, help="simulated callers at once")
+    parser.add_argument(
+        "--ramp", type=parse_duration, default=10.0, metavar="S",
+        help="start the callers evenly over this long (default 10s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--duration", type=parse_duration, default=60.0, metavar="S",
+        help="run this long after the ramp, e.g. 90s, 30m (default 60s)",
+    )  # fmt: skip
+    parser.add_argument("--transport", choices=TRANSPORTS, default="ws", help="(default ws)")
+    parser.add_argument(
+        "--chunk-ms", type=int, default=20, help="audio per append event (default 20)"
+    )
+    parser.add_argument(
+        "--call-duration", type=parse_duration, default=180.0, metavar="S",
+        help="a call lasts this long ±50%%, then the caller dials again (default 3m)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--silence-ms", type=int, default=500, help="server_vad silence_duration_ms (default 500)"
+    )
+    parser.add_argument(
+        "--sample", type=parse_duration, default=5.0, metavar="S",
+        help="read the server's /metrics this often (default 5s)",
+    )  # fmt: skip
+    add_api_key_option(parser)
+    parser.add_argument("--model", default="gpt-realtime", help="model name to ask for")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the callers' behaviour")
+    add_json_option(parser)
+    parser.add_argument(
+        "--chart", type=Path, default=None, metavar="FILE.png", help="write a PNG chart"
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+
+
+def command(options: dict[str, Any]) -> int:
+    """Run ``hark bench load``; the exit status is 0 when no call failed and no turn was
+    missed."""
+    config = LoadConfig(
+        url=options["url"],
+        sessions=options["sessions"],
+        ramp_s=options["ramp"],
+        duration_s=options["duration"],
+        transport=options["transport"],
+        chunk_ms=options["chunk_ms"],
+        call_s=options["call_duration"],
+        silence_ms=options["silence_ms"],
+        api_key=api_key(options["api_key"]),
+        model=options["model"],
+        sample_s=options["sample"],
+        seed=options["seed"],
+    )
+    try:
+        ServerUrl.parse(config.url)
+        report = run_event_loop(run_load_bench(config, progress=not options["quiet"]))
+        publish(format_summary(report), report, options["json"])
+        if options["chart"] is not None:
+            write_chart(report, options["chart"])
+    except BenchError as error:
+        print(f"hark bench load: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0 if passed(report) else 1
