@@ -157,6 +157,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.set_defaults(handler=_serve_command)
 
+    from hark.edge import cli as relay_cli
+
+    relay = commands.add_parser(
+        "relay",
+        help="the fleet's one public UDP port for WebRTC media",
+        description=relay_cli.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    relay_cli.configure_parser(relay)
+    relay.set_defaults(handler=relay_cli.command)
+
     bench = commands.add_parser("bench", help="measure a running server")
     benches = bench.add_subparsers(dest="bench", required=True, metavar="BENCH")
     from hark.bench import hop, latency, load, vad, webrtc

@@ -1,0 +1,567 @@
+"""One relay process: the public UDP socket, the socket towards the workers, and the loop
+that forwards between them.
+
+Client → worker: a batch is read from the public socket (``recvmmsg``); datagrams from
+known clients get the framing header written in place before them and go to their
+worker's media address in one ``sendmmsg``. A STUN binding request is read on the slow
+path: its USERNAME's server ufrag must carry a hint signed with the fleet secret naming a
+live worker of the registry, and then the client's address is (re)bound to that worker.
+This is how the first packet of a call finds its worker, and how an ICE restart or a new
+call from a reused address moves it. Anything else from an unknown address is dropped, once
+it is clear that no other relay of the fleet knows it (a look-up in the mirrored table).
+
+Worker → client: datagrams arriving on the internal socket carry the header naming the
+client; the relay sends them from the public socket only if the client's flow exists and
+belongs to the worker that sent them, so the relay cannot be used to spray packets at
+arbitrary addresses.
+
+The control plane runs on the same asyncio loop, between batches: the registry of workers
+(polled), the flow mirror in Redis (written when a flow is made, its TTL refreshed while it
+is active, read at start-up and on a miss), and expiry of idle flows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import redis.asyncio
+import redis.exceptions
+
+from hark.cluster.store import ClusterStore, ClusterUnavailableError
+from hark.edge import framing
+from hark.edge.flows import Address, FlowTable, parse_address
+from hark.edge.mmsg import Batch, key_address, sockaddr_key
+from hark.edge.route_hint import HintError, RouteVerifier
+from hark.transports.webrtc.udp_mux import stun_request_username
+
+logger = logging.getLogger(__name__)
+
+BATCH = 64
+# Batches read per readiness callback before the other socket and the control plane get a
+# turn: fairness between directions, bounded latency for the control plane.
+BATCHES_PER_WAKE = 8
+SOCKET_BUFFER_BYTES = 8 * 1024 * 1024
+FLOW_IDLE_S = 30.0
+REGISTRY_INTERVAL_S = 1.0
+REGISTRY_MIN_INTERVAL_S = 0.1
+EXPIRY_INTERVAL_S = 1.0
+# Unknown clients looked up in the mirror at once; beyond that they are dropped unlooked.
+MAX_PENDING_LOOKUPS = 256
+# Unknown clients remembered as not in the mirror, and for how long: a junk flood costs
+# one look-up per source address per second at most.
+MAX_NEGATIVE = 65536
+NEGATIVE_TTL_S = 1.0
+FLOW_KEY_PREFIX = "hark:relay-flow:"
+
+# The counters every process keeps, in this order (see ``Counters``).
+COUNTERS = (
+    "packets_in",
+    "packets_out",
+    "bytes_in",
+    "bytes_out",
+    "flows",
+    "flows_created",
+    "flows_restored",
+    "flows_expired",
+    "flows_worker_gone",
+    "lookups",
+)
+DROP_REASONS = (
+    "unknown_flow",
+    HintError.MALFORMED.value,
+    HintError.OTHER_FLEET.value,
+    HintError.BAD_MAC.value,
+    "unknown_worker",
+    "table_full",
+    "bad_frame",
+    "no_flow",
+    "wrong_worker",
+    "send_failed",
+)
+SLOTS = len(COUNTERS) + len(DROP_REASONS)
+_INDEX = {name: i for i, name in enumerate(COUNTERS)} | {
+    f"drop_{name}": len(COUNTERS) + i for i, name in enumerate(DROP_REASONS)
+}
+
+
+class Counters:
+    """One process's counters: a row of int64 (in shared memory when there are several
+    processes, so the parent can serve the sum)."""
+
+    def __init__(self, row: npt.NDArray[np.int64] | None = None) -> None:
+        self.row = row if row is not None else np.zeros(SLOTS, np.int64)
+
+    def add(self, name: str, amount: int = 1) -> None:
+        """Count ``amount`` more ``name`` (a counter name, or ``drop_<reason>``)."""
+        self.row[_INDEX[name]] += amount
+
+    def set(self, name: str, value: int) -> None:
+        """Set a gauge."""
+        self.row[_INDEX[name]] = value
+
+    def __getitem__(self, name: str) -> int:
+        return int(self.row[_INDEX[name]])
+
+
+@dataclass(frozen=True, slots=True)
+class RelayConfig:
+    """What one relay process needs. ``fleet_secret`` is never logged."""
+
+    listen: Address
+    fleet_secret: str
+    internal: Address = ("0.0.0.0", 0)
+    idle_s: float = FLOW_IDLE_S
+    reuse_port: bool = True
+
+    def __repr__(self) -> str:
+        return f"RelayConfig(listen={self.listen}, internal={self.internal}, idle_s={self.idle_s})"
+
+
+class Registry:
+    """Where each live worker's media port is, as the cluster store says (polled)."""
+
+    def __init__(self, store: ClusterStore) -> None:
+        self.store = store
+        self.workers: dict[str, Address] = {}
+        self.loaded = False
+
+    async def refresh(self) -> bool:
+        """Read the registry; False (keeping the last answer) when the store is down."""
+        try:
+            found = await self.store.workers(time.time())
+        except ClusterUnavailableError as exc:
+            logger.warning("the worker registry is unavailable: %s", exc)
+            return False
+        workers = {}
+        for worker in found:
+            if worker.media_address:
+                with contextlib.suppress(ValueError):
+                    workers[worker.id] = parse_address(worker.media_address)
+        self.workers = workers
+        self.loaded = True
+        return True
+
+
+class FlowMirror:
+    """The flow table in Redis: ``hark:relay-flow:<ip>:<port>`` → ``<worker id> <ip>:<port>``,
+    expiring when no relay has refreshed it for the idle time. Failures are logged and
+    forgotten: forwarding never waits for Redis."""
+
+    def __init__(
+        self, client: redis.asyncio.Redis | None, idle_s: float, prefix: str = FLOW_KEY_PREFIX
+    ) -> None:
+        self.client = client
+        self.idle_s = idle_s
+        self.prefix = prefix
+
+    def _key(self, client: Address) -> str:
+        return f"{self.prefix}{client[0]}:{client[1]}"
+
+    async def write(self, flows: list[tuple[Address, str, Address]]) -> None:
+        """Record these flows (client, worker id, worker address), with a fresh TTL."""
+        if self.client is None or not flows:
+            return
+        ttl = max(1, round(self.idle_s))
+        with self._quiet("write"):
+            async with self.client.pipeline(transaction=False) as pipe:
+                for client, worker_id, worker in flows:
+                    pipe.set(self._key(client), f"{worker_id} {worker[0]}:{worker[1]}", ex=ttl)
+                await pipe.execute()
+
+    async def touch(self, clients: list[Address]) -> None:
+        """Push back the expiry of these flows (they are active)."""
+        if self.client is None or not clients:
+            return
+        ttl = max(1, round(self.idle_s))
+        with self._quiet("refresh"):
+            async with self.client.pipeline(transaction=False) as pipe:
+                for client in clients:
+                    pipe.expire(self._key(client), ttl)
+                await pipe.execute()
+
+    async def read(self, client: Address) -> tuple[str, Address] | None:
+        """The worker of ``client``'s flow as another relay (or an earlier self) left it."""
+        if self.client is None:
+            return None
+        with self._quiet("read"):
+            value = await self.client.get(self._key(client))
+            return None if value is None else _parse_flow_value(value)
+        return None
+
+    async def read_all(self) -> list[tuple[Address, str, Address]]:
+        """Every mirrored flow (at start-up)."""
+        if self.client is None:
+            return []
+        found: list[tuple[Address, str, Address]] = []
+        with self._quiet("load"):
+            keys = [k async for k in self.client.scan_iter(match=self.prefix + "*", count=1000)]
+            for start in range(0, len(keys), 1000):
+                chunk = keys[start : start + 1000]
+                for key, value in zip(chunk, await self.client.mget(chunk), strict=True):
+                    parsed = None if value is None else _parse_flow_value(value)
+                    text = key.decode() if isinstance(key, bytes) else key
+                    with contextlib.suppress(ValueError):
+                        client = parse_address(text[len(self.prefix) :])
+                        if parsed is not None:
+                            found.append((client, *parsed))
+        return found
+
+    @contextlib.contextmanager
+    def _quiet(self, what: str) -> Any:
+        try:
+            yield
+        except (redis.exceptions.RedisError, OSError) as exc:
+            logger.warning("flow mirror %s failed: %s", what, type(exc).__name__)
+
+
+def _parse_flow_value(value: bytes | str) -> tuple[str, Address] | None:
+    text = value.decode() if isinstance(value, bytes) else value
+    worker_id, _, address = text.partition(" ")
+    try:
+        return worker_id, parse_address(address)
+    except ValueError:
+        return None
+
+
+def open_socket(address: Address, *, reuse_port: bool) -> socket.socket:
+    """A UDP socket bound to ``address`` with large buffers (and ``SO_REUSEPORT``)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER_BYTES)
+    sock.bind(address)
+    return sock
+
+
+class Relay:
+    """One relay process's sockets, forwarding table and control plane."""
+
+    def __init__(
+        self,
+        config: RelayConfig,
+        registry: Registry,
+        mirror: FlowMirror,
+        counters: Counters | None = None,
+    ) -> None:
+        self.config = config
+        self.registry = registry
+        self.mirror = mirror
+        self.counters = counters or Counters()
+        self.table = FlowTable()
+        self._verifier = RouteVerifier(config.fleet_secret)
+        self._public: socket.socket | None = None
+        self._internal: socket.socket | None = None
+        self._rx = Batch(BATCH, headroom=framing.HEADER_V4)
+        self._tx = Batch(BATCH)
+        self._rx_back = Batch(BATCH)
+        self._tx_back = Batch(BATCH)
+        # The reply path's destination names are written per datagram; the family once.
+        self._tx_back.names[:, 0] = socket.AF_INET
+        self._tasks: list[asyncio.Task[None]] = []
+        self._to_write: dict[Address, tuple[str, Address]] = {}
+        self._write_wanted = asyncio.Event()
+        self._registry_wanted = asyncio.Event()
+        self._lookups: asyncio.Queue[Address] = asyncio.Queue(MAX_PENDING_LOOKUPS)
+        self._pending: set[int] = set()
+        self._negative: OrderedDict[int, float] = OrderedDict()
+
+    @property
+    def address(self) -> Address:
+        """The public socket's address."""
+        assert self._public is not None, "the relay is not started"
+        host, port = self._public.getsockname()[:2]
+        return host, port
+
+    @property
+    def internal_address(self) -> Address:
+        """The address the workers see the relay's datagrams come from (its port)."""
+        assert self._internal is not None, "the relay is not started"
+        host, port = self._internal.getsockname()[:2]
+        return host, port
+
+    async def start(self) -> None:
+        """Bind, load the registry and the mirrored flows, then start forwarding."""
+        self._public = open_socket(self.config.listen, reuse_port=self.config.reuse_port)
+        self._internal = open_socket(self.config.internal, reuse_port=False)
+        await self.registry.refresh()
+        restored = 0
+        now = time.monotonic()
+        for client, worker_id, worker in await self.mirror.read_all():
+            if self.registry.workers.get(worker_id) == worker and self.table.put(
+                client, worker_id, worker, now
+            ):
+                restored += 1
+        self.table.reindex()
+        self.counters.add("flows_restored", restored)
+        self.counters.set("flows", len(self.table))
+        loop = asyncio.get_running_loop()
+        loop.add_reader(self._public.fileno(), self._on_public)
+        loop.add_reader(self._internal.fileno(), self._on_internal)
+        for job, name in (
+            (self._poll_registry(), "registry"),
+            (self._expire(), "expiry"),
+            (self._write_flows(), "mirror writes"),
+            (self._look_up(), "mirror look-ups"),
+        ):
+            self._tasks.append(asyncio.create_task(job, name=f"hark-relay-{name}"))
+        logger.info(
+            "relay on UDP %s:%d (towards workers from port %d); %d flow(s) restored",
+            *self.address,
+            self.internal_address[1],
+            restored,
+        )
+
+    async def stop(self) -> None:
+        """Stop forwarding and close the sockets."""
+        loop = asyncio.get_running_loop()
+        for sock in (self._public, self._internal):
+            if sock is not None:
+                loop.remove_reader(sock.fileno())
+                sock.close()
+        self._public = self._internal = None
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+
+    # ------------------------------------------------------------------ client → worker
+
+    def _on_public(self) -> None:
+        assert self._public is not None and self._internal is not None
+        public, internal = self._public.fileno(), self._internal.fileno()
+        for _ in range(BATCHES_PER_WAKE):
+            count = self._rx.receive(public)
+            if count == 0:
+                return
+            self._forward_in(count, internal)
+
+    def _forward_in(self, count: int, internal: int) -> None:
+        rx, table, tx = self._rx, self.table, self._tx
+        table.reindex()
+        keys = rx.keys[:count]
+        head = rx.headroom
+        positions = np.searchsorted(table.keys, keys)
+        known = table.keys[positions] == keys
+        stun = rx.data[:count, head] < 4
+        now = time.monotonic()
+        rows = np.flatnonzero(known & ~stun)
+        pointers = table.pointers[positions[rows]]
+        table.seen[positions[rows]] = now
+        slow = np.flatnonzero(~known | stun)
+        if slow.size:
+            extra_rows, extra_pointers = [], []
+            for row in slow.tolist():
+                pointer = self._route_unknown(row, now)
+                if pointer is not None:
+                    extra_rows.append(row)
+                    extra_pointers.append(pointer)
+            if extra_rows:
+                rows = np.concatenate((rows, np.array(extra_rows, np.intp)))
+                pointers = np.concatenate((pointers, np.array(extra_pointers, np.uint64)))
+        sending = rows.size
+        if not sending:
+            return
+        # The header before each datagram names its sender: bytes 2..8 of its sockaddr_in.
+        data = rx.data
+        data[rows, head - 8] = framing.MAGIC
+        data[rows, head - 7] = framing.IPV4
+        data[rows, head - 6 : head] = rx.names[rows, 2:8]
+        lengths = rx.lengths[rows]
+        tx.prepare(
+            sending,
+            pointers,
+            rx.data_addresses[rows] + np.uint64(head - framing.HEADER_V4),
+            lengths + framing.HEADER_V4,
+        )
+        failed = tx.send(internal, sending)
+        self.counters.add("packets_in", sending - failed)
+        self.counters.add("bytes_in", int(lengths.sum()))
+        if failed:
+            self.counters.add("drop_send_failed", failed)
+
+    def _route_unknown(self, row: int, now: float) -> int | None:
+        """The slow path of one datagram: a STUN request (re)binds its client by the hint
+        it carries; anything else from an unknown client is dropped (and looked up)."""
+        rx = self._rx
+        key = int(rx.keys[row])
+        client = key_address(key)
+        start = rx.headroom
+        datagram = rx.data[row, start : start + int(rx.lengths[row])].tobytes()
+        username = stun_request_username(datagram)
+        if username is None:
+            flow = self.table.flows.get(key)
+            if flow is not None:
+                # A STUN response or indication of a known flow: forwarded like the rest.
+                self.table.put(client, flow.worker_id, flow.worker, now)
+                return self._pointer(flow.worker)
+            self.counters.add("drop_unknown_flow")
+            self._want_lookup(key, client, now)
+            return None
+        route = self._verifier.verify(username.partition(":")[0])
+        if isinstance(route, HintError):
+            self.counters.add(f"drop_{route.value}")
+            return None
+        worker = self.registry.workers.get(route.worker_id)
+        if worker is None:
+            # Perhaps a worker that joined since the last poll: the client's check is
+            # retransmitted, and by then the registry has been read again.
+            self.counters.add("drop_unknown_worker")
+            self._registry_wanted.set()
+            return None
+        existing = self.table.flows.get(key)
+        if existing is not None and (existing.worker_id, existing.worker) == (
+            route.worker_id,
+            worker,
+        ):
+            existing.seen = now
+            return self._pointer(worker)
+        if self.table.put(client, route.worker_id, worker, now) is None:
+            self.counters.add("drop_table_full")
+            return None
+        self.counters.add("flows_created")
+        self.counters.set("flows", len(self.table))
+        self._to_write[client] = (route.worker_id, worker)
+        self._write_wanted.set()
+        return self._pointer(worker)
+
+    def _pointer(self, worker: Address) -> int:
+        slot = self.table.destinations.slot(worker)
+        assert slot is not None, "a flow's worker always has a slot"
+        return self.table.destinations.pointer(slot)
+
+    # ------------------------------------------------------------------ worker → client
+
+    def _on_internal(self) -> None:
+        assert self._public is not None and self._internal is not None
+        public, internal = self._public.fileno(), self._internal.fileno()
+        for _ in range(BATCHES_PER_WAKE):
+            count = self._rx_back.receive(internal)
+            if count == 0:
+                return
+            self._forward_out(count, public)
+
+    def _forward_out(self, count: int, public: int) -> None:
+        rx, tx, table = self._rx_back, self._tx_back, self.table
+        table.reindex()
+        lengths = rx.lengths[:count]
+        framed = (
+            (rx.data[:count, 0] == framing.MAGIC)
+            & (rx.data[:count, 1] == framing.IPV4)
+            & (lengths >= framing.HEADER_V4)
+        )
+        # The client's sockaddr_in, built from the header where the datagram will be sent.
+        tx.names[:count, 2:8] = rx.data[:count, 2:8]
+        clients = tx.keys[:count]
+        positions = np.searchsorted(table.keys, clients)
+        known = table.keys[positions] == clients
+        owner = table.worker_keys[positions] == rx.keys[:count]
+        ok = framed & known & owner
+        rows = np.flatnonzero(ok)
+        sending = rows.size
+        if sending < count:
+            counters = self.counters
+            counters.add("drop_bad_frame", int(np.count_nonzero(~framed)))
+            counters.add("drop_no_flow", int(np.count_nonzero(framed & ~known)))
+            counters.add("drop_wrong_worker", int(np.count_nonzero(framed & known & ~owner)))
+        if not sending:
+            return
+        sizes = lengths[rows] - framing.HEADER_V4
+        tx.prepare(
+            sending,
+            tx.name_addresses[rows],
+            rx.data_addresses[rows] + np.uint64(framing.HEADER_V4),
+            sizes,
+        )
+        failed = tx.send(public, sending)
+        self.counters.add("packets_out", sending - failed)
+        self.counters.add("bytes_out", int(sizes.sum()))
+        if failed:
+            self.counters.add("drop_send_failed", failed)
+
+    # ------------------------------------------------------------------ control plane
+
+    def _want_lookup(self, key: int, client: Address, now: float) -> None:
+        """Ask the mirror about an unknown client, unless asked lately or too busy."""
+        if key in self._pending or self.mirror.client is None:
+            return
+        until = self._negative.get(key)
+        if until is not None and until > now:
+            return
+        try:
+            self._lookups.put_nowait(client)
+        except asyncio.QueueFull:
+            return
+        self._pending.add(key)
+
+    async def _look_up(self) -> None:
+        while True:
+            client = await self._lookups.get()
+            key = sockaddr_key(client)
+            self.counters.add("lookups")
+            found = await self.mirror.read(client)
+            self._pending.discard(key)
+            now = time.monotonic()
+            if found is not None and self.registry.workers.get(found[0]) == found[1]:
+                if key not in self.table.flows and self.table.put(client, *found, now):
+                    self.counters.add("flows_restored")
+                    self.counters.set("flows", len(self.table))
+                continue
+            self._negative[key] = now + NEGATIVE_TTL_S
+            self._negative.move_to_end(key)
+            while len(self._negative) > MAX_NEGATIVE:
+                self._negative.popitem(last=False)
+
+    async def _write_flows(self) -> None:
+        last_touch = time.monotonic()
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._write_wanted.wait(), self.config.idle_s / 3)
+            self._write_wanted.clear()
+            if self._to_write:
+                batch = [(client, *where) for client, where in self._to_write.items()]
+                self._to_write.clear()
+                await self.mirror.write(batch)
+            now = time.monotonic()
+            if now - last_touch >= self.config.idle_s / 3:
+                active = self.table.active_since(last_touch)
+                last_touch = now
+                await self.mirror.touch([flow.client for flow in active])
+
+    async def _poll_registry(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._registry_wanted.wait(), REGISTRY_INTERVAL_S)
+            # However many clients name an unknown worker, the store is read this often.
+            await asyncio.sleep(REGISTRY_MIN_INTERVAL_S)
+            self._registry_wanted.clear()
+            if not await self.registry.refresh():
+                continue
+            live = self.registry.workers
+            gone = {
+                key
+                for key, flow in self.table.flows.items()
+                if live.get(flow.worker_id) != flow.worker
+            }
+            if gone:
+                self.table.remove_where(gone)
+                self.counters.add("flows_worker_gone", len(gone))
+                self.counters.set("flows", len(self.table))
+
+    async def _expire(self) -> None:
+        while True:
+            await asyncio.sleep(EXPIRY_INTERVAL_S)
+            expired = self.table.expire(time.monotonic(), self.config.idle_s)
+            if expired:
+                self.counters.add("flows_expired", expired)
+                self.counters.set("flows", len(self.table))
