@@ -269,7 +269,7 @@ class Metrics:
         return SessionMetrics(self, transport, session_id)
 
     def batch_observer(self, model: str) -> BatchObserver:
-        """An observer for a ``Batcher`` of ``model`` (e.g. ``vad``)."""
+        """An observer of the batches a batching engine of ``model`` (e.g. ``vad``) runs."""
         return _BatchMetrics(self, model)
 
     def llm_backend_observer(self) -> BackendObserver:
