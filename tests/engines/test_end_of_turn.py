@@ -1,19 +1,12 @@
-"""The end-of-turn engine: transcript cues, the silence curve, and SmolLM2's judgement."""
+"""The end-of-turn engine: transcript cues and SmolLM2's judgement (the silence curve is the
+session's turn policy, tests/session/test_turn_policy.py)."""
 
 from __future__ import annotations
 
-import itertools
-import math
 from pathlib import Path
 
 import pytest
 
-from hark.engines.turn import (
-    END_FAST_PROBABILITY,
-    MAX_SILENCE_MS,
-    MIN_SILENCE_MS,
-    silence_for,
-)
 from hark.engines.turn.cues import Cue, Ending, cues, read_transcript
 from hark.engines.turn.evaluation import (
     MID_SENTENCE_PAUSE_MS,
@@ -22,6 +15,7 @@ from hark.engines.turn.evaluation import (
     load_examples,
 )
 from hark.engines.turn.llama_cpp import EMPTY_PROBABILITY, LlamaCppEndOfTurn
+from hark.session.turn_policy import END_FAST_PROBABILITY, silence_for
 from tests.conftest import shared_end_of_turn_model
 
 from .conftest import Say
@@ -51,44 +45,6 @@ COMPLETE_QUESTIONS = [
 def survives_mid_sentence_pause(probability: float) -> bool:
     """Whether eagerness auto waits out the issue's 1.2 s pause after this judgement."""
     return silence_for(probability, "auto") > MID_SENTENCE_PAUSE_MS
-
-
-# ------------------------------------------------------------------ silence_for
-
-
-@pytest.mark.parametrize("eagerness", ["low", "medium", "high", "auto"])
-def test_silence_falls_from_the_cap_to_the_floor(eagerness: str) -> None:
-    waits = [silence_for(p / 100, eagerness) for p in range(101)]
-    assert waits[0] == MAX_SILENCE_MS[eagerness]
-    assert waits[-1] == MIN_SILENCE_MS
-    assert all(a >= b for a, b in itertools.pairwise(waits))
-    assert waits[0] > waits[50] > waits[-1]
-
-
-def test_silence_caps_by_eagerness() -> None:
-    assert [silence_for(0.0, e) for e in ("low", "medium", "high", "auto")] == [
-        8000,
-        4000,
-        2000,
-        4000,
-    ]
-
-
-def test_silence_clamps_odd_probabilities() -> None:
-    assert silence_for(-0.5, "auto") == MAX_SILENCE_MS["auto"]
-    assert silence_for(1.7, "auto") == MIN_SILENCE_MS
-    assert silence_for(math.nan, "high") == MAX_SILENCE_MS["high"]
-
-
-def test_silence_rejects_unknown_eagerness() -> None:
-    with pytest.raises(ValueError, match="eagerness"):
-        silence_for(0.5, "eager")
-
-
-def test_likely_complete_ends_fast_and_unlikely_outlasts_a_long_pause() -> None:
-    assert silence_for(END_FAST_PROBABILITY, "auto") <= 320
-    assert survives_mid_sentence_pause(0.4)
-    assert not survives_mid_sentence_pause(0.5)
 
 
 # ------------------------------------------------------------------ reading Whisper's text

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from hark.engines.turn import silence_for
 from hark.session.actions import (
     AdoptSpeculation,
     DiscardSpeculation,
@@ -14,6 +13,7 @@ from hark.session.actions import (
     Transcribe,
 )
 from hark.session.core import SCORE_AFTER_READ_MAX_S, UNKNOWN_TURN_SCORE
+from hark.session.turn_policy import silence_for
 
 from .conftest import Driver, silence, voiced
 

@@ -25,7 +25,6 @@ import numpy.typing as npt
 from hark.audio.formats import decode_audio, encode_audio, format_rate
 from hark.audio.resample import resample
 from hark.engines.llm import Finished, FunctionTool, GenerationRequest, ToolChoice
-from hark.engines.turn import silence_for
 from hark.engines.vad import CHUNK_MS as VAD_CHUNK_MS
 from hark.engines.vad import chunk_samples
 from hark.protocol import client_events as ce
@@ -36,8 +35,6 @@ from hark.protocol.response_params import ResponseParams, parse_response_params
 from hark.protocol.session_config import (
     AudioFormat,
     FunctionToolDef,
-    SemanticVad,
-    ServerVad,
     SessionConfig,
     ToolChoiceConfig,
     ToolChoiceFunction,
@@ -72,6 +69,7 @@ from hark.session.conversation import (
 from hark.session.ids import IdGenerator
 from hark.session.input_buffer import InputAudioBuffer
 from hark.session.turn_detection import TurnDetector, TurnEvent
+from hark.session.turn_policy import turn_policy
 
 MiB = 1024 * 1024
 # The one definition of the append limit ("15 MiB per event"): the base64 text of an
@@ -88,13 +86,6 @@ SESSION_LIMIT_S = 60 * 60
 # recording has had every byte of it already.
 AUDIO_RETENTION_S = 5 * 60
 ASR_RATE = 16000
-
-# A pause this long inside speech starts speculative recognition (and then a speculative
-# reply): shorter gaps are usually between words. semantic_vad starts at once (the pause's
-# first chunk), because its decision to end the turn, and so the reply, waits for that
-# transcript.
-SPECULATE_AFTER_MS = 96
-SEMANTIC_SPECULATE_AFTER_MS = 32
 # semantic_vad's end-of-turn verdict waits at most this long (wall time) for the reply
 # speculated on the same words to have read its prompt (about 85 ms on two cores for a short
 # question): the reply, not the verdict, is what the user waits for, and the verdict still
@@ -451,11 +442,8 @@ class Session:
         self._vad_epoch = getattr(self, "_vad_epoch", -1) + 1
         self._vad_base_ms = self._clock_ms
         self._vad_done = 0
-        td = self.config.audio.input.turn_detection
-        self._turns = TurnDetector(td) if td is not None else None
-        self._speculate_after_ms = (
-            SEMANTIC_SPECULATE_AFTER_MS if isinstance(td, SemanticVad) else SPECULATE_AFTER_MS
-        )
+        self._policy = turn_policy(self.config.audio.input.turn_detection)
+        self._turns = TurnDetector(self._policy) if self._policy is not None else None
         self._speech_item_id = None
         self._drop_pause()
 
@@ -532,7 +520,8 @@ class Session:
         if (
             pause is not None
             and pause.asr_request is None
-            and end - pause.start_ms >= min(self._speculate_after_ms, self._turns.silence_ms)
+            and self._policy is not None
+            and end - pause.start_ms >= min(self._policy.speculate_after_ms, self._turns.silence_ms)
         ):
             self._transcribe_pause(pause)
         if not self._turns.speaking:
@@ -578,8 +567,7 @@ class Session:
     def _pause_transcribed(self, pause: _Pause, transcript: str) -> None:
         pause.transcript = transcript
         self._speculate_reply(pause)
-        td = self.config.audio.input.turn_detection
-        if isinstance(td, SemanticVad):
+        if self._policy is not None and self._policy.scores_turns:
             score = ScoreTurn(pause.key, transcript, self._last_assistant_text())
             if pause.speculation is not None and not pause.answering:
                 # The reply speculated on the same words reads its prompt first, on every core
@@ -611,23 +599,23 @@ class Session:
         """How complete the utterance of the pause ``key`` sounds (semantic_vad)."""
         if not self._at(now):
             return
-        td = self.config.audio.input.turn_detection
+        policy = self._policy
         pause = self._pause
-        if pause is None or pause.key != key or self._turns is None:
+        if pause is None or pause.key != key or self._turns is None or policy is None:
             return
-        if not isinstance(td, SemanticVad):
+        if not policy.scores_turns:
             return
-        self._turns.silence_ms = silence_for(probability, td.eagerness)
+        self._turns.silence_ms = policy.silence_after(probability)
         decision = self._turns.check(self._vad_now_ms)
         if decision is not None:
             self._on_turn_event(decision)
 
     def _speculate_reply(self, pause: _Pause) -> None:
         """Start the reply the turn would get if it ended now; it stays unseen until it does."""
-        td = self.config.audio.input.turn_detection
+        policy = self._policy
         if (
-            td is None
-            or not td.create_response
+            policy is None
+            or not policy.create_response
             or self.config.type != "realtime"
             or self._in_band is not None
             or pause.transcript is None
@@ -654,8 +642,8 @@ class Session:
         return None
 
     def _speech_started(self, ms: float) -> None:
-        td = self.config.audio.input.turn_detection
-        assert td is not None
+        policy = self._policy
+        assert policy is not None
         self._speech_item_id = self.ids.new("item")
         self._speech_start_ms = max(ms, self._buffer.start_ms)
         self._idle_deadline_ms = None
@@ -664,7 +652,7 @@ class Session:
                 audio_start_ms=int(self._speech_start_ms), item_id=self._speech_item_id
             )
         )
-        if td.interrupt_response:
+        if policy.interrupt_response:
             if self._in_band is not None:
                 self._end_response(
                     self._in_band, "cancelled", {"type": "cancelled", "reason": "turn_detected"}
@@ -672,15 +660,15 @@ class Session:
             self._clear_playout()
 
     def _speech_stopped(self, ms: float) -> None:
-        td = self.config.audio.input.turn_detection
-        assert td is not None and self._speech_item_id is not None
+        policy = self._policy
+        assert policy is not None and self._speech_item_id is not None
         item_id, self._speech_item_id = self._speech_item_id, None
         pause, self._pause = self._pause, None
         self.last_pause_ms = ms - pause.start_ms if pause is not None else 0.0
         self._emit(se.SpeechStopped(audio_end_ms=int(ms), item_id=item_id))
         pcm = self._buffer.take(self._speech_start_ms, ms)
         self._commit_audio(pcm, item_id, pause)
-        if td.create_response and self.config.type == "realtime" and self._in_band is None:
+        if policy.create_response and self.config.type == "realtime" and self._in_band is None:
             self._create_response(ResponseParams())
         if self._in_band is None:
             # No response for this turn (or it failed at once): nobody adopts the speculation.
@@ -1400,9 +1388,9 @@ class Session:
             self._arm_idle_timeout(audio_ms)
 
     def _arm_idle_timeout(self, after_ms: float) -> None:
-        td = self.config.audio.input.turn_detection
-        if isinstance(td, ServerVad) and td.idle_timeout_ms is not None:
-            self._idle_deadline_ms = self._clock_ms + after_ms + td.idle_timeout_ms
+        policy = self._policy
+        if policy is not None and policy.idle_timeout_ms is not None:
+            self._idle_deadline_ms = self._clock_ms + after_ms + policy.idle_timeout_ms
 
     # ----------------------------------------------------------------- playout (WebRTC, SIP)
 

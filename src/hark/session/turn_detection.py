@@ -10,8 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from hark.engines.turn import MAX_SILENCE_MS
-from hark.protocol.session_config import SemanticVad, ServerVad
+from hark.session.turn_policy import TurnPolicy
 
 # Speech must last this long before it counts: a click or a breath does not interrupt.
 MIN_SPEECH_MS = 64
@@ -37,16 +36,10 @@ class TurnEvent:
 class TurnDetector:
     """Feeds on (chunk time, speech probability) and decides where turns start and end."""
 
-    def __init__(self, config: ServerVad | SemanticVad) -> None:
-        if isinstance(config, ServerVad):
-            self.threshold = config.threshold
-            self.prefix_padding_ms = config.prefix_padding_ms
-            self.silence_ms = config.silence_duration_ms
-        else:
-            self.threshold = 0.5
-            self.prefix_padding_ms = 300
-            # Until the end-of-turn model has judged the pause, wait as long as allowed.
-            self.silence_ms = MAX_SILENCE_MS[config.eagerness]
+    def __init__(self, policy: TurnPolicy) -> None:
+        self.threshold = policy.threshold
+        self.prefix_padding_ms = policy.prefix_padding_ms
+        self.silence_ms = policy.silence_ms
         self.default_silence_ms = self.silence_ms
         self.off_threshold = max(0.01, self.threshold - HYSTERESIS)
         self.speaking = False

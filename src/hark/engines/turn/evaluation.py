@@ -3,7 +3,7 @@
 An evaluation set is a TSV file: ``text<TAB>label<TAB>split[<TAB>context]`` with ``label``
 ``complete`` or ``incomplete`` and ``context`` the assistant's previous message; lines
 starting with ``#`` are comments. The figures that matter for turn-taking are what the
-session does with the probability (:func:`hark.engines.turn.silence_for`): whether a finished
+session does with the probability (:func:`hark.session.turn_policy.silence_for`): whether a finished
 question ends fast, and whether a speaker who pauses mid-sentence is cut off.
 """
 
@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hark.engines.turn import END_FAST_PROBABILITY, EndOfTurnEngine, silence_for
+from hark.engines.turn import EndOfTurnEngine
+from hark.session.turn_policy import END_FAST_PROBABILITY, silence_for
 
 # A speaker who pauses this long mid-sentence must not be cut off (the issue's example).
 MID_SENTENCE_PAUSE_MS = 1200
