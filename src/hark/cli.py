@@ -155,6 +155,18 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="response tokens per API key and minute across the fleet (default: no limit)",
     )
+    fleet.add_argument(
+        "--relay-address",
+        default=None,
+        metavar="IP:PORT",
+        help="behind hark relay: its public address, which the answers' candidates carry",
+    )
+    fleet.add_argument(
+        "--fleet-secret",
+        default=None,
+        metavar="SECRET",
+        help="the relay's routing-hint secret (prefer HARK_FLEET_SECRET: arguments are visible)",
+    )
     serve.set_defaults(handler=_serve_command)
 
     from hark.edge import cli as relay_cli

@@ -78,6 +78,10 @@ class Settings:
     key_max_sessions: int | None = None
     key_requests_per_minute: int | None = None
     key_tokens_per_minute: int | None = None
+    # Behind ``hark relay``: its public ``IP:PORT`` (put in the answers' candidates) and the
+    # secret the routing hints are signed with (shared with the relay; kept out of repr).
+    relay_address: str | None = None
+    fleet_secret: str | None = field(default=None, repr=False)
 
     @property
     def llm_model_name(self) -> str:
@@ -188,6 +192,8 @@ def _validate(values: dict[str, Any]) -> Settings:
         "advertise_url",
         "zone",
         "run_dir",
+        "relay_address",
+        "fleet_secret",
     ):
         if name in values and not isinstance(values[name], str):
             raise ConfigError(f"{name} must be a string")
@@ -211,6 +217,7 @@ def _validate(values: dict[str, Any]) -> Settings:
     _validate_vad_rate(values)
     _validate_flag(values, "demo")
     _validate_fleet(values)
+    _validate_relay(values)
     otel = values.get("otel_endpoint")
     if otel and urlsplit(otel).scheme not in ("http", "https"):
         raise ConfigError(f"otel_endpoint must be an http(s) URL, not {otel!r}")
@@ -306,3 +313,24 @@ def _validate_fleet(values: dict[str, Any]) -> None:
     _positive_number(values, "drain_timeout", float)
     for name in ("key_max_sessions", "key_requests_per_minute", "key_tokens_per_minute"):
         _positive_number(values, name, int)
+
+
+def _validate_relay(values: dict[str, Any]) -> None:
+    from hark.edge.route_hint import MIN_SECRET_BYTES
+
+    relay, secret = values.get("relay_address"), values.get("fleet_secret")
+    if secret is not None and len(secret.encode()) < MIN_SECRET_BYTES:
+        # Never the secret itself in the message.
+        raise ConfigError(f"fleet_secret must be at least {MIN_SECRET_BYTES} bytes long")
+    if relay is None:
+        return
+    if secret is None:
+        raise ConfigError("relay_address needs fleet_secret (the relay checks signed hints)")
+    host, _, port = relay.rpartition(":")
+    try:
+        ipaddress.IPv4Address(host)
+        valid = port.isdigit() and 0 < int(port) <= 65535
+    except ValueError:
+        valid = False
+    if not valid:
+        raise ConfigError(f"relay_address must be IPv4:PORT, not {relay!r}")

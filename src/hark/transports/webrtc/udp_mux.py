@@ -369,3 +369,15 @@ def _default_advertise_ip(host: str) -> str:
         chosen,
     )
     return chosen
+
+
+def behind_relay(
+    mux: UdpMux, relay_address: str | None, fleet_secret: str | None, worker_id: str
+) -> None:
+    """Set ``mux`` up for a fleet: hints signed for ``worker_id`` when there is a fleet
+    secret, and candidates carrying ``relay_address`` (``IP:PORT``) when there is a relay."""
+    if fleet_secret:
+        mux.signer = RouteSigner(fleet_secret, worker_id)
+    if relay_address:
+        host, _, port = relay_address.rpartition(":")
+        mux.relay = (host, int(port))
