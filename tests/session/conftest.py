@@ -28,6 +28,9 @@ from hark.session.core import AUDIO_RETENTION_S, SESSION_LIMIT_S, Session
 from hark.session.ids import IdGenerator
 
 RATE = 24000
+# The engines' facts the core is given: Silero's chunk and Whisper's rate.
+VAD_CHUNK_MS = 32
+ASR_RATE = 16000
 
 
 def voiced(ms: int, rate: int = RATE) -> npt.NDArray[np.int16]:
@@ -67,6 +70,8 @@ class Driver:
         plays_audio: bool = False,
         audio_retention_s: float = AUDIO_RETENTION_S,
         max_duration_s: float = SESSION_LIMIT_S,
+        vad_chunk_ms: int = VAD_CHUNK_MS,
+        asr_rate: int = ASR_RATE,
     ) -> None:
         self.session = Session(
             model="gpt-realtime",
@@ -76,10 +81,14 @@ class Driver:
             plays_audio=plays_audio,
             audio_retention_s=audio_retention_s,
             max_duration_s=max_duration_s,
+            vad_chunk_ms=vad_chunk_ms,
+            asr_rate=asr_rate,
         )
         # The wall time handed to the core with each input: it moves with the audio sent, as
         # it would for a client streaming in real time.
         self.now = created_at
+        self.asr_rate = asr_rate
+        self.vad_chunk_sizes: set[int] = set()
         self.events: list[dict[str, Any]] = []
         self.actions: list[Action] = []
         # When set, recognition and end-of-turn scoring are answered at once with these.
@@ -97,10 +106,11 @@ class Driver:
         while out := self.session.drain():
             for item in out:
                 if isinstance(item, AnalyzeSpeech):
+                    self.vad_chunk_sizes.add(len(item.chunk))
                     self.session.on_vad(energy_probability(item.chunk), item.epoch, now=self.now)
                 elif isinstance(item, Transcribe) and self.asr_text is not None:
                     self.actions.append(item)
-                    seconds = len(item.audio) / 16000
+                    seconds = len(item.audio) / self.asr_rate
                     self.session.on_transcription_done(
                         item.request_id, self.asr_text, seconds, now=self.now
                     )
@@ -175,7 +185,7 @@ class Driver:
         """Answer every pending transcription with ``text``."""
         for action in self.take(Transcribe):
             self.session.on_transcription_done(
-                action.request_id, text, len(action.audio) / 16000, now=self.now
+                action.request_id, text, len(action.audio) / self.asr_rate, now=self.now
             )
         return self.pump()
 

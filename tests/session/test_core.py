@@ -905,7 +905,9 @@ def test_audio_errors_speak_of_base64_text(driver: Driver) -> None:
 
 @pytest.mark.parametrize("sizes", [[480], [100, 1000, 7], [768], [2000, 1, 767], [5000]])
 def test_vad_chunks_are_the_appended_audio_whatever_the_append_sizes(sizes: list[int]) -> None:
-    session = Session(model="gpt-realtime", ids=IdGenerator(seed=7))
+    session = Session(
+        model="gpt-realtime", ids=IdGenerator(seed=7), vad_chunk_ms=32, asr_rate=16000
+    )
     session.drain()
     rng = np.random.default_rng(3)
     sent: list[npt.NDArray[np.int16]] = []

@@ -55,7 +55,7 @@ async def test_the_limit_holds_when_the_wall_clock_is_stepped_back(engines: Engi
 
 
 def test_the_default_limit_is_openais_sixty_minutes() -> None:
-    session = Session(model="m", created_at=1000.0)
+    session = Session(model="m", created_at=1000.0, vad_chunk_ms=32, asr_rate=16000)
     assert session.expires_at == 1000 + SESSION_LIMIT_S == 1000 + 60 * 60
     session.handle_timer(1000 + 60 * 60 - 1)
     assert session.drain() == []

@@ -15,8 +15,8 @@ from hark.engines.llm import GenerationRequest
 
 
 class AnalyzeSpeech(NamedTuple):
-    """Run the VAD on one 32 ms chunk of input audio (int16 at the input rate); answer with
-    ``Session.on_vad(probability, epoch)`` in order.
+    """Run the VAD on one chunk (``VadEngine.chunk_ms``) of input audio (int16 at the input
+    rate); answer with ``Session.on_vad(probability, epoch)`` in order.
 
     A new ``epoch`` means the VAD stream must start from fresh state. A named tuple rather
     than a frozen dataclass like the other actions: a session makes about thirty a second,
@@ -29,7 +29,8 @@ class AnalyzeSpeech(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class Transcribe:
-    """Recognise audio (16 kHz); answer with ``on_transcription_*(request_id, …)``.
+    """Recognise audio (at ``AsrEngine.sample_rate``); answer with
+    ``on_transcription_*(request_id, …)``.
 
     ``request_id`` is the user item's id, or a key of the core's own for speculative work.
     """

@@ -25,8 +25,6 @@ import numpy.typing as npt
 from hark.audio.formats import decode_audio, encode_audio, format_rate
 from hark.audio.resample import resample
 from hark.engines.llm import Finished, FunctionTool, GenerationRequest, ToolChoice
-from hark.engines.vad import CHUNK_MS as VAD_CHUNK_MS
-from hark.engines.vad import chunk_samples
 from hark.protocol import client_events as ce
 from hark.protocol import items as wire
 from hark.protocol import server_events as se
@@ -85,7 +83,6 @@ SESSION_LIMIT_S = 60 * 60
 # for, truncating the reply being played and retrieving recent turns; a client that wants a
 # recording has had every byte of it already.
 AUDIO_RETENTION_S = 5 * 60
-ASR_RATE = 16000
 # semantic_vad's end-of-turn verdict waits at most this long (wall time) for the reply
 # speculated on the same words to have read its prompt (about 85 ms on two cores for a short
 # question): the reply, not the verdict, is what the user waits for, and the verdict still
@@ -190,11 +187,17 @@ class Session:
         rate_limits: RateLimits | None = None,
         plays_audio: bool = False,
         audio_retention_s: float = AUDIO_RETENTION_S,
+        vad_chunk_ms: int,
+        asr_rate: int,
     ) -> None:
         """``plays_audio``: the transport plays reply audio itself (WebRTC, SIP), so audio
         leaves as PlayAudio actions instead of ``response.output_audio.delta`` events.
         ``audio_retention_s``: how many seconds of the latest conversation audio items keep;
-        older items keep only their words."""
+        older items keep only their words. ``vad_chunk_ms``: the audio in each of the VAD's
+        chunks (``VadEngine.chunk_ms``); ``asr_rate``: the sample rate recognition takes
+        (``AsrEngine.sample_rate``)."""
+        self._vad_chunk_ms_asked = vad_chunk_ms
+        self._asr_rate = asr_rate
         self.ids = ids or IdGenerator()
         self.id = session_id or self.ids.new("sess")
         base = config or SessionConfig()
@@ -433,9 +436,11 @@ class Session:
         self._in_format = fmt
         self._in_rate = format_rate(fmt)
         self._buffer = InputAudioBuffer(self._in_rate, self._clock_ms)
-        # The VAD hears 32 ms chunks at the input rate (it resamples them itself, for all
-        # sessions at once).
-        self._vad_chunk = chunk_samples(self._in_rate)
+        # The VAD hears its chunks at the input rate (it resamples them itself, for all
+        # sessions at once); the clock counts whole samples, so a chunk lasts what its
+        # samples do.
+        self._vad_chunk = max(1, round(self._in_rate * self._vad_chunk_ms_asked / 1000))
+        self._vad_chunk_ms = self._vad_chunk * 1000 / self._in_rate
         # The chunk being filled, and how many of its samples are in.
         self._vad_pending: npt.NDArray[np.int16] = np.empty(self._vad_chunk, np.int16)
         self._vad_filled = 0
@@ -509,8 +514,8 @@ class Session:
             return
         if epoch != self._vad_epoch or self._turns is None or self._closed:
             return
-        start = self._vad_base_ms + self._vad_done * VAD_CHUNK_MS
-        end = start + VAD_CHUNK_MS
+        start = self._vad_base_ms + self._vad_done * self._vad_chunk_ms
+        end = start + self._vad_chunk_ms
         self._vad_done += 1
         self._vad_now_ms = end
         decision = self._turns.feed(start, end, probability)
@@ -738,7 +743,7 @@ class Session:
         transcription = self.config.audio.input.transcription
         return Transcribe(
             request_id=request_id,
-            audio=resample(pcm, rate, ASR_RATE).astype(np.float32) / 32768.0,
+            audio=resample(pcm, rate, self._asr_rate).astype(np.float32) / 32768.0,
             language=transcription.language if transcription else None,
             prompt=transcription.prompt if transcription else None,
         )

@@ -114,6 +114,8 @@ class SessionRunner:
             created_at=clock(),
             max_duration_s=max_duration_s,
             plays_audio=player is not None,
+            vad_chunk_ms=engines.vad.chunk_ms,
+            asr_rate=engines.asr.sample_rate,
         )
         self.metrics = (
             metrics.session(transport, self.session.id)
