@@ -13,6 +13,7 @@ from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
 from hark.config import Settings
+from hark.server.access import authentication
 from hark.server.app import AUTHENTICATOR, METRICS, create_app, make_runner
 from tests.conftest import engines_sharing_turn
 
@@ -56,19 +57,24 @@ async def test_a_loopback_scrape_needs_no_key(server: tuple[web.Application, str
     assert "hark_process_open_fds " in body
 
 
-def remote_request(app: web.Application, headers: dict[str, str] | None = None) -> Any:
+def remote_request(
+    app: web.Application, headers: dict[str, str] | None = None, match: Any = None
+) -> Any:
     transport = mock.Mock()
     transport.get_extra_info.side_effect = lambda name, default=None: (
         ("203.0.113.9", 40000) if name == "peername" else default
     )
-    return make_mocked_request("GET", "/metrics", headers=headers, app=app, transport=transport)
+    return make_mocked_request(
+        "GET", "/metrics", headers=headers, app=app, transport=transport, match_info=match
+    )
 
 
 async def scrape_as_remote(app: web.Application, headers: dict[str, str] | None = None) -> int:
-    request = remote_request(app, headers)
+    match = await app.router.resolve(remote_request(app, headers))
+    request = remote_request(app, headers, match)
     assert request.remote == "203.0.113.9"
-    match = await app.router.resolve(request)
-    response = await match.handler(request)
+    # Through the authentication middleware, as the server runs the route.
+    response = await authentication(request, match.handler)
     assert isinstance(response, web.Response)
     return response.status
 

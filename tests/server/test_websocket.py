@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-import hark.server.app
+import hark.server.routes.sessions
 import hark.transports.websocket
 from hark.config import Settings
 from hark.engines.fake import FakeAsr, FakeTts
@@ -96,7 +96,7 @@ class StubSession:
 @pytest.fixture
 def stub_sessions(monkeypatch: pytest.MonkeyPatch) -> list[StubSession]:
     StubSession.opened = []
-    monkeypatch.setattr(hark.server.app, "SessionRunner", StubSession)
+    monkeypatch.setattr(hark.server.routes.sessions, "SessionRunner", StubSession)
     return StubSession.opened
 
 

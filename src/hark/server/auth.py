@@ -22,15 +22,13 @@ from dataclasses import dataclass, field
 import msgspec
 
 from hark.cluster.store import ClusterStore
+from hark.protocol.client_secrets import MAX_EXPIRY_SECONDS, MIN_EXPIRY_SECONDS
 from hark.protocol.session_config import SessionConfig
 
 logger = logging.getLogger(__name__)
 
 EPHEMERAL_PREFIX = "ek_"
 SUBPROTOCOL_KEY_PREFIX = "openai-insecure-api-key."
-MIN_EPHEMERAL_SECONDS = 10
-MAX_EPHEMERAL_SECONDS = 7200
-DEFAULT_EPHEMERAL_SECONDS = 600
 # Ephemeral keys a worker remembers having seen (each a few hundred bytes).
 MAX_CACHED_KEYS = 10_000
 
@@ -203,8 +201,8 @@ class Authenticator:
         """
         if owner.ephemeral is not None:
             raise PermissionError("an ephemeral key cannot mint ephemeral keys")
-        if not MIN_EPHEMERAL_SECONDS <= seconds <= MAX_EPHEMERAL_SECONDS:
-            raise ValueError(f"seconds must be {MIN_EPHEMERAL_SECONDS}..{MAX_EPHEMERAL_SECONDS}")
+        if not MIN_EXPIRY_SECONDS <= seconds <= MAX_EXPIRY_SECONDS:
+            raise ValueError(f"seconds must be {MIN_EXPIRY_SECONDS}..{MAX_EXPIRY_SECONDS}")
         now = int(self.clock())
         value = EPHEMERAL_PREFIX + secrets.token_urlsafe(32)
         record = EphemeralKey(

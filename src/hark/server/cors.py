@@ -13,6 +13,8 @@ import re
 
 from aiohttp import web
 
+from hark.server.access import PUBLIC, requires
+
 # Route resources (as registered, with placeholders) a browser may call cross-origin.
 CORS_RESOURCES = frozenset(
     {"/v1/realtime", "/v1/realtime/calls", "/v1/realtime/calls/{call_id}/hangup"}
@@ -46,6 +48,7 @@ def _is_cors_resource(request: web.Request) -> bool:
     return resource is not None and resource.canonical in CORS_RESOURCES
 
 
+@requires(PUBLIC)
 async def _preflight(request: web.Request) -> web.Response:
     # SDKs send headers of their own (OpenAI-Beta, X-Stainless-…): allow what is asked for,
     # as long as it is a well-formed list of names.

@@ -19,8 +19,11 @@ from aiohttp import web
 
 from hark.cluster.store import ClusterUnavailableError
 from hark.config import Settings
-from hark.protocol.session_config import parse_session_config, session_config_to_dict
+from hark.protocol.client_secrets import encode_client_secret
+from hark.protocol.session_config import parse_session_config
+from hark.server.access import PUBLIC, requires
 from hark.server.auth import Authenticator, Principal, is_loopback_host
+from hark.server.errors import cluster_unavailable, error_response
 from hark.session.ids import IdGenerator
 
 PAGE_DIR = Path(__file__).parent
@@ -88,6 +91,7 @@ class DemoPage:
             web.post("/demo/client_secret", self._client_secret),
         ]
 
+    @requires(PUBLIC)
     async def _index(self, request: web.Request) -> web.Response:
         if not self.enabled:
             return web.Response(text=DISABLED_PAGE, content_type="text/html")
@@ -98,6 +102,7 @@ class DemoPage:
             headers={"Content-Security-Policy": PAGE_POLICY},
         )
 
+    @requires(PUBLIC)
     async def _asset(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
         if not self.enabled or name not in ASSETS:
@@ -106,11 +111,9 @@ class DemoPage:
             body=(PAGE_DIR / name).read_bytes(), content_type=ASSETS[name], charset="utf-8"
         )
 
+    @requires(PUBLIC)
     async def _client_secret(self, request: web.Request) -> web.Response:
         """An ephemeral key for the page, shaped like ``/v1/realtime/client_secrets``'s."""
-        # Imported here: the app module imports this one.
-        from hark.server.app import cluster_unavailable, error_response
-
         if not self.enabled:
             return error_response(
                 403, "The demo is off on this server; start hark with --demo.", code="demo_off"
@@ -139,14 +142,9 @@ class DemoPage:
             )
         except ClusterUnavailableError:
             return cluster_unavailable()
-        return web.json_response(
-            {
-                "value": value,
-                "expires_at": record.expires_at,
-                "session": session_config_to_dict(
-                    session, session_id=session_id, expires_at=record.expires_at
-                ),
-            }
+        return web.Response(
+            body=encode_client_secret(value, record.expires_at, session, session_id),
+            content_type="application/json",
         )
 
     def _refusal(self, request: web.Request) -> str | None:

@@ -1,0 +1,126 @@
+"""Who may call which route: each route declares its access, one middleware enforces it.
+
+The middleware authenticates before any handler runs and attaches the caller's
+``Principal`` to the request (``principal(request)``). A route that declares nothing needs
+a key, so a new route is closed until it says otherwise. Requests that match no route
+pass through untouched, to get aiohttp's own 404 or 405.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from aiohttp import web
+
+from hark.cluster.store import ClusterUnavailableError
+from hark.server.auth import Principal, bearer_key, subprotocol_key
+from hark.server.errors import cluster_unavailable, error_response
+from hark.server.state import AUTHENTICATOR
+
+logger = logging.getLogger(__name__)
+
+_Handler = TypeVar("_Handler", bound=Callable[..., Awaitable[web.StreamResponse]])
+_ATTRIBUTE = "hark_access"
+_PRINCIPAL = web.RequestKey("principal", Principal)
+
+MISSING_KEY_MESSAGE = (
+    "You didn't provide an API key. You need to provide your API key in an "
+    "Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Access:
+    """What a route asks of its callers.
+
+    ``key``: a key is needed at all. ``subprotocol``: the key may come as the browser's
+    WebSocket subprotocol instead of the ``Authorization`` header. ``ephemeral``: ephemeral
+    keys are accepted; if not, they are refused with ``ephemeral_refusal``.
+    ``loopback_open``: peers on loopback need no key.
+    """
+
+    key: bool = True
+    subprotocol: bool = False
+    ephemeral: bool = True
+    loopback_open: bool = False
+    ephemeral_refusal: str = "Ephemeral keys cannot use this endpoint; use an API key."
+
+
+# Anyone: health checks, the demo page, CORS preflights.
+PUBLIC = Access(key=False)
+# An API key or an ephemeral key, in the Authorization header: the default.
+KEY = Access()
+# As KEY, or the key browsers send as a WebSocket subprotocol.
+WEBSOCKET_KEY = Access(subprotocol=True)
+
+
+def api_key_only(refusal: str, *, loopback_open: bool = False) -> Access:
+    """A real API key: an ephemeral key is refused (403) with ``refusal``."""
+    return Access(ephemeral=False, ephemeral_refusal=refusal, loopback_open=loopback_open)
+
+
+def requires(access: Access) -> Callable[[_Handler], _Handler]:
+    """Declare the access a route handler needs (the default is ``KEY``)."""
+
+    def declare(handler: _Handler) -> _Handler:
+        setattr(handler, _ATTRIBUTE, access)
+        return handler
+
+    return declare
+
+
+def principal(request: web.Request) -> Principal:
+    """The authenticated caller of a route that needs a key."""
+    return request[_PRINCIPAL]
+
+
+@web.middleware
+async def authentication(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Check the caller against the matched route's ``Access`` before the route runs."""
+    match = request.match_info
+    if match.http_exception is not None:
+        return await handler(request)
+    access: Access = getattr(match.handler, _ATTRIBUTE, KEY)
+    if not access.key or (access.loopback_open and _is_loopback(request.remote)):
+        return await handler(request)
+    found = await _authenticate(request, access)
+    if isinstance(found, web.Response):
+        return found
+    request[_PRINCIPAL] = found
+    return await handler(request)
+
+
+async def _authenticate(request: web.Request, access: Access) -> Principal | web.Response:
+    key = bearer_key(request.headers)
+    if key is None and access.subprotocol:
+        key = subprotocol_key(request.headers)
+    if key is None:
+        return error_response(401, MISSING_KEY_MESSAGE)
+    try:
+        found = await request.app[AUTHENTICATOR].authenticate(key)
+    except ClusterUnavailableError as exc:
+        logger.warning("could not check a key for %s: %s", request.path, exc)
+        return cluster_unavailable()
+    if found is None:
+        logger.info("rejected a request to %s: invalid API key", request.path)
+        return error_response(
+            401, "Incorrect API key provided, or the ephemeral key expired.", code="invalid_api_key"
+        )
+    if found.ephemeral is not None and not access.ephemeral:
+        return error_response(403, access.ephemeral_refusal, code="insufficient_permissions")
+    return found
+
+
+def _is_loopback(remote: str | None) -> bool:
+    if remote is None:
+        return False
+    try:
+        return ipaddress.ip_address(remote).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,30 @@
+"""Reading request bodies within a size limit."""
+
+from __future__ import annotations
+
+from aiohttp import StreamReader
+
+from hark.protocol.errors import ProtocolError
+from hark.server.errors import too_large
+
+_READ_BYTES = 64 * 1024
+
+
+async def read_limited(stream: StreamReader, limit: int) -> bytes:
+    """The whole body; raises ProtocolError (``request_too_large``) past ``limit`` bytes."""
+    data = bytearray()
+    while chunk := await stream.read(_READ_BYTES):
+        data += chunk
+        if len(data) > limit:
+            raise too_large(limit)
+    return bytes(data)
+
+
+def decode_text(raw: bytes, param: str) -> str:
+    """``raw`` as UTF-8; raises ProtocolError naming ``param`` when it is not."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError(
+            f"'{param}' is not valid UTF-8 text.", param=param, code="invalid_value"
+        ) from None

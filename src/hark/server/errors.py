@@ -1,0 +1,65 @@
+"""HTTP errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from hark.protocol.errors import ProtocolError
+
+
+def error_response(
+    status: int,
+    message: str,
+    *,
+    type: str = "invalid_request_error",
+    param: str | None = None,
+    code: str | None = None,
+) -> web.Response:
+    """An HTTP error with OpenAI's JSON body ``{"error": {message, type, param, code}}``."""
+    body = {"error": {"message": message, "type": type, "param": param, "code": code}}
+    response = web.json_response(body, status=status)
+    if status == 401:
+        response.headers["WWW-Authenticate"] = "Bearer"
+    return response
+
+
+def invalid_request(exc: ProtocolError, status: int = 400) -> web.Response:
+    """The answer to a request the client got wrong."""
+    return error_response(status, exc.message, type=exc.type, param=exc.param, code=exc.code)
+
+
+def too_large(limit: int) -> ProtocolError:
+    """A request body over ``limit`` bytes."""
+    return ProtocolError(
+        f"The request body is larger than {limit} bytes.", code="request_too_large"
+    )
+
+
+def cluster_unavailable() -> web.Response:
+    """What a request that needs the shared state gets while the cluster store is down."""
+    return error_response(
+        503,
+        "The service's shared state is unavailable right now; try again shortly.",
+        type="server_error",
+        code="cluster_unavailable",
+    )
+
+
+def draining() -> web.Response:
+    """What a new session gets from a worker that is draining."""
+    return error_response(
+        503,
+        "This server is shutting down and takes no new sessions; try again.",
+        type="server_error",
+        code="server_shutting_down",
+    )
+
+
+def engines_failed() -> web.Response:
+    """What a request that needs the engines gets when they failed to load."""
+    return error_response(503, "The server's engines failed to load.", type="server_error")
+
+
+def rate_limited(message: str) -> web.Response:
+    """A request over one of the key's limits."""
+    return error_response(429, message, type="rate_limit_error", code="rate_limit_exceeded")

@@ -1,0 +1,301 @@
+"""WebRTC calls: ``POST /v1/realtime/calls`` (and the beta ``POST /v1/realtime``) answers an
+SDP offer, ``POST /v1/realtime/calls/{call_id}/hangup`` ends a call, and a WebSocket to
+``/v1/realtime?call_id=…`` attaches to a call's events (a sideband). Each works on any
+worker: what belongs to another worker is forwarded to it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from email.message import Message
+from email.parser import BytesParser
+from email.policy import HTTP
+from typing import Any
+
+from aiohttp import web
+
+from hark.cluster.forwarding import ForwardError, is_forwarded
+from hark.cluster.store import ClusterUnavailableError, WorkerInfo
+from hark.protocol.errors import ProtocolError
+from hark.protocol.session_config import parse_session_config
+from hark.server.access import KEY, principal, requires
+from hark.server.admission import admit_session, usage_counter
+from hark.server.auth import Principal, offered_subprotocols
+from hark.server.bodies import decode_text, read_limited
+from hark.server.errors import (
+    cluster_unavailable,
+    draining,
+    engines_failed,
+    error_response,
+    invalid_request,
+    too_large,
+)
+from hark.server.state import CALLS, FORWARDER, LIMITS, METRICS, NODE, REALTIME_MODEL, STATE
+from hark.transports.webrtc.call import Call
+from hark.transports.webrtc.sdp import MAX_OFFER_BYTES, OfferError
+from hark.transports.websocket import REALTIME_SUBPROTOCOL, websocket_response
+
+logger = logging.getLogger(__name__)
+
+# A session config sent along an offer is a few KB; this leaves room, not abuse.
+MAX_SESSION_PART_BYTES = 256 * 1024
+# A multipart offer: both parts and the multipart framing around them.
+MAX_OFFER_BODY_BYTES = MAX_OFFER_BYTES + MAX_SESSION_PART_BYTES + 16 * 1024
+
+
+def routes() -> list[web.RouteDef]:
+    """The call routes (the sideband is reached through the sessions route)."""
+    return [
+        # The beta dialect's WebRTC endpoint: an SDP offer posted to /v1/realtime.
+        web.post("/v1/realtime", create_call),
+        web.post("/v1/realtime/calls", create_call),
+        web.post("/v1/realtime/calls/{call_id}/hangup", hangup_call),
+    ]
+
+
+@requires(KEY)
+async def create_call(request: web.Request) -> web.StreamResponse:
+    """Answer an offer with the SDP answer (201, the call's URL in ``Location``).
+
+    Unless another worker sent it here, the offer goes to the least-loaded ready worker of
+    the cluster (this one on a tie), and that worker answers it.
+    """
+    caller = principal(request)
+    try:
+        body = await read_limited(request.content, MAX_OFFER_BODY_BYTES)
+    except ProtocolError as exc:
+        return invalid_request(exc)
+    if not is_forwarded(request):
+        placed = await _place_call(request, body)
+        if placed is not None:
+            return placed
+    state = request.app[STATE]
+    if state.draining:
+        return draining()
+    calls = request.app[CALLS]
+    if state.webrtc_error is not None or not calls.mux.started:
+        return error_response(503, "WebRTC is not available on this server.", type="server_error")
+    try:
+        offer, session = parse_offer(request.headers.get("Content-Type", ""), body)
+        config = caller.ephemeral.session if caller.ephemeral is not None else None
+        if session is not None:
+            config = parse_session_config(session, base=config, param_prefix="session")
+    except ProtocolError as exc:
+        return invalid_request(exc)
+    if not await state.engines_ready():
+        return engines_failed()
+    limits = request.app[LIMITS]
+    refusal = await admit_session(limits, caller.owner)
+    if refusal is not None:
+        return refusal
+    model = request.query.get("model") or (config.model if config is not None else None)
+    try:
+        call, answer = await calls.create(
+            offer,
+            owner=caller.owner,
+            model=model or REALTIME_MODEL,
+            config=config,
+            on_usage=usage_counter(limits, caller.owner),
+        )
+    except OfferError as exc:
+        await limits.close_session(caller.owner)
+        return error_response(400, str(exc), param="sdp", code="invalid_offer")
+    except BaseException:
+        await asyncio.shield(limits.close_session(caller.owner))
+        raise
+    await request.app[NODE].register_call(call.id, caller.owner)
+    logger.info("call %s opened for %s (model %r)", call.id, caller.owner, model)
+    return web.Response(
+        status=201,
+        body=answer.encode(),
+        content_type="application/sdp",
+        headers={"Location": f"/v1/realtime/calls/{call.id}"},
+    )
+
+
+async def _place_call(request: web.Request, body: bytes) -> web.Response | None:
+    """Send a new call's offer to the worker placement picks; None when it is this one.
+
+    A worker that cannot be reached is passed over for the next one. With the store down,
+    the call stays here: a call needs no shared state to run, only to be placed.
+    """
+    node = request.app[NODE]
+    draining_here = request.app[STATE].draining
+    try:
+        candidates = await node.place(
+            exclude=frozenset({node.id}) if draining_here else frozenset()
+        )
+    except ClusterUnavailableError as exc:
+        logger.warning("cannot place a call (%s); answering it here", exc)
+        return None
+    forwarder = request.app[FORWARDER]
+    metrics = request.app[METRICS]
+    for worker in candidates:
+        node.placed(worker.id)
+        if worker.id == node.id:
+            metrics.placements.labels("here").inc()
+            return None
+        try:
+            answer = await forwarder.http(request, worker, body)
+        except ForwardError as exc:
+            metrics.forwarded.labels("offer", "unreachable").inc()
+            logger.warning("placing a call on %s failed: %s", worker.id, exc)
+            continue
+        metrics.placements.labels("other").inc()
+        metrics.forwarded.labels("offer", "ok").inc()
+        logger.info("call placed on worker %s (%s)", worker.id, worker.url)
+        return answer
+    metrics.placements.labels("here").inc()
+    return None
+
+
+def parse_offer(content_type: str, body: bytes) -> tuple[str, dict[str, Any] | None]:
+    """The SDP offer and, from a multipart form, the session object; raises ProtocolError."""
+    if not content_type.lower().startswith("multipart/form-data"):
+        if len(body) > MAX_OFFER_BYTES:
+            raise too_large(MAX_OFFER_BYTES)
+        return decode_text(body, "sdp"), None
+    message = BytesParser(policy=HTTP).parsebytes(
+        b"Content-Type: " + content_type.encode("latin-1", "replace") + b"\r\n\r\n" + body
+    )
+    if not message.is_multipart():
+        raise ProtocolError("The multipart body could not be parsed.", code="invalid_body")
+    sdp: str | None = None
+    session: dict[str, Any] | None = None
+    for part in message.iter_parts():
+        if not isinstance(part, Message) or part.is_multipart():
+            raise ProtocolError("Nested multipart bodies are not supported.", code="invalid_body")
+        name = part.get_param("name", header="content-disposition")
+        payload = part.get_payload(decode=True)
+        data = payload if isinstance(payload, bytes) else b""
+        if name == "sdp":
+            if len(data) > MAX_OFFER_BYTES:
+                raise too_large(MAX_OFFER_BYTES)
+            sdp = decode_text(data, "sdp")
+        elif name == "session":
+            if len(data) > MAX_SESSION_PART_BYTES:
+                raise too_large(MAX_SESSION_PART_BYTES)
+            try:
+                value = json.loads(data)
+            except ValueError:
+                raise ProtocolError(
+                    "The 'session' part is not valid JSON.", param="session", code="invalid_json"
+                ) from None
+            if not isinstance(value, dict):
+                raise ProtocolError(
+                    "Invalid type for 'session': expected an object.",
+                    param="session",
+                    code="invalid_type",
+                )
+            session = value
+    if sdp is None:
+        raise ProtocolError(
+            "Missing required parameter: 'sdp'.", param="sdp", code="missing_required_parameter"
+        )
+    return sdp, session
+
+
+@requires(KEY)
+async def hangup_call(request: web.Request) -> web.Response:
+    """End a call, wherever it lives."""
+    call = await _find_call(request, principal(request), request.match_info["call_id"])
+    if isinstance(call, web.Response):
+        return call
+    if isinstance(call, WorkerInfo):
+        forwarded = request.app[METRICS].forwarded
+        try:
+            answer = await request.app[FORWARDER].http(request, call, await request.read())
+        except ForwardError as exc:
+            forwarded.labels("hangup", "unreachable").inc()
+            logger.warning("a hangup could not reach its call's worker: %s", exc)
+            return _owner_unreachable()
+        forwarded.labels("hangup", "ok").inc()
+        return answer
+    await call.close("hangup")
+    return web.Response(status=200)
+
+
+async def attach_sideband(request: web.Request, call_id: str) -> web.StreamResponse:
+    """A WebSocket to ``/v1/realtime?call_id=rtc_…``: the call's events, both ways."""
+    caller = principal(request)
+    call = await _find_call(request, caller, call_id)
+    if isinstance(call, web.Response):
+        return call
+    ws = websocket_response(
+        offered_realtime=REALTIME_SUBPROTOCOL in offered_subprotocols(request.headers)
+    )
+    if not ws.can_prepare(request).ok:
+        return error_response(400, "Expected a WebSocket upgrade request.")
+    state = request.app[STATE]
+    if isinstance(call, WorkerInfo):
+        state.websockets.add(ws)
+        forwarded = request.app[METRICS].forwarded
+        try:
+            piped = await request.app[FORWARDER].websocket(request, call, ws)
+        except ForwardError as exc:
+            forwarded.labels("sideband", "unreachable").inc()
+            logger.warning("a sideband could not reach its call's worker: %s", exc)
+            return _owner_unreachable()
+        finally:
+            state.websockets.discard(ws)
+        forwarded.labels("sideband", "ok").inc()
+        return piped
+    await ws.prepare(request)
+    state.websockets.add(ws)
+    logger.info("sideband attached to call %s for %s", call.id, caller.owner)
+    try:
+        await call.attach(ws)
+    finally:
+        state.websockets.discard(ws)
+    return ws
+
+
+def _owner_unreachable() -> web.Response:
+    return error_response(
+        503,
+        "The server that holds this call cannot be reached; try again.",
+        type="server_error",
+        code="call_unreachable",
+    )
+
+
+async def _find_call(
+    request: web.Request, caller: Principal, call_id: str
+) -> Call | WorkerInfo | web.Response:
+    """The live call ``call_id`` if it is here, the worker that has it if it is elsewhere,
+    or the refusal: 404 for a call that does not exist (or no longer does), 403 for another
+    key's call, the same on every worker."""
+    not_found = error_response(
+        404, f"No call found with id '{call_id[:100]}'.", param="call_id", code="not_found"
+    )
+    call = request.app[CALLS].get(call_id)
+    if call is not None:
+        return _check_owner(call.id, call.owner, caller) or call
+    node = request.app[NODE]
+    if is_forwarded(request):
+        return not_found
+    try:
+        record = await node.find_call(call_id)
+        if record is None or record.worker_id == node.id:
+            return not_found
+        refusal = _check_owner(record.id, record.owner, caller)
+        if refusal is not None:
+            return refusal
+        worker = await node.worker(record.worker_id)
+    except ClusterUnavailableError as exc:
+        logger.warning("cannot look up call %s: %s", call_id[:100], exc)
+        return cluster_unavailable()
+    return not_found if worker is None else worker
+
+
+def _check_owner(call_id: str, owner: str, caller: Principal) -> web.Response | None:
+    if owner == caller.owner:
+        return None
+    logger.info("refused access to call %s for %s", call_id, caller.owner)
+    return error_response(
+        403,
+        "This call was created with another API key.",
+        type="invalid_request_error",
+        code="insufficient_permissions",
+    )

@@ -1,0 +1,42 @@
+"""``/healthz`` (the process answers), ``/readyz`` (the engines are warm) and ``/metrics``."""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+
+from hark.observability.metrics import CONTENT_TYPE
+from hark.server.access import PUBLIC, api_key_only, requires
+from hark.server.state import METRICS, STATE
+
+
+def routes() -> list[web.RouteDef]:
+    """The health and metrics routes."""
+    return [
+        web.get("/healthz", healthz),
+        web.get("/readyz", readyz),
+        web.get("/metrics", metrics),
+    ]
+
+
+@requires(PUBLIC)
+async def healthz(request: web.Request) -> web.Response:
+    """Always ok while the process serves HTTP."""
+    return web.json_response({"status": "ok"})
+
+
+@requires(PUBLIC)
+async def readyz(request: web.Request) -> web.Response:
+    """200 once the engines are warm; 503 while starting, failed or draining."""
+    state = request.app[STATE]
+    status = "draining" if state.draining else state.engines_status
+    return web.json_response({"status": status}, status=200 if status == "ready" else 503)
+
+
+@requires(api_key_only("Ephemeral keys cannot read metrics.", loopback_open=True))
+async def metrics(request: web.Request) -> web.Response:
+    """Prometheus scrape: open to loopback peers, others need an API key (not ephemeral)."""
+    # Reading every worker's files in multiprocess mode is blocking file I/O.
+    body = await asyncio.to_thread(request.app[METRICS].exposition)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})

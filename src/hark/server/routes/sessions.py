@@ -1,0 +1,89 @@
+"""``GET /v1/realtime``: a Realtime session over a WebSocket (or, with ``call_id``, a
+sideband to a WebRTC call)."""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import WSCloseCode, web
+
+from hark.protocol.session_config import parse_session_config
+from hark.server.access import WEBSOCKET_KEY, principal, requires
+from hark.server.admission import admit_session, usage_counter
+from hark.server.auth import offered_subprotocols
+from hark.server.errors import draining, engines_failed, error_response
+from hark.server.routes.calls import attach_sideband
+from hark.server.state import ENGINES, LIMITS, METRICS, REALTIME_MODEL, SESSION_LIMIT, STATE
+from hark.session.runner import SessionRunner
+from hark.transports.websocket import REALTIME_SUBPROTOCOL, run_session, websocket_response
+
+logger = logging.getLogger(__name__)
+
+
+def routes() -> list[web.RouteDef]:
+    """The WebSocket route."""
+    return [web.get("/v1/realtime", realtime_websocket)]
+
+
+@requires(WEBSOCKET_KEY)
+async def realtime_websocket(request: web.Request) -> web.StreamResponse:
+    """Run a session on the upgraded WebSocket until either side ends it."""
+    caller = principal(request)
+    query = request.query
+    if "call_id" in query:
+        return await attach_sideband(request, query["call_id"])
+    intent = query.get("intent")
+    if intent not in (None, "transcription"):
+        return error_response(
+            400,
+            "Invalid value for 'intent': supported values are 'transcription'.",
+            param="intent",
+            code="invalid_value",
+        )
+    ws = websocket_response(
+        offered_realtime=REALTIME_SUBPROTOCOL in offered_subprotocols(request.headers)
+    )
+    if not ws.can_prepare(request).ok:
+        return error_response(400, "Expected a WebSocket upgrade request.")
+    state = request.app[STATE]
+    if state.engines_status == "failed":
+        return engines_failed()
+    if state.draining:
+        return draining()
+    limits = request.app[LIMITS]
+    refusal = await admit_session(limits, caller.owner)
+    if refusal is not None:
+        return refusal
+    try:
+        initial = caller.ephemeral.session if caller.ephemeral is not None else None
+        if intent == "transcription":
+            initial = parse_session_config({"type": "transcription"}, base=initial)
+        model = query.get("model") or (initial.model if initial is not None else REALTIME_MODEL)
+        await ws.prepare(request)
+        state.websockets.add(ws)
+        logger.info("session opened for %s (model %r)", caller.owner, model)
+        try:
+            if not await state.engines_ready():
+                await ws.close(code=WSCloseCode.INTERNAL_ERROR, message=b"engines failed to load")
+                return ws
+            runner = SessionRunner(
+                request.app[ENGINES],
+                model=model,
+                initial_config=initial,
+                transport="websocket",
+                metrics=request.app[METRICS],
+                on_usage=usage_counter(limits, caller.owner),
+                max_duration_s=request.app[SESSION_LIMIT],
+            )
+            state.sessions.add(runner)
+            try:
+                await run_session(ws, runner)
+            finally:
+                state.sessions.discard(runner)
+                state.session_ended.set()
+        finally:
+            state.websockets.discard(ws)
+            logger.info("session closed for %s", caller.owner)
+    finally:
+        await limits.close_session(caller.owner)
+    return ws

@@ -1,0 +1,71 @@
+"""What the application holds while it runs: its parts (as typed app keys) and its state."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from aiohttp import web
+
+from hark.cluster.forwarding import Forwarder
+from hark.cluster.limits import FleetLimits
+from hark.cluster.node import ClusterNode
+from hark.config import Settings
+from hark.engines.registry import Engines
+from hark.observability.metrics import Metrics
+from hark.server.auth import Authenticator
+from hark.session.runner import SessionRunner
+from hark.transports.webrtc.calls import Calls
+
+# The model name of the Realtime API, and of sessions that name none.
+REALTIME_MODEL = "gpt-realtime"
+
+
+@dataclass(slots=True)
+class ServerState:
+    """What the app tracks while it runs: engine warm-up and open WebSockets."""
+
+    started_at: int = field(default_factory=lambda: int(time.time()))
+    warmup: asyncio.Task[None] | None = None
+    # "starting" until the warm-up ends, then "ready" or "failed".
+    engines_status: Literal["starting", "ready", "failed"] = "starting"
+    websockets: set[web.WebSocketResponse] = field(default_factory=set)
+    # The WebSocket sessions running here (sidebands and forwarded sockets are not sessions).
+    sessions: set[SessionRunner] = field(default_factory=set)
+    # Why WebRTC is unavailable (its UDP port could not be bound), or None.
+    webrtc_error: str | None = None
+    # Set on SIGTERM: /readyz turns red and nothing new starts here.
+    draining: bool = False
+    # Set whenever a session or call ends, so that a drain wakes up to count again.
+    session_ended: asyncio.Event = field(default_factory=asyncio.Event)
+    # Store updates made in the background when calls end.
+    background: set[asyncio.Task[None]] = field(default_factory=set)
+
+    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        """Run ``coro`` in the background, kept until it ends."""
+        task = asyncio.create_task(coro, name=name)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+
+    async def engines_ready(self) -> bool:
+        """Wait for the engines' warm-up to end; whether they loaded."""
+        if self.warmup is not None:
+            # wait() rather than await: a client leaving must not cancel the shared warm-up.
+            await asyncio.wait([self.warmup])
+        return self.engines_status == "ready"
+
+
+SETTINGS = web.AppKey("settings", Settings)
+ENGINES = web.AppKey("engines", Engines)
+AUTHENTICATOR = web.AppKey("authenticator", Authenticator)
+STATE = web.AppKey("state", ServerState)
+CALLS = web.AppKey("calls", Calls)
+METRICS = web.AppKey("metrics", Metrics)
+NODE = web.AppKey("node", ClusterNode)
+FORWARDER = web.AppKey("forwarder", Forwarder)
+LIMITS = web.AppKey("limits", FleetLimits)
+# How long a session may last, in seconds.
+SESSION_LIMIT = web.AppKey("session_limit", float)
