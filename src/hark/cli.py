@@ -169,6 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.set_defaults(handler=_serve_command)
 
+    from hark.edge import bench as relay_bench
     from hark.edge import cli as relay_cli
 
     relay = commands.add_parser(
@@ -188,6 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("hop", hop, "what the hop between two workers of a fleet adds to a call's requests"),
         ("latency", latency, "E2A and voice-to-voice latency of spoken questions"),
         ("load", load, "many simulated callers at once: VAD decision lag, E2A, server figures"),
+        ("relay", relay_bench, "datagrams per second per core of hark relay, latency it adds"),
         ("vad", vad, "VAD cost per session-chunk, unbatched and batched"),
         ("webrtc", webrtc, "WebRTC call setup time and calls per core"),
     ):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ctypes
 import logging
 import mmap
 import multiprocessing
@@ -35,6 +36,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_LISTEN = "0.0.0.0:3478"
 # A forwarding process that keeps dying is started again at most this often.
 RESTART_INTERVAL_S = 1.0
+PR_SET_PDEATHSIG = 1
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -173,6 +175,10 @@ def supervise(config: RelayConfig, redis_url: str, workers: int, metrics: Addres
 
 
 def _forwarding_process(config: RelayConfig, redis_url: str, row: np.ndarray) -> None:
+    # A parent killed outright must not leave its children forwarding on the port.
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() == 1:
+        return
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     asyncio.run(_forward(config, redis_url, Counters(row)))
 

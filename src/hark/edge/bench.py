@@ -1,0 +1,305 @@
+"""``hark bench relay``: how many datagrams one core of ``hark relay`` forwards, and the
+latency it adds.
+
+The bench starts everything it measures and stops by itself: a relay process pinned to one
+CPU (``--relay-cpu``), fed a fixed registry instead of Redis (the packet loop is what is
+measured; Redis is only touched when flows change); an echo worker that returns every
+datagram to the client it names (through the relay that brought it); and, in this process,
+clients on the other CPUs. Everything is on loopback, and the clients send only to the relay
+this bench started and to the echo worker it started.
+
+1. *Latency*: ``--pings`` round trips one at a time, client → relay → echo → relay → client,
+   and the same number straight to the echo worker (client → echo → client, the same
+   framing work at the echo). The difference of the percentiles is what the relay adds to a
+   round trip: two passes through it.
+2. *Throughput*: ``--flows`` clients each set up a flow with a signed STUN binding request,
+   then send ``--size``-byte datagrams in batches for ``--seconds``; the echo worker sends
+   each back, so the relay forwards in both directions. Reported: datagrams forwarded per
+   second (both directions), the relay process's CPU time over the same span, and so the
+   datagrams per second one fully busy core carries. An Opus call is about 100 datagrams
+   per second (50 each way), so that figure over 100 is the calls one core carries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing
+import os
+import select
+import signal
+import socket
+import sys
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hark.bench.report import add_json_option, percentiles, publish
+from hark.edge import framing
+from hark.edge.flows import Address
+from hark.edge.mmsg import Batch, sockaddr_key
+from hark.edge.relay import Counters, FlowMirror, Registry, Relay, RelayConfig
+from hark.edge.route_hint import RouteSigner
+
+WORKER_ID = "wrk_00000000bec4"
+SECRET = "the-bench-relay-fleet-secret-0123"
+BATCH = 32
+# A packet of Opus at 24 kbit/s with RTP, SRTP and the UDP/IP overhead is about this big.
+DEFAULT_SIZE = 200
+CALL_PACKETS_PER_S = 100
+
+
+class _FixedRegistry(Registry):
+    """One worker, always there: the bench measures packets, not Redis."""
+
+    def __init__(self, workers: dict[str, Address]) -> None:
+        self.workers = workers
+        self.loaded = True
+
+    async def refresh(self) -> bool:
+        return True
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    """The options of ``hark bench relay``."""
+    parser.add_argument("--seconds", type=float, default=5.0, help="flood time (default 5)")
+    parser.add_argument("--flows", type=int, default=50, help="client flows (default 50)")
+    parser.add_argument(
+        "--size", type=int, default=DEFAULT_SIZE, help="datagram bytes (default 200)"
+    )
+    parser.add_argument(
+        "--pings", type=int, default=2000, help="round trips per latency path (default 2000)"
+    )
+    parser.add_argument(
+        "--relay-cpu", type=int, default=0, help="the CPU the relay is pinned to (default 0)"
+    )
+    add_json_option(parser)
+
+
+def command(options: dict[str, Any]) -> int:
+    """Run the bench, print a summary, optionally write the JSON report."""
+    cpus = os.sched_getaffinity(0)
+    relay_cpu = int(options["relay_cpu"])
+    if relay_cpu not in cpus or len(cpus) < 2:
+        print("hark bench relay: needs two CPUs, --relay-cpu being one of them", file=sys.stderr)
+        return 2
+    report = run(
+        seconds=float(options["seconds"]),
+        flows=int(options["flows"]),
+        size=int(options["size"]),
+        pings=int(options["pings"]),
+        relay_cpu=relay_cpu,
+    )
+    json_path: Path | None = options.get("json")
+    publish(summary(report), report, json_path)
+    return 0
+
+
+def run(*, seconds: float, flows: int, size: int, pings: int, relay_cpu: int) -> dict[str, Any]:
+    """Measure; the report as a dict."""
+    load_cpus = os.sched_getaffinity(0) - {relay_cpu}
+    context = multiprocessing.get_context("fork")
+    echo_end, echo_here = context.Pipe()
+    echo = context.Process(target=_echo_process, args=(echo_end, load_cpus), daemon=True)
+    echo.start()
+    worker: Address = echo_here.recv()
+    relay_end, relay_here = context.Pipe()
+    relay = context.Process(target=_relay_process, args=(relay_end, worker, relay_cpu), daemon=True)
+    relay.start()
+    public, _internal = relay_here.recv()
+    os.sched_setaffinity(0, load_cpus)
+    try:
+        clients = [_client_socket() for _ in range(flows)]
+        signer = RouteSigner(SECRET, WORKER_ID)
+        for client in clients:
+            _open_flow(client, signer, public)
+        via_relay = _ping(clients[0], public, pings, size)
+        direct = _ping(clients[0], worker, pings, size, framed_to=clients[0].getsockname())
+        cpu_before = _cpu_seconds(relay.pid)
+        forwarded, offered, elapsed = _flood(clients, public, size, seconds)
+        relay_cpu_s = _cpu_seconds(relay.pid) - cpu_before
+    finally:
+        assert relay.pid is not None and echo.pid is not None
+        os.kill(relay.pid, signal.SIGTERM)
+        counters = relay_here.recv() if relay_here.poll(5) else None
+        relay.join(5)
+        echo.terminate()
+        echo.join(5)
+    relay_pps = forwarded / elapsed
+    per_core = forwarded / relay_cpu_s if relay_cpu_s > 0 else None
+    added = {
+        key: round((via_relay[key] or 0.0) - (direct[key] or 0.0), 1) for key in ("p50", "p99")
+    }
+    return {
+        "datagram_bytes": size,
+        "flows": flows,
+        "seconds": round(elapsed, 2),
+        "offered_pps": round(offered / elapsed),
+        "forwarded_pps": round(relay_pps),
+        "relay_cpu_busy": round(relay_cpu_s / elapsed, 3),
+        "pps_per_core": round(per_core) if per_core else None,
+        "calls_per_core": round(per_core / CALL_PACKETS_PER_S) if per_core else None,
+        "round_trip_us": {"via_relay": via_relay, "direct": direct, "added": added},
+        "relay_counters": counters,
+    }
+
+
+def summary(report: dict[str, Any]) -> str:
+    """The report for people."""
+    rtt = report["round_trip_us"]
+    return "\n".join(
+        [
+            f"hark relay, {report['datagram_bytes']}-byte datagrams, {report['flows']} flows, "
+            f"both directions, {report['seconds']} s:",
+            f"  forwarded {report['forwarded_pps']:,} datagrams/s "
+            f"(offered {report['offered_pps']:,}); relay CPU busy {report['relay_cpu_busy']:.0%}",
+            f"  per core: {report['pps_per_core']:,} datagrams/s, "
+            f"about {report['calls_per_core']:,} Opus calls (100 datagrams/s each)",
+            f"  round trip, µs: direct p50 {rtt['direct']['p50']} p99 {rtt['direct']['p99']}; "
+            f"via relay p50 {rtt['via_relay']['p50']} p99 {rtt['via_relay']['p99']}",
+            f"  added by the relay (two passes): p50 {rtt['added']['p50']} µs, "
+            f"p99 {rtt['added']['p99']} µs",
+        ]
+    )
+
+
+# ---------------------------------------------------------------------------- the parts
+
+
+def _relay_process(conn: Connection, worker: Address, cpu: int) -> None:
+    os.sched_setaffinity(0, {cpu})
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    async def main() -> None:
+        relay = Relay(
+            RelayConfig(
+                listen=("127.0.0.1", 0),
+                internal=("127.0.0.1", 0),
+                fleet_secret=SECRET,
+                reuse_port=False,
+            ),
+            _FixedRegistry({WORKER_ID: worker}),
+            FlowMirror(None, 30.0),
+            Counters(),
+        )
+        await relay.start()
+        conn.send((relay.address, relay.internal_address))
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        await stop.wait()
+        await relay.stop()
+        conn.send({name: value for name, value in _named(relay.counters).items() if value})
+
+    asyncio.run(main())
+
+
+def _named(counters: Counters) -> dict[str, int]:
+    from hark.edge.relay import _INDEX
+
+    return {name: counters[name] for name in _INDEX}
+
+
+def _echo_process(conn: Connection, cpus: set[int]) -> None:
+    """Send every framed datagram back where it came from (it names its client)."""
+    os.sched_setaffinity(0, cpus)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+    sock.bind(("127.0.0.1", 0))
+    conn.send(sock.getsockname())
+    batch = Batch(BATCH)
+    fd = sock.fileno()
+    while True:
+        select.select([fd], [], [])
+        while count := batch.receive(fd):
+            batch.prepare(
+                count,
+                batch.name_addresses[:count],
+                batch.data_addresses[:count],
+                batch.lengths[:count],
+            )
+            batch.send(fd, count)
+
+
+def _client_socket() -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    sock.bind(("127.0.0.1", 0))
+    sock.settimeout(2.0)
+    return sock
+
+
+def _open_flow(client: socket.socket, signer: RouteSigner, relay: Address) -> None:
+    from aioice import stun
+
+    request = stun.Message(message_method=stun.Method.BINDING, message_class=stun.Class.REQUEST)
+    request.attributes["USERNAME"] = f"{signer.ufrag()}:bench"
+    client.sendto(bytes(request), relay)
+    client.recvfrom(2048)  # the echo, back through the relay: the flow is up
+
+
+def _ping(
+    client: socket.socket,
+    target: Address,
+    count: int,
+    size: int,
+    framed_to: Address | None = None,
+) -> dict[str, float | None]:
+    """Round-trip times (µs) of ``count`` datagrams sent one at a time."""
+    payload = b"\x80" + bytes(size - 1)
+    if framed_to is not None:
+        payload = framing.encode_header(framed_to) + payload
+    times = []
+    for _ in range(count):
+        start = time.perf_counter_ns()
+        client.sendto(payload, target)
+        client.recvfrom(4096)
+        times.append((time.perf_counter_ns() - start) / 1000)
+    return percentiles(times, (50, 99), digits=1)
+
+
+def _flood(
+    clients: list[socket.socket], relay: Address, size: int, seconds: float
+) -> tuple[int, int, float]:
+    """Send batches round the clients for ``seconds``, reading what comes back; the
+    datagrams the relay forwarded (both ways), those offered, and the time taken."""
+    out = Batch(BATCH)
+    back = Batch(BATCH)
+    out.data[:, 0] = 0x80
+    target = np.zeros(16, np.uint8)
+    target[:8] = np.frombuffer(sockaddr_key(relay).to_bytes(8, "little"), np.uint8)
+    out.prepare(
+        BATCH,
+        np.full(BATCH, target.ctypes.data, np.uint64),
+        out.data_addresses,
+        np.full(BATCH, size, np.uint32),
+    )
+    fds = [client.fileno() for client in clients]
+    sent = received = 0
+    # Keep at most this many datagrams in flight: beyond it they only fill socket buffers.
+    window = 4 * BATCH * len(fds)
+    start = time.perf_counter()
+    deadline = start + seconds
+    while time.perf_counter() < deadline:
+        for fd in fds:
+            if sent - received < window:
+                sent += BATCH - out.send(fd, BATCH)
+            while count := back.receive(fd):
+                received += count
+    # What is still on its way back.
+    settle = time.perf_counter() + 0.5
+    while time.perf_counter() < settle and received < sent:
+        for fd in fds:
+            while count := back.receive(fd):
+                received += count
+    elapsed = time.perf_counter() - start
+    # Each datagram that came back passed the relay twice.
+    return 2 * received, 2 * sent, elapsed
+
+
+def _cpu_seconds(pid: int | None) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    # utime and stime, the 14th and 15th fields of the line (11th and 12th after the name).
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -1,0 +1,357 @@
+"""Calls through `hark relay`, with real peers on hosts the test makes: network namespaces
+for the relay and two workers (`hark serve --relay-address`), joined by a bridge to the
+test's own namespace, where the aiortc clients and a real Redis run. Addresses are the
+test's own (10.234.N.0/24); nothing else is contacted."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aioice import stun
+
+from hark.bench.webrtc import CallClient
+from tests.servers import HarkProcess
+
+pytestmark = pytest.mark.slow  # real processes on real (virtual) hosts, in real time
+
+API_KEY = "sk-edge-owner-0123456789abcdef"
+SECRET = "fleet-secret-of-the-edge-test-0123456789"
+RELAY_PORT = 3478
+METRICS_PORT = 9478
+TEXT_AND_AUDIO = {"type": "realtime", "output_modalities": ["audio"]}
+
+
+def _ip(*args: str, netns: str | None = None) -> None:
+    command = ["ip", *(["-n", netns] if netns else []), *args]
+    subprocess.run(command, check=True, capture_output=True, text=True)
+
+
+@dataclass
+class Hosts:
+    """The namespaces (relay, w1, w2) with their addresses, and the test's own address."""
+
+    relay: tuple[str, str]
+    workers: list[tuple[str, str]]
+    gateway: str
+
+
+@pytest.fixture(scope="module")
+def hosts() -> Iterator[Hosts]:
+    """A bridge and three hosts on it; skipped only where namespaces are not permitted
+    (outside CI)."""
+    if shutil.which("ip") is None:
+        pytest.fail("the ip command (iproute2) is missing; scripts/test installs it")
+    tag = secrets.token_hex(2)
+    subnet = f"10.234.{100 + secrets.randbelow(100)}"
+    bridge = f"he-br-{tag}"
+    root_link = f"her{tag}"
+    try:
+        _ip("netns", "add", bridge)
+    except subprocess.CalledProcessError as exc:
+        reason = f"network namespaces are not permitted here: {exc.stderr.strip()}"
+        if os.environ.get("CI"):
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
+    namespaces = [bridge]
+    try:
+        _ip("link", "add", "br0", "type", "bridge", netns=bridge)
+        _ip("link", "set", "br0", "up", netns=bridge)
+        placed = []
+        for index, name in enumerate(("relay", "w1", "w2"), start=1):
+            ns = f"he-{name}-{tag}"
+            _ip("netns", "add", ns)
+            namespaces.append(ns)
+            near, far = f"he{index}{tag}", f"he{index}{tag}b"
+            _ip("link", "add", near, "type", "veth", "peer", "name", far)
+            _ip("link", "set", near, "netns", ns)
+            _ip("link", "set", far, "netns", bridge)
+            _ip("link", "set", far, "master", "br0", netns=bridge)
+            _ip("link", "set", far, "up", netns=bridge)
+            address = f"{subnet}.{10 + index}"
+            _ip("addr", "add", f"{address}/24", "dev", near, netns=ns)
+            _ip("link", "set", near, "up", netns=ns)
+            _ip("link", "set", "lo", "up", netns=ns)
+            placed.append((ns, address))
+        far = f"{root_link}b"
+        _ip("link", "add", root_link, "type", "veth", "peer", "name", far)
+        _ip("link", "set", far, "netns", bridge)
+        _ip("link", "set", far, "master", "br0", netns=bridge)
+        _ip("link", "set", far, "up", netns=bridge)
+        _ip("addr", "add", f"{subnet}.1/24", "dev", root_link)
+        _ip("link", "set", root_link, "up")
+        yield Hosts(relay=placed[0], workers=placed[1:], gateway=f"{subnet}.1")
+    finally:
+        for ns in namespaces:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        subprocess.run(["ip", "link", "del", root_link], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def redis_url(hosts: Hosts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real redis-server on the test's bridge address, with a password."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.fail("redis-server is missing; scripts/test installs it")
+    port = 17379 + secrets.randbelow(1000)
+    password = secrets.token_hex(8)
+    workdir = tmp_path_factory.mktemp("redis-edge")
+    proc = subprocess.Popen(
+        [
+            *(binary, "--bind", hosts.gateway, "--port", str(port), "--save", ""),
+            *("--dir", str(workdir), "--requirepass", password),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with socket.create_connection((hosts.gateway, port), timeout=1):
+                    break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError("redis-server never listened") from None
+                time.sleep(0.05)
+        yield f"redis://:{password}@{hosts.gateway}:{port}/0"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+class RelayProcess:
+    """`hark relay` in the relay's namespace; killed and started again by the tests."""
+
+    def __init__(self, hosts: Hosts, redis_url: str, log: Path) -> None:
+        self.ns, self.ip = hosts.relay
+        self.redis_url = redis_url
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.ip, RELAY_PORT
+
+    def start(self) -> None:
+        command = [
+            *("ip", "netns", "exec", self.ns, sys.executable, "-m", "hark.cli", "relay"),
+            *("--listen", f"{self.ip}:{RELAY_PORT}"),
+            *("--metrics-listen", f"{self.ip}:{METRICS_PORT}"),
+        ]
+        env = {**os.environ, "HARK_FLEET_SECRET": SECRET, "HARK_REDIS_URL": self.redis_url}
+        with self.log.open("a") as out:
+            self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + 30
+        while "relay on UDP" not in self.log.read_text() or self.metrics() is None:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"hark relay did not start: {self.log.read_text()[-2000:]}")
+            time.sleep(0.05)
+
+    def metrics(self) -> dict[str, float] | None:
+        """The relay's samples by name with labels, or None when it does not answer."""
+        try:
+            url = f"http://{self.ip}:{METRICS_PORT}/metrics"
+            with urllib.request.urlopen(url, timeout=2) as response:
+                text = response.read().decode()
+        except OSError:
+            return None
+        samples = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                samples[name] = float(value)
+        return samples
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+        # Its forwarding process follows its parent (PR_SET_PDEATHSIG) and frees the port.
+        deadline = time.monotonic() + 10
+        while "relay on UDP" in _processes_of(self.ns):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the relay's forwarding process outlived its parent")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def _processes_of(ns: str) -> str:
+    listing = subprocess.run(
+        ["ip", "netns", "pids", ns], capture_output=True, text=True, check=False
+    ).stdout
+    return "relay on UDP" if listing.strip() else ""
+
+
+@dataclass
+class Fleet:
+    relay: RelayProcess
+    workers: list[HarkProcess]
+
+
+@pytest.fixture(scope="module")
+def fleet(
+    hosts: Hosts, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Fleet]:
+    """The relay and two workers behind it, sharing the Redis."""
+    logs = tmp_path_factory.mktemp("edge-logs")
+    relay = RelayProcess(hosts, redis_url, logs / "relay.log")
+    relay.start()
+    args = ["--engines", "fake", "--relay-address", f"{relay.ip}:{RELAY_PORT}"]
+    env = {"HARK_API_KEYS": API_KEY, "HARK_REDIS_URL": redis_url, "HARK_FLEET_SECRET": SECRET}
+    workers = [
+        HarkProcess(args, logs / f"{ns}.log", env=env, host=ip, netns=ns, port=8000)
+        for ns, ip in hosts.workers
+    ]
+    try:
+        for worker in workers:
+            worker.start()
+        yield Fleet(relay, workers)
+    finally:
+        for worker in workers:
+            worker.stop()
+        relay.stop()
+    for log in [relay.log, *(w.log for w in workers)]:
+        text = log.read_text()
+        assert SECRET not in text and API_KEY not in text
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+async def call(http: aiohttp.ClientSession, fleet: Fleet, entry: int = 0) -> CallClient:
+    """A connected call, offered to worker ``entry`` (placement picks where it runs)."""
+    client = CallClient()
+    await client.connect(http, fleet.workers[entry].url, api_key=API_KEY, session=TEXT_AND_AUDIO)
+    await asyncio.wait_for(client.opened.wait(), 30)
+    return client
+
+
+async def hears_a_reply(client: CallClient) -> None:
+    """Ask for a response and wait until its audio is heard and it is done."""
+    client.first_audio.clear()
+    client.first_audio_at = None
+    client.send({"type": "response.create"})
+    done = await client.next_event("response.done", limit_s=30)
+    assert done["response"]["status"] == "completed"
+    await asyncio.wait_for(client.first_audio.wait(), 10)
+
+
+def candidates(answer: str | None) -> list[str]:
+    assert answer is not None
+    return [line for line in answer.splitlines() if line.startswith("a=candidate")]
+
+
+async def test_calls_reach_both_workers_through_the_one_relay_port(
+    fleet: Fleet, http: aiohttp.ClientSession
+) -> None:
+    before = fleet.relay.metrics()
+    assert before is not None
+    clients = []
+    try:
+        for _ in range(4):
+            clients.append(await call(http, fleet))
+        # Placement spreads the calls; each is answered with the relay's address only.
+        assert len({c.worker for c in clients}) == 2
+        for client in clients:
+            assert all(f" {fleet.relay.ip} {RELAY_PORT} " in c for c in candidates(client.answer))
+        await asyncio.gather(*(hears_a_reply(client) for client in clients))
+    finally:
+        await asyncio.gather(*(client.close() for client in clients))
+    after = fleet.relay.metrics()
+    assert after is not None
+    assert after["hark_relay_flows_created_total"] >= before["hark_relay_flows_created_total"] + 4
+    assert after['hark_relay_packets_total{direction="out"}'] > 0
+
+
+async def test_a_call_survives_a_relay_restart(fleet: Fleet, http: aiohttp.ClientSession) -> None:
+    client = await call(http, fleet)
+    try:
+        await hears_a_reply(client)
+        await asyncio.to_thread(fleet.relay.kill)
+        await asyncio.sleep(0.5)  # the relay is gone: nothing arrives
+        silent_from = len(client.frames)
+        await asyncio.to_thread(fleet.relay.start)
+        restarted_at = time.monotonic()
+        metrics = fleet.relay.metrics()
+        assert metrics is not None and metrics["hark_relay_flows_restored_total"] >= 1
+        # The server's track never stops (silence between replies): frames resume as soon
+        # as the restarted relay forwards, well before the next ICE consent check.
+        async with asyncio.timeout(5):
+            while True:
+                if len(client.frames) > silent_from:
+                    break
+                await asyncio.sleep(0.01)
+        resumed_after = client.frames[silent_from].arrival - restarted_at
+        assert resumed_after < 1.0, f"audio resumed {resumed_after:.2f} s after the restart"
+        await hears_a_reply(client)
+    finally:
+        await client.close()
+
+
+async def test_spoofed_hints_are_dropped_and_a_junk_flood_disturbs_no_one(
+    fleet: Fleet, http: aiohttp.ClientSession
+) -> None:
+    client = await call(http, fleet)
+    attacker = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        before = fleet.relay.metrics()
+        assert before is not None
+        request = stun.Message(message_method=stun.Method.BINDING, message_class=stun.Class.REQUEST)
+        # The hint of the call's own answer, rewritten to name another worker.
+        assert client.answer is not None
+        ufrag = next(
+            line.split(":", 1)[1]
+            for line in client.answer.splitlines()
+            if line.startswith("a=ice-ufrag:")
+        )
+        token = bytearray(base64.b64decode(ufrag))
+        token[8] ^= 1
+        request.attributes["USERNAME"] = base64.b64encode(bytes(token)).decode() + ":x"
+        attacker.sendto(bytes(request), fleet.relay.address)
+        junk = b"\x80" + os.urandom(199)
+        flood_until = time.monotonic() + 2.0
+
+        async def flood() -> int:
+            sent = 0
+            while time.monotonic() < flood_until:
+                for _ in range(200):
+                    attacker.sendto(junk, fleet.relay.address)
+                sent += 200
+                await asyncio.sleep(0)
+            return sent
+
+        sent, _ = await asyncio.gather(flood(), hears_a_reply(client))
+        after = fleet.relay.metrics()
+        assert after is not None
+        dropped = 'hark_relay_dropped_total{reason="%s"}'
+        assert after[dropped % "bad_hint"] - before[dropped % "bad_hint"] == 1
+        assert after[dropped % "unknown_flow"] - before[dropped % "unknown_flow"] > sent / 2
+    finally:
+        attacker.close()
+        await client.close()
