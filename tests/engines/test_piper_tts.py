@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import functools
 import sys
-import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -16,7 +13,7 @@ import numpy.typing as npt
 import pytest
 
 from hark.engines.tts import TtsEngine
-from hark.engines.tts.piper import PiperTts, _DueFirst
+from hark.engines.tts.piper import PiperTts
 
 pytestmark = pytest.mark.slow
 
@@ -126,7 +123,7 @@ async def test_closing_the_stream_stops_before_the_next_sentence(
     stream = tts.synthesize(THREE_SENTENCES)
     first = await anext(stream)
     assert first.size > 0
-    await stream.aclose()  # type: ignore[attr-defined]
+    await stream.aclose()
     await renders.settled()
     assert len(renders.calls) == 1 and renders.count == 1
 
@@ -153,34 +150,6 @@ async def test_cancelling_mid_sentence_renders_no_further_sentence(
     assert len(received) == 1
     # Asked for, it may have been rendered unseen; nothing after it was asked for.
     assert len(renders.calls) == 2 and renders.count <= 2
-
-
-def test_due_first_runs_the_soonest_due_first_and_skips_cancelled_calls() -> None:
-    queue = _DueFirst(workers=1)
-    gate = threading.Event()
-    ran: list[str] = []
-    blocker = queue.submit(0.0, gate.wait)
-    futures = {
-        name: queue.submit(due, functools.partial(ran.append, name))
-        for name, due in (("late", 30.0), ("now", 1.0), ("soon", 2.0), ("dropped", 1.5))
-    }
-    assert futures["dropped"].cancel()
-    gate.set()
-    blocker.result(timeout=5)
-    for name, future in futures.items():
-        if name != "dropped":
-            future.result(timeout=5)
-    assert ran == ["now", "soon", "late"]
-
-
-def test_due_first_hands_errors_to_the_caller() -> None:
-    def fail() -> None:
-        raise ValueError("broken voice")
-
-    queue = _DueFirst(workers=1)
-    with pytest.raises(ValueError, match="broken voice"):
-        queue.submit(0.0, fail).result(timeout=5)
-    assert queue.submit(0.0, lambda: 42).result(timeout=5) == 42
 
 
 async def test_first_words_overtake_sentences_with_audio_still_to_play() -> None:
@@ -226,14 +195,3 @@ def test_missing_piper_is_explained(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "piper", None)
     with pytest.raises(RuntimeError, match=r"uv sync --extra piper"):
         PiperTts()
-
-
-def test_idle_workers_end_and_come_back(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("hark.engines.tts.piper._IDLE_WORKER_S", 0.05)
-    queue = _DueFirst(workers=1)
-    assert queue.submit(0.0, lambda: 1).result(timeout=5) == 1
-    deadline = time.monotonic() + LIVENESS_S
-    while queue._started:
-        assert time.monotonic() < deadline, "the idle worker did not end"
-        time.sleep(0.01)
-    assert queue.submit(0.0, lambda: 2).result(timeout=5) == 2

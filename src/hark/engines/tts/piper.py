@@ -8,23 +8,20 @@ Piper is GPL-3.0, so it is an optional extra of hark and is imported only when a
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import heapq
 import importlib.util
-import itertools
 import json
 import logging
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
-from hark.engines.activity import computing
+from hark.engines.scheduler import DueFirstScheduler
 
 if TYPE_CHECKING:
     from piper import PiperConfig, PiperVoice
@@ -40,10 +37,6 @@ _DEFAULT_VOICE_FILE = "en_US-joe-medium.onnx"
 # resampling from clipping.
 _VOLUME = 0.9
 
-_T = TypeVar("_T")
-# A rendering thread with nothing to do for this long ends; the next sentence starts another.
-_IDLE_WORKER_S = 30.0
-
 
 def _default_voice_path() -> Path:
     """The ONNX file of the voice that ships with hark's 'piper' extra."""
@@ -51,57 +44,6 @@ def _default_voice_path() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError(_NOT_INSTALLED)
     return Path(next(iter(spec.submodule_search_locations))) / "data" / _DEFAULT_VOICE_FILE
-
-
-class _DueFirst:
-    """Runs calls on up to ``workers`` threads, the one due soonest first.
-
-    Piper renders a sentence in one model call that holds a core for tens to hundreds of
-    milliseconds. Run side by side, the calls of several sessions share the cores, and a
-    reply's first words (someone waits in silence) take as long as the later sentences of
-    replies already playing (whose listeners have seconds of audio left). Taken in order of
-    when their audio is needed, the first words go first and the rest still arrive in time.
-    """
-
-    def __init__(self, workers: int) -> None:
-        self._workers = workers
-        self._cond = threading.Condition()
-        self._heap: list[tuple[float, int, concurrent.futures.Future[Any], Callable[[], Any]]] = []
-        self._order = itertools.count()
-        self._started = 0
-
-    def submit(self, due: float, call: Callable[[], _T]) -> concurrent.futures.Future[_T]:
-        """Queue ``call`` to run by ``due`` (``time.monotonic()``); cancel the future to drop
-        it while it waits."""
-        future: concurrent.futures.Future[_T] = concurrent.futures.Future()
-        with self._cond:
-            heapq.heappush(self._heap, (due, next(self._order), future, call))
-            if self._started < self._workers:
-                self._started += 1
-                threading.Thread(target=self._work, name="hark-piper", daemon=True).start()
-            self._cond.notify()
-        return future
-
-    def _work(self) -> None:
-        while True:
-            with self._cond:
-                while not self._heap:
-                    if not self._cond.wait(timeout=_IDLE_WORKER_S) and not self._heap:
-                        # Idle: end, so that an engine no longer used leaves no thread behind.
-                        self._started -= 1
-                        return
-                _, _, future, call = heapq.heappop(self._heap)
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                with computing():
-                    result = call()
-            except BaseException as exc:  # handed to the waiting coroutine
-                future.set_exception(exc)
-            else:
-                future.set_result(result)
-            # Drop the references before waiting: a finished reply must not stay alive here.
-            del future, call
 
 
 class PiperTts:
@@ -137,7 +79,11 @@ class PiperTts:
         self._synthesis_config = SynthesisConfig
         self._voice: PiperVoice | None = None
         self._load_lock = threading.Lock()
-        self._queue = _DueFirst(workers or max(1, (os.cpu_count() or 2) // 2))
+        # Piper renders a sentence in one call holding a core for tens to hundreds of
+        # milliseconds: due first, a reply's first words overtake sentences still to play.
+        self._queue = DueFirstScheduler(
+            workers or max(1, (os.cpu_count() or 2) // 2), name="hark-piper"
+        )
 
     def _load(self) -> PiperVoice:
         # Several sessions may ask for the voice at once; the 60 MB model loads only once.
@@ -189,8 +135,7 @@ class PiperTts:
         due = time.monotonic() + max(0.0, slack_s)
         while True:
             # One sentence per model call, so that nothing more runs once cancelled.
-            future = self._queue.submit(due, lambda: next(sentences, None))
-            chunk = await asyncio.wrap_future(future)
+            chunk = await self._queue.run(due, lambda: next(sentences, None))
             if chunk is None:
                 return
             audio: npt.NDArray[np.int16] = chunk.audio_int16_array

@@ -1,0 +1,107 @@
+"""Due-first scheduling of model calls shared by many sessions (design principle 2).
+
+A model that several sessions share runs one call at a time per worker thread. Run in the
+order they arrive, the calls of a reply someone waits for in silence queue behind calls whose
+listeners still have seconds of audio to hear. ``DueFirstScheduler`` runs each call by when
+its result is needed instead, and drops calls cancelled while they wait, so that work nobody
+will use never runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import heapq
+import itertools
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from hark.engines.activity import computing
+
+__all__ = ["DueFirstScheduler", "SchedulerFullError"]
+
+_T = TypeVar("_T")
+
+
+class SchedulerFullError(RuntimeError):
+    """More calls wait than the scheduler holds; the caller's request fails, not the others'."""
+
+
+class DueFirstScheduler:
+    """Runs calls on up to ``workers`` threads, the one due soonest first.
+
+    ``due`` is a ``time.monotonic()`` instant: when the listener would run out of what it
+    already has. Threads start as calls come and end after ``idle_s`` without work, so an
+    engine no longer used leaves none behind. At most ``max_waiting`` calls wait; more raise
+    ``SchedulerFullError`` (each session waits for one call at a time, so the bound is only
+    reached when far more sessions share the model than it can serve).
+    """
+
+    def __init__(
+        self,
+        workers: int,
+        *,
+        name: str = "hark-engine",
+        idle_s: float = 30.0,
+        max_waiting: int = 1024,
+    ) -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be at least 1, got {workers}")
+        self._workers = workers
+        self._name = name
+        self._idle_s = idle_s
+        self._max_waiting = max_waiting
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, concurrent.futures.Future[Any], Callable[[], Any]]] = []
+        self._order = itertools.count()
+        self._started = 0
+
+    @property
+    def threads(self) -> int:
+        """Worker threads running now."""
+        with self._cond:
+            return self._started
+
+    def submit(self, due: float, call: Callable[[], _T]) -> concurrent.futures.Future[_T]:
+        """Queue ``call`` to run by ``due``; cancel the future to drop it while it waits.
+
+        Raises ``SchedulerFullError`` when ``max_waiting`` calls already wait.
+        """
+        future: concurrent.futures.Future[_T] = concurrent.futures.Future()
+        with self._cond:
+            if len(self._heap) >= self._max_waiting:
+                raise SchedulerFullError(
+                    f"{self._name}: {len(self._heap)} calls already wait for the model"
+                )
+            heapq.heappush(self._heap, (due, next(self._order), future, call))
+            if self._started < self._workers:
+                self._started += 1
+                threading.Thread(target=self._work, name=self._name, daemon=True).start()
+            self._cond.notify()
+        return future
+
+    async def run(self, due: float, call: Callable[[], _T]) -> _T:
+        """``submit`` and wait for the result; cancelling drops the call if it has not begun
+        (a call already running completes unseen)."""
+        return await asyncio.wrap_future(self.submit(due, call))
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while not self._heap:
+                    if not self._cond.wait(timeout=self._idle_s) and not self._heap:
+                        self._started -= 1
+                        return
+                _, _, future, call = heapq.heappop(self._heap)
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                with computing():
+                    result = call()
+            except BaseException as exc:  # handed to the waiting coroutine
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+            # Drop the references before waiting: a finished request must not stay alive here.
+            del future, call
