@@ -34,6 +34,9 @@ class Flow:
     worker_id: str
     worker: Address
     seen: float
+    # Where the worker's sockaddr_in is (see ``Destinations``), and its key.
+    pointer: int = 0
+    worker_key: int = 0
 
 
 class Destinations:
@@ -99,9 +102,11 @@ class FlowTable:
             return flow
         if flow is None and len(self.flows) >= self.max_flows:
             return None
-        if self.destinations.slot(worker) is None:
+        slot = self.destinations.slot(worker)
+        if slot is None:
             return None
-        flow = Flow(client, worker_id, worker, now)
+        pointer = self.destinations.pointer(slot)
+        flow = Flow(client, worker_id, worker, now, pointer, sockaddr_key(worker))
         self.flows[key] = flow
         self._dirty = True
         return flow
@@ -150,11 +155,9 @@ class FlowTable:
         seen = np.zeros(count + 1, np.float64)
         for position, key in enumerate(order):
             flow = self.flows[key]
-            slot = self.destinations.slot(flow.worker)
-            assert slot is not None, "a flow's worker always has a slot"
             keys[position] = key
-            pointers[position] = self.destinations.pointer(slot)
-            worker_keys[position] = sockaddr_key(flow.worker)
+            pointers[position] = flow.pointer
+            worker_keys[position] = flow.worker_key
             seen[position] = flow.seen
         # A sentinel larger than every key: a search past the last flow lands on it.
         keys[count] = _EMPTY
