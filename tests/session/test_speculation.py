@@ -12,7 +12,7 @@ from hark.session.actions import (
     Speculate,
     Transcribe,
 )
-from hark.session.core import SCORE_AFTER_READ_MAX_S, UNKNOWN_TURN_SCORE
+from hark.session.speculation import SCORE_AFTER_READ_MAX_S, UNKNOWN_TURN_SCORE
 from hark.session.turn_policy import silence_for
 
 from .conftest import Driver, silence, voiced

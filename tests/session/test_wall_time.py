@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hark.engines.llm import Finished
 from hark.session.actions import Generate
-from hark.session.core import RateLimits
+from hark.session.rate_limits import RateLimits, RateWindow
 
 from .conftest import Driver, silence, voiced
 
@@ -63,3 +63,13 @@ def response_statuses(driver: Driver) -> list[str]:
     done = [e["response"]["status"] for e in driver.events if e["type"] == "response.done"]
     driver.events.clear()
     return done
+
+
+def test_the_request_window_slides_and_refused_responses_do_not_fill_it() -> None:
+    window = RateWindow(RateLimits(requests_per_minute=3))
+    assert [window.admit(now)[1] for now in (0.0, 1.0, 2.0, 30.0)] == [False, False, False, True]
+    update, over = window.admit(60.5)
+    # The response of 0.0 left the window; the refused one of 30.0 was never in it.
+    assert not over
+    requests = update.rate_limits[0]
+    assert (requests.name, requests.remaining, requests.reset_seconds) == ("requests", 0, 0.5)

@@ -1,0 +1,555 @@
+"""The response lifecycle: a response from ``response.create`` (or the end of a turn) to
+``response.done``, its output items, and the engine work it asks for."""
+
+from __future__ import annotations
+
+import base64
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+
+from hark.audio.formats import encode_audio, format_rate
+from hark.engines.llm import Finished, FunctionTool, GenerationRequest, ToolChoice
+from hark.protocol import items as wire
+from hark.protocol import server_events as se
+from hark.protocol.errors import ProtocolError
+from hark.protocol.response_params import ResponseParams
+from hark.protocol.session_config import (
+    AudioFormat,
+    FunctionToolDef,
+    SessionConfig,
+    ToolChoiceConfig,
+    ToolChoiceFunction,
+    VoiceId,
+)
+from hark.session.actions import CancelGeneration, Generate, PlayAudio, Prefill
+from hark.session.conversation import AudioSegment, Conversation, Entry, Part, chat_messages
+from hark.session.ids import IdGenerator
+from hark.session.outbox import Outbox
+from hark.session.playout_state import PlayoutState
+from hark.session.rate_limits import RateWindow
+from hark.session.speculation import Speculation
+
+
+@dataclass(slots=True)
+class Response:
+    id: str
+    in_band: bool
+    modalities: list[str]
+    audio_format: AudioFormat
+    voice: str
+    speed: float
+    max_output_tokens: int | Literal["inf"]
+    metadata: dict[str, str] | None
+    instructions: str
+    tools: list[FunctionToolDef]
+    tool_choice: ToolChoiceConfig
+    temperature: float | None
+    inputs: list[Entry] | None
+    status: Literal["in_progress", "completed", "cancelled", "failed", "incomplete"] = "in_progress"
+    status_details: dict[str, Any] | None = None
+    output: list[Entry] = field(default_factory=list)
+    message: Entry | None = None
+    calls: dict[str, Entry] = field(default_factory=dict)
+    generating: bool = False
+    usage: se.Usage | None = None
+
+    @property
+    def audio(self) -> bool:
+        return self.modalities == ["audio"]
+
+    def to_wire(self) -> se.Response:
+        return se.Response(
+            id=self.id,
+            status=self.status,
+            status_details=self.status_details,
+            output=[e.to_wire() for e in self.output],
+            conversation_id="conv_default" if self.in_band else None,
+            output_modalities=list(self.modalities),
+            max_output_tokens=self.max_output_tokens,
+            audio=se.ResponseAudioConfig(
+                output={"format": msgspec.to_builtins(self.audio_format), "voice": self.voice}
+            ),
+            usage=self.usage,
+            metadata=self.metadata,
+        )
+
+
+class ResponseLifecycle:
+    """The session's responses in progress: the conversation's one (``in_band``) and any
+    number out of band.
+
+    ``config`` gives the session's current configuration; ``limit_audio`` holds the
+    conversation's audio to its budget; ``reply_sent(audio_ms)`` is called when the
+    conversation's response is done on a transport where the client plays the audio
+    (WebSocket), with how much audio it had.
+    """
+
+    def __init__(
+        self,
+        outbox: Outbox,
+        ids: IdGenerator,
+        conversation: Conversation,
+        *,
+        config: Callable[[], SessionConfig],
+        rates: RateWindow,
+        speculation: Speculation,
+        playout: PlayoutState,
+        plays_audio: bool,
+        limit_audio: Callable[[], None],
+        reply_sent: Callable[[float], None],
+    ) -> None:
+        self._outbox = outbox
+        self._ids = ids
+        self._conversation = conversation
+        self._config = config
+        self._rates = rates
+        self._speculation = speculation
+        self._playout = playout
+        self._plays_audio = plays_audio
+        self._limit_audio = limit_audio
+        self._reply_sent = reply_sent
+        self.responses: dict[str, Response] = {}
+        self.in_band: Response | None = None
+        # Whether any assistant audio was made (the voice cannot change after that).
+        self.audio_produced = False
+
+    def create(
+        self,
+        params: ResponseParams,
+        read_inputs: Callable[[list[wire.ResponseInputItem]], list[Entry]],
+        now: float,
+    ) -> None:
+        """Create a response for ``params`` at wall time ``now`` and start its engine work (or
+        wait for the words it needs); ``read_inputs`` turns ``params.input`` into entries.
+        Raises ``ProtocolError`` for a response that cannot be created."""
+        in_band = params.conversation == "auto"
+        if in_band and self.in_band is not None:
+            raise ProtocolError(
+                "Conversation already has an active response in progress: "
+                f"{self.in_band.id}. Wait until the response is finished before creating a "
+                "new one.",
+                code="conversation_already_has_active_response",
+            )
+        inputs = None
+        if params.input is not None:
+            inputs = read_inputs(params.input)
+        response = self.new_response(params, self._ids.new("resp"), inputs)
+        if isinstance(
+            response.tool_choice, ToolChoiceFunction
+        ) and response.tool_choice.name not in {t.name for t in response.tools}:
+            raise ProtocolError(
+                f"tool_choice names '{response.tool_choice.name}', which is not in tools.",
+                "response.tool_choice.name",
+            )
+        self.responses[response.id] = response
+        if in_band:
+            self.in_band = response
+        self._outbox.emit(se.ResponseCreated(response=response.to_wire()))
+        update, limited = self._rates.admit(now)
+        self._outbox.emit(update)
+        if limited:
+            self.end_response(
+                response,
+                "failed",
+                {
+                    "type": "failed",
+                    "error": {
+                        "type": "rate_limit_error",
+                        "code": "rate_limit_exceeded",
+                        "message": "The session's rate limit was reached; try again shortly.",
+                    },
+                },
+            )
+            return
+        self._start_generation(response)
+
+    def new_response(
+        self, params: ResponseParams, response_id: str, inputs: list[Entry] | None = None
+    ) -> Response:
+        """A response object for ``params`` over the session's settings (no side effects)."""
+        cfg = self._config()
+        audio_out = params.audio.output if params.audio and params.audio.output else None
+        return Response(
+            id=response_id,
+            in_band=params.conversation == "auto",
+            modalities=list(params.output_modalities or cfg.output_modalities),
+            audio_format=(audio_out.format if audio_out and audio_out.format else None)
+            or cfg.audio.output.format,
+            voice=voice_name(
+                (audio_out.voice if audio_out and audio_out.voice else None)
+                or cfg.audio.output.voice
+            ),
+            speed=(audio_out.speed if audio_out and audio_out.speed else None)
+            or cfg.audio.output.speed,
+            max_output_tokens=params.max_output_tokens or cfg.max_output_tokens,
+            metadata=params.metadata,
+            instructions=params.instructions
+            if params.instructions is not None
+            else cfg.instructions,
+            tools=params.tools if params.tools is not None else cfg.tools,
+            tool_choice=params.tool_choice or cfg.tool_choice,
+            temperature=params.temperature if params.temperature is not None else cfg.temperature,
+            inputs=inputs,
+        )
+
+    def resume_waiting(self) -> None:
+        """Words the responses may be waiting for became known: start those that can."""
+        for response in list(self.responses.values()):
+            if not response.generating:
+                self._start_generation(response)
+
+    def _start_generation(self, response: Response) -> None:
+        entries = response.inputs if response.inputs is not None else self._conversation.entries()
+        if any(e.pending_recognition() for e in entries):
+            return
+        response.generating = True
+        generate = self.generate_action(response, entries)
+        if not (response.in_band and self._speculation.adopt(generate)):
+            self._outbox.act(generate)
+
+    def generate_action(self, response: Response, entries: list[Entry]) -> Generate:
+        """The engine work for ``response`` over ``entries``: the same for a speculative reply
+        and the real one, so that one can become the other."""
+        choice = response.tool_choice
+        if isinstance(choice, ToolChoiceFunction):
+            tool_choice = ToolChoice(mode="function", name=choice.name)
+        else:
+            tool_choice = ToolChoice(mode=choice)
+        max_tokens = response.max_output_tokens
+        request = GenerationRequest(
+            messages=tuple(chat_messages(response.instructions, entries)),
+            tools=tuple(
+                FunctionTool(name=t.name, description=t.description, parameters=t.parameters)
+                for t in response.tools
+            ),
+            tool_choice=tool_choice,
+            max_tokens=None if max_tokens == "inf" else max_tokens,
+            temperature=response.temperature,
+        )
+        return Generate(
+            response_id=response.id,
+            request=request,
+            audio=response.audio,
+            voice=response.voice,
+            speed=response.speed,
+            output_rate=format_rate(response.audio_format),
+        )
+
+    def cancel(self, response_id: str | None) -> None:
+        """``response.cancel``: the named response, or the conversation's (else any)."""
+        if response_id is not None:
+            response = self.responses.get(response_id)
+            if response is None:
+                raise ProtocolError(
+                    f"No response in progress with id {response_id[:100]}.",
+                    "response_id",
+                    "response_cancel_not_active",
+                )
+        else:
+            response = self.in_band or next(iter(self.responses.values()), None)
+            if response is None:
+                raise ProtocolError(
+                    "Cancellation failed: no active response found.",
+                    code="response_cancel_not_active",
+                )
+        self.end_response(
+            response, "cancelled", {"type": "cancelled", "reason": "client_cancelled"}
+        )
+
+    def prefill(self) -> None:
+        """Let the LLM read the conversation as the next turn's prompt will begin."""
+        if self._config().type != "realtime" or self.in_band is not None:
+            return
+        response = self.new_response(ResponseParams(), response_id="")
+        self._outbox.act(
+            Prefill(self.generate_action(response, self._conversation.entries()).request)
+        )
+
+    def owner(self, entry: Entry) -> Response | None:
+        """The response in progress that ``entry`` is output of, if any."""
+        return next((r for r in self.responses.values() if entry in r.output), None)
+
+    def item_ids(self) -> set[str]:
+        """The items of responses in progress (their audio must be kept)."""
+        return {e.id for r in self.responses.values() for e in r.output}
+
+    def _add_output(self, response: Response, entry: Entry) -> int:
+        index = len(response.output)
+        response.output.append(entry)
+        self._outbox.emit(
+            se.OutputItemAdded(response_id=response.id, output_index=index, item=entry.to_wire())
+        )
+        if response.in_band:
+            previous = self._conversation.insert(entry)
+            self._outbox.emit(
+                se.ConversationItemAdded(previous_item_id=previous, item=entry.to_wire())
+            )
+        return index
+
+    def _message(self, response: Response) -> tuple[Entry, Part, dict[str, Any]]:
+        """The response's assistant message, created with its content part on first use."""
+        if response.message is None:
+            kind: Literal["output_audio", "output_text"] = (
+                "output_audio" if response.audio else "output_text"
+            )
+            part = Part(kind, text="" if kind == "output_text" else None)
+            if kind == "output_audio":
+                part.transcript = ""
+                part.audio = np.zeros(0, np.int16)
+                part.audio_format = response.audio_format
+                part.rate = format_rate(response.audio_format)
+            entry = Entry(
+                id=self._ids.new("item"),
+                type="message",
+                role="assistant",
+                status="in_progress",
+                parts=[part],
+            )
+            response.message = entry
+            index = self._add_output(response, entry)
+            self._outbox.emit(
+                se.ContentPartAdded(
+                    response_id=response.id,
+                    item_id=entry.id,
+                    output_index=index,
+                    content_index=0,
+                    part=_part_summary(part),
+                )
+            )
+        entry = response.message
+        position = {
+            "response_id": response.id,
+            "item_id": entry.id,
+            "output_index": response.output.index(entry),
+            "content_index": 0,
+        }
+        return entry, entry.parts[0], position
+
+    def text(self, response_id: str, delta: str) -> None:
+        """LLM text for a text-only response."""
+        response = self.responses.get(response_id)
+        if response is None or response.audio or not delta:
+            return
+        _, part, position = self._message(response)
+        part.text = (part.text or "") + delta
+        self._outbox.emit(se.OutputTextDelta(delta=delta, **position))
+
+    def audio(self, response_id: str, pcm: npt.NDArray[np.int16], transcript: str) -> None:
+        """Reply audio at the output rate; ``transcript`` is the text this audio starts to speak."""
+        response = self.responses.get(response_id)
+        if response is None or not response.audio:
+            return
+        _, part, position = self._message(response)
+        assert part.audio is not None and part.audio_format is not None
+        start = len(part.audio)
+        part.extend_audio(pcm)
+        if transcript or not part.segments:
+            part.segments.append(AudioSegment(start, len(part.audio), transcript))
+        else:
+            part.segments[-1].end = len(part.audio)
+        self.audio_produced = True
+        if transcript:
+            part.transcript = (part.transcript or "") + transcript
+            self._outbox.emit(se.OutputAudioTranscriptDelta(delta=transcript, **position))
+        if not len(pcm):
+            return
+        if self._plays_audio:
+            self._playout.queued(response.id, position["item_id"], response.in_band)
+            self._outbox.act(PlayAudio(response.id, position["item_id"], pcm, part.rate))
+        else:
+            payload = base64.b64encode(encode_audio(part.audio_format, pcm)).decode()
+            self._outbox.emit(se.OutputAudioDelta(delta=payload, **position))
+
+    def _close_message(
+        self, response: Response, status: Literal["completed", "incomplete"]
+    ) -> None:
+        if response.message is None:
+            return
+        entry, part, position = self._message(response)
+        response.message = None
+        entry.status = status
+        emit = self._outbox.emit
+        if part.type == "output_audio":
+            part.compact_audio()
+            self._limit_audio()
+            emit(se.OutputAudioDone(**position))
+            emit(se.OutputAudioTranscriptDone(transcript=part.transcript or "", **position))
+        else:
+            emit(se.OutputTextDone(text=part.text or "", **position))
+        emit(se.ContentPartDone(part=_part_summary(part), **position))
+        self._finish_item(response, entry, position["output_index"])
+
+    def _finish_item(self, response: Response, entry: Entry, index: int) -> None:
+        self._outbox.emit(
+            se.OutputItemDone(response_id=response.id, output_index=index, item=entry.to_wire())
+        )
+        if response.in_band and entry.id in self._conversation:
+            entries = self._conversation.entries()
+            position = entries.index(entry)
+            previous = entries[position - 1].id if position else None
+            self._outbox.emit(
+                se.ConversationItemDone(previous_item_id=previous, item=entry.to_wire())
+            )
+
+    def tool_call_started(self, response_id: str, call_id: str, name: str) -> None:
+        """The LLM began a function call."""
+        response = self.responses.get(response_id)
+        if response is None:
+            return
+        self._close_message(response, "completed")
+        entry = Entry(
+            id=self._ids.new("item"),
+            type="function_call",
+            status="in_progress",
+            name=name,
+            call_id=call_id,
+        )
+        response.calls[call_id] = entry
+        self._add_output(response, entry)
+
+    def tool_call_delta(self, response_id: str, call_id: str, delta: str) -> None:
+        """A piece of a function call's arguments."""
+        response = self.responses.get(response_id)
+        entry = response.calls.get(call_id) if response else None
+        if response is None or entry is None:
+            return
+        entry.arguments += delta
+        self._outbox.emit(
+            se.FunctionCallArgumentsDelta(
+                response_id=response.id,
+                item_id=entry.id,
+                output_index=response.output.index(entry),
+                call_id=call_id,
+                delta=delta,
+            )
+        )
+
+    def tool_call_finished(self, response_id: str, call_id: str, arguments: str) -> None:
+        """A function call is complete."""
+        response = self.responses.get(response_id)
+        entry = response.calls.pop(call_id, None) if response else None
+        if response is None or entry is None:
+            return
+        entry.arguments = arguments
+        entry.status = "completed"
+        index = response.output.index(entry)
+        self._outbox.emit(
+            se.FunctionCallArgumentsDone(
+                response_id=response.id,
+                item_id=entry.id,
+                output_index=index,
+                call_id=call_id,
+                name=entry.name,
+                arguments=arguments,
+            )
+        )
+        self._finish_item(response, entry, index)
+
+    def finished(self, response_id: str, finished: Finished) -> None:
+        """The engines are done with a response."""
+        response = self.responses.get(response_id)
+        if response is None:
+            return
+        audio_ms = sum(
+            p.duration_ms() for e in response.output for p in e.parts if p.type == "output_audio"
+        )
+        response.usage = _usage(finished, output_audio_tokens=math.ceil(audio_ms / 50))
+        self._rates.count_tokens(response.usage.total_tokens)
+        if finished.reason == "length":
+            self.end_response(
+                response, "incomplete", {"type": "incomplete", "reason": "max_output_tokens"}
+            )
+        else:
+            self.end_response(response, "completed", None)
+        if response.in_band and not self._plays_audio:
+            self._reply_sent(audio_ms)
+
+    def failed(self, response_id: str, message: str) -> None:
+        """An engine failed: this response fails, the session goes on."""
+        response = self.responses.get(response_id)
+        if response is None:
+            return
+        self.end_response(
+            response,
+            "failed",
+            {
+                "type": "failed",
+                "error": {"type": "server_error", "code": "engine_error", "message": message},
+            },
+        )
+
+    def end_response(
+        self,
+        response: Response,
+        status: Literal["completed", "cancelled", "failed", "incomplete"],
+        details: dict[str, Any] | None,
+    ) -> None:
+        """End ``response`` with ``status``: its items are closed, its engine work stopped
+        unless it completed, and the player told that no more audio comes."""
+        if response.id not in self.responses:
+            return
+        if status != "completed":
+            self._outbox.act(CancelGeneration(response.id))
+        item_status: Literal["completed", "incomplete"] = (
+            "completed" if status == "completed" else "incomplete"
+        )
+        self._close_message(response, item_status)
+        self._playout.finish(response.id)
+        for call_id, entry in list(response.calls.items()):
+            entry.status = "incomplete"
+            del response.calls[call_id]
+            self._finish_item(response, entry, response.output.index(entry))
+        response.status = status
+        response.status_details = details
+        del self.responses[response.id]
+        if self.in_band is response:
+            self.in_band = None
+        self._outbox.emit(se.ResponseDone(response=response.to_wire()))
+        if response.in_band:
+            self.prefill()
+
+    def cancel_all(self) -> None:
+        """The session ends: every response is cancelled."""
+        for response in list(self.responses.values()):
+            self.end_response(response, "cancelled", {"type": "cancelled", "reason": None})
+
+
+def _usage(finished: Finished, output_audio_tokens: int) -> se.Usage:
+    """A response's ``usage``; its audio counts as one token per 50 ms."""
+    return se.Usage(
+        total_tokens=finished.prompt_tokens + finished.completion_tokens + output_audio_tokens,
+        input_tokens=finished.prompt_tokens,
+        output_tokens=finished.completion_tokens + output_audio_tokens,
+        input_token_details={
+            "text_tokens": finished.prompt_tokens,
+            "audio_tokens": 0,
+            "image_tokens": 0,
+            "cached_tokens": finished.cached_tokens,
+            "cached_tokens_details": {
+                "text_tokens": finished.cached_tokens,
+                "audio_tokens": 0,
+                "image_tokens": 0,
+            },
+        },
+        output_token_details={
+            "text_tokens": finished.completion_tokens,
+            "audio_tokens": output_audio_tokens,
+        },
+    )
+
+
+def voice_name(voice: str | VoiceId) -> str:
+    """A voice's name, whether given by name or as ``{"id": …}``."""
+    return voice.id if isinstance(voice, VoiceId) else voice
+
+
+def _part_summary(part: Part) -> dict[str, Any]:
+    if part.type == "output_audio":
+        return {"type": "audio", "transcript": part.transcript or ""}
+    return {"type": "text", "text": part.text or ""}
