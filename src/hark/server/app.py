@@ -34,7 +34,15 @@ from hark.server import cors
 from hark.server.access import authentication
 from hark.server.auth import Authenticator, check_bind_policy
 from hark.server.demo import DEMO_KEY_SECONDS, DemoPage
-from hark.server.routes import calls, client_secrets, health, models, sessions
+from hark.server.routes import (
+    calls,
+    client_secrets,
+    health,
+    models,
+    sessions,
+    speech,
+    transcriptions,
+)
 from hark.server.state import (
     AUTHENTICATOR,
     CALLS,
@@ -149,6 +157,8 @@ def create_app(
             *sessions.routes(),
             *calls.routes(),
             *client_secrets.routes(),
+            *speech.routes(),
+            *transcriptions.routes(),
             *cors.preflight_routes(),
             *demo.routes(),
         ]

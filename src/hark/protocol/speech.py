@@ -1,0 +1,54 @@
+"""``POST /v1/audio/speech``: the request body (OpenAI's shape)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta, Struct
+
+from hark.protocol.errors import ProtocolError, from_validation_error
+
+MAX_INPUT_CHARS = 4096
+
+
+class VoiceId(Struct, forbid_unknown_fields=True):
+    """A custom voice, by id."""
+
+    id: str
+
+
+class SpeechRequest(Struct, forbid_unknown_fields=True, kw_only=True):
+    """What to say and how; ``instructions`` are accepted, and unused by voices that take
+    none (Piper's)."""
+
+    model: str
+    input: Annotated[str, Meta(min_length=1, max_length=MAX_INPUT_CHARS)]
+    voice: str | VoiceId
+    instructions: str | None = None
+    response_format: Literal["mp3", "opus", "aac", "flac", "wav", "pcm"] = "mp3"
+    speed: Annotated[float, Meta(ge=0.25, le=4.0)] = 1.0
+    stream_format: Literal["audio", "sse"] = "audio"
+
+    @property
+    def voice_name(self) -> str:
+        """The voice as the TTS engine takes it."""
+        return self.voice if isinstance(self.voice, str) else self.voice.id
+
+
+_decode = msgspec.json.Decoder(SpeechRequest).decode
+
+
+def parse_speech_request(raw: bytes) -> SpeechRequest:
+    """The request of a JSON body; raises ProtocolError naming the offending parameter."""
+    try:
+        return _decode(raw)
+    except msgspec.ValidationError as exc:
+        error = from_validation_error(exc, None)
+        if error.param is None:
+            error = ProtocolError("The request body must be a JSON object.", code="invalid_type")
+        raise error from None
+    except msgspec.DecodeError:
+        raise ProtocolError(
+            "We could not parse the JSON body of your request.", code="invalid_json"
+        ) from None

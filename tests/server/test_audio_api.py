@@ -1,0 +1,491 @@
+"""OpenAI's audio API (``/v1/audio/speech``, ``/v1/audio/transcriptions``) through the
+official SDK against a real server: shapes and errors on fake ASR/TTS engines, and the
+real Piper and Whisper (slow)."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import itertools
+import struct
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import av
+import numpy as np
+import numpy.typing as npt
+import openai
+import pytest
+
+from hark.audio.files import decode_file, wav_header
+from hark.config import Settings
+from hark.engines.fake import FakeAsr, FakeLlm, FakeTts
+from hark.engines.registry import Engines
+from hark.engines.vad.batcher import BatchedSileroVad
+from hark.server.routes.transcriptions import MAX_FILE_BYTES, MAX_PIECE_S, pieces
+from tests.conftest import shared_end_of_turn
+
+from .conftest import API_KEY, RunningServer, StartServer, bearer
+
+KEYED = Settings(api_keys=(API_KEY,))
+WORDS = "one two three four five"
+
+
+@dataclass
+class RecordingTts(FakeTts):
+    """The fake TTS, remembering what it was asked; after the first chunk of each request it
+    waits for ``gate`` (set by default)."""
+
+    rate: int = 24000
+    gate: asyncio.Event = field(default_factory=asyncio.Event)
+    calls: list[tuple[str, str | None, float]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        super().__init__(self.rate)
+        self.gate.set()
+
+    async def synthesize(
+        self, text: str, *, voice: str | None = None, speed: float = 1.0, slack_s: float = 0.0
+    ) -> AsyncIterator[npt.NDArray[np.int16]]:
+        self.calls.append((text, voice, speed))
+        first = True
+        async for chunk in super().synthesize(text, voice=voice, speed=speed):
+            yield chunk
+            if first:
+                first = False
+                await self.gate.wait()
+
+
+class PieceAsr(FakeAsr):
+    """Hears ``piece N`` in the Nth piece of audio, remembering lengths and prompts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.heard: list[tuple[int, str | None, str | None]] = []
+
+    async def transcribe(
+        self,
+        audio: npt.NDArray[np.float32],
+        *,
+        language: str | None = None,
+        prompt: str | None = None,
+    ) -> AsyncIterator[str]:
+        if language == "xx":
+            raise ValueError("Whisper does not know the language 'xx'")
+        self.heard.append((audio.size, prompt, language))
+        yield "piece"
+        yield f" {len(self.heard)}"
+
+
+def engines(tts: FakeTts | None = None, asr: FakeAsr | None = None) -> Engines:
+    return Engines(
+        vad=BatchedSileroVad(),
+        asr=asr or PieceAsr(),
+        llm=FakeLlm(),
+        tts=tts or RecordingTts(),
+        turn=shared_end_of_turn(),
+    )
+
+
+Client = Callable[..., openai.AsyncOpenAI]
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[Client]:
+    """``client(server, key=API_KEY)``: an SDK client of ``server``, closed afterwards."""
+    made: list[openai.AsyncOpenAI] = []
+
+    def make(server: RunningServer, key: str = API_KEY) -> openai.AsyncOpenAI:
+        made.append(openai.AsyncOpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0))
+        return made[-1]
+
+    yield make
+    for sdk in made:
+        await sdk.close()
+
+
+def tone(seconds: float, rate: int = 16000, silent: tuple[float, float] | None = None) -> bytes:
+    """A 16-bit mono WAV of a 300 Hz tone, silent between ``silent`` seconds if given."""
+    t = np.arange(int(seconds * rate)) / rate
+    wave = 0.3 * np.sin(2 * np.pi * 300 * t)
+    if silent is not None:
+        wave[int(silent[0] * rate) : int(silent[1] * rate)] = 0
+    pcm = (wave * 32767).astype("<i2")
+    return wav_header(rate, frames=pcm.size) + pcm.tobytes()
+
+
+# ------------------------------------------------------------------------------- speech
+
+
+async def test_speech_streams_pcm_at_24_khz_as_the_engine_speaks(
+    client: Client,
+    start_server: StartServer,
+) -> None:
+    tts = RecordingTts(rate=16000)
+    tts.gate.clear()
+    server = await start_server(KEYED, engines(tts=tts))
+    async with client(server).audio.speech.with_streaming_response.create(
+        model="tts-1", voice="alloy", input=WORDS, response_format="pcm"
+    ) as response:
+        assert response.headers["Content-Type"] == "audio/pcm"
+        assert response.headers["Transfer-Encoding"] == "chunked"
+        received = bytearray()
+        chunks = response.iter_bytes()
+        # The first chunk arrives while the engine is still held after it: it streams.
+        received += await asyncio.wait_for(anext(chunks), timeout=30)
+        assert received and not tts.gate.is_set()
+        tts.gate.set()
+        async for chunk in chunks:
+            received += chunk
+    assert tts.calls == [(WORDS, "alloy", 1.0)]
+    # Five words of 0.4 s, made at 16 kHz and resampled to 24 kHz, 2 bytes a sample.
+    samples = len(received) // 2
+    assert len(received) % 2 == 0 and abs(samples - 2.0 * 24000) <= 24
+
+
+async def test_speech_as_wav_has_a_streaming_header(
+    client: Client, start_server: StartServer
+) -> None:
+    server = await start_server(KEYED, engines())
+    response = await client(server).audio.speech.create(
+        model="gpt-4o-mini-tts",
+        voice={"id": "voice_custom"},
+        input=WORDS,
+        response_format="wav",
+        speed=2.0,
+        instructions="Speak cheerfully.",
+    )
+    data = response.content
+    riff, riff_size, wave, fmt, _, pcm, channels, rate, _, _, bits, tag, size = struct.unpack(
+        "<4sI4s4sIHHIIHH4sI", data[:44]
+    )
+    assert (riff, wave, fmt, tag) == (b"RIFF", b"WAVE", b"fmt ", b"data")
+    assert (pcm, channels, rate, bits) == (1, 1, 24000, 16)
+    # Sizes unknown while streaming, as OpenAI's streamed WAV.
+    assert riff_size == size == 0xFFFFFFFF
+    # Twice as fast: 1 s of audio instead of 2.
+    assert len(data) - 44 == 24000 * 2
+    assert decode_file(data, 24000, max_seconds=60).size == 24000
+
+
+@pytest.mark.parametrize(
+    ("response_format", "container"),
+    [("mp3", "mp3"), ("opus", "ogg"), ("aac", "aac"), ("flac", "flac")],
+)
+async def test_speech_in_compressed_formats(
+    client: Client, start_server: StartServer, response_format: str, container: str
+) -> None:
+    server = await start_server(KEYED, engines())
+    response = await client(server).audio.speech.create(
+        model="tts-1",
+        voice="alloy",
+        input=WORDS,
+        response_format=response_format,  # type: ignore[arg-type]
+    )
+    with av.open(io.BytesIO(response.content)) as decoded:
+        assert container in decoded.format.name
+        assert decoded.streams.audio[0].codec_context.channels == 1
+    audio = decode_file(response.content, 24000, max_seconds=60)
+    # Encoders add a little padding (MP3 and AAC frames), never lose audio.
+    assert 2.0 * 24000 <= audio.size <= 2.1 * 24000
+    assert np.abs(audio).max() > 0.1
+
+
+async def test_speech_defaults_to_mp3(
+    start_server: StartServer, http: aiohttp.ClientSession
+) -> None:
+    server = await start_server(KEYED, engines())
+    async with http.post(
+        server.url + "/v1/audio/speech",
+        json={"model": "tts-1", "voice": "alloy", "input": "hello"},
+        headers=bearer(API_KEY),
+    ) as response:
+        assert response.status == 200
+        assert response.headers["Content-Type"] == "audio/mpeg"
+        body = await response.read()
+    with av.open(io.BytesIO(body)) as decoded:
+        assert decoded.format.name == "mp3"
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "code"),
+    [
+        ({"voice": "alloy", "input": "hi"}, "model", "missing_required_parameter"),
+        ({"model": "tts-1", "voice": "alloy"}, "input", "missing_required_parameter"),
+        ({"model": "tts-1", "voice": "alloy", "input": ""}, "input", "invalid_value"),
+        ({"model": "tts-1", "voice": "alloy", "input": "x" * 4097}, "input", "invalid_value"),
+        ({"model": "tts-1", "voice": "alloy", "input": "hi", "speed": 5}, "speed", None),
+        (
+            {"model": "tts-1", "voice": "alloy", "input": "hi", "response_format": "ogg"},
+            "response_format",
+            "invalid_value",
+        ),
+        (
+            {"model": "tts-1", "voice": "alloy", "input": "hi", "stream_format": "sse"},
+            "stream_format",
+            "unsupported_value",
+        ),
+        ({"model": "tts-1", "voice": 7, "input": "hi"}, "voice", "invalid_type"),
+        ({"model": "tts-1", "voice": "a", "input": "hi", "pitch": 2}, "pitch", None),
+        ([], None, "invalid_type"),
+    ],
+)
+async def test_invalid_speech_requests(
+    start_server: StartServer,
+    http: aiohttp.ClientSession,
+    body: Any,
+    param: str | None,
+    code: str | None,
+) -> None:
+    tts = RecordingTts()
+    server = await start_server(KEYED, engines(tts=tts))
+    async with http.post(
+        server.url + "/v1/audio/speech", json=body, headers=bearer(API_KEY)
+    ) as response:
+        assert response.status == 400
+        error = (await response.json())["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == param
+    if code is not None:
+        assert error["code"] == code
+    assert tts.calls == []
+
+
+async def test_speech_needs_a_key_and_a_bounded_body(
+    client: Client, start_server: StartServer, http: aiohttp.ClientSession
+) -> None:
+    server = await start_server(KEYED, engines())
+    with pytest.raises(openai.AuthenticationError):
+        await client(server, "sk-wrong").audio.speech.create(
+            model="tts-1", voice="alloy", input="hi"
+        )
+    huge = {"model": "tts-1", "voice": "alloy", "input": "x" * (200 * 1024)}
+    async with http.post(
+        server.url + "/v1/audio/speech", json=huge, headers=bearer(API_KEY)
+    ) as response:
+        assert response.status == 413
+        assert (await response.json())["error"]["code"] == "request_too_large"
+
+
+# ------------------------------------------------------------------------ transcriptions
+
+
+async def test_transcription_as_json_and_text(client: Client, start_server: StartServer) -> None:
+    asr = PieceAsr()
+    server = await start_server(KEYED, engines(asr=asr))
+    sdk = client(server)
+    result = await sdk.audio.transcriptions.create(
+        model="whisper-1", file=("hello.wav", tone(2.0)), language="en", prompt="Greetings."
+    )
+    assert result.text == "piece 1"
+    assert result.usage is not None and result.usage.type == "duration"
+    assert result.usage.seconds == pytest.approx(2.0)
+    # The file reached the engine as 2 s at its rate, with the language and prompt.
+    assert asr.heard == [(32000, "Greetings.", "en")]
+    text = await sdk.audio.transcriptions.create(
+        model="whisper-1", file=("hello.wav", tone(2.0)), response_format="text"
+    )
+    assert text.strip() == "piece 2"
+
+
+async def test_other_containers_are_decoded(client: Client, start_server: StartServer) -> None:
+    asr = PieceAsr()
+    server = await start_server(KEYED, engines(asr=asr))
+    pcm = (0.3 * np.sin(2 * np.pi * 300 * np.arange(24000) / 24000) * 32767).astype(np.int16)
+    encoder_output = io.BytesIO()
+    with av.open(encoder_output, mode="w", format="flac") as container:
+        stream = container.add_stream("flac", rate=24000)
+        assert isinstance(stream, av.AudioStream)
+        stream.layout = "mono"
+        frame = av.AudioFrame.from_ndarray(pcm[np.newaxis], format="s16", layout="mono")
+        frame.sample_rate = 24000
+        for packet in [*stream.encode(frame), *stream.encode(None)]:
+            container.mux(packet)
+    await client(server).audio.transcriptions.create(
+        model="whisper-1", file=("one-second.flac", encoder_output.getvalue())
+    )
+    # One second at 24 kHz in the file, one second at the engine's 16 kHz.
+    assert abs(asr.heard[0][0] - 16000) <= 16
+
+
+async def test_long_audio_is_cut_into_timed_segments_at_quiet_moments(
+    client: Client,
+    start_server: StartServer,
+) -> None:
+    asr = PieceAsr()
+    server = await start_server(KEYED, engines(asr=asr))
+    # 70 s of tone, silent from 27.5 s to 28.5 s: the first cut falls in that silence.
+    result = await client(server).audio.transcriptions.create(
+        model="whisper-1",
+        file=("long.wav", tone(70.0, silent=(27.5, 28.5))),
+        response_format="verbose_json",
+        timestamp_granularities=["segment"],
+    )
+    assert result.duration == pytest.approx(70.0)
+    assert result.text == "piece 1 piece 2 piece 3"
+    assert result.segments is not None
+    starts = [s.start for s in result.segments]
+    ends = [s.end for s in result.segments]
+    assert starts[0] == 0 and ends[-1] == pytest.approx(70.0)
+    assert starts[1:] == ends[:-1]
+    assert 27.5 <= ends[0] <= 28.5
+    assert all(end - start <= MAX_PIECE_S for start, end in zip(starts, ends, strict=True))
+    assert [s.text for s in result.segments] == ["piece 1", "piece 2", "piece 3"]
+    # Each piece hears the text before it as its prompt.
+    assert [prompt for _, prompt, _ in asr.heard] == [None, "piece 1", "piece 1 piece 2"]
+
+
+def test_pieces_cover_the_audio_without_gaps() -> None:
+    rate = 16000
+    for seconds in (0.0, 1.0, MAX_PIECE_S, MAX_PIECE_S + 0.01, 95.3):
+        audio = np.random.default_rng(1).normal(0, 0.1, int(seconds * rate)).astype(np.float32)
+        ranges = pieces(audio, rate)
+        assert ranges[0][0] == 0 and ranges[-1][1] == audio.size
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))
+        assert all(0 < end - start <= MAX_PIECE_S * rate for start, end in ranges if audio.size)
+
+
+async def test_subtitles(client: Client, start_server: StartServer) -> None:
+    server = await start_server(KEYED, engines())
+    sdk = client(server)
+    wav = tone(40.0, silent=(29.0, 30.0))
+    srt = await sdk.audio.transcriptions.create(
+        model="whisper-1", file=("a.wav", wav), response_format="srt"
+    )
+    vtt = await sdk.audio.transcriptions.create(
+        model="whisper-1", file=("a.wav", wav), response_format="vtt"
+    )
+    srt_lines = str(srt).splitlines()
+    assert srt_lines[:3] == ["1", f"00:00:00,000 --> {srt_lines[1][-12:]}", "piece 1"]
+    assert srt_lines[1][-12:].startswith("00:00:29,")
+    assert srt_lines[4] == "2" and srt_lines[5].endswith("00:00:40,000")
+    vtt_lines = str(vtt).splitlines()
+    assert vtt_lines[0] == "WEBVTT" and vtt_lines[2].startswith("00:00:00.000 --> 00:00:29.")
+
+
+async def test_streamed_transcription_events(client: Client, start_server: StartServer) -> None:
+    server = await start_server(KEYED, engines())
+    stream = await client(server).audio.transcriptions.create(
+        model="gpt-4o-mini-transcribe", file=("long.wav", tone(45.0)), stream=True
+    )
+    events = [event async for event in stream]
+    deltas = [e.delta for e in events if e.type == "transcript.text.delta"]
+    assert [e.type for e in events][-1] == "transcript.text.done"
+    done = events[-1]
+    assert done.type == "transcript.text.done"
+    assert deltas == ["piece", " 1", " piece", " 2"]
+    assert done.text == "".join(deltas) == "piece 1 piece 2"
+
+
+@pytest.mark.parametrize(
+    ("options", "param", "code"),
+    [
+        ({"timestamp_granularities": ["word"]}, "timestamp_granularities", "unsupported_value"),
+        ({"include": ["logprobs"]}, "include", "unsupported_value"),
+        ({"response_format": "diarized_json"}, "response_format", "invalid_value"),
+        ({"response_format": "srt", "stream": True}, "response_format", "unsupported_value"),
+        ({"language": "xx"}, "language", "invalid_value"),
+        ({"temperature": 3}, "temperature", "invalid_value"),
+        ({"extra_body": {"colour": "blue"}}, "colour", "unknown_parameter"),
+    ],
+)
+async def test_invalid_transcription_requests(
+    client: Client, start_server: StartServer, options: dict[str, Any], param: str, code: str
+) -> None:
+    server = await start_server(KEYED, engines())
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client(server).audio.transcriptions.create(
+            model="whisper-1", file=("a.wav", tone(1.0)), **options
+        )
+    error: Any = caught.value.body
+    assert (error["param"], error["code"]) == (param, code)
+    assert error["message"]
+
+
+async def test_bad_files_and_bodies(
+    client: Client, start_server: StartServer, http: aiohttp.ClientSession
+) -> None:
+    asr = PieceAsr()
+    server = await start_server(KEYED, engines(asr=asr))
+    url = server.url + "/v1/audio/transcriptions"
+    sdk = client(server)
+    with pytest.raises(openai.BadRequestError) as caught:
+        await sdk.audio.transcriptions.create(model="whisper-1", file=("a.wav", b"not audio" * 9))
+    assert caught.value.body["param"] == "file"  # type: ignore[index]
+    form = aiohttp.FormData({"model": "whisper-1"}, default_to_multipart=True)
+    async with http.post(url, data=form, headers=bearer(API_KEY)) as response:
+        assert response.status == 400
+        assert (await response.json())["error"]["param"] == "file"
+    async with http.post(url, json={"model": "whisper-1"}, headers=bearer(API_KEY)) as response:
+        assert response.status == 400
+        assert (await response.json())["error"]["code"] == "invalid_content_type"
+    # Over 25 MB: refused as too large, whether or not the client declared its length.
+    big = aiohttp.FormData({"model": "whisper-1"})
+    big.add_field("file", b"\0" * (MAX_FILE_BYTES + 1), filename="big.wav")
+    async with http.post(url, data=big, headers=bearer(API_KEY)) as response:
+        assert response.status == 413
+        assert (await response.json())["error"]["code"] == "request_too_large"
+
+    async def chunked() -> AsyncIterator[bytes]:
+        yield b'--b\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\n'
+        for _ in range(MAX_FILE_BYTES // (1 << 20) + 1):
+            yield b"\0" * (1 << 20)
+
+    headers = {**bearer(API_KEY), "Content-Type": "multipart/form-data; boundary=b"}
+    async with http.post(url, data=chunked(), headers=headers) as response:
+        assert response.status == 413
+    with pytest.raises(openai.AuthenticationError):
+        await client(server, "sk-wrong").audio.transcriptions.create(
+            model="whisper-1", file=("a.wav", tone(1.0))
+        )
+    assert asr.heard == []
+
+
+# --------------------------------------------------------------------- the real engines
+
+
+@pytest.fixture
+async def real_engines() -> AsyncIterator[Engines]:
+    """Piper and Whisper (and the real VAD, which the server warms up too)."""
+    from hark.engines.asr.whisper import WhisperAsr
+    from hark.engines.tts.piper import PiperTts
+
+    built = Engines(
+        vad=BatchedSileroVad(),
+        asr=WhisperAsr(),
+        llm=FakeLlm(),
+        tts=PiperTts(),
+        turn=shared_end_of_turn(),
+    )
+    yield built
+
+
+@pytest.mark.slow
+async def test_piper_speaks_and_whisper_hears_it(
+    client: Client, start_server: StartServer, real_engines: Engines
+) -> None:
+    server = await start_server(KEYED, real_engines)
+    sdk = client(server)
+    sentence = "The quick brown fox jumps over the lazy dog."
+    async with sdk.audio.speech.with_streaming_response.create(
+        model="tts-1", voice="alloy", input=sentence, response_format="wav"
+    ) as response:
+        wav = await response.read()
+    audio = decode_file(wav, 24000, max_seconds=60)
+    assert 1.0 < audio.size / 24000 < 6.0 and np.abs(audio).max() > 0.1
+
+    result = await sdk.audio.transcriptions.create(
+        model="whisper-1", file=("fox.wav", wav), response_format="verbose_json"
+    )
+    words = result.text.lower()
+    assert "quick brown fox" in words and "lazy dog" in words
+    assert result.segments is not None and len(result.segments) == 1
+
+    stream = await sdk.audio.transcriptions.create(
+        model="whisper-1", file=("fox.wav", wav), stream=True
+    )
+    events = [event async for event in stream]
+    done = events[-1]
+    assert done.type == "transcript.text.done" and done.text == result.text
+    assert "".join(e.delta for e in events if e.type == "transcript.text.delta") == done.text
