@@ -200,10 +200,6 @@ class Conversation:
         self._by_id[entry.id] = entry
         return self._entries[index - 1].id if index > 0 else None
 
-    def last_id(self) -> str | None:
-        """The id of the last item, if any."""
-        return self._entries[-1].id if self._entries else None
-
     def delete(self, item_id: str) -> None:
         """Remove an item."""
         entry = self.get(item_id)

@@ -16,7 +16,6 @@ playout (``playout_state``).
 
 from __future__ import annotations
 
-import binascii
 from typing import Any
 
 import msgspec
@@ -36,7 +35,8 @@ from hark.protocol.session_config import (
     session_config_to_dict,
 )
 from hark.session.actions import Close, ScoreTurn
-from hark.session.conversation import AudioSegment, Conversation, Entry, Part, truncate_part
+from hark.session.client_items import entry_from_wire
+from hark.session.conversation import Conversation, Entry, Part, truncate_part
 from hark.session.ids import IdGenerator
 from hark.session.input_buffer import InputAudioBuffer
 from hark.session.outbox import Outbox, Output
@@ -576,7 +576,7 @@ class Session:
             item = msgspec.convert(raw, wire.Item)
         except msgspec.ValidationError as exc:
             raise from_validation_error(exc, "item") from None
-        entry, recognise = self._entry_from_wire(item, "item")
+        entry, recognise = self._from_wire(item, "item")
         if entry.id in self.conversation:
             raise ProtocolError(
                 f"Item with id {entry.id[:100]} already exists.", "item.id", "duplicate_item_id"
@@ -589,72 +589,9 @@ class Session:
         self._limit_audio()
         self._responses.prefill()
 
-    def _entry_from_wire(self, item: wire.Item, param: str) -> tuple[Entry, list[Part]]:
-        """Build an entry from a client item; returns the audio parts that need recognition."""
-        item_id = item.id or self.ids.new("item")
-        if isinstance(item, wire.McpItem):
-            return Entry(id=item_id, type="mcp", mcp=item), []
-        if isinstance(item, wire.FunctionCallItem):
-            entry = Entry(
-                id=item_id,
-                type="function_call",
-                name=item.name,
-                arguments=item.arguments,
-                call_id=item.call_id or self.ids.new("call"),
-            )
-            return entry, []
-        if isinstance(item, wire.FunctionCallOutputItem):
-            entry = Entry(
-                id=item_id, type="function_call_output", call_id=item.call_id, output=item.output
-            )
-            return entry, []
-        parts: list[Part] = []
-        recognise: list[Part] = []
-        allowed = wire.ALLOWED_PARTS[item.role]
-        for index, content in enumerate(item.content):
-            where = f"{param}.content[{index}]"
-            if not isinstance(content, allowed):
-                raise ProtocolError(
-                    f"Content type '{content.__struct_config__.tag}' is not allowed "
-                    f"in a {item.role} message.",
-                    f"{where}.type",
-                )
-            parts.append(self._part_from_wire(content, where, recognise))
-        return Entry(id=item_id, type="message", role=item.role, parts=parts), recognise
-
-    def _part_from_wire(self, content: wire.ContentPart, where: str, recognise: list[Part]) -> Part:
-        if isinstance(content, wire.InputText):
-            return Part("input_text", text=content.text)
-        if isinstance(content, wire.OutputText):
-            return Part("output_text", text=content.text)
-        if isinstance(content, wire.InputImage):
-            return Part("input_image", image_url=content.image_url, detail=content.detail)
-        is_input = isinstance(content, wire.InputAudio)
-        fmt = self.config.audio.input.format if is_input else self.config.audio.output.format
-        part = Part(
-            "input_audio" if is_input else "output_audio",
-            transcript=content.transcript,
-            audio_format=fmt,
-            rate=format_rate(fmt),
-        )
-        if content.audio:
-            try:
-                data = binascii.a2b_base64(content.audio, strict_mode=True)
-            except (binascii.Error, ValueError):
-                raise ProtocolError(
-                    "Invalid 'audio': expected base64-encoded audio.", f"{where}.audio"
-                ) from None
-            part.audio = decode_audio(fmt, data, f"{where}.audio")
-        if is_input:
-            part.heard = content.transcript
-            if part.heard is None:
-                if part.audio is None or not len(part.audio):
-                    part.heard = ""
-                else:
-                    recognise.append(part)
-        elif part.audio is not None:
-            part.segments = [AudioSegment(0, len(part.audio), content.transcript or "")]
-        return part
+    def _from_wire(self, item: wire.Item, param: str) -> tuple[Entry, list[Part]]:
+        audio = self.config.audio
+        return entry_from_wire(item, param, self.ids, audio.input.format, audio.output.format)
 
     def _truncate(self, item_id: str, content_index: int, audio_end_ms: int) -> None:
         entry = self.conversation.get(item_id)
@@ -723,7 +660,7 @@ class Session:
             if isinstance(item, wire.ItemReference):
                 entries.append(self.conversation.get(item.id, f"response.input[{index}].id"))
             else:
-                entry, recognise = self._entry_from_wire(item, f"response.input[{index}]")
+                entry, recognise = self._from_wire(item, f"response.input[{index}]")
                 for part in recognise:
                     self._recognition.recognise(entry, part)
                 entries.append(entry)

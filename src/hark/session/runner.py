@@ -2,8 +2,10 @@
 
 Transports hand it client frames and forward what ``outgoing`` yields, or write events the
 moment they are made through ``send_with``; they know nothing else. Engine failures fail one
-response (or one transcription), never the session. The runner also times every response's
-stages (``TurnTimings``) on a monotonic clock.
+response (or one transcription), never the session. Every input reaches the core with the
+wall time, and one timer wakes the core at its ``next_deadline()``; every decision about the
+session is the core's, the runner only carries out its actions. It also times every
+response's stages (``TurnTimings``) on a monotonic clock.
 """
 
 from __future__ import annotations
@@ -124,7 +126,6 @@ class SessionRunner:
         )
         self._out: asyncio.Queue[str | None] = asyncio.Queue()
         self._send: Callable[[str], bool] | None = None
-        # Each chunk with the moment its last sample reached the session (monotonic).
         # When the last sample of each chunk the VAD has not answered yet arrived (monotonic).
         self._vad_waiting: deque[float] = deque()
         # When the audio behind the VAD result being handled now arrived.
@@ -137,7 +138,7 @@ class SessionRunner:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_deadline: float | None = None
         self._closed = False
-        self.timings: dict[str, TurnTimings] = {}
+        self._timings: dict[str, TurnTimings] = {}
         self._turn_end: tuple[float, float] | None = None
 
     @property
@@ -342,21 +343,21 @@ class SessionRunner:
                 timings.turn_end = ended
                 timings.last_voiced = ended - waited_ms / 1000
                 self._turn_end = None
-            self.timings[event.response.id] = timings
+            self._timings[event.response.id] = timings
         elif isinstance(event, se.OutputAudioDelta):
             self._mark(event.response_id, "first_audio_sent")
         elif isinstance(event, se.ResponseDone):
             self._response_done(event.response)
 
     def _mark(self, response_id: str, stage: str, at: float | None = None) -> None:
-        timings = self.timings.get(response_id)
+        timings = self._timings.get(response_id)
         if timings is not None:
             timings.mark(stage, self._now() if at is None else at)
 
     def _response_done(self, response: se.Response) -> None:
         if self._on_usage is not None and response.usage is not None:
             self._on_usage(response.usage.total_tokens)
-        timings = self.timings.pop(response.id, None)
+        timings = self._timings.pop(response.id, None)
         if timings is None:
             return
         timings.status = response.status
@@ -491,7 +492,7 @@ class SessionRunner:
             return
         self._speculation = None
         speculation.generate.request.urgency.speculative = False
-        timings = self.timings.get(action.response_id)
+        timings = self._timings.get(action.response_id)
         if timings is not None:
             timings.mark("transcript", speculation.sink.started)
             for stage, at in speculation.sink.marks.items():
