@@ -489,3 +489,53 @@ async def test_piper_speaks_and_whisper_hears_it(
     done = events[-1]
     assert done.type == "transcript.text.done" and done.text == result.text
     assert "".join(e.delta for e in events if e.type == "transcript.text.delta") == done.text
+
+
+class BrokenTts(RecordingTts):
+    """Fails on text containing ``break``."""
+
+    async def synthesize(
+        self, text: str, *, voice: str | None = None, speed: float = 1.0, slack_s: float = 0.0
+    ) -> AsyncIterator[npt.NDArray[np.int16]]:
+        if "break" in text:
+            raise RuntimeError("the voice model crashed")
+        async for chunk in super().synthesize(text, voice=voice, speed=speed):
+            yield chunk
+
+
+class BrokenAsr(PieceAsr):
+    """Fails on audio of an odd number of seconds."""
+
+    async def transcribe(
+        self,
+        audio: npt.NDArray[np.float32],
+        *,
+        language: str | None = None,
+        prompt: str | None = None,
+    ) -> AsyncIterator[str]:
+        if (audio.size // self.sample_rate) % 2:
+            raise RuntimeError("the recogniser crashed")
+        async for delta in super().transcribe(audio, language=language, prompt=prompt):
+            yield delta
+
+
+async def test_a_failing_engine_fails_the_request_not_the_server(
+    start_server: StartServer, client: Client
+) -> None:
+    server = await start_server(KEYED, engines(tts=BrokenTts(), asr=BrokenAsr()))
+    sdk = client(server)
+    with pytest.raises(openai.InternalServerError) as speech_failed:
+        await sdk.audio.speech.create(model="tts-1", voice="alloy", input="break it")
+    for stream in (False, True):
+        with pytest.raises(openai.InternalServerError) as transcription_failed:
+            await sdk.audio.transcriptions.create(
+                model="whisper-1", file=("a.wav", tone(1.0)), stream=stream
+            )
+        assert transcription_failed.value.body["type"] == "server_error"  # type: ignore[index]
+    assert speech_failed.value.body["type"] == "server_error"  # type: ignore[index]
+    spoken = await sdk.audio.speech.create(
+        model="tts-1", voice="alloy", input="fine", response_format="pcm"
+    )
+    assert len(spoken.content) == 0.4 * 24000 * 2
+    heard = await sdk.audio.transcriptions.create(model="whisper-1", file=("a.wav", tone(2.0)))
+    assert heard.text == "piece 1"

@@ -60,6 +60,11 @@ def engines_failed() -> web.Response:
     return error_response(503, "The server's engines failed to load.", type="server_error")
 
 
+def engine_failed(what: str) -> web.Response:
+    """What a request gets when its engine failed on it (the details go to the log)."""
+    return error_response(500, f"The {what} engine failed on this request.", type="server_error")
+
+
 def rate_limited(message: str) -> web.Response:
     """A request over one of the key's limits."""
     return error_response(429, message, type="rate_limit_error", code="rate_limit_exceeded")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections.abc import AsyncIterator
 
 import numpy as np
 import numpy.typing as npt
@@ -23,7 +24,7 @@ from hark.protocol.speech import SpeechRequest, parse_speech_request
 from hark.server.access import KEY, principal, requires
 from hark.server.admission import admit_request
 from hark.server.bodies import read_limited
-from hark.server.errors import engines_failed, invalid_request
+from hark.server.errors import engine_failed, engines_failed, invalid_request
 from hark.server.state import ENGINES, LIMITS, STATE
 
 logger = logging.getLogger(__name__)
@@ -60,33 +61,47 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
         return refusal
     if not await request.app[STATE].engines_ready():
         return engines_failed()
-    response = web.StreamResponse(headers={"Content-Type": CONTENT_TYPES[speech.response_format]})
-    response.enable_chunked_encoding()
-    await response.prepare(request)
-    try:
-        await _stream_speech(request, speech, response)
-    except ConnectionError:
-        logger.info("the client left before the speech ended")
-        return response
-    await response.write_eof()
-    return response
-
-
-async def _stream_speech(
-    request: web.Request, speech: SpeechRequest, response: web.StreamResponse
-) -> None:
     tts = request.app[ENGINES].tts
-    resampler = StreamResampler(tts.sample_rate, SPEECH_RATE)
-    encoder = speech_encoder(speech.response_format, SPEECH_RATE)
     chunks = tts.synthesize(speech.input, voice=speech.voice_name, speed=speech.speed)
     try:
-        async for chunk in chunks:
-            await _write(response, encoder, resampler.process(chunk))
+        try:
+            # The first audio before the answer starts: until then a failure is an error.
+            first = await anext(chunks, None)
+        except Exception:
+            logger.exception("the TTS engine failed before any audio")
+            return engine_failed("speech")
+        response = web.StreamResponse(
+            headers={"Content-Type": CONTENT_TYPES[speech.response_format]}
+        )
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        try:
+            await _stream_speech(response, speech, tts.sample_rate, first, chunks)
+        except ConnectionError:
+            logger.info("the client left before the speech ended")
+            return response
     finally:
         # Closing the engine's iterator when the client leaves stops its work.
         aclose = getattr(chunks, "aclose", None)
         if aclose is not None:
             await aclose()
+    await response.write_eof()
+    return response
+
+
+async def _stream_speech(
+    response: web.StreamResponse,
+    speech: SpeechRequest,
+    rate: int,
+    first: npt.NDArray[np.int16] | None,
+    chunks: AsyncIterator[npt.NDArray[np.int16]],
+) -> None:
+    resampler = StreamResampler(rate, SPEECH_RATE)
+    encoder = speech_encoder(speech.response_format, SPEECH_RATE)
+    if first is not None:
+        await _write(response, encoder, resampler.process(first))
+        async for chunk in chunks:
+            await _write(response, encoder, resampler.process(chunk))
     tail = resampler.flush()
     await _write(response, encoder, tail.astype(np.int16, copy=False))
     data = await _encoded(encoder, None)

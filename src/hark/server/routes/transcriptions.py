@@ -37,7 +37,13 @@ from hark.protocol.transcriptions import (
 )
 from hark.server.access import KEY, principal, requires
 from hark.server.admission import admit_request
-from hark.server.errors import engines_failed, error_response, invalid_request, too_large
+from hark.server.errors import (
+    engine_failed,
+    engines_failed,
+    error_response,
+    invalid_request,
+    too_large,
+)
 from hark.server.state import ENGINES, LIMITS, STATE
 
 logger = logging.getLogger(__name__)
@@ -99,6 +105,9 @@ async def create_transcription(request: web.Request) -> web.StreamResponse:
         segments = [segment async for segment, _ in _transcribe(asr, audio, form)]
     except ValueError as exc:
         return _refused_by_engine(exc)
+    except Exception:
+        logger.exception("the ASR engine failed on a transcription")
+        return engine_failed("transcription")
     return _answer(form, segments, audio.size / asr.sample_rate)
 
 
@@ -275,6 +284,9 @@ async def _stream(
         first = await anext(results, None)
     except ValueError as exc:
         return _refused_by_engine(exc)
+    except Exception:
+        logger.exception("the ASR engine failed on a transcription")
+        return engine_failed("transcription")
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"}
     )
