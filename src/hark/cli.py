@@ -43,8 +43,22 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default=None, help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=None, help="port to bind (default 8000)")
     serve.add_argument(
-        "--engines", choices=ENGINE_SETS, default=None, help="engine set (default embedded)"
+        "--engines",
+        choices=ENGINE_SETS,
+        default=None,
+        help="the preset for each engine not named by --vad/--asr/--llm/--tts (default "
+        "embedded: silero, whisper, llama_cpp, piper; fake: fake ASR, LLM and TTS)",
     )
+    from hark.engines.registry import ENGINE_TABLES
+
+    for kind, table in ENGINE_TABLES.items():
+        url_note = f"; openai when --{kind}-url is given" if kind != "vad" else ""
+        serve.add_argument(
+            f"--{kind}",
+            choices=sorted(table),
+            default=None,
+            help=f"the {kind.upper()} engine (default: the --engines preset's{url_note})",
+        )
     serve.add_argument(
         "--llm-url",
         default=None,
@@ -59,11 +73,34 @@ def build_parser() -> argparse.ArgumentParser:
         "--llm-model-path", default=None, metavar="PATH", help="a GGUF file for llama.cpp"
     )
     serve.add_argument(
-        "--asr-model", default=None, metavar="PATH", help="a faster-whisper model path"
+        "--asr-model",
+        default=None,
+        metavar="PATH|NAME",
+        help="whisper: a faster-whisper model path; openai: the model's name (default whisper-1)",
     )
     serve.add_argument(
         "--asr-device", default=None, metavar="DEVICE", help="ASR device (default cpu)"
     )
+    serve.add_argument(
+        "--asr-url",
+        default=None,
+        metavar="URL",
+        help="an OpenAI audio API for --asr openai (POST URL/audio/transcriptions)",
+    )
+    serve.add_argument("--asr-api-key", default=None, metavar="KEY", help="key for --asr-url")
+    serve.add_argument(
+        "--tts-model",
+        default=None,
+        metavar="PATH|NAME",
+        help="piper: a voice's .onnx path; openai: the model's name (default tts-1)",
+    )
+    serve.add_argument(
+        "--tts-url",
+        default=None,
+        metavar="URL",
+        help="an OpenAI audio API for --tts openai (POST URL/audio/speech)",
+    )
+    serve.add_argument("--tts-api-key", default=None, metavar="KEY", help="key for --tts-url")
     serve.add_argument(
         "--config", dest="config_file", default=None, metavar="FILE", help="a TOML file"
     )
@@ -272,7 +309,7 @@ async def _serve_until(
     *,
     drain: asyncio.Event | None = None,
 ) -> int:
-    from hark.engines.registry import EngineUnavailableError, build_engines
+    from hark.engines.registry import EngineUnavailableError, build_engines, engine_names
     from hark.observability.tracing import TracingUnavailableError
     from hark.server.app import (
         create_app,
@@ -284,6 +321,7 @@ async def _serve_until(
     from hark.server.auth import InsecureBindError
 
     try:
+        chosen = ", ".join(f"{kind}: {name}" for kind, name in engine_names(settings).items())
         engines = build_engines(settings)
     except EngineUnavailableError as exc:
         logger.error("%s", exc)
@@ -321,11 +359,11 @@ async def _serve_until(
             settled = asyncio.create_task(_settle_heap_when_warm(app), name="hark-settle-heap")
             for host, port, *_ in runner.addresses:
                 logger.info(
-                    "hark %s listening on http://%s:%d (engines: %s, llm: %s)",
+                    "hark %s listening on http://%s:%d (%s; model %s)",
                     __version__,
                     f"[{host}]" if ":" in host else host,
                     port,
-                    settings.engines,
+                    chosen,
                     settings.llm_model_name,
                 )
             await _wait_for_stop(stop, drain)

@@ -35,15 +35,30 @@ class Settings:
 
     host: str = "127.0.0.1"
     port: int = 8000
+    # The preset that fills in each engine not named below (``--vad``, ``--asr``…).
     engines: EngineSet = "embedded"
+    # An engine by name from the registry's table of its kind (None: the preset's; for the
+    # LLM, ASR and TTS, ``openai`` when their URL is given).
+    vad: str | None = None
+    asr: str | None = None
+    llm: str | None = None
+    tts: str | None = None
     # OpenAI-compatible endpoints; several: one engine fails over between them.
     llm_url: tuple[str, ...] = ()
     # None means "the embedded default" for embedded engines; a remote LLM needs a name.
     llm_model: str | None = None
     llm_api_key: str | None = field(default=None, repr=False)
     llm_model_path: str | None = None
+    # Whisper: a faster-whisper model path; openai: the remote model's name.
     asr_model: str | None = None
     asr_device: str = "cpu"
+    # An OpenAI audio API (``{url}/audio/transcriptions``, ``{url}/audio/speech``).
+    asr_url: str | None = None
+    asr_api_key: str | None = field(default=None, repr=False)
+    # Piper: a voice's .onnx path; openai: the remote model's name.
+    tts_model: str | None = None
+    tts_url: str | None = None
+    tts_api_key: str | None = field(default=None, repr=False)
     api_keys: tuple[str, ...] = field(default=(), repr=False)
     log_level: str = "info"
     config_file: Path | None = None
@@ -183,8 +198,15 @@ def _validate(values: dict[str, Any]) -> Settings:
         "llm_model",
         "llm_api_key",
         "llm_model_path",
+        "vad",
+        "asr",
+        "llm",
+        "tts",
         "asr_model",
         "asr_device",
+        "asr_api_key",
+        "tts_model",
+        "tts_api_key",
         "log_level",
         "rtc_advertise_ip",
         "otel_endpoint",
@@ -213,6 +235,11 @@ def _validate(values: dict[str, Any]) -> Settings:
     _validate_llm_url(values)
     if values.get("llm_url") and not values.get("llm_model"):
         raise ConfigError("llm_model is required with llm_url (the remote model's name)")
+    for name in ("asr_url", "tts_url"):
+        if values.get(name) is not None and not _is_http_url(values[name]):
+            # Not echoed: the URL may carry credentials.
+            raise ConfigError(f"{name} must be an http(s) URL")
+    _validate_engine_names(values)
     _validate_workers(values)
     _validate_vad_rate(values)
     _validate_flag(values, "demo")
@@ -226,6 +253,35 @@ def _validate(values: dict[str, Any]) -> Settings:
     return Settings(**values)
 
 
+def _validate_engine_names(values: dict[str, Any]) -> None:
+    """Each engine named must be in its kind's table; a URL goes with an engine that uses it."""
+    from hark.engines.registry import ENGINE_TABLES, REMOTE_ENGINE
+
+    for kind, table in ENGINE_TABLES.items():
+        name = values.get(kind)
+        if name is not None and name not in table:
+            raise ConfigError(f"{kind} must be one of {', '.join(sorted(table))}, not {name!r}")
+        url_option = f"{kind}_url"
+        if url_option not in _FIELDS:
+            continue
+        has_url = bool(values.get(url_option))
+        if name == REMOTE_ENGINE and not has_url:
+            raise ConfigError(f"{kind} {REMOTE_ENGINE} needs {url_option} (the endpoint)")
+        if name not in (None, REMOTE_ENGINE) and has_url:
+            raise ConfigError(f"{url_option} is for the {REMOTE_ENGINE} {kind}, not {name!r}")
+
+
+def _is_http_url(url: object) -> bool:
+    if not isinstance(url, str):
+        return False
+    try:
+        parts = urlsplit(url)
+        port_ok = parts.port is None or parts.port > 0  # .port raises on a bad port
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname) and port_ok
+
+
 def _validate_llm_url(values: dict[str, Any]) -> None:
     """One URL or several (comma-separated, or a list in the file): a tuple of http(s) URLs."""
     urls = values.get("llm_url", ())
@@ -234,13 +290,7 @@ def _validate_llm_url(values: dict[str, Any]) -> None:
     if not isinstance(urls, (tuple, list)) or not all(isinstance(u, str) for u in urls):
         raise ConfigError("llm_url must be a URL or a list of URLs")
     for number, url in enumerate(urls, 1):
-        try:
-            parts = urlsplit(url)
-            port_ok = parts.port is None or parts.port > 0  # .port raises on a bad port
-            valid = parts.scheme in ("http", "https") and bool(parts.hostname) and port_ok
-        except ValueError:
-            valid = False
-        if not valid:
+        if not _is_http_url(url):
             # The URL may carry credentials: say which one, not what it says.
             raise ConfigError(f"llm_url must hold http(s) URLs; URL {number} is not one")
     if len(set(urls)) != len(urls):

@@ -130,3 +130,59 @@ def test_a_bad_llm_url_is_not_echoed() -> None:
     with pytest.raises(ConfigError) as refused:
         load_settings({"llm_url": "ftp://user:sk-secret@gpu/v1", "llm_model": "q"}, env={})
     assert "sk-secret" not in str(refused.value)
+
+
+def test_engines_by_name_from_every_source(tmp_path: Path) -> None:
+    assert load_settings({}, env={}).tts is None  # the preset's
+    assert load_settings({"tts": "fake"}, env={}).tts == "fake"
+    assert load_settings({}, env={"HARK_ASR": "fake", "HARK_VAD": "silero"}).asr == "fake"
+    config = write(tmp_path, 'llm = "fake"\ntts_model = "/voices/amy.onnx"\n')
+    settings = load_settings({"config_file": str(config)}, env={})
+    assert (settings.llm, settings.tts_model) == ("fake", "/voices/amy.onnx")
+
+
+@pytest.mark.parametrize("kind", ["vad", "asr", "llm", "tts"])
+def test_an_unknown_engine_is_refused_with_the_known_names(kind: str) -> None:
+    with pytest.raises(ConfigError, match=rf"{kind} must be one of"):
+        load_settings({kind: "no-such-engine"}, env={})
+    with pytest.raises(ConfigError) as refused:
+        load_settings({}, env={f"HARK_{kind.upper()}": "no-such-engine"})
+    message = str(refused.value)
+    assert "no-such-engine" in message
+    assert ("silero" if kind == "vad" else "fake") in message
+
+
+def test_remote_audio_engines_take_their_endpoints() -> None:
+    settings = load_settings(
+        {"asr": "openai", "asr_url": "http://gpu:8000/v1", "tts_url": "https://tts.example/v1"},
+        env={"HARK_ASR_API_KEY": "sk-asr-secret", "HARK_TTS_API_KEY": "sk-tts-secret"},
+    )
+    assert (settings.asr_url, settings.tts_url) == ("http://gpu:8000/v1", "https://tts.example/v1")
+    assert (settings.asr_api_key, settings.tts_api_key) == ("sk-asr-secret", "sk-tts-secret")
+    assert "sk-asr-secret" not in repr(settings) and "sk-tts-secret" not in repr(settings)
+
+
+@pytest.mark.parametrize(
+    ("cli", "message"),
+    [
+        ({"asr": "openai"}, "asr openai needs asr_url"),
+        ({"tts": "openai"}, "tts openai needs tts_url"),
+        ({"llm": "openai"}, "llm openai needs llm_url"),
+        ({"asr": "whisper", "asr_url": "http://gpu/v1"}, "asr_url is for the openai asr"),
+        ({"tts": "fake", "tts_url": "http://gpu/v1"}, "tts_url is for the openai tts"),
+        (
+            {"llm": "llama_cpp", "llm_url": "http://gpu/v1", "llm_model": "q"},
+            "llm_url is for the openai llm",
+        ),
+    ],
+)
+def test_a_remote_engine_and_its_url_go_together(cli: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_settings(cli, env={})
+
+
+@pytest.mark.parametrize("name", ["asr_url", "tts_url"])
+def test_a_bad_audio_url_is_refused_and_not_echoed(name: str) -> None:
+    with pytest.raises(ConfigError, match=f"{name} must be an http") as refused:
+        load_settings({name: "ftp://user:sk-secret@gpu/v1"}, env={})
+    assert "sk-secret" not in str(refused.value)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -16,7 +16,7 @@ from hark.engines.turn import EndOfTurnEngine
 from hark.engines.vad import VadEngine
 
 if TYPE_CHECKING:
-    from hark.config import Settings
+    from hark.config import EngineSet, Settings
 
 logger = logging.getLogger(__name__)
 
@@ -83,67 +83,164 @@ async def _timed_warmup(name: str, warmup: Awaitable[None]) -> None:
     logger.info("%s engine ready in %.2f s", name, loop.time() - started)
 
 
-def build_engines(settings: Settings) -> Engines:
-    """The engines ``settings.engines`` names; nothing is loaded until ``warmup``.
+# The name that, in the tables of the kinds that have one, is the engine using a remote
+# OpenAI-style endpoint (``llm_url``, ``asr_url``, ``tts_url``).
+REMOTE_ENGINE = "openai"
 
-    ``embedded``: Silero VAD, Whisper, llama.cpp (or an OpenAI-compatible endpoint when
-    ``llm_url`` is set; several fail over between them) and Piper. ``fake``: the real Silero
-    VAD with fake ASR, LLM and TTS, for protocol tests and overhead benchmarks. Either way the
-    VAD batches the chunks of all the process's sessions into shared model calls
-    (``BatchedSileroVad``).
-    Raises ``EngineUnavailableError`` when an optional package or a model file is missing.
-    """
-    from hark.engines.turn.llama_cpp import LlamaCppEndOfTurn
+
+def _silero_vad(settings: Settings) -> VadEngine:
     from hark.engines.vad.batcher import BatchedSileroVad
 
-    # Real in every engine set, like the VAD: turn-taking is what the fakes are there to test.
-    turn = LlamaCppEndOfTurn()
-    if settings.engines == "fake":
-        from hark.engines.fake import FakeAsr, FakeLlm, FakeTts
+    # Batches the chunks of all the process's sessions into shared model calls.
+    return BatchedSileroVad(model_rate=settings.vad_rate)
 
-        return Engines(
-            vad=BatchedSileroVad(model_rate=settings.vad_rate),
-            asr=FakeAsr(),
-            llm=FakeLlm(),
-            tts=FakeTts(),
-            turn=turn,
+
+def _whisper_asr(settings: Settings) -> AsrEngine:
+    from hark.engines.asr.whisper import WhisperAsr
+
+    return WhisperAsr(model_path=settings.asr_model, device=settings.asr_device)
+
+
+def _openai_asr(settings: Settings) -> AsrEngine:
+    from hark.engines.asr.openai import DEFAULT_MODEL, OpenAIAsr
+
+    assert settings.asr_url is not None  # the settings refuse the engine without one
+    return OpenAIAsr(
+        settings.asr_url, model=settings.asr_model or DEFAULT_MODEL, api_key=settings.asr_api_key
+    )
+
+
+def _fake_asr(settings: Settings) -> AsrEngine:
+    from hark.engines.fake import FakeAsr
+
+    return FakeAsr()
+
+
+def _llama_cpp_llm(settings: Settings) -> LlmEngine:
+    from hark.engines.llm.llama_cpp import LlamaCppLlm
+
+    return LlamaCppLlm(model_path=settings.llm_model_path)
+
+
+def _openai_llm(settings: Settings) -> LlmEngine:
+    if len(settings.llm_url) > 1:
+        from hark.engines.llm.failover import FailoverLlm
+
+        return FailoverLlm.for_urls(
+            settings.llm_url, settings.llm_model_name, api_key=settings.llm_api_key
         )
+    from hark.engines.llm.openai_compatible import OpenAICompatibleLlm
 
+    return OpenAICompatibleLlm(
+        base_url=settings.llm_url[0], model=settings.llm_model_name, api_key=settings.llm_api_key
+    )
+
+
+def _fake_llm(settings: Settings) -> LlmEngine:
+    from hark.engines.fake import FakeLlm
+
+    return FakeLlm()
+
+
+def _piper_tts(settings: Settings) -> TtsEngine:
     from hark.engines.tts.piper import PiperTts
 
     try:
-        tts = PiperTts()
+        return PiperTts(model_path=settings.tts_model)
     except RuntimeError as exc:
         # Piper is GPL-3.0 and therefore an optional extra; its absence is a setup choice.
         raise EngineUnavailableError(
-            f"{exc}, or pip install 'hark[piper]'; --engines fake runs without it"
+            f"{exc}, or pip install 'hark[piper]'; --tts openai or --engines fake run without it"
         ) from exc
 
-    from hark.engines.asr.whisper import WhisperAsr
 
+def _openai_tts(settings: Settings) -> TtsEngine:
+    from hark.engines.tts.openai import DEFAULT_MODEL, OpenAITts
+
+    assert settings.tts_url is not None  # the settings refuse the engine without one
+    return OpenAITts(
+        settings.tts_url, model=settings.tts_model or DEFAULT_MODEL, api_key=settings.tts_api_key
+    )
+
+
+def _fake_tts(settings: Settings) -> TtsEngine:
+    from hark.engines.fake import FakeTts
+
+    return FakeTts()
+
+
+# One table per kind: an engine's name (``--asr NAME``) and how settings make it. A factory
+# imports its engine's module itself, so that only the engines chosen are imported.
+VAD_ENGINES: dict[str, Callable[[Settings], VadEngine]] = {"silero": _silero_vad}
+ASR_ENGINES: dict[str, Callable[[Settings], AsrEngine]] = {
+    "whisper": _whisper_asr,
+    REMOTE_ENGINE: _openai_asr,
+    "fake": _fake_asr,
+}
+LLM_ENGINES: dict[str, Callable[[Settings], LlmEngine]] = {
+    "llama_cpp": _llama_cpp_llm,
+    REMOTE_ENGINE: _openai_llm,
+    "fake": _fake_llm,
+}
+TTS_ENGINES: dict[str, Callable[[Settings], TtsEngine]] = {
+    "piper": _piper_tts,
+    REMOTE_ENGINE: _openai_tts,
+    "fake": _fake_tts,
+}
+ENGINE_TABLES: dict[str, Mapping[str, Callable[[Settings], object]]] = {
+    "vad": VAD_ENGINES,
+    "asr": ASR_ENGINES,
+    "llm": LLM_ENGINES,
+    "tts": TTS_ENGINES,
+}
+# What ``--engines`` fills in for each kind not named. The VAD is real in every preset: it is
+# cheap, and turn detection is only meaningful with it.
+PRESETS: dict[EngineSet, dict[str, str]] = {
+    "embedded": {"vad": "silero", "asr": "whisper", "llm": "llama_cpp", "tts": "piper"},
+    "fake": {"vad": "silero", "asr": "fake", "llm": "fake", "tts": "fake"},
+}
+
+
+def engine_names(settings: Settings) -> dict[str, str]:
+    """The engine of each kind that ``settings`` choose: the one named, else ``openai`` for a
+    kind whose URL is given, else the preset's.
+
+    Raises ``EngineUnavailableError`` for a name no table knows, listing the known ones.
+    """
+    names: dict[str, str] = {}
+    for kind, table in ENGINE_TABLES.items():
+        name = getattr(settings, kind)
+        if name is None:
+            url = getattr(settings, f"{kind}_url", None)
+            name = REMOTE_ENGINE if url else PRESETS[settings.engines][kind]
+        if name not in table:
+            raise EngineUnavailableError(
+                f"no {kind} engine {name!r}; known: {', '.join(sorted(table))}"
+            )
+        names[kind] = name
+    return names
+
+
+def build_engines(settings: Settings) -> Engines:
+    """The engines ``settings`` choose (``engine_names``); nothing is loaded until ``warmup``.
+
+    The presets: ``embedded``, Silero VAD, Whisper, llama.cpp and Piper (with ``llm_url``, an
+    OpenAI-compatible LLM; several URLs fail over between them); ``fake``, the real Silero VAD
+    with fake ASR, LLM and TTS, for protocol tests and overhead benchmarks.
+    Raises ``EngineUnavailableError`` when an engine is unknown, or an optional package or a
+    model file is missing.
+    """
+    from hark.engines.turn.llama_cpp import LlamaCppEndOfTurn
+
+    names = engine_names(settings)
     try:
-        asr = WhisperAsr(model_path=settings.asr_model, device=settings.asr_device)
-        llm: LlmEngine
-        if len(settings.llm_url) > 1:
-            from hark.engines.llm.failover import FailoverLlm
-
-            llm = FailoverLlm.for_urls(
-                settings.llm_url, settings.llm_model_name, api_key=settings.llm_api_key
-            )
-        elif settings.llm_url:
-            from hark.engines.llm.openai_compatible import OpenAICompatibleLlm
-
-            llm = OpenAICompatibleLlm(
-                base_url=settings.llm_url[0],
-                model=settings.llm_model_name,
-                api_key=settings.llm_api_key,
-            )
-        else:
-            from hark.engines.llm.llama_cpp import LlamaCppLlm
-
-            llm = LlamaCppLlm(model_path=settings.llm_model_path)
+        return Engines(
+            vad=VAD_ENGINES[names["vad"]](settings),
+            asr=ASR_ENGINES[names["asr"]](settings),
+            llm=LLM_ENGINES[names["llm"]](settings),
+            tts=TTS_ENGINES[names["tts"]](settings),
+            # Real with every engine set, like the VAD: turn-taking is what fakes test.
+            turn=LlamaCppEndOfTurn(),
+        )
     except FileNotFoundError as exc:
         raise EngineUnavailableError(str(exc)) from exc
-
-    vad = BatchedSileroVad(model_rate=settings.vad_rate)
-    return Engines(vad=vad, asr=asr, llm=llm, tts=tts, turn=turn)

@@ -1,0 +1,250 @@
+"""Speech recognition by any OpenAI audio API: ``POST {url}/audio/transcriptions``.
+
+OpenAI itself, speaches, or another hark (on a GPU box, say). Each utterance is uploaded as
+a 16 kHz 16-bit mono WAV file. The request asks for ``stream=true``: servers that stream
+(OpenAI's gpt-4o transcribe models, hark) send ``transcript.text.delta`` events as the text
+is recognised, and the deltas are yielded as they come; servers that do not (``whisper-1``
+ignores the field) answer with JSON or plain text, yielded as one delta.
+
+The API key travels only in the ``Authorization`` header; it is scrubbed from error messages
+in case a server echoes it back, and URLs in messages lose their credentials and query.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import wave
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
+
+import aiohttp
+import numpy as np
+import numpy.typing as npt
+from yarl import URL
+
+DEFAULT_MODEL = "whisper-1"
+SAMPLE_RATE = 16000
+# Half a second of silence: enough for any server to accept as audio.
+_WARMUP_SAMPLES = SAMPLE_RATE // 2
+_ERROR_BODY_LIMIT = 4096
+
+
+class AsrEndpointError(RuntimeError):
+    """The endpoint failed one transcription: unreachable, an HTTP error, or a broken answer."""
+
+
+class OpenAIAsr:
+    """Transcribes 16 kHz float32 audio with a remote OpenAI audio API; an ``AsrEngine``.
+
+    ``base_url`` includes the version prefix (``http://host:8000/v1``). ``stream``: ask for
+    server-sent text deltas (servers that cannot stream answer in one piece either way).
+    ``timeout_s`` bounds connecting and each wait for the next bytes of an answer. Call
+    :meth:`aclose` when done.
+    """
+
+    sample_rate: int = SAMPLE_RATE
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        model: str = DEFAULT_MODEL,
+        api_key: str | None = None,
+        stream: bool = True,
+        timeout_s: float = 60.0,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.stream = stream
+        self.timeout_s = timeout_s
+        self._api_key = api_key
+        self._session: aiohttp.ClientSession | None = None
+
+    def __repr__(self) -> str:
+        return f"OpenAIAsr(base_url={_safe_url(self.base_url)!r}, model={self.model!r})"
+
+    async def transcribe(
+        self,
+        audio: npt.NDArray[np.float32],
+        *,
+        language: str | None = None,
+        prompt: str | None = None,
+    ) -> AsyncGenerator[str, None]:
+        """Upload ``audio`` and yield the transcript's deltas as the server sends them.
+
+        ``language`` may carry a region (``en-US``); the API takes the ISO-639-1 part.
+        Cancelling closes the connection. Raises ``AsrEndpointError`` when the request fails.
+        """
+        url = self.base_url + "/audio/transcriptions"
+        form = aiohttp.FormData()
+        form.add_field("file", _wav(audio), filename="audio.wav", content_type="audio/wav")
+        form.add_field("model", self.model)
+        form.add_field("response_format", "json")
+        if self.stream:
+            form.add_field("stream", "true")
+        if language:
+            form.add_field("language", language.split("-")[0].lower())
+        if prompt:
+            form.add_field("prompt", prompt)
+        try:
+            response = await self._http().post(url, data=form, headers=self._headers())
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise AsrEndpointError(
+                f"ASR endpoint {_safe_url(url)} is unreachable: {self._scrub(repr(exc))}"
+            ) from None
+        finished = False
+        try:
+            if response.status >= 400:
+                raise await self._http_error(response)
+            try:
+                async for delta in self._deltas(response):
+                    yield delta
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                raise AsrEndpointError(
+                    f"the ASR answer broke off: {self._scrub(repr(exc))}"
+                ) from None
+            finished = True
+        finally:
+            # A transcription given up midway must not leave the server sending into a
+            # connection kept for reuse: closing it tells the server to stop.
+            if finished:
+                response.release()
+            else:
+                response.close()
+
+    async def warmup(self) -> None:
+        """Transcribe half a second of silence: the endpoint answers, and takes the model
+        and the key."""
+        silence = np.zeros(_WARMUP_SAMPLES, dtype=np.float32)
+        async for _ in self.transcribe(silence):
+            pass
+
+    async def aclose(self) -> None:
+        """Close the HTTP session (its connections)."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            timeout = aiohttp.ClientTimeout(
+                total=None, sock_connect=self.timeout_s, sock_read=self.timeout_s
+            )
+            self._session = aiohttp.ClientSession(timeout=timeout)
+        return self._session
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Accept": "application/json, text/event-stream, text/plain"}
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        return headers
+
+    async def _deltas(self, response: aiohttp.ClientResponse) -> AsyncIterator[str]:
+        if response.content_type == "text/event-stream":
+            async for delta in self._streamed(response.content):
+                yield delta
+            return
+        raw = await response.read()
+        if response.content_type == "text/plain":
+            text = raw.decode("utf-8", errors="replace")
+        else:
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                raise AsrEndpointError(
+                    f"the ASR endpoint answered {response.content_type or 'no content type'} "
+                    "that is not JSON"
+                ) from None
+            answer = body.get("text") if isinstance(body, dict) else None
+            if not isinstance(answer, str):
+                raise AsrEndpointError("the ASR endpoint's answer has no text")
+            text = answer
+        if text:
+            yield text
+
+    async def _streamed(self, stream: aiohttp.StreamReader) -> AsyncIterator[str]:
+        said = False
+        async for data in _sse_data(stream):
+            if data == "[DONE]":
+                break
+            try:
+                event = json.loads(data)
+            except ValueError:
+                raise AsrEndpointError(f"malformed stream event: {data[:200]!r}") from None
+            if not isinstance(event, dict):
+                continue
+            kind = event.get("type")
+            if kind == "transcript.text.delta" and isinstance(event.get("delta"), str):
+                said = said or bool(event["delta"])
+                yield event["delta"]
+            elif kind == "transcript.text.done":
+                # Servers that send only the end still say the whole transcript there.
+                if not said and isinstance(event.get("text"), str) and event["text"]:
+                    yield event["text"]
+                return
+            elif kind == "error" or "error" in event:
+                message = _error_message(event) or "unknown error"
+                raise AsrEndpointError(f"the ASR endpoint reported: {self._scrub(message)}")
+        raise AsrEndpointError("the ASR stream ended before transcript.text.done")
+
+    async def _http_error(self, response: aiohttp.ClientResponse) -> AsrEndpointError:
+        raw = await response.content.read(_ERROR_BODY_LIMIT)
+        text = raw.decode("utf-8", errors="replace").strip()
+        try:
+            message = _error_message(json.loads(text)) or text
+        except ValueError:
+            message = text
+        return AsrEndpointError(
+            f"ASR endpoint {_safe_url(str(response.url))} answered HTTP {response.status}: "
+            f"{self._scrub(message) or response.reason}"
+        )
+
+    def _scrub(self, text: str) -> str:
+        return text.replace(self._api_key, "[api key]") if self._api_key else text
+
+
+def _wav(audio: npt.NDArray[np.float32]) -> bytes:
+    """Mono float32 audio in [-1, 1] at ``SAMPLE_RATE`` as a 16-bit WAV file."""
+    pcm = (np.clip(audio, -1.0, 1.0) * 32767.0).astype("<i2")
+    out = io.BytesIO()
+    with wave.open(out, "wb") as writer:
+        writer.setnchannels(1)
+        writer.setsampwidth(2)
+        writer.setframerate(SAMPLE_RATE)
+        writer.writeframes(pcm.tobytes())
+    return out.getvalue()
+
+
+def _safe_url(url: str) -> str:
+    return str(URL(url).with_user(None).with_query(None))
+
+
+async def _sse_data(stream: aiohttp.StreamReader) -> AsyncIterator[str]:
+    """The ``data`` of each server-sent event (multi-line data joined with newlines)."""
+    lines: list[str] = []
+    async for raw in stream:
+        line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+        if not line:
+            if lines:
+                yield "\n".join(lines)
+                lines = []
+            continue
+        field, _, value = line.partition(":")
+        if field == "data":
+            lines.append(value[1:] if value.startswith(" ") else value)
+    if lines:
+        yield "\n".join(lines)
+
+
+def _error_message(body: Any) -> str:
+    """The human message of an error body in the usual OpenAI and FastAPI shapes."""
+    if not isinstance(body, dict):
+        return ""
+    error = body.get("error", body.get("detail"))
+    if isinstance(error, dict):
+        message = error.get("message")
+        return message if isinstance(message, str) else json.dumps(error)[:500]
+    if isinstance(error, str):
+        return error
+    return json.dumps(body)[:500]
