@@ -23,6 +23,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from aioice import stun
+from playwright.async_api import async_playwright
 
 from hark.bench.webrtc import CallClient
 from tests.servers import HarkProcess
@@ -142,6 +143,7 @@ class RelayProcess:
         self.redis_url = redis_url
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
 
     @property
     def address(self) -> tuple[str, int]:
@@ -152,12 +154,15 @@ class RelayProcess:
             *("ip", "netns", "exec", self.ns, sys.executable, "-m", "hark.cli", "relay"),
             *("--listen", f"{self.ip}:{RELAY_PORT}"),
             *("--metrics-listen", f"{self.ip}:{METRICS_PORT}"),
+            # Two forwarding processes on the one port: the kernel spreads the clients.
+            *("--workers", "2"),
         ]
         env = {**os.environ, "HARK_FLEET_SECRET": SECRET, "HARK_REDIS_URL": self.redis_url}
+        self.starts += 1
         with self.log.open("a") as out:
             self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + 30
-        while "relay on UDP" not in self.log.read_text() or self.metrics() is None:
+        while self.log.read_text().count("relay on UDP") < 2 * self.starts or not self.metrics():
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"hark relay did not start: {self.log.read_text()[-2000:]}")
             time.sleep(0.05)
@@ -355,3 +360,76 @@ async def test_spoofed_hints_are_dropped_and_a_junk_flood_disturbs_no_one(
     finally:
         attacker.close()
         await client.close()
+
+
+CHROMIUM = Path("/usr/bin/chromium")
+PAGE = Path(__file__).with_name("relay_page.html")
+
+
+@pytest.fixture(scope="module")
+def chromium() -> Path:
+    """Debian's Chromium; Playwright never downloads a browser here."""
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (scripts/test does)")
+    return CHROMIUM
+
+
+async def test_chromium_calls_through_the_relay(fleet: Fleet, chromium: Path) -> None:
+    page_text = PAGE.read_text()
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(
+            executable_path=str(chromium),
+            args=["--autoplay-policy=no-user-gesture-required", "--disable-gpu"],
+        )
+        try:
+            page = await browser.new_page()
+            await page.set_content(page_text)
+            await page.evaluate(
+                "([base, key]) => start(base, key)", [fleet.workers[0].url, API_KEY]
+            )
+            async with asyncio.timeout(30):
+                while True:
+                    result = await page.evaluate("window.result")
+                    if "response.done" in result["events"]:
+                        break
+                    await asyncio.sleep(0.2)
+                while True:
+                    path = await page.evaluate("mediaPath()")
+                    if path["audioBytes"] > 0 and path["remote"]:
+                        break
+                    await asyncio.sleep(0.2)
+            assert path["remote"] == f"{fleet.relay.ip}:{RELAY_PORT}"
+        finally:
+            await browser.close()
+
+
+async def test_a_killed_worker_ends_only_its_own_flows(
+    fleet: Fleet, http: aiohttp.ClientSession
+) -> None:
+    ids = {}
+    for worker in fleet.workers:
+        async with http.get(worker.url + "/healthz") as response:
+            ids[response.headers["X-Hark-Worker"]] = worker
+    clients: list[CallClient] = []
+    try:
+        while len({c.worker for c in clients}) < 2:
+            clients.append(await call(http, fleet))
+        doomed = next(c for c in clients if c.worker == clients[0].worker)
+        survivor = next(c for c in clients if c.worker != doomed.worker)
+        before = fleet.relay.metrics()
+        assert before is not None
+        assert doomed.worker is not None
+        victim = ids[doomed.worker]
+        assert victim.proc is not None
+        victim.proc.kill()
+        # Its heartbeat expires, the relays read the registry again and drop its flows.
+        async with asyncio.timeout(30):
+            while True:
+                metrics = fleet.relay.metrics()
+                gone = "hark_relay_flows_worker_gone_total"
+                if metrics is not None and metrics[gone] > before[gone]:
+                    break
+                await asyncio.sleep(0.2)
+        await hears_a_reply(survivor)
+    finally:
+        await asyncio.gather(*(client.close() for client in clients))
