@@ -38,6 +38,9 @@ from hark.session.speculation import Speculation
 
 @dataclass(slots=True)
 class Response:
+    """A response in progress: its settings (the session's, overridden by
+    ``response.create``) and the output made so far."""
+
     id: str
     in_band: bool
     modalities: list[str]
@@ -61,9 +64,11 @@ class Response:
 
     @property
     def audio(self) -> bool:
+        """Whether the response speaks (its output is audio, with a transcript)."""
         return self.modalities == ["audio"]
 
     def to_wire(self) -> se.Response:
+        """The response as ``response.created`` and ``response.done`` carry it."""
         return se.Response(
             id=self.id,
             status=self.status,
