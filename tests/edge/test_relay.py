@@ -190,3 +190,25 @@ async def test_flows_expire_when_idle_and_end_with_their_worker(
     await fleet.store.remove_worker("wrk_00000000000b")
     await until(lambda: relay.counters["flows_worker_gone"] == 1)
     assert relay.counters["flows"] == 0
+
+
+async def test_a_binding_request_with_a_new_hint_moves_the_flow(
+    fleet: Fleet, clients: list[socket.socket]
+) -> None:
+    # An ICE restart, or a new call from a reused address, answered by another worker.
+    mux_a = await fleet.worker("wrk_00000000000a")
+    mux_b = await fleet.worker("wrk_00000000000b")
+    relay = await fleet.relay()
+    a, b = Recorder(), Recorder()
+    ufrag_a, ufrag_b = mux_a.new_ufrag(), mux_b.new_ufrag()
+    mux_a.open(ufrag_a, a)
+    mux_b.open(ufrag_b, b)
+    client = clients[0]
+    client.sendto(binding_request(f"{ufrag_a}:c"), relay.address)
+    await until(lambda: len(a.received) == 1)
+    client.sendto(binding_request(f"{ufrag_b}:c"), relay.address)
+    client.sendto(b"\x17after the restart", relay.address)
+    await until(lambda: len(b.received) == 2)
+    assert b.received[1] == (b"\x17after the restart", client.getsockname())
+    assert len(a.received) == 1
+    assert relay.counters["flows"] == 1
