@@ -73,6 +73,20 @@ async def test_a_call_end_to_end(
     await until(lambda: len(audible(client)) * 20 >= REPLY_MS - 100)
 
 
+async def test_an_out_of_band_reply_plays_to_its_stop(
+    http: aiohttp.ClientSession, rtc_server: RtcServer, clients: MakeClient
+) -> None:
+    client = clients()
+    await call(http, rtc_server, client)
+    client.send({"type": "response.create", "response": {"conversation": "none"}})
+    events = await collect(client, "output_audio_buffer.stopped")
+    (done,) = of_type(events, "response.done")
+    assert done["response"]["conversation_id"] is None
+    (started,) = of_type(events, "output_audio_buffer.started")
+    assert started["response_id"] == done["response"]["id"] == events[-1]["response_id"]
+    await until(lambda: len(audible(client)) * 20 >= REPLY_MS - 100)
+
+
 def drain(client: CallClient) -> list[dict[str, Any]]:
     events = []
     while not client.events.empty():

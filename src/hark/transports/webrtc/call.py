@@ -21,7 +21,6 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-import msgspec
 from aiohttp import WSCloseCode, WSMsgType, web
 from aiortc import (
     RTCConfiguration,
@@ -53,19 +52,6 @@ MAX_SIDEBAND_BACKLOG = 10000
 END_FLUSH_TIMEOUT_S = 1.0
 
 
-class _EndOfAudio(msgspec.Struct):
-    id: str
-
-
-class _EventPeek(msgspec.Struct):
-    """The fields of a server event that say a response's audio is complete."""
-
-    type: str
-    response_id: str | None = None
-    response: _EndOfAudio | None = None
-
-
-_peek = msgspec.json.Decoder(_EventPeek)
 _OPUS = [
     codec
     for codec in RTCRtpSender.getCapabilities("audio").codecs
@@ -245,7 +231,6 @@ class Call:
 
     async def _fan_out(self) -> None:
         async for text in self.runner.outgoing():
-            self._end_of_audio(text)
             self._send_to_channel(text)
             for queue in list(self._sidebands):
                 if queue.qsize() >= MAX_SIDEBAND_BACKLOG:
@@ -256,19 +241,6 @@ class Call:
                     queue.put_nowait(text)
         # The session ended (its time limit, or the server ending it): the call ends with it.
         self._spawn(self.close(self._end_reason or "session ended"), "close")
-
-    def _end_of_audio(self, text: str) -> None:
-        """Tell the playout a response has no more audio coming once its audio is done."""
-        if "response.output_audio.done" not in text and "response.done" not in text:
-            return
-        try:
-            event = _peek.decode(text)
-        except msgspec.DecodeError:
-            return
-        if event.type == "response.output_audio.done" and event.response_id is not None:
-            self.track.finish(event.response_id)
-        elif event.type == "response.done" and event.response is not None:
-            self.track.finish(event.response.id)
 
     def _send_to_channel(self, text: str) -> None:
         channel = self._channel
