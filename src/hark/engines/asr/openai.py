@@ -55,6 +55,11 @@ class OpenAIAsr:
         timeout_s: float = 60.0,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        base = URL(base_url)
+        # Kept: a query on the base URL (an API version, say) is part of every endpoint's URL.
+        self._url = base.with_path(base.path.rstrip("/") + "/audio/transcriptions").with_query(
+            base.query
+        )
         self.model = model
         self.stream = stream
         self.timeout_s = timeout_s
@@ -76,7 +81,6 @@ class OpenAIAsr:
         ``language`` may carry a region (``en-US``); the API takes the ISO-639-1 part.
         Cancelling closes the connection. Raises ``AsrEndpointError`` when the request fails.
         """
-        url = self.base_url + "/audio/transcriptions"
         form = aiohttp.FormData()
         form.add_field("file", _wav(audio), filename="audio.wav", content_type="audio/wav")
         form.add_field("model", self.model)
@@ -88,10 +92,10 @@ class OpenAIAsr:
         if prompt:
             form.add_field("prompt", prompt)
         try:
-            response = await self._http().post(url, data=form, headers=self._headers())
+            response = await self._http().post(self._url, data=form, headers=self._headers())
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise AsrEndpointError(
-                f"ASR endpoint {_safe_url(url)} is unreachable: {self._scrub(repr(exc))}"
+                f"ASR endpoint {_safe_url(str(self._url))} is unreachable: {self._scrub(repr(exc))}"
             ) from None
         finished = False
         try:

@@ -57,6 +57,9 @@ class OpenAITts:
         timeout_s: float = 60.0,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        base = URL(base_url)
+        # Kept: a query on the base URL (an API version, say) is part of every endpoint's URL.
+        self._url = base.with_path(base.path.rstrip("/") + "/audio/speech").with_query(base.query)
         self.model = model
         self.timeout_s = timeout_s
         self._api_key = api_key
@@ -77,7 +80,6 @@ class OpenAITts:
             return
         if speed <= 0:
             raise ValueError(f"speed must be positive, got {speed}")
-        url = self.base_url + "/audio/speech"
         body = {
             "model": self.model,
             "input": text,
@@ -86,10 +88,10 @@ class OpenAITts:
             "speed": min(MAX_SPEED, max(MIN_SPEED, speed)),
         }
         try:
-            response = await self._http().post(url, json=body, headers=self._headers())
+            response = await self._http().post(self._url, json=body, headers=self._headers())
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise TtsEndpointError(
-                f"TTS endpoint {_safe_url(url)} is unreachable: {self._scrub(repr(exc))}"
+                f"TTS endpoint {_safe_url(str(self._url))} is unreachable: {self._scrub(repr(exc))}"
             ) from None
         finished = False
         try:
