@@ -57,23 +57,21 @@ async def test_a_loopback_scrape_needs_no_key(server: tuple[web.Application, str
     assert "hark_process_open_fds " in body
 
 
-def remote_request(
-    app: web.Application, headers: dict[str, str] | None = None, match: Any = None
-) -> Any:
+def remote_request(app: web.Application, headers: dict[str, str] | None = None) -> Any:
     transport = mock.Mock()
     transport.get_extra_info.side_effect = lambda name, default=None: (
         ("203.0.113.9", 40000) if name == "peername" else default
     )
-    return make_mocked_request(
-        "GET", "/metrics", headers=headers, app=app, transport=transport, match_info=match
-    )
+    return make_mocked_request("GET", "/metrics", headers=headers, app=app, transport=transport)
 
 
 async def scrape_as_remote(app: web.Application, headers: dict[str, str] | None = None) -> int:
-    match = await app.router.resolve(remote_request(app, headers))
-    request = remote_request(app, headers, match)
+    request = remote_request(app, headers)
     assert request.remote == "203.0.113.9"
-    # Through the authentication middleware, as the server runs the route.
+    match = await app.router.resolve(request)
+    match.add_app(app)
+    # What aiohttp does for a real request: the middleware reads the route's access from it.
+    request._match_info = match
     response = await authentication(request, match.handler)
     assert isinstance(response, web.Response)
     return response.status
