@@ -41,7 +41,7 @@ from hark.edge import framing
 from hark.edge.flows import Address, FlowTable, parse_address
 from hark.edge.mmsg import Batch, key_address, sockaddr_key
 from hark.edge.route_hint import HintError, RouteVerifier
-from hark.transports.webrtc.udp_mux import stun_request_username
+from hark.edge.stun import stun_request_username
 
 logger = logging.getLogger(__name__)
 

@@ -34,11 +34,13 @@ import re
 import secrets
 import socket
 import string
-import struct
 from typing import Any
 
 from hark.edge import framing
 from hark.edge.route_hint import RouteSigner
+from hark.edge.stun import stun_request_username
+
+__all__ = ["UdpMux", "behind_relay", "make_ufrag", "route_hint", "stun_request_username"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,10 +52,6 @@ SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
 
 _ICE_CHARS = re.compile(r"^[A-Za-z0-9+/]+$")
 _RANDOM_ALPHABET = string.ascii_letters + string.digits
-_STUN_MAGIC_COOKIE = b"\x21\x12\xa4\x42"
-_STUN_BINDING_REQUEST = 0x0001
-_STUN_USERNAME = 0x0006
-_STUN_HEADER = 20
 
 Address = tuple[str, int]
 
@@ -76,27 +74,6 @@ def check_route_hint(hint: str) -> None:
             f"a routing hint is {UFRAG_HINT_LENGTH} characters of A-Z, a-z, 0-9, + or /; "
             f"got {hint!r}"
         )
-
-
-def stun_request_username(data: bytes) -> str | None:
-    """The USERNAME of a STUN Binding request, or None for anything else.
-
-    Only the header and the attribute list are read: integrity is for the ICE connection
-    to check once the datagram reaches it.
-    """
-    if len(data) < _STUN_HEADER or data[4:8] != _STUN_MAGIC_COOKIE:
-        return None
-    message_type, length = struct.unpack_from("!HH", data, 0)
-    if message_type != _STUN_BINDING_REQUEST:
-        return None
-    end = min(len(data), _STUN_HEADER + length)
-    pos = _STUN_HEADER
-    while pos + 4 <= end:
-        attr_type, attr_len = struct.unpack_from("!HH", data, pos)
-        if attr_type == _STUN_USERNAME:
-            return data[pos + 4 : pos + 4 + attr_len].decode("utf-8", "replace")
-        pos += 4 + ((attr_len + 3) & ~3)
-    return None
 
 
 class MuxEndpoint(asyncio.DatagramTransport):
