@@ -435,6 +435,9 @@ async def test_bad_files_and_bodies(
     headers = {**bearer(API_KEY), "Content-Type": "multipart/form-data; boundary=b"}
     async with http.post(url, data=chunked(), headers=headers) as response:
         assert response.status == 413
+    async with http.post(url, data=b"--b\r\nno headers end", headers=headers) as response:
+        assert response.status == 400
+        assert (await response.json())["error"]["code"] == "invalid_body"
     with pytest.raises(openai.AuthenticationError):
         await client(server, "sk-wrong").audio.transcriptions.create(
             model="whisper-1", file=("a.wav", tone(1.0))

@@ -21,6 +21,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 from aiohttp import BodyPartReader, web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from hark.audio.files import AudioFileError, decode_file
 from hark.engines.asr import AsrEngine
@@ -116,6 +117,23 @@ async def _read_form(request: web.Request) -> _Upload:
         raise ProtocolError(
             "The request body must be multipart/form-data.", code="invalid_content_type"
         )
+    try:
+        fields, file = await _read_parts(request)
+    except (ValueError, HttpProcessingError):
+        # What aiohttp's multipart reader raises for broken framing or part headers.
+        raise ProtocolError(
+            "The multipart body could not be parsed.", code="invalid_body"
+        ) from None
+    request_fields = parse_transcription_form(fields)
+    if file is None:
+        raise ProtocolError(
+            "Missing required parameter: 'file'.", param="file", code="missing_required_parameter"
+        )
+    return _Upload(request=request_fields, file=file)
+
+
+async def _read_parts(request: web.Request) -> tuple[dict[str, str | list[str]], bytes | None]:
+    """The text fields and the file of a multipart form, each within its limit."""
     fields: dict[str, str | list[str]] = {}
     file: bytes | None = None
     fields_bytes = 0
@@ -127,8 +145,10 @@ async def _read_form(request: web.Request) -> _Upload:
         if name == "file":
             file = await _read_part(part, MAX_FILE_BYTES)
             continue
-        raw = await _read_part(part, MAX_FIELDS_BYTES - fields_bytes)
+        raw = await _read_part(part, MAX_FIELDS_BYTES)
         fields_bytes += len(raw)
+        if fields_bytes > MAX_FIELDS_BYTES:
+            raise too_large(MAX_FIELDS_BYTES)
         value = raw.decode("utf-8", "replace")
         if name.endswith("[]") and name[:-2] in _LIST_FIELDS:
             listed = fields.setdefault(name[:-2], [])
@@ -136,12 +156,7 @@ async def _read_form(request: web.Request) -> _Upload:
                 listed.append(value)
         else:
             fields[name] = value
-    request_fields = parse_transcription_form(fields)
-    if file is None:
-        raise ProtocolError(
-            "Missing required parameter: 'file'.", param="file", code="missing_required_parameter"
-        )
-    return _Upload(request=request_fields, file=file)
+    return fields, file
 
 
 async def _read_part(part: BodyPartReader, limit: int) -> bytes:
