@@ -198,15 +198,9 @@ def _relay_process(conn: Connection, worker: Address, cpu: int) -> None:
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
         await stop.wait()
         await relay.stop()
-        conn.send({name: value for name, value in _named(relay.counters).items() if value})
+        conn.send(relay.counters.nonzero())
 
     asyncio.run(main())
-
-
-def _named(counters: Counters) -> dict[str, int]:
-    from hark.edge.relay import _INDEX
-
-    return {name: counters[name] for name in _INDEX}
 
 
 def _echo_process(conn: Connection, cpus: set[int]) -> None:

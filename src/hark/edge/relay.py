@@ -116,6 +116,10 @@ class Counters:
     def __getitem__(self, name: str) -> int:
         return int(self.row[_INDEX[name]])
 
+    def nonzero(self) -> dict[str, int]:
+        """The counters that are not zero, by name."""
+        return {name: int(self.row[i]) for name, i in _INDEX.items() if self.row[i]}
+
 
 @dataclass(frozen=True, slots=True)
 class RelayConfig:
