@@ -240,7 +240,7 @@ def _validate(values: dict[str, Any]) -> Settings:
             # Not echoed: the URL may carry credentials.
             raise ConfigError(f"{name} must be an http(s) URL")
     _validate_engine_names(values)
-    _validate_workers(values)
+    _positive_number(values, "workers", int)
     _validate_vad_rate(values)
     _validate_flag(values, "demo")
     _validate_fleet(values)
@@ -305,18 +305,6 @@ def _validate_vad_rate(values: dict[str, Any]) -> None:
     if isinstance(rate, bool) or rate not in (16000, 8000):
         raise ConfigError(f"vad_rate must be 16000 or 8000, not {rate!r}")
     values["vad_rate"] = rate
-
-
-def _validate_workers(values: dict[str, Any]) -> None:
-    workers = values.get("workers", _DEFAULTS.workers)
-    if isinstance(workers, str):
-        try:
-            workers = int(workers)
-        except ValueError:
-            raise ConfigError(f"workers must be an integer, not {workers!r}") from None
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ConfigError(f"workers must be a positive integer, not {workers!r}")
-    values["workers"] = workers
 
 
 _TRUE = ("1", "true", "yes", "on")

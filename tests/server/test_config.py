@@ -72,6 +72,9 @@ def test_secrets_are_not_in_repr() -> None:
         ({"colour": "blue"}, {}, "unknown option"),
         ({"vad_rate": 24000}, {}, "vad_rate"),
         ({}, {"HARK_VAD_RATE": "fast"}, "vad_rate"),
+        ({"workers": 0}, {}, "workers"),
+        ({}, {"HARK_WORKERS": "many"}, "workers"),
+        ({"workers": 1.5}, {}, "workers"),
     ],
 )
 def test_invalid_values(cli: dict[str, object], env: dict[str, str], message: str) -> None:
@@ -90,6 +93,12 @@ def test_bad_files(tmp_path: Path) -> None:
         load_settings({"config_file": str(tmp_path / "missing.toml")}, env={})
     with pytest.raises(ConfigError, match="port"):
         load_settings({"config_file": str(write(tmp_path, 'port = "x"\n'))}, env={})
+
+
+def test_workers_from_the_command_line_or_the_environment() -> None:
+    assert load_settings({}, env={}).workers == 1
+    assert load_settings({"workers": 4}, env={}).workers == 4
+    assert load_settings({}, env={"HARK_WORKERS": "3"}).workers == 3
 
 
 def test_vad_rate_from_the_command_line_or_the_environment() -> None:
