@@ -42,6 +42,25 @@ def test_invalid_settings_exit_with_2(capsys: pytest.CaptureFixture[str]) -> Non
     assert "llm_model" in capsys.readouterr().err
 
 
+def test_an_unknown_engine_is_refused_with_the_known_names(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["serve", "--tts", "espeak"])
+    assert exited.value.code == 2
+    refused = capsys.readouterr().err
+    assert "espeak" in refused and all(name in refused for name in ("fake", "openai", "piper"))
+    # From the environment, the settings refuse it the same way.
+    monkeypatch.setenv("HARK_ASR", "vosk")
+    assert main(["serve", "--engines", "fake"]) == 2
+    assert "asr must be one of fake, openai, whisper, not 'vosk'" in capsys.readouterr().err
+
+
+def test_a_remote_engine_without_its_url_exits_with_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--engines", "fake", "--tts", "openai"]) == 2
+    assert "tts_url" in capsys.readouterr().err
+
+
 def test_a_subcommand_is_required(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         build_parser().parse_args([])
