@@ -151,3 +151,16 @@ def test_an_engine_added_to_its_table_is_an_option_everywhere(
     assert isinstance(build_engines(load_settings(options, env={})).tts, SilentTts)
     from_env = load_settings({}, env={"HARK_TTS": "silent"})
     assert isinstance(build_engines(from_env).tts, SilentTts)
+
+
+async def test_the_vad_batcher_reports_its_batches_once_observed() -> None:
+    engines = build_engines(Settings(engines="fake"))
+    metrics = Metrics()
+    try:
+        engines.observe(metrics)
+        # Warming up runs a chunk through the batcher: one batch.
+        await engines.vad.warmup()
+    finally:
+        await engines.aclose()
+    batches = metrics.registry.get_sample_value("hark_batcher_batch_size_count", {"model": "vad"})
+    assert batches is not None and batches >= 1
