@@ -42,15 +42,19 @@ def build_parser() -> argparse.ArgumentParser:
     # environment or the file.
     serve.add_argument("--host", default=None, help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=None, help="port to bind (default 8000)")
+    from hark.engines.registry import ENGINE_TABLES, PRESETS
+
+    presets = "; ".join(
+        f"{preset}: " + ", ".join(f"{kind} {name}" for kind, name in kinds.items())
+        for preset, kinds in PRESETS.items()
+    )
     serve.add_argument(
         "--engines",
         choices=ENGINE_SETS,
         default=None,
         help="the preset for each engine not named by --vad/--asr/--llm/--tts (default "
-        "embedded: silero, whisper, llama_cpp, piper; fake: fake ASR, LLM and TTS)",
+        f"embedded). {presets}",
     )
-    from hark.engines.registry import ENGINE_TABLES
-
     for kind, table in ENGINE_TABLES.items():
         url_note = f"; openai when --{kind}-url is given" if kind != "vad" else ""
         serve.add_argument(
