@@ -39,8 +39,10 @@ async def tts(hark: str) -> AsyncIterator[OpenAITts]:
     await engine.aclose()
 
 
-async def speak(engine: TtsEngine, text: str, **options: object) -> list[npt.NDArray[np.int16]]:
-    return [chunk async for chunk in engine.synthesize(text, **options)]
+async def speak(
+    engine: TtsEngine, text: str, voice: str | None = None, speed: float = 1.0
+) -> list[npt.NDArray[np.int16]]:
+    return [chunk async for chunk in engine.synthesize(text, voice=voice, speed=speed)]
 
 
 def dominant_hz(audio: npt.NDArray[np.int16], rate: int) -> float:

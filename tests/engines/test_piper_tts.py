@@ -123,7 +123,7 @@ async def test_closing_the_stream_stops_before_the_next_sentence(
     stream = tts.synthesize(THREE_SENTENCES)
     first = await anext(stream)
     assert first.size > 0
-    await stream.aclose()
+    await stream.aclose()  # type: ignore[attr-defined]
     await renders.settled()
     assert len(renders.calls) == 1 and renders.count == 1
 
