@@ -7,11 +7,12 @@ for the driver, collected with ``drain``. Turn-taking runs on the audio sample c
 session limit and rate windows on the wall time handed in, so a test can replay a conversation
 and get the same events every time. Nothing here touches a socket, a thread or the system clock.
 
-The session dispatches client events and owns turn-taking (speech start and stop, commits,
-the idle timeout); the rest lives with its concept: the VAD feed (``vad_feed``), the turn
-policy (``turn_policy``), speculation during pauses (``speculation``), recognition
-(``recognition``), responses (``response_lifecycle``), rate limits (``rate_limits``) and
-playout (``playout_state``).
+The session dispatches client events and inputs, holds the session's config, limit and audio
+retention, and edits conversation items; the rest lives with its concept: turn-taking (the
+input buffer, speech start and stop, commits, pauses, the idle timeout: ``turn_taking``), the
+VAD feed (``vad_feed``), the turn policy (``turn_policy``), speculation during pauses
+(``speculation``), recognition (``recognition``), responses (``response_lifecycle``), rate
+limits (``rate_limits``) and playout (``playout_state``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from hark.audio.formats import decode_audio, format_rate
+from hark.audio.formats import decode_audio
 from hark.engines.llm import Finished
 from hark.protocol import client_events as ce
 from hark.protocol import items as wire
@@ -34,20 +35,17 @@ from hark.protocol.session_config import (
     parse_session_config,
     session_config_to_dict,
 )
-from hark.session.actions import Close, ScoreTurn
+from hark.session.actions import Close
 from hark.session.client_items import entry_from_wire
 from hark.session.conversation import Conversation, Entry, Part, truncate_part
 from hark.session.ids import IdGenerator
-from hark.session.input_buffer import InputAudioBuffer
 from hark.session.outbox import Outbox, Output
 from hark.session.playout_state import PlayoutState
 from hark.session.rate_limits import RateLimits, RateWindow
 from hark.session.recognition import Recognition
 from hark.session.response_lifecycle import ResponseLifecycle, voice_name
-from hark.session.speculation import UNKNOWN_TURN_SCORE, Pause, Speculation
-from hark.session.turn_detection import TurnDetector, TurnEvent
-from hark.session.turn_policy import turn_policy
-from hark.session.vad_feed import VadFeed
+from hark.session.speculation import UNKNOWN_TURN_SCORE, Speculation
+from hark.session.turn_taking import TurnTaking
 
 MiB = 1024 * 1024
 # The one definition of the append limit ("15 MiB per event"): the base64 text of an
@@ -55,7 +53,6 @@ MiB = 1024 * 1024
 MAX_APPEND_BYTES = 15 * MiB
 # The most audio an append can carry: its base64 is at most MAX_APPEND_BYTES long.
 _MAX_APPEND_AUDIO = MAX_APPEND_BYTES // 4 * 3
-MIN_COMMIT_MS = 100
 SESSION_LIMIT_S = 60 * 60
 # How much conversation audio a session keeps as PCM, newest first, input and replies together.
 # Kept whole, an hour of 24 kHz audio is 170 MB, the memory of a machine across hundreds of
@@ -121,22 +118,23 @@ class Session:
             playout=self._playout,
             plays_audio=plays_audio,
             limit_audio=self._limit_audio,
-            reply_sent=self._arm_idle_timeout,
+            reply_sent=lambda after_ms: self._turns.arm_idle_timeout(after_ms),
         )
-        self._vad_chunk_ms = vad_chunk_ms
-        self._vad: VadFeed | None = None
-        # Milliseconds of input audio received: the sample clock turn-taking runs on.
-        self._clock_ms = 0.0
-        # The end of the latest chunk the VAD answered, on the sample clock.
-        self._vad_now_ms = 0.0
-        self._idle_deadline_ms: float | None = None
-        self._speech_item_id: str | None = None
-        self._speech_start_ms = 0.0
-        # How long the pause that ended the last turn lasted (the end-of-turn wait).
-        self.last_pause_ms = 0.0
+        self._turns = TurnTaking(
+            self._outbox,
+            self.ids,
+            self.conversation,
+            config=lambda: self.config,
+            vad_chunk_ms=vad_chunk_ms,
+            speculation=self._speculation,
+            recognition=self._recognition,
+            responses=self._responses,
+            playout=self._playout,
+            respond=lambda: self._create_response(ResponseParams()),
+            limit_audio=self._limit_audio,
+        )
         # The type of the last client event received ("unknown" when it did not decode).
         self.last_event_type = "unknown"
-        self._setup_input()
 
     # ----------------------------------------------------------------- plumbing
 
@@ -239,11 +237,9 @@ class Session:
         elif isinstance(event, ce.SessionUpdate):
             self._update_session(event.session)
         elif isinstance(event, ce.InputAudioBufferCommit):
-            self._commit_buffer()
+            self._turns.commit()
         elif isinstance(event, ce.InputAudioBufferClear):
-            self._buffer.clear()
-            self._reset_turn()
-            self._outbox.emit(se.InputAudioBufferCleared())
+            self._turns.clear()
         elif isinstance(event, ce.ConversationItemCreate):
             self._create_item(event.item, event.previous_item_id)
         elif isinstance(event, ce.ConversationItemRetrieve):
@@ -286,32 +282,11 @@ class Session:
             config.audio.input.format != old.audio.input.format
             or config.audio.input.turn_detection != old.audio.input.turn_detection
         ):
-            self._setup_input()
+            self._turns.setup()
         self._outbox.emit(se.SessionUpdated(session=self._session_dict()))
         self._responses.prefill()
 
     # ----------------------------------------------------------------- input audio
-
-    def _setup_input(self) -> None:
-        """(Re)build the input path for the current format and turn detection."""
-        fmt = self.config.audio.input.format
-        self._in_format = fmt
-        self._in_rate = format_rate(fmt)
-        self._buffer = InputAudioBuffer(self._in_rate, self._clock_ms)
-        self._policy = turn_policy(self.config.audio.input.turn_detection)
-        self._turns = TurnDetector(self._policy) if self._policy is not None else None
-        # The VAD hears its chunks at the input rate (it resamples them itself, for all
-        # sessions at once); answers for an earlier feed are stale.
-        epoch = self._vad.epoch + 1 if self._vad is not None else 0
-        self._vad = VadFeed(self._outbox, self._in_rate, self._vad_chunk_ms, self._clock_ms, epoch)
-        self._speech_item_id = None
-        self._drop_pause()
-
-    def _reset_turn(self) -> None:
-        if self._turns is not None:
-            self._turns.reset()
-        self._speech_item_id = None
-        self._drop_pause()
 
     def _append(self, data: bytes) -> None:
         """An append's audio, already decoded from base64 with the event."""
@@ -323,151 +298,27 @@ class Session:
                 "audio",
                 "invalid_value",
             )
-        self._take_audio(decode_audio(self._in_format, data))
+        self._turns.append(decode_audio(self._turns.format, data))
 
     @property
     def input_rate(self) -> int:
         """Sample rate of the input format: what ``append_audio`` expects."""
-        return self._in_rate
+        return self._turns.rate
+
+    @property
+    def last_pause_ms(self) -> float:
+        """How long the pause that ended the last turn lasted (the end-of-turn wait)."""
+        return self._turns.last_pause_ms
 
     def append_audio(self, pcm: npt.NDArray[np.int16], *, now: float) -> None:
         """Input audio that arrived as PCM at ``input_rate`` (a media track, not an event)."""
         if self._at(now):
-            self._take_audio(pcm)
-
-    def _take_audio(self, pcm: npt.NDArray[np.int16]) -> None:
-        self._buffer.append(pcm)
-        self._clock_ms += len(pcm) * 1000 / self._in_rate
-        if self._turns is not None:
-            assert self._vad is not None
-            self._vad.push(pcm)
+            self._turns.append(pcm)
 
     def on_vad(self, probability: float, epoch: int, *, now: float) -> None:
         """The VAD's answer for the oldest chunk not yet answered (of this epoch)."""
-        if not self._at(now):
-            return
-        vad = self._vad
-        turns = self._turns
-        policy = self._policy
-        if vad is None or epoch != vad.epoch or turns is None or policy is None:
-            return
-        start, end = vad.answered()
-        self._vad_now_ms = end
-        decision = turns.feed(start, end, probability)
-        if decision is not None:
-            self._on_turn_event(decision)
-        pause = self._speculation.pause
-        if (
-            pause is not None
-            and pause.asr_request is None
-            and end - pause.start_ms >= min(policy.speculate_after_ms, turns.silence_ms)
-        ):
-            self._transcribe_pause(pause)
-        if not turns.speaking:
-            self._buffer.trim_before(end - turns.prefix_padding_ms - 100)
-            if self._idle_deadline_ms is not None and end >= self._idle_deadline_ms:
-                self._idle_timeout(end)
-
-    # ----------------------------------------------------------------- turn-taking
-
-    def _on_turn_event(self, event: TurnEvent) -> None:
-        if event.kind == "speech_started":
-            self._speech_started(event.ms)
-        elif event.kind == "pause_started":
-            self._speculation.pause_started(self._speech_item_id, event.ms)
-        elif event.kind == "pause_ended":
-            self._drop_pause()
-        else:
-            self._speech_stopped(event.ms)
-
-    def _speech_started(self, ms: float) -> None:
-        policy = self._policy
-        assert policy is not None
-        self._speech_item_id = self.ids.new("item")
-        self._speech_start_ms = max(ms, self._buffer.start_ms)
-        self._idle_deadline_ms = None
-        self._outbox.emit(
-            se.SpeechStarted(
-                audio_start_ms=int(self._speech_start_ms), item_id=self._speech_item_id
-            )
-        )
-        if policy.interrupt_response:
-            in_band = self._responses.in_band
-            if in_band is not None:
-                self._responses.end_response(
-                    in_band, "cancelled", {"type": "cancelled", "reason": "turn_detected"}
-                )
-            self._playout.clear(requested=False)
-
-    def _speech_stopped(self, ms: float) -> None:
-        policy = self._policy
-        assert policy is not None and self._speech_item_id is not None
-        item_id, self._speech_item_id = self._speech_item_id, None
-        pause = self._speculation.end_pause()
-        self.last_pause_ms = ms - pause.start_ms if pause is not None else 0.0
-        self._outbox.emit(se.SpeechStopped(audio_end_ms=int(ms), item_id=item_id))
-        pcm = self._buffer.take(self._speech_start_ms, ms)
-        self._commit_audio(pcm, item_id, pause)
-        if (
-            policy.create_response
-            and self.config.type == "realtime"
-            and self._responses.in_band is None
-        ):
-            self._create_response(ResponseParams())
-        if self._responses.in_band is None:
-            # No response for this turn (or it failed at once): nobody adopts the speculation.
-            self._speculation.discard()
-
-    def _idle_timeout(self, now_ms: float) -> None:
-        self._idle_deadline_ms = None
-        item_id = self.ids.new("item")
-        start = self._buffer.start_ms
-        self._outbox.emit(
-            se.InputAudioBufferTimeoutTriggered(
-                audio_start_ms=int(start), audio_end_ms=int(now_ms), item_id=item_id
-            )
-        )
-        pcm = self._buffer.take(start, now_ms)
-        if len(pcm):
-            self._commit_audio(pcm, item_id)
-        if self._responses.in_band is None:
-            self._create_response(ResponseParams())
-
-    def _arm_idle_timeout(self, after_ms: float) -> None:
-        """The assistant's reply ends ``after_ms`` from now on the sample clock."""
-        policy = self._policy
-        if policy is not None and policy.idle_timeout_ms is not None:
-            self._idle_deadline_ms = self._clock_ms + after_ms + policy.idle_timeout_ms
-
-    def _commit_buffer(self) -> None:
-        if self._buffer.duration_ms < MIN_COMMIT_MS:
-            raise ProtocolError(
-                "Error committing input audio buffer: buffer too small. Expected at least "
-                f"{MIN_COMMIT_MS}ms of audio, but buffer only has "
-                f"{self._buffer.duration_ms:.2f}ms of audio.",
-                code="input_audio_buffer_commit_empty",
-            )
-        item_id = self._speech_item_id or self.ids.new("item")
-        self._reset_turn()
-        self._commit_audio(self._buffer.take_all(), item_id)
-
-    def _commit_audio(
-        self, pcm: npt.NDArray[np.int16], item_id: str, pause: Pause | None = None
-    ) -> None:
-        part = Part(
-            "input_audio",
-            audio=pcm,
-            audio_format=self.config.audio.input.format,
-            rate=self._in_rate,
-        )
-        entry = Entry(id=item_id, type="message", role="user", parts=[part])
-        previous = self.conversation.insert(entry)
-        emit = self._outbox.emit
-        emit(se.InputAudioBufferCommitted(previous_item_id=previous, item_id=item_id))
-        emit(se.ConversationItemAdded(previous_item_id=previous, item=entry.to_wire()))
-        emit(se.ConversationItemDone(previous_item_id=previous, item=entry.to_wire()))
-        self._recognition.commit(entry, part, pause)
-        self._limit_audio()
+        if self._at(now):
+            self._turns.on_vad(probability, epoch)
 
     def _limit_audio(self) -> None:
         """Hold conversation audio to the retention budget; replies still being generated or
@@ -477,52 +328,6 @@ class Session:
 
     # ----------------------------------------------------------------- speculation
 
-    def _drop_pause(self) -> None:
-        """The user went on (or the turn was reset): speculative work is thrown away."""
-        pause = self._speculation.drop_pause()
-        if pause is not None:
-            self._recognition.forget(pause)
-
-    def _transcribe_pause(self, pause: Pause) -> None:
-        """Recognise the turn so far while the pause is waited out."""
-        pcm = self._buffer.peek(self._speech_start_ms, pause.start_ms)
-        self._recognition.recognise_pause(pause, pcm, self._in_rate)
-
-    def _pause_transcribed(self, pause: Pause, transcript: str) -> None:
-        pause.transcript = transcript
-        self._speculate_reply(pause)
-        if self._policy is not None and self._policy.scores_turns:
-            score = ScoreTurn(pause.key, transcript, self._last_assistant_text())
-            self._speculation.judge(pause, score, self._now)
-
-    def _speculate_reply(self, pause: Pause) -> None:
-        """Start the reply the turn would get if it ended now; it stays unseen until it does."""
-        policy = self._policy
-        if (
-            policy is None
-            or not policy.create_response
-            or self.config.type != "realtime"
-            or self._responses.in_band is not None
-            or pause.transcript is None
-            or self._speech_item_id is None
-        ):
-            return
-        turn = Entry(
-            id=self._speech_item_id,
-            type="message",
-            role="user",
-            parts=[Part("input_audio", heard=pause.transcript)],
-        )
-        response = self._responses.new_response(ResponseParams(), response_id="")
-        entries = [*self.conversation.entries(), turn]
-        self._speculation.speculate(pause, self._responses.generate_action(response, entries))
-
-    def _last_assistant_text(self) -> str | None:
-        for entry in reversed(self.conversation.entries()):
-            if entry.type == "message" and entry.role == "assistant":
-                return " ".join(p.transcript or p.text or "" for p in entry.parts).strip() or None
-        return None
-
     def on_speculation_answering(self, key: str, *, now: float) -> None:
         """The speculative reply ``key`` has read its prompt (its first output) or ended."""
         if self._at(now):
@@ -530,18 +335,8 @@ class Session:
 
     def on_turn_score(self, key: str, probability: float, *, now: float) -> None:
         """How complete the utterance of the pause ``key`` sounds (semantic_vad)."""
-        if not self._at(now):
-            return
-        policy = self._policy
-        pause = self._speculation.pause
-        if pause is None or pause.key != key or self._turns is None or policy is None:
-            return
-        if not policy.scores_turns:
-            return
-        self._turns.silence_ms = policy.silence_after(probability)
-        decision = self._turns.check(self._vad_now_ms)
-        if decision is not None:
-            self._on_turn_event(decision)
+        if self._at(now):
+            self._turns.on_turn_score(key, probability)
 
     def on_turn_score_failed(self, key: str, *, now: float) -> None:
         """The end-of-turn model failed on the pause ``key``."""
@@ -561,8 +356,8 @@ class Session:
         if not self._at(now):
             return
         pause = self._recognition.done(request_id, transcript, audio_seconds)
-        if pause is not None and pause is self._speculation.pause:
-            self._pause_transcribed(pause, transcript)
+        if pause is not None:
+            self._turns.pause_transcribed(pause, transcript, now)
 
     def on_transcription_failed(self, request_id: str, message: str, *, now: float) -> None:
         """Recognition failed: the LLM will see no words for that audio."""
@@ -718,7 +513,7 @@ class Session:
         """The transport played a response's audio to the end."""
         if self._at(now) and self._playout.stopped(response_id):
             # The user has heard the conversation's reply: the idle timeout runs from now.
-            self._arm_idle_timeout(0)
+            self._turns.arm_idle_timeout(0)
 
     def on_playout_cleared(self, response_id: str, played_ms: int, *, now: float) -> None:
         """Playout stopped early (barge-in or a clear): the item keeps only what was heard."""

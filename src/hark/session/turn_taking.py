@@ -1,0 +1,312 @@
+"""Turn-taking: the user's input audio on the sample clock, and when it becomes a turn.
+
+The input buffer fills with the client's audio; the VAD's answers, read by the turn policy's
+detector, say where speech starts, pauses and stops. A stop (or ``input_audio_buffer.commit``,
+or the idle timeout after the assistant's reply) commits the buffer's audio as a user item.
+During a pause the turn so far is handed to recognition and a reply speculated on its words;
+with ``semantic_vad`` the end-of-turn model's verdict sets how long the pause may last.
+
+Turn-taking decides *when* audio is recognised (a pause, a commit); ``recognition`` owns the
+requests and where their transcripts go, ``speculation`` the pause's speculative work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import numpy.typing as npt
+
+from hark.audio.formats import format_rate
+from hark.protocol import server_events as se
+from hark.protocol.errors import ProtocolError
+from hark.protocol.response_params import ResponseParams
+from hark.protocol.session_config import AudioFormat, SessionConfig
+from hark.session.actions import ScoreTurn
+from hark.session.conversation import Conversation, Entry, Part
+from hark.session.ids import IdGenerator
+from hark.session.input_buffer import InputAudioBuffer
+from hark.session.outbox import Outbox
+from hark.session.playout_state import PlayoutState
+from hark.session.recognition import Recognition
+from hark.session.response_lifecycle import ResponseLifecycle
+from hark.session.speculation import Pause, Speculation
+from hark.session.turn_detection import TurnDetector, TurnEvent
+from hark.session.turn_policy import TurnPolicy, turn_policy
+from hark.session.vad_feed import VadFeed
+
+MIN_COMMIT_MS = 100
+
+
+class TurnTaking:
+    """The input buffer, the sample clock, and the turn in progress.
+
+    ``config`` gives the session's current configuration; ``respond`` creates the
+    conversation's response to a turn (as ``response.create`` with no parameters would);
+    ``limit_audio`` holds the conversation's audio to its budget once a turn adds some.
+    """
+
+    def __init__(
+        self,
+        outbox: Outbox,
+        ids: IdGenerator,
+        conversation: Conversation,
+        *,
+        config: Callable[[], SessionConfig],
+        vad_chunk_ms: int,
+        speculation: Speculation,
+        recognition: Recognition,
+        responses: ResponseLifecycle,
+        playout: PlayoutState,
+        respond: Callable[[], None],
+        limit_audio: Callable[[], None],
+    ) -> None:
+        self._outbox = outbox
+        self._ids = ids
+        self._conversation = conversation
+        self._config = config
+        self._vad_chunk_ms = vad_chunk_ms
+        self._speculation = speculation
+        self._recognition = recognition
+        self._responses = responses
+        self._playout = playout
+        self._respond = respond
+        self._limit_audio = limit_audio
+        self._vad: VadFeed | None = None
+        # Milliseconds of input audio received: the sample clock turn-taking runs on.
+        self._clock_ms = 0.0
+        # The end of the latest chunk the VAD answered, on the sample clock.
+        self._vad_now_ms = 0.0
+        self._idle_deadline_ms: float | None = None
+        self._speech_item_id: str | None = None
+        self._speech_start_ms = 0.0
+        # How long the pause that ended the last turn lasted (the end-of-turn wait).
+        self.last_pause_ms = 0.0
+        self.setup()
+
+    def setup(self) -> None:
+        """(Re)build the input path for the current input format and turn detection."""
+        audio_in = self._config().audio.input
+        self.format: AudioFormat = audio_in.format
+        self.rate = format_rate(audio_in.format)
+        self._buffer = InputAudioBuffer(self.rate, self._clock_ms)
+        self._policy: TurnPolicy | None = turn_policy(audio_in.turn_detection)
+        self._detector = TurnDetector(self._policy) if self._policy is not None else None
+        # The VAD hears its chunks at the input rate (it resamples them itself, for all
+        # sessions at once); answers for an earlier feed are stale.
+        epoch = self._vad.epoch + 1 if self._vad is not None else 0
+        self._vad = VadFeed(self._outbox, self.rate, self._vad_chunk_ms, self._clock_ms, epoch)
+        self._speech_item_id = None
+        self._drop_pause()
+
+    # ----------------------------------------------------------------- input audio
+
+    def append(self, pcm: npt.NDArray[np.int16]) -> None:
+        """Input audio at ``rate``: buffered, and fed to the VAD when turns are detected."""
+        self._buffer.append(pcm)
+        self._clock_ms += len(pcm) * 1000 / self.rate
+        if self._detector is not None:
+            assert self._vad is not None
+            self._vad.push(pcm)
+
+    def commit(self) -> None:
+        """``input_audio_buffer.commit``: the whole buffer becomes a user item."""
+        if self._buffer.duration_ms < MIN_COMMIT_MS:
+            raise ProtocolError(
+                "Error committing input audio buffer: buffer too small. Expected at least "
+                f"{MIN_COMMIT_MS}ms of audio, but buffer only has "
+                f"{self._buffer.duration_ms:.2f}ms of audio.",
+                code="input_audio_buffer_commit_empty",
+            )
+        item_id = self._speech_item_id or self._ids.new("item")
+        self._reset()
+        self._commit_audio(self._buffer.take_all(), item_id)
+
+    def clear(self) -> None:
+        """``input_audio_buffer.clear``: the buffer and the turn in progress are dropped."""
+        self._buffer.clear()
+        self._reset()
+        self._outbox.emit(se.InputAudioBufferCleared())
+
+    def _reset(self) -> None:
+        if self._detector is not None:
+            self._detector.reset()
+        self._speech_item_id = None
+        self._drop_pause()
+
+    def _commit_audio(
+        self, pcm: npt.NDArray[np.int16], item_id: str, pause: Pause | None = None
+    ) -> None:
+        part = Part("input_audio", audio=pcm, audio_format=self.format, rate=self.rate)
+        entry = Entry(id=item_id, type="message", role="user", parts=[part])
+        previous = self._conversation.insert(entry)
+        emit = self._outbox.emit
+        emit(se.InputAudioBufferCommitted(previous_item_id=previous, item_id=item_id))
+        emit(se.ConversationItemAdded(previous_item_id=previous, item=entry.to_wire()))
+        emit(se.ConversationItemDone(previous_item_id=previous, item=entry.to_wire()))
+        self._recognition.commit(entry, part, pause)
+        self._limit_audio()
+
+    # ----------------------------------------------------------------- VAD and turns
+
+    def on_vad(self, probability: float, epoch: int) -> None:
+        """The VAD's answer for the oldest chunk not yet answered (of this epoch)."""
+        vad = self._vad
+        detector = self._detector
+        policy = self._policy
+        if vad is None or epoch != vad.epoch or detector is None or policy is None:
+            return
+        start, end = vad.answered()
+        self._vad_now_ms = end
+        decision = detector.feed(start, end, probability)
+        if decision is not None:
+            self._on_turn_event(decision)
+        pause = self._speculation.pause
+        if (
+            pause is not None
+            and pause.asr_request is None
+            and end - pause.start_ms >= min(policy.speculate_after_ms, detector.silence_ms)
+        ):
+            self._transcribe_pause(pause)
+        if not detector.speaking:
+            self._buffer.trim_before(end - detector.prefix_padding_ms - 100)
+            if self._idle_deadline_ms is not None and end >= self._idle_deadline_ms:
+                self._idle_timeout(end)
+
+    def _on_turn_event(self, event: TurnEvent) -> None:
+        if event.kind == "speech_started":
+            self._speech_started(event.ms)
+        elif event.kind == "pause_started":
+            self._speculation.pause_started(self._speech_item_id, event.ms)
+        elif event.kind == "pause_ended":
+            self._drop_pause()
+        else:
+            self._speech_stopped(event.ms)
+
+    def _speech_started(self, ms: float) -> None:
+        policy = self._policy
+        assert policy is not None
+        self._speech_item_id = self._ids.new("item")
+        self._speech_start_ms = max(ms, self._buffer.start_ms)
+        self._idle_deadline_ms = None
+        self._outbox.emit(
+            se.SpeechStarted(
+                audio_start_ms=int(self._speech_start_ms), item_id=self._speech_item_id
+            )
+        )
+        if policy.interrupt_response:
+            in_band = self._responses.in_band
+            if in_band is not None:
+                self._responses.end_response(
+                    in_band, "cancelled", {"type": "cancelled", "reason": "turn_detected"}
+                )
+            self._playout.clear(requested=False)
+
+    def _speech_stopped(self, ms: float) -> None:
+        policy = self._policy
+        assert policy is not None and self._speech_item_id is not None
+        item_id, self._speech_item_id = self._speech_item_id, None
+        pause = self._speculation.end_pause()
+        self.last_pause_ms = ms - pause.start_ms if pause is not None else 0.0
+        self._outbox.emit(se.SpeechStopped(audio_end_ms=int(ms), item_id=item_id))
+        pcm = self._buffer.take(self._speech_start_ms, ms)
+        self._commit_audio(pcm, item_id, pause)
+        if (
+            policy.create_response
+            and self._config().type == "realtime"
+            and self._responses.in_band is None
+        ):
+            self._respond()
+        if self._responses.in_band is None:
+            # No response for this turn (or it failed at once): nobody adopts the speculation.
+            self._speculation.discard()
+
+    # ----------------------------------------------------------------- idle timeout
+
+    def arm_idle_timeout(self, after_ms: float) -> None:
+        """The assistant's reply ends ``after_ms`` from now on the sample clock."""
+        policy = self._policy
+        if policy is not None and policy.idle_timeout_ms is not None:
+            self._idle_deadline_ms = self._clock_ms + after_ms + policy.idle_timeout_ms
+
+    def _idle_timeout(self, now_ms: float) -> None:
+        self._idle_deadline_ms = None
+        item_id = self._ids.new("item")
+        start = self._buffer.start_ms
+        self._outbox.emit(
+            se.InputAudioBufferTimeoutTriggered(
+                audio_start_ms=int(start), audio_end_ms=int(now_ms), item_id=item_id
+            )
+        )
+        pcm = self._buffer.take(start, now_ms)
+        if len(pcm):
+            self._commit_audio(pcm, item_id)
+        if self._responses.in_band is None:
+            self._respond()
+
+    # ----------------------------------------------------------------- pauses
+
+    def _drop_pause(self) -> None:
+        """The user went on (or the turn was reset): speculative work is thrown away."""
+        pause = self._speculation.drop_pause()
+        if pause is not None:
+            self._recognition.forget(pause)
+
+    def _transcribe_pause(self, pause: Pause) -> None:
+        """Recognise the turn so far while the pause is waited out."""
+        pcm = self._buffer.peek(self._speech_start_ms, pause.start_ms)
+        self._recognition.recognise_pause(pause, pcm, self.rate)
+
+    def pause_transcribed(self, pause: Pause, transcript: str, now: float) -> None:
+        """Recognition heard ``transcript`` in ``pause`` (at wall time ``now``): if the turn
+        is still in that pause, a reply is speculated on the words and, with a policy that
+        scores turns, the end-of-turn model asked how complete they sound."""
+        if pause is not self._speculation.pause:
+            return
+        pause.transcript = transcript
+        self._speculate_reply(pause)
+        if self._policy is not None and self._policy.scores_turns:
+            score = ScoreTurn(pause.key, transcript, self._last_assistant_text())
+            self._speculation.judge(pause, score, now)
+
+    def _speculate_reply(self, pause: Pause) -> None:
+        """Start the reply the turn would get if it ended now; it stays unseen until it does."""
+        policy = self._policy
+        if (
+            policy is None
+            or not policy.create_response
+            or self._config().type != "realtime"
+            or self._responses.in_band is not None
+            or pause.transcript is None
+            or self._speech_item_id is None
+        ):
+            return
+        turn = Entry(
+            id=self._speech_item_id,
+            type="message",
+            role="user",
+            parts=[Part("input_audio", heard=pause.transcript)],
+        )
+        response = self._responses.new_response(ResponseParams(), response_id="")
+        entries = [*self._conversation.entries(), turn]
+        self._speculation.speculate(pause, self._responses.generate_action(response, entries))
+
+    def _last_assistant_text(self) -> str | None:
+        for entry in reversed(self._conversation.entries()):
+            if entry.type == "message" and entry.role == "assistant":
+                return " ".join(p.transcript or p.text or "" for p in entry.parts).strip() or None
+        return None
+
+    def on_turn_score(self, key: str, probability: float) -> None:
+        """How complete the utterance of the pause ``key`` sounds (``semantic_vad``): the
+        silence that ends the turn follows, and may already have passed."""
+        policy = self._policy
+        pause = self._speculation.pause
+        if pause is None or pause.key != key or self._detector is None or policy is None:
+            return
+        if not policy.scores_turns:
+            return
+        self._detector.silence_ms = policy.silence_after(probability)
+        decision = self._detector.check(self._vad_now_ms)
+        if decision is not None:
+            self._on_turn_event(decision)
