@@ -164,3 +164,10 @@ async def test_the_vad_batcher_reports_its_batches_once_observed() -> None:
         await engines.aclose()
     batches = metrics.registry.get_sample_value("hark_batcher_batch_size_count", {"model": "vad"})
     assert batches is not None and batches >= 1
+
+
+@pytest.mark.parametrize("kind", ["asr", "llm", "tts"])
+def test_a_remote_engine_without_its_url_is_unavailable(kind: str) -> None:
+    # Settings made directly skip load_settings' check; the registry still says what is wrong.
+    with pytest.raises(EngineUnavailableError, match=f"the openai {kind} engine needs {kind}_url"):
+        build_engines(Settings(engines="fake", **{kind: "openai"}))  # type: ignore[arg-type]

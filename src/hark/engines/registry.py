@@ -88,6 +88,13 @@ async def _timed_warmup(name: str, warmup: Awaitable[None]) -> None:
 REMOTE_ENGINE = "openai"
 
 
+def _remote_url(url: str | None, kind: str) -> str:
+    # load_settings refuses this too; Settings made directly (tests, embedding) skip it.
+    if not url:
+        raise EngineUnavailableError(f"the {REMOTE_ENGINE} {kind} engine needs {kind}_url")
+    return url
+
+
 def _silero_vad(settings: Settings) -> VadEngine:
     from hark.engines.vad.batcher import BatchedSileroVad
 
@@ -104,9 +111,10 @@ def _whisper_asr(settings: Settings) -> AsrEngine:
 def _openai_asr(settings: Settings) -> AsrEngine:
     from hark.engines.asr.openai import DEFAULT_MODEL, OpenAIAsr
 
-    assert settings.asr_url is not None  # the settings refuse the engine without one
     return OpenAIAsr(
-        settings.asr_url, model=settings.asr_model or DEFAULT_MODEL, api_key=settings.asr_api_key
+        _remote_url(settings.asr_url, "asr"),
+        model=settings.asr_model or DEFAULT_MODEL,
+        api_key=settings.asr_api_key,
     )
 
 
@@ -123,6 +131,7 @@ def _llama_cpp_llm(settings: Settings) -> LlmEngine:
 
 
 def _openai_llm(settings: Settings) -> LlmEngine:
+    first = _remote_url(next(iter(settings.llm_url), None), "llm")
     if len(settings.llm_url) > 1:
         from hark.engines.llm.failover import FailoverLlm
 
@@ -132,7 +141,7 @@ def _openai_llm(settings: Settings) -> LlmEngine:
     from hark.engines.llm.openai_compatible import OpenAICompatibleLlm
 
     return OpenAICompatibleLlm(
-        base_url=settings.llm_url[0], model=settings.llm_model_name, api_key=settings.llm_api_key
+        base_url=first, model=settings.llm_model_name, api_key=settings.llm_api_key
     )
 
 
@@ -157,9 +166,10 @@ def _piper_tts(settings: Settings) -> TtsEngine:
 def _openai_tts(settings: Settings) -> TtsEngine:
     from hark.engines.tts.openai import DEFAULT_MODEL, OpenAITts
 
-    assert settings.tts_url is not None  # the settings refuse the engine without one
     return OpenAITts(
-        settings.tts_url, model=settings.tts_model or DEFAULT_MODEL, api_key=settings.tts_api_key
+        _remote_url(settings.tts_url, "tts"),
+        model=settings.tts_model or DEFAULT_MODEL,
+        api_key=settings.tts_api_key,
     )
 
 
