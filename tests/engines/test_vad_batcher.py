@@ -297,7 +297,8 @@ async def test_a_chunk_of_no_supported_rate_is_refused(batched: BatchedSileroVad
     with pytest.raises(ValueError):
         stream.push(np.zeros((2, 512), dtype=np.float32), 0)
     with pytest.raises(ValueError):
-        stream.push(np.zeros(512, dtype=np.float64), 0)
+        # A float64 chunk is what a caller without types could pass; it must be refused.
+        stream.push(np.zeros(512, dtype=np.float64), 0)  # type: ignore[arg-type]
     # 44.1 kHz has no whole number of samples in 32 ms.
     with pytest.raises(ValueError):
         stream.push(np.zeros(1411, dtype=np.int16), 0)
