@@ -7,6 +7,7 @@ import asyncio
 import threading
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -298,7 +299,8 @@ async def test_a_chunk_of_no_supported_rate_is_refused(batched: BatchedSileroVad
         stream.push(np.zeros((2, 512), dtype=np.float32), 0)
     with pytest.raises(ValueError):
         # A float64 chunk is what a caller without types could pass; it must be refused.
-        stream.push(np.zeros(512, dtype=np.float64), 0)  # type: ignore[arg-type]
+        untyped: Any = np.zeros(512, dtype=np.float64)
+        stream.push(untyped, 0)
     # 44.1 kHz has no whole number of samples in 32 ms.
     with pytest.raises(ValueError):
         stream.push(np.zeros(1411, dtype=np.int16), 0)
