@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import io
-import itertools
 import struct
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -24,8 +23,9 @@ from hark.config import Settings
 from hark.engines.fake import FakeAsr, FakeLlm, FakeTts
 from hark.engines.registry import Engines
 from hark.engines.vad.batcher import BatchedSileroVad
-from hark.server.routes.transcriptions import MAX_FILE_BYTES, MAX_PIECE_S, pieces
+from hark.server.routes.transcriptions import MAX_FILE_BYTES
 from tests.conftest import shared_end_of_turn
+from tests.speech import RATE, spoken
 
 from .conftest import API_KEY, RunningServer, StartServer, bearer
 
@@ -309,59 +309,89 @@ async def test_other_containers_are_decoded(client: Client, start_server: StartS
     assert abs(asr.heard[0][0] - 16000) <= 16
 
 
-async def test_long_audio_is_cut_into_timed_segments_at_quiet_moments(
-    client: Client,
-    start_server: StartServer,
+TWO_SENTENCES = "Hello there. How are you today?"
+
+
+async def test_verbose_json_carries_the_engines_segments_words_and_language(
+    client: Client, start_server: StartServer
 ) -> None:
+    server = await start_server(KEYED, engines(asr=FakeAsr(TWO_SENTENCES)))
+    sdk = client(server)
+    # The fake ASR gives each of its 6 words a sixth of the 60 s: 10 s a word.
+    both = await sdk.audio.transcriptions.create(
+        model="whisper-1",
+        file=("long.wav", tone(60.0)),
+        language="de-CH",
+        response_format="verbose_json",
+        timestamp_granularities=["segment", "word"],
+    )
+    assert (both.language, both.duration, both.text) == ("de", 60.0, TWO_SENTENCES)
+    assert both.usage is not None and both.usage.seconds == 60.0
+    assert both.segments is not None
+    assert [(s.id, s.seek, s.start, s.end, s.text) for s in both.segments] == [
+        (0, 0, 0.0, 20.0, "Hello there."),
+        (1, 2000, 20.0, 60.0, "How are you today?"),
+    ]
+    assert both.words is not None
+    assert [(w.word, w.start, w.end) for w in both.words] == [
+        (word, 10.0 * index, 10.0 * (index + 1)) for index, word in enumerate(TWO_SENTENCES.split())
+    ]
+    # Segments by default, words only when asked for; no language asked: the engine's own.
+    plain = await sdk.audio.transcriptions.create(
+        model="whisper-1", file=("a.wav", tone(6.0)), response_format="verbose_json"
+    )
+    assert plain.language == "en" and plain.words is None
+    assert plain.segments is not None and [s.end for s in plain.segments] == [2.0, 6.0]
+    words = await sdk.audio.transcriptions.create(
+        model="whisper-1",
+        file=("a.wav", tone(6.0)),
+        response_format="verbose_json",
+        timestamp_granularities=["word"],
+    )
+    assert words.segments is None
+    assert words.words is not None and [w.end for w in words.words] == [1, 2, 3, 4, 5, 6]
+
+
+async def test_long_audio_is_heard_whole(client: Client, start_server: StartServer) -> None:
     asr = PieceAsr()
     server = await start_server(KEYED, engines(asr=asr))
-    # 70 s of tone, silent from 27.5 s to 28.5 s: the first cut falls in that silence.
     result = await client(server).audio.transcriptions.create(
-        model="whisper-1",
-        file=("long.wav", tone(70.0, silent=(27.5, 28.5))),
-        response_format="verbose_json",
-        timestamp_granularities=["segment"],
+        model="whisper-1", file=("long.wav", tone(70.0)), response_format="verbose_json"
     )
-    assert result.duration == pytest.approx(70.0)
-    assert result.text == "piece 1 piece 2 piece 3"
-    assert result.segments is not None
-    starts = [s.start for s in result.segments]
-    ends = [s.end for s in result.segments]
-    assert starts[0] == 0 and ends[-1] == pytest.approx(70.0)
-    assert starts[1:] == ends[:-1]
-    assert 27.5 <= ends[0] <= 28.5
-    assert all(end - start <= MAX_PIECE_S for start, end in zip(starts, ends, strict=True))
-    assert [s.text for s in result.segments] == ["piece 1", "piece 2", "piece 3"]
-    # Each piece hears the text before it as its prompt.
-    assert [prompt for _, prompt, _ in asr.heard] == [None, "piece 1", "piece 1 piece 2"]
-
-
-def test_pieces_cover_the_audio_without_gaps() -> None:
-    rate = 16000
-    for seconds in (0.0, 1.0, MAX_PIECE_S, MAX_PIECE_S + 0.01, 95.3):
-        audio = np.random.default_rng(1).normal(0, 0.1, int(seconds * rate)).astype(np.float32)
-        ranges = pieces(audio, rate)
-        assert ranges[0][0] == 0 and ranges[-1][1] == audio.size
-        assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))
-        assert all(0 < end - start <= MAX_PIECE_S * rate for start, end in ranges if audio.size)
+    assert result.text == "piece 1" and result.duration == pytest.approx(70.0)
+    assert result.segments is not None and result.segments[0].end == pytest.approx(70.0)
+    assert [size for size, _, _ in asr.heard] == [70 * 16000]
 
 
 async def test_subtitles(client: Client, start_server: StartServer) -> None:
-    server = await start_server(KEYED, engines())
+    server = await start_server(KEYED, engines(asr=FakeAsr(TWO_SENTENCES)))
     sdk = client(server)
-    wav = tone(40.0, silent=(29.0, 30.0))
+    wav = tone(3.0)
     srt = await sdk.audio.transcriptions.create(
         model="whisper-1", file=("a.wav", wav), response_format="srt"
     )
     vtt = await sdk.audio.transcriptions.create(
         model="whisper-1", file=("a.wav", wav), response_format="vtt"
     )
-    srt_lines = str(srt).splitlines()
-    assert srt_lines[:3] == ["1", f"00:00:00,000 --> {srt_lines[1][-12:]}", "piece 1"]
-    assert srt_lines[1][-12:].startswith("00:00:29,")
-    assert srt_lines[4] == "2" and srt_lines[5].endswith("00:00:40,000")
-    vtt_lines = str(vtt).splitlines()
-    assert vtt_lines[0] == "WEBVTT" and vtt_lines[2].startswith("00:00:00.000 --> 00:00:29.")
+    # Half a second a word: the segments' own times.
+    assert str(srt).splitlines() == [
+        "1",
+        "00:00:00,000 --> 00:00:01,000",
+        "Hello there.",
+        "",
+        "2",
+        "00:00:01,000 --> 00:00:03,000",
+        "How are you today?",
+    ]
+    assert str(vtt).splitlines() == [
+        "WEBVTT",
+        "",
+        "00:00:00.000 --> 00:00:01.000",
+        "Hello there.",
+        "",
+        "00:00:01.000 --> 00:00:03.000",
+        "How are you today?",
+    ]
 
 
 async def test_streamed_transcription_events(client: Client, start_server: StartServer) -> None:
@@ -374,14 +404,13 @@ async def test_streamed_transcription_events(client: Client, start_server: Start
     assert [e.type for e in events][-1] == "transcript.text.done"
     done = events[-1]
     assert done.type == "transcript.text.done"
-    assert deltas == ["piece", " 1", " piece", " 2"]
-    assert done.text == "".join(deltas) == "piece 1 piece 2"
+    assert deltas == ["piece", " 1"]
+    assert done.text == "".join(deltas) == "piece 1"
 
 
 @pytest.mark.parametrize(
     ("options", "param", "code"),
     [
-        ({"timestamp_granularities": ["word"]}, "timestamp_granularities", "unsupported_value"),
         ({"include": ["logprobs"]}, "include", "unsupported_value"),
         ({"response_format": "diarized_json"}, "response_format", "invalid_value"),
         ({"response_format": "srt", "stream": True}, "response_format", "unsupported_value"),
@@ -492,6 +521,44 @@ async def test_piper_speaks_and_whisper_hears_it(
     done = events[-1]
     assert done.type == "transcript.text.done" and done.text == result.text
     assert "".join(e.delta for e in events if e.type == "transcript.text.delta") == done.text
+
+
+def _words(text: str) -> list[str]:
+    return [w for w in "".join(c if c.isalnum() else " " for c in text.lower()).split()]
+
+
+@pytest.mark.slow
+async def test_whisper_times_segments_and_words(
+    client: Client, start_server: StartServer, real_engines: Engines
+) -> None:
+    server = await start_server(KEYED, real_engines)
+    first, second = "Turn off the lights in the kitchen.", "Can you recommend a good book?"
+    pause = np.zeros(RATE * 3 // 2, dtype=np.int16)
+    pcm = np.concatenate((pause, spoken(first), pause, spoken(second), pause))
+    duration = pcm.size / RATE
+    result = await client(server).audio.transcriptions.create(
+        model="whisper-1",
+        file=("two.wav", wav_header(RATE, frames=pcm.size) + pcm.astype("<i2").tobytes()),
+        response_format="verbose_json",
+        timestamp_granularities=["segment", "word"],
+    )
+    assert result.language == "en" and result.duration == pytest.approx(duration, abs=1e-3)
+    assert _words(result.text) == _words(f"{first} {second}")
+    assert result.segments is not None and result.words is not None
+    starts = [s.start for s in result.segments]
+    ends = [s.end for s in result.segments]
+    # Each segment within the audio, in order; the speech starts after the leading pause.
+    assert all(0 <= a < b <= duration for a, b in zip(starts, ends, strict=True))
+    assert starts == sorted(starts) and starts[0] >= 1.0
+    assert " ".join(s.text for s in result.segments) == result.text
+    assert all(s.tokens and s.avg_logprob <= 0 and s.temperature == 0 for s in result.segments)
+    # The words, in order and in time, say the text; the second sentence's start after the
+    # pause that follows the first (1.5 s of it and the first sentence's length).
+    assert _words(" ".join(w.word for w in result.words)) == _words(result.text)
+    times = [t for w in result.words for t in (w.start, w.end)]
+    assert times == sorted(times) and times[0] >= 0 and times[-1] <= duration
+    second_start = next(w.start for w in result.words if w.word.lower().startswith("can"))
+    assert second_start >= 1.5 + spoken(first).size / RATE
 
 
 class BrokenTts(RecordingTts):

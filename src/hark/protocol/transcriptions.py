@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 import msgspec
-from msgspec import Meta, Struct, field
+from msgspec import UNSET, Meta, Struct, UnsetType, field
 
 from hark.protocol.errors import from_validation_error
 
@@ -40,24 +40,41 @@ class Transcription(Struct, kw_only=True):
     usage: DurationUsage
 
 
-class Segment(Struct, kw_only=True):
-    """A stretch of the audio and its text; ``seek`` is its start in 10 ms frames."""
+class Segment(Struct, kw_only=True, omit_defaults=True):
+    """A stretch of the audio and its text, times in seconds; ``seek`` is the start of its
+    decoding window in 10 ms frames. The decoder's details are left out where the engine
+    does not know them."""
 
     id: int
     seek: int
     start: float
     end: float
     text: str
+    tokens: list[int] | None = None
+    temperature: float | None = None
+    avg_logprob: float | None = None
+    compression_ratio: float | None = None
+    no_speech_prob: float | None = None
+
+
+class Word(Struct, kw_only=True):
+    """A word and its times in seconds."""
+
+    word: str
+    start: float
+    end: float
 
 
 class TranscriptionVerbose(Struct, kw_only=True):
-    """The ``verbose_json`` answer; ``language`` is the one asked for, or ``unknown``."""
+    """The ``verbose_json`` answer: ``segments`` unless only word timestamps were asked
+    for, ``words`` when they were; ``language`` as the engine heard it."""
 
     task: Literal["transcribe"] = "transcribe"
     language: str
     duration: float
     text: str
-    segments: list[Segment]
+    segments: list[Segment] | UnsetType = UNSET
+    words: list[Word] | UnsetType = UNSET
     usage: DurationUsage
 
 

@@ -1,20 +1,18 @@
 """``POST /v1/audio/transcriptions``: OpenAI's speech-to-text, heard by hark's own ASR.
 
 The file is decoded by FFmpeg (WAV, MP3, FLAC, Ogg, WebM, M4A…) to the engine's rate and
-cut into pieces of at most ``MAX_PIECE_S`` seconds, each at the quietest moment near its
-end, so that every piece fits one Whisper window. The pieces are the segments of
-``verbose_json``, ``srt`` and ``vtt``: their times are where the audio was cut, which is
-as fine as the ASR interface (text deltas, no timestamps) allows; word timestamps are
-refused rather than made up. Each piece is transcribed with the text before it as its
-prompt, so the pieces read on. With ``stream=true`` the text comes as server-sent
-``transcript.text.delta`` events as each piece is done, then ``transcript.text.done``.
+heard whole: the engine deals with long audio itself. ``json`` and ``text`` take the
+engine's plain transcript; ``verbose_json``, ``srt`` and ``vtt`` its timed one (segments
+as the engine timed them, words when ``timestamp_granularities`` asks for them, the
+language it heard). With ``stream=true`` the text comes as server-sent
+``transcript.text.delta`` events as the engine recognises it, then ``transcript.text.done``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import msgspec
@@ -24,7 +22,7 @@ from aiohttp import BodyPartReader, web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from hark.audio.files import AudioFileError, decode_file
-from hark.engines.asr import AsrEngine
+from hark.engines.asr import AsrEngine, TimedTranscript
 from hark.protocol.errors import ProtocolError
 from hark.protocol.transcriptions import (
     DurationUsage,
@@ -34,6 +32,7 @@ from hark.protocol.transcriptions import (
     Transcription,
     TranscriptionRequest,
     TranscriptionVerbose,
+    Word,
     parse_transcription_form,
 )
 from hark.server.access import KEY, principal, requires
@@ -55,10 +54,7 @@ MAX_FILE_BYTES = 25 * 1024 * 1024
 MAX_FIELDS_BYTES = 64 * 1024
 # Decoded audio is float32: a heavily compressed 25 MB file could otherwise expand to GBs.
 MAX_AUDIO_S = 30 * 60
-# One Whisper window; a piece is cut at the quietest 100 ms of its last CUT_SEARCH_S.
-MAX_PIECE_S = 30.0
-CUT_SEARCH_S = 5.0
-_CUT_FRAME_S = 0.1
+_TIMED_FORMATS = frozenset({"verbose_json", "srt", "vtt"})
 # Text fields the SDKs send as ``name[]``, one per value.
 _LIST_FIELDS = frozenset({"timestamp_granularities", "include"})
 
@@ -103,13 +99,32 @@ async def create_transcription(request: web.Request) -> web.StreamResponse:
     if form.stream:
         return await _stream(request, asr, audio, form)
     try:
-        segments = [segment async for segment, _ in _transcribe(asr, audio, form)]
+        if form.response_format in _TIMED_FORMATS:
+            timed = await asr.transcribe_timed(
+                audio,
+                language=form.language,
+                prompt=form.prompt,
+                words="word" in form.timestamp_granularities,
+            )
+            return _timed_answer(form, timed)
+        text = "".join([delta async for delta in _deltas(asr, audio, form)]).strip()
     except ValueError as exc:
         return _refused_by_engine(exc)
     except Exception:
         logger.exception("the ASR engine failed on a transcription")
         return engine_failed("transcription")
-    return _answer(form, segments, audio.size / asr.sample_rate)
+    usage = DurationUsage(seconds=round(audio.size / asr.sample_rate, 3))
+    if form.response_format == "text":
+        return web.Response(text=text + "\n", content_type="text/plain")
+    return web.Response(
+        body=_encode(Transcription(text=text, usage=usage)), content_type="application/json"
+    )
+
+
+def _deltas(
+    asr: AsrEngine, audio: npt.NDArray[np.float32], form: TranscriptionRequest
+) -> AsyncIterator[str]:
+    return asr.transcribe(audio, language=form.language, prompt=form.prompt)
 
 
 async def _read_form(request: web.Request) -> _Upload:
@@ -169,13 +184,6 @@ async def _read_part(part: BodyPartReader, limit: int) -> bytes:
 
 
 def _check_supported(form: TranscriptionRequest) -> None:
-    if "word" in form.timestamp_granularities:
-        raise ProtocolError(
-            "Word timestamps are not available from this server's ASR engine; "
-            "ask for 'segment' timestamps.",
-            param="timestamp_granularities",
-            code="unsupported_value",
-        )
     if form.include:
         raise ProtocolError(
             "'logprobs' are not available from this server's ASR engine.",
@@ -191,79 +199,43 @@ def _check_supported(form: TranscriptionRequest) -> None:
         )
 
 
-async def _transcribe(
-    asr: AsrEngine, audio: npt.NDArray[np.float32], form: TranscriptionRequest
-) -> AsyncGenerator[tuple[Segment, list[str]], None]:
-    """Each piece's segment, with its text deltas as the engine gave them."""
-    rate = asr.sample_rate
-    before = form.prompt or ""
-    for index, (start, end) in enumerate(pieces(audio, rate)):
-        deltas = [
-            delta
-            async for delta in asr.transcribe(
-                audio[start:end], language=form.language, prompt=before or None
-            )
-        ]
-        text = "".join(deltas).strip()
-        if text:
-            before = f"{before} {text}".strip()
-        yield (
-            Segment(
-                id=index,
-                seek=round(start * 100 / rate),
-                start=start / rate,
-                end=end / rate,
-                text=text,
-            ),
-            deltas,
+def _timed_answer(form: TranscriptionRequest, timed: TimedTranscript) -> web.Response:
+    segments = [
+        Segment(
+            id=index,
+            seek=segment.seek if segment.seek is not None else round(segment.start * 100),
+            start=round(segment.start, 3),
+            end=round(segment.end, 3),
+            text=segment.text,
+            tokens=list(segment.tokens) if segment.tokens is not None else None,
+            temperature=segment.temperature,
+            avg_logprob=segment.avg_logprob,
+            compression_ratio=segment.compression_ratio,
+            no_speech_prob=segment.no_speech_prob,
         )
-
-
-def pieces(audio: npt.NDArray[np.float32], rate: int) -> list[tuple[int, int]]:
-    """``(start, end)`` sample ranges of at most ``MAX_PIECE_S`` covering ``audio``, each
-    cut at the quietest ``_CUT_FRAME_S`` of its last ``CUT_SEARCH_S`` seconds."""
-    longest = int(MAX_PIECE_S * rate)
-    frame = max(1, int(_CUT_FRAME_S * rate))
-    search = int(CUT_SEARCH_S * rate)
-    ranges: list[tuple[int, int]] = []
-    start = 0
-    while audio.size - start > longest:
-        window = audio[start + longest - search : start + longest]
-        frames = window[: window.size - window.size % frame].reshape(-1, frame)
-        energy = np.mean(np.square(frames, dtype=np.float64), axis=1)
-        # The quietest frame's middle; the latest of equally quiet ones keeps pieces long.
-        quietest = energy.size - 1 - int(np.argmin(energy[::-1]))
-        end = start + longest - search + quietest * frame + frame // 2
-        ranges.append((start, end))
-        start = end
-    if audio.size > start or not ranges:
-        ranges.append((start, audio.size))
-    return ranges
-
-
-def _answer(form: TranscriptionRequest, segments: list[Segment], duration: float) -> web.Response:
-    text = " ".join(s.text for s in segments if s.text)
-    usage = DurationUsage(seconds=round(duration, 3))
-    fmt = form.response_format
-    if fmt == "text":
-        return web.Response(text=text + "\n", content_type="text/plain")
-    if fmt == "srt":
+        for index, segment in enumerate(s for s in timed.segments if s.text)
+    ]
+    if form.response_format == "srt":
         return web.Response(
             text=_subtitles(segments, vtt=False), content_type="application/x-subrip"
         )
-    if fmt == "vtt":
+    if form.response_format == "vtt":
         return web.Response(text=_subtitles(segments, vtt=True), content_type="text/vtt")
-    answer: Transcription | TranscriptionVerbose
-    if fmt == "verbose_json":
-        answer = TranscriptionVerbose(
-            language=form.language or "unknown",
-            duration=round(duration, 3),
-            text=text,
-            segments=segments,
-            usage=usage,
-        )
-    else:
-        answer = Transcription(text=text, usage=usage)
+    granularities = form.timestamp_granularities
+    answer = TranscriptionVerbose(
+        # The engine says what it heard; failing that, what it was told.
+        language=timed.language or form.language or "unknown",
+        duration=round(timed.duration, 3),
+        text=timed.text,
+        usage=DurationUsage(seconds=round(timed.duration, 3)),
+    )
+    # As OpenAI: segments unless only words were asked for.
+    if not granularities or "segment" in granularities:
+        answer.segments = segments
+    if "word" in granularities:
+        answer.words = [
+            Word(word=w.word, start=round(w.start, 3), end=round(w.end, 3)) for w in timed.words
+        ]
     return web.Response(body=_encode(answer), content_type="application/json")
 
 
@@ -292,11 +264,11 @@ async def _stream(
     audio: npt.NDArray[np.float32],
     form: TranscriptionRequest,
 ) -> web.StreamResponse:
-    """Server-sent events: the deltas as each piece is done, then the whole text."""
-    results = _transcribe(asr, audio, form)
+    """Server-sent events: the engine's deltas as they come, then the whole text."""
+    deltas = aiter(_deltas(asr, audio, form))
     try:
-        # The first piece before the answer starts: the engine refuses bad input there.
-        first = await anext(results, None)
+        # The first delta before the answer starts: the engine refuses bad input there.
+        first = await anext(deltas, None)
     except ValueError as exc:
         return _refused_by_engine(exc)
     except Exception:
@@ -307,34 +279,30 @@ async def _stream(
     )
     response.enable_chunked_encoding()
     await response.prepare(request)
-    texts: list[str] = []
+    said: list[str] = []
     try:
         while first is not None:
-            segment, deltas = first
-            if segment.text:
-                for delta in _piece_deltas(deltas, joined=bool(texts)):
-                    await response.write(_event(TextDelta(delta=delta)))
-                texts.append(segment.text)
-            first = await anext(results, None)
-        await response.write(_event(TextDone(text=" ".join(texts))))
+            # The streamed text is the plain answer's: no space before the first word.
+            delta = first if said else first.lstrip()
+            if delta:
+                said.append(delta)
+                await response.write(_event(TextDelta(delta=delta)))
+            first = await anext(deltas, None)
+        await response.write(_event(TextDone(text="".join(said).rstrip())))
     except ConnectionError:
         logger.info("the client left before its transcript was done")
         return response
     finally:
-        await results.aclose()
+        await _close(deltas)
     await response.write_eof()
     return response
 
 
-def _piece_deltas(deltas: list[str], *, joined: bool) -> list[str]:
-    """A piece's deltas as streamed: together they are its text (stripped), after a space
-    when it follows another piece, as in the text of the whole."""
-    parts = [d for d in deltas if d]
-    parts[0] = parts[0].lstrip()
-    parts[-1] = parts[-1].rstrip()
-    if joined:
-        parts[0] = " " + parts[0]
-    return [p for p in parts if p]
+async def _close(deltas: AsyncIterator[str]) -> None:
+    # Engines' transcribe is an async generator; closing it stops the recognition.
+    close = getattr(deltas, "aclose", None)
+    if close is not None:
+        await close()
 
 
 def _event(event: TextDelta | TextDone) -> bytes:
