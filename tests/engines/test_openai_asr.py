@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import itertools
 import json
 import logging
 import re
@@ -19,7 +20,8 @@ import pytest
 from aiohttp import web
 
 from hark.engines.asr import AsrEngine
-from hark.engines.asr.openai import AsrEndpointError, OpenAIAsr
+from hark.engines.asr import openai as openai_asr
+from hark.engines.asr.openai import AsrEndpointError, OpenAIAsr, pieces
 from tests.servers import HarkProcess, free_port
 
 from .conftest import QUESTION, Say
@@ -272,6 +274,143 @@ async def test_a_failed_transcription_says_why_without_the_key(
         await engine.aclose()
     assert key not in str(failed.value)
     assert key not in caplog.text
+
+
+@pytest.mark.parametrize("words", [True, False])
+async def test_a_hark_gives_timed_transcripts(hark: str, words: bool) -> None:
+    engine = OpenAIAsr(hark, api_key=API_KEY)
+    try:
+        asr: AsrEngine = engine
+        timed = await asr.transcribe_timed(tone(3.0), language="fr-CA", words=words)
+    finally:
+        await engine.aclose()
+    # The hark's fake ASR gives each of its six words half of the 3 s.
+    assert (timed.language, timed.duration, timed.text) == ("fr", 3.0, FAKE_TRANSCRIPT)
+    assert [(s.start, s.end, s.text) for s in timed.segments] == [(0.0, 3.0, FAKE_TRANSCRIPT)]
+    expected = [
+        (word, 0.5 * index, 0.5 * (index + 1)) for index, word in enumerate(FAKE_TRANSCRIPT.split())
+    ]
+    assert [(w.word, w.start, w.end) for w in timed.words] == (expected if words else [])
+
+
+@pytest.mark.parametrize("timed", [True, False])
+async def test_long_audio_goes_up_in_pieces_that_read_on(
+    hark: str, monkeypatch: pytest.MonkeyPatch, timed: bool
+) -> None:
+    monkeypatch.setattr(openai_asr, "MAX_UPLOAD_S", 2.0)
+    audio = tone(5.0)
+    audio[int(1.5 * 16000) : int(1.7 * 16000)] = 0
+    audio[int(3.0 * 16000) : int(3.2 * 16000)] = 0
+    engine = OpenAIAsr(hark, api_key=API_KEY)
+    try:
+        if timed:
+            result = await engine.transcribe_timed(audio, words=True)
+            text = result.text
+        else:
+            text = "".join(await hear(engine, audio))
+    finally:
+        await engine.aclose()
+    # Three uploads of at most 2 s, each cut in a silence.
+    assert text == " ".join([FAKE_TRANSCRIPT] * 3)
+    if timed:
+        starts = [s.start for s in result.segments]
+        ends = [s.end for s in result.segments]
+        assert starts[0] == 0.0 and 1.5 <= ends[0] <= 1.7 and 3.0 <= ends[1] <= 3.2
+        assert ends[-1] == 5.0
+        assert starts[1:] == pytest.approx(ends[:-1])
+        times = [t for w in result.words for t in (w.start, w.end)]
+        assert len(result.words) == 18 and times == sorted(times)
+
+
+def test_pieces_cover_the_audio_without_gaps() -> None:
+    rate = 16000
+    longest = 30.0
+    for seconds in (0.0, 1.0, longest, longest + 0.01, 95.3):
+        audio = np.random.default_rng(1).normal(0, 0.1, int(seconds * rate)).astype(np.float32)
+        ranges = pieces(audio, rate, longest)
+        assert ranges[0][0] == 0 and ranges[-1][1] == audio.size
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))
+        assert all(0 < end - start <= longest * rate for start, end in ranges if audio.size)
+
+
+OPENAI_VERBOSE = {
+    "task": "transcribe",
+    "language": "english",
+    "duration": 2.0,
+    "text": "Hello world.",
+    "segments": [
+        {
+            "id": 0,
+            "seek": 0,
+            "start": 0.1,
+            "end": 1.9,
+            "text": " Hello world.",
+            "tokens": [50364, 2425, 1002, 13],
+            "temperature": 0.0,
+            "avg_logprob": -0.25,
+            "compression_ratio": 0.8,
+            "no_speech_prob": 0.01,
+        }
+    ],
+    "words": [
+        {"word": "Hello", "start": 0.1, "end": 0.8},
+        {"word": "world.", "start": 0.9, "end": 2.5},
+    ],
+}
+
+
+async def test_verbose_json_as_openai_sends_it(
+    scripted: tuple[ScriptedTranscriptions, str],
+) -> None:
+    peer, url = scripted
+    peer.answer = ("application/json", [json.dumps(OPENAI_VERBOSE).encode()])
+    engine = OpenAIAsr(url)
+    try:
+        timed = await engine.transcribe_timed(tone(2.0), prompt="Greetings.", words=True)
+    finally:
+        await engine.aclose()
+    assert peer.fields["response_format"] == "verbose_json"
+    assert peer.fields["prompt"] == "Greetings." and "stream" not in peer.fields
+    assert timed.language == "english" and timed.text == "Hello world."
+    (segment,) = timed.segments
+    assert (segment.start, segment.end, segment.text, segment.tokens) == (
+        0.1,
+        1.9,
+        "Hello world.",
+        (50364, 2425, 1002, 13),
+    )
+    assert (segment.avg_logprob, segment.no_speech_prob, segment.temperature) == (
+        -0.25,
+        0.01,
+        0.0,
+    )
+    # A time past the end of the audio is the end.
+    assert [(w.word, w.start, w.end) for w in timed.words] == [
+        ("Hello", 0.1, 0.8),
+        ("world.", 0.9, 2.0),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"text": "Hello."}, "no timed segments"),
+        ({"text": "Hi", "segments": [{"start": "0", "end": 1, "text": "Hi"}]}, "malformed"),
+        ({"text": "Hi", "segments": [{"start": 0, "text": "Hi"}]}, "malformed"),
+        ({"segments": []}, "has no text"),
+    ],
+)
+async def test_an_untimed_or_broken_verbose_answer_fails(
+    scripted: tuple[ScriptedTranscriptions, str], body: dict[str, object], message: str
+) -> None:
+    peer, url = scripted
+    peer.answer = ("application/json", [json.dumps(body).encode()])
+    engine = OpenAIAsr(url)
+    try:
+        with pytest.raises(AsrEndpointError, match=message):
+            await engine.transcribe_timed(tone(1.0))
+    finally:
+        await engine.aclose()
 
 
 @pytest.mark.slow
