@@ -117,24 +117,58 @@ async def test_long_audio_is_transcribed_window_by_window(
     assert words("".join(deltas)).count("capital") == 2
 
 
+async def test_timed_transcripts_place_segments_and_words_in_long_audio(
+    asr: WhisperAsr, question: npt.NDArray[np.float32]
+) -> None:
+    gap = np.zeros(29 * 16000, dtype=np.float32)
+    audio = np.concatenate((gap[:16000], question, gap, question))
+    duration = audio.size / 16000
+    timed = await asr.transcribe_timed(audio, words=True)
+    assert timed.language == "en" and timed.duration == duration
+    assert words(timed.text).count("capital") == 2
+    said = [s for s in timed.segments if "capital" in words(s.text)]
+    # The first question ends after a second of silence and its own length, the second
+    # starts 29 s later. (Whisper's first word takes in the silence before it.)
+    first_end = 1.0 + question.size / 16000
+    assert len(said) == 2
+    assert said[0].start < said[0].end and abs(said[0].end - first_end) <= 1.0
+    assert said[0].end < 30.0 <= said[1].start < said[1].end <= duration
+    assert [w for word in timed.words for w in words(word.word)] == words(timed.text)
+    times = [t for word in timed.words for t in (word.start, word.end)]
+    assert times == sorted(times) and times[-1] <= duration
+    capitals = [w.start for w in timed.words if "capital" in words(w.word)]
+    assert capitals[0] < first_end and capitals[1] >= 30.0
+    # Without words asked for, none; silence gives no segments, in the model's language.
+    assert (await asr.transcribe_timed(question)).words == ()
+    silent = await asr.transcribe_timed(np.zeros(32000, dtype=np.float32))
+    assert (silent.segments, silent.language, silent.duration) == ((), "en", 2.0)
+    with pytest.raises(ValueError):
+        await asr.transcribe_timed(question, language="klingon")
+
+
 async def test_closing_midway_stops_cleanly(
     asr: WhisperAsr, question: npt.NDArray[np.float32], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     decoded: list[str] = []
     released = asyncio.Event()
     loop = asyncio.get_running_loop()
-    start_long = asr._start_long
+    start_windows = asr._start_windows
 
-    def watched(*args: Any) -> Iterator[Any]:
-        # faster-whisper decodes a window each time its segment iterator is stepped.
-        try:
-            for segment in start_long(*args):
-                decoded.append(segment.text)
-                yield segment
-        finally:
-            loop.call_soon_threadsafe(released.set)
+    def watched(*args: Any, **options: Any) -> tuple[Iterator[Any], str]:
+        segments, language = start_windows(*args, **options)
 
-    monkeypatch.setattr(asr, "_start_long", watched)
+        def stepped() -> Iterator[Any]:
+            # faster-whisper decodes a window each time its segment iterator is stepped.
+            try:
+                for segment in segments:
+                    decoded.append(segment.text)
+                    yield segment
+            finally:
+                loop.call_soon_threadsafe(released.set)
+
+        return stepped(), language
+
+    monkeypatch.setattr(asr, "_start_windows", watched)
     gap = np.zeros(29 * 16000, dtype=np.float32)
     deltas = asr.transcribe(np.concatenate((question, gap, question)), language="en")
     assert "capital" in words(await anext(deltas))
