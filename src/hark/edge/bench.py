@@ -112,6 +112,9 @@ def run(*, seconds: float, flows: int, size: int, pings: int, relay_cpu: int) ->
     relay = context.Process(target=_relay_process, args=(relay_end, worker, relay_cpu), daemon=True)
     relay.start()
     public, _internal = relay_here.recv()
+    # The load runs in the calling process, which gets its CPUs back afterwards: threads it
+    # starts later (a test run's models) would otherwise inherit the narrower set.
+    own_cpus = os.sched_getaffinity(0)
     os.sched_setaffinity(0, load_cpus)
     try:
         clients = [_client_socket() for _ in range(flows)]
@@ -126,6 +129,7 @@ def run(*, seconds: float, flows: int, size: int, pings: int, relay_cpu: int) ->
         forwarded, offered, elapsed = _flood(clients, public, size, seconds)
         relay_cpu_s = _cpu_seconds(relay.pid) - cpu_before
     finally:
+        os.sched_setaffinity(0, own_cpus)
         assert relay.pid is not None and echo.pid is not None
         os.kill(relay.pid, signal.SIGTERM)
         counters = relay_here.recv() if relay_here.poll(5) else None
