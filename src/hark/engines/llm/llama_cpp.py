@@ -429,6 +429,9 @@ class LlamaCppLlm:
         with ``Finished(reason="length")`` and no ``ToolCallFinished``.
         """
         loop = asyncio.get_running_loop()
+        # Bounded by the generation itself: at most one event per token it decodes, and it
+        # decodes no more than its budget or the context holds; a reader that stops reading
+        # cancels it (the ``finally`` below), which stops the events.
         queue: asyncio.Queue[LlmEvent | BaseException | None] = asyncio.Queue()
 
         def post(item: LlmEvent | BaseException | None) -> None:
