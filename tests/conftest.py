@@ -1,4 +1,5 @@
-"""What every test server in a run shares: one end-of-turn model (SmolLM2), loaded once."""
+"""What the tests of a run share: one end-of-turn model (SmolLM2), loaded once, and one
+real redis-server."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 from hark.config import Settings
 from hark.engines.registry import Engines, build_engines
 from hark.engines.turn.llama_cpp import LlamaCppEndOfTurn
+from tests.redis_server import RedisServer, RedisServerMissingError
 
 
 class BorrowedEndOfTurn:
@@ -61,3 +63,15 @@ def _close_shared_end_of_turn() -> Iterator[None]:
     yield
     if _shared_turn is not None:
         _shared_turn.close()
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """One redis-server for the run; tests keep apart by key prefix. A missing redis-server
+    fails the tests that need it (it is never skipped)."""
+    try:
+        server = RedisServer(tmp_path_factory.mktemp("redis"))
+    except RedisServerMissingError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    with server:
+        yield server

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -15,23 +15,11 @@ import redis.asyncio
 from hark.cluster.embedded import EmbeddedStore
 from hark.cluster.redis import RedisStore
 from hark.cluster.store import ClusterStore
-from tests.redis_server import RedisServer, RedisServerMissingError
+from tests.redis_server import RedisServer
 
 # How long a test waits for Redis to expire a key by its own clock before failing; the TTLs
 # involved are about a second.
 EXPIRY_GUARD_S = 15.0
-
-
-@pytest.fixture(scope="session")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    """One redis-server for the session; tests keep apart by key prefix. Missing
-    redis-server fails the tests that need it (it is never skipped)."""
-    try:
-        server = RedisServer(tmp_path_factory.mktemp("redis"))
-    except RedisServerMissingError as exc:
-        pytest.fail(str(exc), pytrace=False)
-    with server:
-        yield server
 
 
 class Clock:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,21 +15,9 @@ from hark.cluster.store import WorkerInfo
 from hark.edge.relay import FlowMirror, Registry, Relay, RelayConfig
 from hark.edge.route_hint import RouteSigner
 from hark.transports.webrtc.udp_mux import UdpMux
-from tests.redis_server import RedisServer, RedisServerMissingError
+from tests.redis_server import RedisServer
 
 SECRET = "fleet-secret-for-the-edge-tests-0123"
-
-
-@pytest.fixture(scope="session")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    """One redis-server for the session; tests keep apart by key prefix. A missing
-    redis-server fails the tests (it is never skipped)."""
-    try:
-        server = RedisServer(tmp_path_factory.mktemp("redis"))
-    except RedisServerMissingError as exc:
-        pytest.fail(str(exc), pytrace=False)
-    with server:
-        yield server
 
 
 class Recorder(asyncio.DatagramProtocol):
