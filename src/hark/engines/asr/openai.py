@@ -27,15 +27,14 @@ from typing import Any
 import aiohttp
 import numpy as np
 import numpy.typing as npt
-from yarl import URL
 
 from hark.engines.asr import TimedSegment, TimedTranscript, TimedWord
+from hark.engines.openai_http import OpenAIHttp, endpoint_url, error_message, safe_url, sse_data
 
 DEFAULT_MODEL = "whisper-1"
 SAMPLE_RATE = 16000
 # Half a second of silence: enough for any server to accept as audio.
 _WARMUP_SAMPLES = SAMPLE_RATE // 2
-_ERROR_BODY_LIMIT = 4096
 # Ten minutes of 16 kHz 16-bit WAV: 19.2 MB. A piece is cut at the quietest 100 ms of its
 # last CUT_SEARCH_S seconds.
 MAX_UPLOAD_S = 600.0
@@ -68,19 +67,19 @@ class OpenAIAsr:
         timeout_s: float = 60.0,
     ) -> None:
         self.base_url = base_url.rstrip("/")
-        base = URL(base_url)
-        # Kept: a query on the base URL (an API version, say) is part of every endpoint's URL.
-        self._url = base.with_path(base.path.rstrip("/") + "/audio/transcriptions").with_query(
-            base.query
-        )
+        self._url = endpoint_url(base_url, "/audio/transcriptions")
         self.model = model
         self.stream = stream
         self.timeout_s = timeout_s
-        self._api_key = api_key
-        self._session: aiohttp.ClientSession | None = None
+        self._endpoint = OpenAIHttp(
+            "ASR",
+            api_key=api_key,
+            timeout_s=timeout_s,
+            accept="application/json, text/event-stream, text/plain",
+        )
 
     def __repr__(self) -> str:
-        return f"OpenAIAsr(base_url={_safe_url(self.base_url)!r}, model={self.model!r})"
+        return f"OpenAIAsr(base_url={safe_url(self.base_url)!r}, model={self.model!r})"
 
     async def transcribe(
         self,
@@ -113,7 +112,7 @@ class OpenAIAsr:
                         yield delta
                 except (aiohttp.ClientError, TimeoutError) as exc:
                     raise AsrEndpointError(
-                        f"the ASR answer broke off: {self._scrub(repr(exc))}"
+                        f"the ASR answer broke off: {self._endpoint.scrub(repr(exc))}"
                     ) from None
             text = "".join(said).strip()
             if text:
@@ -149,7 +148,7 @@ class OpenAIAsr:
                     raw = await response.read()
                 except (aiohttp.ClientError, TimeoutError) as exc:
                     raise AsrEndpointError(
-                        f"the ASR answer broke off: {self._scrub(repr(exc))}"
+                        f"the ASR answer broke off: {self._endpoint.scrub(repr(exc))}"
                     ) from None
             piece = _verbose(raw, offset=start / SAMPLE_RATE, duration=duration)
             segments += piece.segments
@@ -182,15 +181,15 @@ class OpenAIAsr:
         for name, value in fields:
             form.add_field(name, value)
         try:
-            response = await self._http().post(self._url, data=form, headers=self._headers())
+            response = await self._endpoint.session().post(
+                self._url, data=form, headers=self._endpoint.headers()
+            )
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise AsrEndpointError(
-                f"ASR endpoint {_safe_url(str(self._url))} is unreachable: {self._scrub(repr(exc))}"
-            ) from None
+            raise AsrEndpointError(self._endpoint.unreachable(self._url, exc)) from None
         finished = False
         try:
             if response.status >= 400:
-                raise await self._http_error(response)
+                raise AsrEndpointError(await self._endpoint.http_error(response))
             yield response
             finished = True
         finally:
@@ -210,23 +209,7 @@ class OpenAIAsr:
 
     async def aclose(self) -> None:
         """Close the HTTP session (its connections)."""
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-    def _http(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            timeout = aiohttp.ClientTimeout(
-                total=None, sock_connect=self.timeout_s, sock_read=self.timeout_s
-            )
-            self._session = aiohttp.ClientSession(timeout=timeout)
-        return self._session
-
-    def _headers(self) -> dict[str, str]:
-        headers = {"Accept": "application/json, text/event-stream, text/plain"}
-        if self._api_key:
-            headers["Authorization"] = f"Bearer {self._api_key}"
-        return headers
+        await self._endpoint.aclose()
 
     async def _deltas(self, response: aiohttp.ClientResponse) -> AsyncIterator[str]:
         if response.content_type == "text/event-stream":
@@ -253,7 +236,7 @@ class OpenAIAsr:
 
     async def _streamed(self, stream: aiohttp.StreamReader) -> AsyncIterator[str]:
         said = False
-        async for data in _sse_data(stream):
+        async for data in sse_data(stream):
             if data == "[DONE]":
                 break
             try:
@@ -272,24 +255,11 @@ class OpenAIAsr:
                     yield event["text"]
                 return
             elif kind == "error" or "error" in event:
-                message = _error_message(event) or "unknown error"
-                raise AsrEndpointError(f"the ASR endpoint reported: {self._scrub(message)}")
+                message = error_message(event) or "unknown error"
+                raise AsrEndpointError(
+                    f"the ASR endpoint reported: {self._endpoint.scrub(message)}"
+                )
         raise AsrEndpointError("the ASR stream ended before transcript.text.done")
-
-    async def _http_error(self, response: aiohttp.ClientResponse) -> AsrEndpointError:
-        raw = await response.content.read(_ERROR_BODY_LIMIT)
-        text = raw.decode("utf-8", errors="replace").strip()
-        try:
-            message = _error_message(json.loads(text)) or text
-        except ValueError:
-            message = text
-        return AsrEndpointError(
-            f"ASR endpoint {_safe_url(str(response.url))} answered HTTP {response.status}: "
-            f"{self._scrub(message) or response.reason}"
-        )
-
-    def _scrub(self, text: str) -> str:
-        return text.replace(self._api_key, "[api key]") if self._api_key else text
 
 
 Field = tuple[str, str]
@@ -384,37 +354,3 @@ def _wav(audio: npt.NDArray[np.float32]) -> bytes:
         writer.setframerate(SAMPLE_RATE)
         writer.writeframes(pcm.tobytes())
     return out.getvalue()
-
-
-def _safe_url(url: str) -> str:
-    return str(URL(url).with_user(None).with_query(None))
-
-
-async def _sse_data(stream: aiohttp.StreamReader) -> AsyncIterator[str]:
-    """The ``data`` of each server-sent event (multi-line data joined with newlines)."""
-    lines: list[str] = []
-    async for raw in stream:
-        line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-        if not line:
-            if lines:
-                yield "\n".join(lines)
-                lines = []
-            continue
-        field, _, value = line.partition(":")
-        if field == "data":
-            lines.append(value[1:] if value.startswith(" ") else value)
-    if lines:
-        yield "\n".join(lines)
-
-
-def _error_message(body: Any) -> str:
-    """The human message of an error body in the usual OpenAI and FastAPI shapes."""
-    if not isinstance(body, dict):
-        return ""
-    error = body.get("error", body.get("detail"))
-    if isinstance(error, dict):
-        message = error.get("message")
-        return message if isinstance(message, str) else json.dumps(error)[:500]
-    if isinstance(error, str):
-        return error
-    return json.dumps(body)[:500]

@@ -31,12 +31,12 @@ from hark.engines.llm import (
     ToolCallStarted,
     ToolChoice,
 )
+from hark.engines.openai_http import OpenAIHttp, endpoint_url, error_message, safe_url, sse_data
 
 logger = logging.getLogger(__name__)
 
 CONNECT_ATTEMPTS = 3
 RETRY_BACKOFF_S = 0.25
-_ERROR_BODY_LIMIT = 4096
 _FINISH_REASONS: dict[str, Literal["stop", "length", "tool_calls"]] = {
     "stop": "stop",
     "length": "length",
@@ -125,8 +125,12 @@ class OpenAICompatibleLlm:
         self.max_tokens_default = max_tokens_default
         self.timeout_s = timeout_s
         self.connect_attempts = connect_attempts
-        self._api_key = api_key
-        self._session: aiohttp.ClientSession | None = None
+        self._endpoint = OpenAIHttp(
+            "LLM",
+            api_key=api_key,
+            timeout_s=timeout_s,
+            accept="application/json, text/event-stream",
+        )
 
     def __repr__(self) -> str:
         return f"OpenAICompatibleLlm(base_url={self.safe_base_url!r}, model={self.model!r})"
@@ -134,13 +138,11 @@ class OpenAICompatibleLlm:
     @property
     def safe_base_url(self) -> str:
         """``base_url`` without credentials or query: fit for logs and metric labels."""
-        return self._safe_url(self.base_url)
+        return safe_url(self.base_url)
 
     async def aclose(self) -> None:
         """Close the HTTP session (its connections)."""
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self._endpoint.aclose()
 
     async def prefill(self, request: GenerationRequest) -> None:
         """Nothing to do here: servers such as vLLM and SGLang cache shared prompt prefixes
@@ -153,18 +155,16 @@ class OpenAICompatibleLlm:
     async def check(self, timeout_s: float | None = None) -> None:
         """Raise ``LlmError`` unless ``GET /models`` answers (a 404 is fine) within
         ``timeout_s`` (``None``: the engine's own timeouts)."""
-        url = self.base_url + "/models"
-        http = self._http()
+        url = endpoint_url(self.base_url, "/models")
+        http = self._endpoint.session()
         timeout = http.timeout if timeout_s is None else aiohttp.ClientTimeout(total=timeout_s)
         try:
-            async with http.get(url, headers=self._headers(), timeout=timeout) as response:
+            async with http.get(url, headers=self._endpoint.headers(), timeout=timeout) as response:
                 if response.status >= 400 and response.status != 404:
                     raise await self._http_error(response)
                 await response.read()
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise LlmError(
-                f"LLM endpoint {self._safe_url(url)} is unreachable: {self._scrub(repr(exc))}"
-            ) from None
+            raise LlmError(self._endpoint.unreachable(url, exc)) from None
 
     def payload(
         self, request: GenerationRequest, extra_body: dict[str, Any] | None = None
@@ -193,7 +193,7 @@ class OpenAICompatibleLlm:
     ) -> AsyncGenerator[LlmEvent, None]:
         """Stream the reply; ``Finished`` comes last. Cancelling closes the connection.
         ``extra_body``: fields added to the request body (see :meth:`payload`)."""
-        url = self.base_url + "/chat/completions"
+        url = endpoint_url(self.base_url, "/chat/completions")
         body = self.payload(request, extra_body)
         response = await self._post(url, body)
         async with response:
@@ -203,70 +203,33 @@ class OpenAICompatibleLlm:
                 async for event in self._events(response):
                     yield event
             except (aiohttp.ClientError, TimeoutError) as exc:
-                raise LlmError(f"the LLM stream broke: {self._scrub(repr(exc))}") from None
+                raise LlmError(f"the LLM stream broke: {self._endpoint.scrub(repr(exc))}") from None
 
-    def _http(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            timeout = aiohttp.ClientTimeout(
-                total=None, sock_connect=self.timeout_s, sock_read=self.timeout_s
-            )
-            self._session = aiohttp.ClientSession(timeout=timeout)
-        return self._session
-
-    def _headers(self) -> dict[str, str]:
-        headers = {"Accept": "application/json, text/event-stream"}
-        if self._api_key:
-            headers["Authorization"] = f"Bearer {self._api_key}"
-        return headers
-
-    async def _post(self, url: str, body: dict[str, Any]) -> aiohttp.ClientResponse:
+    async def _post(self, url: URL, body: dict[str, Any]) -> aiohttp.ClientResponse:
         """POST, retrying connection failures (nothing has been generated yet then)."""
         attempt = 1
         while True:
             try:
-                return await self._http().post(url, json=body, headers=self._headers())
+                return await self._endpoint.session().post(
+                    url, json=body, headers=self._endpoint.headers()
+                )
             except (aiohttp.ClientConnectionError, TimeoutError) as exc:
                 if attempt >= self.connect_attempts:
                     raise LlmError(
-                        f"LLM endpoint {self._safe_url(url)} is unreachable after "
-                        f"{attempt} attempts: {self._scrub(repr(exc))}"
+                        self._endpoint.unreachable(url, exc, after=f" after {attempt} attempts")
                     ) from None
-                logger.warning(
-                    "LLM endpoint %s: %s, retrying", self._safe_url(url), type(exc).__name__
-                )
+                logger.warning("LLM endpoint %s: %s, retrying", safe_url(url), type(exc).__name__)
                 await asyncio.sleep(RETRY_BACKOFF_S * 2 ** (attempt - 1))
                 attempt += 1
 
     async def _http_error(self, response: aiohttp.ClientResponse) -> LlmError:
-        raw = b""
-        while len(raw) < _ERROR_BODY_LIMIT:
-            part = await response.content.read(_ERROR_BODY_LIMIT - len(raw))
-            if not part:
-                break
-            raw += part
-        text = raw.decode("utf-8", errors="replace").strip()
-        try:
-            message = _error_message(json.loads(text)) or text
-        except ValueError:
-            message = text
-        return LlmError(
-            f"LLM endpoint {self._safe_url(str(response.url))} answered HTTP {response.status}: "
-            f"{self._scrub(message) or response.reason}",
-            status=response.status,
-        )
-
-    def _scrub(self, text: str) -> str:
-        return text.replace(self._api_key, "[api key]") if self._api_key else text
-
-    @staticmethod
-    def _safe_url(url: str) -> str:
-        return str(URL(url).with_user(None).with_query(None))
+        return LlmError(await self._endpoint.http_error(response), status=response.status)
 
     async def _events(self, response: aiohttp.ClientResponse) -> AsyncIterator[LlmEvent]:
         calls: dict[int, _PendingCall] = {}
         reason: str | None = None
         usage: dict[str, Any] = {}
-        async for data in _sse_data(response.content):
+        async for data in sse_data(response.content):
             if data == "[DONE]":
                 break
             try:
@@ -276,8 +239,8 @@ class OpenAICompatibleLlm:
             if not isinstance(chunk, dict):
                 continue
             if "error" in chunk:
-                message = _error_message(chunk) or "unknown error"
-                raise LlmError(f"LLM endpoint reported an error: {self._scrub(message)}")
+                message = error_message(chunk) or "unknown error"
+                raise LlmError(f"LLM endpoint reported an error: {self._endpoint.scrub(message)}")
             if chunk.get("usage"):
                 usage = chunk["usage"]
             for choice in chunk.get("choices") or []:
@@ -339,41 +302,6 @@ def _tool_call_piece(calls: dict[int, _PendingCall], piece: dict[str, Any]) -> l
         if call.arguments:
             events.append(ToolCallArgumentsDelta(call.call_id, call.arguments))
     return events
-
-
-async def _sse_data(stream: aiohttp.StreamReader) -> AsyncIterator[str]:
-    """The ``data`` of each server-sent event (multi-line data joined with newlines)."""
-    lines: list[str] = []
-    async for raw in stream:
-        line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-        if not line:
-            if lines:
-                yield "\n".join(lines)
-                lines = []
-            continue
-        if line.startswith(":"):
-            continue
-        field, _, value = line.partition(":")
-        if field == "data":
-            lines.append(value[1:] if value.startswith(" ") else value)
-    if lines:
-        yield "\n".join(lines)
-
-
-def _error_message(body: Any) -> str:
-    """The human message of an error body in the usual OpenAI / FastAPI shapes."""
-    if not isinstance(body, dict):
-        return ""
-    error = body.get("error", body)
-    if isinstance(error, dict):
-        for key in ("message", "detail", "msg"):
-            if isinstance(error.get(key), str):
-                return str(error[key])
-        return json.dumps(error)[:500]
-    if isinstance(error, str):
-        return error
-    detail = body.get("detail")
-    return detail if isinstance(detail, str) else json.dumps(body)[:500]
 
 
 def _is_json(text: str) -> bool:

@@ -12,15 +12,14 @@ in case a server echoes it back, and URLs in messages lose their credentials and
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import AsyncGenerator
-from typing import Any
 
 import aiohttp
 import numpy as np
 import numpy.typing as npt
-from yarl import URL
+
+from hark.engines.openai_http import OpenAIHttp, endpoint_url, safe_url
 
 _LOG = logging.getLogger(__name__)
 
@@ -32,7 +31,6 @@ SAMPLE_RATE = 24000
 # The speeds OpenAI's API takes; others are brought into this range rather than refused.
 MIN_SPEED = 0.25
 MAX_SPEED = 4.0
-_ERROR_BODY_LIMIT = 4096
 
 
 class TtsEndpointError(RuntimeError):
@@ -57,16 +55,18 @@ class OpenAITts:
         timeout_s: float = 60.0,
     ) -> None:
         self.base_url = base_url.rstrip("/")
-        base = URL(base_url)
-        # Kept: a query on the base URL (an API version, say) is part of every endpoint's URL.
-        self._url = base.with_path(base.path.rstrip("/") + "/audio/speech").with_query(base.query)
+        self._url = endpoint_url(base_url, "/audio/speech")
         self.model = model
         self.timeout_s = timeout_s
-        self._api_key = api_key
-        self._session: aiohttp.ClientSession | None = None
+        self._endpoint = OpenAIHttp(
+            "TTS",
+            api_key=api_key,
+            timeout_s=timeout_s,
+            accept="audio/pcm, application/octet-stream, */*",
+        )
 
     def __repr__(self) -> str:
-        return f"OpenAITts(base_url={_safe_url(self.base_url)!r}, model={self.model!r})"
+        return f"OpenAITts(base_url={safe_url(self.base_url)!r}, model={self.model!r})"
 
     async def synthesize(
         self, text: str, *, voice: str | None = None, speed: float = 1.0, slack_s: float = 0.0
@@ -88,15 +88,15 @@ class OpenAITts:
             "speed": min(MAX_SPEED, max(MIN_SPEED, speed)),
         }
         try:
-            response = await self._http().post(self._url, json=body, headers=self._headers())
+            response = await self._endpoint.session().post(
+                self._url, json=body, headers=self._endpoint.headers()
+            )
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise TtsEndpointError(
-                f"TTS endpoint {_safe_url(str(self._url))} is unreachable: {self._scrub(repr(exc))}"
-            ) from None
+            raise TtsEndpointError(self._endpoint.unreachable(self._url, exc)) from None
         finished = False
         try:
             if response.status >= 400:
-                raise await self._http_error(response)
+                raise TtsEndpointError(await self._endpoint.http_error(response))
             # A sample's two bytes may arrive in different reads.
             odd = b""
             try:
@@ -108,7 +108,7 @@ class OpenAITts:
                         yield np.frombuffer(data[:whole], dtype="<i2").astype(np.int16)
             except (aiohttp.ClientError, TimeoutError) as exc:
                 raise TtsEndpointError(
-                    f"the TTS audio broke off: {self._scrub(repr(exc))}"
+                    f"the TTS audio broke off: {self._endpoint.scrub(repr(exc))}"
                 ) from None
             if odd:
                 _LOG.warning("TTS endpoint sent an odd number of bytes; the last one is dropped")
@@ -128,52 +128,4 @@ class OpenAITts:
 
     async def aclose(self) -> None:
         """Close the HTTP session (its connections)."""
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-    def _http(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            timeout = aiohttp.ClientTimeout(
-                total=None, sock_connect=self.timeout_s, sock_read=self.timeout_s
-            )
-            self._session = aiohttp.ClientSession(timeout=timeout)
-        return self._session
-
-    def _headers(self) -> dict[str, str]:
-        headers = {"Accept": "audio/pcm, application/octet-stream, */*"}
-        if self._api_key:
-            headers["Authorization"] = f"Bearer {self._api_key}"
-        return headers
-
-    async def _http_error(self, response: aiohttp.ClientResponse) -> TtsEndpointError:
-        raw = await response.content.read(_ERROR_BODY_LIMIT)
-        text = raw.decode("utf-8", errors="replace").strip()
-        try:
-            message = _error_message(json.loads(text)) or text
-        except ValueError:
-            message = text
-        return TtsEndpointError(
-            f"TTS endpoint {_safe_url(str(response.url))} answered HTTP {response.status}: "
-            f"{self._scrub(message) or response.reason}"
-        )
-
-    def _scrub(self, text: str) -> str:
-        return text.replace(self._api_key, "[api key]") if self._api_key else text
-
-
-def _safe_url(url: str) -> str:
-    return str(URL(url).with_user(None).with_query(None))
-
-
-def _error_message(body: Any) -> str:
-    """The human message of an error body in the usual OpenAI and FastAPI shapes."""
-    if not isinstance(body, dict):
-        return ""
-    error = body.get("error", body.get("detail"))
-    if isinstance(error, dict):
-        message = error.get("message")
-        return message if isinstance(message, str) else json.dumps(error)[:500]
-    if isinstance(error, str):
-        return error
-    return json.dumps(body)[:500]
+        await self._endpoint.aclose()
