@@ -9,26 +9,29 @@ import socket
 from collections.abc import Iterator
 
 import pytest
-from aioice import stun
 
 from hark.edge import framing
 from hark.edge.relay import Relay
+from hark.transports.webrtc.udp_mux import UdpMux
 from tests.edge.conftest import Fleet, Recorder, until
-
-
-def binding_request(username: str) -> bytes:
-    request = stun.Message(message_method=stun.Method.BINDING, message_class=stun.Class.REQUEST)
-    request.attributes["USERNAME"] = username
-    request.attributes["PRIORITY"] = 1
-    request.add_message_integrity(b"0123456789012345678901")
-    request.add_fingerprint()
-    return bytes(request)
+from tests.ice import binding_request
 
 
 async def receive(sock: socket.socket) -> tuple[bytes, tuple[str, int]]:
     """A datagram from ``sock``, read off the event loop (the relay runs on it)."""
     data, source = await asyncio.to_thread(sock.recvfrom, 2048)
     return data, (source[0], source[1])
+
+
+async def first_flow(mux: UdpMux, client: socket.socket, relay: tuple[str, int]) -> Recorder:
+    """A new endpoint on ``mux`` whose first binding request ``client`` sent through the relay
+    at ``relay``; returned once the request reached it."""
+    received = Recorder()
+    ufrag = mux.new_ufrag()
+    mux.open(ufrag, received)
+    client.sendto(binding_request(f"{ufrag}:c"), relay)
+    await until(lambda: len(received.received) == 1)
+    return received
 
 
 @pytest.fixture
@@ -131,12 +134,8 @@ async def test_a_restarted_relay_forwards_at_once_from_the_mirrored_table(
     mux = await fleet.worker("wrk_00000000000a")
     relay = await fleet.relay()
     port = relay.address[1]
-    a = Recorder()
-    ufrag = mux.new_ufrag()
-    mux.open(ufrag, a)
     client = clients[0]
-    client.sendto(binding_request(f"{ufrag}:c"), relay.address)
-    await until(lambda: len(a.received) == 1)
+    a = await first_flow(mux, client, relay.address)
     # The flow reaches the mirror, then the relay dies.
     await until(lambda: not relay._to_write)
     await relay.stop()
@@ -155,12 +154,8 @@ async def test_a_second_relay_takes_over_a_flow_it_never_saw(
     mux = await fleet.worker("wrk_00000000000a")
     first = await fleet.relay()
     second = await fleet.relay()
-    a = Recorder()
-    ufrag = mux.new_ufrag()
-    mux.open(ufrag, a)
     client = clients[0]
-    client.sendto(binding_request(f"{ufrag}:c"), first.address)
-    await until(lambda: len(a.received) == 1)
+    a = await first_flow(mux, client, first.address)
     await until(lambda: not first._to_write)
     # The first datagram to the second relay is looked up (and dropped); the next goes.
     client.sendto(b"\x17one", second.address)
@@ -199,13 +194,11 @@ async def test_a_binding_request_with_a_new_hint_moves_the_flow(
     mux_a = await fleet.worker("wrk_00000000000a")
     mux_b = await fleet.worker("wrk_00000000000b")
     relay = await fleet.relay()
-    a, b = Recorder(), Recorder()
-    ufrag_a, ufrag_b = mux_a.new_ufrag(), mux_b.new_ufrag()
-    mux_a.open(ufrag_a, a)
-    mux_b.open(ufrag_b, b)
     client = clients[0]
-    client.sendto(binding_request(f"{ufrag_a}:c"), relay.address)
-    await until(lambda: len(a.received) == 1)
+    a = await first_flow(mux_a, client, relay.address)
+    b = Recorder()
+    ufrag_b = mux_b.new_ufrag()
+    mux_b.open(ufrag_b, b)
     client.sendto(binding_request(f"{ufrag_b}:c"), relay.address)
     client.sendto(b"\x17after the restart", relay.address)
     await until(lambda: len(b.received) == 2)

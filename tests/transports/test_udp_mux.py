@@ -20,6 +20,7 @@ from hark.transports.webrtc.udp_mux import (
     route_hint,
     stun_request_username,
 )
+from tests.ice import binding_request
 
 from .conftest import until
 
@@ -36,15 +37,6 @@ class Recorder(asyncio.DatagramProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
-
-
-def binding_request(username: str) -> bytes:
-    request = stun.Message(message_method=stun.Method.BINDING, message_class=stun.Class.REQUEST)
-    request.attributes["USERNAME"] = username
-    request.attributes["PRIORITY"] = 1
-    request.add_message_integrity(b"0123456789012345678901")
-    request.add_fingerprint()
-    return bytes(request)
 
 
 @pytest.fixture
