@@ -24,7 +24,7 @@ from hark.engines.asr import openai as openai_asr
 from hark.engines.asr.openai import AsrEndpointError, OpenAIAsr, pieces
 from tests.servers import HarkProcess, free_port
 
-from .conftest import QUESTION, Say
+from .conftest import QUESTION, Say, scripted_peer
 
 API_KEY = "sk-openai-asr-test-6a5b4c3d2e"
 # Bounds a hang, never speed.
@@ -144,15 +144,8 @@ class ScriptedTranscriptions:
 @pytest.fixture
 async def scripted() -> AsyncIterator[tuple[ScriptedTranscriptions, str]]:
     peer = ScriptedTranscriptions()
-    app = web.Application()
-    app.router.add_post("/v1/audio/transcriptions", peer.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    yield peer, f"http://127.0.0.1:{port}/v1"
-    await runner.cleanup()
+    async with scripted_peer("/audio/transcriptions", peer.handle) as url:
+        yield peer, url
 
 
 async def test_deltas_are_yielded_as_they_arrive_and_the_upload_is_a_wav(

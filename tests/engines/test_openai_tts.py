@@ -18,6 +18,8 @@ from hark.engines.tts import TtsEngine
 from hark.engines.tts.openai import OpenAITts, TtsEndpointError
 from tests.servers import HarkProcess, free_port
 
+from .conftest import scripted_peer
+
 API_KEY = "sk-openai-tts-test-5f4e3d2c1b"
 # Bounds a hang, never speed.
 LIVENESS_S = 30.0
@@ -134,15 +136,8 @@ class ScriptedSpeech:
 @pytest.fixture
 async def scripted() -> AsyncIterator[tuple[ScriptedSpeech, str]]:
     peer = ScriptedSpeech()
-    app = web.Application()
-    app.router.add_post("/v1/audio/speech", peer.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    yield peer, f"http://127.0.0.1:{port}/v1"
-    await runner.cleanup()
+    async with scripted_peer("/audio/speech", peer.handle) as url:
+        yield peer, url
 
 
 async def test_closing_the_stream_hangs_up(scripted: tuple[ScriptedSpeech, str]) -> None:
