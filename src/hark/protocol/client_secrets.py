@@ -7,7 +7,7 @@ from typing import Any, Literal
 import msgspec
 from msgspec import Struct, field
 
-from hark.protocol.errors import ProtocolError, from_validation_error
+from hark.protocol.errors import ProtocolError, decode_body
 from hark.protocol.session_config import (
     SessionConfig,
     parse_session_config,
@@ -53,17 +53,7 @@ def parse_client_secret_request(raw: bytes) -> tuple[int, SessionConfig]:
     """
     if not raw.strip():
         return DEFAULT_EXPIRY_SECONDS, parse_session_config({})
-    try:
-        request = _decode_request(raw)
-    except msgspec.ValidationError as exc:
-        error = from_validation_error(exc, None)
-        if error.param is None:
-            error = ProtocolError("The request body must be a JSON object.", code="invalid_type")
-        raise error from None
-    except msgspec.DecodeError:
-        raise ProtocolError(
-            "We could not parse the JSON body of your request.", code="invalid_json"
-        ) from None
+    request = decode_body(_decode_request, raw)
     expires_after = request.expires_after or ExpiresAfter()
     seconds = expires_after.seconds
     if not MIN_EXPIRY_SECONDS <= seconds <= MAX_EXPIRY_SECONDS:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from typing import TypeVar
 
 import msgspec
+
+T = TypeVar("T")
 
 
 class ProtocolError(Exception):
@@ -54,6 +58,22 @@ def from_validation_error(exc: msgspec.ValidationError, prefix: str | None) -> P
     else:
         text = f"Invalid value for '{_join(prefix, path)}': {text}."
     return ProtocolError(text, param=_join(prefix, path) or None, code=code)
+
+
+def decode_body(decode: Callable[[bytes], T], raw: bytes) -> T:
+    """``raw``, a JSON request body, decoded by the msgspec ``decode``; raises ProtocolError
+    naming the offending parameter, or saying that the body is no JSON object."""
+    try:
+        return decode(raw)
+    except msgspec.ValidationError as exc:
+        error = from_validation_error(exc, None)
+        if error.param is None:
+            error = ProtocolError("The request body must be a JSON object.", code="invalid_type")
+        raise error from None
+    except msgspec.DecodeError:
+        raise ProtocolError(
+            "We could not parse the JSON body of your request.", code="invalid_json"
+        ) from None
 
 
 def _join(prefix: str | None, path: str) -> str:

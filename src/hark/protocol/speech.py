@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta, Struct
 
-from hark.protocol.errors import ProtocolError, from_validation_error
+from hark.protocol.errors import decode_body
 
 MAX_INPUT_CHARS = 4096
 
@@ -41,14 +41,4 @@ _decode = msgspec.json.Decoder(SpeechRequest).decode
 
 def parse_speech_request(raw: bytes) -> SpeechRequest:
     """The request of a JSON body; raises ProtocolError naming the offending parameter."""
-    try:
-        return _decode(raw)
-    except msgspec.ValidationError as exc:
-        error = from_validation_error(exc, None)
-        if error.param is None:
-            error = ProtocolError("The request body must be a JSON object.", code="invalid_type")
-        raise error from None
-    except msgspec.DecodeError:
-        raise ProtocolError(
-            "We could not parse the JSON body of your request.", code="invalid_json"
-        ) from None
+    return decode_body(_decode, raw)
