@@ -1,4 +1,5 @@
-"""A server with WebRTC on an ephemeral UDP port, and aiortc clients that call it."""
+"""A server with WebRTC on an ephemeral UDP port, aiortc clients that call it, and a listener
+that records playout progress."""
 
 from __future__ import annotations
 
@@ -20,6 +21,22 @@ from tests.server.conftest import RunningServer, serving, wait_ready
 
 API_KEY = "sk-test-webrtc-owner-0123456789"
 OTHER_KEY = "sk-test-webrtc-stranger-987654"
+
+
+class Listener:
+    """Records playout progress."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, str] | tuple[str, str, int]] = []
+
+    def playout_started(self, response_id: str) -> None:
+        self.log.append(("started", response_id))
+
+    def playout_stopped(self, response_id: str) -> None:
+        self.log.append(("stopped", response_id))
+
+    def playout_cleared(self, response_id: str, played_ms: int) -> None:
+        self.log.append(("cleared", response_id, played_ms))
 
 
 class RtcServer(RunningServer):

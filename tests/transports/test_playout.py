@@ -16,6 +16,8 @@ import pytest
 from hark.audio.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
 from hark.transports.playout import MAX_LAG_SECONDS, MAX_RESPONSES, Playout
 
+from .conftest import Listener
+
 
 class Clock:
     """A monotonic clock that moves only when told."""
@@ -25,22 +27,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-class Listener:
-    """Records playout progress."""
-
-    def __init__(self) -> None:
-        self.log: list[tuple[str, str] | tuple[str, str, int]] = []
-
-    def playout_started(self, response_id: str) -> None:
-        self.log.append(("started", response_id))
-
-    def playout_stopped(self, response_id: str) -> None:
-        self.log.append(("stopped", response_id))
-
-    def playout_cleared(self, response_id: str, played_ms: int) -> None:
-        self.log.append(("cleared", response_id, played_ms))
 
 
 def ramp(n: int, start: int = 1) -> npt.NDArray[np.int16]:

@@ -14,21 +14,7 @@ from av import CodecContext, Packet
 
 from hark.transports.webrtc.playout import FRAME_SAMPLES, PLAYOUT_RATE, PlayoutTrack
 
-
-class Listener:
-    """Records playout progress."""
-
-    def __init__(self) -> None:
-        self.log: list[tuple[str, str] | tuple[str, str, int]] = []
-
-    def playout_started(self, response_id: str) -> None:
-        self.log.append(("started", response_id))
-
-    def playout_stopped(self, response_id: str) -> None:
-        self.log.append(("stopped", response_id))
-
-    def playout_cleared(self, response_id: str, played_ms: int) -> None:
-        self.log.append(("cleared", response_id, played_ms))
+from .conftest import Listener
 
 
 def tone(seconds: float, rate: int = PLAYOUT_RATE) -> npt.NDArray[np.int16]:
