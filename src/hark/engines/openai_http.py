@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
@@ -80,6 +81,37 @@ class OpenAIHttp:
             f"{self.service} endpoint {safe_url(response.url)} answered HTTP "
             f"{response.status}: {self.scrub(message) or response.reason}"
         )
+
+    @asynccontextmanager
+    async def post(
+        self,
+        url: URL,
+        error: type[Exception],
+        *,
+        json: Any = None,
+        data: aiohttp.FormData | None = None,
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """The successful response to a POST of ``json`` or ``data`` to ``url``; raises
+        ``error`` with the message when the endpoint is unreachable or answers an HTTP
+        error."""
+        try:
+            response = await self.session().post(url, json=json, data=data, headers=self.headers())
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise error(self.unreachable(url, exc)) from None
+        finished = False
+        try:
+            if response.status >= 400:
+                raise error(await self.http_error(response))
+            yield response
+            finished = True
+        finally:
+            # An answer given up midway (a barge-in, a cancelled transcription) must not leave
+            # the server sending into a connection kept for reuse: closing it tells the server
+            # to stop.
+            if finished:
+                response.release()
+            else:
+                response.close()
 
     async def aclose(self) -> None:
         """Close the session (its connections)."""

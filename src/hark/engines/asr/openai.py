@@ -21,7 +21,7 @@ import io
 import json
 import wave
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import aiohttp
@@ -171,34 +171,15 @@ class OpenAIAsr:
             fields.append(("prompt", prompt))
         return fields
 
-    @asynccontextmanager
-    async def _post(
+    def _post(
         self, audio: npt.NDArray[np.float32], fields: Sequence[Field]
-    ) -> AsyncIterator[aiohttp.ClientResponse]:
+    ) -> AbstractAsyncContextManager[aiohttp.ClientResponse]:
         """The endpoint's successful response to ``audio`` with ``fields``."""
         form = aiohttp.FormData()
         form.add_field("file", _wav(audio), filename="audio.wav", content_type="audio/wav")
         for name, value in fields:
             form.add_field(name, value)
-        try:
-            response = await self._endpoint.session().post(
-                self._url, data=form, headers=self._endpoint.headers()
-            )
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise AsrEndpointError(self._endpoint.unreachable(self._url, exc)) from None
-        finished = False
-        try:
-            if response.status >= 400:
-                raise AsrEndpointError(await self._endpoint.http_error(response))
-            yield response
-            finished = True
-        finally:
-            # A transcription given up midway must not leave the server sending into a
-            # connection kept for reuse: closing it tells the server to stop.
-            if finished:
-                response.release()
-            else:
-                response.close()
+        return self._endpoint.post(self._url, AsrEndpointError, data=form)
 
     async def warmup(self) -> None:
         """Transcribe half a second of silence: the endpoint answers, and takes the model

@@ -87,16 +87,7 @@ class OpenAITts:
             "response_format": "pcm",
             "speed": min(MAX_SPEED, max(MIN_SPEED, speed)),
         }
-        try:
-            response = await self._endpoint.session().post(
-                self._url, json=body, headers=self._endpoint.headers()
-            )
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise TtsEndpointError(self._endpoint.unreachable(self._url, exc)) from None
-        finished = False
-        try:
-            if response.status >= 400:
-                raise TtsEndpointError(await self._endpoint.http_error(response))
+        async with self._endpoint.post(self._url, TtsEndpointError, json=body) as response:
             # A sample's two bytes may arrive in different reads.
             odd = b""
             try:
@@ -112,14 +103,6 @@ class OpenAITts:
                 ) from None
             if odd:
                 _LOG.warning("TTS endpoint sent an odd number of bytes; the last one is dropped")
-            finished = True
-        finally:
-            # Speech given up midway (a barge-in) must not leave the server sending into a
-            # connection kept for reuse: closing it tells the server to stop.
-            if finished:
-                response.release()
-            else:
-                response.close()
 
     async def warmup(self) -> None:
         """Speak a word: the endpoint answers, and takes the model and the key."""
