@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import secrets
 import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
+
+import pytest
 
 from tests.servers import free_port
 
@@ -19,13 +24,15 @@ class RedisServerMissingError(RuntimeError):
 
 
 class RedisServer:
-    """``redis-server`` on a free loopback port, without persistence; a context manager.
+    """``redis-server`` on a free port, without persistence; a context manager.
 
     ``restart()`` stops it and starts it again on the same port, empty, as a Redis that
-    crashed and came back would be. ``password`` makes it require one (``--requirepass``).
+    crashed and came back would be. ``password`` makes it require one (``--requirepass``);
+    ``host`` is the address it listens on (loopback, or a test's own bridge address, where
+    Redis's protected mode wants a password).
     """
 
-    def __init__(self, workdir: Path, password: str | None = None) -> None:
+    def __init__(self, workdir: Path, password: str | None = None, host: str = "127.0.0.1") -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RedisServerMissingError(
@@ -35,15 +42,16 @@ class RedisServer:
         self.binary = binary
         self.workdir = workdir
         self.password = password
+        self.host = host
         self.port = free_port()
         self.log = workdir / f"redis-{self.port}.log"
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        """``redis://[:password@]127.0.0.1:PORT/0``."""
+        """``redis://[:password@]HOST:PORT/0``."""
         auth = f":{self.password}@" if self.password else ""
-        return f"redis://{auth}127.0.0.1:{self.port}/0"
+        return f"redis://{auth}{self.host}:{self.port}/0"
 
     def start(self) -> None:
         """Start the server and wait until it answers PING."""
@@ -53,7 +61,7 @@ class RedisServer:
             "--port",
             str(self.port),
             "--bind",
-            "127.0.0.1",
+            self.host,
             "--save",
             "",
             "--appendonly",
@@ -95,7 +103,7 @@ class RedisServer:
         """Whether the server answers PING (with +PONG, or -NOAUTH when it wants a password:
         either way it is up)."""
         try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=1) as sock:
+            with socket.create_connection((self.host, self.port), timeout=1) as sock:
                 sock.sendall(b"PING\r\n")
                 reply = sock.recv(64)
         except OSError:
@@ -113,3 +121,16 @@ class RedisServer:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def redis_on(host: str, workdir: Path) -> Iterator[str]:
+    """The URL of a real redis-server on ``host`` (a test's own bridge address) with a random
+    password: off loopback Redis wants one (its protected mode), as it should. A missing
+    redis-server fails the test (it is never skipped)."""
+    try:
+        server = RedisServer(workdir, password=secrets.token_hex(8), host=host)
+    except RedisServerMissingError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    with server:
+        yield server.url

@@ -8,8 +8,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
-import secrets
-import shutil
 import signal
 import socket
 import subprocess
@@ -26,6 +24,8 @@ from aioice import stun
 from playwright.async_api import async_playwright
 
 from hark.bench.webrtc import CallClient
+from tests.netns import bridged_hosts
+from tests.redis_server import redis_on
 from tests.servers import HarkProcess
 
 pytestmark = pytest.mark.slow  # real processes on real (virtual) hosts, in real time
@@ -35,11 +35,6 @@ SECRET = "fleet-secret-of-the-edge-test-0123456789"
 RELAY_PORT = 3478
 METRICS_PORT = 9478
 TEXT_AND_AUDIO = {"type": "realtime", "output_modalities": ["audio"]}
-
-
-def _ip(*args: str, netns: str | None = None) -> None:
-    command = ["ip", *(["-n", netns] if netns else []), *args]
-    subprocess.run(command, check=True, capture_output=True, text=True)
 
 
 @dataclass
@@ -53,86 +48,16 @@ class Hosts:
 
 @pytest.fixture(scope="module")
 def hosts() -> Iterator[Hosts]:
-    """A bridge and three hosts on it; skipped only where namespaces are not permitted
-    (outside CI)."""
-    if shutil.which("ip") is None:
-        pytest.fail("the ip command (iproute2) is missing; scripts/test installs it")
-    tag = secrets.token_hex(2)
-    subnet = f"10.234.{100 + secrets.randbelow(100)}"
-    bridge = f"he-br-{tag}"
-    root_link = f"her{tag}"
-    try:
-        _ip("netns", "add", bridge)
-    except subprocess.CalledProcessError as exc:
-        reason = f"network namespaces are not permitted here: {exc.stderr.strip()}"
-        if os.environ.get("CI"):
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
-    namespaces = [bridge]
-    try:
-        _ip("link", "add", "br0", "type", "bridge", netns=bridge)
-        _ip("link", "set", "br0", "up", netns=bridge)
-        placed = []
-        for index, name in enumerate(("relay", "w1", "w2"), start=1):
-            ns = f"he-{name}-{tag}"
-            _ip("netns", "add", ns)
-            namespaces.append(ns)
-            near, far = f"he{index}{tag}", f"he{index}{tag}b"
-            _ip("link", "add", near, "type", "veth", "peer", "name", far)
-            _ip("link", "set", near, "netns", ns)
-            _ip("link", "set", far, "netns", bridge)
-            _ip("link", "set", far, "master", "br0", netns=bridge)
-            _ip("link", "set", far, "up", netns=bridge)
-            address = f"{subnet}.{10 + index}"
-            _ip("addr", "add", f"{address}/24", "dev", near, netns=ns)
-            _ip("link", "set", near, "up", netns=ns)
-            _ip("link", "set", "lo", "up", netns=ns)
-            placed.append((ns, address))
-        far = f"{root_link}b"
-        _ip("link", "add", root_link, "type", "veth", "peer", "name", far)
-        _ip("link", "set", far, "netns", bridge)
-        _ip("link", "set", far, "master", "br0", netns=bridge)
-        _ip("link", "set", far, "up", netns=bridge)
-        _ip("addr", "add", f"{subnet}.1/24", "dev", root_link)
-        _ip("link", "set", root_link, "up")
-        yield Hosts(relay=placed[0], workers=placed[1:], gateway=f"{subnet}.1")
-    finally:
-        for ns in namespaces:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-        subprocess.run(["ip", "link", "del", root_link], capture_output=True)
+    """A bridge and three hosts on it, in 10.234.N.0/24."""
+    with bridged_hosts("he", "10.234", ("relay", "w1", "w2")) as lan:
+        yield Hosts(relay=lan.hosts[0], workers=lan.hosts[1:], gateway=lan.gateway)
 
 
 @pytest.fixture(scope="module")
 def redis_url(hosts: Hosts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real redis-server on the test's bridge address, with a password."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.fail("redis-server is missing; scripts/test installs it")
-    port = 17379 + secrets.randbelow(1000)
-    password = secrets.token_hex(8)
-    workdir = tmp_path_factory.mktemp("redis-edge")
-    proc = subprocess.Popen(
-        [
-            *(binary, "--bind", hosts.gateway, "--port", str(port), "--save", ""),
-            *("--dir", str(workdir), "--requirepass", password),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with socket.create_connection((hosts.gateway, port), timeout=1):
-                    break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("redis-server never listened") from None
-                time.sleep(0.05)
-        yield f"redis://:{password}@{hosts.gateway}:{port}/0"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    with redis_on(hosts.gateway, tmp_path_factory.mktemp("redis-edge")) as url:
+        yield url
 
 
 class RelayProcess:
