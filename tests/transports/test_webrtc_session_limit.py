@@ -10,12 +10,12 @@ from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from hark.bench.webrtc import CallClient
 from hark.config import Settings
 from hark.engines.registry import build_engines
-from hark.server.app import CALLS, create_app, make_runner
+from hark.server.app import CALLS
+from tests.server.conftest import RunningServer, serving
 
 from .conftest import API_KEY, until
 
@@ -25,27 +25,19 @@ LIMIT_S = 5.0
 
 
 @pytest.fixture
-async def short_server() -> AsyncIterator[tuple[web.Application, str]]:
-    """A server on the fake engines whose sessions last ``LIMIT_S``: (app, url)."""
+async def short_server() -> AsyncIterator[RunningServer]:
+    """A server on the fake engines whose sessions last ``LIMIT_S``."""
     settings = Settings(engines="fake", rtc_port=0, api_keys=(API_KEY,))
-    engines = build_engines(settings)
-    app = create_app(settings, engines, session_limit_s=LIMIT_S)
-    runner = make_runner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    yield app, f"http://{host}:{port}"
-    await runner.cleanup()
-    await engines.aclose()
+    async with serving() as serve:
+        yield await serve(settings, build_engines(settings), session_limit_s=LIMIT_S)
 
 
 async def test_the_limit_ends_the_call(
-    short_server: tuple[web.Application, str],
+    short_server: RunningServer,
     http: aiohttp.ClientSession,
     clients: MakeClient,
 ) -> None:
-    app, url = short_server
+    app, url = short_server.app, short_server.url
     client = clients()
     closed = asyncio.Event()
     client.channel.on("close", closed.set)
