@@ -12,13 +12,13 @@ from aioice import stun
 
 from hark.edge import framing
 from hark.edge.route_hint import Route, RouteSigner, RouteVerifier
+from hark.edge.stun import stun_request_username
 from hark.transports.webrtc.udp_mux import (
     UFRAG_HINT_LENGTH,
     UFRAG_RANDOM_LENGTH,
     UdpMux,
     make_ufrag,
     route_hint,
-    stun_request_username,
 )
 from tests.ice import binding_request
 

@@ -40,8 +40,6 @@ from hark.edge import framing
 from hark.edge.route_hint import RouteSigner
 from hark.edge.stun import stun_request_username
 
-__all__ = ["UdpMux", "behind_relay", "make_ufrag", "route_hint", "stun_request_username"]
-
 logger = logging.getLogger(__name__)
 
 UFRAG_HINT_LENGTH = 4
