@@ -20,7 +20,7 @@ from hark.cluster.store import ClusterStore, ClusterUnavailableError
 logger = logging.getLogger(__name__)
 
 WINDOW_S = 60
-# Token reports waiting for the store; beyond this the oldest are dropped (and logged).
+# Token reports waiting for the store; beyond this a new report is dropped (and logged).
 MAX_PENDING_REPORTS = 1000
 
 
