@@ -21,49 +21,6 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@contextlib.contextmanager
-def hark_serve(
-    args: list[str],
-    log: Path,
-    env: dict[str, str] | None = None,
-    without: tuple[str, ...] = (),
-    ready_s: float = 300,
-) -> Iterator[int]:
-    """`hark serve ARGS` on a free loopback port (and any free UDP port for WebRTC), yielding
-    the port once ``/readyz`` answers 200; the server's output goes to ``log``. ``env`` adds
-    to the environment, ``without`` removes variables from it."""
-    port = free_port()
-    command = [sys.executable, "-m", "hark.cli", "serve", "--port", str(port), "--rtc-port", "0"]
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [*command, *args],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={k: v for k, v in {**os.environ, **(env or {})}.items() if k not in without},
-        )
-    try:
-        deadline = time.monotonic() + ready_s
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"hark serve exited: {log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"hark serve never became ready: {log.read_text()[-3000:]}")
-            time.sleep(0.3)
-        yield port
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
 class HarkProcess:
     """A `hark serve` process the test can signal, kill and restart."""
 
@@ -73,6 +30,7 @@ class HarkProcess:
         log: Path,
         *,
         env: dict[str, str] | None = None,
+        without: tuple[str, ...] = (),
         host: str = "127.0.0.1",
         netns: str | None = None,
         port: int | None = None,
@@ -80,6 +38,7 @@ class HarkProcess:
         self.args = args
         self.log = log
         self.env = env or {}
+        self.without = without
         self.host = host
         self.netns = netns
         self.port = port if port is not None else free_port()
@@ -91,7 +50,8 @@ class HarkProcess:
         return f"http://{self.host}:{self.port}"
 
     def start(self, ready_s: float = 300) -> HarkProcess:
-        """Start the server and wait until ``/readyz`` answers 200."""
+        """Start the server and wait until ``/readyz`` answers 200 (stopping it if it never
+        does, so that a failed start leaves no process behind)."""
         command = [
             sys.executable,
             "-m",
@@ -112,9 +72,13 @@ class HarkProcess:
                 command,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, **self.env},
+                env={k: v for k, v in {**os.environ, **self.env}.items() if k not in self.without},
             )
-        self.wait_ready(ready_s)
+        try:
+            self.wait_ready(ready_s)
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def readyz(self) -> int | None:
@@ -164,3 +128,22 @@ class HarkProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def hark_serve(
+    args: list[str],
+    log: Path,
+    env: dict[str, str] | None = None,
+    without: tuple[str, ...] = (),
+    ready_s: float = 300,
+) -> Iterator[int]:
+    """`hark serve ARGS` on a free loopback port (and any free UDP port for WebRTC), yielding
+    the port once ``/readyz`` answers 200; the server's output goes to ``log`` (started
+    afresh). ``env`` adds to the environment, ``without`` removes variables from it."""
+    log.write_text("")
+    server = HarkProcess(args, log, env=env, without=without).start(ready_s)
+    try:
+        yield server.port
+    finally:
+        server.stop()
