@@ -29,7 +29,7 @@ import socket
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -396,11 +396,7 @@ class Relay:
             rx.data_addresses[rows] + np.uint64(head - framing.HEADER_V4),
             lengths + framing.HEADER_V4,
         )
-        failed = tx.send(internal, sending)
-        self.counters.add("packets_in", sending - failed)
-        self.counters.add("bytes_in", int(lengths.sum()))
-        if failed:
-            self.counters.add("drop_send_failed", failed)
+        self._send(tx, internal, sending, int(lengths.sum()), "in")
 
     def _forward_in_small(self, count: int, internal: int) -> None:
         """``_forward_in`` for a few datagrams: the same decisions, without NumPy."""
@@ -427,11 +423,7 @@ class Relay:
             sending += 1
             size += length
         if sending:
-            failed = tx.send(internal, sending)
-            self.counters.add("packets_in", sending - failed)
-            self.counters.add("bytes_in", size)
-            if failed:
-                self.counters.add("drop_send_failed", failed)
+            self._send(tx, internal, sending, size, "in")
 
     def _route_unknown(self, row: int, now: float) -> int | None:
         """The slow path of one datagram: a STUN request (re)binds its client by the hint
@@ -529,11 +521,7 @@ class Relay:
             rx.data_addresses[rows] + np.uint64(framing.HEADER_V4),
             sizes,
         )
-        failed = tx.send(public, sending)
-        self.counters.add("packets_out", sending - failed)
-        self.counters.add("bytes_out", int(sizes.sum()))
-        if failed:
-            self.counters.add("drop_send_failed", failed)
+        self._send(tx, public, sending, int(sizes.sum()), "out")
 
     def _forward_out_small(self, count: int, public: int) -> None:
         """``_forward_out`` for a few datagrams: the same checks, without NumPy."""
@@ -560,11 +548,18 @@ class Relay:
             sending += 1
             size += length - 8
         if sending:
-            failed = tx.send(public, sending)
-            self.counters.add("packets_out", sending - failed)
-            self.counters.add("bytes_out", size)
-            if failed:
-                self.counters.add("drop_send_failed", failed)
+            self._send(tx, public, sending, size, "out")
+
+    def _send(
+        self, tx: Batch, fd: int, sending: int, size: int, direction: Literal["in", "out"]
+    ) -> None:
+        """Send the ``sending`` datagrams prepared in ``tx`` (``size`` payload bytes) and
+        count them as forwarded ``direction`` (``in`` or ``out``)."""
+        failed = tx.send(fd, sending)
+        self.counters.add(f"packets_{direction}", sending - failed)
+        self.counters.add(f"bytes_{direction}", size)
+        if failed:
+            self.counters.add("drop_send_failed", failed)
 
     # ------------------------------------------------------------------ control plane
 
