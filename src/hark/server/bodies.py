@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from aiohttp import StreamReader
+from collections.abc import Awaitable, Callable
 
 from hark.protocol.errors import ProtocolError
 from hark.server.errors import too_large
@@ -10,10 +10,11 @@ from hark.server.errors import too_large
 _READ_BYTES = 64 * 1024
 
 
-async def read_limited(stream: StreamReader, limit: int) -> bytes:
-    """The whole body; raises ProtocolError (``request_too_large``) past ``limit`` bytes."""
+async def read_limited(read: Callable[[int], Awaitable[bytes]], limit: int) -> bytes:
+    """All that ``read`` (a body's ``read``, a multipart part's ``read_chunk``) gives until it
+    gives nothing; raises ProtocolError (``request_too_large``) past ``limit`` bytes."""
     data = bytearray()
-    while chunk := await stream.read(_READ_BYTES):
+    while chunk := await read(_READ_BYTES):
         data += chunk
         if len(data) > limit:
             raise too_large(limit)

@@ -63,7 +63,7 @@ async def create_call(request: web.Request) -> web.StreamResponse:
     """
     caller = principal(request)
     try:
-        body = await read_limited(request.content, MAX_OFFER_BODY_BYTES)
+        body = await read_limited(request.content.read, MAX_OFFER_BODY_BYTES)
     except ProtocolError as exc:
         return invalid_request(exc)
     if not is_forwarded(request):

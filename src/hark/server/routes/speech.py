@@ -44,7 +44,7 @@ def routes() -> list[web.RouteDef]:
 async def create_speech(request: web.Request) -> web.StreamResponse:
     """Speak the body's ``input`` in its ``voice`` and ``speed``, streamed as it is made."""
     try:
-        body = await read_limited(request.content, MAX_SPEECH_BODY_BYTES)
+        body = await read_limited(request.content.read, MAX_SPEECH_BODY_BYTES)
         speech = parse_speech_request(body)
     except ProtocolError as exc:
         return invalid_request(exc, 413 if exc.code == "request_too_large" else 400)

@@ -37,6 +37,7 @@ from hark.protocol.transcriptions import (
 )
 from hark.server.access import KEY, principal, requires
 from hark.server.admission import admit_request
+from hark.server.bodies import read_limited
 from hark.server.errors import (
     engine_failed,
     engines_failed,
@@ -158,9 +159,9 @@ async def _read_parts(request: web.Request) -> tuple[dict[str, str | list[str]],
             raise ProtocolError("Nested multipart bodies are not supported.", code="invalid_body")
         name = part.name or ""
         if name == "file":
-            file = await _read_part(part, MAX_FILE_BYTES)
+            file = await read_limited(part.read_chunk, MAX_FILE_BYTES)
             continue
-        raw = await _read_part(part, MAX_FIELDS_BYTES)
+        raw = await read_limited(part.read_chunk, MAX_FIELDS_BYTES)
         fields_bytes += len(raw)
         if fields_bytes > MAX_FIELDS_BYTES:
             raise too_large(MAX_FIELDS_BYTES)
@@ -172,15 +173,6 @@ async def _read_parts(request: web.Request) -> tuple[dict[str, str | list[str]],
         else:
             fields[name] = value
     return fields, file
-
-
-async def _read_part(part: BodyPartReader, limit: int) -> bytes:
-    data = bytearray()
-    while chunk := await part.read_chunk(64 * 1024):
-        data += chunk
-        if len(data) > limit:
-            raise too_large(limit)
-    return bytes(data)
 
 
 def _check_supported(form: TranscriptionRequest) -> None:
