@@ -11,7 +11,7 @@ import pytest
 from hark.config import Settings
 from hark.engines.registry import Engines, build_engines
 from hark.engines.turn.llama_cpp import LlamaCppEndOfTurn
-from tests.redis_server import RedisServer, RedisServerMissingError
+from tests.redis_server import RedisServer, running_redis
 
 
 class BorrowedEndOfTurn:
@@ -69,9 +69,5 @@ def _close_shared_end_of_turn() -> Iterator[None]:
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     """One redis-server for the run; tests keep apart by key prefix. A missing redis-server
     fails the tests that need it (it is never skipped)."""
-    try:
-        server = RedisServer(tmp_path_factory.mktemp("redis"))
-    except RedisServerMissingError as exc:
-        pytest.fail(str(exc), pytrace=False)
-    with server:
+    with running_redis(tmp_path_factory.mktemp("redis")) as server:
         yield server

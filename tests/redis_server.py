@@ -124,13 +124,22 @@ class RedisServer:
 
 
 @contextlib.contextmanager
-def redis_on(host: str, workdir: Path) -> Iterator[str]:
-    """The URL of a real redis-server on ``host`` (a test's own bridge address) with a random
-    password: off loopback Redis wants one (its protected mode), as it should. A missing
-    redis-server fails the test (it is never skipped)."""
+def running_redis(
+    workdir: Path, password: str | None = None, host: str = "127.0.0.1"
+) -> Iterator[RedisServer]:
+    """A started ``RedisServer``, stopped on exit. A missing redis-server fails the test (it
+    is never skipped)."""
     try:
-        server = RedisServer(workdir, password=secrets.token_hex(8), host=host)
+        server = RedisServer(workdir, password=password, host=host)
     except RedisServerMissingError as exc:
         pytest.fail(str(exc), pytrace=False)
     with server:
+        yield server
+
+
+@contextlib.contextmanager
+def redis_on(host: str, workdir: Path) -> Iterator[str]:
+    """The URL of a real redis-server on ``host`` (a test's own bridge address) with a random
+    password: off loopback Redis wants one (its protected mode), as it should."""
+    with running_redis(workdir, password=secrets.token_hex(8), host=host) as server:
         yield server.url
