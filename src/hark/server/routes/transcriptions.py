@@ -232,9 +232,9 @@ def _timed_answer(form: TranscriptionRequest, timed: TimedTranscript) -> web.Res
 
 
 def _subtitles(segments: list[Segment], *, vtt: bool) -> str:
-    cues = [s for s in segments if s.text]
+    # One cue per segment: _timed_answer has already left out the empty ones.
     lines = ["WEBVTT", ""] if vtt else []
-    for number, segment in enumerate(cues, start=1):
+    for number, segment in enumerate(segments, start=1):
         if not vtt:
             lines.append(str(number))
         start, end = _clock(segment.start, vtt), _clock(segment.end, vtt)
