@@ -135,28 +135,30 @@ def _returned(headers: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k in _RETURNED_HEADERS if (v := headers.get(k)) is not None}
 
 
+_WebSocket = web.WebSocketResponse | aiohttp.ClientWebSocketResponse
+
+
+async def _copy(source: _WebSocket, sink: _WebSocket) -> None:
+    """Text and binary frames from ``source`` to ``sink`` until anything else comes."""
+    async for message in source:
+        if message.type == WSMsgType.TEXT:
+            await sink.send_str(message.data)
+        elif message.type == WSMsgType.BINARY:
+            await sink.send_bytes(message.data)
+        else:
+            break
+
+
 async def _pipe(client: web.WebSocketResponse, upstream: aiohttp.ClientWebSocketResponse) -> None:
     """Frames both ways; awaiting each send is the backpressure, so nothing queues here."""
 
     async def down() -> None:
-        async for message in upstream:
-            if message.type == WSMsgType.TEXT:
-                await client.send_str(message.data)
-            elif message.type == WSMsgType.BINARY:
-                await client.send_bytes(message.data)
-            else:
-                break
+        await _copy(upstream, client)
         code = upstream.close_code or WSCloseCode.OK
         await client.close(code=code, message=b"")
 
     async def up() -> None:
-        async for message in client:
-            if message.type == WSMsgType.TEXT:
-                await upstream.send_str(message.data)
-            elif message.type == WSMsgType.BINARY:
-                await upstream.send_bytes(message.data)
-            else:
-                break
+        await _copy(client, upstream)
         await upstream.close()
 
     tasks = [asyncio.ensure_future(down()), asyncio.ensure_future(up())]
