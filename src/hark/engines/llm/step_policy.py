@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from enum import IntEnum
+from operator import itemgetter
 from typing import Protocol, TypeVar
 
 # A reply has said its first clause (the first audio) after about this many tokens; until then
@@ -127,8 +128,8 @@ def next_step(running: Iterable[W], now: float, budget: int) -> list[tuple[W, in
     """
     chosen: list[tuple[W, int]] = []
     opening = False
-    for work in sorted(running, key=lambda w: rank(w, now)):
-        level = tier(work, now)
+    # Ranked once: a step runs per token, and the tier is the rank's first part.
+    for (level, _, _), work in sorted(((rank(w, now), w) for w in running), key=itemgetter(0)):
         if level == Tier.OVERDUE:
             n = 1
         elif level in _OPENINGS:
