@@ -68,6 +68,14 @@ def _ranked(ordered: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) the local process ``pid`` has used so far, from ``/proc``;
+    raises ``OSError`` when there is no such process (or no ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    # utime and stime are fields 14 and 15 of stat(5); the split starts at field 3.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 # ---------------------------------------------------------------------------- the server's URLs
 
 

@@ -29,12 +29,10 @@ import itertools
 import json
 import logging
 import math
-import os
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -50,6 +48,7 @@ from hark.bench.report import (
     add_api_key_option,
     add_json_option,
     api_key,
+    cpu_seconds,
     percentile,
     publish,
 )
@@ -398,11 +397,9 @@ def _cpu_seconds(pid: int | None) -> float | None:
     if pid is None:
         return None
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return cpu_seconds(pid)
     except OSError:
         return None
-    # utime and stime are fields 14 and 15 of stat(5); the split starts at field 3.
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # ---------------------------------------------------------------------- report

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from hark.bench.report import add_json_option, percentiles, publish
+from hark.bench.report import add_json_option, cpu_seconds, percentiles, publish
 from hark.edge import framing
 from hark.edge.flows import Address
 from hark.edge.mmsg import Batch, sockaddr_key
@@ -125,9 +125,10 @@ def run(*, seconds: float, flows: int, size: int, pings: int, relay_cpu: int) ->
         _ping(clients[0], public, WARM_UP_PINGS, size)
         via_relay = _ping(clients[0], public, pings, size)
         direct = _ping(clients[0], worker, pings, size, framed_to=clients[0].getsockname())
-        cpu_before = _cpu_seconds(relay.pid)
+        assert relay.pid is not None
+        cpu_before = cpu_seconds(relay.pid)
         forwarded, offered, elapsed = _flood(clients, public, size, seconds)
-        relay_cpu_s = _cpu_seconds(relay.pid) - cpu_before
+        relay_cpu_s = cpu_seconds(relay.pid) - cpu_before
     finally:
         os.sched_setaffinity(0, own_cpus)
         assert relay.pid is not None and echo.pid is not None
@@ -308,9 +309,3 @@ def _flood(
     elapsed = time.perf_counter() - start
     # Each datagram that came back passed the relay twice.
     return 2 * received, 2 * sent, elapsed
-
-
-def _cpu_seconds(pid: int | None) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    # utime and stime, the 14th and 15th fields of the line (11th and 12th after the name).
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
