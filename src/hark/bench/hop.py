@@ -31,8 +31,7 @@ from hark.bench.report import (
     publish,
 )
 from hark.bench.webrtc import CallClient
-
-WORKER_HEADER = "X-Hark-Worker"
+from hark.cluster.forwarding import WORKER_HEADER
 
 
 async def _worker_of(http: aiohttp.ClientSession, server: ServerUrl) -> str:

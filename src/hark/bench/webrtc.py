@@ -52,6 +52,7 @@ from hark.bench.report import (
     percentile,
     publish,
 )
+from hark.cluster.forwarding import WORKER_HEADER
 from hark.transports.webrtc.input_audio import frame_to_mono
 from hark.transports.webrtc.playout import PLAYOUT_RATE, PlayoutTrack
 
@@ -140,7 +141,7 @@ class CallClient:
             if response.status != 201:
                 raise BenchError(f"POST {path}: {response.status} {text[:300]}")
             location = response.headers.get("Location", "")
-            self.worker = response.headers.get("X-Hark-Worker")
+            self.worker = response.headers.get(WORKER_HEADER)
         elapsed = time.monotonic() - started
         self.call_id = location.rsplit("/", 1)[-1]
         self.answer = text

@@ -26,12 +26,14 @@ from hark.transports.websocket import MAX_MESSAGE_BYTES
 logger = logging.getLogger(__name__)
 
 FORWARDED_HEADER = "X-Hark-Forwarded"
+# On every answer: the worker that made it (a forwarded answer keeps its maker's).
+WORKER_HEADER = "X-Hark-Worker"
 # On a forwarded answer: the worker the client reached, which passed the request on.
 VIA_HEADER = "X-Hark-Via"
 # Headers a worker needs to answer the request as the first one would have.
 _PASSED_HEADERS = ("Authorization", "Content-Type", "Accept", "OpenAI-Beta", "User-Agent")
 # Headers of the owner's answer the client needs (the call id travels in Location).
-_RETURNED_HEADERS = ("Content-Type", "Location", "WWW-Authenticate", "X-Hark-Worker")
+_RETURNED_HEADERS = ("Content-Type", "Location", "WWW-Authenticate", WORKER_HEADER)
 CONNECT_TIMEOUT_S = 2.0
 # An answer to an offer or a hangup comes in well under this; past it the owner is stuck.
 RESPONSE_TIMEOUT_S = 30.0

@@ -22,7 +22,7 @@ from aiohttp import WSCloseCode, web
 from aiohttp.abc import AbstractAccessLogger
 
 from hark.cluster import open_store
-from hark.cluster.forwarding import Forwarder
+from hark.cluster.forwarding import WORKER_HEADER, Forwarder
 from hark.cluster.limits import FleetLimits
 from hark.cluster.node import ClusterNode, Load
 from hark.cluster.store import ClusterStore, ClusterUnavailableError
@@ -92,8 +92,6 @@ _SECURITY_HEADERS = {
     # Responses may carry keys (client_secrets): no cache may keep them.
     "Cache-Control": "no-store",
 }
-# On every answer: the worker that made it (a forwarded answer keeps its maker's).
-WORKER_HEADER = "X-Hark-Worker"
 # What a client hears when the server ends its session (drain, shutdown).
 SHUTDOWN_MESSAGE = "The server is shutting down; reconnect to continue."
 SHUTDOWN_CODE = "server_shutting_down"
