@@ -1,15 +1,18 @@
 """Speech recognition: 16 kHz audio in, text out, streamed segment by segment, or timed.
 
-``transcribe`` is what a session uses: text deltas as soon as they are known.
-``transcribe_timed`` is what OpenAI's transcription API needs: the whole transcript at once,
-cut into segments with their times in the audio, optionally each word's times, and the
-language heard.
+``transcribe`` gives text deltas as soon as they are known (an item's audio, recognised
+whole). ``transcribe_timed`` is what OpenAI's transcription API needs: the whole transcript
+at once, cut into segments with their times in the audio, optionally each word's times,
+and the language heard. ``recognise`` is one step of incremental recognition: a window of a
+turn still being spoken, decoded with every word's times and probability, run by the
+engine's scheduler in the order of its ``Urgency``.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from enum import IntEnum
 from typing import Protocol
 
 import numpy as np
@@ -18,11 +21,17 @@ import numpy.typing as npt
 
 @dataclass(frozen=True, slots=True)
 class TimedWord:
-    """A word and where it was said, in seconds from the start of the audio."""
+    """A word and where it was said, in seconds from the start of the audio.
+
+    ``word`` carries its own leading space as the decoder produced it; ``probability`` is
+    the decoder's confidence in the word (the product of its tokens' probabilities), or
+    ``None`` where the engine does not know it.
+    """
 
     word: str
     start: float
     end: float
+    probability: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +74,33 @@ class TimedTranscript:
         return " ".join(segment.text for segment in self.segments if segment.text)
 
 
+class Urgency(IntEnum):
+    """Which recognition work an engine's scheduler runs first (lowest first)."""
+
+    # Somebody waits for these words: a turn has ended, an item or a file is transcribed.
+    ANSWER = 0
+    # Live captions of a turn still being spoken.
+    CAPTION = 1
+    # A pause that may or may not end the turn: useful only if it does.
+    SPECULATION = 2
+
+
+@dataclass(frozen=True, slots=True)
+class RecognitionRequest:
+    """One window of audio to decode with word times.
+
+    ``audio``: mono float32 at the engine's ``sample_rate``, at most 30 s. ``prompt``: the
+    text said before this audio (words already committed, after any prompt of the
+    client's), which the decoder continues from. ``language``: an ISO-639-1 code, or
+    ``None`` to let the engine tell.
+    """
+
+    audio: npt.NDArray[np.float32]
+    prompt: str | None = None
+    language: str | None = None
+    urgency: Urgency = Urgency.ANSWER
+
+
 class AsrEngine(Protocol):
     """A speech recogniser."""
 
@@ -99,6 +135,16 @@ class AsrEngine(Protocol):
         and words in order. ``language`` and ``prompt`` mean what they mean for
         ``transcribe``; a ``ValueError`` refuses audio or a language the engine cannot take.
         Cancelling stops the work.
+        """
+        ...
+
+    async def recognise(self, request: RecognitionRequest) -> TimedTranscript:
+        """Decode ``request.audio`` with segment and word times (``words`` always filled,
+        each with its ``probability`` where the engine knows it).
+
+        Runs when the engine's scheduler reaches it by ``request.urgency``; cancelling the
+        awaiting task drops the request if it still waits and abandons it if it runs. A
+        ``ValueError`` refuses audio or a language the engine cannot take.
         """
         ...
 
