@@ -1,0 +1,1 @@
+"""Tests of the SIP stack and media."""
