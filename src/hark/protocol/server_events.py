@@ -78,23 +78,35 @@ class ConversationItemDeleted(ServerEvent, tag="conversation.item.deleted"):
     item_id: str
 
 
-class InputTranscriptionDelta(ServerEvent, tag="conversation.item.input_audio_transcription.delta"):
-    """A piece of the transcript of the user's audio."""
+class LogProb(Struct, omit_defaults=False):
+    """One token's log probability in a transcript (``include`` asks for them)."""
+
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class InputTranscriptionDelta(
+    ServerEvent, tag="conversation.item.input_audio_transcription.delta", omit_defaults=True
+):
+    """A piece of the transcript of the user's audio; ``logprobs`` only when asked for."""
 
     item_id: str
     content_index: int
     delta: str
+    logprobs: list[LogProb] | None = None
 
 
 class InputTranscriptionCompleted(
-    ServerEvent, tag="conversation.item.input_audio_transcription.completed"
+    ServerEvent, tag="conversation.item.input_audio_transcription.completed", omit_defaults=True
 ):
-    """The whole transcript of the user's audio."""
+    """The whole transcript of the user's audio; ``logprobs`` only when asked for."""
 
     item_id: str
     content_index: int
     transcript: str
     usage: dict[str, Any]
+    logprobs: list[LogProb] | None = None
 
 
 class InputTranscriptionFailed(
