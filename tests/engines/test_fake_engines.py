@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import numpy as np
 import pytest
 
-from hark.engines.asr import AsrEngine
+from hark.engines.asr import AsrEngine, RecognitionRequest
 from hark.engines.fake import FakeAsr, FakeLlm, FakeTts
 from hark.engines.llm import (
     ChatMessage,
@@ -81,6 +81,17 @@ async def test_fake_asr_hears_its_transcript_in_any_audio() -> None:
         "Hello there."
     )
     assert "".join(await collect(FakeAsr().transcribe(speech))) == "What is the capital of France?"
+
+
+async def test_fake_asr_recognises_its_transcript_spread_over_the_window() -> None:
+    window = np.zeros(32000, dtype=np.float32)
+    timed = await FakeAsr("Hello there. Bye.").recognise(RecognitionRequest(window, prompt="x"))
+    assert [(w.word, w.start, w.end, w.probability) for w in timed.words] == [
+        ("Hello", 0.0, 2 / 3, 1.0),
+        ("there.", 2 / 3, 4 / 3, 1.0),
+        ("Bye.", 4 / 3, 2.0, 1.0),
+    ]
+    assert [s.text for s in timed.segments] == ["Hello there.", "Bye."]
 
 
 async def test_fake_llm_streams_the_reply_word_by_word() -> None:

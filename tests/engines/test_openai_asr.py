@@ -19,7 +19,7 @@ import numpy.typing as npt
 import pytest
 from aiohttp import web
 
-from hark.engines.asr import AsrEngine
+from hark.engines.asr import AsrEngine, RecognitionRequest
 from hark.engines.asr import openai as openai_asr
 from hark.engines.asr.openai import AsrEndpointError, OpenAIAsr, pieces
 from tests.servers import HarkProcess, free_port
@@ -382,6 +382,28 @@ async def test_verbose_json_as_openai_sends_it(
         ("Hello", 0.1, 0.8),
         ("world.", 0.9, 2.0),
     ]
+
+
+async def test_recognise_asks_for_word_times_and_knows_no_probabilities(
+    scripted: tuple[ScriptedTranscriptions, str],
+) -> None:
+    peer, url = scripted
+    peer.answer = ("application/json", [json.dumps(OPENAI_VERBOSE).encode()])
+    engine = OpenAIAsr(url)
+    request = RecognitionRequest(tone(2.0), prompt="Greetings.", language="en-GB")
+    try:
+        timed = await engine.recognise(request)
+    finally:
+        await engine.aclose()
+    assert peer.fields["response_format"] == "verbose_json"
+    # The form's last granularity: segment comes first, word after it.
+    assert peer.fields["timestamp_granularities[]"] == "word"
+    assert (peer.fields["prompt"], peer.fields["language"]) == ("Greetings.", "en")
+    assert [(w.word, w.start, w.end, w.probability) for w in timed.words] == [
+        ("Hello", 0.1, 0.8, None),
+        ("world.", 0.9, 2.0, None),
+    ]
+    assert timed.text == "Hello world."
 
 
 @pytest.mark.parametrize(

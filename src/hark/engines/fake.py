@@ -11,12 +11,13 @@ import json
 import re
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
-from hark.engines.asr import TimedSegment, TimedTranscript, TimedWord
+from hark.engines.asr import RecognitionRequest, TimedSegment, TimedTranscript, TimedWord
 from hark.engines.llm import (
     Finished,
     FunctionTool,
@@ -33,7 +34,8 @@ class FakeAsr:
     """Hears the same ``transcript`` in any audio, silence and empty buffers included.
 
     Timed, the transcript's words share the audio evenly, one segment per sentence; the
-    language is the one asked for, else ``en``.
+    language is the one asked for, else ``en``. Recognised, every window holds the whole
+    transcript so timed, each word certain (probability 1).
     """
 
     sample_rate = 16000
@@ -89,6 +91,13 @@ class FakeAsr:
             duration=duration,
             words=tuple(timed) if words else (),
         )
+
+    async def recognise(self, request: RecognitionRequest) -> TimedTranscript:
+        """What ``transcribe_timed`` hears in the window, with word times, each word certain."""
+        timed = await self.transcribe_timed(
+            request.audio, language=request.language, prompt=request.prompt, words=True
+        )
+        return replace(timed, words=tuple(replace(w, probability=1.0) for w in timed.words))
 
     async def warmup(self) -> None:
         """Nothing to load."""

@@ -5,7 +5,8 @@ a 16 kHz 16-bit mono WAV file. The request asks for ``stream=true``: servers tha
 (OpenAI's gpt-4o transcribe models, hark) send ``transcript.text.delta`` events as the text
 is recognised, and the deltas are yielded as they come; servers that do not (``whisper-1``
 ignores the field) answer with JSON or plain text, yielded as one delta. Timed
-transcriptions ask for ``verbose_json`` with segment (and word) timestamps.
+transcriptions ask for ``verbose_json`` with segment (and word) timestamps, and so does each
+window of incremental recognition (``recognise``), with word timestamps.
 
 Audio longer than ``MAX_UPLOAD_S`` (a 16-bit WAV of it stays under the 25 MB that OpenAI and
 hark accept) goes up in pieces, each cut at the quietest moment near its end and sent with
@@ -28,7 +29,7 @@ import aiohttp
 import numpy as np
 import numpy.typing as npt
 
-from hark.engines.asr import TimedSegment, TimedTranscript, TimedWord
+from hark.engines.asr import RecognitionRequest, TimedSegment, TimedTranscript, TimedWord
 from hark.engines.openai_http import OpenAIHttp, endpoint_url, error_message, safe_url, sse_data
 
 DEFAULT_MODEL = "whisper-1"
@@ -161,6 +162,18 @@ class OpenAIAsr:
             language=heard,
             duration=duration,
             words=tuple(timed_words) if words else (),
+        )
+
+    async def recognise(self, request: RecognitionRequest) -> TimedTranscript:
+        """One ``verbose_json`` request for the window with word timestamps; the words that
+        the endpoint times, without probabilities (the API gives none).
+
+        The endpoint serves requests as they come: ``request.urgency`` orders nothing here.
+        Cancelling closes the connection. Raises ``AsrEndpointError`` as
+        ``transcribe_timed`` does.
+        """
+        return await self.transcribe_timed(
+            request.audio, language=request.language, prompt=request.prompt, words=True
         )
 
     def _fields(self, language: str | None, prompt: str, response_format: str) -> list[Field]:
