@@ -1,0 +1,201 @@
+"""One place that runs a shared speech model's work, most urgent first (design principle 2).
+
+Every session of a worker shares the recogniser, and they ask it for different things: the
+words of a turn that has just ended (someone waits in silence for the reply), captions of a
+turn still being spoken, and speculative decodes of a pause that may not end the turn. Run
+in the order they arrive, a waiting answer queues behind captions and speculation nobody
+may ever use. ``AsrScheduler`` runs them by ``Urgency`` instead, drops work whose caller
+gave up before it began, and hands several requests to the model at once where the model
+decodes a batch faster than one request after another (CTranslate2's Whisper does).
+
+It has one worker thread of its own, never the default pool: recognition that takes the
+pool's threads would starve everything else the event loop hands to it (file reads, DNS).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from hark.engines.activity import computing
+from hark.engines.asr import Urgency
+from hark.engines.scheduler import SchedulerFullError
+
+__all__ = ["AsrScheduler", "SchedulerFullError"]
+
+R = TypeVar("R")
+T = TypeVar("T")
+_V = TypeVar("_V")
+
+
+@dataclass(eq=False, slots=True)
+class _Entry(Generic[R, T]):
+    request: R
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[T]
+    waiting: bool = True
+
+
+def _deliver(future: asyncio.Future[T], result: T) -> None:
+    # A caller cancelled while its batch ran has gone: its result is dropped here.
+    if not future.done():
+        future.set_result(result)
+
+
+def _fail(future: asyncio.Future[T], exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)
+
+
+class AsrScheduler(Generic[R, T]):
+    """Runs ``run_batch`` on requests from any event loop, the most urgent first.
+
+    ``run_batch`` takes up to ``max_batch`` requests and returns one result per request, in
+    order; it runs on the scheduler's one thread, which starts when work comes and ends
+    after ``idle_s`` without any. Requests run by ``Urgency`` (lowest first), then in the
+    order they came; a batch is the head of that order and the next ones after it. At most
+    ``max_waiting`` requests wait; more raise ``SchedulerFullError`` for the request that
+    would exceed it, not for the others.
+    """
+
+    def __init__(
+        self,
+        run_batch: Callable[[list[R]], list[T]],
+        *,
+        max_batch: int = 1,
+        name: str = "hark-asr",
+        max_waiting: int = 256,
+        idle_s: float = 30.0,
+    ) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be at least 1, got {max_batch}")
+        if max_waiting < 1:
+            raise ValueError(f"max_waiting must be at least 1, got {max_waiting}")
+        self._run_batch = run_batch
+        self._max_batch = max_batch
+        self._name = name
+        self._max_waiting = max_waiting
+        self._idle_s = idle_s
+        self._cond = threading.Condition()
+        self._heap: list[tuple[int, int, _Entry[R, T]]] = []
+        self._order = itertools.count()
+        self._running = 0
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    @property
+    def waiting(self) -> int:
+        """Requests queued and not yet handed to the model."""
+        with self._cond:
+            return len(self._heap)
+
+    @property
+    def running(self) -> int:
+        """Requests in the batch the model is decoding now (0 when idle)."""
+        with self._cond:
+            return self._running
+
+    async def run(self, request: R, urgency: Urgency) -> T:
+        """Queue ``request`` at ``urgency`` and wait for its result.
+
+        Cancelling the awaiting task removes the request if it still waits, so it never
+        runs; if its batch is already running, the result is dropped. An exception raised
+        by ``run_batch`` is raised here, for every request of that batch. Raises
+        ``SchedulerFullError`` when ``max_waiting`` requests already wait, and
+        ``RuntimeError`` once the scheduler is closed.
+        """
+        loop = asyncio.get_running_loop()
+        entry: _Entry[R, T] = _Entry(request, loop, loop.create_future())
+        item = (int(urgency), next(self._order), entry)
+        with self._cond:
+            if self._closed:
+                raise RuntimeError(f"{self._name} is closed")
+            if len(self._heap) >= self._max_waiting:
+                raise SchedulerFullError(
+                    f"{self._name}: {len(self._heap)} requests already wait for the model"
+                )
+            heapq.heappush(self._heap, item)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._work, name=self._name, daemon=True)
+                self._thread.start()
+            self._cond.notify()
+        try:
+            return await entry.future
+        except asyncio.CancelledError:
+            with self._cond:
+                if entry.waiting:
+                    entry.waiting = False
+                    self._heap.remove(item)
+                    heapq.heapify(self._heap)
+            raise
+
+    def close(self) -> None:
+        """Refuse new requests and fail the waiting ones; a running batch finishes.
+
+        The worker thread ends once it has nothing left to run.
+        """
+        with self._cond:
+            self._closed = True
+            left = [entry for _, _, entry in self._heap]
+            self._heap.clear()
+            for entry in left:
+                entry.waiting = False
+            self._cond.notify_all()
+        for entry in left:
+            self._post(entry, _fail, RuntimeError(f"{self._name} is closed"))
+
+    def _take(self) -> list[_Entry[R, T]] | None:
+        """The next batch, waiting for one; ``None`` when the thread should end."""
+        with self._cond:
+            while not self._heap:
+                if self._closed or (not self._cond.wait(self._idle_s) and not self._heap):
+                    self._thread = None
+                    return None
+            batch: list[_Entry[R, T]] = []
+            while self._heap and len(batch) < self._max_batch:
+                entry = heapq.heappop(self._heap)[2]
+                entry.waiting = False
+                batch.append(entry)
+            self._running = len(batch)
+            return batch
+
+    def _work(self) -> None:
+        while (batch := self._take()) is not None:
+            self._decode(batch)
+
+    def _decode(self, batch: list[_Entry[R, T]]) -> None:
+        try:
+            with computing():
+                results = self._run_batch([entry.request for entry in batch])
+            if len(results) != len(batch):
+                raise RuntimeError(
+                    f"{self._name}: {len(results)} results for {len(batch)} requests"
+                )
+        except BaseException as exc:  # handed to every caller of the batch
+            self._done()
+            for entry in batch:
+                self._post(entry, _fail, exc)
+        else:
+            self._done()
+            for entry, result in zip(batch, results, strict=True):
+                self._post(entry, _deliver, result)
+
+    def _done(self) -> None:
+        with self._cond:
+            self._running = 0
+
+    @staticmethod
+    def _post(
+        entry: _Entry[R, T],
+        deliver: Callable[[asyncio.Future[T], _V], None],
+        value: _V,
+    ) -> None:
+        # A RuntimeError says the caller's loop has closed: nobody is left to receive it.
+        with contextlib.suppress(RuntimeError):
+            entry.loop.call_soon_threadsafe(deliver, entry.future, value)
