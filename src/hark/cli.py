@@ -208,6 +208,76 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECRET",
         help="the relay's routing-hint secret (prefer HARK_FLEET_SECRET: arguments are visible)",
     )
+    sip = serve.add_argument_group("SIP (phones)")
+    sip.add_argument(
+        "--sip",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="answer SIP calls (default: on; --no-sip turns the SIP service off)",
+    )
+    sip.add_argument(
+        "--sip-host", default=None, metavar="HOST", help="address SIP binds (default: --host)"
+    )
+    sip.add_argument(
+        "--sip-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="the SIP port, UDP and TCP (default 5060; 0: any free port). A port in use "
+        "leaves the server up without SIP, and /readyz says so",
+    )
+    sip.add_argument(
+        "--sip-advertise-ip",
+        default=None,
+        metavar="IP",
+        help="address phones reach SIP and RTP at, put in Contact and SDP (default: the bound "
+        "host)",
+    )
+    sip.add_argument(
+        "--sip-tls-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="SIP over TLS on this port (needs --sip-tls-cert and --sip-tls-key)",
+    )
+    sip.add_argument("--sip-tls-cert", default=None, metavar="PEM", help="certificate chain")
+    sip.add_argument("--sip-tls-key", default=None, metavar="PEM", help="its private key")
+    sip.add_argument(
+        "--rtp-ports",
+        default=None,
+        metavar="FIRST-LAST",
+        help="each call has its own RTP port, taken from this range (default 10000-20000; "
+        "0: any free port)",
+    )
+    sip.add_argument(
+        "--sip-webhook-url",
+        default=None,
+        metavar="URL",
+        help="where each call raises a signed realtime.call.incoming webhook; the backend "
+        "answers with /v1/realtime/calls/{id}/accept or /reject (default: none, every call is "
+        "answered at once with --sip-session)",
+    )
+    sip.add_argument(
+        "--sip-webhook-secret",
+        default=None,
+        metavar="whsec_…",
+        help="the webhooks' signing secret (prefer HARK_SIP_WEBHOOK_SECRET: arguments are visible)",
+    )
+    sip.add_argument(
+        "--sip-accept-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="a call neither accepted nor rejected this long after it rang is rejected "
+        "(default 30)",
+    )
+    sip.add_argument(
+        "--sip-session",
+        default=None,
+        metavar="JSON",
+        help="the session config of calls answered without a webhook (default: the server's "
+        "default session)",
+    )
     serve.set_defaults(handler=_serve_command)
 
     from hark.edge import bench as relay_bench

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import json
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -97,6 +98,27 @@ class Settings:
     # secret the routing hints are signed with (shared with the relay; kept out of repr).
     relay_address: str | None = None
     fleet_secret: str | None = field(default=None, repr=False)
+    # SIP (phones): the user agent server, off with ``sip = false``. ``sip_host`` None: the
+    # HTTP ``host``; ``sip_port`` serves UDP and TCP (0: any free port), ``sip_tls_port``
+    # TLS with ``sip_tls_cert``/``sip_tls_key``; ``sip_advertise_ip`` goes in Contact and
+    # SDP (None: the bound host). Each call has its own RTP port from ``rtp_ports`` (first,
+    # last; None: any free port).
+    sip: bool = True
+    sip_host: str | None = None
+    sip_port: int = 5060
+    sip_advertise_ip: str | None = None
+    sip_tls_port: int | None = None
+    sip_tls_cert: str | None = None
+    sip_tls_key: str | None = None
+    rtp_ports: tuple[int, int] | None = (10000, 20000)
+    # Where ``realtime.call.incoming`` goes, signed with the secret (kept out of repr).
+    # Without a URL every call is answered at once with ``sip_session`` (a JSON session
+    # config; None: the server's default session).
+    sip_webhook_url: str | None = field(default=None, repr=False)
+    sip_webhook_secret: str | None = field(default=None, repr=False)
+    # A call not accepted (or rejected) this many seconds after its INVITE is rejected.
+    sip_accept_timeout: float = 30.0
+    sip_session: str | None = None
 
     @property
     def llm_model_name(self) -> str:
@@ -191,6 +213,7 @@ def _validate_port(values: dict[str, Any], name: str) -> None:
 def _validate(values: dict[str, Any]) -> Settings:
     _validate_port(values, "port")
     _validate_port(values, "rtc_port")
+    _validate_port(values, "sip_port")
 
     for name in (
         "host",
@@ -216,6 +239,13 @@ def _validate(values: dict[str, Any]) -> Settings:
         "run_dir",
         "relay_address",
         "fleet_secret",
+        "sip_host",
+        "sip_advertise_ip",
+        "sip_tls_cert",
+        "sip_tls_key",
+        "sip_webhook_url",
+        "sip_webhook_secret",
+        "sip_session",
     ):
         if name in values and not isinstance(values[name], str):
             raise ConfigError(f"{name} must be a string")
@@ -245,6 +275,7 @@ def _validate(values: dict[str, Any]) -> Settings:
     _validate_flag(values, "demo")
     _validate_fleet(values)
     _validate_relay(values)
+    _validate_sip(values)
     otel = values.get("otel_endpoint")
     if otel and urlsplit(otel).scheme not in ("http", "https"):
         raise ConfigError(f"otel_endpoint must be an http(s) URL, not {otel!r}")
@@ -372,3 +403,67 @@ def _validate_relay(values: dict[str, Any]) -> None:
         valid = False
     if not valid:
         raise ConfigError(f"relay_address must be IPv4:PORT, not {relay!r}")
+
+
+def _validate_sip(values: dict[str, Any]) -> None:
+    from hark.server.webhooks import WebhookSecretError, secret_key
+
+    _validate_flag(values, "sip")
+    if values["sip"] is None:
+        values["sip"] = _DEFAULTS.sip
+    advertise = values.get("sip_advertise_ip")
+    if advertise is not None:
+        try:
+            ipaddress.ip_address(advertise)
+        except ValueError:
+            raise ConfigError(
+                f"sip_advertise_ip must be an IP address, not {advertise!r}"
+            ) from None
+    if values.get("sip_tls_port") is not None:
+        _validate_port(values, "sip_tls_port")
+        if not values.get("sip_tls_cert") or not values.get("sip_tls_key"):
+            raise ConfigError("sip_tls_port needs sip_tls_cert and sip_tls_key")
+    elif values.get("sip_tls_cert") or values.get("sip_tls_key"):
+        raise ConfigError("sip_tls_cert and sip_tls_key go with sip_tls_port")
+    _validate_rtp_ports(values)
+    url, secret = values.get("sip_webhook_url"), values.get("sip_webhook_secret")
+    if url is not None and not _is_http_url(url):
+        # Not echoed: the URL may carry a token.
+        raise ConfigError("sip_webhook_url must be an http(s) URL")
+    if url is not None and not secret:
+        raise ConfigError("sip_webhook_url needs sip_webhook_secret (webhooks are signed)")
+    if secret is not None:
+        try:
+            secret_key(secret)
+        except WebhookSecretError as exc:
+            # The message names the option and the problem, never the secret.
+            raise ConfigError(f"sip_webhook_secret: {exc}") from None
+    _positive_number(values, "sip_accept_timeout", float)
+    session = values.get("sip_session")
+    if session is not None:
+        try:
+            parsed = json.loads(session)
+        except ValueError:
+            raise ConfigError("sip_session must be a JSON object (a session config)") from None
+        if not isinstance(parsed, dict):
+            raise ConfigError("sip_session must be a JSON object (a session config)")
+
+
+def _validate_rtp_ports(values: dict[str, Any]) -> None:
+    """``first-last`` (or a pair in the file); ``0`` for any free port."""
+    ports = values.get("rtp_ports", _DEFAULTS.rtp_ports)
+    if ports in (0, "0", None):
+        values["rtp_ports"] = None
+        return
+    if isinstance(ports, str):
+        low, dash, high = ports.partition("-")
+        ports = (low.strip(), high.strip()) if dash else ()
+    try:
+        first, last = (int(p) for p in ports)
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"rtp_ports must be FIRST-LAST (e.g. 10000-20000), not {ports!r}"
+        ) from None
+    if not 1024 <= first <= last <= 65535:
+        raise ConfigError(f"rtp_ports must lie within 1024-65535, first <= last, not {ports!r}")
+    values["rtp_ports"] = (first, last)
