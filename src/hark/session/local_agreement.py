@@ -1,0 +1,193 @@
+"""LocalAgreement: when the words of a turn still being spoken may be shown.
+
+A turn is recognised in steps, each a window of its audio from a start point to the turn's
+current end. Whisper's last words in a window are often wrong (a word cut in half, a guess
+the next second of audio overturns), so a word is committed only once ``agreement``
+successive hypotheses agree on it and on every word before it, and a committed word is never
+taken back. Words are compared normalised (case and punctuation aside) and committed with the
+newest hypothesis' spelling. When the window grows past a bound, its start moves up to the
+end of committed words (a sentence's end where there is one), so a step decodes a bounded
+stretch of audio however long the turn; the committed words before the window are the
+prompt. At the turn's end a final step commits its whole hypothesis.
+
+Sans-I/O: hypotheses in, committed words out, times in seconds from the turn's start.
+Macháček, Dabre and Bojar, "Turning Whisper into Real-Time Transcription System" (2023)
+describe the policy.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from hark.engines.asr import TimedTranscript, TimedWord
+
+DelayName = Literal["minimal", "low", "medium", "high", "xhigh"]
+
+
+@dataclass(frozen=True, slots=True)
+class Delay:
+    """How often the turn is recognised (seconds of new audio between steps) and how many
+    successive hypotheses must agree on a word before it is committed."""
+
+    step_s: float
+    agreement: int
+
+
+# The transcription ``delay`` a client asks for: a shorter step shows words sooner and costs
+# more decoding; more agreeing hypotheses revise less and show words later.
+DELAYS: dict[DelayName, Delay] = {
+    "minimal": Delay(0.4, 2),
+    "low": Delay(0.6, 2),
+    "medium": Delay(1.0, 2),
+    "high": Delay(1.5, 3),
+    "xhigh": Delay(2.0, 3),
+}
+DEFAULT_DELAY: DelayName = "low"
+
+# Past this length the window starts again after the last committed sentence. Whisper keeps
+# its accuracy with a sentence or two of context in the prompt, and a decoder step's cost
+# grows with the words in its window.
+TRIM_AFTER_S = 12.0
+# Past this length, with no committed sentence end to cut at, it starts after the last
+# committed word.
+FORCE_TRIM_AFTER_S = 20.0
+# Whisper hears at most 30 s: past this, with nothing committed (hypotheses that never
+# settle), the words that end well before the window's end are committed as they stand.
+HARD_LIMIT_S = 26.0
+_HARD_MARGIN_S = 2.0
+# A word of a new hypothesis that starts this close before the end of the committed words
+# is taken as new (word times are approximate); one that starts earlier was committed.
+_TIME_TOLERANCE_S = 0.1
+# At the seam, a hypothesis may repeat up to this many committed words: they are dropped.
+_MAX_REPEAT = 5
+# The prompt carries at most this many characters of committed text (Whisper reads at most
+# 224 tokens of prompt, and a longer prompt costs every step).
+PROMPT_CHARS = 200
+_SENTENCE_ENDS = (".", "?", "!", "。", "？", "！")
+
+
+def normalise(word: str) -> str:
+    """A word as the policy compares it: lower case, letters and digits only."""
+    return "".join(ch for ch in unicodedata.normalize("NFKC", word).casefold() if ch.isalnum())
+
+
+def text_of(words: Sequence[TimedWord]) -> str:
+    """Words joined by single spaces."""
+    return " ".join(w.word.strip() for w in words if w.word.strip())
+
+
+class LocalAgreement:
+    """The commit policy of one turn."""
+
+    def __init__(self, agreement: int = 2) -> None:
+        """``agreement``: how many successive hypotheses must agree (at least 2)."""
+        if agreement < 2:
+            raise ValueError("agreement needs at least two hypotheses")
+        self._agreement = agreement
+        self.committed: list[TimedWord] = []
+        # Where the next window starts, seconds from the turn's start.
+        self.window_start = 0.0
+        # The uncommitted words of the last ``agreement - 1`` hypotheses, newest last.
+        self._tails: list[list[TimedWord]] = []
+        # Ends (turn seconds) of the segments heard so far: boundaries to trim the window at.
+        self._segment_ends: set[float] = set()
+
+    @property
+    def committed_end(self) -> float:
+        """Where the last committed word ends (the turn's start when none is)."""
+        return self.committed[-1].end if self.committed else 0.0
+
+    def prompt(self) -> str:
+        """The committed words before the window: the context the next step continues."""
+        before = [w for w in self.committed if w.end <= self.window_start + _TIME_TOLERANCE_S]
+        text = text_of(before)
+        if len(text) <= PROMPT_CHARS:
+            return text
+        cut = text.find(" ", len(text) - PROMPT_CHARS)
+        return text[cut + 1 :] if cut >= 0 else text[-PROMPT_CHARS:]
+
+    def tail(self, transcript: TimedTranscript, window_start: float) -> list[TimedWord]:
+        """The words of ``transcript`` (a window starting at ``window_start``) after the
+        committed ones, on the turn's clock; nothing changes."""
+        words = [
+            TimedWord(w.word, w.start + window_start, w.end + window_start, w.probability)
+            for w in transcript.words
+            if w.word.strip()
+        ]
+        limit = self.committed_end - _TIME_TOLERANCE_S
+        new = [w for w in words if w.start > limit] if self.committed else words
+        if new and self.committed and new[0].start - self.committed_end < 1.0:
+            # The decoder may hear the last committed words again at the window's seam.
+            committed = [normalise(w.word) for w in self.committed[-_MAX_REPEAT:]]
+            for count in range(min(_MAX_REPEAT, len(committed), len(new)), 0, -1):
+                if committed[-count:] == [normalise(w.word) for w in new[:count]]:
+                    new = new[count:]
+                    break
+        return new
+
+    def hypothesis(
+        self, transcript: TimedTranscript, window_start: float, window_end: float
+    ) -> list[TimedWord]:
+        """A step's hypothesis of the window ``[window_start, window_end)``: returns the words
+        it commits (possibly none), and moves the next window's start when it is long."""
+        tail = self.tail(transcript, window_start)
+        self._note_segments(transcript, window_start)
+        commit: list[TimedWord] = []
+        if len(self._tails) + 1 >= self._agreement:
+            for index, word in enumerate(tail):
+                key = normalise(word.word)
+                if all(
+                    index < len(old) and normalise(old[index].word) == key for old in self._tails
+                ):
+                    commit.append(word)
+                else:
+                    break
+        self._commit(commit)
+        self._tails = [*self._tails, tail][-(self._agreement - 1) :]
+        self._tails = [old[len(commit) :] for old in self._tails]
+        if window_end - self.window_start > HARD_LIMIT_S:
+            forced = [w for w in self._tails[-1] if w.end <= window_end - _HARD_MARGIN_S]
+            self._commit(forced)
+            commit += forced
+            self._tails = [old[len(forced) :] for old in self._tails]
+        self._trim(window_end)
+        return commit
+
+    def finish(self, transcript: TimedTranscript, window_start: float) -> list[TimedWord]:
+        """The final step's hypothesis, of the window up to the turn's end: all of its words
+        after the committed ones are committed, and returned."""
+        tail = self.tail(transcript, window_start)
+        self._commit(tail)
+        self._tails = []
+        return tail
+
+    def _commit(self, words: list[TimedWord]) -> None:
+        self.committed.extend(words)
+
+    def _note_segments(self, transcript: TimedTranscript, window_start: float) -> None:
+        for segment in transcript.segments:
+            self._segment_ends.add(round(segment.end + window_start, 3))
+
+    def _ends_sentence(self, word: TimedWord) -> bool:
+        return (
+            word.word.strip().endswith(_SENTENCE_ENDS) or round(word.end, 3) in self._segment_ends
+        )
+
+    def _trim(self, window_end: float) -> None:
+        """Move the window's start up to committed words once the window is long."""
+        length = window_end - self.window_start
+        if length <= TRIM_AFTER_S or not self.committed:
+            return
+        inside = [w for w in self.committed if w.end > self.window_start]
+        sentence = next((w for w in reversed(inside) if self._ends_sentence(w)), None)
+        if sentence is not None:
+            self._move_start(sentence.end)
+        elif length > FORCE_TRIM_AFTER_S and inside:
+            self._move_start(inside[-1].end)
+
+    def _move_start(self, start: float) -> None:
+        self.window_start = start
+        self._segment_ends = {end for end in self._segment_ends if end > start}

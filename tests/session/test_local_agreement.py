@@ -1,0 +1,160 @@
+"""The commit policy on recorded hypotheses: hand-written words with their times."""
+
+from __future__ import annotations
+
+import pytest
+
+from hark.engines.asr import TimedSegment, TimedTranscript, TimedWord
+from hark.session.local_agreement import (
+    DELAYS,
+    HARD_LIMIT_S,
+    LocalAgreement,
+    normalise,
+    text_of,
+)
+
+SPEECH = (
+    "The quick brown fox jumps over the lazy dog. It was a sunny day in the park. "
+    "Children played near the pond while their parents talked. "
+)
+
+
+def hypothesis(
+    text: str, window_start: float = 0.0, start: float = 0.0, per_word: float = 0.3
+) -> TimedTranscript:
+    """Words ``per_word`` apart from ``start`` (turn seconds), timed from ``window_start``
+    as an engine times them; one segment per sentence."""
+    words = [
+        TimedWord(
+            f" {w}",
+            start + i * per_word - window_start,
+            start + (i + 1) * per_word - window_start,
+            0.9,
+        )
+        for i, w in enumerate(text.split())
+    ]
+    segments: list[TimedSegment] = []
+    first = 0
+    for i, w in enumerate(words):
+        if i == len(words) - 1 or w.word.endswith((".", "?", "!")):
+            segments.append(TimedSegment(words[first].start, w.end, text_of(words[first : i + 1])))
+            first = i + 1
+    duration = words[-1].end if words else 0.0
+    return TimedTranscript(tuple(segments), "en", duration, tuple(words))
+
+
+def test_commits_what_two_hypotheses_agree_on() -> None:
+    policy = LocalAgreement()
+    assert policy.hypothesis(hypothesis("I want to book"), 0.0, 1.4) == []
+    committed = policy.hypothesis(hypothesis("I want to buy a"), 0.0, 1.8)
+    assert text_of(committed) == "I want to"
+    assert text_of(policy.committed) == "I want to"
+
+
+def test_a_revised_word_is_not_committed_until_it_settles() -> None:
+    policy = LocalAgreement()
+    policy.hypothesis(hypothesis("I want to book"), 0.0, 1.4)
+    policy.hypothesis(hypothesis("I want to buy a"), 0.0, 1.8)
+    # The hypotheses disagreed on the fourth word: it waits for the next one.
+    assert text_of(policy.hypothesis(hypothesis("I want to buy a table"), 0.0, 2.2)) == "buy a"
+    assert text_of(policy.hypothesis(hypothesis("I want to buy a tablet for"), 0.0, 2.6)) == ""
+    assert text_of(policy.committed) == "I want to buy a"
+
+
+def test_case_and_punctuation_do_not_count_and_the_newer_spelling_wins() -> None:
+    policy = LocalAgreement()
+    policy.hypothesis(hypothesis("hello world how"), 0.0, 1.0)
+    committed = policy.hypothesis(hypothesis("Hello, world. How are"), 0.0, 1.3)
+    assert [w.word for w in committed] == [" Hello,", " world.", " How"]
+    assert normalise(" World!") == "world"
+
+
+def test_more_agreement_waits_for_more_hypotheses() -> None:
+    policy = LocalAgreement(agreement=DELAYS["high"].agreement)
+    assert DELAYS["high"].agreement == 3
+    assert policy.hypothesis(hypothesis("one two"), 0.0, 0.7) == []
+    assert policy.hypothesis(hypothesis("one two three"), 0.0, 1.0) == []
+    assert text_of(policy.hypothesis(hypothesis("one two three four"), 0.0, 1.3)) == "one two"
+
+
+def test_words_heard_again_at_the_seam_are_not_committed_twice() -> None:
+    policy = LocalAgreement()
+    policy.hypothesis(hypothesis("the cat sat on"), 0.0, 1.3)
+    policy.hypothesis(hypothesis("the cat sat on the"), 0.0, 1.6)
+    assert text_of(policy.committed) == "the cat sat on"
+    # The next window hears "on" again, timed as if it had been said after the committed one.
+    again = hypothesis("on the mat", start=1.15)
+    policy.hypothesis(again, 0.0, 1.9)
+    policy.hypothesis(hypothesis("on the mat today", start=1.15), 0.0, 2.2)
+    assert text_of(policy.committed) == "the cat sat on the mat"
+
+
+def test_the_final_step_commits_the_whole_last_hypothesis() -> None:
+    policy = LocalAgreement()
+    policy.hypothesis(hypothesis("set a timer"), 0.0, 1.0)
+    policy.hypothesis(hypothesis("set a timer for"), 0.0, 1.3)
+    assert text_of(policy.committed) == "set a timer"
+    last = policy.finish(hypothesis("set a timer for ten minutes."), 0.0)
+    assert text_of(last) == "for ten minutes."
+    assert text_of(policy.committed) == "set a timer for ten minutes."
+
+
+def test_a_tail_is_read_without_committing() -> None:
+    policy = LocalAgreement()
+    policy.hypothesis(hypothesis("set a timer"), 0.0, 1.0)
+    policy.hypothesis(hypothesis("set a timer for"), 0.0, 1.3)
+    assert text_of(policy.tail(hypothesis("set a timer for ten"), 0.0)) == "for ten"
+    assert text_of(policy.committed) == "set a timer"
+
+
+def _monologue(seconds: float, per_word: float = 0.3) -> list[str]:
+    words: list[str] = []
+    while len(words) * per_word < seconds:
+        words += SPEECH.split()
+    return words[: int(seconds / per_word)]
+
+
+@pytest.mark.parametrize("delay", ["minimal", "medium"])
+def test_the_window_stays_bounded_on_a_long_turn(delay: str) -> None:
+    """A 60 s turn recognised step by step: every window stays short, every word is
+    committed once, in order, and the prompt carries the words before the window."""
+    step = DELAYS[delay].step_s  # type: ignore[index]
+    policy = LocalAgreement()
+    spoken = _monologue(60.0)
+    end = step
+    longest = 0.0
+    while end <= 60.0:
+        start = policy.window_start
+        longest = max(longest, end - start)
+        # The decoder hears the window's complete words, and guesses the one being said.
+        heard = [
+            w for i, w in enumerate(spoken) if (i + 1) * 0.3 <= end and i * 0.3 >= start - 0.05
+        ]
+        first = round(start / 0.3)
+        guess = [*heard, "uh"]
+        text = " ".join(guess)
+        policy.hypothesis(hypothesis(text, window_start=start, start=first * 0.3), start, end)
+        if policy.window_start > start:
+            assert policy.prompt()
+            assert policy.prompt().split()[-1] == policy.committed[-1].word.strip() or (
+                policy.window_start < policy.committed[-1].end
+            )
+        end += step
+    assert longest <= 12.0 + step + 3.0
+    assert policy.window_start > 40.0
+    committed = [w.word.strip() for w in policy.committed]
+    assert committed == spoken[: len(committed)]
+    assert len(committed) >= len(spoken) - 10
+
+
+def test_hypotheses_that_never_settle_are_committed_before_whisper_runs_out() -> None:
+    policy = LocalAgreement()
+    end = 0.0
+    for step in range(80):
+        end += 0.5
+        start = policy.window_start
+        # Each hypothesis disagrees with the last from its first word.
+        words = [f"w{step}x{i}" for i in range(int((end - start) / 0.3))]
+        policy.hypothesis(hypothesis(" ".join(words), window_start=start, start=start), start, end)
+        assert end - policy.window_start <= HARD_LIMIT_S + 0.5
+    assert policy.committed
