@@ -152,6 +152,14 @@ class InputAudioBufferTimeoutTriggered(ServerEvent, tag="input_audio_buffer.time
     item_id: str
 
 
+class InputAudioBufferDtmfEventReceived(ServerEvent, tag="input_audio_buffer.dtmf_event_received"):
+    """SIP: a keypad press (``0``-``9``, ``*``, ``#``, ``A``-``D``) the phone sent, and when
+    the server received it (UNIX seconds)."""
+
+    event: str
+    received_at: int
+
+
 class OutputAudioBufferStarted(ServerEvent, tag="output_audio_buffer.started"):
     """WebRTC/SIP: reply audio began playing."""
 

@@ -315,6 +315,13 @@ class Session:
         if self._at(now):
             self._turns.append(pcm)
 
+    def receive_dtmf(self, event: str, *, now: float) -> None:
+        """A keypad press from the phone (SIP): told to the client, never heard as speech."""
+        if self._at(now):
+            self._outbox.emit(
+                se.InputAudioBufferDtmfEventReceived(event=event, received_at=int(now))
+            )
+
     def on_vad(self, probability: float, epoch: int, *, now: float) -> None:
         """The VAD's answer for the oldest chunk not yet answered (of this epoch)."""
         if self._at(now):

@@ -182,6 +182,10 @@ class SessionRunner:
             self._vad_stream.deliver_ready()
         self._call(self.session.append_audio, pcm)
 
+    def receive_dtmf(self, event: str) -> None:
+        """A keypad press from the phone (SIP RFC 4733 events or INFO)."""
+        self._call(self.session.receive_dtmf, event)
+
     def playout_started(self, response_id: str) -> None:
         """The player began a response's audio."""
         self._mark(response_id, "first_audio_sent")
