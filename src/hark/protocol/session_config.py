@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 import msgspec
-from msgspec import Meta, Struct, field
+from msgspec import UNSET, Meta, Struct, UnsetType, field
 
 from hark.protocol.errors import ProtocolError, from_validation_error
 
@@ -147,6 +147,33 @@ class SessionConfig(ConfigStruct):
     reasoning: Any = None
 
 
+TranscriptionInclude = Literal["item.input_audio_transcription.logprobs"]
+
+
+class TranscriptionAudio(ConfigStruct):
+    """A transcription session's audio: input only."""
+
+    input: AudioInput = field(default_factory=AudioInput)
+
+
+class TranscriptionSessionConfig(ConfigStruct):
+    """What a transcription session's ``session.update`` may set (the SDK's
+    ``RealtimeTranscriptionSessionCreateRequest``); kept as a ``SessionConfig`` of that type."""
+
+    type: Literal["transcription"] = "transcription"
+    audio: TranscriptionAudio = field(default_factory=TranscriptionAudio)
+    include: list[TranscriptionInclude] | None = None
+
+
+def transcription_defaults() -> SessionConfig:
+    """A new transcription session: server VAD, and transcripts on (as ``whisper-1``), since
+    transcripts are what such a session is for."""
+    return SessionConfig(
+        type="transcription",
+        audio=AudioConfig(input=AudioInput(transcription=Transcription())),
+    )
+
+
 # Objects merged field by field on update; everything else is replaced whole.
 _MERGED = {("audio",), ("audio", "input"), ("audio", "output")}
 
@@ -178,6 +205,22 @@ def parse_session_config(
             param=param_prefix,
             code="invalid_type",
         )
+    kind = data.get("type", "realtime" if base is None else base.type)
+    if base is not None and kind != base.type and kind in ("realtime", "transcription"):
+        # OpenAI's answer: a session keeps the type it was opened with.
+        raise ProtocolError(
+            f"Passing a {kind} session update event to a {base.type} session is not allowed.",
+            param=f"{param_prefix}.type",
+            code="invalid_parameter",
+        )
+    if kind == "transcription":
+        # Checked against the transcription shape first, so that a realtime-only field
+        # (instructions, tools, audio.output…) is named as an unknown parameter.
+        try:
+            msgspec.convert(data, TranscriptionSessionConfig)
+        except msgspec.ValidationError as exc:
+            raise from_validation_error(exc, param_prefix) from None
+        base = base or transcription_defaults()
     current = msgspec.to_builtins(base if base is not None else SessionConfig())
     merged = _merge(current, data, ())
     try:
@@ -203,14 +246,105 @@ def parse_session_config(
 def session_config_to_dict(
     config: SessionConfig, *, session_id: str | None, expires_at: int | None
 ) -> dict[str, Any]:
-    """The session object as sent in ``session.created`` / ``session.updated``."""
+    """The session object as sent in ``session.created`` / ``session.updated``: the GA
+    realtime shape, or for a transcription session the transcription shape (type, input
+    audio and include only)."""
     body: dict[str, Any] = msgspec.to_builtins(config)
+    if config.type == "transcription":
+        body = {
+            "type": "transcription",
+            "audio": {"input": body["audio"]["input"]},
+            "include": body["include"],
+        }
     head: dict[str, Any] = {"object": "realtime.session"}
     if session_id is not None:
         head["id"] = session_id
     if expires_at is not None:
         head["expires_at"] = expires_at
     return {**head, **body}
+
+
+class FlatTranscriptionSession(ConfigStruct):
+    """The ``session`` of the older ``transcription_session.update`` event: the preview's flat
+    fields, translated to the GA shape by ``parse_flat_transcription_update``. Objects are
+    checked there, in their GA places, and errors named back in these terms."""
+
+    input_audio_format: Literal["pcm16", "g711_ulaw", "g711_alaw"] | UnsetType = UNSET
+    input_audio_transcription: dict[str, Any] | UnsetType | None = UNSET
+    input_audio_noise_reduction: dict[str, Any] | UnsetType | None = UNSET
+    turn_detection: dict[str, Any] | UnsetType | None = UNSET
+    include: list[Any] | UnsetType | None = UNSET
+    # Accepted as the preview did; a transcription session never produces output, and a key
+    # is minted with POST /v1/realtime/client_secrets, not over the socket.
+    modalities: list[Literal["text", "audio"]] | UnsetType = UNSET
+    client_secret: dict[str, Any] | UnsetType = UNSET
+
+
+_FLAT_FORMATS: dict[str, dict[str, Any]] = {
+    "pcm16": {"type": "audio/pcm", "rate": 24000},
+    "g711_ulaw": {"type": "audio/pcmu"},
+    "g711_alaw": {"type": "audio/pcma"},
+}
+_FLAT_FORMAT_NAMES = {fmt["type"]: name for name, fmt in _FLAT_FORMATS.items()}
+# Each flat field and where the GA shape keeps it.
+_FLAT_PLACES = {
+    "input_audio_format": "format",
+    "input_audio_transcription": "transcription",
+    "input_audio_noise_reduction": "noise_reduction",
+    "turn_detection": "turn_detection",
+}
+
+
+def parse_flat_transcription_update(data: dict[str, Any], base: SessionConfig) -> SessionConfig:
+    """Apply a ``transcription_session.update``'s flat ``session`` over a transcription
+    session's ``base``. Raises ProtocolError naming the flat parameter at fault."""
+    try:
+        flat = msgspec.convert(data, FlatTranscriptionSession)
+    except msgspec.ValidationError as exc:
+        raise from_validation_error(exc, "session") from None
+    audio_input: dict[str, Any] = {}
+    for name, place in _FLAT_PLACES.items():
+        value = getattr(flat, name)
+        if value is UNSET:
+            continue
+        if name == "input_audio_format":
+            value = _FLAT_FORMATS[value]
+        elif name == "turn_detection" and value is not None and "type" not in value:
+            # The preview's turn_detection was untagged, server VAD unless it said otherwise.
+            value = {**value, "type": "server_vad"}
+        audio_input[place] = value
+    update: dict[str, Any] = {"type": "transcription", "audio": {"input": audio_input}}
+    if flat.include is not UNSET:
+        update["include"] = flat.include
+    try:
+        return parse_session_config(update, base=base)
+    except ProtocolError as exc:
+        param = exc.param or ""
+        for name, place in _FLAT_PLACES.items():
+            ga = f"session.audio.input.{place}"
+            if param == ga or param.startswith(f"{ga}."):
+                flat_param = f"session.{name}{param[len(ga) :]}"
+                message = exc.message.replace(param, flat_param)
+                raise ProtocolError(message, flat_param, exc.code, exc.type) from None
+        raise
+
+
+def flat_transcription_session(
+    config: SessionConfig, *, session_id: str, expires_at: int
+) -> dict[str, Any]:
+    """A transcription session in the preview's flat shape (``transcription_session.updated``)."""
+    audio_input: dict[str, Any] = msgspec.to_builtins(config.audio.input)
+    return {
+        "id": session_id,
+        "object": "realtime.transcription_session",
+        "expires_at": expires_at,
+        "modalities": ["text"],
+        "input_audio_format": _FLAT_FORMAT_NAMES[audio_input["format"]["type"]],
+        "input_audio_transcription": audio_input["transcription"],
+        "input_audio_noise_reduction": audio_input["noise_reduction"],
+        "turn_detection": audio_input["turn_detection"],
+        "include": config.include,
+    }
 
 
 def sample_rate(fmt: AudioFormat) -> int:

@@ -32,6 +32,8 @@ from hark.protocol.errors import ProtocolError, from_validation_error
 from hark.protocol.response_params import ResponseParams, parse_response_params
 from hark.protocol.session_config import (
     SessionConfig,
+    flat_transcription_session,
+    parse_flat_transcription_update,
     parse_session_config,
     session_config_to_dict,
 )
@@ -234,8 +236,17 @@ class Session:
     def _dispatch(self, event: ce.AnyClientEvent) -> None:
         if isinstance(event, ce.InputAudioBufferAppend):
             self._append(event.audio)
+        elif self.config.type == "transcription" and isinstance(event, _REALTIME_ONLY):
+            raise ProtocolError(
+                f"'{ce.EVENT_TYPE[type(event)]}' is not supported in a transcription session: "
+                "it transcribes the input audio and never creates responses.",
+                "type",
+                "invalid_event",
+            )
         elif isinstance(event, ce.SessionUpdate):
             self._update_session(event.session)
+        elif isinstance(event, ce.TranscriptionSessionUpdate):
+            self._update_transcription_session(event.session)
         elif isinstance(event, ce.InputAudioBufferCommit):
             self._turns.commit()
         elif isinstance(event, ce.InputAudioBufferClear):
@@ -263,11 +274,37 @@ class Session:
             self._playout.clear(requested=True)
 
     def _update_session(self, update: dict[str, Any]) -> None:
-        if "model" in update and update["model"] != self.config.model:
+        if (
+            "model" in update
+            and self.config.type == "realtime"
+            and update["model"] != self.config.model
+        ):
             raise ProtocolError(
                 "The session's model cannot be changed.", "session.model", "invalid_value"
             )
-        config = parse_session_config(update, base=self.config)
+        self._apply_config(parse_session_config(update, base=self.config))
+        self._outbox.emit(se.SessionUpdated(session=self._session_dict()))
+        self._responses.prefill()
+
+    def _update_transcription_session(self, update: dict[str, Any]) -> None:
+        """The older ``transcription_session.update``: the preview's flat fields in, and the
+        same shape back."""
+        if self.config.type != "transcription":
+            raise ProtocolError(
+                "Passing a transcription session update event to a realtime session is not "
+                "allowed.",
+                code="invalid_parameter",
+            )
+        self._apply_config(parse_flat_transcription_update(update, self.config))
+        self._outbox.emit(
+            se.TranscriptionSessionUpdated(
+                session=flat_transcription_session(
+                    self.config, session_id=self.id, expires_at=self.expires_at
+                )
+            )
+        )
+
+    def _apply_config(self, config: SessionConfig) -> None:
         old = self.config
         if self._responses.audio_produced and voice_name(config.audio.output.voice) != voice_name(
             old.audio.output.voice
@@ -283,8 +320,6 @@ class Session:
             or config.audio.input.turn_detection != old.audio.input.turn_detection
         ):
             self._turns.setup()
-        self._outbox.emit(se.SessionUpdated(session=self._session_dict()))
-        self._responses.prefill()
 
     # ----------------------------------------------------------------- input audio
 
@@ -526,6 +561,17 @@ class Session:
         """Playout stopped early (barge-in or a clear): the item keeps only what was heard."""
         if self._at(now):
             self._playout.cleared(response_id, played_ms)
+
+
+# What a transcription session refuses: it has no responses and no output, and its
+# conversation holds only the user's transcribed turns.
+_REALTIME_ONLY = (
+    ce.ResponseCreate,
+    ce.ResponseCancel,
+    ce.ConversationItemCreate,
+    ce.ConversationItemTruncate,
+    ce.OutputAudioBufferClear,
+)
 
 
 def _duration(seconds: float) -> str:

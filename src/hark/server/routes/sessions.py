@@ -7,7 +7,7 @@ import logging
 
 from aiohttp import WSCloseCode, web
 
-from hark.protocol.session_config import parse_session_config
+from hark.protocol.session_config import transcription_defaults
 from hark.server.access import WEBSOCKET_KEY, principal, requires
 from hark.server.admission import admit_session, usage_counter
 from hark.server.auth import offered_subprotocols
@@ -32,14 +32,26 @@ async def realtime_websocket(request: web.Request) -> web.StreamResponse:
     query = request.query
     if "call_id" in query:
         return await attach_sideband(request, query["call_id"])
+    initial = caller.ephemeral.session if caller.ephemeral is not None else None
     intent = query.get("intent")
-    if intent not in (None, "transcription"):
+    if intent not in (None, "realtime", "transcription"):
         return error_response(
             400,
-            "Invalid value for 'intent': supported values are 'transcription'.",
+            f"Invalid value for 'intent': '{intent[:100]}'. Supported values are 'realtime' "
+            "and 'transcription'.",
             param="intent",
             code="invalid_value",
         )
+    if intent is not None and initial is not None and initial.type != intent:
+        return error_response(
+            400,
+            f"The client secret is for a {initial.type} session, but 'intent' asks for a "
+            f"{intent} session.",
+            param="intent",
+            code="invalid_value",
+        )
+    if intent == "transcription" and initial is None:
+        initial = transcription_defaults()
     ws = websocket_response(
         offered_realtime=REALTIME_SUBPROTOCOL in offered_subprotocols(request.headers)
     )
@@ -55,9 +67,6 @@ async def realtime_websocket(request: web.Request) -> web.StreamResponse:
     if refusal is not None:
         return refusal
     try:
-        initial = caller.ephemeral.session if caller.ephemeral is not None else None
-        if intent == "transcription":
-            initial = parse_session_config({"type": "transcription"}, base=initial)
         model = query.get("model") or (initial.model if initial is not None else REALTIME_MODEL)
         await ws.prepare(request)
         state.websockets.add(ws)
