@@ -294,9 +294,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser("bench", help="measure a running server")
     benches = bench.add_subparsers(dest="bench", required=True, metavar="BENCH")
-    from hark.bench import hop, latency, load, vad, webrtc
+    from hark.bench import captions, hop, latency, load, vad, webrtc
 
     for name, module, summary in (
+        ("captions", captions, "caption lag, ASR CPU, WER and V2V of people speaking at length"),
         ("hop", hop, "what the hop between two workers of a fleet adds to a call's requests"),
         ("latency", latency, "E2A and voice-to-voice latency of spoken questions"),
         ("load", load, "many simulated callers at once: VAD decision lag, E2A, server figures"),

@@ -1,0 +1,1075 @@
+"""``hark bench captions``: live captions of people speaking at length, and the reply after.
+
+Each of ``--speakers`` clients opens a Realtime session through the official ``openai`` SDK
+with ``audio.input.transcription`` set and ``server_vad``, and streams audio in real time in
+20 ms chunks: silence, or a monologue. A monologue is a run of sentences that Piper says
+(hark's embedded voice, cached like the latency bench's questions), 300 ms apart, so that
+server VAD keeps it one turn; its length is the first sentences that last ``--seconds``.
+All speakers say each length at once, then the next length.
+
+Four figures:
+
+- **Caption lag**: for each word of the reference text, from the moment the client sent
+  the chunk holding the word's last sample to the moment it received the
+  ``conversation.item.input_audio_transcription.delta`` that completed the word. A word's
+  time in the sent audio comes from the embedded Whisper's word times on each sentence
+  as Piper said it (Piper's own phoneme timing needs a patched voice), aligned to the
+  reference words; the time a sentence starts in the monologue is known exactly. Only the
+  words the captions got right count (a misheard word counts in the word error rate).
+- **ASR CPU per second of speech**: the server process's CPU time (``--server-pid``, or the
+  server the bench started) while the speakers say one length and until their transcripts
+  are complete, less the idle rate (measured first, every session streaming silence) over
+  that time, divided by the seconds of speech said. These turns ask for no reply
+  (``create_response: false``), so the figure is recognition and VAD only.
+- **Word error rate** of the completed transcripts (``…completed``) against the reference,
+  over all the words of a length.
+- **V2V** of each length: then every speaker says each monologue again with replies on;
+  from sending the chunk that holds the last voiced sample to receiving the reply's first
+  ``response.output_audio.delta`` (as ``hark bench latency`` measures it). The reply is
+  cancelled once its first audio comes: the figure is its start.
+
+Without ``--url`` the bench starts ``hark serve`` on a free loopback port itself (with
+``--engines`` when given) and stops it at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+import os
+import random
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
+import numpy.typing as npt
+
+from hark import __version__
+from hark.bench.report import (
+    DEFAULT_API_KEY,
+    BenchError,
+    ServerUrl,
+    add_api_key_option,
+    add_json_option,
+    api_key,
+    cpu_seconds,
+    percentiles,
+    publish,
+    rounded,
+)
+from hark.bench.spoken_questions import (
+    RATE,
+    SpokenQuestion,
+    cache_path,
+    default_cache_dir,
+    last_voiced_sample,
+    spoken_questions,
+)
+
+if TYPE_CHECKING:
+    from openai.resources.realtime.realtime import AsyncRealtimeConnection
+
+_LOG = logging.getLogger(__name__)
+
+# Plain words a recogniser can spell one way: no numbers, names or abbreviations.
+MONOLOGUE: tuple[str, ...] = (
+    "I went for a long walk by the river this morning.",
+    "The water was calm and the air was still cold.",
+    "A few people were out with their dogs near the old bridge.",
+    "I stopped for a while to watch the birds on the other bank.",
+    "Then I walked up the hill towards the little market.",
+    "The baker had just opened his shop and the bread smelled wonderful.",
+    "I bought a warm loaf and a jar of honey for breakfast.",
+    "On the way back the sun came out from behind the clouds.",
+    "Everything looked brighter and the path was full of light.",
+    "I met my neighbour at the gate and we talked about the garden.",
+    "She has planted beans and tomatoes along the south wall this year.",
+    "We both hope that the summer will be warm enough for them.",
+    "After that I made a pot of tea and sat down by the window.",
+    "I like to read the news slowly before the day gets busy.",
+    "Later I have to answer some letters and clean the kitchen.",
+    "In the evening my brother is coming over for dinner.",
+    "We will probably cook something simple and talk for hours.",
+    "It feels good to have a quiet day after such a busy week.",
+)
+SENTENCE_GAP_S = 0.3
+CHUNK_S = 0.02
+TRANSCRIPTION_MODEL = "whisper-1"
+# Bump when the word timing changes, so that old cache entries are not used.
+_TIMES_VERSION = "1"
+# Speakers start this far apart at most (randomly), so that they do not speak in lockstep.
+_START_SPREAD_S = 0.5
+_QUANTILES = (50, 95)
+# Events a speaker holds unread at most (a 40 s turn brings a few hundred).
+_MAX_EVENTS = 4096
+
+
+class TurnTimeoutError(BenchError):
+    """A turn's transcript or reply never came."""
+
+
+# ---------------------------------------------------------------------------- words and WER
+
+
+def words(text: str) -> list[str]:
+    """``text`` as words to compare: lower case, without punctuation (apostrophes kept)."""
+    return re.findall(r"[a-z0-9']+", text.lower().replace("’", "'"))
+
+
+@dataclass(frozen=True)
+class Alignment:
+    """How a hypothesis lines up with a reference (a minimum edit-distance alignment).
+
+    ``matches`` pairs the index of each reference word with the index of the hypothesis
+    word that is the same word, in order.
+    """
+
+    reference_words: int
+    matches: tuple[tuple[int, int], ...]
+    substitutions: int
+    deletions: int
+    insertions: int
+
+    @property
+    def errors(self) -> int:
+        """Substituted, deleted and inserted words."""
+        return self.substitutions + self.deletions + self.insertions
+
+    @property
+    def wer(self) -> float:
+        """The word error rate (0 for an empty reference heard as nothing)."""
+        if self.reference_words == 0:
+            return 0.0 if self.insertions == 0 else 1.0
+        return self.errors / self.reference_words
+
+
+def align(reference: Sequence[str], hypothesis: Sequence[str]) -> Alignment:
+    """The alignment of ``hypothesis`` to ``reference`` with the fewest edits."""
+    rows, cols = len(reference) + 1, len(hypothesis) + 1
+    cost = np.zeros((rows, cols), np.int32)
+    cost[:, 0] = np.arange(rows)
+    cost[0, :] = np.arange(cols)
+    for i in range(1, rows):
+        for j in range(1, cols):
+            same = reference[i - 1] == hypothesis[j - 1]
+            cost[i, j] = min(
+                cost[i - 1, j - 1] + (0 if same else 1), cost[i - 1, j] + 1, cost[i, j - 1] + 1
+            )
+    matches: list[tuple[int, int]] = []
+    substitutions = deletions = insertions = 0
+    i, j = rows - 1, cols - 1
+    while i or j:
+        if i and j and cost[i, j] == cost[i - 1, j - 1] + (reference[i - 1] != hypothesis[j - 1]):
+            if reference[i - 1] == hypothesis[j - 1]:
+                matches.append((i - 1, j - 1))
+            else:
+                substitutions += 1
+            i, j = i - 1, j - 1
+        elif i and cost[i, j] == cost[i - 1, j] + 1:
+            deletions += 1
+            i -= 1
+        else:
+            insertions += 1
+            j -= 1
+    return Alignment(len(reference), tuple(reversed(matches)), substitutions, deletions, insertions)
+
+
+@dataclass(frozen=True)
+class Delta:
+    """A piece of caption text and when it arrived (seconds, the client's clock)."""
+
+    at: float
+    text: str
+
+
+def word_arrivals(deltas: Sequence[Delta]) -> tuple[list[str], list[float]]:
+    """The words of the deltas joined in order, each with when its last character arrived."""
+    text = ""
+    ends: list[float] = []
+    for delta in deltas:
+        text += delta.text
+        ends.extend([delta.at] * len(delta.text))
+    found: list[str] = []
+    arrived: list[float] = []
+    lowered = text.lower().replace("’", "'")
+    for match in re.finditer(r"[a-z0-9']+", lowered):
+        found.append(match.group())
+        arrived.append(ends[match.end() - 1])
+    return found, arrived
+
+
+def caption_lags(
+    reference: Sequence[str], spoken_at: Sequence[float | None], deltas: Sequence[Delta]
+) -> list[float | None]:
+    """For each reference word, how long after ``spoken_at`` (when its last sample was
+    sent) the delta completing it arrived; ``None`` for a word the captions did not get
+    right or whose time is unknown."""
+    if len(spoken_at) != len(reference):
+        raise ValueError(f"{len(spoken_at)} times for {len(reference)} words")
+    heard, arrived = word_arrivals(deltas)
+    lags: list[float | None] = [None] * len(reference)
+    for ref, hyp in align(reference, heard).matches:
+        said = spoken_at[ref]
+        if said is not None:
+            lags[ref] = arrived[hyp] - said
+    return lags
+
+
+# ---------------------------------------------------------------------------- monologues
+
+
+@dataclass(frozen=True)
+class Monologue:
+    """Sentences said one after another as 24 kHz int16 speech.
+
+    ``word_ends``: for each word of ``words(text)``, where its last sample is in ``pcm``
+    (seconds), or ``None`` when the timing could not place it.
+    """
+
+    text: str
+    pcm: npt.NDArray[np.int16]
+    word_ends: tuple[float | None, ...]
+    last_voiced: int
+
+    @property
+    def duration_s(self) -> float:
+        """How long it takes to say."""
+        return len(self.pcm) / RATE
+
+
+@dataclass(frozen=True)
+class _Sentence:
+    text: str
+    pcm: npt.NDArray[np.int16]
+    word_ends: tuple[float | None, ...]
+
+
+def first_voiced_sample(pcm: npt.NDArray[np.int16], rate: int) -> int:
+    """The index of the first sample of the first voiced 10 ms frame (see
+    ``last_voiced_sample``); ``len(pcm)`` if silent."""
+    last_from_end = last_voiced_sample(pcm[::-1], rate)
+    if last_from_end < 0:
+        return len(pcm)
+    return len(pcm) - 1 - last_from_end
+
+
+async def monologues(
+    lengths_s: Sequence[float],
+    sentences: Sequence[str] = MONOLOGUE,
+    cache_dir: Path | None = None,
+) -> dict[float, Monologue]:
+    """A monologue per length: the first ``sentences`` (cycling if need be) that last at
+    least that long, each trimmed to its voice and followed by ``SENTENCE_GAP_S`` of
+    silence."""
+    if not sentences:
+        raise BenchError("no sentences to say")
+    spoken = await spoken_questions(sentences, cache_dir=cache_dir)
+    timed = await _timed(spoken, cache_dir)
+    result: dict[float, Monologue] = {}
+    gap = np.zeros(round(SENTENCE_GAP_S * RATE), np.int16)
+    for length in lengths_s:
+        parts: list[npt.NDArray[np.int16]] = []
+        ends: list[float | None] = []
+        texts: list[str] = []
+        samples = 0
+        index = 0
+        while samples < length * RATE or not parts:
+            sentence = timed[index % len(timed)]
+            index += 1
+            offset = samples / RATE
+            ends.extend(None if end is None else offset + end for end in sentence.word_ends)
+            texts.append(sentence.text)
+            parts.extend((sentence.pcm, gap))
+            samples += len(sentence.pcm) + len(gap)
+        pcm = np.concatenate(parts)
+        result[length] = Monologue(
+            " ".join(texts), pcm, tuple(ends), last_voiced_sample(pcm[: -len(gap)], RATE)
+        )
+    return result
+
+
+async def _timed(spoken: Sequence[SpokenQuestion], cache_dir: Path | None) -> list[_Sentence]:
+    """Each spoken sentence trimmed to its voice, with its words' end times (cached)."""
+    directory = cache_dir if cache_dir is not None else default_cache_dir()
+    recogniser: Any = None
+    timed = []
+    for sentence in spoken:
+        start = first_voiced_sample(sentence.pcm, RATE)
+        pcm = sentence.pcm[start : sentence.last_voiced + 1]
+        path = cache_path(directory, sentence.text).with_suffix(f".words{_TIMES_VERSION}.json")
+        ends = _read_times(path, sentence.text)
+        if ends is None:
+            if recogniser is None:
+                from hark.engines.asr.whisper import WhisperAsr
+
+                recogniser = WhisperAsr()
+            ends = await _word_ends(recogniser, pcm, sentence.text)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"text": sentence.text, "word_ends": ends}))
+        timed.append(_Sentence(sentence.text, pcm, tuple(ends)))
+    return timed
+
+
+def _read_times(path: Path, text: str) -> list[float | None] | None:
+    try:
+        stored = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(stored, dict) or stored.get("text") != text:
+        return None
+    ends = stored.get("word_ends")
+    if not isinstance(ends, list) or len(ends) != len(words(text)):
+        return None
+    return [float(end) if isinstance(end, int | float) else None for end in ends]
+
+
+async def _word_ends(recogniser: Any, pcm: npt.NDArray[np.int16], text: str) -> list[float | None]:
+    """Where each word of ``text`` ends in ``pcm``: Whisper's word times, aligned to it."""
+    from hark.audio.resample import resample
+
+    audio = resample(pcm, RATE, recogniser.sample_rate).astype(np.float32) / 32768.0
+    heard = await recogniser.transcribe_timed(audio, words=True)
+    reference = words(text)
+    hypothesis: list[str] = []
+    ends: list[float] = []
+    for word in heard.words:
+        for piece in words(word.word):
+            hypothesis.append(piece)
+            ends.append(float(word.end))
+    result: list[float | None] = [None] * len(reference)
+    for ref, hyp in align(reference, hypothesis).matches:
+        result[ref] = round(ends[hyp], 3)
+    return result
+
+
+# ---------------------------------------------------------------------------- the run
+
+
+@dataclass(frozen=True)
+class CaptionsBenchConfig:
+    """What to measure and how.
+
+    ``url``: the server's WebSocket root, or ``None`` to start ``hark serve`` (with
+    ``engines`` when given); ``server_pid``: the server's process for its CPU time (known
+    when the bench starts it); ``lengths_s``: the monologues' lengths; ``repeat``: how many
+    times each speaker says each; ``v2v``: whether to measure the replies too.
+    """
+
+    url: str | None = None
+    speakers: int = 1
+    lengths_s: tuple[float, ...] = (5.0, 40.0)
+    repeat: int = 1
+    silence_ms: int = 500
+    api_key: str = DEFAULT_API_KEY
+    model: str = "gpt-realtime"
+    transcription_model: str = TRANSCRIPTION_MODEL
+    server_pid: int | None = None
+    engines: str | None = None
+    sentences: tuple[str, ...] = MONOLOGUE
+    baseline_s: float = 5.0
+    v2v: bool = True
+    seed: int = 0
+    turn_timeout_s: float = 60.0
+    cache_dir: Path | None = None
+
+    def parameters(self) -> dict[str, Any]:
+        """The run's parameters as JSON (without the API key)."""
+        return {
+            "url": self.url,
+            "speakers": self.speakers,
+            "lengths_s": list(self.lengths_s),
+            "repeat": self.repeat,
+            "turn_detection": {"type": "server_vad", "silence_duration_ms": self.silence_ms},
+            "model": self.model,
+            "transcription_model": self.transcription_model,
+            "engines": self.engines,
+            "baseline_s": self.baseline_s,
+            "v2v": self.v2v,
+            "seed": self.seed,
+            "chunk_ms": CHUNK_S * 1000,
+            "sentence_gap_ms": SENTENCE_GAP_S * 1000,
+            "word_times": "embedded Whisper word times on each sentence, aligned to its text",
+        }
+
+
+@dataclass
+class CaptionTurn:
+    """One monologue as one speaker said it, with what came back (times in ms from the
+    first chunk of the monologue sent)."""
+
+    speaker: int
+    length_s: float
+    duration_s: float
+    reference: str
+    # When the chunk holding each reference word's last sample was sent (None: untimed).
+    word_spoken_ms: list[float | None]
+    # Every delta: [arrival ms, text], in arrival order, the turn's items one after another.
+    deltas: list[tuple[float, str]]
+    transcript: str
+    # When the chunk holding the last voiced sample was sent.
+    speech_end_ms: float
+    # Each reference word's caption lag, None where the captions missed it.
+    lags_ms: list[float | None] = field(default_factory=list)
+    wer: float = 0.0
+    errors: int = 0
+    items: int = 0
+
+    def compute(self) -> None:
+        """The lags and the word error rate, from the recorded events."""
+        reference = words(self.reference)
+        deltas = [Delta(at, text) for at, text in self.deltas]
+        lags = caption_lags(reference, self.word_spoken_ms, deltas)
+        self.lags_ms = [None if lag is None else round(lag, 1) for lag in lags]
+        alignment = align(reference, words(self.transcript))
+        self.wer = round(alignment.wer, 4)
+        self.errors = alignment.errors
+
+
+@dataclass
+class ReplyTurn:
+    """One monologue said with replies on: its V2V (ms), or why there is none."""
+
+    speaker: int
+    length_s: float
+    status: str
+    v2v_ms: float | None = None
+
+
+@dataclass
+class LengthCpu:
+    """The server's CPU over one length's caption turns."""
+
+    length_s: float
+    cpu_s: float
+    wall_s: float
+    speech_s: float
+
+
+@dataclass
+class CaptionsReport:
+    """A finished run."""
+
+    config: CaptionsBenchConfig
+    captions: list[CaptionTurn]
+    replies: list[ReplyTurn]
+    cpu: list[LengthCpu]
+    # The server's CPU (cores) while every session streamed silence; None without its pid.
+    baseline_cores: float | None
+    started_at: float
+    duration_s: float
+    host: dict[str, Any] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        """Per length: caption lag p50/p95, WER, ASR CPU per speech-second, V2V p50/p95."""
+        by_length: dict[str, Any] = {}
+        for length in self.config.lengths_s:
+            turns = [t for t in self.captions if t.length_s == length]
+            lags = [lag for t in turns for lag in t.lags_ms if lag is not None]
+            reference_words = sum(len(words(t.reference)) for t in turns)
+            errors = sum(t.errors for t in turns)
+            v2v = [r.v2v_ms for r in self.replies if r.length_s == length and r.v2v_ms is not None]
+            by_length[f"{length:g}"] = {
+                "turns": len(turns),
+                "speech_s": round(sum(t.duration_s for t in turns), 2),
+                "words": reference_words,
+                "captioned_words": len(lags),
+                "caption_lag_ms": percentiles(lags, _QUANTILES, 1),
+                "deltas_before_speech_end": sum(
+                    1 for t in turns for at, _ in t.deltas if at < t.speech_end_ms
+                ),
+                "wer": rounded(errors / reference_words, 4) if reference_words else None,
+                "asr_cpu_s_per_speech_s": self._cpu_per_speech_s(length),
+                "v2v_ms": percentiles(v2v, _QUANTILES, 1),
+                "replies": len([r for r in self.replies if r.length_s == length]),
+                "replies_heard": len(v2v),
+            }
+        all_lags = [lag for t in self.captions for lag in t.lags_ms if lag is not None]
+        return {
+            "speakers": self.config.speakers,
+            "caption_lag_ms": percentiles(all_lags, _QUANTILES, 1),
+            "baseline_cpu_cores": rounded(self.baseline_cores, 3),
+            "by_length": by_length,
+        }
+
+    def _cpu_per_speech_s(self, length: float) -> float | None:
+        if self.baseline_cores is None:
+            return None
+        windows = [c for c in self.cpu if c.length_s == length]
+        speech = sum(c.speech_s for c in windows)
+        if not speech:
+            return None
+        used = sum(c.cpu_s - self.baseline_cores * c.wall_s for c in windows)
+        return round(used / speech, 4)
+
+    def to_json(self) -> dict[str, Any]:
+        """Parameters, summary, and every turn's raw events and figures."""
+        return {
+            "benchmark": "captions",
+            "hark_version": __version__,
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started_at)),
+            "duration_s": round(self.duration_s, 1),
+            "host": self.host,
+            "parameters": self.config.parameters(),
+            "summary": self.summary(),
+            "cpu": [asdict(c) for c in self.cpu],
+            "captions": [asdict(t) for t in self.captions],
+            "replies": [asdict(r) for r in self.replies],
+        }
+
+
+def format_summary(report: CaptionsReport) -> str:
+    """Per length: caption lag, WER, ASR CPU and V2V, for people."""
+    summary = report.summary()
+    speakers = f"{report.config.speakers} speaker{'s' if report.config.speakers != 1 else ''}"
+    lines = [
+        f"hark bench captions: {speakers}, server_vad {report.config.silence_ms} ms, "
+        f"{report.duration_s:.0f} s",
+    ]
+    if (before := report.host.get("load_1m_before")) is not None:
+        after = report.host.get("load_1m_after")
+        lines.append(f"host: {report.host.get('cpus')} CPUs, load average {before} → {after}")
+    lines.append(
+        f"{'turn':<8}{'lag p50':>9}{'lag p95':>9}{'words':>12}{'WER':>8}"
+        f"{'CPU s/s':>9}{'V2V p50':>9}{'V2V p95':>9}"
+    )
+    for length, row in summary["by_length"].items():
+        lag, v2v = row["caption_lag_ms"], row["v2v_ms"]
+        lines.append(
+            f"{length + ' s':<8}{_cell(lag['p50'])}{_cell(lag['p95'])}"
+            f"{row['captioned_words']:>6}/{row['words']:<5}"
+            f"{_cell(row['wer'], '.1%', 8)}{_cell(row['asr_cpu_s_per_speech_s'], '.3f')}"
+            f"{_cell(v2v['p50'])}{_cell(v2v['p95'])}"
+        )
+    lines.append(
+        "lag and V2V in ms; words: captioned right / said; CPU s/s: the server's ASR CPU "
+        "seconds per second of speech"
+    )
+    return "\n".join(lines)
+
+
+def _cell(value: float | None, spec: str = ".0f", width: int = 9) -> str:
+    return f"{'-':>{width}}" if value is None else f"{value:>{width}{spec}}"
+
+
+async def run_captions_bench(
+    config: CaptionsBenchConfig, progress: Callable[[str], None] | None = None
+) -> CaptionsReport:
+    """Run the bench against ``config.url`` (which must be set; ``command`` starts a server
+    when it is not); ``progress`` gets a line after each length."""
+    if config.url is None:
+        raise BenchError("no server URL")
+    if config.speakers < 1 or config.repeat < 1 or not config.lengths_s:
+        raise BenchError("--speakers and --repeat must be at least 1, --seconds not empty")
+    said = await monologues(config.lengths_s, config.sentences, config.cache_dir)
+    load_before = _load_average()
+    started_at, started = time.time(), time.perf_counter()
+    captions: list[CaptionTurn] = []
+    replies: list[ReplyTurn] = []
+    cpu: list[LengthCpu] = []
+    async with contextlib.AsyncExitStack() as stack:
+        speakers = [
+            await stack.enter_async_context(_Speaker.open(index, config))
+            for index in range(config.speakers)
+        ]
+        baseline = await _cpu_rate(config.server_pid, config.baseline_s)
+        for length in config.lengths_s:
+            for _ in range(config.repeat):
+                before, wall = _server_cpu(config.server_pid), time.perf_counter()
+                turns = await asyncio.gather(*(s.caption(said[length], length) for s in speakers))
+                after = _server_cpu(config.server_pid)
+                if before is not None and after is not None:
+                    speech = sum(t.duration_s for t in turns)
+                    window = time.perf_counter() - wall
+                    cpu.append(LengthCpu(length, round(after - before, 3), window, speech))
+                captions.extend(turns)
+            if progress is not None:
+                progress(f"captions of {length:g} s: {len(speakers) * config.repeat} turns")
+        if config.v2v:
+            await asyncio.gather(*(s.configure(replies=True) for s in speakers))
+            for length in config.lengths_s:
+                for _ in range(config.repeat):
+                    replies.extend(
+                        await asyncio.gather(*(s.reply(said[length], length) for s in speakers))
+                    )
+                if progress is not None:
+                    progress(f"replies to {length:g} s: {len(speakers) * config.repeat} turns")
+    return CaptionsReport(
+        config=config,
+        captions=captions,
+        replies=replies,
+        cpu=cpu,
+        baseline_cores=baseline,
+        started_at=started_at,
+        duration_s=time.perf_counter() - started,
+        host={
+            "cpus": os.cpu_count(),
+            "load_1m_before": load_before,
+            "load_1m_after": _load_average(),
+        },
+    )
+
+
+def _server_cpu(pid: int | None) -> float | None:
+    if pid is None:
+        return None
+    try:
+        return cpu_seconds(pid)
+    except OSError as error:
+        raise BenchError(f"cannot read the CPU time of process {pid}: {error}") from error
+
+
+async def _cpu_rate(pid: int | None, seconds: float) -> float | None:
+    """The server's CPU use in cores over ``seconds`` from now (None without its pid)."""
+    if pid is None:
+        return None
+    before, started = _server_cpu(pid), time.perf_counter()
+    await asyncio.sleep(seconds)
+    after = _server_cpu(pid)
+    if before is None or after is None:
+        return None
+    return (after - before) / (time.perf_counter() - started)
+
+
+def _load_average() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
+# ---------------------------------------------------------------------------- one speaker
+
+
+class _Saying:
+    """A monologue being said: when each of its chunks was sent."""
+
+    def __init__(self, monologue: Monologue) -> None:
+        self.monologue = monologue
+        self.sent: list[float] = []
+        self.finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def at(self, sample: int) -> float:
+        """When the chunk holding ``sample`` was sent."""
+        return self.sent[min(sample // round(RATE * CHUNK_S), len(self.sent) - 1)]
+
+
+class _Microphone:
+    """Streams 20 ms chunks on an absolute real-time schedule: silence, or a monologue.
+
+    A late chunk (a busy machine) goes out at once, as a real microphone's buffer would.
+    """
+
+    def __init__(self, append: Callable[..., Awaitable[None]]) -> None:
+        self._append = append
+        self._saying: _Saying | None = None
+        self._position = 0
+
+    def say(self, monologue: Monologue) -> _Saying:
+        """Start saying ``monologue`` at the next chunk."""
+        if self._saying is not None:
+            raise RuntimeError("already saying something")
+        self._saying = _Saying(monologue)
+        self._position = 0
+        return self._saying
+
+    async def run(self) -> None:
+        """Stream until cancelled."""
+        step = round(RATE * CHUNK_S)
+        silence = bytes(2 * step)
+        start = time.perf_counter()
+        chunks = 0
+        while True:
+            saying = self._saying
+            if saying is None:
+                chunk = silence
+            else:
+                pcm = saying.monologue.pcm[self._position : self._position + step]
+                chunk = pcm.astype("<i2").tobytes().ljust(2 * step, b"\0")
+            await self._append(audio=base64.b64encode(chunk).decode("ascii"))
+            if saying is not None:
+                saying.sent.append(time.perf_counter())
+                self._position += step
+                if self._position >= len(saying.monologue.pcm):
+                    self._saying = None
+                    saying.finished.set_result(None)
+            chunks += 1
+            delay = start + chunks * CHUNK_S - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+
+
+_CLOSED = "bench.connection_closed"
+_DELTA = "conversation.item.input_audio_transcription.delta"
+_COMPLETED = "conversation.item.input_audio_transcription.completed"
+_FAILED = "conversation.item.input_audio_transcription.failed"
+
+
+class _Speaker:
+    """One person on one Realtime session, saying monologues."""
+
+    def __init__(self, index: int, config: CaptionsBenchConfig, conn: AsyncRealtimeConnection):
+        self._index = index
+        self._config = config
+        self._conn = conn
+        self._random = random.Random(config.seed * 1_000_003 + index)
+        # Full, the reader stops reading and the server's events wait in the socket.
+        self._events: asyncio.Queue[tuple[float, dict[str, Any]]] = asyncio.Queue(_MAX_EVENTS)
+        self._microphone = _Microphone(conn.input_audio_buffer.append)
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def open(cls, index: int, config: CaptionsBenchConfig) -> AsyncIterator[_Speaker]:
+        """A connected speaker streaming silence, captions on, replies off."""
+        from openai import AsyncOpenAI
+        from websockets.exceptions import InvalidHandshake
+
+        assert config.url is not None
+        server = ServerUrl.parse(config.url)
+        client = AsyncOpenAI(
+            api_key=config.api_key,
+            base_url=server.http("/v1"),
+            websocket_base_url=server.ws("/v1"),
+        )
+        try:
+            async with client.realtime.connect(model=config.model) as conn:
+                speaker = cls(index, config, conn)
+                reader = asyncio.create_task(speaker._read())
+                speaking = asyncio.create_task(speaker._microphone.run())
+                try:
+                    await speaker.configure(replies=False)
+                    yield speaker
+                finally:
+                    for task in (speaking, reader):
+                        task.cancel()
+                    await asyncio.gather(speaking, reader, return_exceptions=True)
+        except (OSError, InvalidHandshake) as error:
+            raise BenchError(f"cannot connect to {config.url}: {error}") from error
+        finally:
+            await client.close()
+
+    async def _read(self) -> None:
+        """Stamp every server event with its arrival time; the turns read them later."""
+        from websockets.exceptions import ConnectionClosed
+
+        try:
+            while True:
+                raw = await self._conn.recv_bytes()
+                await self._events.put((time.perf_counter(), json.loads(raw)))
+        except ConnectionClosed:
+            await self._events.put((time.perf_counter(), {"type": _CLOSED}))
+
+    async def _next(self, until: float) -> tuple[float, dict[str, Any]] | None:
+        try:
+            item = await asyncio.wait_for(
+                self._events.get(), timeout=max(0.0, until - time.perf_counter())
+            )
+        except TimeoutError:
+            return None
+        if item[1]["type"] == _CLOSED:
+            raise BenchError("the server closed the connection")
+        if item[1]["type"] == "error":
+            _LOG.warning("speaker %d: server error: %s", self._index, item[1].get("error"))
+        return item
+
+    async def configure(self, *, replies: bool) -> None:
+        """Captions on, server VAD, and a reply to each turn only when ``replies``."""
+        session: dict[str, Any] = {
+            "type": "realtime",
+            "output_modalities": ["audio"],
+            "audio": {
+                "input": {
+                    "format": {"type": "audio/pcm", "rate": RATE},
+                    "transcription": {"model": self._config.transcription_model},
+                    "turn_detection": {
+                        "type": "server_vad",
+                        "silence_duration_ms": self._config.silence_ms,
+                        "create_response": replies,
+                    },
+                },
+                "output": {"format": {"type": "audio/pcm", "rate": RATE}},
+            },
+        }
+        await self._conn.session.update(session=cast(Any, session))
+        deadline = time.perf_counter() + 30
+        while (item := await self._next(deadline)) is not None:
+            event = item[1]
+            if event["type"] == "session.updated":
+                return
+            if event["type"] == "error":
+                raise BenchError(f"session.update refused: {event.get('error')}")
+        raise BenchError("no session.updated within 30 s")
+
+    async def _drain(self, seconds: float) -> None:
+        """Listen for ``seconds``, dropping what comes (late events of the last turn)."""
+        until = time.perf_counter() + seconds
+        while await self._next(until) is not None:
+            pass
+
+    async def caption(self, monologue: Monologue, length: float) -> CaptionTurn:
+        """Say ``monologue`` and collect its captions until every item's transcript is in."""
+        await self._drain(self._random.uniform(0, _START_SPREAD_S))
+        saying = self._microphone.say(monologue)
+        deadline = time.perf_counter() + monologue.duration_s + self._config.turn_timeout_s
+        deltas: list[tuple[float, str, str]] = []
+        transcripts: dict[str, str | None] = {}
+        in_speech = False
+        while not (saying.finished.done() and not in_speech and _all_in(transcripts)):
+            item = await self._next(min(deadline, time.perf_counter() + CHUNK_S))
+            if item is None:
+                if time.perf_counter() >= deadline:
+                    raise TurnTimeoutError(
+                        f"speaker {self._index}: no complete transcript of a {length:g} s turn "
+                        f"within {self._config.turn_timeout_s:g} s"
+                    )
+                continue
+            at, event = item
+            kind = event["type"]
+            if kind == "input_audio_buffer.speech_started":
+                in_speech = True
+                transcripts.setdefault(event["item_id"], None)
+            elif kind == "input_audio_buffer.speech_stopped":
+                in_speech = False
+                transcripts.setdefault(event["item_id"], None)
+            elif kind == _DELTA:
+                transcripts.setdefault(event["item_id"], None)
+                deltas.append((at, event["item_id"], event["delta"]))
+            elif kind == _COMPLETED:
+                transcripts[event["item_id"]] = event["transcript"]
+            elif kind == _FAILED:
+                transcripts[event["item_id"]] = ""
+        first = saying.sent[0]
+        order = list(transcripts)
+        # An item's deltas are one run of text: the items follow each other, each in order.
+        deltas.sort(key=lambda d: order.index(d[1]))
+        turn = CaptionTurn(
+            speaker=self._index,
+            length_s=length,
+            duration_s=round(monologue.duration_s, 3),
+            reference=monologue.text,
+            word_spoken_ms=[
+                None if end is None else _ms(saying.at(round(end * RATE) - 1) - first)
+                for end in monologue.word_ends
+            ],
+            deltas=[(_ms(at - first), text) for at, _, text in deltas],
+            transcript=" ".join(t.strip() for t in transcripts.values() if t),
+            speech_end_ms=_ms(saying.at(monologue.last_voiced) - first),
+            items=len(transcripts),
+        )
+        turn.compute()
+        return turn
+
+    async def reply(self, monologue: Monologue, length: float) -> ReplyTurn:
+        """Say ``monologue`` and time the reply's first audio; then cancel the reply."""
+        await self._drain(self._random.uniform(0, _START_SPREAD_S))
+        saying = self._microphone.say(monologue)
+        deadline = time.perf_counter() + monologue.duration_s + self._config.turn_timeout_s
+        response_id: str | None = None
+        first_audio: float | None = None
+        while True:
+            item = await self._next(min(deadline, time.perf_counter() + CHUNK_S))
+            if item is None:
+                if time.perf_counter() >= deadline:
+                    return ReplyTurn(self._index, length, "timeout")
+                continue
+            at, event = item
+            kind = event["type"]
+            if kind == "response.created" and saying.finished.done():
+                response_id = event["response"]["id"]
+            elif (
+                kind == "response.output_audio.delta"
+                and response_id is not None
+                and event.get("response_id") == response_id
+                and first_audio is None
+            ):
+                first_audio = at
+                await self._conn.response.cancel()
+            elif kind == "response.done" and event["response"]["id"] == response_id:
+                break
+        if first_audio is None:
+            return ReplyTurn(self._index, length, "no_audio")
+        v2v = _ms(first_audio - saying.at(monologue.last_voiced))
+        return ReplyTurn(self._index, length, "heard", v2v)
+
+
+def _all_in(transcripts: dict[str, str | None]) -> bool:
+    """Whether the turn had speech and every item of it has its transcript."""
+    return bool(transcripts) and all(t is not None for t in transcripts.values())
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 1)
+
+
+# ---------------------------------------------------------------------------- a server of its own
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def local_server(engines: str | None, ready_s: float = 300) -> Iterator[tuple[str, int]]:
+    """``hark serve`` on a free loopback port: ``(its WebSocket root, its pid)`` once it is
+    ready; stopped on leaving. Its log goes to stderr."""
+    port = _free_port()
+    command = [
+        sys.executable,
+        "-m",
+        "hark.cli",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--rtc-port",
+        "0",
+    ]
+    if engines is not None:
+        command += ["--engines", engines]
+    process = subprocess.Popen(command, stdout=sys.stderr)
+    try:
+        deadline = time.monotonic() + ready_s
+        while not _ready(port):
+            if process.poll() is not None:
+                raise BenchError(f"hark serve exited with status {process.returncode}")
+            if time.monotonic() > deadline:
+                raise BenchError(f"hark serve was not ready within {ready_s:g} s")
+            time.sleep(0.2)
+        yield f"ws://127.0.0.1:{port}", process.pid
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _ready(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+# ---------------------------------------------------------------------------- the command
+
+
+def _lengths(value: str) -> tuple[float, ...]:
+    try:
+        lengths = tuple(float(part) for part in value.split(",") if part.strip())
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"not a list of seconds: {value!r}") from error
+    if not lengths or any(length <= 0 for length in lengths):
+        raise argparse.ArgumentTypeError(f"seconds must be positive: {value!r}")
+    return lengths
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    """Add ``hark bench captions``'s options to ``parser``."""
+    parser.add_argument(
+        "--url",
+        default=None,
+        help="the server's WebSocket root, e.g. ws://127.0.0.1:8000 (default: start hark serve)",
+    )
+    parser.add_argument(
+        "--server-pid",
+        type=int,
+        default=None,
+        help="the --url server's process, for its CPU time (a local server only)",
+    )
+    parser.add_argument(
+        "--engines",
+        default=None,
+        help="without --url: the engine preset of the server the bench starts",
+    )
+    parser.add_argument(
+        "--speakers", type=int, default=1, help="speakers at once, one session each (default 1)"
+    )
+    parser.add_argument(
+        "--seconds",
+        type=_lengths,
+        default=(5.0, 40.0),
+        help="the monologues' lengths, comma-separated (default 5,40)",
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="times each speaker says each length (default 1)"
+    )
+    parser.add_argument(
+        "--silence-ms", type=int, default=500, help="server_vad silence_duration_ms (default 500)"
+    )
+    parser.add_argument(
+        "--text",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="the monologues' sentences, one a line (default: the bench's own)",
+    )
+    parser.add_argument(
+        "--no-v2v", action="store_true", help="skip the turns with replies (no V2V figures)"
+    )
+    add_api_key_option(parser)
+    parser.add_argument(
+        "--model", default="gpt-realtime", help="model name to ask for (default gpt-realtime)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the speakers' start times")
+    add_json_option(parser)
+
+
+def command(options: dict[str, Any]) -> int:
+    """Run ``hark bench captions`` with parsed ``options``; returns the exit status."""
+    logging.basicConfig(
+        level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        sentences = MONOLOGUE
+        if options["text"] is not None:
+            lines = options["text"].read_text().splitlines()
+            sentences = tuple(line.strip() for line in lines if line.strip())
+        config = CaptionsBenchConfig(
+            url=options["url"],
+            speakers=options["speakers"],
+            lengths_s=options["seconds"],
+            repeat=options["repeat"],
+            silence_ms=options["silence_ms"],
+            api_key=api_key(options["api_key"]),
+            model=options["model"],
+            server_pid=options["server_pid"],
+            engines=options["engines"],
+            sentences=sentences,
+            v2v=not options["no_v2v"],
+            seed=options["seed"],
+        )
+        with contextlib.ExitStack() as stack:
+            if config.url is None:
+                url, pid = stack.enter_context(local_server(config.engines))
+                config = replace(config, url=url, server_pid=pid)
+            else:
+                ServerUrl.parse(config.url)
+            report = asyncio.run(run_captions_bench(config, progress=_print))
+        publish(format_summary(report), report.to_json(), options["json"])
+        return 0
+    except (BenchError, OSError) as error:
+        print(f"hark bench captions: error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _print(line: str) -> None:
+    print(line, file=sys.stderr)
