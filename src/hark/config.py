@@ -447,6 +447,13 @@ def _validate_sip(values: dict[str, Any]) -> None:
             raise ConfigError("sip_session must be a JSON object (a session config)") from None
         if not isinstance(parsed, dict):
             raise ConfigError("sip_session must be a JSON object (a session config)")
+        from hark.protocol.errors import ProtocolError
+        from hark.protocol.session_config import parse_session_config
+
+        try:
+            parse_session_config(parsed)
+        except ProtocolError as exc:
+            raise ConfigError(f"sip_session: {exc.message}") from None
 
 
 def _validate_rtp_ports(values: dict[str, Any]) -> None:
