@@ -11,6 +11,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from hark.engines.asr import TimedSegment, TimedTranscript, TimedWord, Urgency
 from hark.engines.llm import Finished
 from hark.protocol.server_events import ServerEvent, encode_event
 from hark.protocol.session_config import SessionConfig
@@ -20,6 +21,7 @@ from hark.session.actions import (
     AnalyzeSpeech,
     DiscardSpeculation,
     Generate,
+    Recognise,
     ScoreTurn,
     Speculate,
     Transcribe,
@@ -43,6 +45,21 @@ def voiced(ms: int, rate: int = RATE) -> npt.NDArray[np.int16]:
 def silence(ms: int, rate: int = RATE) -> npt.NDArray[np.int16]:
     """Digital silence."""
     return np.zeros(rate * ms // 1000, np.int16)
+
+
+def timed(
+    text: str, seconds: float, start: float = 0.0, probability: float = 0.9
+) -> TimedTranscript:
+    """What an engine hears in a window of ``seconds``: ``text``'s words spread evenly from
+    ``start`` (seconds into the window) to its end, one segment."""
+    heard = text.split()
+    step = (seconds - start) / len(heard) if heard else 0.0
+    words = tuple(
+        TimedWord(f" {w}", start + i * step, start + (i + 1) * step, probability)
+        for i, w in enumerate(heard)
+    )
+    segments = (TimedSegment(start, seconds, text.strip()),) if heard else ()
+    return TimedTranscript(segments, "en", seconds, words)
 
 
 def energy_probability(chunk: npt.NDArray[np.int16]) -> float:
@@ -91,7 +108,9 @@ class Driver:
         self.vad_chunk_sizes: set[int] = set()
         self.events: list[dict[str, Any]] = []
         self.actions: list[Action] = []
-        # When set, recognition and end-of-turn scoring are answered at once with these.
+        # When set, recognition and end-of-turn scoring are answered at once with these (steps
+        # of incremental recognition only when somebody waits for them: captions stay
+        # unanswered, recorded with the other actions).
         self.asr_text: str | None = None
         self.turn_score: float | None = None
         # Whether a speculative reply reads its prompt at once (reported as it starts).
@@ -114,6 +133,10 @@ class Driver:
                     self.session.on_transcription_done(
                         item.request_id, self.asr_text, seconds, now=self.now
                     )
+                elif isinstance(item, Recognise):
+                    self.actions.append(item)
+                    if self.asr_text is not None and item.request.urgency != Urgency.CAPTION:
+                        self.session.on_recognised(item.request_id, self.heard(item), now=self.now)
                 elif isinstance(item, Speculate):
                     self.actions.append(item)
                     self._speculations[item.key] = item.generate
@@ -181,13 +204,33 @@ class Driver:
         self.actions = [a for a in self.actions if not isinstance(a, kind)]
         return found
 
+    def heard(self, action: Recognise, text: str | None = None) -> TimedTranscript:
+        """``text`` (else ``asr_text``) heard across the window of a recognition step."""
+        spoken = self.asr_text if text is None else text
+        return timed(spoken or "", len(action.request.audio) / self.asr_rate)
+
     def transcribe_all(self, text: str = "What is the capital of France?") -> list[dict[str, Any]]:
-        """Answer every pending transcription with ``text``."""
+        """Answer every pending transcription, and every recognition step somebody waits
+        for, with ``text``; caption steps are dropped unanswered."""
         for action in self.take(Transcribe):
             self.session.on_transcription_done(
                 action.request_id, text, len(action.audio) / self.asr_rate, now=self.now
             )
+        for step in self.take(Recognise):
+            if step.request.urgency != Urgency.CAPTION:
+                self.session.on_recognised(step.request_id, self.heard(step, text), now=self.now)
         return self.pump()
+
+    def steps(self, *urgencies: Urgency) -> list[Recognise]:
+        """Remove and return the recorded recognition steps (of these urgencies, when given;
+        the others stay recorded)."""
+        found = [
+            a
+            for a in self.actions
+            if isinstance(a, Recognise) and (not urgencies or a.request.urgency in urgencies)
+        ]
+        self.actions = [a for a in self.actions if not any(a is f for f in found)]
+        return found
 
     def speak_reply(self, generate: Generate, clauses: list[str], ms_per_clause: int = 400) -> None:
         """Play the engines' part for an audio response."""

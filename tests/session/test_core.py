@@ -11,12 +11,13 @@ import numpy.typing as npt
 import pytest
 
 from hark.audio.g711 import ulaw_decode, ulaw_encode
+from hark.engines.asr import Urgency
 from hark.engines.llm import Finished
-from hark.session.actions import AnalyzeSpeech, CancelGeneration, Close, Generate, Transcribe
+from hark.session.actions import AnalyzeSpeech, CancelGeneration, Close, Generate
 from hark.session.core import Session
 from hark.session.ids import IdGenerator
 
-from .conftest import RATE, Driver, silence, voiced
+from .conftest import RATE, Driver, silence, timed, voiced
 
 
 def spoken_turn(driver: Driver, speech_ms: int = 1000, pause_ms: int = 700) -> None:
@@ -170,9 +171,10 @@ def test_commit_creates_user_item_and_transcription(driver: Driver) -> None:
     ]
     item = new[1]["item"]
     assert item["role"] == "user" and item["content"][0]["type"] == "input_audio"
-    (action,) = driver.take(Transcribe)
-    assert action.request_id == item["id"]
-    assert len(action.audio) == 16000 * 300 // 1000
+    # The buffer was recognised as it came: a final step decodes what no step had.
+    (action,) = driver.steps(Urgency.ANSWER)
+    assert action.request_id.startswith(item["id"])
+    assert len(action.request.audio) == 16000 * 300 // 1000
     assert not driver.take(Generate)  # commit does not start a response
 
 
@@ -202,18 +204,17 @@ def test_input_transcription_events_only_when_configured(driver: Driver) -> None
         }
     )
     driver.append(voiced(300))
-    driver.send({"type": "input_audio_buffer.commit"})
-    (action,) = driver.take(Transcribe)
-    assert action.language == "en"
-    driver.session.on_transcription_delta(action.request_id, "hello", now=driver.now)
-    driver.session.on_transcription_done(action.request_id, "hello there", 0.3, now=driver.now)
+    (committed,) = driver.send({"type": "input_audio_buffer.commit"})[:1]
+    (action,) = driver.steps(Urgency.ANSWER)
+    assert action.request.language == "en"
+    driver.session.on_recognised(action.request_id, timed("hello there", 0.3), now=driver.now)
     new = driver.pump()
     assert driver.types(new) == [
         "conversation.item.input_audio_transcription.delta",
         "conversation.item.input_audio_transcription.completed",
     ]
-    assert new[1]["transcript"] == "hello there"
-    retrieved = driver.send({"type": "conversation.item.retrieve", "item_id": action.request_id})
+    assert new[0]["delta"] == new[1]["transcript"] == "hello there"
+    retrieved = driver.send({"type": "conversation.item.retrieve", "item_id": committed["item_id"]})
     assert retrieved[0]["item"]["content"][0]["transcript"] == "hello there"
 
 
@@ -241,10 +242,11 @@ def test_server_vad_turn_sequence(driver: Driver) -> None:
     assert not driver.take(Generate)
     # Recognition started during the pause, on the speech alone (padding included); its
     # result becomes the item's transcript, so there is no second request.
-    (asr,) = driver.take(Transcribe)
-    assert len(asr.audio) / 16000 == pytest.approx(1.3, abs=0.05)
-    driver.session.on_transcription_done(
-        asr.request_id, "What is the capital of France?", 1.8, now=driver.now
+    (asr,) = driver.steps(Urgency.SPECULATION, Urgency.ANSWER)
+    assert asr.request.urgency == Urgency.SPECULATION
+    assert len(asr.request.audio) / 16000 == pytest.approx(1.3, abs=0.05)
+    driver.session.on_recognised(
+        asr.request_id, timed("What is the capital of France?", 1.3), now=driver.now
     )
     driver.pump()
     (generate,) = driver.take(Generate)
@@ -793,11 +795,11 @@ def test_g711_in_and_out(driver: Driver) -> None:
             }
         )
     assert "input_audio_buffer.speech_stopped" in driver.types()
-    (asr,) = driver.take(Transcribe)
+    (asr,) = driver.steps(Urgency.SPECULATION)
     # Speech from 0 ms (no room for prefix padding) to the start of the pause.
-    assert len(asr.audio) / 16000 == pytest.approx(1.0, abs=0.06)
-    driver.session.on_transcription_done(
-        asr.request_id, "What is the capital of France?", 1.5, now=driver.now
+    assert len(asr.request.audio) / 16000 == pytest.approx(1.0, abs=0.06)
+    driver.session.on_recognised(
+        asr.request_id, timed("What is the capital of France?", 1.0), now=driver.now
     )
     driver.pump()
     (generate,) = driver.take(Generate)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hark.session.actions import Transcribe
+from hark.engines.asr import Urgency
 
 from .conftest import RATE, Driver, silence, voiced
 from .test_core import manual
@@ -17,9 +17,9 @@ def test_recognition_gets_audio_at_the_asr_engines_rate(asr_rate: int) -> None:
     manual(driver)
     driver.append(voiced(300))
     driver.send({"type": "input_audio_buffer.commit"})
-    (action,) = driver.take(Transcribe)
-    assert len(action.audio) == asr_rate * 300 // 1000
-    assert action.audio.dtype == np.float32
+    (action,) = driver.steps(Urgency.ANSWER)
+    assert len(action.request.audio) == asr_rate * 300 // 1000
+    assert action.request.audio.dtype == np.float32
 
 
 @pytest.mark.parametrize("chunk_ms", [20, 32, 64])

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 
+from hark.engines.asr import Urgency
 from hark.session.actions import (
     AdoptSpeculation,
     DiscardSpeculation,
     Generate,
     ScoreTurn,
     Speculate,
-    Transcribe,
 )
 from hark.session.speculation import SCORE_AFTER_READ_MAX_S, UNKNOWN_TURN_SCORE
 from hark.session.turn_policy import silence_for
 
-from .conftest import Driver, silence, voiced
+from .conftest import Driver, silence, timed, voiced
 
 
 def semantic(driver: Driver, eagerness: str = "auto") -> None:
@@ -44,7 +44,7 @@ def test_reply_is_speculated_during_the_pause_and_adopted_at_turn_end(driver: Dr
     driver.append(silence(400))
     assert "input_audio_buffer.speech_stopped" in driver.types()
     # The committed item's transcript was known already: one recognition in all.
-    assert len(driver.take(Transcribe)) == 1
+    assert len(driver.steps(Urgency.SPECULATION, Urgency.ANSWER)) == 1
     (adopt,) = driver.take(AdoptSpeculation)
     assert adopt.key == speculate.key
     created = next(e for e in driver.events if e["type"] == "response.created")
@@ -142,14 +142,14 @@ def test_speculation_is_discarded_when_the_user_goes_on(driver: Driver) -> None:
 def test_recognition_in_flight_at_turn_end_becomes_the_items(driver: Driver) -> None:
     driver.append(voiced(800))
     driver.append(silence(600))
-    (pending,) = driver.take(Transcribe)
+    (pending,) = driver.steps(Urgency.SPECULATION)
     assert not driver.take(Speculate)
     assert "response.created" in driver.types()
-    driver.session.on_transcription_done(pending.request_id, "Hello there", 0.8, now=driver.now)
+    driver.session.on_recognised(pending.request_id, timed("Hello there", 0.8), now=driver.now)
     driver.pump()
     (generate,) = driver.take(Generate)
     assert generate.request.messages[-1].content == "Hello there"
-    assert not driver.take(Transcribe)
+    assert not driver.steps(Urgency.ANSWER)
 
 
 def test_no_speculative_reply_without_create_response(driver: Driver) -> None:
@@ -188,7 +188,7 @@ def test_semantic_vad_ends_a_complete_utterance_quickly(driver: Driver) -> None:
 def silence_until_recognition(driver: Driver) -> int:
     """Append silence 32 ms at a time until the pause is sent to recognition; how much."""
     waited = 0
-    while not driver.take(Transcribe):
+    while not driver.steps(Urgency.SPECULATION):
         driver.append(silence(32))
         waited += 32
         assert waited < 2000

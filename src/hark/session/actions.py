@@ -11,6 +11,7 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from hark.engines.asr import RecognitionRequest
 from hark.engines.llm import GenerationRequest
 
 
@@ -39,6 +40,24 @@ class Transcribe:
     audio: npt.NDArray[np.float32]
     language: str | None
     prompt: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Recognise:
+    """One step of incremental recognition: decode a window of a turn with word times
+    (``AsrEngine.recognise``); answer with ``on_recognised(request_id, transcript)``, or
+    ``on_transcription_failed(request_id, message)`` when the engine fails."""
+
+    request_id: str
+    request: RecognitionRequest
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRecognition:
+    """Nobody will use the step ``request_id`` any more: drop it, or abandon it if it runs.
+    Its result, should one still come, is ignored."""
+
+    request_id: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +163,8 @@ class Close:
 Action = (
     AnalyzeSpeech
     | Transcribe
+    | Recognise
+    | CancelRecognition
     | ScoreTurn
     | Generate
     | Prefill

@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hark.audio.formats import decode_audio
+from hark.engines.asr import TimedTranscript
 from hark.engines.llm import Finished
 from hark.protocol import client_events as ce
 from hark.protocol import items as wire
@@ -62,6 +63,8 @@ SESSION_LIMIT_S = 60 * 60
 # for, truncating the reply being played and retrieving recent turns; a client that wants a
 # recording has had every byte of it already.
 AUDIO_RETENTION_S = 5 * 60
+# The opt-in (session ``include``) for logprobs on input transcription events.
+LOGPROBS_INCLUDE = "item.input_audio_transcription.logprobs"
 
 
 class Session:
@@ -109,6 +112,7 @@ class Session:
             asr_rate,
             transcription=lambda: self.config.audio.input.transcription,
             on_heard=lambda: self._responses.resume_waiting(),
+            logprobs=lambda: LOGPROBS_INCLUDE in (self.config.include or ()),
         )
         self._responses = ResponseLifecycle(
             self._outbox,
@@ -395,16 +399,23 @@ class Session:
         self, request_id: str, transcript: str, audio_seconds: float, *, now: float
     ) -> None:
         """A whole transcript."""
+        if self._at(now):
+            self._recognition.done(request_id, transcript, audio_seconds)
+
+    def on_recognised(self, request_id: str, transcript: TimedTranscript, *, now: float) -> None:
+        """A step of incremental recognition (``Recognise``) heard ``transcript``."""
         if not self._at(now):
             return
-        pause = self._recognition.done(request_id, transcript, audio_seconds)
-        if pause is not None:
-            self._turns.pause_transcribed(pause, transcript, now)
+        paused = self._recognition.recognised(request_id, transcript)
+        if paused is not None:
+            self._turns.pause_transcribed(*paused, now)
+        self._turns.recognise_turn()
 
     def on_transcription_failed(self, request_id: str, message: str, *, now: float) -> None:
         """Recognition failed: the LLM will see no words for that audio."""
         if self._at(now):
             self._recognition.failed(request_id, message)
+            self._turns.recognise_turn()
 
     # ----------------------------------------------------------------- conversation items
 

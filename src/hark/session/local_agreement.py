@@ -164,7 +164,13 @@ class LocalAgreement:
         self._tails = []
         return tail
 
-    def _commit(self, words: list[TimedWord]) -> None:
+    def accept(self, words: Sequence[TimedWord]) -> None:
+        """Commit ``words`` as they stand (the rest of a hypothesis already read with
+        ``tail``, which the turn ended on)."""
+        self._commit(words)
+        self._tails = []
+
+    def _commit(self, words: Sequence[TimedWord]) -> None:
         self.committed.extend(words)
 
     def _note_segments(self, transcript: TimedTranscript, window_start: float) -> None:

@@ -1,28 +1,88 @@
-"""Recognition: speech recognition in flight, and transcripts onto the user's items."""
+"""Recognition: speech recognition in flight, and transcripts onto the user's items.
+
+A turn being spoken is recognised in steps as its audio arrives (``Recognise``): the commit
+policy (``local_agreement``) says which words are settled, and those go out as transcription
+deltas on the item the turn will become. A pause is recognised at once on the chance that it
+ends the turn (a speculative step); if the turn ends there its result completes the
+transcript, and if the speaker goes on it is cancelled. Otherwise a final step at the turn's
+end decodes what is left. Audio that is not a turn (an item created with audio, the idle
+timeout's buffer) is recognised whole (``Transcribe``).
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
 
 from hark.audio.resample import resample
+from hark.engines.asr import RecognitionRequest, TimedTranscript, TimedWord, Urgency
 from hark.protocol import server_events as se
 from hark.protocol.session_config import Transcription
-from hark.session.actions import Transcribe
+from hark.session.actions import CancelRecognition, Recognise, Transcribe
 from hark.session.conversation import Conversation, Entry, Part
+from hark.session.local_agreement import DEFAULT_DELAY, DELAYS, LocalAgreement, text_of
 from hark.session.outbox import Outbox
 from hark.session.speculation import Pause
 
+Pcm = npt.NDArray[np.int16]
+# Reads the input buffer: the audio in [start_ms, end_ms) on the session clock.
+Peek = Callable[[float, float], Pcm]
+# A word's log probability when the engine does not know it.
+_UNKNOWN_LOGPROB = 0.0
+# A probability the decoder rounded to zero still has a finite log.
+_SMALLEST_P = 1e-12
+
+
+@dataclass(slots=True)
+class _Step:
+    """A step in flight: what it decodes, in seconds from the turn's start."""
+
+    kind: Literal["caption", "pause", "final"]
+    window_start: float
+    window_end: float
+    pause: Pause | None = None
+
+
+@dataclass(slots=True)
+class _Stream:
+    """The incremental recognition of one turn."""
+
+    item_id: str
+    # The turn's first sample on the session clock.
+    start_ms: float
+    step_ms: float
+    policy: LocalAgreement
+    # The end of the audio the latest caption step decoded (session clock).
+    stepped_ms: float
+    steps: int = 0
+    caption: str | None = None
+    # The pause being recognised (a speculative step), until the speaker goes on.
+    pause: Pause | None = None
+    pause_request: str | None = None
+    # The pause step's words not yet committed, once its result is in.
+    pause_rest: list[TimedWord] | None = None
+    # Once the turn is an item: the item's audio part, waiting for its last words.
+    part: Part | None = None
+    # Seconds of audio the item has (its audio may be dropped before the words come).
+    seconds: float = 0.0
+    # Committed words already sent as deltas.
+    sent: int = 0
+    requests: set[str] = field(default_factory=set)
+
 
 class Recognition:
-    """Requests the ASR engine works on, each for a user item or for a pause of the current
-    turn (speculative recognition), and what their results do.
+    """Requests the ASR engine works on, each for a user item, a step of the turn being
+    spoken, or a pause of it, and what their results do.
 
     ``transcription`` gives the session's current ``audio.input.transcription`` (None: the
-    client did not ask for transcripts, and the words are only the LLM's); ``on_heard`` is
-    called when an item's words become known, so responses waiting for them can start.
+    client did not ask for transcripts, and the words are only the LLM's); ``logprobs``
+    whether the client asked for them (``include``); ``on_heard`` is called when an item's
+    words become known, so responses waiting for them can start.
     """
 
     def __init__(
@@ -32,55 +92,245 @@ class Recognition:
         asr_rate: int,
         transcription: Callable[[], Transcription | None],
         on_heard: Callable[[], None],
+        logprobs: Callable[[], bool] = lambda: False,
     ) -> None:
         self._outbox = outbox
         self._conversation = conversation
         self._asr_rate = asr_rate
         self._transcription = transcription
+        self._logprobs = logprobs
         self._on_heard = on_heard
-        # Request id → the item it is for, or the pause it speculates on.
-        self._requests: dict[str, str | Pause] = {}
+        # Whole-item requests: request id → the item it is for.
+        self._requests: dict[str, str] = {}
+        # Steps in flight: request id → the stream and what the step decodes.
+        self._steps: dict[str, tuple[_Stream, _Step]] = {}
+        # The turn being spoken, if any.
+        self._live: _Stream | None = None
 
-    def _transcribe(self, request_id: str, pcm: npt.NDArray[np.int16], rate: int) -> None:
+    def _audio(self, pcm: Pcm, rate: int) -> npt.NDArray[np.float32]:
+        return resample(pcm, rate, self._asr_rate).astype(np.float32) / 32768.0
+
+    def _transcribe(self, request_id: str, pcm: Pcm, rate: int) -> None:
         transcription = self._transcription()
         self._outbox.act(
             Transcribe(
                 request_id=request_id,
-                audio=resample(pcm, rate, self._asr_rate).astype(np.float32) / 32768.0,
+                audio=self._audio(pcm, rate),
                 language=transcription.language if transcription else None,
                 prompt=transcription.prompt if transcription else None,
             )
         )
 
     def recognise(self, entry: Entry, part: Part) -> None:
-        """Recognise an item's audio part."""
+        """Recognise an item's audio part whole."""
         assert part.audio is not None
         self._requests[entry.id] = entry.id
         self._transcribe(entry.id, part.audio, part.rate)
 
-    def recognise_pause(self, pause: Pause, pcm: npt.NDArray[np.int16], rate: int) -> None:
-        """Recognise the turn so far while its pause is waited out."""
-        pause.asr_request = f"{pause.key}:asr"
-        self._requests[pause.asr_request] = pause
-        self._transcribe(pause.asr_request, pcm, rate)
+    # ----------------------------------------------------------------- the turn being spoken
+
+    @property
+    def streaming(self) -> bool:
+        """Whether a turn is being recognised as it is spoken."""
+        return self._live is not None
+
+    def start_turn(self, item_id: str, start_ms: float) -> None:
+        """A turn began at ``start_ms`` (session clock); it will become ``item_id``."""
+        self.stop_turn()
+        transcription = self._transcription()
+        delay = DELAYS[(transcription.delay if transcription else None) or DEFAULT_DELAY]
+        self._live = _Stream(
+            item_id=item_id,
+            start_ms=start_ms,
+            step_ms=delay.step_s * 1000,
+            policy=LocalAgreement(delay.agreement),
+            stepped_ms=start_ms,
+        )
+
+    def stop_turn(self) -> None:
+        """The turn was dropped (cleared, or the input path rebuilt): its steps are of no use."""
+        stream, self._live = self._live, None
+        if stream is not None:
+            for request_id in list(stream.requests):
+                self._cancel(stream, request_id)
+
+    def advance(self, end_ms: float, peek: Peek, rate: int) -> None:
+        """The turn's audio now reaches ``end_ms``: a caption step when one is due (a step
+        interval of new audio, none in flight, no pause being recognised)."""
+        stream = self._live
+        if (
+            stream is None
+            or stream.caption is not None
+            or stream.pause is not None
+            or end_ms - stream.stepped_ms < stream.step_ms
+        ):
+            return
+        stream.stepped_ms = end_ms
+        stream.caption = self._step(stream, "caption", end_ms, peek, rate, Urgency.CAPTION)
+
+    def recognise_pause(self, pause: Pause, peek: Peek, rate: int) -> None:
+        """Recognise the turn up to its pause while the pause is waited out: the caption step
+        in flight (if any) gives way, and no other runs until the speaker goes on."""
+        stream = self._live
+        if stream is None:
+            # Only a turn being spoken pauses: nothing to recognise.
+            pause.asr_request = ""
+            return
+        if stream.caption is not None:
+            self._cancel(stream, stream.caption)
+        stream.pause = pause
+        stream.pause_rest = None
+        request_id = self._step(
+            stream, "pause", pause.start_ms, peek, rate, Urgency.SPECULATION, pause
+        )
+        stream.pause_request = pause.asr_request = request_id
 
     def forget(self, pause: Pause) -> None:
-        """The pause is over without a turn: its recognition is of no use."""
-        if pause.asr_request is not None:
-            self._requests.pop(pause.asr_request, None)
+        """The pause is over without a turn (the speaker went on): its step is cancelled."""
+        stream = self._live
+        if stream is None or stream.pause is not pause:
+            return
+        if stream.pause_request is not None:
+            self._cancel(stream, stream.pause_request)
+        stream.pause = stream.pause_request = stream.pause_rest = None
 
-    def commit(self, entry: Entry, part: Part, pause: Pause | None) -> None:
-        """The turn became ``entry``: its words come from the pause's recognition, if that
-        ran, or from recognising the item."""
-        if pause is not None and pause.transcript is not None:
-            # Recognised while the end of the turn was waited out: the words are known already.
-            assert part.audio is not None
-            self._transcribed(entry, part, pause.transcript, len(part.audio) / part.rate, True)
-        elif pause is not None and pause.asr_request in self._requests:
-            # Recognition of the turn is under way: its result is this item's transcript.
-            self._requests[pause.asr_request] = entry.id
-        else:
+    def _step(
+        self,
+        stream: _Stream,
+        kind: Literal["caption", "pause", "final"],
+        end_ms: float,
+        peek: Peek,
+        rate: int,
+        urgency: Urgency,
+        pause: Pause | None = None,
+    ) -> str:
+        policy = stream.policy
+        start_ms = stream.start_ms + policy.window_start * 1000
+        transcription = self._transcription()
+        stream.steps += 1
+        request_id = f"{stream.item_id}:{kind}{stream.steps}"
+        context = [transcription.prompt if transcription else None, policy.prompt()]
+        self._outbox.act(
+            Recognise(
+                request_id,
+                RecognitionRequest(
+                    audio=self._audio(peek(start_ms, end_ms), rate),
+                    prompt=" ".join(c for c in context if c) or None,
+                    language=transcription.language if transcription else None,
+                    urgency=urgency,
+                ),
+            )
+        )
+        window = _Step(kind, policy.window_start, (end_ms - stream.start_ms) / 1000, pause)
+        self._steps[request_id] = (stream, window)
+        stream.requests.add(request_id)
+        return request_id
+
+    def _cancel(self, stream: _Stream, request_id: str) -> None:
+        self._steps.pop(request_id, None)
+        stream.requests.discard(request_id)
+        if stream.caption == request_id:
+            stream.caption = None
+        self._outbox.act(CancelRecognition(request_id))
+
+    # ----------------------------------------------------------------- the turn becomes an item
+
+    def commit(
+        self, entry: Entry, part: Part, pause: Pause | None, start_ms: float | None = None
+    ) -> None:
+        """The turn became ``entry``, whose audio ``part`` starts at ``start_ms`` on the
+        session clock: its words are the committed ones and the pause step's (if it ran and
+        the turn ended in that pause), or those of a final step; audio that was not
+        recognised as it was spoken is recognised whole."""
+        stream = self._live
+        if stream is None or stream.item_id != entry.id or start_ms is None:
             self.recognise(entry, part)
+            return
+        self._live = None
+        assert part.audio is not None
+        stream.part = part
+        stream.seconds = len(part.audio) / part.rate
+        if stream.caption is not None:
+            self._cancel(stream, stream.caption)
+        if pause is not None and pause is stream.pause and stream.pause_rest is not None:
+            # Recognised while the end of the turn was waited out: the words are known already.
+            stream.policy.accept(stream.pause_rest)
+            self._finish(stream)
+        elif pause is not None and pause is stream.pause and stream.pause_request in self._steps:
+            # The pause step is under way: its result completes this item's transcript.
+            pass
+        else:
+            if stream.pause_request in self._steps:
+                self._cancel(stream, stream.pause_request)
+            audio = part.audio
+            end_ms = start_ms + len(audio) * 1000 / part.rate
+
+            def peek(first: float, last: float) -> Pcm:
+                index = round((first - start_ms) * part.rate / 1000)
+                return audio[max(0, index) : round((last - start_ms) * part.rate / 1000)]
+
+            self._step(stream, "final", end_ms, peek, part.rate, Urgency.ANSWER)
+
+    # ----------------------------------------------------------------- results
+
+    def recognised(self, request_id: str, transcript: TimedTranscript) -> tuple[Pause, str] | None:
+        """A step's hypothesis; returns the pause and its words when it was a pause's step and
+        the turn is still in that pause."""
+        found = self._steps.pop(request_id, None)
+        if found is None:
+            return None
+        stream, step = found
+        stream.requests.discard(request_id)
+        policy = stream.policy
+        if stream.part is not None:
+            # The turn has ended and waited for this step: its words are the last.
+            policy.finish(transcript, step.window_start)
+            self._finish(stream)
+            return None
+        if step.kind == "caption":
+            stream.caption = None
+            policy.hypothesis(transcript, step.window_start, step.window_end)
+            self._send_committed(stream)
+            return None
+        assert step.pause is not None
+        tail = policy.tail(transcript, step.window_start)
+        words = text_of([*policy.committed, *tail])
+        committed = policy.hypothesis(transcript, step.window_start, step.window_end)
+        stream.pause_rest = tail[len(committed) :]
+        self._send_committed(stream)
+        return step.pause, words
+
+    def _send_committed(self, stream: _Stream) -> None:
+        """Committed words not sent yet go out as one delta (with transcription on)."""
+        words = stream.policy.committed[stream.sent :]
+        if not words or self._transcription() is None:
+            return
+        first = stream.sent == 0
+        delta = text_of(words) if first else " " + text_of(words)
+        stream.sent += len(words)
+        logprobs = _logprobs(words, first=first) if self._logprobs() else None
+        self._outbox.emit(
+            se.InputTranscriptionDelta(
+                item_id=stream.item_id, content_index=0, delta=delta, logprobs=logprobs
+            )
+        )
+
+    def _finish(self, stream: _Stream) -> None:
+        part = stream.part
+        assert part is not None
+        self._send_committed(stream)
+        if stream.item_id not in self._conversation or part.heard is not None:
+            return
+        entry = self._conversation.get(stream.item_id)
+        words = stream.policy.committed
+        self._transcribed(
+            entry,
+            part,
+            text_of(words),
+            stream.seconds,
+            False,
+            _logprobs(words, first=True) if self._logprobs() else None,
+        )
 
     def _pending_part(self, item_id: str) -> tuple[Entry, Part] | None:
         if item_id not in self._conversation:
@@ -90,10 +340,10 @@ class Recognition:
         return None if part is None else (entry, part)
 
     def delta(self, request_id: str, delta: str) -> None:
-        """A piece of a transcript."""
+        """A piece of a whole item's transcript."""
         item_id = self._requests.get(request_id)
         if (
-            isinstance(item_id, str)
+            item_id is not None
             and self._pending_part(item_id) is not None
             and self._transcription() is not None
         ):
@@ -101,24 +351,26 @@ class Recognition:
                 se.InputTranscriptionDelta(item_id=item_id, content_index=0, delta=delta)
             )
 
-    def done(self, request_id: str, transcript: str, audio_seconds: float) -> Pause | None:
-        """A whole transcript; returns the pause it was for, if it was a pause's."""
+    def done(self, request_id: str, transcript: str, audio_seconds: float) -> None:
+        """A whole item's transcript."""
         target = self._requests.pop(request_id, None)
-        if isinstance(target, Pause):
-            return target
         pending = self._pending_part(target) if target is not None else None
         if pending is not None:
-            self._transcribed(*pending, transcript, audio_seconds, request_id != target)
-        return None
+            self._transcribed(*pending, transcript, audio_seconds, False)
 
     def _transcribed(
-        self, entry: Entry, part: Part, transcript: str, seconds: float, send_delta: bool
+        self,
+        entry: Entry,
+        part: Part,
+        transcript: str,
+        seconds: float,
+        send_delta: bool,
+        logprobs: list[se.LogProb] | None = None,
     ) -> None:
         part.heard = transcript
         if self._transcription() is not None:
             part.transcript = transcript
             if send_delta:
-                # Speculative recognition sent no deltas for this item: send the words once.
                 self._outbox.emit(
                     se.InputTranscriptionDelta(item_id=entry.id, content_index=0, delta=transcript)
                 )
@@ -128,16 +380,27 @@ class Recognition:
                     content_index=0,
                     transcript=transcript,
                     usage={"type": "duration", "seconds": round(seconds, 3)},
+                    logprobs=logprobs,
                 )
             )
         self._on_heard()
 
     def failed(self, request_id: str, message: str) -> None:
-        """Recognition failed: the LLM will see no words for that audio."""
-        target = self._requests.pop(request_id, None)
-        if isinstance(target, Pause) or target is None:
-            return
-        pending = self._pending_part(target)
+        """Recognition failed: a caption step is tried again with the next audio; an item
+        whose words depended on the request gets none (the LLM sees no words for it)."""
+        found = self._steps.pop(request_id, None)
+        if found is not None:
+            stream = found[0]
+            stream.requests.discard(request_id)
+            if stream.caption == request_id:
+                stream.caption = None
+            if stream.part is None:
+                return
+            self._send_committed(stream)
+            target: str | None = stream.item_id
+        else:
+            target = self._requests.pop(request_id, None)
+        pending = self._pending_part(target) if target is not None else None
         if pending is None:
             return
         entry, part = pending
@@ -156,3 +419,17 @@ class Recognition:
                 )
             )
         self._on_heard()
+
+
+def _logprobs(words: list[TimedWord], *, first: bool) -> list[se.LogProb]:
+    """One entry per word, its token as the transcript spells it (with the space before it,
+    except for the transcript's first word)."""
+    entries: list[se.LogProb] = []
+    for index, word in enumerate(words):
+        token = word.word.strip()
+        if index or not first:
+            token = " " + token
+        p = word.probability
+        logprob = math.log(max(p, _SMALLEST_P)) if p is not None else _UNKNOWN_LOGPROB
+        entries.append(se.LogProb(token=token, logprob=logprob, bytes=list(token.encode())))
+    return entries

@@ -34,6 +34,7 @@ from hark.session.actions import (
     AdoptSpeculation,
     AnalyzeSpeech,
     CancelGeneration,
+    CancelRecognition,
     ClearAudio,
     Close,
     DiscardSpeculation,
@@ -41,6 +42,7 @@ from hark.session.actions import (
     Generate,
     PlayAudio,
     Prefill,
+    Recognise,
     ScoreTurn,
     Speculate,
     Transcribe,
@@ -132,6 +134,8 @@ class SessionRunner:
         self._vad_arrived = 0.0
         self._vad_stream = engines.vad.open_stream(self._on_vad)
         self._generations: dict[str, asyncio.Task[None]] = {}
+        # Steps of incremental recognition running, by request id (CancelRecognition).
+        self._recognitions: dict[str, asyncio.Task[None]] = {}
         self._speculation: _Speculation | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         # The one timer: wakes the core at its next deadline (see ``_arm_timer``).
@@ -289,6 +293,12 @@ class SessionRunner:
                 self._observe(out)
                 self.metrics.server_event(out)
                 self._emit(se.encode_event(out).decode())
+            elif isinstance(out, Recognise):
+                self._recognise(out)
+            elif isinstance(out, CancelRecognition):
+                running = self._recognitions.pop(out.request_id, None)
+                if running is not None:
+                    running.cancel()
             elif isinstance(out, Transcribe):
                 self._spawn(self._transcribe(out), f"asr {out.request_id}")
             elif isinstance(out, ScoreTurn):
@@ -441,6 +451,27 @@ class SessionRunner:
             self._call(self.session.on_transcription_failed, action.request_id, str(exc))
             return
         self._call(self.session.on_transcription_done, action.request_id, text.strip(), seconds)
+
+    def _recognise(self, action: Recognise) -> None:
+        task: asyncio.Task[None] = asyncio.create_task(
+            self._run_recognition(action), name=f"asr {action.request_id}"
+        )
+        self._recognitions[action.request_id] = task
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run_recognition(self, action: Recognise) -> None:
+        try:
+            transcript = await self.engines.asr.recognise(action.request)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("session %s: recognition %s failed", self.id, action.request_id)
+            self._recognitions.pop(action.request_id, None)
+            self._call(self.session.on_transcription_failed, action.request_id, str(exc))
+            return
+        self._recognitions.pop(action.request_id, None)
+        self._call(self.session.on_recognised, action.request_id, transcript)
 
     async def _prefill(self, action: Prefill) -> None:
         try:

@@ -3,11 +3,14 @@
 The input buffer fills with the client's audio; the VAD's answers, read by the turn policy's
 detector, say where speech starts, pauses and stops. A stop (or ``input_audio_buffer.commit``,
 or the idle timeout after the assistant's reply) commits the buffer's audio as a user item.
-During a pause the turn so far is handed to recognition and a reply speculated on its words;
-with ``semantic_vad`` the end-of-turn model's verdict sets how long the pause may last.
+A turn is recognised as it is spoken, from speech start (or, without turn detection, from the
+first audio of the uncommitted buffer); during a pause the turn so far is recognised at once
+and a reply speculated on its words; with ``semantic_vad`` the end-of-turn model's verdict
+sets how long the pause may last.
 
-Turn-taking decides *when* audio is recognised (a pause, a commit); ``recognition`` owns the
-requests and where their transcripts go, ``speculation`` the pause's speculative work.
+Turn-taking decides *when* audio is recognised (as it arrives, at a pause, at a commit);
+``recognition`` owns the requests and where their transcripts go, ``speculation`` the pause's
+speculative work.
 """
 
 from __future__ import annotations
@@ -98,6 +101,7 @@ class TurnTaking:
         self._vad = VadFeed(self._outbox, self.rate, self._vad_chunk_ms, self._clock_ms, epoch)
         self._speech_item_id = None
         self._drop_pause()
+        self._recognition.stop_turn()
 
     # ----------------------------------------------------------------- input audio
 
@@ -108,6 +112,17 @@ class TurnTaking:
         if self._detector is not None:
             assert self._vad is not None
             self._vad.push(pcm)
+        elif self._speech_item_id is None and len(pcm):
+            # Without turn detection the buffer is the turn: the commit will use this item id.
+            self._speech_item_id = self._ids.new("item")
+            self._speech_start_ms = self._buffer.start_ms
+            self._recognition.start_turn(self._speech_item_id, self._speech_start_ms)
+        self.recognise_turn()
+
+    def recognise_turn(self) -> None:
+        """A step of the turn being spoken, if one is due."""
+        if self._recognition.streaming:
+            self._recognition.advance(self._clock_ms, self._buffer.peek, self.rate)
 
     def commit(self) -> None:
         """``input_audio_buffer.commit``: the whole buffer becomes a user item."""
@@ -120,12 +135,14 @@ class TurnTaking:
             )
         item_id = self._speech_item_id or self._ids.new("item")
         self._reset()
-        self._commit_audio(self._buffer.take_all(), item_id)
+        start_ms = self._buffer.start_ms
+        self._commit_audio(self._buffer.take_all(), item_id, start_ms=start_ms)
 
     def clear(self) -> None:
         """``input_audio_buffer.clear``: the buffer and the turn in progress are dropped."""
         self._buffer.clear()
         self._reset()
+        self._recognition.stop_turn()
         self._outbox.emit(se.InputAudioBufferCleared())
 
     def _reset(self) -> None:
@@ -135,8 +152,14 @@ class TurnTaking:
         self._drop_pause()
 
     def _commit_audio(
-        self, pcm: npt.NDArray[np.int16], item_id: str, pause: Pause | None = None
+        self,
+        pcm: npt.NDArray[np.int16],
+        item_id: str,
+        pause: Pause | None = None,
+        start_ms: float | None = None,
     ) -> None:
+        """``pcm`` becomes the user item ``item_id``; ``start_ms``: where it starts on the
+        sample clock, when it is the turn recognised as it was spoken."""
         part = Part("input_audio", audio=pcm, audio_format=self.format, rate=self.rate)
         entry = Entry(id=item_id, type="message", role="user", parts=[part])
         previous = self._conversation.insert(entry)
@@ -144,7 +167,7 @@ class TurnTaking:
         emit(se.InputAudioBufferCommitted(previous_item_id=previous, item_id=item_id))
         emit(se.ConversationItemAdded(previous_item_id=previous, item=entry.to_wire()))
         emit(se.ConversationItemDone(previous_item_id=previous, item=entry.to_wire()))
-        self._recognition.commit(entry, part, pause)
+        self._recognition.commit(entry, part, pause, start_ms)
         self._limit_audio()
 
     # ----------------------------------------------------------------- VAD and turns
@@ -180,6 +203,7 @@ class TurnTaking:
             self._speculation.pause_started(self._speech_item_id, event.ms)
         elif event.kind == "pause_ended":
             self._drop_pause()
+            self.recognise_turn()
         else:
             self._speech_stopped(event.ms)
 
@@ -189,6 +213,7 @@ class TurnTaking:
         self._speech_item_id = self._ids.new("item")
         self._speech_start_ms = max(ms, self._buffer.start_ms)
         self._idle_deadline_ms = None
+        self._recognition.start_turn(self._speech_item_id, self._speech_start_ms)
         self._outbox.emit(
             se.SpeechStarted(
                 audio_start_ms=int(self._speech_start_ms), item_id=self._speech_item_id
@@ -210,7 +235,7 @@ class TurnTaking:
         self.last_pause_ms = ms - pause.start_ms if pause is not None else 0.0
         self._outbox.emit(se.SpeechStopped(audio_end_ms=int(ms), item_id=item_id))
         pcm = self._buffer.take(self._speech_start_ms, ms)
-        self._commit_audio(pcm, item_id, pause)
+        self._commit_audio(pcm, item_id, pause, self._speech_start_ms)
         if (
             policy.create_response
             and self._config().type == "realtime"
@@ -254,8 +279,7 @@ class TurnTaking:
 
     def _transcribe_pause(self, pause: Pause) -> None:
         """Recognise the turn so far while the pause is waited out."""
-        pcm = self._buffer.peek(self._speech_start_ms, pause.start_ms)
-        self._recognition.recognise_pause(pause, pcm, self.rate)
+        self._recognition.recognise_pause(pause, self._buffer.peek, self.rate)
 
     def pause_transcribed(self, pause: Pause, transcript: str, now: float) -> None:
         """Recognition heard ``transcript`` in ``pause`` (at wall time ``now``): if the turn
