@@ -1,0 +1,465 @@
+"""One call's audio over RTP: G.711 both ways, DTMF in, RTCP, paced reply audio out.
+
+``RtpSession`` owns one UDP socket, taken from the worker's RTP port range (or an ephemeral
+port): calls share the range, each has its own port, and RTCP travels on that port too
+(``sdp`` says so in the answer). It answers the SDP offers of the call, initial and
+re-INVITE, and is the session's ``AudioPlayer`` through a
+``hark.transports.playout.Playout`` at 8 kHz, so reply audio is paced, ordered, cleared and
+reported exactly as over WebRTC; the one resampling step out is the playout's, the one in
+is a soxr stream from 8 kHz to the session's input rate, rebuilt if that rate changes.
+
+Pacing: each session keeps its own timer, ``loop.call_at`` on an absolute 20 ms grid (the
+n-th tick is due at start + n × 20 ms, so the error never accumulates; behind by more than
+``MAX_LAG`` after a stalled loop, the grid restarts from now instead of bursting). A shared
+ticker for all calls would save a timer handle per call and tie every call's timing to the
+slowest one's work; per-call timers keep calls independent. At each tick the session hands
+the caller's next frame out of the jitter buffer to ``on_audio`` and sends one RTP packet:
+the next playout frame, or, when nothing plays, a silence packet encoded once per codec.
+
+Symmetric RTP with latching: packets go to the address in the SDP until the caller's RTP
+arrives, then to where it comes from (a phone behind NAT cannot know its public address).
+Three packets in a row from a new address with a negotiated payload type move the latch
+there; anything else from an address other than the latched one is ignored.
+
+Hold: an offer that stops listening (``sendonly``, ``inactive``, ``c=0.0.0.0``) stops the
+packets and pauses the playout, so what the caller does not hear is not counted as played;
+the caller's audio and DTMF are not passed on while held (music on hold is not speech).
+Resuming restarts both, with the RTP timestamp moved on by the time held and the marker set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import random
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from hark.audio.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
+from hark.audio.resample import StreamResampler
+from hark.transports.playout import Playout, PlayoutListener
+from hark.transports.sip import rtcp
+from hark.transports.sip.dtmf import DtmfError, DtmfReceiver
+from hark.transports.sip.jitter import JitterBuffer
+from hark.transports.sip.rtp import ReceptionStats, RtpError, RtpPacket, RtpSender, is_rtcp
+from hark.transports.sip.sdp import Answerer, Negotiated, SdpError, negotiate, parse_offer
+
+logger = logging.getLogger(__name__)
+
+RATE = 8000
+FRAME_MS = 20
+FRAME_SAMPLES = RATE * FRAME_MS // 1000
+FRAME_SECONDS = FRAME_MS / 1000
+MAX_LAG = 0.1
+RELATCH_PACKETS = 3
+# Ticks whose lateness is kept for the percentiles: the last minute of a call.
+_LATENESS_KEPT = 3000
+
+__all__ = ["RtpSession", "RtpStats", "SdpError"]
+
+_Encode = Callable[[npt.NDArray[np.int16]], bytes]
+_Decode = Callable[[bytes], npt.NDArray[np.int16]]
+_CODECS: dict[str, tuple[_Encode, _Decode]] = {
+    "PCMU": (ulaw_encode, ulaw_decode),
+    "PCMA": (alaw_encode, alaw_decode),
+}
+
+
+@functools.cache
+def _silence_payload(codec: str) -> bytes:
+    return _CODECS[codec][0](np.zeros(FRAME_SAMPLES, np.int16))
+
+
+@dataclass(slots=True)
+class RtpStats:
+    """A call's media so far. Lateness is how long after its grid time a tick ran."""
+
+    packets_sent: int = 0
+    bytes_sent: int = 0
+    packets_received: int = 0
+    bytes_received: int = 0
+    lost: int = 0
+    late: int = 0
+    reordered: int = 0
+    duplicates: int = 0
+    concealed: int = 0
+    jitter_ms: float = 0.0
+    target_delay_ms: float = 0.0
+    dtmf_events: int = 0
+    ignored: int = 0
+    late_frames: int = 0
+    late_restarts: int = 0
+    round_trip_ms: float | None = None
+    send_lateness_ms: list[float] = field(default_factory=list)
+
+    def send_lateness_percentile(self, q: float) -> float:
+        """The ``q``-th percentile (0-100) of recent tick lateness in ms (0 before any tick)."""
+        if not self.send_lateness_ms:
+            return 0.0
+        return float(np.percentile(self.send_lateness_ms, q))
+
+
+class _Protocol(asyncio.DatagramProtocol):
+    def __init__(self) -> None:
+        self.session: RtpSession | None = None
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        if self.session is not None:
+            self.session._receive(data, (addr[0], addr[1]))
+
+    def error_received(self, exc: Exception) -> None:
+        # ICMP port unreachable while the caller's port is not open yet: expected, harmless.
+        logger.debug("rtp: %s", exc)
+
+
+class RtpSession:
+    """One call's RTP and RTCP; the session's ``AudioPlayer``. Made by ``open``."""
+
+    def __init__(self, transport: asyncio.DatagramTransport, protocol: _Protocol) -> None:
+        self._transport = transport
+        protocol.session = self
+        self._loop = asyncio.get_running_loop()
+        self.local_port: int = transport.get_extra_info("sockname")[1]
+        self._answerer = Answerer()
+        self._agreed: Negotiated | None = None
+        self._encode: _Encode = ulaw_encode
+        self._decode: _Decode = ulaw_decode
+        self._sender = RtpSender(payload_type=0)
+        self._reception = ReceptionStats(clock_rate=RATE)
+        self._jitter = JitterBuffer(clock_rate=RATE, frame_ms=FRAME_MS)
+        self._dtmf = DtmfReceiver()
+        self._playout = Playout(RATE, frame_ms=FRAME_MS, clock=self._loop.time)
+        self._resampler: StreamResampler | None = None
+        self._latched: tuple[str, int] | None = None
+        self._candidate: tuple[str, int] | None = None
+        self._candidate_count = 0
+        self._rtcp_latched: tuple[str, int] | None = None
+        self._report_timer = rtcp.ReportTimer(self._loop.time())
+        self._their_sr: tuple[int, float] | None = None
+        self._sent_at_report = 0
+        self._input_rate: Callable[[], int] | None = None
+        self._on_audio: Callable[[npt.NDArray[np.int16]], None] | None = None
+        self._on_dtmf: Callable[[str], None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._grid_start = 0.0
+        self._ticks = 0
+        self._lateness: deque[float] = deque(maxlen=_LATENESS_KEPT)
+        self._late_frames = 0
+        self._late_restarts = 0
+        self._received = 0
+        self._received_bytes = 0
+        self._dtmf_events = 0
+        self._ignored = 0
+        self._round_trip: float | None = None
+        self._closed = False
+
+    @classmethod
+    async def open(cls, *, bind_host: str, ports: range | None = None) -> RtpSession:
+        """A session on its own UDP socket: a free even port of ``ports`` (None: ephemeral).
+
+        ``OSError`` when every port of the range is taken.
+        """
+        loop = asyncio.get_running_loop()
+        if ports is None:
+            candidates = [0]
+        else:
+            candidates = [p for p in ports if p % 2 == 0] or list(ports)
+            # Start somewhere random so that concurrent calls do not all try the same ports.
+            first = random.randrange(len(candidates)) if candidates else 0
+            candidates = candidates[first:] + candidates[:first]
+        for port in candidates:
+            try:
+                transport, protocol = await loop.create_datagram_endpoint(
+                    _Protocol, local_addr=(bind_host, port)
+                )
+            except OSError:
+                continue
+            return cls(transport, protocol)
+        raise OSError(f"no free RTP port in {ports}")
+
+    # ------------------------------------------------------------------ negotiation
+
+    def negotiate(self, offer_sdp: str, advertise_ip: str) -> str:
+        """The SDP answer to an offer (initial or re-INVITE); ``SdpError`` when there is none."""
+        offer = parse_offer(offer_sdp)
+        agreed = negotiate(offer)
+        answer = self._answerer.answer(offer, agreed, address=advertise_ip, port=self.local_port)
+        self._apply(agreed)
+        return answer
+
+    def _apply(self, agreed: Negotiated) -> None:
+        previous, self._agreed = self._agreed, agreed
+        if previous is None or previous.codec.name != agreed.codec.name:
+            self._encode, self._decode = _CODECS[agreed.codec.name]
+            self._jitter.reset()
+        self._sender.payload_type = agreed.codec.payload_type
+        if previous is None or previous.remote != agreed.remote:
+            # Somewhere new: what we latched onto belonged to the old address.
+            self._latched = None
+            self._candidate = None
+            self._rtcp_latched = None
+        if previous is not None and previous.sending and not agreed.sending:
+            self._sender.pause()
+        if previous is not None and previous.receiving and not agreed.receiving:
+            self._jitter.reset()
+
+    # ------------------------------------------------------------------ running
+
+    def start(
+        self,
+        *,
+        input_rate: Callable[[], int],
+        on_audio: Callable[[npt.NDArray[np.int16]], None],
+        on_dtmf: Callable[[str], None],
+        listener: PlayoutListener,
+    ) -> None:
+        """Start the 20 ms ticks: caller audio to ``on_audio``, digits to ``on_dtmf``, RTP out."""
+        if self._agreed is None:
+            raise RuntimeError("negotiate an offer before starting the media")
+        if self._timer is not None or self._closed:
+            return
+        self._input_rate = input_rate
+        self._on_audio = on_audio
+        self._on_dtmf = on_dtmf
+        self._playout.attach(listener)
+        self._grid_start = self._loop.time()
+        self._timer = self._loop.call_at(self._grid_start, self._tick)
+
+    def play(self, response_id: str, item_id: str, pcm: npt.NDArray[np.int16], rate: int) -> None:
+        """Queue audio of a response after whatever is queued already."""
+        self._playout.play(response_id, item_id, pcm, rate)
+
+    def finish(self, response_id: str) -> None:
+        """No more audio will come for this response: it stops once what is queued is sent."""
+        self._playout.finish(response_id)
+
+    def clear(self, response_id: str) -> None:
+        """Drop what is left of a response within a frame; see ``Playout.clear``."""
+        self._playout.clear(response_id)
+
+    async def close(self) -> None:
+        """Stop the ticks, say BYE in RTCP, drop queued audio and close the socket."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._agreed is not None:
+            try:
+                self._send_report(bye=True)
+            except OSError as exc:
+                logger.debug("rtcp: BYE not sent: %s", exc)
+        self._playout.stop()
+        self._transport.close()
+
+    @property
+    def stats(self) -> RtpStats:
+        """The call's media counters, as of now."""
+        jitter = self._jitter.stats
+        return RtpStats(
+            packets_sent=self._sender.packets,
+            bytes_sent=self._sender.octets,
+            packets_received=self._received,
+            bytes_received=self._received_bytes,
+            lost=max(0, self._reception.lost),
+            late=jitter.late,
+            reordered=self._reception.reordered,
+            duplicates=self._reception.duplicates + jitter.duplicates,
+            concealed=jitter.concealed,
+            jitter_ms=self._reception.jitter * 1000 / RATE,
+            target_delay_ms=self._jitter.target_delay * 1000,
+            dtmf_events=self._dtmf_events,
+            ignored=self._ignored,
+            late_frames=self._late_frames,
+            late_restarts=self._late_restarts,
+            round_trip_ms=None if self._round_trip is None else self._round_trip * 1000,
+            send_lateness_ms=[x * 1000 for x in self._lateness],
+        )
+
+    # ------------------------------------------------------------------ ticks
+
+    def _tick(self) -> None:
+        now = self._loop.time()
+        lateness = now - (self._grid_start + self._ticks * FRAME_SECONDS)
+        if lateness > MAX_LAG:
+            self._grid_start = now - self._ticks * FRAME_SECONDS
+            self._late_restarts += 1
+        self._lateness.append(lateness)
+        if lateness >= FRAME_SECONDS:
+            self._late_frames += 1
+        self._ticks += 1
+        try:
+            self._pass_input(now)
+            self._send_frame()
+            if self._report_timer.poll(now):
+                self._send_report()
+        except Exception:
+            logger.exception("rtp: tick failed")
+        if not self._closed:
+            self._timer = self._loop.call_at(
+                self._grid_start + self._ticks * FRAME_SECONDS, self._tick
+            )
+
+    def _pass_input(self, now: float) -> None:
+        frame = self._jitter.get(now)
+        if frame is None or self._on_audio is None or self._input_rate is None:
+            return
+        rate = self._input_rate()
+        if self._resampler is None or self._resampler.out_rate != rate:
+            self._resampler = StreamResampler(RATE, rate)
+        pcm = self._resampler.process(frame)
+        if len(pcm):
+            self._on_audio(pcm)
+
+    def _send_frame(self) -> None:
+        agreed = self._agreed
+        if agreed is not None and agreed.sending:
+            frame = self._playout.next_frame()
+            if frame is self._playout.silence:
+                payload = _silence_payload(agreed.codec.name)
+            else:
+                payload = self._encode(frame)
+            self._transport.sendto(self._sender.packet(payload), self._latched or agreed.remote)
+        self._sender.advance(FRAME_SAMPLES)
+
+    def _send_report(self, *, bye: bool = False) -> None:
+        agreed = self._agreed
+        assert agreed is not None
+        sender = self._sender
+        blocks: tuple[rtcp.ReportBlock, ...] = ()
+        reception = self._reception
+        if reception.ssrc is not None:
+            fraction, cumulative = reception.report_interval()
+            last_sr, delay = 0, 0
+            if self._their_sr is not None:
+                last_sr = self._their_sr[0]
+                delay = int((self._loop.time() - self._their_sr[1]) * 65536)
+            blocks = (
+                rtcp.ReportBlock(
+                    ssrc=reception.ssrc,
+                    fraction_lost=fraction,
+                    cumulative_lost=cumulative,
+                    highest_sequence=reception.extended_max,
+                    jitter=int(reception.jitter),
+                    last_sr=last_sr,
+                    delay_since_last_sr=delay,
+                ),
+            )
+        report: rtcp.SenderReport | rtcp.ReceiverReport
+        if sender.packets > self._sent_at_report:
+            report = rtcp.SenderReport(
+                ssrc=sender.ssrc,
+                ntp_timestamp=rtcp.ntp_time(time.time()),
+                rtp_timestamp=sender.timestamp,
+                packets=sender.packets,
+                octets=sender.octets,
+                blocks=blocks,
+            )
+        else:
+            report = rtcp.ReceiverReport(ssrc=sender.ssrc, blocks=blocks)
+        self._sent_at_report = sender.packets
+        packets: list[rtcp.RtcpPacket] = [
+            report,
+            rtcp.SourceDescription(((sender.ssrc, f"hark@{self.local_port}"),)),
+        ]
+        if bye:
+            packets.append(rtcp.Bye((sender.ssrc,)))
+        if agreed.rtcp_mux:
+            target = self._latched or agreed.remote
+        else:
+            target = self._rtcp_latched or agreed.remote_rtcp
+        self._transport.sendto(rtcp.pack_compound(*packets), target)
+
+    # ------------------------------------------------------------------ receiving
+
+    def _receive(self, data: bytes, addr: tuple[str, int]) -> None:
+        agreed = self._agreed
+        if agreed is None or self._closed:
+            return
+        if is_rtcp(data):
+            self._receive_rtcp(data, addr)
+            return
+        try:
+            packet = RtpPacket.parse(data)
+        except RtpError:
+            self._ignored += 1
+            return
+        events = agreed.telephone_event
+        if packet.payload_type != agreed.codec.payload_type and (
+            events is None or packet.payload_type != events.payload_type
+        ):
+            self._ignored += 1
+            return
+        if not self._latch(addr):
+            self._ignored += 1
+            return
+        self._received += 1
+        self._received_bytes += len(packet.payload)
+        if self._timer is None or not agreed.receiving:
+            # Before start (early media) and on hold the caller's audio goes nowhere.
+            return
+        now = self._loop.time()
+        if self._reception.ssrc is not None and packet.ssrc != self._reception.ssrc:
+            self._jitter.reset()
+            self._dtmf = DtmfReceiver()
+        if not self._reception.update(packet.ssrc, packet.sequence, packet.timestamp, now):
+            return
+        if events is not None and packet.payload_type == events.payload_type:
+            self._receive_dtmf(packet)
+            return
+        self._jitter.put(packet.timestamp, self._decode(packet.payload), now)
+
+    def _latch(self, addr: tuple[str, int]) -> bool:
+        """Whether a packet from ``addr`` is the caller's, moving the latch when it has moved."""
+        if self._latched is None or addr == self._latched:
+            self._latched = addr
+            self._candidate = None
+            return True
+        if addr == self._candidate:
+            self._candidate_count += 1
+        else:
+            self._candidate, self._candidate_count = addr, 1
+        if self._candidate_count < RELATCH_PACKETS:
+            return False
+        logger.info("rtp: caller moved from %s to %s", self._latched, addr)
+        self._latched, self._candidate = addr, None
+        return True
+
+    def _receive_dtmf(self, packet: RtpPacket) -> None:
+        try:
+            digit = self._dtmf.receive(packet.timestamp, packet.payload)
+        except DtmfError:
+            self._ignored += 1
+            return
+        if digit is not None and self._on_dtmf is not None:
+            self._dtmf_events += 1
+            self._on_dtmf(digit)
+
+    def _receive_rtcp(self, data: bytes, addr: tuple[str, int]) -> None:
+        try:
+            packets = rtcp.parse_compound(data)
+        except rtcp.RtcpError:
+            self._ignored += 1
+            return
+        self._rtcp_latched = addr
+        now = self._loop.time()
+        for packet in packets:
+            if isinstance(packet, rtcp.SenderReport):
+                self._their_sr = (rtcp.middle_ntp(packet.ntp_timestamp), now)
+            if isinstance(packet, rtcp.SenderReport | rtcp.ReceiverReport):
+                for block in packet.blocks:
+                    if block.ssrc == self._sender.ssrc and block.last_sr:
+                        arrived = rtcp.middle_ntp(rtcp.ntp_time(time.time()))
+                        round_trip = (
+                            arrived - block.last_sr - block.delay_since_last_sr
+                        ) & 0xFFFFFFFF
+                        self._round_trip = round_trip / 65536
+            elif isinstance(packet, rtcp.Bye):
+                logger.debug("rtcp: BYE from %s: %s", addr, packet.reason)
