@@ -73,7 +73,7 @@ async def test_a_failing_receiver_gets_the_event_again_with_backoff() -> None:
         waits.append(seconds)
 
     results: list[Delivery] = []
-    async with webhook_receiver(statuses=[500, 503]) as receiver:
+    with webhook_receiver(statuses=[500, 503]) as receiver:
         sender = WebhookSender(
             receiver.url, SECRET, first_delay_s=0.25, sleep=sleep, on_result=results.append
         )
@@ -100,7 +100,7 @@ async def test_delivery_gives_up_after_max_attempts() -> None:
     async def sleep(seconds: float) -> None:
         return None
 
-    async with webhook_receiver(statuses=[500] * 10) as receiver:
+    with webhook_receiver(statuses=[500] * 10) as receiver:
         sender = WebhookSender(receiver.url, SECRET, max_attempts=4, sleep=sleep)
         try:
             task = sender.send(incoming_call_event("evt_2", "rtc_y", [], created_at=1))
@@ -116,7 +116,7 @@ async def test_an_unreachable_receiver_counts_as_a_failed_attempt() -> None:
     async def sleep(seconds: float) -> None:
         return None
 
-    async with webhook_receiver() as receiver:
+    with webhook_receiver() as receiver:
         url = receiver.url
     # The receiver is gone: nothing listens on its port any more.
     sender = WebhookSender(url, SECRET, max_attempts=2, sleep=sleep)
@@ -140,7 +140,7 @@ async def test_pending_deliveries_are_bounded() -> None:
     async def sleep(seconds: float) -> None:
         await never.wait()
 
-    async with webhook_receiver(statuses=[500] * 10) as receiver:
+    with webhook_receiver(statuses=[500] * 10) as receiver:
         sender = WebhookSender(receiver.url, SECRET, max_pending=2, sleep=sleep)
         try:
             first = sender.send(incoming_call_event("evt_a", "rtc_a", [], created_at=1))
@@ -159,7 +159,7 @@ async def test_the_secret_is_never_logged(caplog: pytest.LogCaptureFixture) -> N
         return None
 
     caplog.set_level(logging.DEBUG)
-    async with webhook_receiver(statuses=[500]) as receiver:
+    with webhook_receiver(statuses=[500]) as receiver:
         sender = WebhookSender(receiver.url, SECRET, sleep=sleep)
         try:
             task = sender.send(incoming_call_event("evt_4", "rtc_w", [], created_at=1))

@@ -1,14 +1,15 @@
-"""A customer's webhook endpoint for tests: a real aiohttp server on loopback that records
-every delivery and answers with the statuses it is told to."""
+"""A customer's webhook endpoint for tests: a real HTTP server on loopback, on a thread of
+its own (so it outlives one test's event loop), that records every delivery and answers
+with the statuses it is told to."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import queue
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-
-from aiohttp import web
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,34 +27,49 @@ class WebhookReceiver:
     url: str = ""
     statuses: list[int] = field(default_factory=list)
     received: list[Received] = field(default_factory=list)
-    arrived: asyncio.Queue[Received] = field(default_factory=lambda: asyncio.Queue(1000))
+    arrived: queue.Queue[Received] = field(default_factory=lambda: queue.Queue(1000))
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
-    async def handle(self, request: web.Request) -> web.Response:
-        """Record the delivery and answer it."""
-        delivery = Received(await request.read(), dict(request.headers))
-        self.received.append(delivery)
+    def record(self, delivery: Received) -> int:
+        """Keep a delivery; the status to answer it with."""
+        with self.lock:
+            self.received.append(delivery)
+            status = self.statuses.pop(0) if self.statuses else 200
         self.arrived.put_nowait(delivery)
-        status = self.statuses.pop(0) if self.statuses else 200
-        return web.Response(status=status, text="ok" if status < 300 else "try again")
+        return status
 
-    async def next(self, timeout_s: float = 30.0) -> Received:
-        """The next delivery to arrive."""
-        return await asyncio.wait_for(self.arrived.get(), timeout_s)
+    def next(self, timeout_s: float = 30.0) -> Received:
+        """The next delivery to arrive (blocking: from async code, in a thread)."""
+        return self.arrived.get(timeout=timeout_s)
 
 
-@contextlib.asynccontextmanager
-async def webhook_receiver(statuses: list[int] | None = None) -> AsyncIterator[WebhookReceiver]:
+@contextlib.contextmanager
+def webhook_receiver(statuses: list[int] | None = None) -> Iterator[WebhookReceiver]:
     """A running receiver at ``receiver.url`` (``/webhook`` on an ephemeral port)."""
     receiver = WebhookReceiver(statuses=list(statuses or []))
-    app = web.Application()
-    app.router.add_post("/webhook", receiver.handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    receiver.url = f"http://{host}:{port}/webhook"
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length)
+            status = receiver.record(Received(body, dict(self.headers.items())))
+            answer = b"ok" if status < 300 else b"try again"
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, format: str, *args: object) -> None:
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, name="webhook receiver", daemon=True)
+    thread.start()
+    receiver.url = f"http://127.0.0.1:{server.server_address[1]}/webhook"
     try:
         yield receiver
     finally:
-        await runner.cleanup()
+        server.shutdown()
+        server.server_close()
+        thread.join()
