@@ -102,6 +102,7 @@ class InviteServerTransaction(_Transaction):
         self.last_response: Response | None = None
         self._last_bytes = b""
         self._interval = T1
+        self.acknowledged = False
 
     def send_response(self, response: Response, now: float) -> None:
         """Send a provisional or final response; later ones after a final are ignored."""
@@ -135,18 +136,22 @@ class InviteServerTransaction(_Transaction):
             self._outgoing.append(self._last_bytes)
 
     def ack_received(self, now: float) -> None:
-        """The ACK of the 2xx arrived: stop retransmitting it."""
-        if self.state == "accepted":
-            self.state = "terminated"
+        """The ACK of the 2xx arrived: stop retransmitting it.
+
+        The transaction stays until its deadline (RFC 6026 §7.1) to answer INVITEs that
+        still come from before the ACK with the 2xx again.
+        """
+        if self.state == "accepted" and not self.acknowledged:
+            self.acknowledged = True
             self._retransmit_at = None
-            self._timer = None
+            self._rearm()
 
     def handle_timer(self, now: float) -> bool:
         """Retransmit or time out; True when a 2xx went unacknowledged for 32 s."""
         if self._timer is None or now < self._timer:
             return False
         if now >= self._deadline and self.state in ("accepted", "completed", "confirmed"):
-            timed_out = self.state == "accepted"
+            timed_out = self.state == "accepted" and not self.acknowledged
             self.state = "terminated"
             self._timer = None
             return timed_out
