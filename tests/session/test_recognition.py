@@ -1,0 +1,221 @@
+"""Incremental recognition in the core, with scripted results on the sample clock."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from hark.engines.asr import TimedSegment, TimedTranscript, TimedWord, Urgency
+from hark.session.actions import CancelRecognition, Generate, Recognise
+
+from .conftest import ASR_RATE, Driver, silence, voiced
+
+# What the speaker says: ten words, 0.29 s each, from 0.3 s into the turn.
+WORDS = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
+FIRST_S = 0.3
+PER_WORD_S = 0.29
+DELTA = "conversation.item.input_audio_transcription.delta"
+COMPLETED = "conversation.item.input_audio_transcription.completed"
+
+
+def say(step: Recognise, first_s: float = FIRST_S) -> TimedTranscript:
+    """The speaker's words heard in a step's window (which starts at the turn's start: the
+    turns here are short), those the window holds whole."""
+    end = len(step.request.audio) / ASR_RATE
+    words = tuple(
+        TimedWord(f" {w}", first_s + i * PER_WORD_S, first_s + (i + 1) * PER_WORD_S, 0.5)
+        for i, w in enumerate(WORDS)
+        if first_s + (i + 1) * PER_WORD_S <= end
+    )
+    text = " ".join(w.word.strip() for w in words)
+    return TimedTranscript((TimedSegment(0.0, end, text),) if words else (), "en", end, words)
+
+
+def configure(driver: Driver, *, transcription: bool = True, **session: Any) -> None:
+    if transcription:
+        session.setdefault("audio", {}).setdefault("input", {})["transcription"] = {
+            "model": "whisper-1",
+            "language": "en",
+            "prompt": "Counting.",
+            "delay": "minimal",
+        }
+    driver.send({"type": "session.update", "session": session})
+
+
+def speak(driver: Driver, ms: int, answer: bool = True) -> None:
+    """Voiced audio 20 ms at a time, answering caption steps as they come."""
+    for _ in range(ms // 20):
+        driver.append(voiced(20))
+        if answer:
+            for step in driver.steps(Urgency.CAPTION):
+                driver.session.on_recognised(step.request_id, say(step), now=driver.now)
+                driver.pump()
+
+
+def test_a_step_every_interval_of_new_audio_and_one_at_a_time(driver: Driver) -> None:
+    configure(driver)
+    driver.append(silence(300))
+    speak(driver, 1500, answer=False)
+    # The minimal delay steps every 0.4 s of audio; the first step is still running.
+    (first,) = driver.steps()
+    assert first.request.urgency == Urgency.CAPTION
+    assert len(first.request.audio) / ASR_RATE == pytest.approx(0.4, abs=0.03)
+    assert first.request.language == "en"
+    assert first.request.prompt == "Counting."
+    # Its answer comes late: the next step is due at once, on everything heard since.
+    driver.session.on_recognised(first.request_id, say(first), now=driver.now)
+    driver.pump()
+    (second,) = driver.steps()
+    assert len(second.request.audio) / ASR_RATE == pytest.approx(1.8, abs=0.03)
+    speak(driver, 380, answer=False)
+    assert not driver.steps()
+    driver.session.on_recognised(second.request_id, say(second), now=driver.now)
+    driver.pump()
+    assert not driver.steps()  # not 0.4 s of new audio yet
+    speak(driver, 20, answer=False)
+    (third,) = driver.steps()
+    assert len(third.request.audio) / ASR_RATE == pytest.approx(2.2, abs=0.03)
+
+
+def test_captions_go_out_while_the_user_speaks_and_complete_at_the_turn_end(
+    driver: Driver,
+) -> None:
+    configure(driver)
+    driver.append(silence(300))
+    speak(driver, 3000)
+    started = next(e for e in driver.events if e["type"] == "input_audio_buffer.speech_started")
+    deltas = [e for e in driver.events if e["type"] == DELTA]
+    assert len(deltas) >= 3
+    assert all(e["item_id"] == started["item_id"] for e in deltas)
+    # The pause is recognised at once (as speculation), and ends the turn with its words.
+    driver.append(silence(200))
+    (pause,) = driver.steps(Urgency.SPECULATION)
+    driver.session.on_recognised(pause.request_id, say(pause), now=driver.now)
+    driver.pump()
+    driver.append(silence(500))
+    types = driver.types()
+    stopped = types.index("input_audio_buffer.speech_stopped")
+    assert types.index(DELTA) < stopped
+    assert not driver.steps(Urgency.ANSWER)
+    deltas = [e for e in driver.events if e["type"] == DELTA]
+    (completed,) = [e for e in driver.events if e["type"] == COMPLETED]
+    assert types.index(COMPLETED) > max(i for i, t in enumerate(types) if t == DELTA)
+    assert "".join(e["delta"] for e in deltas) == completed["transcript"] == " ".join(WORDS)
+    assert completed["item_id"] == started["item_id"]
+    assert "logprobs" not in completed and "logprobs" not in deltas[0]
+    (generate,) = driver.take(Generate)
+    assert generate.request.messages[-1].content == " ".join(WORDS)
+
+
+def test_a_pause_step_is_cancelled_when_the_speaker_goes_on(driver: Driver) -> None:
+    configure(driver)
+    driver.append(silence(300))
+    speak(driver, 1200)
+    driver.append(silence(200))
+    (pause,) = driver.steps(Urgency.SPECULATION)
+    # The caption step asked for during the silence gave way to the pause's.
+    (gave_way,) = driver.take(CancelRecognition)
+    (caption,) = driver.steps(Urgency.CAPTION)
+    assert gave_way.request_id == caption.request_id != pause.request_id
+    # No caption step runs beside the pause's.
+    driver.append(silence(100))
+    assert not driver.steps(Urgency.CAPTION)
+    speak(driver, 100, answer=False)
+    (cancel,) = driver.take(CancelRecognition)
+    assert cancel.request_id == pause.request_id
+    # Its late answer changes nothing, and captions go on.
+    before = len(driver.events)
+    driver.session.on_recognised(pause.request_id, say(pause), now=driver.now)
+    assert driver.pump() == [] and len(driver.events) == before
+    speak(driver, 400, answer=False)
+    assert driver.steps(Urgency.CAPTION)
+
+
+def test_without_a_pause_result_the_final_step_finishes_the_turn(driver: Driver) -> None:
+    configure(driver)
+    driver.append(silence(300))
+    speak(driver, 3000)
+    sent = "".join(e["delta"] for e in driver.events if e["type"] == DELTA)
+    driver.append(silence(200))
+    (pause,) = driver.steps(Urgency.SPECULATION)
+    driver.session.on_transcription_failed(pause.request_id, "engine down", now=driver.now)
+    driver.pump()
+    driver.append(silence(500))
+    assert COMPLETED not in driver.types()
+    (final,) = driver.steps(Urgency.ANSWER)
+    assert len(final.request.audio) / ASR_RATE == pytest.approx(3.8, abs=0.1)
+    # Its prompt carries the client's prompt: the window still starts at the turn's start.
+    assert final.request.prompt == "Counting."
+    driver.session.on_recognised(final.request_id, say(final), now=driver.now)
+    new = driver.pump()
+    last = [e for e in new if e["type"] == DELTA]
+    assert [e["type"] for e in new if e["type"] in (DELTA, COMPLETED)] == [DELTA, COMPLETED]
+    assert sent + last[0]["delta"] == " ".join(WORDS)
+    assert new[-1]["type"] == COMPLETED or COMPLETED in driver.types(new)
+
+
+def test_a_manual_commit_streams_the_buffer_and_finishes_it(driver: Driver) -> None:
+    configure(driver, audio={"input": {"turn_detection": None}})
+    speak(driver, 1800)
+    deltas = [e for e in driver.events if e["type"] == DELTA]
+    assert deltas
+    committed = driver.send({"type": "input_audio_buffer.commit"})[0]
+    assert committed["type"] == "input_audio_buffer.committed"
+    assert committed["item_id"] == deltas[0]["item_id"]
+    (final,) = driver.steps(Urgency.ANSWER)
+    driver.session.on_recognised(final.request_id, say(final), now=driver.now)
+    driver.pump()
+    (completed,) = [e for e in driver.events if e["type"] == COMPLETED]
+    assert completed["item_id"] == committed["item_id"]
+    deltas = [e for e in driver.events if e["type"] == DELTA]
+    assert "".join(e["delta"] for e in deltas) == completed["transcript"]
+    assert completed["transcript"] == " ".join(WORDS[:5])
+    # The next buffer is a new item, recognised from its own start.
+    speak(driver, 500, answer=False)
+    (step,) = driver.steps()
+    assert step.request_id.split(":")[0] != committed["item_id"]
+
+
+def test_a_cleared_buffer_cancels_its_steps(driver: Driver) -> None:
+    configure(driver, audio={"input": {"turn_detection": None}})
+    speak(driver, 500, answer=False)
+    (step,) = driver.steps()
+    driver.send({"type": "input_audio_buffer.clear"})
+    (cancel,) = driver.take(CancelRecognition)
+    assert cancel.request_id == step.request_id
+
+
+def test_no_transcription_events_without_transcription_config(driver: Driver) -> None:
+    driver.append(silence(300))
+    speak(driver, 3000)
+    driver.append(silence(200))
+    for step in driver.steps(Urgency.SPECULATION):
+        driver.session.on_recognised(step.request_id, say(step), now=driver.now)
+    driver.pump()
+    driver.append(silence(500))
+    assert DELTA not in driver.types() and COMPLETED not in driver.types()
+    # Recognition ran all the same: the LLM has the words.
+    (generate,) = driver.take(Generate)
+    assert generate.request.messages[-1].content == " ".join(WORDS)
+
+
+def test_logprobs_when_included(driver: Driver) -> None:
+    configure(driver, include=["item.input_audio_transcription.logprobs"])
+    driver.append(silence(300))
+    speak(driver, 3000)
+    driver.append(silence(200))
+    (pause,) = driver.steps(Urgency.SPECULATION)
+    driver.session.on_recognised(pause.request_id, say(pause), now=driver.now)
+    driver.pump()
+    driver.append(silence(500))
+    deltas = [e for e in driver.events if e["type"] == DELTA]
+    for delta in deltas:
+        tokens = [entry["token"] for entry in delta["logprobs"]]
+        assert "".join(tokens) == delta["delta"]
+        for entry in delta["logprobs"]:
+            assert entry["logprob"] == pytest.approx(math.log(0.5))
+            assert bytes(entry["bytes"]).decode() == entry["token"]
+    (completed,) = [e for e in driver.events if e["type"] == COMPLETED]
+    assert "".join(e["token"] for e in completed["logprobs"]) == completed["transcript"]
