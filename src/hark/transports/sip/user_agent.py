@@ -134,6 +134,8 @@ class IncomingCall:
         self._natted = natted
         self._hangup_after_ack = False
         self._refer: asyncio.Future[int] | None = None
+        # Set when the peer acknowledges the answer: its media path is up from then on.
+        self.acked = asyncio.Event()
 
     def ringing(self) -> None:
         """Send 180 Ringing (nothing once answered or ended)."""
@@ -549,6 +551,7 @@ class UserAgentServer:
         tx = call._invite.tx
         if isinstance(tx, InviteServerTransaction) and tx.request.cseq.number == cseq.number:
             tx.ack_received(self._now())
+            call.acked.set()
             self._pump(call._invite)
             if call._hangup_after_ack:
                 call._hangup_after_ack = False
