@@ -224,7 +224,7 @@ class WhisperAsr:
         Cancelling stops before the next model call.
         """
         samples = _checked_audio(audio)
-        loaded = await self._call(self._load, Urgency.ANSWER)
+        loaded = await self._model(Urgency.ANSWER)
         language = self._checked_language(loaded, language)
         if not _has_sound(samples):
             return
@@ -245,27 +245,39 @@ class WhisperAsr:
         """Decode one window of at most 30 s on the trimmed window with word times.
 
         The window is decoded after the text of ``request.prompt`` (its last 223 tokens),
-        with no timestamp tokens; word times come from the cross-attention alignment of the
-        decoded words with the window's own encoder positions, and each word's probability
-        is the product of its tokens' probabilities under that alignment. One segment holds
-        the window's text, from its first word's start to its last word's end. Silence
-        gives no segments. Raises ``ValueError`` for audio longer than 30 s or as
-        ``transcribe`` does.
+        with no timestamp tokens, and with long pauses shortened as ``transcribe`` does
+        (times are still those of the audio as given). Word times come from the
+        cross-attention alignment of the decoded words with the window's own encoder
+        positions, and each word's probability is the product of its tokens' probabilities
+        under that alignment. One segment holds the window's text, from its first word's
+        start to its last word's end. Silence gives no segments. Raises ``ValueError`` for
+        audio longer than 30 s or as ``transcribe`` does.
         """
         samples = _checked_audio(request.audio)
         if samples.size > WINDOW_SAMPLES:
             raise ValueError(f"a recognition window holds at most 30 s, got {samples.size} samples")
         duration = samples.size / SAMPLE_RATE
-        loaded = await self._call(self._load, request.urgency)
+        loaded = await self._model(request.urgency)
         language = self._checked_language(loaded, request.language)
         if not _has_sound(samples):
             return TimedTranscript(segments=(), language=language, duration=duration)
-        window = _Window(samples, language, request.prompt, words=True)
+        kept = _kept_frames(samples)
+        heard = samples if kept is None else _compacted(samples, kept)
+        window = _Window(heard, language, request.prompt, words=True)
         decoded = await self._decode(window, request.urgency)
         text = decoded.text.strip()
         if not decoded.tokens or not text:
             return TimedTranscript(segments=(), language=decoded.language, duration=duration)
         timed = decoded.words
+        if kept is not None:
+            timed = tuple(
+                replace(
+                    word,
+                    start=_within(_restored(word.start, kept, end=False), duration),
+                    end=_within(_restored(word.end, kept, end=True), duration),
+                )
+                for word in timed
+            )
         segment = TimedSegment(
             start=timed[0].start if timed else 0.0,
             end=timed[-1].end if timed else duration,
@@ -279,6 +291,12 @@ class WhisperAsr:
         return TimedTranscript(
             segments=(segment,), language=decoded.language, duration=duration, words=timed
         )
+
+    async def _model(self, urgency: Urgency) -> _Loaded:
+        # Loading is model work too, but once loaded a request queues its own work at once.
+        if self._loaded is not None:
+            return self._loaded
+        return await self._call(self._load, urgency)
 
     async def _call(self, call: Callable[[], _T], urgency: Urgency) -> _T:
         """``call()`` run by the scheduler."""
@@ -470,7 +488,7 @@ class WhisperAsr:
         """
         samples = _checked_audio(audio)
         duration = samples.size / SAMPLE_RATE
-        loaded = await self._call(self._load, Urgency.ANSWER)
+        loaded = await self._model(Urgency.ANSWER)
         checked = self._checked_language(loaded, language)
         if not _has_sound(samples):
             return TimedTranscript(segments=(), language=checked, duration=duration)
@@ -679,26 +697,59 @@ def _compact_silences(samples: npt.NDArray[np.float32]) -> npt.NDArray[np.float3
     long silence ("My phone number is 415." and nothing of the digits said after a 1.2 s
     pause), while a short pause keeps the words on both sides. Leading and trailing
     silence stay as they are."""
+    kept = _kept_frames(samples)
+    return samples if kept is None else _compacted(samples, kept)
+
+
+def _kept_frames(samples: npt.NDArray[np.float32]) -> npt.NDArray[np.intp] | None:
+    """The 10 ms frames that ``_compact_silences`` keeps, in order; ``None`` when it keeps
+    the audio as it is."""
     usable = samples.size - samples.size % _FRAME_SAMPLES
     if usable == 0:
-        return samples
+        return None
     frames = samples[:usable].reshape(-1, _FRAME_SAMPLES)
     rms = np.sqrt(np.mean(np.square(frames, dtype=np.float64), axis=1))
     floor = rms.max() * 10 ** (-_SILENCE_BELOW_PEAK_DB / 20)
     loud = np.flatnonzero(rms > max(floor, _SOUND_RMS))
     if loud.size < 2:
-        return samples
+        return None
     keep_frames = int(_MAX_INNER_SILENCE_S * SAMPLE_RATE / _FRAME_SAMPLES)
     keep = np.ones(rms.size, dtype=bool)
     gaps = np.flatnonzero(np.diff(loud) > keep_frames + 1)
     if gaps.size == 0:
-        return samples
+        return None
     for gap in gaps:
         start, end = loud[gap] + 1, loud[gap + 1]
         half = keep_frames // 2
         keep[start + half : end - (keep_frames - half)] = False
-    kept = frames[keep].reshape(-1)
-    return np.concatenate((kept, samples[usable:])).astype(np.float32, copy=False)
+    return np.flatnonzero(keep)
+
+
+def _compacted(
+    samples: npt.NDArray[np.float32], kept: npt.NDArray[np.intp]
+) -> npt.NDArray[np.float32]:
+    usable = samples.size - samples.size % _FRAME_SAMPLES
+    frames = samples[:usable].reshape(-1, _FRAME_SAMPLES)
+    return np.concatenate((frames[kept].reshape(-1), samples[usable:])).astype(
+        np.float32, copy=False
+    )
+
+
+def _restored(seconds: float, kept: npt.NDArray[np.intp], *, end: bool) -> float:
+    """A time in compacted audio as a time in the audio before compaction.
+
+    A word's start is in the kept frame it falls in, its end in the kept frame it ends; a
+    word ending where a pause was shortened ends before the pause, not after it. The last
+    frames (and the samples short of a frame) are never removed.
+    """
+    frame = seconds * SAMPLE_RATE / _FRAME_SAMPLES
+    if end:
+        index = min(max(math.ceil(frame), 1), kept.size)
+        original = kept[index - 1] + 1 - (index - frame)
+    else:
+        index = min(max(math.floor(frame), 0), kept.size - 1)
+        original = kept[index] + (frame - index)
+    return float(original) * _FRAME_SAMPLES / SAMPLE_RATE
 
 
 def _has_sound(samples: npt.NDArray[np.float32]) -> bool:
