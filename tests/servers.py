@@ -63,6 +63,9 @@ class HarkProcess:
             str(self.port),
             "--rtc-port",
             "0",
+            # The SIP port too: test servers side by side must not fight over 5060.
+            "--sip-port",
+            "0",
             *self.args,
         ]
         if self.netns is not None:

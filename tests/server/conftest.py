@@ -85,6 +85,8 @@ async def serving() -> AsyncIterator[StartServer]:
         if settings.rtc_port == Settings().rtc_port:
             # A free UDP port: test runs side by side must not fight over the default.
             settings = dataclasses.replace(settings, rtc_port=0)
+        if settings.sip_port == Settings().sip_port:
+            settings = dataclasses.replace(settings, sip_port=0)
         engine_sets.append(engines)
         app = create_app(settings, engines, **options)
         runner = make_runner(app)

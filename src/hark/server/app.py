@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import shutil
 import socket
+import ssl
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -30,8 +32,10 @@ from hark.config import Settings
 from hark.engines.registry import Engines
 from hark.observability.metrics import Metrics
 from hark.observability.tracing import TurnTracer
+from hark.protocol.session_config import parse_session_config
 from hark.server import cors
 from hark.server.access import authentication
+from hark.server.admission import admit_session, usage_counter
 from hark.server.auth import Authenticator, check_bind_policy
 from hark.server.demo import DEMO_KEY_SECONDS, DemoPage
 from hark.server.routes import (
@@ -51,12 +55,17 @@ from hark.server.state import (
     LIMITS,
     METRICS,
     NODE,
+    REALTIME_MODEL,
     SESSION_LIMIT,
     SETTINGS,
+    SIP,
     STATE,
     ServerState,
 )
+from hark.server.webhooks import WebhookSender
 from hark.session.core import SESSION_LIMIT_S
+from hark.transports.sip.phone_call import PhoneCall
+from hark.transports.sip.service import SipHooks, SipService
 from hark.transports.webrtc.call import Call
 from hark.transports.webrtc.calls import Calls
 from hark.transports.webrtc.udp_mux import UdpMux, behind_relay
@@ -69,6 +78,7 @@ __all__ = [
     "ENGINES",
     "METRICS",
     "SESSION_LIMIT",
+    "SIP",
     "STATE",
     "AccessLogger",
     "advertise_url",
@@ -142,6 +152,8 @@ def create_app(
         tokens_per_minute=settings.key_tokens_per_minute,
     )
     app[CALLS].on_closed = lambda call: _call_ended(app, call)
+    if settings.sip:
+        app[SIP] = _sip_service(app, settings, engines, session_limit_s)
     demo = DemoPage.for_settings(app[AUTHENTICATOR], settings)
     if demo.enabled:
         logger.info(
@@ -166,12 +178,76 @@ def create_app(
     app.on_startup.append(_start_warmup)
     app.cleanup_ctx.append(_run_metrics)
     app.on_startup.append(_start_webrtc)
+    app.on_startup.append(_start_sip)
     app.cleanup_ctx.append(_run_cluster)
     app.on_shutdown.append(_close_calls)
     app.on_shutdown.append(_close_websockets)
     app.on_cleanup.append(_stop_warmup)
     app.on_cleanup.append(_stop_webrtc)
+    app.on_cleanup.append(_stop_sip)
     return app
+
+
+def _sip_service(
+    app: web.Application, settings: Settings, engines: Engines, session_limit_s: float
+) -> SipService:
+    """The SIP service of ``settings`` (started with the app)."""
+    host = settings.sip_host or settings.host
+    state, limits = app[STATE], app[LIMITS]
+
+    async def admit(owner: str) -> bool:
+        return await admit_session(limits, owner) is None
+
+    hooks = SipHooks(
+        register=lambda call_id, owner: app[NODE].register_call(call_id, owner),
+        admit=admit,
+        usage=lambda owner: usage_counter(limits, owner),
+        ready=state.engines_ready,
+        accepting=lambda: not state.draining,
+        closed=lambda call: _phone_call_ended(app, call),
+    )
+    webhook = None
+    if settings.sip_webhook_url and settings.sip_webhook_secret:
+        webhook = WebhookSender(settings.sip_webhook_url, settings.sip_webhook_secret)
+    session = None
+    if settings.sip_session:
+        # Validated with the settings: it parses.
+        session = parse_session_config(json.loads(settings.sip_session))
+    tls_port, ssl_context = settings.sip_tls_port, None
+    if tls_port is not None and settings.sip_tls_cert and settings.sip_tls_key:
+        try:
+            ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            ssl_context.load_cert_chain(settings.sip_tls_cert, settings.sip_tls_key)
+        except (OSError, ssl.SSLError) as exc:
+            state.sip_error = f"cannot load the SIP TLS certificate or key: {exc}"
+            logger.error("SIP over TLS is unavailable: %s", state.sip_error)
+            tls_port, ssl_context = None, None
+    ports = settings.rtp_ports
+    return SipService.create(
+        engines,
+        hooks,
+        host=host,
+        port=settings.sip_port,
+        advertise_ip=settings.sip_advertise_ip or _concrete_address(host),
+        tls_port=tls_port,
+        ssl_context=ssl_context,
+        model=REALTIME_MODEL,
+        rtp_ports=range(ports[0], ports[1] + 1) if ports is not None else None,
+        webhook=webhook,
+        default_session=session,
+        accept_timeout_s=settings.sip_accept_timeout,
+        session_limit_s=session_limit_s,
+        metrics=app[METRICS],
+    )
+
+
+def _concrete_address(host: str) -> str:
+    """An address others reach ``host`` at: a wildcard becomes this machine's name's."""
+    name = socket.gethostname() if host in ("0.0.0.0", "::", "") else host
+    try:
+        return socket.gethostbyname(name)
+    except OSError:
+        return "127.0.0.1"
 
 
 def webrtc_startup_error(app: web.Application) -> str | None:
@@ -224,6 +300,9 @@ def _load(app: web.Application) -> Load:
     app[METRICS].cluster_store_up.set(1 if app[NODE].store_available else 0)
     state = app[STATE]
     runners = [*state.sessions, *(call.runner for call in app[CALLS])]
+    sip = app.get(SIP)
+    if sip is not None:
+        runners += [call.runner for call in sip if call.runner is not None]
     return Load(sessions=len(runners), queue_depth=sum(r.generations_running for r in runners))
 
 
@@ -232,6 +311,19 @@ def _call_ended(app: web.Application, call: Call) -> None:
     state.session_ended.set()
     state.spawn(app[NODE].forget_call(call.id), f"forget {call.id}")
     state.spawn(app[LIMITS].close_session(call.owner), f"release {call.id}")
+
+
+def _phone_call_ended(app: web.Application, call: PhoneCall) -> None:
+    state = app[STATE]
+    state.session_ended.set()
+    state.spawn(app[NODE].forget_call(call.id), f"forget {call.id}")
+    if call.admitted:
+        state.spawn(app[LIMITS].close_session(call.owner), f"release {call.id}")
+
+
+def _calls_running(app: web.Application) -> int:
+    sip = app.get(SIP)
+    return len(app[CALLS]) + (len(sip) if sip is not None else 0)
 
 
 async def _run_cluster(app: web.Application) -> AsyncIterator[None]:
@@ -265,8 +357,7 @@ async def drain_app(app: web.Application, timeout_s: float) -> None:
         await node.beat()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
-    calls = app[CALLS]
-    while (left := len(state.sessions) + len(calls)) and loop.time() < deadline:
+    while (left := len(state.sessions) + _calls_running(app)) and loop.time() < deadline:
         logger.info("draining: %d session(s) still running", left)
         state.session_ended.clear()
         try:
@@ -281,6 +372,9 @@ async def end_sessions(app: web.Application) -> None:
     state = app[STATE]
     ending = [r.end(SHUTDOWN_MESSAGE, SHUTDOWN_CODE, "server shutdown") for r in state.sessions]
     ending += [call.end(SHUTDOWN_MESSAGE, SHUTDOWN_CODE, "server shutdown") for call in app[CALLS]]
+    sip = app.get(SIP)
+    if sip is not None:
+        ending += [call.end(SHUTDOWN_MESSAGE, SHUTDOWN_CODE, "server shutdown") for call in sip]
     if ending:
         logger.info("ending %d session(s) and call(s)", len(ending))
         await asyncio.gather(*ending, return_exceptions=True)
@@ -359,9 +453,33 @@ async def _start_webrtc(app: web.Application) -> None:
     app[NODE].media_address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+async def _start_sip(app: web.Application) -> None:
+    # Like WebRTC's UDP port, a SIP port in use leaves the server up without SIP; unlike
+    # it, `hark serve` goes on too, and /readyz says why.
+    sip = app.get(SIP)
+    if sip is None:
+        return
+    try:
+        await sip.start()
+    except OSError as exc:
+        app[
+            STATE
+        ].sip_error = f"cannot listen on SIP {sip.bind_host} port {app[SETTINGS].sip_port}: {exc}"
+        logger.error("SIP is unavailable: %s", app[STATE].sip_error)
+
+
+async def _stop_sip(app: web.Application) -> None:
+    sip = app.get(SIP)
+    if sip is not None:
+        await sip.stop()
+
+
 async def _close_calls(app: web.Application) -> None:
     await end_sessions(app)
     await app[CALLS].close_all()
+    sip = app.get(SIP)
+    if sip is not None:
+        await sip.close_all()
 
 
 async def _stop_webrtc(app: web.Application) -> None:

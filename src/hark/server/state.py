@@ -18,6 +18,7 @@ from hark.engines.registry import Engines
 from hark.observability.metrics import Metrics
 from hark.server.auth import Authenticator
 from hark.session.runner import SessionRunner
+from hark.transports.sip.service import SipService
 from hark.transports.webrtc.calls import Calls
 
 # The model name of the Realtime API, and of sessions that name none.
@@ -37,6 +38,8 @@ class ServerState:
     sessions: set[SessionRunner] = field(default_factory=set)
     # Why WebRTC is unavailable (its UDP port could not be bound), or None.
     webrtc_error: str | None = None
+    # Why SIP is unavailable (its port could not be bound, its TLS files not read), or None.
+    sip_error: str | None = None
     # Set on SIGTERM: /readyz turns red and nothing new starts here.
     draining: bool = False
     # Set whenever a session or call ends, so that a drain wakes up to count again.
@@ -63,6 +66,8 @@ ENGINES = web.AppKey("engines", Engines)
 AUTHENTICATOR = web.AppKey("authenticator", Authenticator)
 STATE = web.AppKey("state", ServerState)
 CALLS = web.AppKey("calls", Calls)
+# The SIP service, absent with ``--no-sip``.
+SIP = web.AppKey("sip", SipService)
 METRICS = web.AppKey("metrics", Metrics)
 NODE = web.AppKey("node", ClusterNode)
 FORWARDER = web.AppKey("forwarder", Forwarder)

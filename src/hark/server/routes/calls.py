@@ -1,13 +1,21 @@
-"""WebRTC calls: ``POST /v1/realtime/calls`` (and the beta ``POST /v1/realtime``) answers an
-SDP offer, ``POST /v1/realtime/calls/{call_id}/hangup`` ends a call, and a WebSocket to
-``/v1/realtime?call_id=…`` attaches to a call's events (a sideband). Each works on any
-worker: what belongs to another worker is forwarded to it."""
+"""Calls: ``POST /v1/realtime/calls`` (and the beta ``POST /v1/realtime``) answers a WebRTC
+SDP offer; a SIP call that rang is answered with ``POST /v1/realtime/calls/{call_id}/accept``
+(a session config), declined with ``/reject`` or transferred with ``/refer``; ``/hangup`` ends
+a call of either kind, and a WebSocket to ``/v1/realtime?call_id=…`` attaches to a call's
+events (a sideband). Each works on any worker: what belongs to another worker is forwarded
+to it.
+
+A SIP call belongs to no key while it rings: any real API key of the server may accept or
+reject it (as OpenAI lets the project that owns the trunk), and the key that accepts it owns
+it from then on. A call answered without a webhook stays everyone's (any real key).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import re
 from email.message import Message
 from email.parser import BytesParser
 from email.policy import HTTP
@@ -19,7 +27,7 @@ from hark.cluster.forwarding import ForwardError, is_forwarded
 from hark.cluster.store import ClusterUnavailableError, WorkerInfo
 from hark.protocol.errors import ProtocolError
 from hark.protocol.session_config import parse_session_config
-from hark.server.access import KEY, principal, requires
+from hark.server.access import KEY, api_key_only, principal, requires
 from hark.server.admission import admit_session, usage_counter
 from hark.server.auth import Principal, offered_subprotocols
 from hark.server.bodies import decode_text, read_limited
@@ -31,7 +39,18 @@ from hark.server.errors import (
     invalid_request,
     too_large,
 )
-from hark.server.state import CALLS, FORWARDER, LIMITS, METRICS, NODE, REALTIME_MODEL, STATE
+from hark.server.state import (
+    CALLS,
+    FORWARDER,
+    LIMITS,
+    METRICS,
+    NODE,
+    REALTIME_MODEL,
+    SIP,
+    STATE,
+)
+from hark.transports.sip.phone_call import CallStateError, PhoneCall
+from hark.transports.sip.sdp import SdpError
 from hark.transports.webrtc.call import Call
 from hark.transports.webrtc.sdp import MAX_OFFER_BYTES, OfferError
 from hark.transports.websocket import REALTIME_SUBPROTOCOL, websocket_response
@@ -42,6 +61,12 @@ logger = logging.getLogger(__name__)
 MAX_SESSION_PART_BYTES = 256 * 1024
 # A multipart offer: both parts and the multipart framing around them.
 MAX_OFFER_BODY_BYTES = MAX_OFFER_BYTES + MAX_SESSION_PART_BYTES + 16 * 1024
+# The reject and refer bodies: one small field each.
+MAX_CONTROL_BODY_BYTES = 16 * 1024
+MAX_TARGET_URI_CHARS = 1024
+# A SIP or tel URI as a Refer-To header carries it: no spaces, angle brackets, quotes or
+# control characters, which would break out of the header.
+_TARGET_URI = re.compile(r"(?:sips?:[^\s<>\"]+|tel:\+?[0-9A-Da-d*#().\-]+(?:;[^\s<>\"]*)?)")
 
 
 def routes() -> list[web.RouteDef]:
@@ -50,6 +75,9 @@ def routes() -> list[web.RouteDef]:
         # The beta dialect's WebRTC endpoint: an SDP offer posted to /v1/realtime.
         web.post("/v1/realtime", create_call),
         web.post("/v1/realtime/calls", create_call),
+        web.post("/v1/realtime/calls/{call_id}/accept", accept_call),
+        web.post("/v1/realtime/calls/{call_id}/reject", reject_call),
+        web.post("/v1/realtime/calls/{call_id}/refer", refer_call),
         web.post("/v1/realtime/calls/{call_id}/hangup", hangup_call),
     ]
 
@@ -198,22 +226,201 @@ def parse_offer(content_type: str, body: bytes) -> tuple[str, dict[str, Any] | N
 
 @requires(KEY)
 async def hangup_call(request: web.Request) -> web.Response:
-    """End a call, wherever it lives."""
+    """End a call, wherever it lives (a SIP call gets its BYE)."""
     call = await _find_call(request, principal(request), request.match_info["call_id"])
     if isinstance(call, web.Response):
         return call
     if isinstance(call, WorkerInfo):
-        forwarded = request.app[METRICS].forwarded
-        try:
-            answer = await request.app[FORWARDER].http(request, call, await request.read())
-        except ForwardError as exc:
-            forwarded.labels("hangup", "unreachable").inc()
-            logger.warning("a hangup could not reach its call's worker: %s", exc)
-            return _owner_unreachable()
-        forwarded.labels("hangup", "ok").inc()
-        return answer
+        return await _forward(request, call, "hangup")
     await call.close("hangup")
     return web.Response(status=200)
+
+
+@requires(api_key_only("Ephemeral keys cannot accept calls."))
+async def accept_call(request: web.Request) -> web.Response:
+    """Answer a ringing SIP call with the session config in the body (as the SDK's
+    ``client.realtime.calls.accept`` sends it); the accepting key owns the call."""
+    caller = principal(request)
+    call = await _find_phone_call(request, caller, "accept")
+    if isinstance(call, web.Response):
+        return call
+    try:
+        body = await read_limited(request.content.read, MAX_SESSION_PART_BYTES)
+        config = parse_session_config(_json_object(body), param_prefix="session")
+    except ProtocolError as exc:
+        return invalid_request(exc)
+    if config.type != "realtime":
+        return error_response(
+            400,
+            "A call is accepted with a realtime session, not a transcription session.",
+            param="type",
+            code="invalid_value",
+        )
+    if call.state != "pending":
+        return _wrong_state(call, "accepted")
+    if not await request.app[STATE].engines_ready():
+        return engines_failed()
+    limits = request.app[LIMITS]
+    refusal = await admit_session(limits, caller.owner)
+    if refusal is not None:
+        return refusal
+    if call.state != "pending":
+        # Another accept or the caller's CANCEL won while the limits were checked.
+        await limits.close_session(caller.owner)
+        return _wrong_state(call, "accepted")
+    # From here on, the call's end releases the session it counts as.
+    call.admitted = True
+    try:
+        await request.app[SIP].accept(call, config, caller.owner)
+    except SdpError as exc:
+        return error_response(
+            400,
+            f"The caller's SDP offer could not be answered: {exc}",
+            param="call_id",
+            code="invalid_offer",
+        )
+    except CallStateError as exc:
+        return error_response(409, str(exc), param="call_id", code="invalid_call_state")
+    except OSError as exc:
+        logger.error("call %s: no RTP port: %s", call.id, exc)
+        return error_response(
+            503, "No RTP port is free for the call.", type="server_error", code="rtp_unavailable"
+        )
+    logger.info("call %s accepted by %s (model %r)", call.id, caller.owner, config.model)
+    return web.Response(status=200)
+
+
+@requires(api_key_only("Ephemeral keys cannot reject calls."))
+async def reject_call(request: web.Request) -> web.Response:
+    """Decline a ringing SIP call with ``status_code`` (default 603 Decline)."""
+    call = await _find_phone_call(request, principal(request), "reject")
+    if isinstance(call, web.Response):
+        return call
+    try:
+        body = await read_limited(request.content.read, MAX_CONTROL_BODY_BYTES)
+        data = _json_object(body) if body.strip() else {}
+    except ProtocolError as exc:
+        return invalid_request(exc)
+    status = data.get("status_code", 603)
+    if isinstance(status, bool) or not isinstance(status, int) or not 400 <= status <= 699:
+        return error_response(
+            400,
+            "Invalid 'status_code': expected a SIP final status from 400 to 699.",
+            param="status_code",
+            code="invalid_value",
+        )
+    try:
+        call.reject(status)
+    except CallStateError:
+        return _wrong_state(call, "rejected")
+    logger.info("call %s rejected with %d", call.id, status)
+    return web.Response(status=200)
+
+
+@requires(KEY)
+async def refer_call(request: web.Request) -> web.Response:
+    """Transfer an answered SIP call to ``target_uri`` (``tel:`` or ``sip:``) with a REFER;
+    answers once the transfer's outcome is known."""
+    call = await _find_phone_call(request, principal(request), "refer")
+    if isinstance(call, web.Response):
+        return call
+    try:
+        body = await read_limited(request.content.read, MAX_CONTROL_BODY_BYTES)
+        data = _json_object(body)
+    except ProtocolError as exc:
+        return invalid_request(exc)
+    target = data.get("target_uri")
+    if target is None:
+        return error_response(
+            400,
+            "Missing required parameter: 'target_uri'.",
+            param="target_uri",
+            code="missing_required_parameter",
+        )
+    if (
+        not isinstance(target, str)
+        or len(target) > MAX_TARGET_URI_CHARS
+        or _TARGET_URI.fullmatch(target) is None
+    ):
+        return error_response(
+            400,
+            "Invalid 'target_uri': expected a tel: or sip: URI, such as tel:+14155550123 or "
+            "sip:agent@example.com.",
+            param="target_uri",
+            code="invalid_value",
+        )
+    try:
+        status = await call.refer(target)
+    except CallStateError:
+        return _wrong_state(call, "referred")
+    except TimeoutError:
+        return error_response(
+            504,
+            "The transfer got no final answer from the caller's side.",
+            type="server_error",
+            code="refer_timeout",
+        )
+    if not 200 <= status < 300:
+        return error_response(
+            409,
+            f"The transfer failed: the SIP peer answered {status}.",
+            param="target_uri",
+            code="refer_failed",
+        )
+    return web.Response(status=200)
+
+
+async def _find_phone_call(
+    request: web.Request, caller: Principal, kind: str
+) -> PhoneCall | web.Response:
+    """The SIP call of the request, here; what is elsewhere is forwarded to its worker and
+    the worker's answer returned."""
+    call = await _find_call(request, caller, request.match_info["call_id"])
+    if isinstance(call, WorkerInfo):
+        return await _forward(request, call, kind)
+    if isinstance(call, Call):
+        return error_response(
+            400,
+            f"Only SIP calls can be {kind}ed; this is a WebRTC call.",
+            param="call_id",
+            code="invalid_call_type",
+        )
+    return call
+
+
+def _json_object(body: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(body)
+    except ValueError:
+        raise ProtocolError("The body is not valid JSON.", code="invalid_json") from None
+    if not isinstance(value, dict):
+        raise ProtocolError("The body must be a JSON object.", code="invalid_type")
+    return value
+
+
+def _wrong_state(call: PhoneCall, action: str) -> web.Response:
+    state = {"pending": "ringing", "accepted": "answered"}.get(call.state, call.state)
+    if call.closed.is_set() or call.close_reason is not None:
+        state = "ended"
+    return error_response(
+        409,
+        f"The call is {state}; it cannot be {action}.",
+        param="call_id",
+        code="invalid_call_state",
+    )
+
+
+async def _forward(request: web.Request, worker: WorkerInfo, kind: str) -> web.Response:
+    """Pass the request to ``worker``, which owns its call; its answer, or a 503."""
+    forwarded = request.app[METRICS].forwarded
+    try:
+        answer = await request.app[FORWARDER].http(request, worker, await request.read())
+    except ForwardError as exc:
+        forwarded.labels(kind, "unreachable").inc()
+        logger.warning("a %s could not reach its call's worker: %s", kind, exc)
+        return _owner_unreachable()
+    forwarded.labels(kind, "ok").inc()
+    return answer
 
 
 async def attach_sideband(request: web.Request, call_id: str) -> web.StreamResponse:
@@ -227,6 +434,13 @@ async def attach_sideband(request: web.Request, call_id: str) -> web.StreamRespo
     )
     if not ws.can_prepare(request).ok:
         return error_response(400, "Expected a WebSocket upgrade request.")
+    if isinstance(call, PhoneCall) and call.state != "accepted":
+        return error_response(
+            409,
+            "The call has not been accepted; accept it before attaching to it.",
+            param="call_id",
+            code="invalid_call_state",
+        )
     state = request.app[STATE]
     if isinstance(call, WorkerInfo):
         state.websockets.add(ws)
@@ -262,14 +476,17 @@ def _owner_unreachable() -> web.Response:
 
 async def _find_call(
     request: web.Request, caller: Principal, call_id: str
-) -> Call | WorkerInfo | web.Response:
+) -> Call | PhoneCall | WorkerInfo | web.Response:
     """The live call ``call_id`` if it is here, the worker that has it if it is elsewhere,
     or the refusal: 404 for a call that does not exist (or no longer does), 403 for another
     key's call, the same on every worker."""
     not_found = error_response(
         404, f"No call found with id '{call_id[:100]}'.", param="call_id", code="not_found"
     )
-    call = request.app[CALLS].get(call_id)
+    sip = request.app.get(SIP)
+    call: Call | PhoneCall | None = request.app[CALLS].get(call_id)
+    if call is None and sip is not None:
+        call = sip.get(call_id)
     if call is not None:
         return _check_owner(call.id, call.owner, caller) or call
     node = request.app[NODE]
@@ -290,7 +507,8 @@ async def _find_call(
 
 
 def _check_owner(call_id: str, owner: str, caller: Principal) -> web.Response | None:
-    if owner == caller.owner:
+    if owner == caller.owner or (owner == "" and caller.ephemeral is None):
+        # An unclaimed SIP call is any real key's (see the module's docstring).
         return None
     logger.info("refused access to call %s for %s", call_id, caller.owner)
     return error_response(

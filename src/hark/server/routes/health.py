@@ -31,7 +31,12 @@ async def readyz(request: web.Request) -> web.Response:
     """200 once the engines are warm; 503 while starting, failed or draining."""
     state = request.app[STATE]
     status = "draining" if state.draining else state.engines_status
-    return web.json_response({"status": status}, status=200 if status == "ready" else 503)
+    body: dict[str, object] = {"status": status}
+    # A transport that could not start leaves the rest serving: said here, not fatal.
+    problems = {"webrtc": state.webrtc_error, "sip": state.sip_error}
+    if any(problems.values()):
+        body["unavailable"] = {name: why for name, why in problems.items() if why}
+    return web.json_response(body, status=200 if status == "ready" else 503)
 
 
 @requires(api_key_only("Ephemeral keys cannot read metrics.", loopback_open=True))

@@ -1,0 +1,273 @@
+"""The SIP side of a worker: the user agent server, its calls, and how each is answered.
+
+Every INVITE becomes a ``PhoneCall`` with an ``rtc_…`` id, rings (180), and is recorded in
+the cluster store, so that the accept, reject, refer and hangup requests reach this worker
+from any other. With a webhook URL the ``realtime.call.incoming`` event goes to the
+backend, which accepts (``POST /v1/realtime/calls/{id}/accept``) or rejects the call; one
+neither accepted nor rejected within ``accept_timeout_s``, or whose webhook could not be
+delivered at all, is rejected (480). Without a webhook every call is answered at once with
+the default session, so that a PBX can dial hark with nothing else running.
+
+Each call has an RTP port of its own, taken from ``rtp_ports``. The worker's calls count
+toward its load and its owners' session limits like WebRTC calls; the server's drain and
+shutdown end them with BYE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from hark.engines.registry import Engines
+from hark.observability.metrics import Metrics
+from hark.protocol.session_config import SessionConfig
+from hark.server.webhooks import WebhookSender, incoming_call_event
+from hark.session.core import SESSION_LIMIT_S
+from hark.session.ids import IdGenerator
+from hark.session.runner import SessionRunner
+from hark.transports.sip.media import RtpSession
+from hark.transports.sip.phone_call import PhoneCall
+from hark.transports.sip.user_agent import IncomingCall, UserAgentServer
+
+logger = logging.getLogger(__name__)
+
+CALL_ID_PREFIX = "rtc"
+DEFAULT_ACCEPT_TIMEOUT_S = 30.0
+# Calls at once on this worker, ringing or answered; one more is turned away with 503.
+MAX_CALLS = 10_000
+# The status of a call nobody accepted in time, or whose webhook went nowhere.
+NOT_ACCEPTED_STATUS = 480
+# The status of a call turned away because the server cannot take it (draining, full).
+UNAVAILABLE_STATUS = 503
+# The status of a call its owner's session limit refuses.
+BUSY_STATUS = 486
+
+
+@dataclass(frozen=True, slots=True)
+class SipHooks:
+    """What the service needs from the server around it.
+
+    ``register``: the cluster learns a call (id, owner); ``admit``: count a new session of
+    an owner against its limits (False: refused); ``usage``: what counts an owner's tokens;
+    ``ready``: wait for the engines, whether they loaded; ``accepting``: False while the
+    worker drains; ``closed``: a call ended (the cluster forgets it, the limits release it).
+    """
+
+    register: Callable[[str, str], Awaitable[None]]
+    admit: Callable[[str], Awaitable[bool]]
+    usage: Callable[[str], Callable[[int], None] | None]
+    ready: Callable[[], Awaitable[bool]]
+    accepting: Callable[[], bool]
+    closed: Callable[[PhoneCall], None]
+
+
+class SipService:
+    """The user agent server and the phone calls of one worker."""
+
+    def __init__(
+        self,
+        engines: Engines,
+        server: UserAgentServer,
+        hooks: SipHooks,
+        *,
+        model: str,
+        bind_host: str,
+        advertise_ip: str,
+        rtp_ports: range | None,
+        webhook: WebhookSender | None = None,
+        default_session: SessionConfig | None = None,
+        accept_timeout_s: float = DEFAULT_ACCEPT_TIMEOUT_S,
+        session_limit_s: float = SESSION_LIMIT_S,
+        metrics: Metrics | None = None,
+    ) -> None:
+        """``server`` must be made with ``on_invite=service.on_invite`` (see ``create``)."""
+        self.engines = engines
+        self.server = server
+        self.hooks = hooks
+        self.model = model
+        self.bind_host = bind_host
+        self.advertise_ip = advertise_ip
+        self.rtp_ports = rtp_ports
+        self.webhook = webhook
+        self.default_session = default_session
+        self.accept_timeout_s = accept_timeout_s
+        self.session_limit_s = session_limit_s
+        self.metrics = metrics
+        self.started = False
+        self._calls: dict[str, PhoneCall] = {}
+        self._ids = IdGenerator()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @classmethod
+    def create(
+        cls,
+        engines: Engines,
+        hooks: SipHooks,
+        *,
+        host: str,
+        port: int,
+        advertise_ip: str,
+        tls_port: int | None = None,
+        ssl_context: Any = None,
+        **options: Any,
+    ) -> SipService:
+        """A service with its ``UserAgentServer`` on ``host:port`` (not started yet)."""
+        service: SipService
+
+        def on_invite(incoming: IncomingCall) -> None:
+            service.on_invite(incoming)
+
+        server = UserAgentServer(
+            on_invite=on_invite,
+            host=host,
+            port=port,
+            advertise_ip=advertise_ip,
+            tls_port=tls_port,
+            ssl_context=ssl_context,
+        )
+        service = cls(engines, server, hooks, bind_host=host, advertise_ip=advertise_ip, **options)
+        return service
+
+    async def start(self) -> None:
+        """Listen for calls; raises ``OSError`` when the SIP port cannot be bound."""
+        await self.server.start()
+        self.started = True
+        logger.info(
+            "SIP listening on %s port %d (UDP, TCP%s); %s",
+            self.bind_host,
+            self.server.port,
+            f", TLS {self.server.tls_port}" if self.server.tls_port else "",
+            "calls raise a webhook" if self.webhook else "calls are answered at once",
+        )
+
+    async def stop(self) -> None:
+        """End every call and stop listening."""
+        await self.close_all()
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self.webhook is not None:
+            await self.webhook.aclose()
+        if self.started:
+            await self.server.stop()
+            self.started = False
+
+    def get(self, call_id: str) -> PhoneCall | None:
+        """The live call with this id, if any."""
+        return self._calls.get(call_id)
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    def __iter__(self) -> Iterator[PhoneCall]:
+        return iter(list(self._calls.values()))
+
+    async def close_all(self, reason: str = "server shutdown") -> None:
+        """End every call (BYE, or a reject for those still ringing)."""
+        await asyncio.gather(
+            *(call.close(reason) for call in list(self._calls.values())), return_exceptions=True
+        )
+
+    # ------------------------------------------------------------------ calls
+
+    def on_invite(self, incoming: IncomingCall) -> None:
+        """A new INVITE (the stack has sent 100 Trying)."""
+        if not self.hooks.accepting() or len(self._calls) >= MAX_CALLS:
+            logger.info("SIP call %s turned away: not taking calls", incoming.sip_call_id[:100])
+            incoming.reject(UNAVAILABLE_STATUS)
+            return
+        call = PhoneCall(
+            self._ids.new(CALL_ID_PREFIX),
+            incoming,
+            bind_host=self.bind_host,
+            advertise_ip=self.advertise_ip,
+            rtp_ports=self.rtp_ports,
+            on_closed=self._forget,
+        )
+        self._calls[call.id] = call
+        call.ring()
+        logger.info("call %s rings (from %s)", call.id, incoming.remote[0])
+        self._spawn(self._route(call), f"{call.id} route")
+
+    async def accept(self, call: PhoneCall, config: SessionConfig | None, owner: str) -> None:
+        """Answer ``call`` with a session of ``config`` (the default session when None) for
+        ``owner``; raises what ``PhoneCall.accept`` raises."""
+        config = config if config is not None else self.default_session
+        on_usage = self.hooks.usage(owner)
+
+        def runner_for(media: RtpSession) -> SessionRunner:
+            return SessionRunner(
+                self.engines,
+                model=(config.model if config is not None else None) or self.model,
+                initial_config=config,
+                transport="sip",
+                player=media,
+                metrics=self.metrics,
+                on_usage=on_usage,
+                max_duration_s=self.session_limit_s,
+            )
+
+        await call.accept(runner_for, owner)
+        await self.hooks.register(call.id, owner)
+
+    async def _route(self, call: PhoneCall) -> None:
+        """Tell the backend (webhook) or answer at once; reject what nobody accepts."""
+        await self.hooks.register(call.id, call.owner)
+        if self.webhook is None:
+            await self._answer_at_once(call)
+            return
+        event = incoming_call_event(
+            self.webhook.new_event_id(),
+            call.id,
+            call.incoming.headers,
+            created_at=int(time.time()),
+        )
+        delivery = self.webhook.send(event)
+        if delivery is None:
+            self._reject_pending(call, "the webhook queue is full")
+            return
+        deadline = asyncio.get_running_loop().time() + self.accept_timeout_s
+        result = await delivery
+        if not result.delivered:
+            self._reject_pending(call, "its webhook could not be delivered")
+            return
+        left = deadline - asyncio.get_running_loop().time()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(call.settled.wait(), max(left, 0))
+        if call.state == "pending":
+            self._reject_pending(call, f"not accepted within {self.accept_timeout_s:g} s")
+
+    async def _answer_at_once(self, call: PhoneCall) -> None:
+        if not await self.hooks.ready():
+            self._reject_pending(call, "the engines failed to load", UNAVAILABLE_STATUS)
+            return
+        if not await self.hooks.admit(call.owner):
+            self._reject_pending(call, "the session limit is reached", BUSY_STATUS)
+            return
+        call.admitted = True
+        try:
+            await self.accept(call, None, call.owner)
+        except Exception as exc:
+            logger.warning("call %s could not be answered: %s", call.id, exc)
+
+    def _reject_pending(self, call: PhoneCall, why: str, status: int = NOT_ACCEPTED_STATUS) -> None:
+        if call.state != "pending" or call.closed.is_set():
+            return
+        logger.info("call %s rejected (%d): %s", call.id, status, why)
+        call.reject(status)
+
+    def _forget(self, call: PhoneCall) -> None:
+        if self._calls.get(call.id) is call:
+            del self._calls[call.id]
+            self.hooks.closed(call)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
