@@ -14,7 +14,7 @@ import contextlib
 import random
 import shutil
 import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -188,7 +188,9 @@ async def run_sipp(
             process.kill()
             await process.wait()
     assert process.returncode is not None
-    return SippRun(process.returncode, _read(messages), _read(errors), screen.decode("replace"))
+    return SippRun(
+        process.returncode, _read(messages), _read(errors), screen.decode(errors="replace")
+    )
 
 
 @dataclass
@@ -258,23 +260,25 @@ class WebhookSipServer:
 
     async def incoming_call(self, timeout_s: float = 30.0) -> RealtimeCallIncomingWebhookEvent:
         """The next ``realtime.call.incoming`` event, verified by the SDK's ``unwrap``."""
-        delivery = await self.receiver.next(timeout_s)
+        delivery = await asyncio.to_thread(self.receiver.next, timeout_s)
         event = self.server.sdk().webhooks.unwrap(delivery.body, delivery.headers)
         assert isinstance(event, RealtimeCallIncomingWebhookEvent), event
         return event
 
 
 @pytest.fixture
-async def webhook_sip_server(tmp_path: Path) -> AsyncIterator[WebhookSipServer]:
-    """A SIP server that asks a webhook receiver (in this test's loop) about every call;
-    calls not accepted within 10 s are rejected."""
-    async with webhook_receiver() as receiver:
-        with sip_serve(
+def webhook_sip_server(tmp_path: Path) -> Iterator[WebhookSipServer]:
+    """A SIP server that asks a webhook receiver about every call; calls not accepted within
+    5 s are rejected."""
+    with (
+        webhook_receiver() as receiver,
+        sip_serve(
             tmp_path / "hark.log",
             "--sip-webhook-url",
             receiver.url,
             "--sip-accept-timeout",
-            "10",
+            "5",
             env={"HARK_SIP_WEBHOOK_SECRET": SECRET},
-        ) as server:
-            yield WebhookSipServer(server, receiver)
+        ) as server,
+    ):
+        yield WebhookSipServer(server, receiver)
