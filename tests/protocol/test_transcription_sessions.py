@@ -56,6 +56,7 @@ def test_session_created_has_the_ga_transcription_shape(driver: Driver) -> None:
     session = created["session"]
     assert session.keys() == TRANSCRIPTION_ONLY_FIELDS
     assert session["type"] == "transcription"
+    assert session["object"] == "realtime.transcription_session"
     assert session["audio"].keys() == {"input"}
     assert session["audio"]["input"]["transcription"]["model"] == "whisper-1"
     assert session["audio"]["input"]["turn_detection"]["type"] == "server_vad"
@@ -293,6 +294,7 @@ def test_client_secret_for_a_transcription_session() -> None:
         encode_client_secret("ek_test", 1_000_600, config, "sess_1")
     )
     assert answer.session.type == "transcription"
+    assert answer.session.object == "realtime.transcription_session"
     assert answer.session.audio is not None and answer.session.audio.input is not None
     transcription = answer.session.audio.input.transcription
     assert transcription is not None and transcription.model == "gpt-4o-transcribe"

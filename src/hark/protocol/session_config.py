@@ -256,7 +256,11 @@ def session_config_to_dict(
             "audio": {"input": body["audio"]["input"]},
             "include": body["include"],
         }
-    head: dict[str, Any] = {"object": "realtime.session"}
+    head: dict[str, Any] = {
+        "object": "realtime.session"
+        if config.type == "realtime"
+        else "realtime.transcription_session"
+    }
     if session_id is not None:
         head["id"] = session_id
     if expires_at is not None:
