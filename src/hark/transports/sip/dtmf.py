@@ -86,4 +86,3 @@ class DtmfReceiver:
         if continues:
             return None
         return event.digit
-

@@ -149,16 +149,22 @@ class JitterBuffer:
             return
         start = self._unwrap(timestamp)
         end = start + len(pcm)
-        if self._position is not None:
-            if end <= self._position:
-                if self._packets or self._missing_run <= FADE_FRAMES:
-                    self.stats.late += 1
-                    return
-                # Nothing buffered and long silent: a sender that restarted its timestamps
-                # without a gap, not a late packet.
+        position = self._position
+        if position is not None:
+            long_late = end <= position - self.max_delay * self.clock_rate
+            idle = not self._packets and self._missing_run > FADE_FRAMES
+            if abs(start - position) > self._capacity or (long_late and idle):
+                # Out of any range we keep, or later than any delay we keep while nothing
+                # is buffered and nothing has come for a while: a sender that restarted its
+                # timestamps (a new stream, or a pause), not a late packet.
                 start, end = self._restart(timestamp, len(pcm))
-            elif abs(start - self._position) > self._capacity:
-                start, end = self._restart(timestamp, len(pcm))
+        # Late packets count too: they are what the delay has to cover.
+        self._transits.push(now - start / self.clock_rate)
+        lateness = self._transits.high - self._transits.low
+        self.target_delay = min(self.max_delay, max(self.min_delay, lateness + self._frame_seconds))
+        if self._position is not None and end <= self._position:
+            self.stats.late += 1
+            return
         if start in self._packets:
             self.stats.duplicates += 1
             return
@@ -168,9 +174,6 @@ class JitterBuffer:
         self.stats.received += 1
         self._packets[start] = pcm
         bisect.insort(self._starts, start)
-        self._transits.push(now - start / self.clock_rate)
-        lateness = self._transits.high - self._transits.low
-        self.target_delay = min(self.max_delay, max(self.min_delay, lateness + self._frame_seconds))
 
     def get(self, now: float) -> npt.NDArray[np.int16] | None:
         """The next frame at ``now``: None until the stream's first frame is due."""
@@ -179,12 +182,12 @@ class JitterBuffer:
                 return None
             self._position = self._starts[0]
         off = (self._position - self._ideal(now)) / self.frame_samples
-        if off >= 1 and (off >= _FORCE_FRAMES or _quiet(self._last_good)):
-            # Playing ahead of the schedule (the target grew): wait a frame.
+        quiet = _quiet(self._last_good)
+        if off >= 1 and (off >= _FORCE_FRAMES or quiet or not self._available()):
+            # Playing ahead of the schedule (the target grew): wait a frame, best where it is
+            # quiet or where the next packet has not come yet anyway.
             self.stats.inserted += 1
-            if _quiet(self._last_good):
-                return self._silence
-            return _faded(self._last_good, 1.0, 0.0)
+            return self._silence if quiet else self._concealment()
         if off <= -1:
             frame, complete = self._assemble()
             if off <= -_FORCE_FRAMES or (complete and _quiet(frame)):
@@ -193,6 +196,18 @@ class JitterBuffer:
                 return self._finish(*self._assemble())
             return self._finish(frame, complete)
         return self._finish(*self._assemble())
+
+    def _available(self) -> bool:
+        return bool(self._starts) and self._starts[0] <= (self._position or 0)
+
+    def _concealment(self) -> npt.NDArray[np.int16]:
+        """The next frame of a gap: the last good one repeated and fading, then silence."""
+        self._missing_run += 1
+        run = self._missing_run
+        if run > FADE_FRAMES:
+            return self._silence
+        self.stats.concealed += 1
+        return _faded(self._last_good, 1 - (run - 1) / FADE_FRAMES, 1 - run / FADE_FRAMES)
 
     def _finish(self, frame: npt.NDArray[np.int16], complete: bool) -> npt.NDArray[np.int16]:
         if complete:

@@ -197,24 +197,27 @@ class ReceptionStats:
         """Account for one packet; whether it is new."""
         if ssrc != self.ssrc:
             self._restart(ssrc, sequence)
+            return self._accept(sequence, timestamp, arrival)
         delta = seq_diff(sequence, self.max_seq)
         if 0 < delta < MAX_DROPOUT:
             if sequence < self.max_seq:
                 self.cycles += SEQ_MOD
             self.max_seq = sequence
             self._bad_seq = None
-        elif delta == 0 or (-MAX_MISORDER <= delta < 0 and self._already(sequence)):
+        elif delta == 0 or (-MAX_MISORDER <= delta < 0 and sequence in self._seen):
             self.duplicates += 1
             return False
         elif -MAX_MISORDER <= delta < 0:
             self.reordered += 1
+        elif self._bad_seq is not None and sequence == self._bad_seq:
+            # A big jump, and the next packet followed it: the source restarted.
+            self._restart(ssrc, sequence)
         else:
-            # A big jump: the source restarted if the next packet follows this one.
-            if self._bad_seq is not None and sequence == self._bad_seq:
-                self._restart(ssrc, sequence)
-            else:
-                self._bad_seq = (sequence + 1) % SEQ_MOD
-                return False
+            self._bad_seq = (sequence + 1) % SEQ_MOD
+            return False
+        return self._accept(sequence, timestamp, arrival)
+
+    def _accept(self, sequence: int, timestamp: int, arrival: float) -> bool:
         self._remember(sequence)
         self.received += 1
         if self._last is not None:
@@ -257,7 +260,7 @@ class ReceptionStats:
     def _restart(self, ssrc: int, sequence: int) -> None:
         self.ssrc = ssrc
         self.base_seq = sequence
-        self.max_seq = (sequence - 1) % SEQ_MOD
+        self.max_seq = sequence
         self.cycles = 0
         self.received = 0
         self._expected_prior = 0
@@ -265,13 +268,6 @@ class ReceptionStats:
         self._last = None
         self._bad_seq = None
         self._seen.clear()
-        if sequence == 0:
-            # max_seq sits just below the first packet, across the wrap the first update
-            # counts.
-            self.cycles = -SEQ_MOD
-
-    def _already(self, sequence: int) -> bool:
-        return sequence in self._seen
 
     def _remember(self, sequence: int) -> None:
         self._seen.add(sequence)
