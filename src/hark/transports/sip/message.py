@@ -122,8 +122,11 @@ def canonical_name(name: str) -> str:
 def split_list(value: str) -> list[str]:
     """A comma-joined header value split into its elements.
 
-    Commas inside quoted strings and inside ``<…>`` are part of the element.
+    Commas inside quoted strings and inside ``<…>`` are part of the element; an empty value
+    (``Supported:`` with nothing) has no elements.
     """
+    if not value.strip():
+        return []
     parts: list[str] = []
     start = 0
     quoted = False
@@ -504,9 +507,19 @@ class SipMessage:
         return value.split(";", 1)[0].strip().lower()
 
     def _encode(self, start_line: str) -> bytes:
+        # Content-Length is always the body's, written where it was (a round trip keeps
+        # the order), or last.
         lines = [start_line]
-        lines.extend(f"{n}: {v}" for n, v in self.headers if canonical_name(n) != "content-length")
-        lines.append(f"Content-Length: {len(self.body)}")
+        length = str(len(self.body))
+        placed = False
+        for name, value in self.headers:
+            if canonical_name(name) != "content-length":
+                lines.append(f"{name}: {value}")
+            elif not placed:
+                lines.append(f"{name}: {length}")
+                placed = True
+        if not placed:
+            lines.append(f"Content-Length: {length}")
         return ("\r\n".join(lines) + "\r\n\r\n").encode() + self.body
 
 
