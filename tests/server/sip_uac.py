@@ -218,6 +218,15 @@ class Uac:
                 self._ack_error(message)
             return message
 
+    async def final_response(self, method: str, timeout_s: float = 30.0) -> SipMessage:
+        """The final response to the in-dialog request ``method`` the caller sent."""
+        while True:
+            message = await self.receive(timeout_s)
+            if not message.is_response:
+                self.requests.append(message)
+            elif message.method == method and message.status >= 200:
+                return message
+
     def _ack(self, response: SipMessage) -> None:
         # A 2xx's ACK is a request of its own: a new branch, to the remote target.
         self._send(
