@@ -295,6 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="measure a running server")
     benches = bench.add_subparsers(dest="bench", required=True, metavar="BENCH")
     from hark.bench import captions, hop, latency, load, vad, webrtc
+    from hark.bench import sip as sip_bench
 
     for name, module, summary in (
         ("captions", captions, "caption lag, ASR CPU, WER and V2V of people speaking at length"),
@@ -302,6 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("latency", latency, "E2A and voice-to-voice latency of spoken questions"),
         ("load", load, "many simulated callers at once: VAD decision lag, E2A, server figures"),
         ("relay", relay_bench, "datagrams per second per core of hark relay, latency it adds"),
+        ("sip", sip_bench, "SIP answer time, phone calls per core, reply latency on the phone"),
         ("vad", vad, "VAD cost per session-chunk, unbatched and batched"),
         ("webrtc", webrtc, "WebRTC call setup time and calls per core"),
     ):
