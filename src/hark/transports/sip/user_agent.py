@@ -106,7 +106,8 @@ class IncomingCall:
     "ringing" until answered or ended. The callbacks are set by the owner: ``on_ended``
     (BYE or CANCEL from the peer, or a timeout; not called for the owner's own ``reject``
     or ``hangup``), ``on_reoffer`` (a re-INVITE's offer → the answer SDP, or None for 488)
-    and ``on_info`` (an INFO's media type and body; answered 200 either way).
+    and ``on_info`` (an INFO's media type and body; answered 200 either way). ``acked`` is
+    set when the peer's ACK of the answer arrives.
     """
 
     def __init__(
