@@ -158,3 +158,40 @@ def test_hypotheses_that_never_settle_are_committed_before_whisper_runs_out() ->
         policy.hypothesis(hypothesis(" ".join(words), window_start=start, start=start), start, end)
         assert end - policy.window_start <= HARD_LIMIT_S + 0.5
     assert policy.committed
+
+
+def words(*timed: tuple[str, float, float]) -> TimedTranscript:
+    """A hypothesis with the given words and times (the window starts at the turn's)."""
+    heard = tuple(TimedWord(f" {w}", start, end, 0.9) for w, start, end in timed)
+    return TimedTranscript((), "en", heard[-1].end, heard)
+
+
+def test_a_word_timed_into_the_next_does_not_hide_it() -> None:
+    """The decoder stretches the last whole word of a window over the one cut off at its end;
+    the next window's hypothesis still gets that word, found by the words before it."""
+    policy = LocalAgreement()
+    policy.hypothesis(words(("what", 0.9, 1.04), ("the", 1.04, 1.18), ("cap", 1.18, 1.18)), 0, 1.2)
+    policy.hypothesis(
+        words(("what", 0.92, 1.12), ("the", 1.12, 1.52), ("capital", 1.52, 1.52)), 0, 1.8
+    )
+    assert text_of(policy.committed) == "what the" and policy.committed_end == 1.52
+    later = words(
+        ("what", 0.92, 1.12), ("the", 1.12, 1.4), ("capital", 1.4, 1.54), ("of", 1.54, 1.8)
+    )
+    assert text_of(policy.tail(later, 0.0)) == "capital of"
+
+
+def test_a_hypothesis_that_loops_back_is_cut_where_it_does() -> None:
+    policy = LocalAgreement()
+    policy.hypothesis(words(("cancel", 15.5, 15.8), ("my", 15.8, 16.1)), 0, 16.2)
+    policy.hypothesis(
+        words(("cancel", 15.5, 15.8), ("my", 15.8, 16.2), ("sub", 16.2, 16.3)), 0, 16.4
+    )
+    looping = words(
+        ("cancel", 15.5, 15.8),
+        ("my", 15.8, 16.2),
+        ("subscription.", 16.2, 16.8),
+        ("me", 11.1, 11.3),
+        ("a", 11.3, 11.5),
+    )
+    assert text_of(policy.finish(looping, 0.0)) == "subscription."

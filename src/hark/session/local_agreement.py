@@ -61,6 +61,8 @@ _HARD_MARGIN_S = 2.0
 # A word of a new hypothesis that starts this close before the end of the committed words
 # is taken as new (word times are approximate); one that starts earlier was committed.
 _TIME_TOLERANCE_S = 0.1
+# A word that starts this long before the words before it ends were said is a repeat.
+_BACKWARDS_S = 0.5
 # At the seam, a hypothesis may repeat up to this many committed words: they are dropped.
 _MAX_REPEAT = 5
 # The prompt carries at most this many characters of committed text (Whisper reads at most
@@ -117,6 +119,13 @@ class LocalAgreement:
             for w in transcript.words
             if w.word.strip()
         ]
+        inside = [w for w in self.committed if w.end > window_start + _TIME_TOLERANCE_S]
+        keys = [normalise(w.word) for w in inside]
+        if inside and [normalise(w.word) for w in words[: len(inside)]] == keys:
+            # The window heard the committed words it holds again, as they were: what follows
+            # is new, whatever its times (the decoder times a word at a window's end poorly,
+            # and a committed word may have taken the start of the next).
+            return self._in_order(words[len(inside) :])
         limit = self.committed_end - _TIME_TOLERANCE_S
         new = [w for w in words if w.start > limit] if self.committed else words
         if new and self.committed and new[0].start - self.committed_end < 1.0:
@@ -126,7 +135,17 @@ class LocalAgreement:
                 if committed[-count:] == [normalise(w.word) for w in new[:count]]:
                     new = new[count:]
                     break
-        return new
+        return self._in_order(new)
+
+    def _in_order(self, words: list[TimedWord]) -> list[TimedWord]:
+        """``words`` up to the first that goes back in time: a decoder that loops repeats
+        earlier audio's words, timed where they were said."""
+        last = self.committed_end
+        for index, word in enumerate(words):
+            if word.start < last - _BACKWARDS_S:
+                return words[:index]
+            last = max(last, word.end)
+        return words
 
     def hypothesis(
         self, transcript: TimedTranscript, window_start: float, window_end: float

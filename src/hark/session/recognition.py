@@ -168,9 +168,10 @@ class Recognition:
         stream.stepped_ms = end_ms
         stream.caption = self._step(stream, "caption", end_ms, peek, rate, Urgency.CAPTION)
 
-    def recognise_pause(self, pause: Pause, peek: Peek, rate: int) -> None:
-        """Recognise the turn up to its pause while the pause is waited out: the caption step
-        in flight (if any) gives way, and no other runs until the speaker goes on."""
+    def recognise_pause(self, pause: Pause, end_ms: float, peek: Peek, rate: int) -> None:
+        """Recognise the turn up to ``end_ms``, in its pause, while the pause is waited out:
+        the caption step in flight (if any) gives way, and no other runs until the speaker
+        goes on."""
         stream = self._live
         if stream is None:
             # Only a turn being spoken pauses: nothing to recognise.
@@ -180,9 +181,7 @@ class Recognition:
             self._cancel(stream, stream.caption)
         stream.pause = pause
         stream.pause_rest = None
-        request_id = self._step(
-            stream, "pause", pause.start_ms, peek, rate, Urgency.SPECULATION, pause
-        )
+        request_id = self._step(stream, "pause", end_ms, peek, rate, Urgency.SPECULATION, pause)
         stream.pause_request = pause.asr_request = request_id
 
     def forget(self, pause: Pause) -> None:

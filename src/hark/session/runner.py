@@ -155,6 +155,12 @@ class SessionRunner:
         """Responses being generated for this session now (a worker's load)."""
         return len(self._generations)
 
+    async def recognition_idle(self) -> None:
+        """Return once no step of incremental recognition runs or waits (including the steps
+        that finishing ones start)."""
+        while self._recognitions:
+            await asyncio.wait(list(self._recognitions.values()))
+
     async def start(self) -> None:
         """Queue ``session.created`` and start the session's background work."""
         self.metrics.started()

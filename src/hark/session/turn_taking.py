@@ -214,6 +214,8 @@ class TurnTaking:
         self._speech_start_ms = max(ms, self._buffer.start_ms)
         self._idle_deadline_ms = None
         self._recognition.start_turn(self._speech_item_id, self._speech_start_ms)
+        # The VAD may answer late: a step may be due at once.
+        self.recognise_turn()
         self._outbox.emit(
             se.SpeechStarted(
                 audio_start_ms=int(self._speech_start_ms), item_id=self._speech_item_id
@@ -278,8 +280,9 @@ class TurnTaking:
             self._recognition.forget(pause)
 
     def _transcribe_pause(self, pause: Pause) -> None:
-        """Recognise the turn so far while the pause is waited out."""
-        self._recognition.recognise_pause(pause, self._buffer.peek, self.rate)
+        """Recognise the turn so far while the pause is waited out: up to where the VAD has
+        heard, since a word's last sounds are often quieter than its threshold."""
+        self._recognition.recognise_pause(pause, self._vad_now_ms, self._buffer.peek, self.rate)
 
     def pause_transcribed(self, pause: Pause, transcript: str, now: float) -> None:
         """Recognition heard ``transcript`` in ``pause`` (at wall time ``now``): if the turn
