@@ -1,0 +1,359 @@
+"""``RtpSession`` on loopback against a test phone: a UDP socket that sends and records RTP."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator, Callable
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from hark.audio.g711 import ulaw_decode, ulaw_encode
+from hark.transports.sip import rtcp
+from hark.transports.sip.dtmf import TelephoneEvent
+from hark.transports.sip.media import RtpSession
+from hark.transports.sip.rtp import RtpPacket, is_rtcp, seq_diff, ts_diff
+from hark.transports.sip.sdp import SdpError
+from tests.transports.conftest import Listener, until
+
+HOST = "127.0.0.1"
+SESSION_RATE = 24000
+FRAME = 160
+ULAW_SILENCE = b"\xff" * FRAME
+
+
+class Phone(asyncio.DatagramProtocol):
+    """One RTP port of a test phone: what it received, and a sender numbering its packets."""
+
+    def __init__(self) -> None:
+        self.rtp: list[tuple[RtpPacket, tuple[str, int]]] = []
+        self.rtcp: list[list[rtcp.RtcpPacket]] = []
+        self.transport: asyncio.DatagramTransport | None = None
+        self.sequence = itertools.count(1000)
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        if is_rtcp(data):
+            self.rtcp.append(rtcp.parse_compound(data))
+        else:
+            self.rtp.append((RtpPacket.parse(data), addr))
+
+    @property
+    def port(self) -> int:
+        assert self.transport is not None
+        port: int = self.transport.get_extra_info("sockname")[1]
+        return port
+
+    def offer(self, *lines: str, formats: str = "0 8 101", address: str = HOST) -> str:
+        """An offer for audio to this port."""
+        return (
+            "\r\n".join(
+                [
+                    "v=0",
+                    f"o=phone 1 1 IN IP4 {address}",
+                    "s=-",
+                    f"c=IN IP4 {address}",
+                    "t=0 0",
+                    f"m=audio {self.port} RTP/AVP {formats}",
+                    "a=rtpmap:101 telephone-event/8000",
+                    "a=fmtp:101 0-16",
+                    *lines,
+                ]
+            )
+            + "\r\n"
+        )
+
+    def send(
+        self, media: RtpSession, payload: bytes, timestamp: int, payload_type: int = 0
+    ) -> None:
+        assert self.transport is not None
+        packet = RtpPacket(payload_type, next(self.sequence) % 65536, timestamp, 0x5EED, payload)
+        self.transport.sendto(packet.pack(), (HOST, media.local_port))
+
+    def payloads(self, after: int = 0) -> list[RtpPacket]:
+        return [p for p, _ in self.rtp[after:]]
+
+
+@pytest.fixture
+async def phones() -> AsyncIterator[Callable[[], asyncio.Future[Phone]]]:
+    made: list[Phone] = []
+
+    async def make() -> Phone:
+        loop = asyncio.get_running_loop()
+        transport, phone = await loop.create_datagram_endpoint(Phone, local_addr=(HOST, 0))
+        phone.transport = transport
+        made.append(phone)
+        return phone
+
+    yield make  # type: ignore[misc]
+    for phone in made:
+        if phone.transport is not None:
+            phone.transport.close()
+
+
+@pytest.fixture
+async def media() -> AsyncIterator[RtpSession]:
+    session = await RtpSession.open(bind_host=HOST)
+    yield session
+    await session.close()
+
+
+class Caller:
+    """What the session passes on: audio at the session rate, and digits."""
+
+    def __init__(self) -> None:
+        self.audio: list[npt.NDArray[np.int16]] = []
+        self.digits: list[str] = []
+        self.listener = Listener()
+
+    def start(self, media: RtpSession) -> None:
+        media.start(
+            input_rate=lambda: SESSION_RATE,
+            on_audio=self.audio.append,
+            on_dtmf=self.digits.append,
+            listener=self.listener,
+        )
+
+    @property
+    def samples(self) -> int:
+        return sum(len(a) for a in self.audio)
+
+
+def tone(rate: int, seconds: float, hz: float = 440.0) -> npt.NDArray[np.int16]:
+    t = np.arange(int(rate * seconds)) / rate
+    return (8000 * np.sin(2 * np.pi * hz * t)).astype(np.int16)
+
+
+def dominant_hz(pcm: npt.NDArray[np.int16], rate: int) -> float:
+    spectrum = np.abs(np.fft.rfft(pcm.astype(np.float64)))
+    return float(np.argmax(spectrum) * rate / len(pcm))
+
+
+async def talk(
+    phone: Phone, media: RtpSession, pcm: npt.NDArray[np.int16], start_ts: int = 0
+) -> None:
+    """Send ``pcm`` as μ-law RTP, a packet every 20 ms of the loop's clock as a phone does."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    for n in range(len(pcm) // FRAME):
+        phone.send(media, ulaw_encode(pcm[n * FRAME : (n + 1) * FRAME]), start_ts + n * FRAME)
+        await asyncio.sleep(start + (n + 1) * 0.02 - loop.time())
+
+
+async def started(
+    phones: Callable[[], asyncio.Future[Phone]], media: RtpSession
+) -> tuple[Phone, Caller]:
+    phone = await phones()
+    media.negotiate(phone.offer(), HOST)
+    caller = Caller()
+    caller.start(media)
+    return phone, caller
+
+
+async def test_the_callers_audio_reaches_the_session_at_its_rate(
+    phones: Callable[[], asyncio.Future[Phone]], media: RtpSession
+) -> None:
+    phone, caller = await started(phones, media)
+    await talk(phone, media, tone(8000, 1.0))
+    await until(lambda: caller.samples >= SESSION_RATE * 0.8)
+    heard = np.concatenate(caller.audio)
+    assert abs(dominant_hz(heard[: int(SESSION_RATE * 0.8)], SESSION_RATE) - 440) < 5
+    stats = media.stats
+    assert stats.packets_received == 50
+    assert stats.lost == stats.ignored == 0
+
+
+async def test_a_key_press_is_one_digit_and_never_audio(
+    phones: Callable[[], asyncio.Future[Phone]], media: RtpSession
+) -> None:
+    phone, caller = await started(phones, media)
+    for duration in (160, 320, 480, 480, 480):
+        end = duration == 480
+        phone.send(media, TelephoneEvent(5, end, 10, duration).pack(), 8000, payload_type=101)
+        await asyncio.sleep(0.02)
+    phone.send(media, TelephoneEvent(9, True, 10, 480).pack(), 16000, payload_type=101)
+    await until(lambda: len(caller.digits) == 2)
+    assert caller.digits == ["5", "9"]
+    assert caller.audio == []
+    assert media.stats.dtmf_events == 2
+
+
+async def test_played_audio_leaves_as_numbered_packets_that_decode_back_to_it(
+    phones: Callable[[], asyncio.Future[Phone]], media: RtpSession
+) -> None:
+    phone, caller = await started(phones, media)
+    await until(lambda: len(phone.rtp) >= 3)
+    assert phone.rtp[0][0].payload == ULAW_SILENCE and phone.rtp[0][0].marker
+    speech = tone(8000, 0.5)
+    media.play("resp_1", "item_1", speech, 8000)
+    media.finish("resp_1")
+    await until(lambda: ("stopped", "resp_1") in caller.listener.log)
+    await until(lambda: phone.rtp[-1][0].payload == ULAW_SILENCE)
+    packets = phone.payloads()
+    assert all(p.payload_type == 0 and len(p.payload) == FRAME for p in packets)
+    assert all(seq_diff(b.sequence, a.sequence) == 1 for a, b in itertools.pairwise(packets))
+    assert all(ts_diff(b.timestamp, a.timestamp) == FRAME for a, b in itertools.pairwise(packets))
+    assert not any(p.marker for p in packets[1:])
+    voiced = [p.payload for p in packets if p.payload != ULAW_SILENCE]
+    assert len(voiced) == 25
+    decoded = ulaw_decode(b"".join(voiced))
+    assert np.array_equal(decoded, ulaw_decode(ulaw_encode(speech)))
+    assert caller.listener.log == [("started", "resp_1"), ("stopped", "resp_1")]
+
+
+async def test_audio_at_the_session_rate_is_resampled_once_to_8_khz(
+    phones: Callable[[], asyncio.Future[Phone]], media: RtpSession
+) -> None:
+    phone, caller = await started(phones, media)
+    media.play("resp_1", "item_1", tone(SESSION_RATE, 0.5, hz=1000), SESSION_RATE)
+    media.finish("resp_1")
+    await until(lambda: ("stopped", "resp_1") in caller.listener.log)
+    voiced = b"".join(p.payload for p in phone.payloads() if p.payload != ULAW_SILENCE)
+    decoded = ulaw_decode(voiced)
+    assert abs(len(decoded) - 4000) <= FRAME
+    assert abs(dominant_hz(decoded, 8000) - 1000) < 5
+
+
+async def test_clear_stops_the_audio_at_once_and_reports_what_was_sent(
+    phones: Callable[[], asyncio.Future[Phone]], media: RtpSession
+) -> None:
+    phone, caller = await started(phones, media)
+    media.play("resp_1", "item_1", tone(8000, 5.0), 8000)
+    await until(lambda: sum(p.payload != ULAW_SILENCE for p in phone.payloads()) >= 10)
+    media.clear("resp_1")
+    sent_at_clear = media.stats.packets_sent
+    await until(lambda: len(phone.rtp) >= sent_at_clear + 5)
+    packets = phone.payloads()
+    voiced = [n for n, p in enumerate(packets) if p.payload != ULAW_SILENCE]
+    assert voiced[-1] < sent_at_clear
+    await until(lambda: any(e[0] == "cleared" for e in caller.listener.log))
+    assert caller.listener.log == [("started", "resp_1"), ("cleared", "resp_1", 20 * len(voiced))]
+
+
+async def test_hold_and_resume_by_reoffer(
+    phones: Callable[[], asyncio.Future[Phone]], media: RtpSession
+) -> None:
+    phone, caller = await started(phones, media)
+    media.play("resp_1", "item_1", tone(8000, 5.0), 8000)
+    await until(lambda: len(phone.rtp) >= 5)
+    answer = media.negotiate(phone.offer("a=sendonly"), HOST)
+    assert "a=recvonly\r\n" in answer
+    held_at = media.stats.packets_sent
+    ticks = len(media.stats.send_lateness_ms)
+    # The phone plays music on hold: not for the session.
+    await talk(phone, media, tone(8000, 0.4))
+    await until(lambda: len(media.stats.send_lateness_ms) >= ticks + 20)
+    assert media.stats.packets_sent == held_at
+    assert caller.audio == []
+    answer = media.negotiate(phone.offer("a=sendrecv"), HOST)
+    assert "a=sendrecv\r\n" in answer
+    await until(lambda: len(phone.rtp) >= held_at + 3)
+    before, after = phone.rtp[held_at - 1][0], phone.rtp[held_at][0]
+    assert after.marker and seq_diff(after.sequence, before.sequence) == 1
+    assert ts_diff(after.timestamp, before.timestamp) >= 21 * FRAME
+    # The reply was paused, not lost: it goes on where it stopped.
+    assert after.payload != ULAW_SILENCE
+    assert ("cleared", "resp_1") not in [e[:2] for e in caller.listener.log]
+
+
+async def test_the_answer_follows_a_codec_change(
+    phones: Callable[[], asyncio.Future[Phone]], media: RtpSession
+) -> None:
+    phone, _ = await started(phones, media)
+    await until(lambda: len(phone.rtp) >= 2)
+    answer = media.negotiate(phone.offer(formats="8 101"), HOST)
+    assert "m=audio" in answer and "a=rtpmap:8 PCMA/8000" in answer
+    count = len(phone.rtp)
+    await until(lambda: len(phone.rtp) >= count + 3)
+    last = phone.rtp[-1][0]
+    assert last.payload_type == 8
+    assert last.payload == b"\xd5" * FRAME
+
+
+async def test_an_offer_without_g711_is_refused(
+    phones: Callable[[], asyncio.Future[Phone]], media: RtpSession
+) -> None:
+    phone = await phones()
+    with pytest.raises(SdpError, match="no common codec"):
+        media.negotiate(phone.offer(formats="9 101"), HOST)
+
+
+async def test_packets_go_to_the_sdp_address_until_they_follow_the_callers_rtp(
+    phones: Callable[[], asyncio.Future[Phone]], media: RtpSession
+) -> None:
+    phone_a, phone_b, phone_c, phone_d = [await phones() for _ in range(4)]
+    media.negotiate(phone_a.offer(), HOST)
+    Caller().start(media)
+    await until(lambda: len(phone_a.rtp) >= 2)
+    # The caller's RTP comes from elsewhere (NAT): answer it there at once.
+    phone_b.send(media, ULAW_SILENCE, 0)
+    await until(lambda: len(phone_b.rtp) >= 2)
+    # A single packet from a stranger moves nothing.
+    phone_d.send(media, ULAW_SILENCE, 0)
+    count_b = len(phone_b.rtp)
+    await until(lambda: len(phone_b.rtp) >= count_b + 2, limit_s=2)
+    assert not phone_d.rtp
+    # The caller's NAT binding changes: three packets in a row from the new address.
+    for n in range(3):
+        phone_c.send(media, ULAW_SILENCE, 160 * n)
+        await asyncio.sleep(0.02)
+    await until(lambda: len(phone_c.rtp) >= 2)
+    count_a, count_b = len(phone_a.rtp), len(phone_b.rtp)
+    await until(lambda: len(phone_c.rtp) >= 6)
+    assert (len(phone_a.rtp), len(phone_d.rtp)) == (count_a, 0)
+    assert len(phone_b.rtp) == count_b
+
+
+async def test_close_says_bye_in_rtcp_with_a_report_of_what_was_received(
+    phones: Callable[[], asyncio.Future[Phone]],
+) -> None:
+    media = await RtpSession.open(bind_host=HOST)
+    phone, rtcp_port = await phones(), await phones()
+    offer = phone.offer(f"a=rtcp:{rtcp_port.port}")
+    media.negotiate(offer, HOST)
+    Caller().start(media)
+    await talk(phone, media, tone(8000, 0.2))
+    assert phone.transport is not None
+    ntp = rtcp.ntp_time(1_700_000_000.0)
+    report = rtcp.SenderReport(0x5EED, ntp, 0, 10, 1600)
+    phone.transport.sendto(rtcp.pack_compound(report), (HOST, media.local_port))
+    await until(lambda: media.stats.packets_received >= 10)
+    await asyncio.sleep(0.05)
+    await media.close()
+    # The report goes where the phone's own RTCP came from (its RTP port here).
+    await until(lambda: bool(phone.rtcp))
+    sender_report, description, bye = phone.rtcp[-1]
+    assert isinstance(sender_report, rtcp.SenderReport)
+    assert sender_report.packets == media.stats.packets_sent
+    (block,) = sender_report.blocks
+    assert block.ssrc == 0x5EED and block.cumulative_lost == 0
+    assert block.last_sr == rtcp.middle_ntp(ntp)
+    assert isinstance(description, rtcp.SourceDescription)
+    assert isinstance(bye, rtcp.Bye) and bye.sources == (sender_report.ssrc,)
+
+
+async def test_rtcp_goes_to_the_offered_rtcp_port_before_the_phone_sends_any(
+    phones: Callable[[], asyncio.Future[Phone]],
+) -> None:
+    media = await RtpSession.open(bind_host=HOST)
+    phone, rtcp_port = await phones(), await phones()
+    media.negotiate(phone.offer(f"a=rtcp:{rtcp_port.port}"), HOST)
+    await media.close()
+    await until(lambda: bool(rtcp_port.rtcp))
+    assert isinstance(rtcp_port.rtcp[0][0], rtcp.ReceiverReport)
+    assert isinstance(rtcp_port.rtcp[0][-1], rtcp.Bye)
+
+
+async def test_ports_come_from_the_range_until_it_is_used_up() -> None:
+    base = 41000 + (asyncio.get_running_loop().time().__hash__() % 1000) * 4
+    ports = range(base, base + 4)
+    first = await RtpSession.open(bind_host=HOST, ports=ports)
+    second = await RtpSession.open(bind_host=HOST, ports=ports)
+    try:
+        assert {first.local_port, second.local_port} == {base, base + 2}
+        with pytest.raises(OSError, match="no free RTP port"):
+            await RtpSession.open(bind_host=HOST, ports=ports)
+    finally:
+        await first.close()
+        await second.close()
