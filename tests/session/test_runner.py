@@ -6,12 +6,14 @@ import asyncio
 import json
 from base64 import b64encode
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from hark.config import Settings
-from hark.engines.fake import FakeLlm
+from hark.engines.asr import RecognitionRequest, TimedTranscript
+from hark.engines.fake import FakeAsr, FakeLlm
 from hark.engines.llm import ChatMessage, GenerationRequest, LlmEvent
 from hark.engines.registry import build_engines
 from hark.session.actions import Generate, ScoreTurn, Speculate
@@ -257,4 +259,76 @@ async def test_the_player_is_told_when_a_response_has_no_more_audio() -> None:
     kinds = [kind for kind, _ in player.calls]
     assert kinds[-1] == "finish" and kinds.count("finish") == 1
     assert "play" in kinds and len({rid for _, rid in player.calls}) == 1
+    await runner.close()
+
+
+class HeldAsr(FakeAsr):
+    """Recognition steps that wait until released, noting the ones cancelled."""
+
+    def __init__(self) -> None:
+        super().__init__("one two three")
+        self.started = asyncio.Event()
+        self.release = asyncio.Event()
+        self.cancelled = 0
+
+    async def recognise(self, request: RecognitionRequest) -> TimedTranscript:
+        self.started.set()
+        try:
+            await self.release.wait()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        return await super().recognise(request)
+
+
+def _manual_turn(runner: SessionRunner, seconds: float) -> None:
+    runner.receive_text(
+        json.dumps(
+            {
+                "type": "session.update",
+                "session": {
+                    "audio": {
+                        "input": {"turn_detection": None, "transcription": {"model": "whisper-1"}}
+                    }
+                },
+            }
+        )
+    )
+    chunk = b64encode(np.full(int(24000 * seconds), 3000, "<i2").tobytes()).decode()
+    runner.receive_text(json.dumps({"type": "input_audio_buffer.append", "audio": chunk}))
+
+
+async def test_a_cancelled_recognition_step_stops_in_the_engine() -> None:
+    engines = build_engines(Settings(engines="fake"))
+    asr = engines.asr = HeldAsr()
+    runner = SessionRunner(engines, model="m")
+    await runner.start()
+    _manual_turn(runner, 1.0)
+    await asyncio.wait_for(asr.started.wait(), 5)
+    runner.receive_text(json.dumps({"type": "input_audio_buffer.clear"}))
+    await asyncio.wait_for(runner.recognition_idle(), 5)
+    assert asr.cancelled == 1
+    await runner.close()
+
+
+async def test_recognition_steps_run_in_the_engine_and_their_words_come_back() -> None:
+    engines = build_engines(Settings(engines="fake"))
+    asr = engines.asr = HeldAsr()
+    asr.release.set()
+    runner = SessionRunner(engines, model="m")
+    await runner.start()
+    _manual_turn(runner, 1.0)
+    await asyncio.wait_for(runner.recognition_idle(), 5)
+    runner.receive_text(json.dumps({"type": "input_audio_buffer.commit"}))
+    events: list[dict[str, Any]] = []
+
+    async def until_completed() -> None:
+        async for text in runner.outgoing():
+            events.append(json.loads(text))
+            if events[-1]["type"].endswith("input_audio_transcription.completed"):
+                return
+
+    await asyncio.wait_for(until_completed(), 10)
+    assert events[-1]["transcript"] == "one two three"
+    assert asr.cancelled == 0
     await runner.close()
