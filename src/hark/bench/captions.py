@@ -23,7 +23,8 @@ Four figures:
   (``create_response: false``), so the figure is recognition and VAD only.
 - **Word error rate** of the completed transcripts (``…completed``) against the reference,
   over all the words of a length.
-- **V2V** of each length: then every speaker says each monologue again with replies on;
+- **V2V** of each length: then every speaker says each monologue again with replies on,
+  each time on a new session (so that the reply reads that monologue and nothing before);
   from sending the chunk that holds the last voiced sample to receiving the reply's first
   ``response.output_audio.delta`` (as ``hark bench latency`` measures it). The reply is
   cancelled once its first audio comes: the figure is its start.
@@ -598,15 +599,16 @@ async def run_captions_bench(
                 captions.extend(turns)
             if progress is not None:
                 progress(f"captions of {length:g} s: {len(speakers) * config.repeat} turns")
-        if config.v2v:
-            await asyncio.gather(*(s.configure(replies=True) for s in speakers))
-            for length in config.lengths_s:
-                for _ in range(config.repeat):
-                    replies.extend(
-                        await asyncio.gather(*(s.reply(said[length], length) for s in speakers))
+    if config.v2v:
+        for length in config.lengths_s:
+            for _ in range(config.repeat):
+                replies.extend(
+                    await asyncio.gather(
+                        *(_reply(i, config, said[length], length) for i in range(config.speakers))
                     )
-                if progress is not None:
-                    progress(f"replies to {length:g} s: {len(speakers) * config.repeat} turns")
+                )
+            if progress is not None:
+                progress(f"replies to {length:g} s: {config.speakers * config.repeat} turns")
     return CaptionsReport(
         config=config,
         captions=captions,
@@ -621,6 +623,18 @@ async def run_captions_bench(
             "load_1m_after": _load_average(),
         },
     )
+
+
+async def _reply(
+    index: int, config: CaptionsBenchConfig, monologue: Monologue, length: float
+) -> ReplyTurn:
+    """Say ``monologue`` on a new session and time the reply.
+
+    A new session each time, so that the reply's model reads this monologue and nothing
+    said before: V2V then differs between lengths by this turn's length only.
+    """
+    async with _Speaker.open(index, config, replies=True) as speaker:
+        return await speaker.reply(monologue, length)
 
 
 def _server_cpu(pid: int | None) -> float | None:
@@ -732,8 +746,10 @@ class _Speaker:
 
     @classmethod
     @contextlib.asynccontextmanager
-    async def open(cls, index: int, config: CaptionsBenchConfig) -> AsyncIterator[_Speaker]:
-        """A connected speaker streaming silence, captions on, replies off."""
+    async def open(
+        cls, index: int, config: CaptionsBenchConfig, *, replies: bool = False
+    ) -> AsyncIterator[_Speaker]:
+        """A connected speaker streaming silence, captions on, replies on when ``replies``."""
         from openai import AsyncOpenAI
         from websockets.exceptions import InvalidHandshake
 
@@ -750,7 +766,7 @@ class _Speaker:
                 reader = asyncio.create_task(speaker._read())
                 speaking = asyncio.create_task(speaker._microphone.run())
                 try:
-                    await speaker.configure(replies=False)
+                    await speaker.configure(replies=replies)
                     yield speaker
                 finally:
                     for task in (speaking, reader):
