@@ -27,7 +27,7 @@ import socket
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from hark.transports.sip.message import Request, SipParseError, StreamFramer, Via
 
@@ -121,8 +121,8 @@ class _Stream(asyncio.Protocol):
         self.flow: Flow | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # uvloop's stream transports have asyncio.Transport's methods without subclassing it.
+        self._transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
         if not peer:
             transport.close()
