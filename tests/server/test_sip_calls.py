@@ -11,6 +11,7 @@ import contextlib
 import json
 import re
 import secrets
+import signal
 import socket
 import time
 import urllib.request
@@ -359,3 +360,64 @@ def test_a_keypad_press_becomes_one_server_event() -> None:
     assert (event.event, event.received_at) == ("9", 123)
     wire = json.loads(se.encode_event(event))
     assert wire["type"] == "input_audio_buffer.dtmf_event_received"
+
+
+async def test_an_ephemeral_key_cannot_answer_a_call(
+    phone_server: PhoneServer, client: openai.AsyncOpenAI, caller: Uac
+) -> None:
+    secret = await client.realtime.client_secrets.create(session={"type": "realtime"})
+    ephemeral = openai.AsyncOpenAI(
+        api_key=secret.value, base_url=phone_server.url + "/v1", max_retries=0
+    )
+    caller.invite()
+    event = await incoming(phone_server, client, caller)
+    async with ephemeral:
+        with pytest.raises(openai.PermissionDeniedError):
+            await ephemeral.realtime.calls.accept(event.data.call_id, type="realtime")
+        with pytest.raises(openai.PermissionDeniedError):
+            await ephemeral.realtime.calls.reject(event.data.call_id)
+    final = asyncio.create_task(caller.final())
+    await client.realtime.calls.reject(event.data.call_id)
+    assert (await final).status == 603
+
+
+async def test_accepted_calls_count_against_the_keys_session_limit(tmp_path: Path) -> None:
+    with webhook_receiver() as receiver:
+        log = tmp_path / "hark.log"
+        args = ["--engines", "fake", "--rtp-ports", "0", "--sip-webhook-url", receiver.url]
+        env = {"HARK_API_KEYS": API_KEY, "HARK_SIP_WEBHOOK_SECRET": SECRET}
+        with HarkProcess([*args, "--key-max-sessions", "1"], log, env=env) as server:
+            phones = PhoneServer(server.url, ("127.0.0.1", sip_port(log)), receiver, log)
+            sdk = openai.AsyncOpenAI(
+                api_key=API_KEY, base_url=server.url + "/v1", webhook_secret=SECRET, max_retries=0
+            )
+            async with sdk, uac(phones.sip) as first, uac(phones.sip) as second:
+                first_id = await answered(phones, sdk, first)
+                second.invite()
+                event = await incoming(phones, sdk, second)
+                with pytest.raises(openai.RateLimitError):
+                    await sdk.realtime.calls.accept(event.data.call_id, type="realtime")
+                await sdk.realtime.calls.hangup(first_id)
+                await first.request("BYE")
+                # The first call's end gave its session back.
+                final = asyncio.create_task(second.final())
+                for _ in range(100):
+                    try:
+                        await sdk.realtime.calls.accept(event.data.call_id, type="realtime")
+                        break
+                    except openai.RateLimitError:
+                        await asyncio.sleep(0.05)
+                assert (await final).status == 200
+                await sdk.realtime.calls.hangup(event.data.call_id)
+
+
+async def test_a_draining_server_ends_its_calls_with_bye(tmp_path: Path) -> None:
+    log = tmp_path / "hark.log"
+    args = ["--engines", "fake", "--rtp-ports", "0", "--drain-timeout", "1"]
+    with HarkProcess(args, log) as server:
+        async with uac(("127.0.0.1", sip_port(log))) as phone:
+            phone.invite()
+            assert (await phone.final()).status == 200
+            server.signal(signal.SIGTERM)
+            assert (await phone.request("BYE")).method == "BYE"
+        assert server.wait(30) == 0

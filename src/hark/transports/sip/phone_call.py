@@ -136,9 +136,16 @@ class PhoneCall:
         self.settled.set()
         self.owner = owner
         try:
-            self.media = await RtpSession.open(bind_host=self._bind_host, ports=self._rtp_ports)
-            answer = self.media.negotiate(self.incoming.offer, self._advertise_ip)
-            self.runner = runner = runner_for(self.media)
+            media = await RtpSession.open(bind_host=self._bind_host, ports=self._rtp_ports)
+            if self._closing:
+                # The caller hung up (CANCEL) while the port was being opened.
+                await media.close()
+                raise CallStateError("The call ended before it could be answered.")
+            self.media = media
+            answer = media.negotiate(self.incoming.offer, self._advertise_ip)
+            self.runner = runner = runner_for(media)
+        except CallStateError:
+            raise
         except SdpError:
             await self._fail_setup(488, "Not Acceptable Here")
             raise
@@ -148,9 +155,6 @@ class PhoneCall:
         except BaseException:
             await asyncio.shield(self._fail_setup(500, "Server Internal Error"))
             raise
-        if self._closing:
-            # The caller hung up (CANCEL) while the media was being set up.
-            raise CallStateError("The call ended before it could be answered.")
         self.incoming.answer(answer)
         await runner.start()
         self._fan_out_task = self._spawn(self._fan_out(), "events")
