@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import random
+import time
 from collections.abc import AsyncIterator, Callable
 
 import numpy as np
@@ -346,7 +348,7 @@ async def test_rtcp_goes_to_the_offered_rtcp_port_before_the_phone_sends_any(
 
 
 async def test_ports_come_from_the_range_until_it_is_used_up() -> None:
-    base = 41000 + (asyncio.get_running_loop().time().__hash__() % 1000) * 4
+    base = random.randrange(41000, 49000, 4)
     ports = range(base, base + 4)
     first = await RtpSession.open(bind_host=HOST, ports=ports)
     second = await RtpSession.open(bind_host=HOST, ports=ports)
@@ -357,3 +359,22 @@ async def test_ports_come_from_the_range_until_it_is_used_up() -> None:
     finally:
         await first.close()
         await second.close()
+
+
+async def test_a_stalled_loop_restarts_the_grid_instead_of_bursting(
+    phones: Callable[[], asyncio.Future[Phone]], media: RtpSession
+) -> None:
+    phone, _ = await started(phones, media)
+    await until(lambda: len(phone.rtp) >= 3)
+    # Block the loop, as a stalled worker would.
+    time.sleep(0.3)  # noqa: ASYNC251
+    count = len(phone.rtp)
+    await until(lambda: len(phone.rtp) >= count + 3)
+    stats = media.stats
+    assert stats.late_restarts == 1 and stats.late_frames >= 1
+    packets = phone.payloads()
+    gaps = [ts_diff(b.timestamp, a.timestamp) for a, b in itertools.pairwise(packets)]
+    # One jump on the sampling clock over the stall, every other step one frame.
+    assert sorted(gaps)[-1] >= 15 * FRAME
+    assert sorted(gaps)[:-1] == [FRAME] * (len(gaps) - 1)
+    assert all(seq_diff(b.sequence, a.sequence) == 1 for a, b in itertools.pairwise(packets))

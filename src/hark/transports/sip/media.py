@@ -291,6 +291,8 @@ class RtpSession:
         if lateness > MAX_LAG:
             self._grid_start = now - self._ticks * FRAME_SECONDS
             self._late_restarts += 1
+            # The frames the stall skipped are a gap on the sampling clock, not a slower one.
+            self._sender.advance(int(lateness / FRAME_SECONDS) * FRAME_SAMPLES)
         self._lateness.append(lateness)
         if lateness >= FRAME_SECONDS:
             self._late_frames += 1
@@ -448,7 +450,9 @@ class RtpSession:
         except rtcp.RtcpError:
             self._ignored += 1
             return
-        self._rtcp_latched = addr
+        if self._latched is None or addr[0] == self._latched[0]:
+            # Reports go back where the caller's come from, but only from the caller's host.
+            self._rtcp_latched = addr
         now = self._loop.time()
         for packet in packets:
             if isinstance(packet, rtcp.SenderReport):
