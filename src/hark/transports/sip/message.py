@@ -677,9 +677,7 @@ class StreamFramer:
                 if len(self._buffer) > MAX_MESSAGE_BYTES:
                     raise SipParseError("headers too long")
                 return messages
-            head = bytes(self._buffer[:end])
-            headers = _parse_headers(_header_lines(head)[1:])
-            length = _content_length(headers)
+            length = _framing_length(bytes(self._buffer[:end]))
             if length is None:
                 raise SipParseError("Content-Length is required on a stream")
             total = end + 4 + length
@@ -699,6 +697,21 @@ class StreamFramer:
                 del self._buffer[:2]
             else:
                 return
+
+
+def _framing_length(head: bytes) -> int | None:
+    """The Content-Length of a head, read leniently: a message with a bad header is still
+    framed (and then answered 400), only a missing or bad length loses the stream."""
+    values = []
+    for line in head.split(b"\r\n")[1:]:
+        name, colon, value = line.partition(b":")
+        if colon and name.strip().lower() in (b"content-length", b"l"):
+            values.append(value.strip())
+    if not values:
+        return None
+    if len(set(values)) != 1 or not values[0].isdigit() or len(values[0]) > 6:
+        raise SipParseError("bad Content-Length")
+    return int(values[0])
 
 
 def build_response(
