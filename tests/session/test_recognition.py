@@ -219,3 +219,15 @@ def test_logprobs_when_included(driver: Driver) -> None:
             assert bytes(entry["bytes"]).decode() == entry["token"]
     (completed,) = [e for e in driver.events if e["type"] == COMPLETED]
     assert "".join(e["token"] for e in completed["logprobs"]) == completed["transcript"]
+
+
+def test_a_final_step_after_slow_ones_decodes_at_most_the_engines_window(
+    driver: Driver,
+) -> None:
+    configure(driver, audio={"input": {"turn_detection": None}})
+    # The first caption step never comes back: the window is never trimmed.
+    speak(driver, 35_000, answer=False)
+    assert len(driver.steps(Urgency.CAPTION)) == 1
+    driver.send({"type": "input_audio_buffer.commit"})
+    (final,) = driver.steps(Urgency.ANSWER)
+    assert len(final.request.audio) / ASR_RATE == pytest.approx(30.0, abs=0.01)

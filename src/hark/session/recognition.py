@@ -34,6 +34,8 @@ Pcm = npt.NDArray[np.int16]
 Peek = Callable[[float, float], Pcm]
 # A word's log probability when the engine does not know it.
 _UNKNOWN_LOGPROB = 0.0
+# The most audio one step decodes (``RecognitionRequest``: Whisper hears 30 s).
+_MAX_WINDOW_MS = 30_000
 # A probability the decoder rounded to zero still has a finite log.
 _SMALLEST_P = 1e-12
 
@@ -204,7 +206,9 @@ class Recognition:
         pause: Pause | None = None,
     ) -> str:
         policy = stream.policy
-        start_ms = stream.start_ms + policy.window_start * 1000
+        # The policy bounds the window as its steps come back; a final step after slow ones
+        # may still find it longer than the engine hears, and keeps the end of it.
+        start_ms = max(stream.start_ms + policy.window_start * 1000, end_ms - _MAX_WINDOW_MS)
         transcription = self._transcription()
         stream.steps += 1
         request_id = f"{stream.item_id}:{kind}{stream.steps}"
@@ -220,7 +224,9 @@ class Recognition:
                 ),
             )
         )
-        window = _Step(kind, policy.window_start, (end_ms - stream.start_ms) / 1000, pause)
+        window = _Step(
+            kind, (start_ms - stream.start_ms) / 1000, (end_ms - stream.start_ms) / 1000, pause
+        )
         self._steps[request_id] = (stream, window)
         stream.requests.add(request_id)
         return request_id
