@@ -8,6 +8,7 @@ import pytest
 
 from hark.cli import build_parser
 from hark.config import ConfigError, load_settings
+from hark.server.workers import worker_settings
 
 SECRET = "whsec_c2VjcmV0LWtleS1ieXRlcy0wMTIzNDU2Nzg5"
 
@@ -84,3 +85,9 @@ def test_a_bad_secret_is_refused_without_being_echoed() -> None:
         load_settings({"sip_webhook_secret": secret})
     assert "sip_webhook_secret" in str(refused.value)
     assert "private" not in str(refused.value)
+
+
+def test_with_several_workers_only_the_first_answers_sip() -> None:
+    settings = from_cli("--workers", "3", "--sip-port", "5070")
+    assert [worker_settings(settings, i).sip for i in range(3)] == [True, False, False]
+    assert worker_settings(from_cli("--no-sip"), 0).sip is False

@@ -9,6 +9,7 @@ models, so memory grows with N.
 Before any worker starts, the parent points ``PROMETHEUS_MULTIPROC_DIR`` at a fresh private
 directory, so a ``/metrics`` scrape of any worker shows the whole server. WebRTC needs one
 UDP port per worker: worker i takes ``rtc_port + i`` (any free port when ``rtc_port`` is 0).
+SIP runs on the first worker alone, so that a trunk dials one address.
 
 The workers share ephemeral keys, calls and per-key limits through the cluster store: an
 embedded one in a private run directory the parent makes, or Redis with ``--redis-url``.
@@ -108,9 +109,13 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 
 def worker_settings(settings: Settings, index: int) -> Settings:
-    """Worker ``index``'s settings: one process each, and a WebRTC UDP port of its own."""
+    """Worker ``index``'s settings: one process each, a WebRTC UDP port of its own, and SIP
+    on the first worker only (a trunk points at one address; the accept, reject, refer and
+    hangup requests reach that worker from any other)."""
     rtc_port = settings.rtc_port + index if settings.rtc_port else 0
-    return dataclasses.replace(settings, workers=1, rtc_port=rtc_port)
+    return dataclasses.replace(
+        settings, workers=1, rtc_port=rtc_port, sip=settings.sip and index == 0
+    )
 
 
 def _supervise(
