@@ -191,7 +191,7 @@ class Recognition:
         stream = self._live
         if stream is None or stream.pause is not pause:
             return
-        if stream.pause_request is not None:
+        if stream.pause_request in self._steps:
             self._cancel(stream, stream.pause_request)
         stream.pause = stream.pause_request = stream.pause_rest = None
 
