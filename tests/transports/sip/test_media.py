@@ -378,3 +378,24 @@ async def test_a_stalled_loop_restarts_the_grid_instead_of_bursting(
     assert sorted(gaps)[-1] >= 15 * FRAME
     assert sorted(gaps)[:-1] == [FRAME] * (len(gaps) - 1)
     assert all(seq_diff(b.sequence, a.sequence) == 1 for a, b in itertools.pairwise(packets))
+
+
+async def test_an_old_style_hold_keeps_the_latch_for_the_resume(
+    phones: Callable[[], asyncio.Future[Phone]], media: RtpSession
+) -> None:
+    announced, behind_nat = await phones(), await phones()
+    offer = announced.offer()
+    media.negotiate(offer, HOST)
+    Caller().start(media)
+    behind_nat.send(media, ULAW_SILENCE, 0)
+    await until(lambda: len(behind_nat.rtp) >= 2)
+    announced_before = len(announced.rtp)
+    media.negotiate(offer.replace(f"c=IN IP4 {HOST}", "c=IN IP4 0.0.0.0"), HOST)
+    held = len(behind_nat.rtp)
+    ticks = len(media.stats.send_lateness_ms)
+    await until(lambda: len(media.stats.send_lateness_ms) >= ticks + 5)
+    assert len(behind_nat.rtp) <= held + 1
+    media.negotiate(offer, HOST)
+    count = len(behind_nat.rtp)
+    await until(lambda: len(behind_nat.rtp) >= count + 3)
+    assert len(announced.rtp) == announced_before

@@ -30,6 +30,7 @@ Resuming restarts both, with the RTP timestamp moved on by the time held and the
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 import logging
 import random
@@ -48,7 +49,14 @@ from hark.transports.sip import rtcp
 from hark.transports.sip.dtmf import DtmfError, DtmfReceiver
 from hark.transports.sip.jitter import JitterBuffer
 from hark.transports.sip.rtp import ReceptionStats, RtpError, RtpPacket, RtpSender, is_rtcp
-from hark.transports.sip.sdp import Answerer, Negotiated, SdpError, negotiate, parse_offer
+from hark.transports.sip.sdp import (
+    HOLD_ADDRESSES,
+    Answerer,
+    Negotiated,
+    SdpError,
+    negotiate,
+    parse_offer,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -136,6 +144,7 @@ class RtpSession:
         self._dtmf = DtmfReceiver()
         self._playout = Playout(RATE, frame_ms=FRAME_MS, clock=self._loop.time)
         self._resampler: StreamResampler | None = None
+        self._sdp_remote: tuple[str, int] | None = None
         self._latched: tuple[str, int] | None = None
         self._candidate: tuple[str, int] | None = None
         self._candidate_count = 0
@@ -178,7 +187,9 @@ class RtpSession:
                 transport, protocol = await loop.create_datagram_endpoint(
                     _Protocol, local_addr=(bind_host, port)
                 )
-            except OSError:
+            except OSError as exc:
+                if exc.errno not in (errno.EADDRINUSE, errno.EACCES):
+                    raise
                 continue
             return cls(transport, protocol)
         raise OSError(f"no free RTP port in {ports}")
@@ -199,8 +210,10 @@ class RtpSession:
             self._encode, self._decode = _CODECS[agreed.codec.name]
             self._jitter.reset()
         self._sender.payload_type = agreed.codec.payload_type
-        if previous is None or previous.remote != agreed.remote:
-            # Somewhere new: what we latched onto belonged to the old address.
+        if agreed.remote[0] not in HOLD_ADDRESSES and agreed.remote != self._sdp_remote:
+            # Somewhere new: what we latched onto belonged to the old address. (A hold
+            # address is nowhere; the latch stays for the resume.)
+            self._sdp_remote = agreed.remote
             self._latched = None
             self._candidate = None
             self._rtcp_latched = None

@@ -37,6 +37,8 @@ TELEPHONE_EVENT = "telephone-event"
 # The events we take (RFC 4733: 0-9, *, #, A-D, flash) when the offer names none.
 _DEFAULT_EVENTS = "0-16"
 _MAX_SDP = 64 * 1024
+# Connection addresses that mean "send nothing here" (RFC 2543 hold, RFC 3264 section 8.4).
+HOLD_ADDRESSES = ("0.0.0.0", "::")
 
 
 class SdpError(ValueError):
@@ -91,7 +93,7 @@ class AudioOffer:
     @property
     def held(self) -> bool:
         """Whether the offerer stops listening: ``sendonly``/``inactive``, or ``c=0.0.0.0``."""
-        return self.direction in ("sendonly", "inactive") or self.address in ("0.0.0.0", "::")
+        return self.direction in ("sendonly", "inactive") or self.address in HOLD_ADDRESSES
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,10 +111,7 @@ class Negotiated:
     @property
     def sending(self) -> bool:
         """Whether we send audio (the answer's direction includes send, to a real address)."""
-        return self.direction in ("sendrecv", "sendonly") and self.remote[0] not in (
-            "0.0.0.0",
-            "::",
-        )
+        return self.direction in ("sendrecv", "sendonly") and self.remote[0] not in HOLD_ADDRESSES
 
     @property
     def receiving(self) -> bool:
