@@ -296,7 +296,8 @@ async def test_half_sent_tcp_messages_do_not_hold_the_port(
     [
         ("bad CSeq number", "CSeq: many OPTIONS"),
         ("bad Content-Length", "Content-Length: lots"),
-        ("bad Max-Forwards", "Max-Forwards: seventy"),
+        ("unclosed To", "To: <sip:hark@127.0.0.1"),
+        ("empty Call-ID", "Call-ID:"),
     ],
 )
 async def test_a_malformed_request_with_a_readable_via_gets_400(
