@@ -28,17 +28,16 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any, Literal
 
-from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp import web
 
 from hark.session.runner import SessionRunner
+from hark.transports.sideband import Sidebands
 from hark.transports.sip.media import RtpSession
 from hark.transports.sip.sdp import SdpError
 from hark.transports.sip.user_agent import IncomingCall
 
 logger = logging.getLogger(__name__)
 
-# A sideband socket this far behind is not reading: it is closed rather than buffered for.
-MAX_SIDEBAND_BACKLOG = 10000
 # Events held until the first sideband attaches (the backend connects after its accept);
 # beyond that the oldest are dropped.
 MAX_PENDING_EVENTS = 1000
@@ -107,7 +106,7 @@ class PhoneCall:
         self._advertise_ip = advertise_ip
         self._rtp_ports = rtp_ports
         self._on_closed = on_closed
-        self._sidebands: set[asyncio.Queue[str | None]] = set()
+        self._sidebands = Sidebands(call_id)
         self._pending: deque[str] = deque(maxlen=MAX_PENDING_EVENTS)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._fan_out_task: asyncio.Task[None] | None = None
@@ -240,8 +239,7 @@ class PhoneCall:
             self.incoming.on_ended = None
             self.incoming.on_info = None
             self.incoming.on_reoffer = None
-            for queue in self._sidebands:
-                queue.put_nowait(None)
+            self._sidebands.end()
             self.closed.set()
             if self._on_closed is not None:
                 self._on_closed(self)
@@ -272,61 +270,26 @@ class PhoneCall:
     # ------------------------------------------------------------------ sideband
 
     async def attach(self, ws: web.WebSocketResponse) -> None:
-        """Serve a sideband WebSocket until it or the call ends."""
-        # One place more than the backlog: the end-of-stream None always fits.
-        queue: asyncio.Queue[str | None] = asyncio.Queue(MAX_SIDEBAND_BACKLOG + 1)
-        while self._pending and not self._sidebands:
-            queue.put_nowait(self._pending.popleft())
+        """Serve a sideband WebSocket until it or the call ends (the call must be
+        accepted); the first one gets the events made before it attached."""
+        if self.runner is None:
+            raise CallStateError("The call has not been accepted.")
+        held = [] if self._sidebands else list(self._pending)
         self._pending.clear()
-        self._sidebands.add(queue)
-        writer = asyncio.create_task(self._send_to_socket(ws, queue), name=f"{self.id} sideband")
-        try:
-            if self._closing:
-                return
-            async for msg in ws:
-                runner = self.runner
-                if runner is None:
-                    break
-                if msg.type is WSMsgType.TEXT:
-                    runner.receive_text(msg.data)
-                elif msg.type is WSMsgType.BINARY:
-                    runner.receive_bytes(msg.data)
-                elif msg.type is WSMsgType.ERROR:
-                    break
-        finally:
-            self._sidebands.discard(queue)
-            if not writer.done():
-                writer.cancel()
-            await asyncio.wait([writer])
-            if not ws.closed:
-                await ws.close(code=WSCloseCode.GOING_AWAY)
+        await self._sidebands.serve(ws, self.runner, held)
 
     @property
     def sidebands(self) -> int:
         """How many sideband sockets are attached."""
         return len(self._sidebands)
 
-    @staticmethod
-    async def _send_to_socket(ws: web.WebSocketResponse, queue: asyncio.Queue[str | None]) -> None:
-        try:
-            while (text := await queue.get()) is not None:
-                await ws.send_str(text)
-        except ConnectionError:
-            return
-        await ws.close(code=WSCloseCode.OK, message=b"call ended")
-
     async def _fan_out(self) -> None:
         assert self.runner is not None
         async for text in self.runner.outgoing():
-            if not self._sidebands:
+            if self._sidebands:
+                self._sidebands.publish(text)
+            else:
                 self._pending.append(text)
-            for queue in list(self._sidebands):
-                if queue.qsize() >= MAX_SIDEBAND_BACKLOG:
-                    logger.warning("call %s: a sideband socket fell behind; closing it", self.id)
-                    self._sidebands.discard(queue)
-                    queue.put_nowait(None)
-                else:
-                    queue.put_nowait(text)
         # The session ended (its time limit, or the server ending it): the call ends with it.
         self._spawn(self.close(self._end_reason or "session ended"), "close")
 

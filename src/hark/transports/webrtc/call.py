@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp import WSCloseCode, web
 from aiortc import (
     RTCConfiguration,
     RTCDataChannel,
@@ -32,6 +32,7 @@ from aiortc import (
 from aiortc.mediastreams import MediaStreamTrack
 
 from hark.session.runner import SessionRunner
+from hark.transports.sideband import Sidebands
 from hark.transports.webrtc.ice import use_shared_port
 from hark.transports.webrtc.input_audio import forward_input_audio
 from hark.transports.webrtc.playout import PlayoutTrack
@@ -46,8 +47,6 @@ EVENTS_CHANNEL = "oai-events"
 SETUP_TIMEOUT_SECONDS = 30.0
 # Events held while the data channel is not open yet; beyond that the oldest are dropped.
 MAX_PENDING_EVENTS = 1000
-# A sideband socket this far behind is not reading: it is closed rather than buffered for.
-MAX_SIDEBAND_BACKLOG = 10000
 # How long a call ended by the server waits for its last events to leave.
 END_FLUSH_TIMEOUT_S = 1.0
 
@@ -85,7 +84,7 @@ class Call:
         self._setup_timeout_s = setup_timeout_s
         self._channel: RTCDataChannel | None = None
         self._pending: deque[str] = deque(maxlen=MAX_PENDING_EVENTS)
-        self._sidebands: set[asyncio.Queue[str | None]] = set()
+        self._sidebands = Sidebands(call_id)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._fan_out_task: asyncio.Task[None] | None = None
         # Why the server is ending the call, once it is (``end``).
@@ -182,8 +181,7 @@ class Call:
             logger.exception("call %s: error while closing", self.id)
         finally:
             self.pc.remove_all_listeners()
-            for queue in self._sidebands:
-                queue.put_nowait(None)
+            self._sidebands.end()
             self.closed.set()
             if self._on_closed is not None:
                 self._on_closed(self)
@@ -192,53 +190,22 @@ class Call:
 
     async def attach(self, ws: web.WebSocketResponse) -> None:
         """Serve a sideband WebSocket until it or the call ends."""
-        queue: asyncio.Queue[str | None] = asyncio.Queue()
-        self._sidebands.add(queue)
-        writer = asyncio.create_task(self._send_to_socket(ws, queue), name=f"{self.id} sideband")
-        try:
-            if self._closing:
-                return
-            async for msg in ws:
-                if msg.type is WSMsgType.TEXT:
-                    self.runner.receive_text(msg.data)
-                elif msg.type is WSMsgType.BINARY:
-                    self.runner.receive_bytes(msg.data)
-                elif msg.type is WSMsgType.ERROR:
-                    break
-        finally:
-            self._sidebands.discard(queue)
-            if not writer.done():
-                writer.cancel()
-            await asyncio.wait([writer])
-            if not ws.closed:
-                await ws.close(code=WSCloseCode.GOING_AWAY)
+        if self._closing:
+            await ws.close(code=WSCloseCode.GOING_AWAY)
+            return
+        await self._sidebands.serve(ws, self.runner)
 
     @property
     def sidebands(self) -> int:
         """How many sideband sockets are attached."""
         return len(self._sidebands)
 
-    @staticmethod
-    async def _send_to_socket(ws: web.WebSocketResponse, queue: asyncio.Queue[str | None]) -> None:
-        try:
-            while (text := await queue.get()) is not None:
-                await ws.send_str(text)
-        except ConnectionError:
-            return
-        await ws.close(code=WSCloseCode.OK, message=b"call ended")
-
     # ------------------------------------------------------------------ events
 
     async def _fan_out(self) -> None:
         async for text in self.runner.outgoing():
             self._send_to_channel(text)
-            for queue in list(self._sidebands):
-                if queue.qsize() >= MAX_SIDEBAND_BACKLOG:
-                    logger.warning("call %s: a sideband socket fell behind; closing it", self.id)
-                    self._sidebands.discard(queue)
-                    queue.put_nowait(None)
-                else:
-                    queue.put_nowait(text)
+            self._sidebands.publish(text)
         # The session ended (its time limit, or the server ending it): the call ends with it.
         self._spawn(self.close(self._end_reason or "session ended"), "close")
 
