@@ -18,9 +18,10 @@ Four figures:
   words the captions got right count (a misheard word counts in the word error rate).
 - **ASR CPU per second of speech**: the server process's CPU time (``--server-pid``, or the
   server the bench started) while the speakers say one length and until their transcripts
-  are complete, less the idle rate (measured first, every session streaming silence) over
-  that time, divided by the seconds of speech said. These turns ask for no reply
-  (``create_response: false``), so the figure is recognition and VAD only.
+  are complete, less the idle rate over that time (measured first, every session streaming
+  silence: the median of one-second windows once the sessions have settled), divided by
+  the seconds of speech said. These turns ask for no reply (``create_response: false``),
+  so the figure is recognition and VAD only.
 - **Word error rate** of the completed transcripts (``…completed``) against the reference,
   over all the words of a length.
 - **V2V** of each length: then every speaker says each monologue again with replies on,
@@ -66,6 +67,7 @@ from hark.bench.report import (
     add_json_option,
     api_key,
     cpu_seconds,
+    percentile,
     percentiles,
     publish,
     rounded,
@@ -115,6 +117,8 @@ _START_SPREAD_S = 0.5
 _QUANTILES = (50, 95)
 # Events a speaker holds unread at most (a 40 s turn brings a few hundred).
 _MAX_EVENTS = 4096
+# New sessions may still be setting up (the reply model reading the instructions) this long.
+_SETTLE_S = 2.0
 
 
 class TurnTimeoutError(BenchError):
@@ -584,7 +588,7 @@ async def run_captions_bench(
             await stack.enter_async_context(_Speaker.open(index, config))
             for index in range(config.speakers)
         ]
-        baseline = await _cpu_rate(config.server_pid, config.baseline_s)
+        baseline = await _idle_cores(config.server_pid, config.baseline_s)
         for length in config.lengths_s:
             for _ in range(config.repeat):
                 before, wall = _server_cpu(config.server_pid), time.perf_counter()
@@ -646,16 +650,19 @@ def _server_cpu(pid: int | None) -> float | None:
         raise BenchError(f"cannot read the CPU time of process {pid}: {error}") from error
 
 
-async def _cpu_rate(pid: int | None, seconds: float) -> float | None:
-    """The server's CPU use in cores over ``seconds`` from now (None without its pid)."""
+async def _idle_cores(pid: int | None, seconds: float) -> float | None:
+    """The server's idle CPU use in cores (None without its pid): after ``_SETTLE_S``, the
+    median of one-second windows over ``seconds``, so that a burst of work left from the
+    sessions' set-up does not count as idle."""
     if pid is None:
         return None
-    before, started = _server_cpu(pid), time.perf_counter()
-    await asyncio.sleep(seconds)
-    after = _server_cpu(pid)
-    if before is None or after is None:
-        return None
-    return (after - before) / (time.perf_counter() - started)
+    await asyncio.sleep(_SETTLE_S)
+    rates = []
+    for _ in range(max(1, round(seconds))):
+        before, started = cpu_seconds(pid), time.perf_counter()
+        await asyncio.sleep(1.0)
+        rates.append((cpu_seconds(pid) - before) / (time.perf_counter() - started))
+    return percentile(rates, 50)
 
 
 def _load_average() -> float | None:
