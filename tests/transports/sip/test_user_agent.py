@@ -5,6 +5,8 @@ INFO, retransmissions, proxies (Record-Route) and NAT (rport), and the error ans
 from __future__ import annotations
 
 import asyncio
+import logging
+import random
 import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -20,7 +22,10 @@ from hark.transports.sip.message import (
     parse_message,
     sipfrag_status,
 )
+from hark.transports.sip.transport import Flow
 from hark.transports.sip.user_agent import IncomingCall, UserAgentServer
+from tests.transports.sip.captured import ALL
+from tests.transports.sip.test_message import _mutate
 
 # Long enough for a loaded CI machine; a test that hangs fails instead of stalling the run.
 RECEIVE_TIMEOUT = 10.0
@@ -573,5 +578,42 @@ async def test_nothing_a_callback_raises_stops_the_server(harness: Harness) -> N
         await peer.response(500, "INVITE")
         peer.send(Dialog(peer).request("OPTIONS"))
         await peer.response(200, "OPTIONS")
+    finally:
+        await peer.close()
+
+
+async def test_thousands_of_mutated_messages_never_break_the_server(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    rng = random.Random(15)
+    answers = iter(rng.choice("rax-") for _ in range(100000))
+
+    def on_invite(call: IncomingCall) -> None:
+        action = next(answers)
+        if action == "r":
+            call.ringing()
+        elif action == "a":
+            call.answer(ANSWER)
+        elif action == "x":
+            call.reject(486)
+
+    peer = await Peer.open("udp", harness.uas.port)
+    try:
+        dialog, _ = await _established(harness, peer)
+        harness.uas._on_invite = on_invite
+        live = [dialog.next(m) for m in ("INFO", "NOTIFY", "INVITE", "OPTIONS", "BYE")]
+        seeds = [*ALL, *live]
+        # Responses go to a port nobody listens on: what matters is the server's side.
+        nowhere = Flow("udp", ("127.0.0.1", 9))
+        with caplog.at_level(logging.WARNING, logger="hark.transports.sip"):
+            for i in range(4000):
+                harness.uas._on_message(_mutate(rng, seeds[i % len(seeds)]), nowhere)
+                if i % 200 == 0:
+                    await asyncio.sleep(0)
+        assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+        # Still answering.
+        peer.send(Dialog(peer).request("OPTIONS"))
+        while (await peer.receive()).cseq.method != "OPTIONS":
+            pass
     finally:
         await peer.close()

@@ -329,25 +329,38 @@ class UserAgentServer:
             line = raw.decode("utf-8", "replace").rstrip("\r")
             if not line:
                 break
+            if not line.isprintable():
+                continue
             name, colon, value = line.partition(":")
             if colon and canonical_name(name.strip()) in _MANDATORY:
                 request.add(name.strip(), value.strip())
         self._bad_request(request, flow, problem)
 
     def _bad_request(self, request: Request, flow: Flow, problem: str) -> None:
-        try:
-            request.vias  # noqa: B018 - the response needs somewhere to go
-            request.to_addr  # noqa: B018
-            response = build_response(request, 400, _reason_phrase("Bad Request", problem))
-        except SipParseError:
-            logger.info("sip: dropped a malformed request from %s: %s", flow.remote[0], problem)
-            return
-        self._send_stateless(request, flow, response)
+        self._answer_stateless(request, flow, 400, _reason_phrase("Bad Request", problem))
 
-    def _send_stateless(self, request: Request, flow: Flow, response: Response) -> None:
-        self._add_server_header(response)
+    def _answer_stateless(
+        self, request: Request, flow: Flow, status: int, reason: str | None = None
+    ) -> None:
+        try:
+            self._send_stateless(request, flow, status, reason)
+        except SipParseError as exc:
+            logger.info("sip: dropped a request from %s (%s): %s", flow.remote[0], status, exc)
+
+    def _send_stateless(
+        self, request: Request, flow: Flow, status: int, reason: str | None = None
+    ) -> None:
+        """Answer without a transaction (a request that cannot have one, or one too many).
+
+        Raises ``SipParseError`` when the request lacks what a response needs (a Via to go
+        by, a To to copy) or the response would not parse itself.
+        """
         via = stamp_received(request, flow)
-        self._transport.send(response_flow(via, flow), response.encode())
+        response = self._response(request, status, reason=reason)
+        data = response.encode()
+        # What goes out must be SIP, even when what came in was only nearly so.
+        parse_message(data).to_addr  # noqa: B018
+        self._transport.send(response_flow(via, flow), data)
 
     def _on_request(self, request: Request, flow: Flow) -> None:
         if request.method == "ACK":
@@ -359,7 +372,7 @@ class UserAgentServer:
             self._bad_request(request, flow, str(exc))
             return
         if request.version != "2.0":
-            self._send_stateless(request, flow, build_response(request, 505))
+            self._answer_stateless(request, flow, 505)
             return
         as_received = list(request.headers)
         stamp_received(request, flow)
@@ -372,7 +385,7 @@ class UserAgentServer:
             self._pump(entry)
             return
         if len(self._server) >= MAX_TRANSACTIONS:
-            self._send_stateless(request, flow, build_response(request, 503))
+            self._answer_stateless(request, flow, 503)
             return
         if request.method == "CANCEL":
             self._on_cancel(request, flow, key)
