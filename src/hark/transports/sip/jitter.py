@@ -11,9 +11,10 @@ is compared with the quickest transit of the last ``WINDOW`` packets; the target
 the largest such lateness in that window plus a frame, bounded to [``min_delay``,
 ``max_delay``], so it grows at the first late burst and shrinks again once the burst has
 left the window. The sample with timestamp T is due at T + quickest transit + target delay.
-When the frames handed out run a frame or more ahead of that schedule a frame is inserted,
-and when they run behind one is skipped, preferably where the audio is quiet (at three
-frames off, wherever it is).
+When the frames handed out run a frame or more ahead of that schedule a frame is inserted
+(where the audio is quiet, or where the next packet is missing anyway), and when they run
+behind one is skipped (where the audio is quiet); at three frames off, wherever it is.
+Late packets are dropped but still measured: they are what the delay must cover.
 
 A frame with samples missing is concealed: the last good frame repeated and faded to zero
 over ``FADE_FRAMES`` frames, then silence. Nothing is held without bound: at most
