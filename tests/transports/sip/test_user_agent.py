@@ -5,13 +5,21 @@ INFO, retransmissions, proxies (Record-Route) and NAT (rport), and the error ans
 from __future__ import annotations
 
 import asyncio
+import datetime
+import ipaddress
 import logging
 import random
 import secrets
+import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from hark.transports.sip import transaction
 from hark.transports.sip.message import (
@@ -57,7 +65,9 @@ class Peer:
         self._reader_task: asyncio.Task[None] | None = None
 
     @classmethod
-    async def open(cls, protocol: str, server_port: int) -> Peer:
+    async def open(
+        cls, protocol: str, server_port: int, ssl_context: ssl.SSLContext | None = None
+    ) -> Peer:
         loop = asyncio.get_running_loop()
         peer = cls(protocol, 0)
         if protocol == "udp":
@@ -69,7 +79,9 @@ class Peer:
             peer._udp = udp
             peer.port = udp.get_extra_info("sockname")[1]
         else:
-            reader, writer = await asyncio.open_connection("127.0.0.1", server_port)
+            reader, writer = await asyncio.open_connection(
+                "127.0.0.1", server_port, ssl=ssl_context
+            )
             peer._writer = writer
             peer.port = writer.get_extra_info("sockname")[1]
             peer._reader_task = asyncio.create_task(peer._read(reader))
@@ -617,3 +629,67 @@ async def test_thousands_of_mutated_messages_never_break_the_server(
             pass
     finally:
         await peer.close()
+
+
+def _self_signed(directory: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and its key, made for this test."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "hark test")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
+
+
+async def test_a_call_over_tls(tmp_path: Path) -> None:
+    cert, key = _self_signed(tmp_path)
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_context.load_cert_chain(cert, key)
+    client_context = ssl.create_default_context(cafile=str(cert))
+    harness = Harness()
+    harness.uas = UserAgentServer(
+        on_invite=harness._on_invite,
+        host="127.0.0.1",
+        port=0,
+        tls_port=0,
+        ssl_context=server_context,
+    )
+    await harness.uas.start()
+    assert harness.uas.tls_port not in (None, 0, harness.uas.port)
+    assert harness.uas.tls_port is not None
+    peer = await Peer.open("tls", harness.uas.tls_port, client_context)
+    try:
+        dialog, call = await _established(harness, peer)
+        call.hangup()
+        bye = await peer.request("BYE")
+        assert bye.vias[0].transport == "TLS"
+        assert bye.vias[0].port == harness.uas.tls_port
+        peer.reply(bye, 200)
+        peer.send(dialog.next("OPTIONS"))
+        await peer.response(481, "OPTIONS")
+        peer.send(Dialog(peer).request("OPTIONS"))
+        await peer.response(200, "OPTIONS")
+    finally:
+        await peer.close()
+        await harness.uas.stop()
