@@ -300,7 +300,10 @@ class RtpSession:
 
     def _tick(self) -> None:
         now = self._loop.time()
-        lateness = now - (self._grid_start + self._ticks * FRAME_SECONDS)
+        # uvloop's clock is the monotonic one read once per loop turn, in whole milliseconds:
+        # the time this packet really leaves is read afresh, or a turn's last call would look
+        # as punctual as its first.
+        lateness = time.monotonic() - (self._grid_start + self._ticks * FRAME_SECONDS)
         if lateness > MAX_LAG:
             self._grid_start = now - self._ticks * FRAME_SECONDS
             self._late_restarts += 1
