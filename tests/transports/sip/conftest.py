@@ -219,11 +219,11 @@ class SipServer:
         return self.process.proc.poll() is None and self.process.readyz() == 200
 
 
-def sip_server_args(sip_port: int, *extra: str) -> list[str]:
-    """``hark serve`` options for a SIP server on loopback with the fake engines."""
+def sip_server_args(sip_port: int, *extra: str, fake_engines: bool = True) -> list[str]:
+    """``hark serve`` options for a SIP server on loopback, on the fake engines unless told
+    otherwise (then the embedded models)."""
     return [
-        "--engines",
-        "fake",
+        *(["--engines", "fake"] if fake_engines else []),
         "--sip-host",
         "127.0.0.1",
         "--sip-port",

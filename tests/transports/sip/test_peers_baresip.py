@@ -1,0 +1,150 @@
+"""baresip, a real softphone, dials hark: a spoken question from a WAV file as its microphone,
+what it hears recorded (its sndfile module) and judged: audible reply audio on the fake
+engines, and on the embedded models Whisper's hearing of the reply names the right answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import wave
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from hark.audio.resample import resample
+from tests.e2e.conftest import transcribe, words
+from tests.servers import HarkProcess
+from tests.speech import RATE, spoken
+from tests.transports.sip.conftest import SipServer, free_sip_port, sip_server_args
+
+pytestmark = pytest.mark.slow
+
+PHONE_RATE = 8000
+QUESTION = "What is the capital of France?"
+AUDIBLE_RMS = 200.0
+
+
+@dataclass
+class Softphone:
+    """A baresip configured in its own directory: one account, PCMU/PCMA, a WAV file as the
+    microphone, ALSA's null device as the speaker, and sndfile recording both directions."""
+
+    home: Path
+
+    def configure(self, microphone: npt.NDArray[np.int16]) -> None:
+        """Write the configuration, the account and the microphone's WAV (8 kHz)."""
+        self.home.mkdir(parents=True, exist_ok=True)
+        (self.home / "recordings").mkdir(exist_ok=True)
+        with wave.open(str(self.home / "microphone.wav"), "wb") as wav:
+            wav.setnchannels(1)
+            wav.setsampwidth(2)
+            wav.setframerate(PHONE_RATE)
+            wav.writeframes(microphone.astype("<i2").tobytes())
+        (self.home / "config").write_text(
+            "\n".join(
+                [
+                    "poll_method epoll",
+                    "sip_listen 127.0.0.1:0",
+                    "sip_transports udp",
+                    "audio_player alsa,null",
+                    "audio_alert alsa,null",
+                    f"audio_source aufile,{self.home / 'microphone.wav'}",
+                    "audio_path /usr/share/baresip",
+                    "module_path /usr/lib/baresip/modules",
+                    "module g711.so",
+                    "module aufile.so",
+                    "module alsa.so",
+                    "module sndfile.so",
+                    "module_app account.so",
+                    "module_app menu.so",
+                    f"snd_path {self.home / 'recordings'}",
+                    "",
+                ]
+            )
+        )
+        (self.home / "accounts").write_text(
+            "<sip:phone@127.0.0.1>;regint=0;audio_codecs=PCMU,PCMA\n"
+        )
+
+    async def call(self, uri: str, seconds: int) -> str:
+        """Dial ``uri``, stay on the line ``seconds``, hang up; baresip's output."""
+        process = await asyncio.create_subprocess_exec(
+            "baresip",
+            "-f",
+            str(self.home),
+            "-e",
+            f"/dial {uri}",
+            "-t",
+            str(seconds),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        try:
+            async with asyncio.timeout(seconds + 30):
+                output, _ = await process.communicate()
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+        return output.decode(errors="replace")
+
+    def heard(self) -> npt.NDArray[np.int16]:
+        """What the phone's speaker got (sndfile's decoder-side dump), at 8 kHz."""
+        (path,) = (self.home / "recordings").glob("dump-*-dec.wav")
+        with wave.open(str(path), "rb") as wav:
+            assert (wav.getnchannels(), wav.getframerate()) == (1, PHONE_RATE)
+            return np.frombuffer(wav.readframes(wav.getnframes()), "<i2").astype(np.int16)
+
+
+def question(text: str, silence_after_s: float) -> npt.NDArray[np.int16]:
+    """``text`` spoken at 8 kHz, with silence after it while the phone listens."""
+    pcm = resample(np.asarray(spoken(text)), RATE, PHONE_RATE)
+    return np.concatenate(
+        [
+            np.zeros(PHONE_RATE // 2, np.int16),
+            pcm,
+            np.zeros(int(PHONE_RATE * silence_after_s), np.int16),
+        ]
+    )
+
+
+def audible_seconds(pcm: npt.NDArray[np.int16]) -> float:
+    """How much of ``pcm`` is audible, in 20 ms frames."""
+    frames = pcm[: len(pcm) // 160 * 160].reshape(-1, 160).astype(np.float64)
+    rms = np.sqrt(np.mean(frames**2, axis=1))
+    return float(np.count_nonzero(rms > AUDIBLE_RMS)) * 0.02
+
+
+async def test_a_softphone_hears_the_reply_on_the_fake_engines(
+    sip_server: SipServer, tmp_path: Path
+) -> None:
+    phone = Softphone(tmp_path / "baresip")
+    phone.configure(question(QUESTION, silence_after_s=10))
+    output = await phone.call(f"sip:hark@127.0.0.1:{sip_server.sip_port}", seconds=9)
+    assert "Call established" in output, output[-3000:]
+    heard = phone.heard()
+    # The question takes 2.5 s; the fake voice reads the fake answer at 0.4 s a word.
+    assert audible_seconds(heard) >= 1.5, output[-3000:]
+    assert audible_seconds(heard[: PHONE_RATE * 2]) == 0, "audio before the question was over"
+    assert "terminated" in output
+    assert sip_server.alive()
+
+
+async def test_a_softphone_asks_a_spoken_question_and_hears_the_answer(tmp_path: Path) -> None:
+    sip_port = free_sip_port()
+    args = sip_server_args(sip_port, fake_engines=False)
+    with HarkProcess(args, tmp_path / "hark.log") as process:
+        server = SipServer(process, sip_port)
+        phone = Softphone(tmp_path / "baresip")
+        phone.configure(question(QUESTION, silence_after_s=40))
+        output = await phone.call(f"sip:hark@127.0.0.1:{server.sip_port}", seconds=30)
+        assert "Call established" in output, output[-3000:]
+        assert server.alive()
+    heard = phone.heard()
+    assert audible_seconds(heard) >= 1.0, output[-3000:]
+    answer = await transcribe(heard, PHONE_RATE)
+    assert "paris" in words(answer), answer
