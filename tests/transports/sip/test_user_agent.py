@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from hark.transports.sip import transaction
+from hark.transports.sip import transaction, user_agent
 from hark.transports.sip.message import (
     Request,
     Response,
@@ -693,3 +693,56 @@ async def test_a_call_over_tls(tmp_path: Path) -> None:
     finally:
         await peer.close()
         await harness.uas.stop()
+
+
+async def test_a_bye_on_the_early_dialog_ends_the_invite(harness: Harness, peer: Peer) -> None:
+    dialog = Dialog(peer)
+    peer.send(dialog.invite())
+    await peer.response(100)
+    call = await harness.call()
+    call.ringing()
+    dialog.to_tag = (await peer.response(180)).to_addr.tag
+    peer.send(dialog.next("BYE"))
+    await peer.response(200, "BYE")
+    await peer.response(487, "INVITE")
+    assert harness.ended[dialog.call_id] == ["bye"]
+
+
+async def test_a_hangup_before_the_ack_waits_for_it(harness: Harness, peer: Peer) -> None:
+    dialog = Dialog(peer)
+    peer.send(dialog.invite())
+    await peer.response(100)
+    call = await harness.call()
+    call.answer(ANSWER)
+    dialog.to_tag = (await peer.response(200, "INVITE")).to_addr.tag
+    call.hangup()
+    assert call.state == "ended"
+    # A reINVITE now finds the INVITE unfinished (§14.2).
+    peer.send(dialog.next("INVITE", body=OFFER.encode()))
+    pending = await peer.response(500, "INVITE")
+    assert pending.get("Retry-After") is not None
+    # §15: the BYE goes out only once the 2xx is acknowledged.
+    peer.send(dialog.request("ACK", cseq=1))
+    while isinstance(message := await peer.receive(), Response):
+        assert message.cseq.method == "INVITE"
+    assert isinstance(message, Request) and message.method == "BYE"
+    assert harness.ended[dialog.call_id] == []
+
+
+async def test_a_refer_without_final_notify_times_out(
+    harness: Harness, peer: Peer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The 32 s shortened: what is tested is what happens when it runs out.
+    monkeypatch.setattr(user_agent, "REFER_TIMEOUT", 0.5)
+    dialog, call = await _established(harness, peer)
+    transfer = asyncio.create_task(call.refer("sip:bob@example.com"))
+    peer.reply(await peer.request("REFER"), 202)
+    with pytest.raises(TimeoutError):
+        await transfer
+    # The transfer is over: another may start, and ending the call fails it at once.
+    transfer = asyncio.create_task(call.refer("sip:carol@example.com"))
+    peer.reply(await peer.request("REFER"), 202)
+    peer.send(dialog.next("BYE"))
+    await peer.response(200, "BYE")
+    with pytest.raises(RuntimeError):
+        await transfer
