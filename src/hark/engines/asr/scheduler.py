@@ -166,8 +166,14 @@ class AsrScheduler(Generic[R, T]):
             return batch
 
     def _work(self) -> None:
-        while (batch := self._take()) is not None:
+        while True:
+            batch = self._take()
+            if batch is None:
+                return
             self._decode(batch)
+            # Not held while the next batch is waited for: finished requests (their audio,
+            # an engine's iterator) are let go at once.
+            del batch
 
     def _decode(self, batch: list[_Entry[R, T]]) -> None:
         try:
