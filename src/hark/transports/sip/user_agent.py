@@ -174,11 +174,8 @@ class IncomingCall:
         self.state = "ended"
         self._fail_refer(RuntimeError("the call ended"))
         tx = self._invite.tx
-        if (
-            isinstance(tx, InviteServerTransaction)
-            and tx.state == "accepted"
-            and not (tx.acknowledged)
-        ):
+        unacknowledged = isinstance(tx, InviteServerTransaction) and not tx.acknowledged
+        if unacknowledged and tx.state == "accepted":
             # §15: no BYE before the 2xx's ACK (or its timeout) on a confirmed dialog.
             self._hangup_after_ack = True
             return
@@ -188,7 +185,9 @@ class IncomingCall:
         """Ask the peer to call ``target_uri`` (REFER with Refer-To and Referred-By).
 
         Returns the final status the peer reports in its NOTIFYs (200 when the transfer
-        succeeded), or the REFER's own error status. TimeoutError after 32 s without one.
+        succeeded), or the REFER's own error status. TimeoutError after 32 s without one;
+        RuntimeError when the call is not answered, ends meanwhile, or is being transferred
+        already; SipParseError when ``target_uri`` is not a URI.
         """
         if self.state != "answered":
             raise RuntimeError(f"cannot transfer a call that is {self.state}")
