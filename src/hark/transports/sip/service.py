@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
@@ -144,6 +145,14 @@ class SipService:
             f", TLS {self.server.tls_port}" if self.server.tls_port else "",
             "calls raise a webhook" if self.webhook else "calls are answered at once",
         )
+        if self.webhook is None and not _is_loopback(self.bind_host):
+            # SIP has no API key: without a backend to ask, whoever reaches the port talks.
+            logger.warning(
+                "SIP answers every call that reaches %s port %d without asking anyone; "
+                "set --sip-webhook-url, firewall the port to your trunk, or --no-sip",
+                self.bind_host,
+                self.server.port,
+            )
 
     async def stop(self) -> None:
         """End every call and stop listening."""
@@ -271,3 +280,10 @@ class SipService:
         task = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
