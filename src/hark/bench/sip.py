@@ -26,10 +26,11 @@ the bench competes with what it measures.
 **Turns** (``--turns N``, against the embedded models): one call asks N spoken questions and
 waits for each answer. *V2V* is from sending the packet with the question's last voiced
 sample to receiving the first audible packet of the answer. With ``--webhook-listen
-HOST:PORT`` (and the server's ``--sip-webhook-url http://HOST:PORT/``) the bench accepts the
-call itself and reads the sideband: *E2A on the phone* is from the server's end-of-turn
-decision (``input_audio_buffer.speech_stopped`` arriving on the sideband) to the first
-audible packet, which is the WebSocket E2A plus playout, RTP and the path.
+HOST:PORT`` (and the server's ``--sip-webhook-url http://HOST:PORT/``) the bench accepts its
+calls itself (the setup figure then includes the webhook's round trip) and reads the
+sideband: *E2A on the phone* is from the server's end-of-turn decision
+(``input_audio_buffer.speech_stopped`` arriving on the sideband) to the first audible
+packet, which is the WebSocket E2A plus playout, RTP and the path.
 """
 
 from __future__ import annotations
@@ -866,34 +867,35 @@ async def run_sip_bench(
     report = SipReport(
         server=f"sip:{server[0]}:{server[1]}", threshold_ms=threshold_ms, late_ms=late_ms
     )
-    for _ in range(calls):
-        report.setup.append(await measure_setup(server))
-    if capacity or turns:
-        questions = await spoken_questions(QUESTIONS[: max(1, min(turns, len(QUESTIONS)))])
-    if capacity:
-        report.capacity, report.capacity_calls = await measure_capacity(
-            server,
-            questions[0],
-            step=step,
-            max_calls=max_calls,
-            hold_s=hold_s,
-            threshold_ms=threshold_ms,
-            late_ms=late_ms,
-            ask_every_s=ask_every_s,
-            server_pid=server_pid,
-        )
-    if turns:
-        acceptor = None
-        if webhook_listen is not None:
-            if url is None:
-                raise BenchError("--webhook-listen needs --url (the server's HTTP root)")
-            acceptor = WebhookAcceptor(url, key, webhook_listen)
-            await acceptor.start()
-        try:
+    acceptor = None
+    if webhook_listen is not None:
+        if url is None:
+            raise BenchError("--webhook-listen needs --url (the server's HTTP root)")
+        acceptor = WebhookAcceptor(url, key, webhook_listen)
+        await acceptor.start()
+    try:
+        for _ in range(calls):
+            report.setup.append(await measure_setup(server))
+        if capacity or turns:
+            texts = QUESTIONS[: max(1, min(turns, len(QUESTIONS)))]
+            questions = await spoken_questions(texts)
+        if capacity:
+            report.capacity, report.capacity_calls = await measure_capacity(
+                server,
+                questions[0],
+                step=step,
+                max_calls=max_calls,
+                hold_s=hold_s,
+                threshold_ms=threshold_ms,
+                late_ms=late_ms,
+                ask_every_s=ask_every_s,
+                server_pid=server_pid,
+            )
+        if turns:
             report.turns = await measure_turns(server, questions, turns, acceptor=acceptor)
-        finally:
-            if acceptor is not None:
-                await acceptor.stop()
+    finally:
+        if acceptor is not None:
+            await acceptor.stop()
     return report
 
 
