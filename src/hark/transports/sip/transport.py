@@ -36,6 +36,9 @@ logger = logging.getLogger(__name__)
 MAX_CONNECTIONS = 1024
 MAX_WRITE_BUFFER = 256 * 1024
 MAX_PENDING = 32
+# A connection that has not completed one message by then is closed: it holds a slot of
+# max_connections and a buffer. Once it has, it stays (a call may be silent for hours).
+FIRST_MESSAGE_TIMEOUT = 32.0
 DEFAULT_PORT = 5060
 # Room for bursts of many calls' signalling: the kernel's default is a few hundred packets.
 SOCKET_BUFFER_BYTES = 1024 * 1024
@@ -93,6 +96,11 @@ def response_flow(via: Via, flow: Flow) -> Flow:
     return Flow("udp", (host, port))
 
 
+def peer_ip(flow: Flow | None) -> str:
+    """The peer's address for a log line (never more than the address)."""
+    return flow.remote[0] if flow is not None else "?"
+
+
 def is_wildcard(host: str) -> bool:
     """``0.0.0.0``, ``::`` or empty: a socket bound to every address."""
     return host in ("", "0.0.0.0", "::")
@@ -118,6 +126,7 @@ class _Stream(asyncio.Protocol):
         self._protocol: TransportName = protocol
         self._framer = StreamFramer()
         self._transport: asyncio.Transport | None = None
+        self._first_message_timer: asyncio.TimerHandle | None = None
         self.flow: Flow | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -131,6 +140,14 @@ class _Stream(asyncio.Protocol):
         if not self._owner.register(self):
             logger.warning("sip: too many connections, closing one from %s", peer[0])
             transport.close()
+            return
+        self._first_message_timer = asyncio.get_running_loop().call_later(
+            FIRST_MESSAGE_TIMEOUT, self._idle
+        )
+
+    def _idle(self) -> None:
+        logger.info("sip: no message on a connection from %s, closing it", peer_ip(self.flow))
+        self.close()
 
     def data_received(self, data: bytes) -> None:
         if self.flow is None or self._transport is None:
@@ -144,10 +161,15 @@ class _Stream(asyncio.Protocol):
             return
         if self._framer.pings != pings:
             self.write(b"\r\n")
+        if messages and self._first_message_timer is not None:
+            self._first_message_timer.cancel()
+            self._first_message_timer = None
         for message in messages:
             self._owner.deliver(message, self.flow)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._first_message_timer is not None:
+            self._first_message_timer.cancel()
         self._owner.unregister(self)
 
     def write(self, data: bytes) -> None:
