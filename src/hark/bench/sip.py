@@ -653,6 +653,13 @@ class WebhookAcceptor:
         return web.Response(text="ok")
 
     async def _accept(self, call_id: str) -> None:
+        try:
+            await self._attend(call_id)
+        except aiohttp.ClientError as exc:
+            # A setup call hangs up at once: its sideband may be gone before it is joined.
+            logger.debug("call %s: %s", call_id, exc)
+
+    async def _attend(self, call_id: str) -> None:
         assert self._http is not None
         headers = {"Authorization": f"Bearer {self.key}"}
         base = ServerUrl.parse(self.url)
