@@ -257,7 +257,7 @@ class Metrics:
         self.forwarded = Counter(
             "hark_forwarded_requests",
             "Requests passed to the worker that owns their call, by kind (offer, hangup, "
-            "sideband) and outcome (ok, unreachable).",
+            "sideband, accept, reject, refer) and outcome (ok, unreachable).",
             ["kind", "outcome"],
             registry=r,
         )
