@@ -715,12 +715,12 @@ async def test_a_hangup_before_the_ack_waits_for_it(harness: Harness, peer: Peer
     call = await harness.call()
     call.answer(ANSWER)
     dialog.to_tag = (await peer.response(200, "INVITE")).to_addr.tag
-    call.hangup()
-    assert call.state == "ended"
-    # A reINVITE now finds the INVITE unfinished (§14.2).
+    # A reINVITE before the ACK finds the INVITE unfinished (§14.2).
     peer.send(dialog.next("INVITE", body=OFFER.encode()))
     pending = await peer.response(500, "INVITE")
     assert pending.get("Retry-After") is not None
+    call.hangup()
+    assert call.state == "ended"
     # §15: the BYE goes out only once the 2xx is acknowledged.
     peer.send(dialog.request("ACK", cseq=1))
     while isinstance(message := await peer.receive(), Response):
@@ -734,15 +734,60 @@ async def test_a_refer_without_final_notify_times_out(
 ) -> None:
     # The 32 s shortened: what is tested is what happens when it runs out.
     monkeypatch.setattr(user_agent, "REFER_TIMEOUT", 0.5)
-    dialog, call = await _established(harness, peer)
+    _, call = await _established(harness, peer)
     transfer = asyncio.create_task(call.refer("sip:bob@example.com"))
     peer.reply(await peer.request("REFER"), 202)
     with pytest.raises(TimeoutError):
         await transfer
-    # The transfer is over: another may start, and ending the call fails it at once.
+    # The transfer is over: another may start; the call ending before the REFER is taken
+    # fails it at once.
     transfer = asyncio.create_task(call.refer("sip:carol@example.com"))
-    peer.reply(await peer.request("REFER"), 202)
-    peer.send(dialog.next("BYE"))
-    await peer.response(200, "BYE")
+    await peer.request("REFER")
+    call.hangup()
     with pytest.raises(RuntimeError):
         await transfer
+
+
+def _notify(dialog: Dialog, fragment: bytes, state: str) -> bytes:
+    return dialog.next(
+        "NOTIFY",
+        body=fragment,
+        headers=(
+            ("Event", "refer"),
+            ("Subscription-State", state),
+            ("Content-Type", "message/sipfrag"),
+        ),
+    )
+
+
+async def test_a_transferee_hanging_up_after_the_refer_still_reports(
+    harness: Harness, peer: Peer
+) -> None:
+    dialog, call = await _established(harness, peer)
+    transfer = asyncio.create_task(call.refer("sip:bob@example.com"))
+    peer.reply(await peer.request("REFER"), 202)
+    # As baresip does: BYE at once, the outcome of the transfer in NOTIFYs after it.
+    peer.send(dialog.next("BYE"))
+    await peer.response(200, "BYE")
+    assert call.state == "ended" and harness.ended[dialog.call_id] == ["bye"]
+    peer.send(dialog.next("INFO"))
+    await peer.response(481, "INFO")
+    peer.send(_notify(dialog, b"SIP/2.0 180 Ringing\r\n", "active;expires=60"))
+    await peer.response(200, "NOTIFY")
+    assert not transfer.done()
+    peer.send(_notify(dialog, b"SIP/2.0 200 OK\r\n", "terminated;reason=noresource"))
+    await peer.response(200, "NOTIFY")
+    assert await asyncio.wait_for(transfer, RECEIVE_TIMEOUT) == 200
+    peer.send(_notify(dialog, b"SIP/2.0 200 OK\r\n", "terminated"))
+    await peer.response(481, "NOTIFY")
+
+
+async def test_a_subscription_ended_without_outcome_gives_the_last_status(
+    harness: Harness, peer: Peer
+) -> None:
+    dialog, call = await _established(harness, peer)
+    transfer = asyncio.create_task(call.refer("sip:bob@example.com"))
+    peer.reply(await peer.request("REFER"), 202)
+    peer.send(_notify(dialog, b"SIP/2.0 100 Trying\r\n", "terminated;reason=deactivated"))
+    await peer.response(200, "NOTIFY")
+    assert await asyncio.wait_for(transfer, RECEIVE_TIMEOUT) == 100

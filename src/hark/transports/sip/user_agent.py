@@ -135,6 +135,9 @@ class IncomingCall:
         self._natted = natted
         self._hangup_after_ack = False
         self._refer: asyncio.Future[int] | None = None
+        # The peer took the REFER (2xx): its NOTIFYs may outlive the call (see _ended_by_peer).
+        self._refer_accepted = False
+        self._refer_last = 0
         # Set when the peer acknowledges the answer: its media path is up from then on.
         self.acked = asyncio.Event()
 
@@ -195,6 +198,8 @@ class IncomingCall:
             raise RuntimeError("a transfer of this call is already under way")
         SipUri.parse(target_uri)
         self._refer = asyncio.get_running_loop().create_future()
+        self._refer_accepted = False
+        self._refer_last = 0
         future = self._refer
         self._uas._send_in_dialog(
             self,
@@ -205,6 +210,8 @@ class IncomingCall:
             return await asyncio.wait_for(future, REFER_TIMEOUT)
         finally:
             self._refer = None
+            if self.state == "ended":
+                self._uas._forget_call(self)
 
     def _refer_answered(self, response: Response | None) -> None:
         if self._refer is None or self._refer.done():
@@ -213,10 +220,23 @@ class IncomingCall:
             self._refer.set_exception(TimeoutError("no answer to the REFER"))
         elif response.status >= 300:
             self._refer.set_result(response.status)
+        else:
+            self._refer_accepted = True
 
-    def _refer_progress(self, status: int | None) -> None:
-        if status is not None and status >= 200 and self._refer and not self._refer.done():
+    def _refer_progress(self, status: int | None, terminated: bool) -> None:
+        """A NOTIFY of the transfer: a final status ends the wait, and so does the end of
+        the subscription, with the last status reported (the outcome is unknown then)."""
+        if self._refer is None or self._refer.done():
+            return
+        if status is not None:
+            self._refer_last = status
+        if status is not None and status >= 200:
             self._refer.set_result(status)
+        elif terminated:
+            self._refer.set_result(self._refer_last)
+
+    def _awaits_notify(self) -> bool:
+        return self._refer is not None and not self._refer.done() and self._refer_accepted
 
     def _fail_refer(self, exc: Exception) -> None:
         if self._refer is not None and not self._refer.done():
@@ -224,8 +244,11 @@ class IncomingCall:
 
     def _ended_by_peer(self, reason: str) -> None:
         self.state = "ended"
-        self._fail_refer(RuntimeError("the call ended"))
-        self._uas._forget_call(self)
+        # A transferee often hangs up as soon as it has taken the REFER; the transfer's
+        # subscription then keeps the dialog for its NOTIFYs (RFC 5057) until refer() ends.
+        if not self._awaits_notify():
+            self._fail_refer(RuntimeError("the call ended"))
+            self._uas._forget_call(self)
         if self.on_ended is not None:
             try:
                 self.on_ended(reason)
@@ -431,6 +454,10 @@ class UserAgentServer:
         if call is None:
             self._reply(request, flow, 481)
             return
+        if call.state == "ended" and request.method != "NOTIFY":
+            # Only the transfer's subscription is left of this dialog.
+            self._reply(request, flow, 481)
+            return
         refused = call._dialog.receive_request(request)
         if refused is not None:
             self._reply(request, flow, refused)
@@ -454,7 +481,8 @@ class UserAgentServer:
         elif method == "NOTIFY":
             self._reply(request, flow, 200)
             if (request.get("Event") or "").strip().lower().startswith("refer"):
-                call._refer_progress(sipfrag_status(request.body))
+                state = (request.get("Subscription-State") or "").strip().lower()
+                call._refer_progress(sipfrag_status(request.body), state.startswith("terminated"))
         else:
             self._reply(request, flow, 200, self._capabilities())
 
