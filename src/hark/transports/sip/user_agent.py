@@ -77,6 +77,9 @@ _URI_SCHEMES = frozenset({"sip", "sips", "tel"})
 MAX_TRANSACTIONS = 20000
 REFER_TIMEOUT = TIMEOUT
 _DEFAULT_TLS_PORT = 5061
+# The user part of our Contact; user_agent (the Server and User-Agent headers) may be any
+# text, a URI may not.
+_CONTACT_USER = "hark"
 
 CallState = Literal["ringing", "answered", "ended"]
 ServerTx = InviteServerTransaction | ServerTransaction
@@ -261,7 +264,9 @@ class UserAgentServer:
 
     ``port`` is the bound UDP and TCP port once started (``port=0`` picks one);
     ``tls_port`` the TLS one, when an ``ssl_context`` is given. ``advertise_ip`` is the
-    address put in Via and Contact (by default, the local address the peer reaches).
+    address put in Via and Contact (by default, the local address the peer reaches);
+    ``user_agent`` the Server and User-Agent headers. An ``ssl_context`` without a
+    ``tls_port`` listens for TLS on 5061.
     """
 
     def __init__(
@@ -729,7 +734,7 @@ class UserAgentServer:
             self._advertised(flow), self.tls_port if flow.protocol == "tls" else self.port
         )
         transport = "" if flow.protocol == "udp" else f";transport={flow.protocol}"
-        return f"<sip:{self._user_agent}@{host}{transport}>"
+        return f"<sip:{_CONTACT_USER}@{host}{transport}>"
 
     def _advertised(self, flow: Flow) -> str:
         if self._advertise_ip is not None:
