@@ -130,6 +130,7 @@ class Uac:
     # Requests the server sent that a test has not taken yet.
     requests: list[SipMessage] = field(default_factory=list)
     provisional: list[int] = field(default_factory=list)
+    answered_with: SipMessage | None = None
 
     @property
     def port(self) -> int:
@@ -196,9 +197,9 @@ class Uac:
         data, _ = await asyncio.wait_for(self.messages.get(), timeout_s)
         return SipMessage.parse(data)
 
-    async def final(self, timeout_s: float = 30.0) -> SipMessage:
-        """The INVITE's final response, acknowledged; the provisional statuses before it go
-        to ``provisional``."""
+    async def final(self, timeout_s: float = 30.0, *, ack: bool = True) -> SipMessage:
+        """The INVITE's final response, acknowledged (a 2xx only if ``ack``: ``send_ack``
+        does it later); the provisional statuses before it go to ``provisional``."""
         while True:
             message = await self.receive(timeout_s)
             if not message.is_response:
@@ -213,7 +214,9 @@ class Uac:
             if message.status < 300:
                 self.remote_target = _uri(message.header("contact"))
                 self.answer = message.body.decode()
-                self._ack(message)
+                self.answered_with = message
+                if ack:
+                    self._ack(message)
             else:
                 self._ack_error(message)
             return message
@@ -226,6 +229,11 @@ class Uac:
                 self.requests.append(message)
             elif message.method == method and message.status >= 200:
                 return message
+
+    def send_ack(self) -> None:
+        """Acknowledge the 2xx that ``final(ack=False)`` left unacknowledged."""
+        assert self.answered_with is not None
+        self._ack(self.answered_with)
 
     def _ack(self, response: SipMessage) -> None:
         # A 2xx's ACK is a request of its own: a new branch, to the remote target.

@@ -187,6 +187,31 @@ async def test_a_greeting_asked_for_at_accept_is_heard_from_its_start(
     await caller.request("BYE")
 
 
+async def test_the_media_waits_for_the_ack_and_then_starts_with_the_greeting(
+    phone_server: PhoneServer, client: openai.AsyncOpenAI, caller: Uac
+) -> None:
+    caller.invite()
+    event = await incoming(phone_server, client, caller)
+    final = asyncio.create_task(caller.final(ack=False))
+    await client.realtime.calls.accept(event.data.call_id, type="realtime")
+    assert (await final).status == 200
+    async with sideband(phone_server, event.data.call_id) as ws:
+        await ws.send_str(json.dumps({"type": "response.create"}))
+        # The whole greeting is made, but the phone has not taken the answer yet: nothing
+        # may have been sent to it (it would drop it), nor counted as heard.
+        done = await next_event(ws, "response.done")
+        assert done["response"]["status"] == "completed"
+        assert caller.rtp_in.empty()
+        caller.send_ack()
+        started = await next_event(ws, "output_audio_buffer.started")
+        assert started["response_id"] == done["response"]["id"]
+        # The first packet the phone gets is the greeting's first 20 ms.
+        first = await caller.next_rtp()
+        assert any(byte != _PCMU_SILENCE for byte in first[12:])
+    await client.realtime.calls.hangup(event.data.call_id)
+    await caller.request("BYE")
+
+
 async def test_keypad_presses_reach_the_sideband_as_dtmf_events(
     phone_server: PhoneServer, client: openai.AsyncOpenAI, caller: Uac
 ) -> None:
