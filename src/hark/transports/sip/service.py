@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
@@ -114,7 +115,7 @@ class SipService:
         port: int,
         advertise_ip: str,
         tls_port: int | None = None,
-        ssl_context: Any = None,
+        ssl_context: ssl.SSLContext | None = None,
         **options: Any,
     ) -> SipService:
         """A service with its ``UserAgentServer`` on ``host:port`` (not started yet)."""
