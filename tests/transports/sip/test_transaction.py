@@ -63,7 +63,7 @@ def test_a_2xx_is_retransmitted_until_its_ack() -> None:
     tx.send_response(build_response(invite, 100), 0.0)
     tx.send_response(build_response(invite, 200, to_tag="t"), 0.1)
     first = tx.data_to_send()
-    assert [parse_message(m).status for m in first] == [100, 200]
+    assert [m.split(b" ", 2)[1] for m in first] == [b"100", b"200"]
     sent, fired = _run(tx, 10.0)
     assert sent == [0.1 + t for t in _doubling(0.0, 9.9)]
     tx.ack_received(10.0)
