@@ -964,6 +964,8 @@ def local_server(engines: str | None, ready_s: float = 300) -> Iterator[tuple[st
         str(port),
         "--rtc-port",
         "0",
+        # The bench makes no phone calls: no SIP service, and no SIP port to contend for.
+        "--no-sip",
     ]
     if engines is not None:
         command += ["--engines", engines]
