@@ -3,27 +3,47 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
+import math
 import socket
-from collections.abc import AsyncIterator, Sequence
+from collections import deque
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
+import numpy as np
 import pytest
 from aiohttp import web
 
-from hark.bench import webrtc as webrtc_bench
+from hark.bench.spoken_questions import QUESTIONS, RATE
 from hark.bench.webrtc import (
-    ReceivedFrame,
+    FRAME_SAMPLES,
+    OPUS_RATE,
+    Arrival,
+    CallerAudio,
+    CallerGroup,
+    ClientFigures,
+    GroupWindow,
+    PacketMicrophone,
+    WebRtcReport,
+    audible_share,
+    caller_audio,
     format_summary,
+    lateness_ms,
     measure_capacity,
     measure_setup,
+    merge_windows,
+    opus_packets,
+    opus_silence,
     run_webrtc_bench,
+    window_of,
 )
 from hark.cli import build_parser
 from hark.config import Settings
 from hark.server.app import create_app, make_runner
 from tests.conftest import engines_sharing_turn
+from tests.speech import spoken
 
 # Bounds a hang, never speed.
 LIVENESS_S = 30
@@ -69,41 +89,137 @@ async def test_an_unreachable_server_is_a_failure_not_a_crash() -> None:
     assert result.answer_ms is None
 
 
+@pytest.fixture
+def prompt(recorded_questions: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The callers' question from the committed recording, never from Piper.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(recorded_questions.parent.parent))
+
+
+def _arrivals(times_ms: list[float], timestamps: list[int]) -> list[Arrival]:
+    return [Arrival(t / 1000, ts, b"x") for t, ts in zip(times_ms, timestamps, strict=True)]
+
+
+def test_lateness_is_arrival_behind_the_schedule_of_the_rtp_timestamps() -> None:
+    # 20 ms packets; the third comes 30 ms late, the fourth 5 ms late; the clock starts
+    # anywhere and the timestamps wrap past 2**32 in the middle.
+    start = 2**32 - 2 * FRAME_SAMPLES
+    timestamps = [(start + i * FRAME_SAMPLES) % 2**32 for i in range(5)]
+    times = [1000.0, 1020.0, 1070.0, 1065.0, 1080.0]
+    assert lateness_ms(_arrivals(times, timestamps)) == pytest.approx([0, 0, 30, 5, 0])
+    # On time is the earliest packet relative to its timestamp, wherever it is.
+    times = [1003.0, 1020.0, 1040.0, 1060.0, 1080.0]
+    assert lateness_ms(_arrivals(times, timestamps)) == pytest.approx([3, 0, 0, 0, 0])
+    assert lateness_ms([]) == []
+
+
+def test_a_window_is_computed_from_the_packets_that_arrived() -> None:
+    silence = opus_silence()
+    tone = (8000 * np.sin(np.arange(20 * FRAME_SAMPLES) * 2 * np.pi * 440 / OPUS_RATE)).astype(
+        np.int16
+    )
+    speech = opus_packets(tone)
+    call_a = [
+        Arrival(10 + i * 0.02 + (0.04 if i == 7 else 0), i * FRAME_SAMPLES, payload)
+        for i, payload in enumerate(speech[:10] + [silence] * 10)
+    ]
+    call_b = [Arrival(50 + i * 0.02, 7 + i * FRAME_SAMPLES, silence) for i in range(4)]
+    client = ClientFigures(2, 1.0, 2.0, 3.0, 0.1)
+    window = window_of([call_a, call_b], client, sample=0)
+    assert window.frames == 24
+    assert window.lateness_ms == pytest.approx([*lateness_ms(call_a), 0, 0, 0, 0])
+    assert max(window.lateness_ms) == pytest.approx(40)
+    assert sorted(window.gaps_ms)[-2:] == pytest.approx([20, 60])
+    # The sampled call is decoded: half of its frames carry the tone (the encoder's
+    # look-ahead and the decoder's ramp-up may move a frame across the line).
+    assert 0.4 <= window.audible_share <= 0.6
+    assert window_of([call_a, call_b], client, sample=1).audible_share == 0.0
+    assert audible_share([]) != audible_share([])  # NaN: nothing to decide from
+
+
+def test_the_step_merges_every_client_process() -> None:
+    def window(lateness: list[float], calls: int, share: float) -> GroupWindow:
+        client = ClientFigures(calls, 0.5 * calls, 1.0, 1.5, 0.2)
+        return GroupWindow(lateness, [20.0] * len(lateness), len(lateness), share, client)
+
+    first = window([0.0] * 98 + [50.0], 3, 0.5)
+    second = window([1.0], 2, math.nan)
+    step = merge_windows([first, second], failures=0, server_cpu=0.5)
+    assert step.calls == 5 and step.frames == 100
+    assert step.p50_lateness_ms == 0.0 and step.max_lateness_ms == 50.0
+    assert step.p99_lateness_ms == pytest.approx(1.0 + 0.01 * 49)
+    assert step.audible_share == 0.5
+    assert step.server_ms_per_call_second == pytest.approx(100.0)
+    assert [c.calls for c in step.clients] == [3, 2]
+
+
+async def test_the_microphone_sends_the_prompt_then_silence_on_its_grid() -> None:
+    audio = CallerAudio((b"p0", b"p1", b"p2"), b"s")
+    lateness: deque[float] = deque(maxlen=100)
+    microphone = PacketMicrophone(audio, period=5, phase=3, lateness=lateness)
+    packets = [await microphone.recv() for _ in range(8)]
+    assert [bytes(p) for p in packets] == [b"s", b"s", b"p0", b"p1", b"p2", b"s", b"s", b"p0"]
+    assert [p.pts for p in packets] == [i * FRAME_SAMPLES for i in range(8)]
+    assert len(lateness) == 8 and min(lateness) >= 0
+
+
+async def test_the_callers_prompt_is_the_question_encoded_once(prompt: None) -> None:
+    audio = await caller_audio()
+    voiced_s = len(spoken(QUESTIONS[4], RATE)) / RATE
+    # One 20 ms packet per frame of the voiced question (it is cut at its last voiced
+    # sample), a packet of silence that decodes as silence.
+    assert 0 < len(audio.prompt) * 0.02 <= voiced_s + 0.1
+    assert audible_share(list(audio.prompt)) > 0.5
+    assert audible_share([audio.silence] * 3) == 0.0
+
+
+async def test_cheap_calls_log_what_the_server_sends(server_url: str, prompt: None) -> None:
+    group = CallerGroup(server_url, "any-key", await caller_audio(), keep=1000)
+    await group.start()
+    try:
+        assert await group.add(2, 0) == 0
+        group.open_window()
+        await asyncio.sleep(1.0)
+        # Nothing awaits between the copy and the window: both see the same packets.
+        seen = [list(call.arrivals) for call in group.calls]
+        window = group.close_window()
+    finally:
+        await group.close()
+    assert all(seen), "a call received nothing"
+    assert window.frames == sum(len(arrivals) for arrivals in seen)
+    assert window.lateness_ms == [ms for arrivals in seen for ms in lateness_ms(arrivals)]
+    for arrivals in seen:
+        steps = {(b.timestamp - a.timestamp) % 2**32 for a, b in itertools.pairwise(arrivals)}
+        # The server's 20 ms Opus packets, each once, in order (a stalled tick skips ahead).
+        assert steps and all(s % FRAME_SAMPLES == 0 and s > 0 for s in steps)
+    assert window.client.calls == 2 and window.client.loop_lag_p99_ms >= 0
+    assert window.client.send_lateness_p99_ms >= 0
+
+
 @pytest.mark.slow
-async def test_capacity_steps_measure_the_received_audio(
-    server_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # How many frames land in a 2 s window depends on the machine; that they are the
-    # frames each call received in it, in order, does not.
-    windows: list[list[ReceivedFrame]] = []
-    lateness_ms = webrtc_bench._lateness_ms
-
-    def seen(frames: Sequence[ReceivedFrame]) -> list[float]:
-        windows.append(list(frames))
-        return lateness_ms(frames)
-
-    monkeypatch.setattr(webrtc_bench, "_lateness_ms", seen)
-    async with aiohttp.ClientSession() as http:
-        steps, carried = await measure_capacity(
-            http,
-            server_url,
-            "any-key",
-            step=2,
-            max_calls=2,
-            hold_s=2.0,
-            threshold_ms=1000.0,
-            progress=False,
-        )
+async def test_capacity_with_client_processes(server_url: str, prompt: None) -> None:
+    steps, carried = await measure_capacity(
+        server_url,
+        "any-key",
+        step=3,
+        max_calls=3,
+        hold_s=5.0,
+        threshold_ms=1000.0,
+        client_processes=2,
+        progress=False,
+    )
     (step,) = steps
-    assert step.calls == 2 and step.setup_failures == 0
-    # One window per call (two if the first was late), every call heard in its window.
-    assert len(windows) in (2, 4) and all(windows)
-    assert step.frames == sum(len(window) for window in windows[-2:])
-    for window in windows:
-        pts = [frame.pts for frame in window]
-        assert pts == sorted(set(pts)), "frames counted twice or out of order"
-    assert step.p50_lateness_ms >= 0 and step.p99_lateness_ms >= step.p50_lateness_ms
-    assert carried == 2
+    assert step.calls == 3 and step.setup_failures == 0 and carried == 3
+    assert sorted(c.calls for c in step.clients) == [1, 2]
+    assert step.frames > 0 and step.p99_lateness_ms >= step.p50_lateness_ms >= 0
+    # A window is a whole talk cycle: the sampled call heard a reply and silence.
+    assert 0 < step.audible_share < 1
+    report = WebRtcReport(url=server_url, capacity=steps, capacity_calls=carried)
+    summary = format_summary(report)
+    assert "capacity: 3 simultaneous calls" in summary
+    assert "the bench's own lateness (worst of 2 client processes" in summary
+    data = report.to_json()["capacity"]["steps"][0]
+    assert len(data["clients"]) == 2 and data["server_ms_per_call_second"] is None
+    json.dumps(data)
 
 
 async def test_report_and_json(server_url: str, tmp_path: Path) -> None:
@@ -118,7 +234,11 @@ async def test_report_and_json(server_url: str, tmp_path: Path) -> None:
 
 def test_the_command_line_reaches_the_bench() -> None:
     args = build_parser().parse_args(
-        ["bench", "webrtc", "--url", "http://127.0.0.1:1", "--calls", "3", "--capacity"]
+        [
+            *("bench", "webrtc", "--url", "http://127.0.0.1:1", "--calls", "3", "--capacity"),
+            *("--client-processes", "4"),
+        ]
     )
     assert args.calls == 3 and args.capacity and args.threshold_ms == 20.0
+    assert args.client_processes == 4
     assert args.handler.__module__ == "hark.bench.webrtc"

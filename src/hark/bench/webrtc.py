@@ -10,38 +10,55 @@ opened. The last includes the client's own jitter buffer (aiortc holds about fou
 80 ms, before decoding). Run it against ``--engines fake`` to time the transport rather
 than the models.
 
-**Capacity** (``--capacity``): calls are added ``--step`` at a time. Every call keeps its
-microphone streaming and asks for a reply every few seconds, so the server runs the VAD on
-every call and plays audio on most. After each step the received audio is watched for
-``--hold`` seconds: a frame's *lateness* is how much later it arrived than the on-time
-schedule its RTP timestamp sets (the earliest frame of the window defines on time). The
-ramp stops at the first step whose p99 lateness exceeds ``--threshold-ms`` in two windows
-in a row; the figure is the last step within it. With ``--server-pid`` each step also
-reports the server's CPU use. Pin the server to one core (``taskset -c 0 hark serve --engines
-fake``) and the bench to others, or the bench competes with what it measures.
+**Capacity** (``--capacity``): calls are added ``--step`` at a time. The callers are cheap, so
+that the bench is not what runs late: each is a real peer connection (ICE, DTLS, SRTP, SCTP)
+whose microphone sends Opus packets encoded once before the ramp, a spoken question every
+few seconds and silence between, on the 20 ms grid; the server's packets are logged as they
+arrive, before aiortc's jitter buffer, and never decoded (but for one call per window, to
+see that replies were heard). The server runs the VAD on every call and answers each
+question, so it plays audio on about half of them. The calls are spread over
+``--client-processes`` processes; each reports its own event loop's lag and how late its
+microphones' packets left, which must stay far below the server's lateness for the figure
+to be the server's.
+
+After each step the received audio is watched for ``--hold`` seconds: a frame's
+*lateness* is how much later it arrived than the on-time schedule its RTP timestamp sets
+(the earliest frame of the window defines on time). The ramp stops at the first step whose
+p99 lateness exceeds ``--threshold-ms`` in two windows in a row; the figure is the last
+step within it. With ``--server-pid`` each step also reports the server's CPU use, in
+cores and in milliseconds per call-second. Pin the server to one core (``taskset -c 0 hark
+serve --engines fake``) and the bench to others, or the bench competes with what it measures.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import fractions
 import itertools
 import json
 import logging
 import math
+import multiprocessing
 import sys
 import time
+from collections import deque
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 import aiohttp
 import numpy as np
 import numpy.typing as npt
-from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCRtpSender, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
-from av import AudioFrame
+from aiortc.rtp import RtpPacket
+from av import AudioCodecContext, AudioFrame, CodecContext, Packet
 
+from hark.audio.resample import resample
 from hark.bench.report import (
     BenchError,
     ServerUrl,
@@ -52,9 +69,11 @@ from hark.bench.report import (
     percentile,
     publish,
 )
+from hark.bench.spoken_questions import QUESTIONS, spoken_questions
+from hark.bench.spoken_questions import RATE as QUESTION_RATE
 from hark.cluster.forwarding import WORKER_HEADER
 from hark.transports.webrtc.input_audio import frame_to_mono
-from hark.transports.webrtc.playout import PLAYOUT_RATE, PlayoutTrack
+from hark.transports.webrtc.playout import PlayoutTrack
 
 logger = logging.getLogger(__name__)
 
@@ -62,8 +81,29 @@ CALLS_PATH = "/v1/realtime/calls"
 # A frame is audio rather than silence above this RMS (int16); Opus leaves silence near 0.
 AUDIBLE_RMS = 200.0
 DEFAULT_THRESHOLD_MS = 20.0
-# Capacity calls ask for a reply this often (a fake reply plays for about 2.4 s).
-_ASK_EVERY_S = 4.0
+OPUS_RATE = 48000
+FRAME_S = 0.02
+FRAME_SAMPLES = 960
+_TIME_BASE = fractions.Fraction(1, OPUS_RATE)
+# What capacity callers ask ("What is two plus two?", 1.4 s), and how often: the server's
+# VAD ends the turn about 0.5 s after it and the fake reply plays for 2.4 s.
+PROMPT_TEXT = QUESTIONS[4]
+_TALK_EVERY_S = 5.0
+# Successive calls start this many frames apart in their talk cycle (coprime with it).
+_PHASE_STRIDE = 37
+# A browser's Opus for speech.
+_CALLER_BITRATE = 32000
+# The event loop's punctuality is sampled with a timer of this period.
+_TICK_S = 0.01
+# A capacity call is set up (answer, data channel, first packet) within this or fails.
+_CONNECT_LIMIT_S = 10.0
+# Between a step's new calls and the window that watches them.
+_SETTLE_S = 0.5
+_OPUS = [
+    codec
+    for codec in RTCRtpSender.getCapabilities("audio").codecs
+    if codec.mimeType.lower() == "audio/opus"
+]
 
 
 @dataclass
@@ -74,6 +114,53 @@ class ReceivedFrame:
     pts: int
     rms: float
     pcm: npt.NDArray[np.int16] | None = None
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The server's answer to an offer, with when the POST left and how long it took."""
+
+    sdp: str
+    location: str
+    # The worker that answered (hark's X-Hark-Worker header).
+    worker: str | None
+    posted_at: float
+    elapsed: float
+
+
+async def _post_offer(
+    http: aiohttp.ClientSession,
+    url: str,
+    api_key: str,
+    offer: str,
+    *,
+    path: str = CALLS_PATH,
+    model: str | None = None,
+    session: dict[str, Any] | None = None,
+) -> Answer:
+    """POST ``offer`` as a browser does; ``BenchError`` unless the server answers 201.
+
+    With ``session`` the offer goes as ``multipart/form-data`` (``sdp`` and ``session``),
+    otherwise as a raw ``application/sdp`` body.
+    """
+    params = {"model": model} if model else None
+    headers = {"Authorization": f"Bearer {api_key}"}
+    body: aiohttp.FormData | str
+    if session is None:
+        body = offer
+        headers["Content-Type"] = "application/sdp"
+    else:
+        body = aiohttp.FormData()
+        body.add_field("sdp", offer)
+        body.add_field("session", json.dumps(session), content_type="application/json")
+    posted_at = time.monotonic()
+    async with http.post(url + path, data=body, headers=headers, params=params) as response:
+        text = await response.text()
+        if response.status != 201:
+            raise BenchError(f"POST {path}: {response.status} {text[:300]}")
+        location = response.headers.get("Location", "")
+        worker = response.headers.get(WORKER_HEADER)
+    return Answer(text, location, worker, posted_at, time.monotonic() - posted_at)
 
 
 class CallClient:
@@ -124,29 +211,21 @@ class CallClient:
         when the server does not answer 201.
         """
         await self.pc.setLocalDescription(await self.pc.createOffer())
-        offer = self.pc.localDescription.sdp
-        params = {"model": model} if model else None
-        headers = {"Authorization": f"Bearer {api_key}"}
-        body: aiohttp.FormData | str
-        if session is None:
-            body = offer
-            headers["Content-Type"] = "application/sdp"
-        else:
-            body = aiohttp.FormData()
-            body.add_field("sdp", offer)
-            body.add_field("session", json.dumps(session), content_type="application/json")
-        started = self.posted_at = time.monotonic()
-        async with http.post(url + path, data=body, headers=headers, params=params) as response:
-            text = await response.text()
-            if response.status != 201:
-                raise BenchError(f"POST {path}: {response.status} {text[:300]}")
-            location = response.headers.get("Location", "")
-            self.worker = response.headers.get(WORKER_HEADER)
-        elapsed = time.monotonic() - started
-        self.call_id = location.rsplit("/", 1)[-1]
-        self.answer = text
-        await self.pc.setRemoteDescription(RTCSessionDescription(sdp=text, type="answer"))
-        return elapsed
+        answer = await _post_offer(
+            http,
+            url,
+            api_key,
+            self.pc.localDescription.sdp,
+            path=path,
+            model=model,
+            session=session,
+        )
+        self.posted_at = answer.posted_at
+        self.worker = answer.worker
+        self.call_id = answer.location.rsplit("/", 1)[-1]
+        self.answer = answer.sdp
+        await self.pc.setRemoteDescription(RTCSessionDescription(sdp=answer.sdp, type="answer"))
+        return answer.elapsed
 
     def send(self, event: dict[str, Any]) -> None:
         """Send a client event on the data channel."""
@@ -244,6 +323,438 @@ async def measure_setup(
     return result
 
 
+# ---------------------------------------------------------------------- the cheap caller
+
+
+@dataclass(frozen=True)
+class CallerAudio:
+    """What a capacity caller sends: a spoken prompt and silence as 20 ms Opus packets."""
+
+    prompt: tuple[bytes, ...]
+    silence: bytes
+
+
+def opus_packets(pcm: npt.NDArray[np.int16]) -> list[bytes]:
+    """``pcm`` (48 kHz mono) as 20 ms Opus packets, the last frame padded with silence."""
+    encoder = _caller_encoder()
+    padded = np.zeros(-(-len(pcm) // FRAME_SAMPLES) * FRAME_SAMPLES, np.int16)
+    padded[: len(pcm)] = pcm
+    packets: list[bytes] = []
+    for index in range(len(padded) // FRAME_SAMPLES):
+        frame = _audio_frame(padded[index * FRAME_SAMPLES : (index + 1) * FRAME_SAMPLES])
+        frame.pts = index * FRAME_SAMPLES
+        packets += [bytes(p) for p in encoder.encode(frame)]
+    packets += [bytes(p) for p in encoder.encode(None)]
+    return packets
+
+
+def opus_silence() -> bytes:
+    """One 20 ms Opus packet of silence, as an encoder makes it once its look-ahead is quiet."""
+    return opus_packets(np.zeros(4 * FRAME_SAMPLES, np.int16))[-2]
+
+
+async def caller_audio(text: str = PROMPT_TEXT) -> CallerAudio:
+    """``text`` spoken (Piper, cached as the other benches' questions are), encoded once."""
+    (question,) = await spoken_questions([text])
+    voiced = question.pcm[: question.last_voiced + 1]
+    return CallerAudio(
+        tuple(opus_packets(resample(voiced, QUESTION_RATE, OPUS_RATE))), opus_silence()
+    )
+
+
+def _caller_encoder() -> AudioCodecContext:
+    encoder = CodecContext.create("libopus", "w")
+    encoder.bit_rate = _CALLER_BITRATE
+    encoder.format = "s16"
+    encoder.layout = "mono"
+    encoder.sample_rate = OPUS_RATE
+    encoder.time_base = _TIME_BASE
+    encoder.options = {"application": "voip"}
+    return encoder
+
+
+def _audio_frame(samples: npt.NDArray[np.int16]) -> AudioFrame:
+    frame = AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
+    frame.sample_rate = OPUS_RATE
+    frame.time_base = _TIME_BASE
+    return frame
+
+
+class PacketMicrophone(MediaStreamTrack):
+    """A microphone that sends packets encoded beforehand on the 20 ms grid.
+
+    Frame ``n`` is due ``n × 20 ms`` after the first; it is the prompt's packet while the
+    call is within the first part of its ``period`` frames (shifted by ``phase``), the
+    silence packet otherwise. How late each packet left goes to ``lateness`` (seconds).
+    """
+
+    kind = "audio"
+
+    def __init__(
+        self, audio: CallerAudio, *, period: int, phase: int, lateness: deque[float]
+    ) -> None:
+        super().__init__()
+        self.audio = audio
+        self.period = max(period, len(audio.prompt) + 1)
+        self.phase = phase
+        self.lateness = lateness
+        self._start: float | None = None
+        self._sent = 0
+
+    async def recv(self) -> Packet:
+        """The next packet, released at its time."""
+        if self.readyState != "live":
+            raise MediaStreamError
+        now = time.monotonic()
+        if self._start is None:
+            self._start = now
+        due = self._start + self._sent * FRAME_S
+        if due > now:
+            await asyncio.sleep(due - now)
+            now = time.monotonic()
+        self.lateness.append(now - due)
+        position = (self._sent + self.phase) % self.period
+        prompt = self.audio.prompt
+        packet = Packet(prompt[position] if position < len(prompt) else self.audio.silence)
+        packet.pts = self._sent * FRAME_SAMPLES
+        packet.time_base = _TIME_BASE
+        self._sent += 1
+        return packet
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """One RTP packet of the server's audio: when it arrived, its timestamp, its payload."""
+
+    at: float
+    timestamp: int
+    payload: bytes
+
+
+class CheapCall:
+    """A capacity caller: a real peer connection (ICE, DTLS, SRTP, SCTP) that encodes and
+    decodes nothing.
+
+    Its microphone is a ``PacketMicrophone``; the server's RTP packets are taken from the
+    receiver before aiortc's jitter buffer and decoder and logged in ``arrivals`` (the
+    last ``keep`` of them).
+    """
+
+    def __init__(
+        self, audio: CallerAudio, *, period: int, phase: int, keep: int, lateness: deque[float]
+    ) -> None:
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        self.microphone = PacketMicrophone(audio, period=period, phase=phase, lateness=lateness)
+        transceiver = self.pc.addTransceiver(self.microphone, direction="sendrecv")
+        # The packets are Opus already: any other codec would carry them mislabelled.
+        transceiver.setCodecPreferences(_OPUS)
+        # aiortc would queue every packet for a jitter buffer and a decoder thread; the
+        # bench needs only when each packet came.
+        transceiver.receiver._handle_rtp_packet = self._on_rtp  # type: ignore[method-assign]
+        self.channel = self.pc.createDataChannel("oai-events")
+        self.arrivals: deque[Arrival] = deque(maxlen=keep)
+        self.opened = asyncio.Event()
+        self.receiving = asyncio.Event()
+        self.channel.on("open", self.opened.set)
+
+    async def connect(self, http: aiohttp.ClientSession, url: str, api_key: str) -> None:
+        """Offer, POST, apply the answer; ``BenchError`` when the server does not answer."""
+        await self.pc.setLocalDescription(await self.pc.createOffer())
+        answer = await _post_offer(http, url, api_key, self.pc.localDescription.sdp)
+        await self.pc.setRemoteDescription(RTCSessionDescription(sdp=answer.sdp, type="answer"))
+
+    async def close(self) -> None:
+        """Hang up (DTLS close)."""
+        await self.pc.close()
+        self.pc.remove_all_listeners()
+        self.channel.remove_all_listeners()
+
+    async def _on_rtp(self, packet: RtpPacket, arrival_time_ms: int) -> None:
+        self.arrivals.append(Arrival(time.monotonic(), packet.timestamp, packet.payload))
+        self.receiving.set()
+
+
+def lateness_ms(arrivals: Sequence[Arrival]) -> list[float]:
+    """Each packet's delay behind the on-time schedule its RTP timestamps define.
+
+    The packet that arrived earliest relative to its timestamp is on time; timestamps are
+    unwrapped across 2³² from the first packet's.
+    """
+    if not arrivals:
+        return []
+    first = arrivals[0].timestamp
+    offsets = [a.at - ((a.timestamp - first + 2**31) % 2**32 - 2**31) / OPUS_RATE for a in arrivals]
+    best = min(offsets)
+    return [(o - best) * 1000 for o in offsets]
+
+
+def audible_share(payloads: Sequence[bytes]) -> float:
+    """The share of 20 ms Opus ``payloads`` that decode to audio rather than silence."""
+    if not payloads:
+        return math.nan
+    decoder = CodecContext.create("libopus", "r")
+    decoder.sample_rate = OPUS_RATE
+    decoder.layout = "mono"
+    decoder.format = "s16"
+    audible = 0
+    for payload in payloads:
+        for frame in decoder.decode(Packet(payload)):
+            pcm = frame_to_mono(frame).astype(np.float64)
+            audible += bool(len(pcm)) and float(np.sqrt(np.mean(pcm**2))) > AUDIBLE_RMS
+    return audible / len(payloads)
+
+
+@dataclass
+class ClientFigures:
+    """How punctual one client process was over a window: the bench's own lateness."""
+
+    calls: int
+    # How late a 10 ms timer of the process's event loop fired, p99.
+    loop_lag_p99_ms: float
+    # How late the microphones' packets left behind their 20 ms grid, p99 and max.
+    send_lateness_p99_ms: float
+    send_lateness_max_ms: float
+    # The process's CPU use over the window, in cores.
+    cpu: float
+
+
+@dataclass
+class GroupWindow:
+    """What the calls of one client process received over one window."""
+
+    lateness_ms: list[float]
+    gaps_ms: list[float]
+    frames: int
+    # The share of one call's frames that decoded to audio (NaN when nothing arrived).
+    audible_share: float
+    client: ClientFigures
+
+
+def window_of(
+    calls: Sequence[Sequence[Arrival]], client: ClientFigures, sample: int
+) -> GroupWindow:
+    """The figures of one window from the packets each call received in it; the audio of
+    call ``sample`` (modulo the calls) is decoded to see that replies were heard."""
+    lateness: list[float] = []
+    gaps: list[float] = []
+    for arrivals in calls:
+        lateness += lateness_ms(arrivals)
+        gaps += [(b.at - a.at) * 1000 for a, b in itertools.pairwise(arrivals)]
+    sampled = calls[sample % len(calls)] if calls else []
+    return GroupWindow(
+        lateness_ms=lateness,
+        gaps_ms=gaps,
+        frames=sum(len(arrivals) for arrivals in calls),
+        audible_share=audible_share([a.payload for a in sampled]),
+        client=client,
+    )
+
+
+class CallerGroup:
+    """The capacity calls of one process, on its event loop, with that loop's punctuality."""
+
+    def __init__(self, url: str, api_key: str, audio: CallerAudio, *, keep: int) -> None:
+        self.url = url
+        self.api_key = api_key
+        self.audio = audio
+        self.keep = keep
+        self.calls: list[CheapCall] = []
+        self._http: aiohttp.ClientSession | None = None
+        self._ticker: asyncio.Task[None] | None = None
+        self._loop_lag: deque[float] = deque(maxlen=keep)
+        self._send_lateness: deque[float] = deque(maxlen=keep * 4)
+        self._window_start = 0.0
+        self._cpu_start = 0.0
+        self._windows = 0
+
+    async def start(self) -> None:
+        """Open the HTTP session and start timing the loop."""
+        self._http = aiohttp.ClientSession()
+        self._ticker = asyncio.create_task(self._tick())
+
+    async def add(self, count: int, first: int) -> int:
+        """Set up ``count`` more calls (numbered from ``first``); returns how many failed."""
+        assert self._http is not None
+        period = round(_TALK_EVERY_S / FRAME_S)
+        batch = [
+            CheapCall(
+                self.audio,
+                period=period,
+                # Spread the prompts over the period, so that calls do not all talk at once.
+                phase=(first + index) * _PHASE_STRIDE % period,
+                keep=self.keep,
+                lateness=self._send_lateness,
+            )
+            for index in range(count)
+        ]
+        outcomes = await asyncio.gather(
+            *(self._connect(call) for call in batch), return_exceptions=True
+        )
+        failures = 0
+        for call, outcome in zip(batch, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                failures += 1
+                await call.close()
+            else:
+                self.calls.append(call)
+        return failures
+
+    def open_window(self) -> None:
+        """Forget what arrived so far: a window starts now."""
+        for call in self.calls:
+            call.arrivals.clear()
+        self._loop_lag.clear()
+        self._send_lateness.clear()
+        self._window_start = time.monotonic()
+        self._cpu_start = time.process_time()
+
+    def close_window(self) -> GroupWindow:
+        """The figures of the window opened last."""
+        elapsed = time.monotonic() - self._window_start
+        lag = [s * 1000 for s in self._loop_lag]
+        late = [s * 1000 for s in self._send_lateness]
+        client = ClientFigures(
+            calls=len(self.calls),
+            loop_lag_p99_ms=_percentile(lag, 99),
+            send_lateness_p99_ms=_percentile(late, 99),
+            send_lateness_max_ms=max(late, default=math.nan),
+            cpu=(time.process_time() - self._cpu_start) / elapsed if elapsed > 0 else math.nan,
+        )
+        window = window_of([list(c.arrivals) for c in self.calls], client, self._windows)
+        self._windows += 1
+        return window
+
+    async def close(self) -> None:
+        """Hang up every call and stop."""
+        if self._ticker is not None:
+            self._ticker.cancel()
+            await asyncio.gather(self._ticker, return_exceptions=True)
+        await asyncio.gather(*(call.close() for call in self.calls), return_exceptions=True)
+        self.calls.clear()
+        if self._http is not None:
+            await self._http.close()
+
+    async def _connect(self, call: CheapCall) -> None:
+        assert self._http is not None
+        await call.connect(self._http, self.url, self.api_key)
+        # Connected means the server's audio is flowing.
+        async with asyncio.timeout(_CONNECT_LIMIT_S):
+            await call.opened.wait()
+            await call.receiving.wait()
+
+    async def _tick(self) -> None:
+        while True:
+            due = time.monotonic() + _TICK_S
+            await asyncio.sleep(_TICK_S)
+            self._loop_lag.append(max(0.0, time.monotonic() - due))
+
+
+# ---------------------------------------------------------------------- client processes
+
+
+def _caller_process(
+    connection: Connection, url: str, api_key: str, audio: CallerAudio, keep: int
+) -> None:
+    """A client process: serves ``CallerGroup`` commands from ``connection`` until "stop"."""
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    # aiortc leaves tasks failing noisily when many client peers close at once.
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+    asyncio.run(_serve_group(connection, CallerGroup(url, api_key, audio, keep=keep)))
+
+
+async def _serve_group(connection: Connection, group: CallerGroup) -> None:
+    await group.start()
+    try:
+        while True:
+            command, argument = await asyncio.to_thread(connection.recv)
+            if command == "add":
+                connection.send(await group.add(*argument))
+            elif command == "open":
+                group.open_window()
+                connection.send(None)
+            elif command == "close":
+                connection.send(group.close_window())
+            else:
+                break
+    finally:
+        await group.close()
+        connection.send(None)
+
+
+class CallerProcesses:
+    """``count`` client processes, each a ``CallerGroup``, driven from this event loop."""
+
+    def __init__(
+        self, count: int, url: str, api_key: str, audio: CallerAudio, *, keep: int
+    ) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._connections: list[Connection] = []
+        self._processes: list[BaseProcess] = []
+        self._calls = [0] * count
+        self._next = 0
+        # One thread per process waits for its answers, so that all of them wait at once.
+        self._executor = ThreadPoolExecutor(max_workers=count, thread_name_prefix="bench-client")
+        for index in range(count):
+            ours, theirs = context.Pipe()
+            process = context.Process(
+                target=_caller_process,
+                args=(theirs, url, api_key, audio, keep),
+                name=f"hark-bench-client-{index}",
+                daemon=True,
+            )
+            process.start()
+            theirs.close()
+            self._connections.append(ours)
+            self._processes.append(process)
+
+    async def add(self, count: int) -> int:
+        """Set up ``count`` calls on the processes that have fewest; returns the failures."""
+        shares = [0] * len(self._processes)
+        for _ in range(count):
+            index = min(range(len(shares)), key=lambda i: self._calls[i] + shares[i])
+            shares[index] += 1
+        asking = [index for index, share in enumerate(shares) if share]
+        asks = []
+        for index in asking:
+            asks.append(self._ask(index, "add", (shares[index], self._next)))
+            self._next += shares[index]
+        failed = await asyncio.gather(*asks)
+        for index, failures in zip(asking, failed, strict=True):
+            self._calls[index] += shares[index] - failures
+        return sum(failed)
+
+    async def watch(self, hold_s: float) -> list[GroupWindow]:
+        """Every process's figures over the next ``hold_s`` seconds."""
+        everyone = range(len(self._processes))
+        await asyncio.gather(*(self._ask(i, "open") for i in everyone))
+        await asyncio.sleep(hold_s)
+        return list(await asyncio.gather(*(self._ask(i, "close") for i in everyone)))
+
+    async def close(self) -> None:
+        """Hang up every call and end the processes."""
+        asks = [self._ask(i, "stop") for i, p in enumerate(self._processes) if p.is_alive()]
+        await asyncio.gather(*asks, return_exceptions=True)
+        for process in self._processes:
+            await asyncio.to_thread(process.join, _CONNECT_LIMIT_S)
+            if process.is_alive():
+                process.kill()
+        for connection in self._connections:
+            connection.close()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _ask(self, index: int, command: str, argument: Any = None) -> Any:
+        connection = self._connections[index]
+
+        def exchange() -> Any:
+            connection.send((command, argument))
+            return connection.recv()
+
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, exchange)
+        except (EOFError, OSError) as exc:
+            raise BenchError(f"bench client process {index} ended: {exc!r}") from None
+
+
 # ---------------------------------------------------------------------- capacity
 
 
@@ -258,25 +769,40 @@ class CapacityStep:
     max_lateness_ms: float
     interarrival_p99_ms: float
     setup_failures: int
+    # The share of frames that carried audio in the decoded sample of calls.
+    audible_share: float = math.nan
     # The server's CPU use over the window, in cores (with --server-pid), else None.
     server_cpu: float | None = None
+    # Each client process's own punctuality over the window.
+    clients: list[ClientFigures] = field(default_factory=list)
+
+    @property
+    def server_ms_per_call_second(self) -> float | None:
+        """Server CPU per second of one call, in milliseconds (with --server-pid)."""
+        if self.server_cpu is None or not self.calls:
+            return None
+        return self.server_cpu * 1000 / self.calls
 
 
-async def _keep_talking(client: CallClient) -> None:
-    """Ask for a reply every few seconds, like a conversation that never ends."""
-    await client.opened.wait()
-    while True:
-        client.send({"type": "response.create"})
-        await asyncio.sleep(_ASK_EVERY_S)
-
-
-def _lateness_ms(frames: Sequence[ReceivedFrame]) -> list[float]:
-    """Each frame's delay behind the on-time schedule its RTP timestamps define."""
-    if not frames:
-        return []
-    offsets = [f.arrival - f.pts / PLAYOUT_RATE for f in frames]
-    best = min(offsets)
-    return [(o - best) * 1000 for o in offsets]
+def merge_windows(
+    windows: Sequence[GroupWindow], failures: int, server_cpu: float | None
+) -> CapacityStep:
+    """One capacity step from the windows of every client process."""
+    lateness = [ms for w in windows for ms in w.lateness_ms]
+    gaps = [ms for w in windows for ms in w.gaps_ms]
+    shares = [w.audible_share for w in windows if not math.isnan(w.audible_share)]
+    return CapacityStep(
+        calls=sum(w.client.calls for w in windows),
+        frames=sum(w.frames for w in windows),
+        p50_lateness_ms=_percentile(lateness, 50),
+        p99_lateness_ms=_percentile(lateness, 99),
+        max_lateness_ms=max(lateness, default=math.nan),
+        interarrival_p99_ms=_percentile(gaps, 99),
+        setup_failures=failures,
+        audible_share=sum(shares) / len(shares) if shares else math.nan,
+        server_cpu=server_cpu,
+        clients=[w.client for w in windows],
+    )
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
@@ -285,7 +811,6 @@ def _percentile(values: Sequence[float], q: float) -> float:
 
 
 async def measure_capacity(
-    http: aiohttp.ClientSession,
     url: str,
     api_key: str,
     *,
@@ -294,46 +819,35 @@ async def measure_capacity(
     hold_s: float,
     threshold_ms: float,
     server_pid: int | None = None,
+    client_processes: int = 1,
+    audio: CallerAudio | None = None,
     progress: bool = True,
 ) -> tuple[list[CapacityStep], int]:
-    """Ramp up calls until audio runs late; returns the steps and the calls carried.
+    """Ramp up cheap calls until audio runs late; returns the steps and the calls carried.
 
-    With ``server_pid`` (a server on this machine) each step also reports its CPU use.
+    The calls are spread over ``client_processes`` processes. With ``server_pid`` (a server
+    on this machine) each step also reports its CPU use.
     """
-    clients: list[CallClient] = []
-    talkers: list[asyncio.Task[None]] = []
+    if audio is None:
+        audio = await caller_audio()
+    # A window's packets, twice over, and the setup before it.
+    keep = math.ceil(hold_s / FRAME_S) * 2 + 500
+    callers = CallerProcesses(client_processes, url, api_key, audio, keep=keep)
     steps: list[CapacityStep] = []
-    carried = 0
+    calls = carried = 0
     try:
-        while len(clients) < max_calls:
-            failures = 0
-            batch = [CallClient() for _ in range(min(step, max_calls - len(clients)))]
-            outcomes = await asyncio.gather(
-                *(c.connect(http, url, api_key=api_key) for c in batch), return_exceptions=True
-            )
-            for client, outcome in zip(batch, outcomes, strict=True):
-                if not isinstance(outcome, BaseException):
-                    try:
-                        # Connected means the server's audio is flowing.
-                        async with asyncio.timeout(10):
-                            await client.opened.wait()
-                            await client.receiving.wait()
-                    except TimeoutError:
-                        outcome = TimeoutError()
-                if isinstance(outcome, BaseException):
-                    failures += 1
-                    await client.close()
-                    continue
-                clients.append(client)
-                talkers.append(asyncio.create_task(_keep_talking(client)))
-            await asyncio.sleep(0.5)
-            result = await _watch(clients, hold_s, server_pid, failures)
+        while calls < max_calls:
+            added = min(step, max_calls - calls)
+            failures = await callers.add(added)
+            calls += added - failures
+            await asyncio.sleep(_SETTLE_S)
+            result = await _watch(callers, hold_s, server_pid, failures)
             if progress:
                 _print_step(result)
             if not failures and not result.p99_lateness_ms <= threshold_ms:
                 # One late window may be a neighbour's burst on a shared machine: a step
                 # fails only when a second window is late too.
-                result = await _watch(clients, hold_s, server_pid, failures)
+                result = await _watch(callers, hold_s, server_pid, failures)
                 if progress:
                     _print_step(result, again=True)
             steps.append(result)
@@ -341,53 +855,40 @@ async def measure_capacity(
                 break
             carried = result.calls
     finally:
-        for task in talkers:
-            task.cancel()
-        await asyncio.gather(*talkers, return_exceptions=True)
-        await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
+        await callers.close()
     return steps, carried
 
 
 async def _watch(
-    clients: list[CallClient], hold_s: float, server_pid: int | None, failures: int
+    callers: CallerProcesses, hold_s: float, server_pid: int | None, failures: int
 ) -> CapacityStep:
     """Watch the audio of every call for ``hold_s`` seconds."""
-    for client in clients:
-        client.frames.clear()
     cpu_before = _cpu_seconds(server_pid)
     window_start = time.monotonic()
-    await asyncio.sleep(hold_s)
+    windows = await callers.watch(hold_s)
     cpu_after = _cpu_seconds(server_pid)
     elapsed = time.monotonic() - window_start
-    lateness: list[float] = []
-    gaps: list[float] = []
-    frames = 0
-    for client in clients:
-        window = [f for f in client.frames if f.arrival >= window_start]
-        client.frames.clear()
-        frames += len(window)
-        lateness += _lateness_ms(window)
-        gaps += [(b.arrival - a.arrival) * 1000 for a, b in itertools.pairwise(window)]
-    return CapacityStep(
-        calls=len(clients),
-        frames=frames,
-        p50_lateness_ms=_percentile(lateness, 50),
-        p99_lateness_ms=_percentile(lateness, 99),
-        max_lateness_ms=max(lateness, default=math.nan),
-        interarrival_p99_ms=_percentile(gaps, 99),
-        setup_failures=failures,
-        server_cpu=None
-        if cpu_before is None or cpu_after is None
-        else (cpu_after - cpu_before) / elapsed,
+    server_cpu = (
+        None if cpu_before is None or cpu_after is None else (cpu_after - cpu_before) / elapsed
     )
+    return merge_windows(windows, failures, server_cpu)
 
 
 def _print_step(result: CapacityStep, *, again: bool = False) -> None:
+    per_call = result.server_ms_per_call_second
+    client_lag = max((c.loop_lag_p99_ms for c in result.clients), default=math.nan)
+    client_send = max((c.send_lateness_p99_ms for c in result.clients), default=math.nan)
     print(
         f"{result.calls:4d} calls{' (again)' if again else ''}: lateness p50 "
         f"{result.p50_lateness_ms:6.1f} ms, p99 {result.p99_lateness_ms:6.1f} ms, max "
         f"{result.max_lateness_ms:6.1f} ms; frame gap p99 {result.interarrival_p99_ms:5.1f} ms"
-        + (f"; server CPU {result.server_cpu:.2f} cores" if result.server_cpu is not None else "")
+        f"; audible {result.audible_share:4.0%}"
+        + (
+            f"; server CPU {result.server_cpu:.2f} cores, {per_call:.1f} ms per call-second"
+            if result.server_cpu is not None and per_call is not None
+            else ""
+        )
+        + f"; client loop lag p99 {client_lag:.1f} ms, send lateness p99 {client_send:.1f} ms"
         + (f"; {result.setup_failures} failed to set up" if result.setup_failures else ""),
         flush=True,
     )
@@ -442,7 +943,10 @@ class WebRtcReport:
             "capacity": {
                 "threshold_ms": self.threshold_ms,
                 "calls_carried": self.capacity_calls,
-                "steps": [asdict(s) for s in self.capacity],
+                "steps": [
+                    {**asdict(s), "server_ms_per_call_second": s.server_ms_per_call_second}
+                    for s in self.capacity
+                ],
             },
         }
 
@@ -471,6 +975,20 @@ def format_summary(report: WebRtcReport) -> str:
             f"capacity: {report.capacity_calls} simultaneous calls with p99 audio lateness "
             f"≤ {report.threshold_ms:.0f} ms"
         )
+        knee = next((s for s in report.capacity if s.calls == report.capacity_calls), None)
+        if knee is not None and knee.server_ms_per_call_second is not None:
+            lines.append(
+                f"  server CPU at {knee.calls} calls: {knee.server_cpu:.2f} cores, "
+                f"{knee.server_ms_per_call_second:.1f} ms per call-second"
+            )
+        clients = [c for s in report.capacity for c in s.clients]
+        if clients:
+            lines.append(
+                f"  the bench's own lateness (worst of {len(report.capacity[-1].clients)} "
+                f"client processes, every step): loop lag p99 "
+                f"{max(c.loop_lag_p99_ms for c in clients):.1f} ms, packets sent late p99 "
+                f"{max(c.send_lateness_p99_ms for c in clients):.1f} ms"
+            )
     return "\n".join(lines)
 
 
@@ -485,23 +1003,24 @@ async def run_webrtc_bench(
     hold_s: float = 5.0,
     threshold_ms: float = DEFAULT_THRESHOLD_MS,
     server_pid: int | None = None,
+    client_processes: int = 1,
 ) -> WebRtcReport:
     """Run the setup measurement, then the capacity ramp if asked."""
     report = WebRtcReport(url=ServerUrl.parse(url).http(), threshold_ms=threshold_ms)
     async with aiohttp.ClientSession() as http:
         for _ in range(calls):
             report.setup.append(await measure_setup(http, report.url, api_key))
-        if capacity:
-            report.capacity, report.capacity_calls = await measure_capacity(
-                http,
-                report.url,
-                api_key,
-                step=step,
-                max_calls=max_calls,
-                hold_s=hold_s,
-                threshold_ms=threshold_ms,
-                server_pid=server_pid,
-            )
+    if capacity:
+        report.capacity, report.capacity_calls = await measure_capacity(
+            report.url,
+            api_key,
+            step=step,
+            max_calls=max_calls,
+            hold_s=hold_s,
+            threshold_ms=threshold_ms,
+            server_pid=server_pid,
+            client_processes=client_processes,
+        )
     return report
 
 
@@ -535,7 +1054,21 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         metavar="PID",
         help="a local server's process id: report its CPU use per capacity step",
     )
+    parser.add_argument(
+        "--client-processes",
+        type=_positive,
+        default=1,
+        metavar="N",
+        help="spread the capacity calls over N processes (default 1)",
+    )
     add_json_option(parser)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def command(options: dict[str, Any]) -> int:
@@ -557,6 +1090,7 @@ def command(options: dict[str, Any]) -> int:
                 hold_s=options["hold"],
                 threshold_ms=options["threshold_ms"],
                 server_pid=options["server_pid"],
+                client_processes=options["client_processes"],
             )
         )
     except BenchError as error:
