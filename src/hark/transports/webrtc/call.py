@@ -3,7 +3,9 @@
 Events travel on the client's ``oai-events`` data channel exactly as over WebSocket, and on
 every sideband WebSocket attached with ``?call_id=``: each server event goes to all of
 them, and client events from any of them go to the session. The caller's audio track feeds
-the session's input; the reply plays on the outgoing ``PlayoutTrack``.
+the session's input; the reply plays on the outgoing ``PlayoutTrack``. Once the peer
+connection is connected, the audio in both directions runs on the lean ``AudioPath``
+(``hark.transports.webrtc.rtp_audio``), the reply paced by the worker's ``PlayoutTicker``.
 
 A call ends on hang-up, when the session ends, when the peer connection fails or closes
 (ICE failure, consent freshness lost, the client's DTLS close), when it is not connected
@@ -27,16 +29,18 @@ from aiortc import (
     RTCDataChannel,
     RTCPeerConnection,
     RTCRtpSender,
+    RTCRtpTransceiver,
     RTCSessionDescription,
 )
-from aiortc.mediastreams import MediaStreamTrack
 
 from hark.session.runner import SessionRunner
 from hark.transports.sideband import Sidebands
 from hark.transports.webrtc.ice import use_shared_port
-from hark.transports.webrtc.input_audio import forward_input_audio
+from hark.transports.webrtc.input_audio import InputAudio
 from hark.transports.webrtc.playout import PlayoutTrack
+from hark.transports.webrtc.rtp_audio import AudioPath
 from hark.transports.webrtc.sdp import OfferError, check_offer
+from hark.transports.webrtc.ticker import PlayoutTicker
 from hark.transports.webrtc.udp_mux import UdpMux
 
 logger = logging.getLogger(__name__)
@@ -62,7 +66,8 @@ class Call:
     """A WebRTC call (``rtc_…``) owned by ``owner`` (see ``hark.server.auth.Principal``).
 
     ``negotiate`` answers the offer, ``start`` runs the session, ``close`` ends it all;
-    ``on_closed`` is called once, at the end of ``close``.
+    ``on_closed`` is called once, at the end of ``close``. ``ticker`` paces the reply audio
+    (one for all the calls of a worker).
     """
 
     def __init__(
@@ -72,6 +77,7 @@ class Call:
         runner: SessionRunner,
         track: PlayoutTrack,
         *,
+        ticker: PlayoutTicker,
         on_closed: Callable[[Call], None] | None = None,
         setup_timeout_s: float = SETUP_TIMEOUT_SECONDS,
     ) -> None:
@@ -80,6 +86,9 @@ class Call:
         self.runner = runner
         self.track = track
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        self._ticker = ticker
+        self._transceiver: RTCRtpTransceiver | None = None
+        self.audio: AudioPath | None = None
         self._on_closed = on_closed
         self._setup_timeout_s = setup_timeout_s
         self._channel: RTCDataChannel | None = None
@@ -93,7 +102,6 @@ class Call:
         self.closed = asyncio.Event()
         self.close_reason: str | None = None
         self.pc.on("datachannel", self._on_datachannel)
-        self.pc.on("track", self._on_track)
         self.pc.on("connectionstatechange", self._on_connection_state)
 
     # ------------------------------------------------------------------ life cycle
@@ -110,6 +118,7 @@ class Call:
                 # section with Opus only: the playout track sends Opus packets.
                 transceiver = self.pc.addTransceiver(self.track, direction="sendrecv")
                 transceiver.setCodecPreferences(_OPUS)
+                self._transceiver = transceiver
             await self.pc.setRemoteDescription(RTCSessionDescription(sdp=offer, type="offer"))
             use_shared_port(self.pc, mux)
             await self.pc.setLocalDescription(await self.pc.createAnswer())
@@ -171,6 +180,8 @@ class Call:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if self.audio is not None:
+                self.audio.close()
             self.track.stop()
             if self._channel is not None:
                 self._channel.remove_all_listeners()
@@ -245,19 +256,19 @@ class Call:
 
     # ------------------------------------------------------------------ media and state
 
-    def _on_track(self, track: MediaStreamTrack) -> None:
-        if track.kind != "audio":
-            return
-        self._spawn(
-            forward_input_audio(
-                track, lambda: self.runner.session.input_rate, self.runner.receive_audio
-            ),
-            "input audio",
-        )
-
     def _on_connection_state(self) -> None:
         state = self.pc.connectionState
         logger.debug("call %s: connection %s", self.id, state)
+        if state == "connected" and self._transceiver is not None and self.audio is None:
+            # Now, before aiortc starts its sender and receiver: DTLS has just made the
+            # SRTP keys, and no RTP has gone through aiortc yet.
+            runner = self.runner
+            self.audio = AudioPath.take_over(
+                self._transceiver,
+                self.track,
+                self._ticker,
+                InputAudio(lambda: runner.session.input_rate, runner.receive_audio),
+            )
         if state in ("failed", "closed") and not self._closing:
             self._spawn(self.close(f"connection {state}"), "close")
 

@@ -1,6 +1,7 @@
 """The calls of one worker: creating them from offers, finding them by id, ending them all.
 
-All calls share one ``UdpMux`` (one UDP port) and the server's engines.
+All calls share one ``UdpMux`` (one UDP port), one ``PlayoutTicker`` and the server's
+engines.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from hark.session.ids import IdGenerator
 from hark.session.runner import SessionRunner
 from hark.transports.webrtc.call import SETUP_TIMEOUT_SECONDS, Call
 from hark.transports.webrtc.playout import PlayoutTrack
+from hark.transports.webrtc.ticker import PlayoutTicker
 from hark.transports.webrtc.udp_mux import UdpMux
 
 logger = logging.getLogger(__name__)
@@ -48,6 +50,8 @@ class Calls:
         self.metrics = metrics
         self.setup_timeout_s = setup_timeout_s
         self._calls: dict[str, Call] = {}
+        # One timer paces the reply audio of every call.
+        self.ticker = PlayoutTicker()
         self._ids = IdGenerator()
 
     async def create(
@@ -80,6 +84,7 @@ class Calls:
             owner,
             runner,
             track,
+            ticker=self.ticker,
             on_closed=self._forget,
             setup_timeout_s=self.setup_timeout_s,
         )

@@ -1,0 +1,233 @@
+"""A call's audio RTP, sent and received here, over aiortc's ICE, DTLS and SRTP keys.
+
+aiortc handles every RTP packet in several layers of Python: aioice tries to parse it as
+STUN, queues it for the DTLS transport's task, which parses an ``RtpPacket`` and routes it
+to the receiver, whose jitter buffer assembles a frame for a decoder thread, which wakes
+the event loop again to hand back an ``AudioFrame`` to be resampled. Sending, a track's
+packet goes through an encoder wrapper, an ``RtpPacket`` with header extensions and two
+awaits per packet, on a timer per call. That is most of what a call costs the server.
+
+``AudioPath`` takes a call's audio over once the peer connection is connected (DTLS done,
+SRTP keys made), and leaves everything else to aiortc: ICE checks and consent freshness,
+DTLS and the data channel, RTCP. Received, a datagram of the call that is SRTP but not
+SRTCP (RFC 5761, RFC 7983) is taken off before aioice sees it, decrypted with the DTLS
+transport's SRTP session and decoded by ``InputAudio``; everything else goes on to aioice
+as before. Sent, on each tick of the worker's ``PlayoutTicker`` every frame due of the
+``PlayoutTrack`` becomes one RTP packet (the negotiated Opus payload type, the sender's
+SSRC, the MID header extension when negotiated), protected with the transport's SRTP
+session and written to the nominated ICE pair. aiortc's sender stays in place, idle (its
+track gives nothing), sending its RTCP sender reports, whose counts are kept up to date.
+
+This relies on details of aiortc and aioice, pinned by
+``tests/transports/test_webrtc_rtp_audio.py``: ``RTCDtlsTransport._rx_srtp``/``_tx_srtp``
+are the SRTP sessions; the ICE connection (see ``hark.transports.webrtc.ice``) holds its
+``StunProtocol`` objects in ``_protocols``, each with the ``MuxEndpoint`` as its
+``transport``, and its nominated pair for component 1 in ``_nominated``; the transceiver's
+negotiated ``_codecs`` and ``_headerExtensions``; the sender's ``_ssrc`` and the private
+counters its sender reports are made of.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import struct
+from typing import TYPE_CHECKING, Any
+
+import pylibsrtp
+from aiortc import clock
+
+from hark.transports.webrtc.input_audio import InputAudio
+from hark.transports.webrtc.playout import FRAME_SAMPLES, PlayoutTrack
+from hark.transports.webrtc.ticker import TICK_SECONDS, PlayoutTicker
+from hark.transports.webrtc.udp_mux import MuxEndpoint
+
+if TYPE_CHECKING:
+    from aioice import Connection
+    from aiortc import RTCRtpSender, RTCRtpTransceiver
+
+logger = logging.getLogger(__name__)
+
+MID_EXTENSION = "urn:ietf:params:rtp-hdrext:sdes:mid"
+# Version 2, no padding, extension flag as given, no CSRC.
+_VERSION = 0x80
+_EXTENSION_FLAG = 0x10
+_HEADER = struct.Struct("!BBHII")
+# A frame is sent on the tick nearest the time it is due.
+_DUE_WITHIN_S = TICK_SECONDS / 2
+
+
+def is_rtp(datagram: bytes) -> bool:
+    """Whether an SRTP-or-SRTCP datagram (first byte 128–191) is RTP: RTCP packet types
+    200–204 appear as payload types 72–76 with the marker bit (RFC 5761 § 4)."""
+    return 127 < datagram[0] < 192 and not 191 < datagram[1] < 224
+
+
+def mid_extension(extension_id: int, mid: str) -> bytes:
+    """An RTP header extension block (RFC 8285, one-byte form) carrying the MID."""
+    value = mid.encode()
+    element = bytes([(extension_id << 4) | (len(value) - 1)]) + value
+    element += bytes(-len(element) % 4)
+    return b"\xbe\xde" + struct.pack("!H", len(element) // 4) + element
+
+
+class AudioReceiver(asyncio.DatagramProtocol):
+    """Between a call's ``MuxEndpoint`` and aioice's protocol: RTP comes off here."""
+
+    def __init__(
+        self,
+        inner: asyncio.DatagramProtocol,
+        srtp: pylibsrtp.Session,
+        payload_types: frozenset[int],
+        audio: InputAudio,
+    ) -> None:
+        self.inner = inner
+        self._srtp = srtp
+        self._payload_types = payload_types
+        self.audio = audio
+        self.packets = 0
+        self.rejected = 0
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        """Decode the call's RTP; hand anything else to aioice."""
+        if len(data) > 12 and is_rtp(data):
+            self._rtp(data)
+        else:
+            self.inner.datagram_received(data, addr)
+
+    def error_received(self, exc: Exception) -> None:
+        """Passed on to aioice."""
+        self.inner.error_received(exc)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """Passed on to aioice (the mux endpoint closed)."""
+        self.inner.connection_lost(exc)
+
+    def _rtp(self, data: bytes) -> None:
+        try:
+            packet = self._srtp.unprotect(data)
+        except pylibsrtp.Error:
+            self.rejected += 1
+            return
+        first, second, sequence, timestamp, ssrc = _HEADER.unpack_from(packet)
+        if second & 0x7F not in self._payload_types:
+            self.rejected += 1
+            return
+        start = 12 + 4 * (first & 0x0F)
+        if first & 0x10 and len(packet) >= start + 4:
+            start += 4 + 4 * int.from_bytes(packet[start + 2 : start + 4])
+        end = len(packet) - (packet[-1] if first & 0x20 else 0)
+        if start >= end:
+            return
+        self.packets += 1
+        self.audio.packet(ssrc, sequence, timestamp, packet[start:end])
+
+
+class AudioSender:
+    """Sends ``track``'s frames as the call's RTP, one packet per frame as it falls due."""
+
+    def __init__(
+        self,
+        track: PlayoutTrack,
+        srtp: pylibsrtp.Session,
+        ice: Connection,
+        sender: RTCRtpSender,
+        payload_type: int,
+        extension: bytes,
+    ) -> None:
+        self.track = track
+        self._srtp = srtp
+        self._ice = ice
+        self._sender = sender
+        self._ssrc = sender._ssrc
+        self._payload_type = payload_type
+        self._first = _VERSION | (_EXTENSION_FLAG if extension else 0)
+        self._extension = extension
+        self._sequence = random.getrandbits(16)
+        self._timestamp_origin = random.getrandbits(32)
+        self.packets = 0
+        self._octets = 0
+
+    def tick(self) -> None:
+        """Send every frame that is due by the next tick."""
+        playout = self.track.playout
+        while playout.due_in() < _DUE_WITHIN_S:
+            timestamp = (self._timestamp_origin + playout.frames_sent * FRAME_SAMPLES) & 0xFFFFFFFF
+            self._send(timestamp, self.track.next_payload())
+
+    def _send(self, timestamp: int, payload: bytes) -> None:
+        header = _HEADER.pack(
+            self._first, self._payload_type, self._sequence, timestamp, self._ssrc
+        )
+        self._sequence = (self._sequence + 1) & 0xFFFF
+        pair = self._ice._nominated.get(1)
+        if pair is None:
+            return
+        pair.protocol.transport.sendto(
+            self._srtp.protect(header + self._extension + payload), pair.remote_addr
+        )
+        self.packets += 1
+        self._octets += len(payload)
+        # What aiortc's sender reports (RTCP SR) comes from these.
+        sender: Any = self._sender
+        sender._RTCRtpSender__ntp_timestamp = clock.current_ntp_time()
+        sender._RTCRtpSender__rtp_timestamp = timestamp
+        sender._RTCRtpSender__packet_count = self.packets
+        sender._RTCRtpSender__octet_count = self._octets
+
+
+class AudioPath:
+    """A call's audio in both directions, taken over from aiortc; see the module."""
+
+    def __init__(
+        self,
+        receivers: list[tuple[MuxEndpoint, AudioReceiver]],
+        sender: AudioSender,
+        ticker: PlayoutTicker,
+    ) -> None:
+        self.receivers = receivers
+        self.sender = sender
+        self._ticker = ticker
+        ticker.add(sender.tick)
+
+    @classmethod
+    def take_over(
+        cls,
+        transceiver: RTCRtpTransceiver,
+        track: PlayoutTrack,
+        ticker: PlayoutTicker,
+        audio: InputAudio,
+    ) -> AudioPath:
+        """Take the audio of a connected call's ``transceiver`` over from aiortc."""
+        dtls = transceiver.receiver.transport
+        rx, tx = dtls._rx_srtp, dtls._tx_srtp
+        if rx is None or tx is None:
+            raise RuntimeError("the call's DTLS transport has no SRTP keys yet")
+        ice = dtls.transport.iceGatherer._connection
+        opus = [
+            c.payloadType
+            for c in transceiver._codecs
+            if c.mimeType.lower() == "audio/opus" and c.payloadType is not None
+        ]
+        extension = b""
+        for parameters in transceiver._headerExtensions:
+            if parameters.uri == MID_EXTENSION and transceiver.mid:
+                extension = mid_extension(parameters.id, transceiver.mid)
+        track.drive()
+        sender = AudioSender(track, tx, ice, transceiver.sender, opus[0], extension)
+        receivers = []
+        for protocol in ice._protocols:
+            endpoint = protocol.transport
+            if isinstance(endpoint, MuxEndpoint):
+                receiver = AudioReceiver(protocol, rx, frozenset(opus), audio)
+                endpoint.set_protocol(receiver)
+                receivers.append((endpoint, receiver))
+        return cls(receivers, sender, ticker)
+
+    def close(self) -> None:
+        """Stop sending; what arrives from now on goes to aioice, which is closing too."""
+        self._ticker.remove(self.sender.tick)
+        for endpoint, receiver in self.receivers:
+            if endpoint.get_protocol() is receiver:
+                endpoint.set_protocol(receiver.inner)
