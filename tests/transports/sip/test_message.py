@@ -357,3 +357,12 @@ def test_mutated_messages_fail_only_with_sip_parse_error() -> None:
                 framer.feed(data[chunk_start : chunk_start + 97])
     # Both outcomes occur: the mutations are neither all harmless nor all fatal.
     assert parsed > 500 and refused > 500
+
+
+def test_a_request_with_two_of_a_single_header_is_refused() -> None:
+    # Found by fuzzing: a second, broken To behind a good one.
+    twice = _request(BARESIP_BYE.replace(b"Call-ID:", b"To: <sip:\r\nCall-ID:"))
+    with pytest.raises(SipParseError, match="more than one To"):
+        twice.validate()
+    refused = build_response(twice, 400, to_tag="t")
+    assert refused.get_all("To") == ["<sip:hark@127.0.0.1:5090>;tag=67314e133ad243a9"]

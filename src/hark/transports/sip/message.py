@@ -533,6 +533,9 @@ class Request(SipMessage):
 
     def validate(self) -> None:
         """Check what a UAS needs of a request (§8.2): raises ``SipParseError`` if unusable."""
+        for name in ("From", "To", "Call-ID", "CSeq"):
+            if len([h for h, _ in self.headers if canonical_name(h) == name.lower()]) > 1:
+                raise SipParseError(f"more than one {name}")
         self.vias  # noqa: B018 - parsed for the check
         self.from_addr  # noqa: B018
         self.to_addr  # noqa: B018
@@ -730,11 +733,13 @@ def build_response(
     """
     copied: list[tuple[str, str]] = []
     dialog_forming = request.method == "INVITE" and 100 < status < 300
+    seen_to = False
     for name, value in request.headers:
         key = canonical_name(name)
         if key in ("via", "from", "call-id", "cseq"):
             copied.append((name, value))
-        elif key == "to":
+        elif key == "to" and not seen_to:
+            seen_to = True
             to = NameAddr.parse(value)
             if to_tag is not None and to.tag is None and status != 100:
                 to.params["tag"] = to_tag
