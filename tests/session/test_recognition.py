@@ -221,13 +221,81 @@ def test_logprobs_when_included(driver: Driver) -> None:
     assert "".join(e["token"] for e in completed["logprobs"]) == completed["transcript"]
 
 
-def test_a_final_step_after_slow_ones_decodes_at_most_the_engines_window(
+def long_words(seconds: float) -> list[TimedWord]:
+    """A long monologue: word ``wN`` every 0.29 s from 0.3 s, on the turn's clock."""
+    count = int((seconds - FIRST_S) / PER_WORD_S)
+    return [
+        TimedWord(f" w{i}", FIRST_S + i * PER_WORD_S, FIRST_S + (i + 1) * PER_WORD_S, 0.5)
+        for i in range(count)
+    ]
+
+
+def hear(step: Recognise, words: list[TimedWord], window_start: float) -> TimedTranscript:
+    """The words a step whose window starts ``window_start`` s into the turn holds whole,
+    timed from the window's start."""
+    end = len(step.request.audio) / ASR_RATE
+    inside = tuple(
+        TimedWord(w.word, w.start - window_start, w.end - window_start, w.probability)
+        for w in words
+        if w.start >= window_start - 0.01 and w.end - window_start <= end
+    )
+    text = " ".join(w.word.strip() for w in inside)
+    return TimedTranscript((TimedSegment(0.0, end, text),), "en", end, inside)
+
+
+def seconds_of(step: Recognise) -> float:
+    return len(step.request.audio) / ASR_RATE
+
+
+def test_a_turn_whose_captions_never_came_back_still_gets_all_its_words(
     driver: Driver,
 ) -> None:
     configure(driver, audio={"input": {"turn_detection": None}})
-    # The first caption step never comes back: the window is never trimmed.
-    speak(driver, 35_000, answer=False)
+    # The first caption step never comes back (a loaded machine): 40 s wait for the end.
+    speak(driver, 40_000, answer=False)
     assert len(driver.steps(Urgency.CAPTION)) == 1
+    words = long_words(40.0)
     driver.send({"type": "input_audio_buffer.commit"})
-    (final,) = driver.steps(Urgency.ANSWER)
-    assert len(final.request.audio) / ASR_RATE == pytest.approx(30.0, abs=0.01)
+    # More than the engine hears is left: its first 30 s first...
+    (first,) = driver.steps(Urgency.ANSWER)
+    assert seconds_of(first) == pytest.approx(30.0, abs=0.01)
+    driver.session.on_recognised(first.request_id, hear(first, words, 0.0), now=driver.now)
+    driver.pump()
+    assert COMPLETED not in driver.types()
+    # ...then the rest, from the end of the last word it settled, prompted with the words
+    # before it.
+    settled = [w for w in words if w.end <= 28.0]
+    (second,) = driver.steps(Urgency.ANSWER)
+    assert seconds_of(second) == pytest.approx(40.0 - settled[-1].end, abs=0.01)
+    assert second.request.prompt is not None
+    assert second.request.prompt.endswith(settled[-1].word.strip())
+    driver.session.on_recognised(
+        second.request_id, hear(second, words, settled[-1].end), now=driver.now
+    )
+    driver.pump()
+    (completed,) = [e for e in driver.events if e["type"] == COMPLETED]
+    assert completed["transcript"] == " ".join(w.word.strip() for w in words)
+    deltas = [e["delta"] for e in driver.events if e["type"] == DELTA]
+    assert "".join(deltas) == completed["transcript"]
+
+
+def test_a_caption_step_after_a_late_one_decodes_the_audio_in_between(
+    driver: Driver,
+) -> None:
+    configure(driver, audio={"input": {"turn_detection": None}})
+    speak(driver, 35_000, answer=False)
+    (late,) = driver.steps(Urgency.CAPTION)
+    words = long_words(35.0)
+    driver.session.on_recognised(late.request_id, hear(late, words, 0.0), now=driver.now)
+    driver.pump()
+    # The next step starts where the policy's window does, not 30 s before the end.
+    (catch_up,) = driver.steps(Urgency.CAPTION)
+    assert seconds_of(catch_up) == pytest.approx(30.0, abs=0.01)
+    driver.session.on_recognised(catch_up.request_id, hear(catch_up, words, 0.0), now=driver.now)
+    driver.pump()
+    settled = [w for w in words if w.end <= 28.0]
+    captioned = " ".join(e["delta"] for e in driver.events if e["type"] == DELTA)
+    assert captioned.split() == [w.word.strip() for w in settled]
+    # The step after goes on from the settled words.
+    (following,) = driver.steps(Urgency.CAPTION)
+    assert seconds_of(following) == pytest.approx(35.0 - settled[-1].end, abs=0.01)

@@ -183,6 +183,23 @@ class LocalAgreement:
         self._tails = []
         return tail
 
+    def settle(
+        self, transcript: TimedTranscript, window_start: float, window_end: float
+    ) -> list[TimedWord]:
+        """The hypothesis of a window that stops short of the audio there is (a backlog
+        longer than the engine hears): its words that end a margin before the window's end
+        are committed as they stand (the decoder heard them with plenty of audio after), the
+        next window starts after them, and they are returned."""
+        tail = self.tail(transcript, window_start)
+        settled = [w for w in tail if w.end <= window_end - _HARD_MARGIN_S]
+        self._commit(settled)
+        self._tails = []
+        # The next window starts after the settled words, or short of the margin if the
+        # window held none (silence, noise): it always moves on.
+        start = settled[-1].end if settled else window_end - _HARD_MARGIN_S
+        self._move_start(max(start, self.window_start + _TIME_TOLERANCE_S))
+        return settled
+
     def accept(self, words: Sequence[TimedWord]) -> None:
         """Commit ``words`` as they stand (the rest of a hypothesis already read with
         ``tail``, which the turn ended on)."""

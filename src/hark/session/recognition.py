@@ -7,6 +7,11 @@ ends the turn (a speculative step); if the turn ends there its result completes 
 transcript, and if the speaker goes on it is cancelled. Otherwise a final step at the turn's
 end decodes what is left. Audio that is not a turn (an item created with audio, the idle
 timeout's buffer) is recognised whole (``Transcribe``).
+
+No audio is skipped when steps fall behind: a step decodes from where the policy's window
+starts, and when that is longer ago than the engine hears, from its start onwards, and the
+words it settles move the window up for the next. At the turn's end, such a backlog is
+decoded in several windows in order, each prompted with the words before it.
 """
 
 from __future__ import annotations
@@ -48,6 +53,9 @@ class _Step:
     window_start: float
     window_end: float
     pause: Pause | None = None
+    # False when the window stops short of the audio asked for (longer than the engine
+    # hears): the step catches up, and another is needed for the rest.
+    whole: bool = True
 
 
 @dataclass(slots=True)
@@ -74,6 +82,10 @@ class _Stream:
     seconds: float = 0.0
     # Committed words already sent as deltas.
     sent: int = 0
+    # Once the turn is an item: its audio on the session clock, for the final steps.
+    peek: Peek | None = None
+    end_ms: float = 0.0
+    rate: int = 0
     requests: set[str] = field(default_factory=set)
 
 
@@ -206,9 +218,12 @@ class Recognition:
         pause: Pause | None = None,
     ) -> str:
         policy = stream.policy
-        # The policy bounds the window as its steps come back; a final step after slow ones
-        # may still find it longer than the engine hears, and keeps the end of it.
-        start_ms = max(stream.start_ms + policy.window_start * 1000, end_ms - _MAX_WINDOW_MS)
+        start_ms = stream.start_ms + policy.window_start * 1000
+        # Steps that fell behind leave more audio than the engine hears: decode its beginning
+        # now (the policy settles the words there) and the rest in the steps after.
+        whole = end_ms - start_ms <= _MAX_WINDOW_MS
+        if not whole:
+            end_ms = start_ms + _MAX_WINDOW_MS
         transcription = self._transcription()
         stream.steps += 1
         request_id = f"{stream.item_id}:{kind}{stream.steps}"
@@ -225,7 +240,11 @@ class Recognition:
             )
         )
         window = _Step(
-            kind, (start_ms - stream.start_ms) / 1000, (end_ms - stream.start_ms) / 1000, pause
+            kind,
+            (start_ms - stream.start_ms) / 1000,
+            (end_ms - stream.start_ms) / 1000,
+            pause,
+            whole,
         )
         self._steps[request_id] = (stream, window)
         stream.requests.add(request_id)
@@ -253,8 +272,17 @@ class Recognition:
             return
         self._live = None
         assert part.audio is not None
+        audio = part.audio
         stream.part = part
-        stream.seconds = len(part.audio) / part.rate
+        stream.seconds = len(audio) / part.rate
+        stream.end_ms = start_ms + len(audio) * 1000 / part.rate
+        stream.rate = part.rate
+
+        def peek(first: float, last: float) -> Pcm:
+            index = round((first - start_ms) * part.rate / 1000)
+            return audio[max(0, index) : round((last - start_ms) * part.rate / 1000)]
+
+        stream.peek = peek
         if stream.caption is not None:
             self._cancel(stream, stream.caption)
         if pause is not None and pause is stream.pause and stream.pause_rest is not None:
@@ -267,14 +295,12 @@ class Recognition:
         else:
             if stream.pause_request in self._steps:
                 self._cancel(stream, stream.pause_request)
-            audio = part.audio
-            end_ms = start_ms + len(audio) * 1000 / part.rate
+            self._final_step(stream)
 
-            def peek(first: float, last: float) -> Pcm:
-                index = round((first - start_ms) * part.rate / 1000)
-                return audio[max(0, index) : round((last - start_ms) * part.rate / 1000)]
-
-            self._step(stream, "final", end_ms, peek, part.rate, Urgency.ANSWER)
+    def _final_step(self, stream: _Stream) -> None:
+        """Decode what is left of the ended turn (or its next window, when much is left)."""
+        assert stream.peek is not None
+        self._step(stream, "final", stream.end_ms, stream.peek, stream.rate, Urgency.ANSWER)
 
     # ----------------------------------------------------------------- results
 
@@ -287,13 +313,25 @@ class Recognition:
         stream, step = found
         stream.requests.discard(request_id)
         policy = stream.policy
+        if stream.caption == request_id:
+            stream.caption = None
+        if not step.whole:
+            # A window of a backlog (steps fell behind): the words it holds whole are settled
+            # as they stand, and the rest is decoded next; a pause step's words are not the
+            # turn's yet.
+            policy.settle(transcript, step.window_start, step.window_end)
+            self._send_committed(stream)
+            # The next caption step is due at once: the audio past this window is not heard.
+            stream.stepped_ms = min(stream.stepped_ms, stream.start_ms + step.window_end * 1000)
+            if stream.part is not None:
+                self._final_step(stream)
+            return None
         if stream.part is not None:
             # The turn has ended and waited for this step: its words are the last.
             policy.finish(transcript, step.window_start)
             self._finish(stream)
             return None
         if step.kind == "caption":
-            stream.caption = None
             policy.hypothesis(transcript, step.window_start, step.window_end)
             self._send_committed(stream)
             return None
