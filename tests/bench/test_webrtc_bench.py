@@ -23,6 +23,7 @@ from hark.bench.webrtc import (
     Arrival,
     CallerAudio,
     CallerGroup,
+    CapacityStep,
     ClientFigures,
     GroupWindow,
     PacketMicrophone,
@@ -152,6 +153,19 @@ def test_the_step_merges_every_client_process() -> None:
     assert [c.calls for c in step.clients] == [3, 2]
 
 
+def test_the_summary_says_when_the_bench_was_late_too() -> None:
+    def step(calls: int, server_p99: float, client_p99: float) -> CapacityStep:
+        client = ClientFigures(calls, 1.0, client_p99, client_p99, 0.2)
+        return CapacityStep(calls, 50, 1.0, server_p99, server_p99, 20.0, 0, clients=[client])
+
+    report = WebRtcReport(
+        url="http://h", capacity=[step(4, 9.0, 1.0), step(8, 30.0, 25.0)], capacity_calls=4
+    )
+    lines = format_summary(report).splitlines()
+    assert lines[-2].startswith("  at 4 calls") and "late too" not in lines[-2]
+    assert lines[-1].startswith("  at 8 calls") and lines[-1].endswith("not the server's alone)")
+
+
 async def test_the_microphone_sends_the_prompt_then_silence_on_its_grid() -> None:
     audio = CallerAudio((b"p0", b"p1", b"p2"), b"s")
     lateness: deque[float] = deque(maxlen=100)
@@ -216,7 +230,7 @@ async def test_capacity_with_client_processes(server_url: str, prompt: None) -> 
     report = WebRtcReport(url=server_url, capacity=steps, capacity_calls=carried)
     summary = format_summary(report)
     assert "capacity: 3 simultaneous calls" in summary
-    assert "the bench's own lateness (worst of 2 client processes" in summary
+    assert "at 3 calls the bench's own lateness (worst of 2 client processes)" in summary
     data = report.to_json()["capacity"]["steps"][0]
     assert len(data["clients"]) == 2 and data["server_ms_per_call_second"] is None
     json.dumps(data)
