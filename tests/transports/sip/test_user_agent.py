@@ -507,6 +507,11 @@ async def test_malformed_requests(harness: Harness, peer: Peer) -> None:
     broken_header = dialog.request("OPTIONS").replace(b"Max-Forwards: 70", b"Max Forwards 70")
     peer.send(broken_header)
     await peer.response(400, "OPTIONS")
+    unclosed_to = dialog.request("OPTIONS").replace(
+        b"To: <sip:hark@127.0.0.1>", b"To: <sip:hark@127.0.0.1"
+    )
+    peer.send(unclosed_to)
+    await peer.response(400, "OPTIONS")
     no_contact = Dialog(peer).invite().replace(b"Contact:", b"X-Not-Contact:")
     peer.send(no_contact)
     await peer.response(400, "INVITE")

@@ -728,8 +728,9 @@ def build_response(
 ) -> Response:
     """A response to ``request`` (§8.2.6): Via, From, To, Call-ID and CSeq copied.
 
-    ``to_tag`` is added to To when it has none (not on a 100, which never carries one);
-    Record-Route is copied into the responses of an INVITE that set up a dialog (§12.1.1).
+    ``to_tag`` is added to To when it has none (not on a 100, which never carries one, nor
+    to a To that does not parse, copied as it is so that a 400 still goes back). Record-Route
+    is copied into the responses of an INVITE that set up a dialog (§12.1.1).
     """
     copied: list[tuple[str, str]] = []
     dialog_forming = request.method == "INVITE" and 100 < status < 300
@@ -740,11 +741,7 @@ def build_response(
             copied.append((name, value))
         elif key == "to" and not seen_to:
             seen_to = True
-            to = NameAddr.parse(value)
-            if to_tag is not None and to.tag is None and status != 100:
-                to.params["tag"] = to_tag
-                value = str(to)
-            copied.append((name, value))
+            copied.append((name, _tagged(value, to_tag, status)))
         elif (key == "record-route" and dialog_forming) or (key == "timestamp" and status == 100):
             copied.append((name, value))
     copied.extend(headers)
@@ -754,6 +751,23 @@ def build_response(
         status=status,
         reason=reason or REASON_PHRASES.get(status, "Unknown"),
     )
+
+
+def _tagged(to: str, tag: str | None, status: int) -> str:
+    """The To of a response: the request's, with ``tag`` added when it had none (§8.2.6.2).
+
+    A To that does not parse is copied as it came, so that a 400 can still go back.
+    """
+    if tag is None or status == 100:
+        return to
+    try:
+        addr = NameAddr.parse(to)
+    except SipParseError:
+        return to
+    if addr.tag is not None:
+        return to
+    addr.params["tag"] = tag
+    return str(addr)
 
 
 def sipfrag_status(body: bytes) -> int | None:

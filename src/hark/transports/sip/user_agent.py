@@ -380,13 +380,16 @@ class UserAgentServer:
         """Answer without a transaction (a request that cannot have one, or one too many).
 
         Raises ``SipParseError`` when the request lacks what a response needs (a Via to go
-        by, a To to copy) or the response would not parse itself.
+        by; From, To, Call-ID and CSeq to copy) or the response would not parse itself.
         """
         via = stamp_received(request, flow)
         response = self._response(request, status, reason=reason)
+        for name in _MANDATORY:
+            if response.get(name) is None:
+                raise SipParseError(f"missing {name}")
         data = response.encode()
         # What goes out must be SIP, even when what came in was only nearly so.
-        parse_message(data).to_addr  # noqa: B018
+        parse_message(data)
         self._transport.send(response_flow(via, flow), data)
 
     def _on_request(self, request: Request, flow: Flow) -> None:
