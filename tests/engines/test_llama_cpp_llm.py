@@ -429,3 +429,39 @@ async def test_interleaved_conversations_keep_their_cache(llm: LlamaCppLlm) -> N
     )
     done = finished(await collect(llm.generate(follow_up)))
     assert done.prompt_tokens - done.cached_tokens <= 12
+
+
+@pytest.mark.slow
+async def test_a_turn_read_while_it_is_spoken_leaves_only_its_tail(llm: LlamaCppLlm) -> None:
+    said = (
+        "I am planning a long walk along the coast next weekend with two friends and a dog "
+        "and we would like to start early in the morning from the old harbour then follow "
+        "the cliffs to the lighthouse and have lunch somewhere quiet before we walk back "
+        "through the woods so could you tell me what we should pack and what to watch out "
+        "for near the sea"
+    )
+    words = said.split(" ")
+    system = ChatMessage(role="system", content="You are a hiking guide. Be brief.")
+
+    def turn(text: str, *, spoken: bool = True) -> GenerationRequest:
+        return GenerationRequest(
+            messages=(system, ChatMessage(role="user", content=text)),
+            open_turn=spoken,
+            max_tokens=2,
+        )
+
+    # The words committed so far, as the speaker goes on; the last ends where the final
+    # text merges it with more letters ("sea" → "seashore"): a different last token.
+    await llm.prefill(turn(" ".join(words[:30])))
+    await llm.prefill(turn(" ".join(words)))
+    final = turn(" ".join(words) + "shore tomorrow?", spoken=False)
+    done = finished(await collect(llm.generate(final)))
+    assert done.prompt_tokens > 80
+    # Only the tail is read at reply time: the changed last word, the new ones, and the
+    # closing and assistant header.
+    assert done.prompt_tokens - done.cached_tokens <= 12
+    # The same turn in a conversation nobody read ahead is read whole.
+    other = ChatMessage(role="system", content="You are a sailing guide. Be brief.")
+    cold = GenerationRequest(messages=(other, *final.messages[1:]), max_tokens=2)
+    done = finished(await collect(llm.generate(cold)))
+    assert done.prompt_tokens - done.cached_tokens > 80

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from hark.engines.asr import TimedSegment, TimedTranscript, TimedWord, Urgency
-from hark.session.actions import CancelRecognition, Generate, Recognise
+from hark.session.actions import CancelRecognition, Generate, Prefill, Recognise
 
 from .conftest import ASR_RATE, Driver, silence, voiced
 
@@ -299,3 +299,58 @@ def test_a_caption_step_after_a_late_one_decodes_the_audio_in_between(
     # The step after goes on from the settled words.
     (following,) = driver.steps(Urgency.CAPTION)
     assert seconds_of(following) == pytest.approx(35.0 - settled[-1].end, abs=0.01)
+
+
+def speak_long(driver: Driver, ms: int, words: list[TimedWord]) -> list[Prefill]:
+    """Voiced audio 20 ms at a time, caption steps answered with ``words`` (the windows
+    start at the turn's start: the turn is short of the policy's trimming); returns the
+    prefills asked for meanwhile."""
+    prefills: list[Prefill] = []
+    for _ in range(ms // 20):
+        driver.append(voiced(20))
+        for step in driver.steps(Urgency.CAPTION):
+            driver.session.on_recognised(step.request_id, hear(step, words, 0.0), now=driver.now)
+            driver.pump()
+        prefills += driver.take(Prefill)
+    return prefills
+
+
+def test_the_llm_reads_the_turn_while_it_is_spoken(driver: Driver) -> None:
+    configure(driver)
+    driver.take(Prefill)  # the conversation, at the session's start
+    words = long_words(9.0)
+    prefills = speak_long(driver, 9000, words)
+    # Every 2 s or so of committed words: the conversation, then the user's words so far,
+    # left open.
+    assert len(prefills) >= 3
+    said = " ".join(w.word.strip() for w in words)
+    contents = []
+    for prefill in prefills:
+        assert prefill.request.open_turn
+        *before, last = prefill.request.messages
+        assert [m.role for m in before] == ["system"]
+        assert last.role == "user" and said.startswith(last.content)
+        contents.append(last.content)
+    assert contents == sorted(contents, key=len) and len(set(contents)) == len(contents)
+    captioned = " ".join(e["delta"].strip() for e in driver.events if e["type"] == DELTA)
+    assert captioned.startswith(contents[-1])
+    # The reply reads the same beginning, then the rest of the turn.
+    driver.append(silence(200))
+    for pause in driver.steps(Urgency.SPECULATION):
+        driver.session.on_recognised(pause.request_id, hear(pause, words, 0.0), now=driver.now)
+        driver.pump()
+    driver.append(silence(600))
+    (generate,) = driver.take(Generate)
+    assert generate.request.messages[:-1] == prefills[-1].request.messages[:-1]
+    assert generate.request.messages[-1].content.startswith(contents[-1])
+
+
+def test_no_read_ahead_for_turns_that_get_no_reply(driver: Driver) -> None:
+    configure(
+        driver,
+        audio={"input": {"turn_detection": {"type": "server_vad", "create_response": False}}},
+    )
+    words = long_words(9.0)
+    prefills = speak_long(driver, 9000, words)
+    assert any(e["type"] == DELTA for e in driver.events)
+    assert not [p for p in prefills if p.request.open_turn]

@@ -113,6 +113,7 @@ class Session:
             transcription=lambda: self.config.audio.input.transcription,
             on_heard=lambda: self._responses.resume_waiting(),
             logprobs=lambda: LOGPROBS_INCLUDE in (self.config.include or ()),
+            on_words=lambda words: self._responses.prefill_turn(words),
         )
         self._responses = ResponseLifecycle(
             self._outbox,

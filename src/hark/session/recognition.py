@@ -43,6 +43,10 @@ _UNKNOWN_LOGPROB = 0.0
 _MAX_WINDOW_MS = 30_000
 # A probability the decoder rounded to zero still has a finite log.
 _SMALLEST_P = 1e-12
+# The turn's committed words are offered to the LLM (``on_words``) each time they reach this
+# much further into the turn: often enough that little is left to read when it ends, seldom
+# enough that the reading costs little.
+PREFILL_EVERY_S = 2.0
 
 
 @dataclass(slots=True)
@@ -82,6 +86,8 @@ class _Stream:
     seconds: float = 0.0
     # Committed words already sent as deltas.
     sent: int = 0
+    # Where the committed words offered to the LLM ended (turn seconds).
+    offered_s: float = 0.0
     # Once the turn is an item: its audio on the session clock, for the final steps.
     peek: Peek | None = None
     end_ms: float = 0.0
@@ -96,7 +102,8 @@ class Recognition:
     ``transcription`` gives the session's current ``audio.input.transcription`` (None: the
     client did not ask for transcripts, and the words are only the LLM's); ``logprobs``
     whether the client asked for them (``include``); ``on_heard`` is called when an item's
-    words become known, so responses waiting for them can start.
+    words become known, so responses waiting for them can start; ``on_words`` is given the
+    committed words of the turn being spoken as they grow, for the LLM to read ahead.
     """
 
     def __init__(
@@ -107,6 +114,7 @@ class Recognition:
         transcription: Callable[[], Transcription | None],
         on_heard: Callable[[], None],
         logprobs: Callable[[], bool] = lambda: False,
+        on_words: Callable[[str], None] = lambda words: None,
     ) -> None:
         self._outbox = outbox
         self._conversation = conversation
@@ -114,6 +122,7 @@ class Recognition:
         self._transcription = transcription
         self._logprobs = logprobs
         self._on_heard = on_heard
+        self._on_words = on_words
         # Whole-item requests: request id → the item it is for.
         self._requests: dict[str, str] = {}
         # Steps in flight: request id → the stream and what the step decodes.
@@ -325,6 +334,8 @@ class Recognition:
             stream.stepped_ms = min(stream.stepped_ms, stream.start_ms + step.window_end * 1000)
             if stream.part is not None:
                 self._final_step(stream)
+            else:
+                self._offer(stream)
             return None
         if stream.part is not None:
             # The turn has ended and waited for this step: its words are the last.
@@ -334,6 +345,7 @@ class Recognition:
         if step.kind == "caption":
             policy.hypothesis(transcript, step.window_start, step.window_end)
             self._send_committed(stream)
+            self._offer(stream)
             return None
         assert step.pause is not None
         tail = policy.tail(transcript, step.window_start)
@@ -341,7 +353,17 @@ class Recognition:
         committed = policy.hypothesis(transcript, step.window_start, step.window_end)
         stream.pause_rest = tail[len(committed) :]
         self._send_committed(stream)
+        self._offer(stream)
         return step.pause, words
+
+    def _offer(self, stream: _Stream) -> None:
+        """The turn's committed words to the LLM, when they reach far enough past the last."""
+        if stream is not self._live or stream.policy.committed_end - stream.offered_s < (
+            PREFILL_EVERY_S
+        ):
+            return
+        stream.offered_s = stream.policy.committed_end
+        self._on_words(text_of(stream.policy.committed))
 
     def _send_committed(self, stream: _Stream) -> None:
         """Committed words not sent yet go out as one delta (with transcription on)."""

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hark.audio.formats import encode_audio, format_rate
-from hark.engines.llm import Finished, FunctionTool, GenerationRequest, ToolChoice
+from hark.engines.llm import ChatMessage, Finished, FunctionTool, GenerationRequest, ToolChoice
 from hark.protocol import items as wire
 from hark.protocol import server_events as se
 from hark.protocol.errors import ProtocolError
@@ -275,6 +276,25 @@ class ResponseLifecycle:
         self._outbox.act(
             Prefill(self.generate_action(response, self._conversation.entries()).request)
         )
+
+    def prefill_turn(self, words: str) -> None:
+        """Let the LLM read the turn being spoken as far as ``words`` (its committed words), so
+        that the reply at its end reads only the words after them. Only for turns that get a
+        reply of their own: a session that captions and does not answer spends nothing."""
+        cfg = self._config()
+        detection = cfg.audio.input.turn_detection
+        if (
+            not words
+            or cfg.type != "realtime"
+            or self.in_band is not None
+            or detection is None
+            or not detection.create_response
+        ):
+            return
+        response = self.new_response(ResponseParams(), response_id="")
+        request = self.generate_action(response, self._conversation.entries()).request
+        messages = (*request.messages, ChatMessage(role="user", content=words))
+        self._outbox.act(Prefill(dataclasses.replace(request, messages=messages, open_turn=True)))
 
     def owner(self, entry: Entry) -> Response | None:
         """The response in progress that ``entry`` is output of, if any."""

@@ -137,6 +137,8 @@ class SessionRunner:
         # Steps of incremental recognition running, by request id (CancelRecognition).
         self._recognitions: dict[str, asyncio.Task[None]] = {}
         self._speculation: _Speculation | None = None
+        # The LLM's read-ahead: a newer prefill reads all an older one would, so it replaces it.
+        self._prefilling: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         # The one timer: wakes the core at its next deadline (see ``_arm_timer``).
         self._timer: asyncio.TimerHandle | None = None
@@ -310,7 +312,10 @@ class SessionRunner:
             elif isinstance(out, ScoreTurn):
                 self._spawn(self._score_turn(out), f"turn {out.key}")
             elif isinstance(out, Prefill):
-                self._spawn(self._prefill(out), "prefill")
+                if self._prefilling is not None:
+                    # What the older one read stays in the engine's cache.
+                    self._prefilling.cancel()
+                self._prefilling = self._spawn(self._prefill(out), "prefill")
             elif isinstance(out, Speculate):
                 self._speculate(out)
             elif isinstance(out, DiscardSpeculation):
@@ -342,10 +347,11 @@ class SessionRunner:
         if send is None or self._out.qsize() or not send(text):
             self._out.put_nowait(text)
 
-    def _spawn(self, coro: object, name: str) -> None:
+    def _spawn(self, coro: object, name: str) -> asyncio.Task[None]:
         task: asyncio.Task[None] = asyncio.create_task(coro, name=name)  # type: ignore[arg-type]
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     # ------------------------------------------------------------------ timings
 

@@ -62,6 +62,9 @@ class GenerationRequest:
     tool_choice: ToolChoice = ToolChoice()
     max_tokens: int | None = None
     temperature: float | None = None
+    # Prefills only: the last message is the user's turn still being spoken (its words so
+    # far), and the next generation's user message begins with them; read it left open.
+    open_turn: bool = False
     # How the work is scheduled, not what is asked: requests for the same reply compare equal.
     urgency: Urgency = field(default_factory=Urgency, compare=False)
 
@@ -119,8 +122,9 @@ class LlmEngine(Protocol):
 
     async def prefill(self, request: GenerationRequest) -> None:
         """Get ready for the next turn: ``request`` is the conversation so far, and the next
-        generation will be it plus a new user message. Engines that keep a prompt cache read
-        that shared beginning now, while the user is still speaking; others do nothing."""
+        generation will be it plus a new user message (with ``open_turn``, its last message
+        is the beginning of that user message). Engines that keep a prompt cache read that
+        shared beginning now, while the user is still speaking; others do nothing."""
         ...
 
     async def warmup(self) -> None:

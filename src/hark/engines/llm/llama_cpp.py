@@ -306,7 +306,8 @@ class _Generation(Job):
 
 
 class _Prefill(Job):
-    """One ``prefill`` call: read the conversation up to the next user turn's opening."""
+    """One ``prefill`` call: read the conversation up to the next user turn's opening, or with
+    ``open_turn`` up to the words the user has said so far."""
 
     def __init__(
         self, engine: LlamaCppLlm, request: GenerationRequest, finish: Callable[[], None]
@@ -328,7 +329,16 @@ class _Prefill(Job):
         opening = f"{IM_START}assistant\n"
         if not text.endswith(opening):
             return None
-        tokens = model.tokenize(text[: -len(opening)] + f"{IM_START}user\n")
+        if request.open_turn:
+            # The user's words so far, their message left open: the reply reads only the
+            # words after them. Should the last token come out otherwise once the turn goes
+            # on, the cache keeps the tokens before it.
+            closing = f"{IM_END}\n{opening}"
+            if not request.messages or request.messages[-1].role != "user":
+                return None
+            tokens = model.tokenize(text[: -len(closing)])
+        else:
+            tokens = model.tokenize(text[: -len(opening)] + f"{IM_START}user\n")
         if len(tokens) + self.engine.max_tokens_default >= self.engine.n_ctx:
             return None
         return Plan(tokens)
