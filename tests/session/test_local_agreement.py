@@ -140,7 +140,8 @@ def test_the_window_stays_bounded_on_a_long_turn(delay: str) -> None:
                 policy.window_start < policy.committed[-1].end
             )
         end += step
-    assert longest <= 12.0 + step + 3.0
+    # A few seconds: Whisper's cost per step stays that of a short turn's.
+    assert longest <= 6.0
     assert policy.window_start > 40.0
     committed = [w.word.strip() for w in policy.committed]
     assert committed == spoken[: len(committed)]

@@ -302,14 +302,19 @@ def test_a_caption_step_after_a_late_one_decodes_the_audio_in_between(
 
 
 def speak_long(driver: Driver, ms: int, words: list[TimedWord]) -> list[Prefill]:
-    """Voiced audio 20 ms at a time, caption steps answered with ``words`` (the windows
-    start at the turn's start: the turn is short of the policy's trimming); returns the
-    prefills asked for meanwhile."""
+    """Voiced audio 20 ms at a time from the session's start, caption steps answered with
+    ``words``; returns the prefills asked for meanwhile."""
     prefills: list[Prefill] = []
-    for _ in range(ms // 20):
+    for chunk in range(ms // 20):
         driver.append(voiced(20))
         for step in driver.steps(Urgency.CAPTION):
-            driver.session.on_recognised(step.request_id, hear(step, words, 0.0), now=driver.now)
+            # A caption step's window ends at the audio heard so far.
+            (started,) = [
+                e for e in driver.events if e["type"] == "input_audio_buffer.speech_started"
+            ]
+            end = (chunk + 1) * 0.02 - started["audio_start_ms"] / 1000
+            heard = hear(step, words, end - seconds_of(step))
+            driver.session.on_recognised(step.request_id, heard, now=driver.now)
             driver.pump()
         prefills += driver.take(Prefill)
     return prefills

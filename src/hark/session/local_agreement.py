@@ -5,10 +5,10 @@ current end. Whisper's last words in a window are often wrong (a word cut in hal
 the next second of audio overturns), so a word is committed only once ``agreement``
 successive hypotheses agree on it and on every word before it, and a committed word is never
 taken back. Words are compared normalised (case and punctuation aside) and committed with the
-newest hypothesis' spelling. When the window grows past a bound, its start moves up to the
-end of committed words (a sentence's end where there is one), so a step decodes a bounded
-stretch of audio however long the turn; the committed words before the window are the
-prompt. At the turn's end a final step commits its whole hypothesis.
+newest hypothesis' spelling. When the window grows past a few seconds, its start moves up to
+the end of committed words (keeping a second of them to hear again), so a step decodes a
+short stretch of audio however long the turn; the committed words before the window are
+the prompt. At the turn's end a final step commits its whole hypothesis.
 
 Sans-I/O: hypotheses in, committed words out, times in seconds from the turn's start.
 Macháček, Dabre and Bojar, "Turning Whisper into Real-Time Transcription System" (2023)
@@ -47,13 +47,15 @@ DELAYS: dict[DelayName, Delay] = {
 }
 DEFAULT_DELAY: DelayName = "low"
 
-# Past this length the window starts again after the last committed sentence. Whisper keeps
-# its accuracy with a sentence or two of context in the prompt, and a decoder step's cost
-# grows with the words in its window.
-TRIM_AFTER_S = 12.0
-# Past this length, with no committed sentence end to cut at, it starts after the last
-# committed word.
-FORCE_TRIM_AFTER_S = 20.0
+# Past this length the window's start moves up to a committed word's end, keeping
+# ``OVERLAP_S`` of committed speech in the window. A step's cost grows with its window
+# (Whisper tiny.en: about 0.08 s and 0.013 s a window-second), so a window bounded this tight
+# makes a long turn cost per second of speech what a short one does; the committed text
+# before the window is the prompt, which keeps Whisper on course across the cut.
+TRIM_AFTER_S = 4.0
+# The committed words the window keeps: heard again, they tie the new hypothesis to the
+# committed text (``tail``), and a word cut at the window's start is one already committed.
+OVERLAP_S = 1.0
 # Whisper hears at most 30 s: past this, with nothing committed (hypotheses that never
 # settle), the words that end well before the window's end are committed as they stand.
 HARD_LIMIT_S = 26.0
@@ -68,7 +70,6 @@ _MAX_REPEAT = 5
 # The prompt carries at most this many characters of committed text (Whisper reads at most
 # 224 tokens of prompt, and a longer prompt costs every step).
 PROMPT_CHARS = 200
-_SENTENCE_ENDS = (".", "?", "!", "。", "？", "！")
 
 
 def normalise(word: str) -> str:
@@ -94,8 +95,6 @@ class LocalAgreement:
         self.window_start = 0.0
         # The uncommitted words of the last ``agreement - 1`` hypotheses, newest last.
         self._tails: list[list[TimedWord]] = []
-        # Ends (turn seconds) of the segments heard so far: boundaries to trim the window at.
-        self._segment_ends: set[float] = set()
 
     @property
     def committed_end(self) -> float:
@@ -153,7 +152,6 @@ class LocalAgreement:
         """A step's hypothesis of the window ``[window_start, window_end)``: returns the words
         it commits (possibly none), and moves the next window's start when it is long."""
         tail = self.tail(transcript, window_start)
-        self._note_segments(transcript, window_start)
         commit: list[TimedWord] = []
         if len(self._tails) + 1 >= self._agreement:
             for index, word in enumerate(tail):
@@ -209,27 +207,17 @@ class LocalAgreement:
     def _commit(self, words: Sequence[TimedWord]) -> None:
         self.committed.extend(words)
 
-    def _note_segments(self, transcript: TimedTranscript, window_start: float) -> None:
-        for segment in transcript.segments:
-            self._segment_ends.add(round(segment.end + window_start, 3))
-
-    def _ends_sentence(self, word: TimedWord) -> bool:
-        return (
-            word.word.strip().endswith(_SENTENCE_ENDS) or round(word.end, 3) in self._segment_ends
-        )
-
     def _trim(self, window_end: float) -> None:
         """Move the window's start up to committed words once the window is long."""
-        length = window_end - self.window_start
-        if length <= TRIM_AFTER_S or not self.committed:
+        if window_end - self.window_start <= TRIM_AFTER_S or not self.committed:
             return
-        inside = [w for w in self.committed if w.end > self.window_start]
-        sentence = next((w for w in reversed(inside) if self._ends_sentence(w)), None)
-        if sentence is not None:
-            self._move_start(sentence.end)
-        elif length > FORCE_TRIM_AFTER_S and inside:
-            self._move_start(inside[-1].end)
+        limit = self.committed_end - OVERLAP_S
+        cut = next(
+            (w for w in reversed(self.committed) if w.end <= limit),
+            None,
+        )
+        if cut is not None and cut.end > self.window_start:
+            self._move_start(cut.end)
 
     def _move_start(self, start: float) -> None:
         self.window_start = start
-        self._segment_ends = {end for end in self._segment_ends if end > start}
