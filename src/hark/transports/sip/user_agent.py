@@ -20,6 +20,11 @@ Record-Route, else the peer's Contact) when that is an IP address, and back alon
 INVITE's own flow otherwise: when the peer's Contact is a host name (there is no DNS SRV
 here), or when the INVITE's Via showed a NAT in the way (its sent-by was not its source)
 and no proxy recorded a route, so a phone behind NAT hears its BYE where it is reachable.
+
+A transfer (``IncomingCall.refer``) is a REFER and the implicit subscription it creates
+(RFC 3515): its outcome comes in NOTIFYs, which may still arrive after the transferee has
+hung up (many phones do so as soon as they take the REFER); the dialog stays for them until
+``refer`` returns, answering 481 to anything but NOTIFY meanwhile.
 """
 
 from __future__ import annotations
