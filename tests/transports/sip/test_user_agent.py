@@ -373,6 +373,11 @@ async def test_a_reinvite_is_answered_by_on_reoffer(harness: Harness, peer: Peer
     assert ok.body.decode() == ANSWER and ok.to_addr.tag == dialog.to_tag
     assert harness.offers == [hold]
     peer.send(dialog.ack())
+    # A session refresh without an offer gets the SDP last sent, and no reoffer.
+    peer.send(dialog.next("INVITE"))
+    refresh = await peer.response(200, "INVITE")
+    assert refresh.body.decode() == ANSWER and harness.offers == [hold]
+    peer.send(dialog.ack())
     harness.reoffer_answer = None
     peer.send(dialog.next("INVITE", body=OFFER.encode()))
     await peer.response(488, "INVITE")

@@ -113,7 +113,8 @@ class IncomingCall:
     none) and ``remote`` (the INVITE's source address) describe it; ``state`` is
     "ringing" until answered or ended. The callbacks are set by the owner: ``on_ended``
     (BYE or CANCEL from the peer, or a timeout; not called for the owner's own ``reject``
-    or ``hangup``), ``on_reoffer`` (a re-INVITE's offer → the answer SDP, or None for 488)
+    or ``hangup``), ``on_reoffer`` (a re-INVITE's offer → the answer SDP, or None for 488;
+    a re-INVITE without an offer gets the last SDP sent, without a call)
     and ``on_info`` (an INFO's media type and body; answered 200 either way). ``acked`` is
     set when the peer's ACK of the answer arrives.
     """
@@ -142,6 +143,7 @@ class IncomingCall:
         self._dialog = dialog
         self._natted = natted
         self._hangup_after_ack = False
+        self._local_sdp = ""
         self._refer: asyncio.Future[int] | None = None
         # The peer took the REFER (2xx): its NOTIFYs may outlive the call (see _ended_by_peer).
         self._refer_accepted = False
@@ -163,6 +165,7 @@ class IncomingCall:
             raise RuntimeError(f"cannot answer a call that is {self.state}")
         self.state = "answered"
         self._dialog.state = "confirmed"
+        self._local_sdp = sdp
         self._uas._respond_invite(self, 200, body=sdp.encode())
 
     def reject(self, status: int = 603, reason: str | None = None) -> None:
@@ -554,7 +557,11 @@ class UserAgentServer:
         entry.call = call
         call._invite = entry
         answer: str | None = None
-        if call.on_reoffer is not None:
+        if not request.body.strip():
+            # No offer (a session refresh): ours goes again, and the ACK's answer to it
+            # changes nothing we sent (§14.2).
+            answer = call._local_sdp
+        elif call.on_reoffer is not None:
             try:
                 answer = call.on_reoffer(request.body.decode("utf-8", "replace"))
             except Exception:
@@ -571,6 +578,7 @@ class UserAgentServer:
             to_tag=call._dialog.local_tag,
             body=answer.encode(),
         )
+        call._local_sdp = answer
         self._final(entry, response)
 
     def _on_cancel(self, request: Request, flow: Flow, key: TransactionKey) -> None:
