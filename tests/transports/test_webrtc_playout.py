@@ -89,3 +89,18 @@ async def test_a_stopped_track_ends(track: PlayoutTrack) -> None:
     track.stop()
     with pytest.raises(MediaStreamError):
         await track.recv()
+
+
+async def test_a_driven_track_gives_its_payloads_to_the_driver_only(track: PlayoutTrack) -> None:
+    track.drive()
+    pending = asyncio.ensure_future(track.recv())
+    track.play("resp_1", "item_1", tone(0.1), PLAYOUT_RATE)
+    track.finish("resp_1")
+    payloads = [track.next_payload() for _ in range(10)]
+    await asyncio.sleep(0)
+    assert not pending.done()
+    assert track.playout.frames_sent == 10
+    assert len(set(payloads[:5])) == 5 and len(set(payloads[-3:])) == 1
+    track.stop()
+    with pytest.raises(MediaStreamError):
+        await pending

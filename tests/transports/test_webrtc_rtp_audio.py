@@ -1,0 +1,136 @@
+"""A call's audio on hark's own RTP path over aiortc's ICE, DTLS and SRTP, with real aiortc
+peers on loopback (fake ASR, LLM and TTS).
+
+These also pin what ``hark.transports.webrtc.rtp_audio`` relies on in aiortc and aioice: a
+call whose path could not take over would not connect, or its counts would stay at zero.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import aiohttp
+import numpy as np
+
+from hark.bench.webrtc import CallClient
+from hark.transports.webrtc.call import Call
+from hark.transports.webrtc.rtp_audio import AudioReceiver, is_rtp, mid_extension
+
+from .conftest import API_KEY, RtcServer, collect, until
+
+MakeClient = Callable[..., CallClient]
+
+
+async def connected(http: aiohttp.ClientSession, server: RtcServer, client: CallClient) -> Call:
+    """Connect ``client``; the server's side of the call, once its audio path runs."""
+    await client.connect(http, server.url, api_key=API_KEY)
+    await client.next_event("session.created")
+    call = server.calls.get(client.call_id or "")
+    assert call is not None
+    await until(lambda: call.audio is not None)
+    return call
+
+
+async def test_the_audio_of_a_connected_call_runs_on_hark_s_path(
+    http: aiohttp.ClientSession, rtc_server: RtcServer, clients: MakeClient
+) -> None:
+    client = clients()
+    call = await connected(http, rtc_server, client)
+    path = call.audio
+    assert path is not None
+    ((endpoint, receiver),) = path.receivers
+    assert endpoint.get_protocol() is receiver
+    # The client's microphone (silence) arrives and is decoded here, none of it dropped.
+    await until(lambda: receiver.packets >= 25)
+    assert receiver.audio.dropped == receiver.rejected == 0
+    client.send({"type": "response.create"})
+    await collect(client, "output_audio_buffer.stopped")
+    await until(lambda: len(client.frames) >= 50)
+    # aiortc's receiver saw at most the packet or two that were queued in aioice before
+    # the path took over; its sender reports (RTCP SR) count what hark sent.
+    (transceiver,) = call.pc.getTransceivers()
+    inbound = (await transceiver.receiver.getStats()).values()
+    assert sum(s.packetsReceived for s in inbound if s.type == "inbound-rtp") <= 2
+    outbound = (await transceiver.sender.getStats()).values()
+    (sent,) = [s for s in outbound if s.type == "outbound-rtp"]
+    assert sent.packetsSent == path.sender.packets >= len(client.frames)
+    await client.close()
+    await until(lambda: rtc_server.calls.get(call.id) is None)
+    # The path let go of the mux endpoint and the ticker.
+    assert endpoint.get_protocol() is not receiver
+    assert len(rtc_server.calls.ticker) == 0
+
+
+async def test_silence_is_one_cached_packet_that_decodes_as_silence(
+    http: aiohttp.ClientSession, rtc_server: RtcServer, clients: MakeClient
+) -> None:
+    client = clients(keep_audio=True)
+    call = await connected(http, rtc_server, client)
+    await until(lambda: len(client.frames) >= 50)
+    # No audio yet: the encoder was never made, every frame was the cached packet.
+    assert call.track._encoder is None
+    decoded = np.concatenate([f.pcm for f in client.frames if f.pcm is not None])
+    assert len(decoded) >= 50 * 960
+    assert int(np.abs(decoded.astype(np.int32)).max()) <= 1
+    # A reply, then silence again: half a second after it stopped (the client's jitter
+    # buffer still held some of it then), the frames are silent once more.
+    client.send({"type": "response.create"})
+    await collect(client, "output_audio_buffer.stopped")
+    heard = len(client.frames)
+    await until(lambda: len(client.frames) >= heard + 50)
+    reply = [f.pcm for f in client.frames[:heard] if f.pcm is not None]
+    after = [f.pcm for f in client.frames[heard + 25 :] if f.pcm is not None]
+    assert int(np.abs(np.concatenate(reply).astype(np.int32)).max()) > 1000
+    assert after and int(np.abs(np.concatenate(after).astype(np.int32)).max()) <= 1
+
+
+async def test_ten_calls_share_one_ticker(
+    http: aiohttp.ClientSession, rtc_server: RtcServer, clients: MakeClient
+) -> None:
+    made = [clients() for _ in range(10)]
+    calls = await asyncio.gather(*(connected(http, rtc_server, c) for c in made))
+    ticker = rtc_server.calls.ticker
+    assert len(ticker) == 10
+    before = ticker.ticks, [c.audio.sender.packets for c in calls if c.audio is not None]
+    await until(lambda: ticker.ticks >= before[0] + 10)
+    ticks = ticker.ticks - before[0]
+    after = [c.audio.sender.packets for c in calls if c.audio is not None]
+    # Every call sent about one packet per tick of the one timer.
+    for n0, n1 in zip(before[1], after, strict=True):
+        assert abs((n1 - n0) - ticks) <= 2
+
+
+def test_rtcp_is_told_from_rtp_by_its_packet_type() -> None:
+    # RFC 5761 § 4: RTCP SR (200) and RR (201); RTP with and without the marker bit.
+    assert not is_rtp(bytes([0x80, 200]))
+    assert not is_rtp(bytes([0x81, 201]))
+    assert is_rtp(bytes([0x80, 111]))
+    assert is_rtp(bytes([0x80, 0x80 | 111]))
+    # DTLS and STUN are not SRTP at all.
+    assert not is_rtp(bytes([22, 254]))
+    assert not is_rtp(bytes([0, 1]))
+
+
+def test_the_mid_extension_is_rfc_8285_one_byte_form() -> None:
+    assert mid_extension(4, "0") == b"\xbe\xde\x00\x01" + bytes([0x40]) + b"0\x00\x00"
+    block = mid_extension(9, "audio")
+    assert block[:2] == b"\xbe\xde"
+    assert int.from_bytes(block[2:4]) * 4 == len(block) - 4
+    assert block[4] == (9 << 4) | 4 and block[5:10] == b"audio"
+
+
+def test_the_receiver_passes_everything_else_to_aioice() -> None:
+    got: list[bytes] = []
+
+    class Inner(asyncio.DatagramProtocol):
+        def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+            got.append(data)
+
+    receiver = AudioReceiver(Inner(), None, frozenset({111}), None)
+    stun = bytes([0, 1, 0, 0]) + bytes(16)
+    dtls = bytes([22, 254, 253]) + bytes(10)
+    srtcp = bytes([0x80, 200]) + bytes(30)
+    for datagram in (stun, dtls, srtcp):
+        receiver.datagram_received(datagram, ("127.0.0.1", 1))
+    assert got == [stun, dtls, srtcp]
