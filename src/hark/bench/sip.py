@@ -42,6 +42,7 @@ import itertools
 import json
 import logging
 import math
+import os
 import re
 import secrets
 import sys
@@ -129,6 +130,9 @@ class SipCaller:
         self.call_id = f"{secrets.token_hex(8)}@hark-bench"
         self.tag = secrets.token_hex(4)
         self.received: list[Received] = []
+        # Whether to decode what arrives to find audible packets (the turns need it; the
+        # capacity ramp, which only times packets, saves the bench that work).
+        self.listening = True
         self.first_audio_at: float | None = None
         self.audio_event = asyncio.Event()
         self.ended = asyncio.Event()
@@ -332,8 +336,10 @@ class SipCaller:
             return
         if packet.payload_type != PCMU:
             return
-        pcm = ulaw_decode(packet.payload)
-        audible = bool(pcm.size) and _rms(pcm) > AUDIBLE_RMS
+        audible = False
+        if self.listening:
+            pcm = ulaw_decode(packet.payload)
+            audible = bool(pcm.size) and _rms(pcm) > AUDIBLE_RMS
         if audible:
             if self.first_audio_at is None:
                 self.first_audio_at = now
@@ -419,6 +425,8 @@ class CapacityStep:
     server_cpu_ms_per_call_s: float | None = None
     # The server's CPU use over the window, in cores (with --server-pid), else None.
     server_cores: float | None = None
+    # The bench's own CPU use over the window, in cores: near 1, its timings are its own.
+    bench_cores: float | None = None
 
     def within(self, threshold_ms: float) -> bool:
         """No late packet and p99 jitter within ``threshold_ms``."""
@@ -482,6 +490,8 @@ async def measure_capacity(
             batch = [
                 SipCaller(server) for _ in range(min(step, max_calls - len(microphones.callers)))
             ]
+            for caller in batch:
+                caller.listening = False
             outcomes = await asyncio.gather(
                 *(_connect(caller) for caller in batch), return_exceptions=True
             )
@@ -544,9 +554,11 @@ async def _watch(
     for caller in callers:
         caller.received.clear()
     cpu_before = _cpu_seconds(server_pid)
+    bench_before = _cpu_seconds(os.getpid())
     window_start = time.monotonic()
     await asyncio.sleep(hold_s)
     cpu_after = _cpu_seconds(server_pid)
+    bench_after = _cpu_seconds(os.getpid())
     elapsed = time.monotonic() - window_start
     delays: list[float] = []
     packets = missing = 0
@@ -570,6 +582,11 @@ async def _watch(
         if cores is None or not callers
         else cores / len(callers) * 1000,
         server_cores=cores,
+        bench_cores=(
+            None
+            if bench_before is None or bench_after is None
+            else (bench_after - bench_before) / elapsed
+        ),
     )
 
 
@@ -584,6 +601,7 @@ def _print_step(result: CapacityStep, *, again: bool = False) -> None:
             if result.server_cores is not None and result.server_cpu_ms_per_call_s is not None
             else ""
         )
+        + (f"; bench {result.bench_cores:.2f} cores" if result.bench_cores is not None else "")
         + (f"; {result.setup_failures} failed to set up" if result.setup_failures else ""),
         flush=True,
     )
@@ -883,6 +901,8 @@ async def run_sip_bench(
     try:
         for _ in range(calls):
             report.setup.append(await measure_setup(server))
+            if len(report.setup) == 3 and all(r.error for r in report.setup):
+                raise BenchError(f"no answer from {report.server}: {report.setup[-1].error}")
         if capacity or turns:
             texts = QUESTIONS[: max(1, min(turns, len(QUESTIONS)))]
             questions = await spoken_questions(texts)
