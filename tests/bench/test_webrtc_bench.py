@@ -254,5 +254,14 @@ def test_the_command_line_reaches_the_bench() -> None:
         ]
     )
     assert args.calls == 3 and args.capacity and args.threshold_ms == 20.0
-    assert args.client_processes == 4
+    assert args.client_processes == 4 and args.profile is None
+
+
+def test_a_profile_needs_the_servers_pid(capsys: pytest.CaptureFixture[str]) -> None:
+    args = build_parser().parse_args(
+        ["bench", "webrtc", "--url", "http://127.0.0.1:1", "--capacity", "--profile", "20"]
+    )
+    assert args.profile == 20.0
+    assert args.handler(vars(args)) == 2
+    assert "--profile needs --server-pid" in capsys.readouterr().err
     assert args.handler.__module__ == "hark.bench.webrtc"

@@ -59,6 +59,7 @@ from aiortc.rtp import RtpPacket
 from av import AudioCodecContext, AudioFrame, CodecContext, Packet
 
 from hark.audio.resample import resample
+from hark.bench import server_profile
 from hark.bench.report import (
     BenchError,
     ServerUrl,
@@ -779,6 +780,10 @@ class CapacityStep:
     server_cpu: float | None = None
     # Each client process's own punctuality over the window.
     clients: list[ClientFigures] = field(default_factory=list)
+    # With --profile: the server's CPU in ms per call-second by part (see server_profile),
+    # sampled after the windows, and its CPU use meanwhile in cores.
+    profile: dict[str, float] | None = None
+    profile_server_cpu: float | None = None
 
     @property
     def server_ms_per_call_second(self) -> float | None:
@@ -824,13 +829,15 @@ async def measure_capacity(
     threshold_ms: float,
     server_pid: int | None = None,
     client_processes: int = 1,
+    profile_s: float | None = None,
     audio: CallerAudio | None = None,
     progress: bool = True,
 ) -> tuple[list[CapacityStep], int]:
     """Ramp up cheap calls until audio runs late; returns the steps and the calls carried.
 
     The calls are spread over ``client_processes`` processes. With ``server_pid`` (a server
-    on this machine) each step also reports its CPU use.
+    on this machine) each step also reports its CPU use, and with ``profile_s`` where it
+    goes: py-spy samples the server for that long after the step's windows.
     """
     if audio is None:
         audio = await caller_audio()
@@ -854,6 +861,12 @@ async def measure_capacity(
                 result = await _watch(callers, hold_s, server_pid, failures)
                 if progress:
                     _print_step(result, again=True)
+            if profile_s and server_pid is not None and result.calls:
+                profile = await server_profile.record(server_pid, profile_s)
+                result.profile = server_profile.attribute(profile, result.calls)
+                result.profile_server_cpu = profile.cores
+                if progress:
+                    print(server_profile.format_table(result.profile), flush=True)
             steps.append(result)
             if failures or not result.p99_lateness_ms <= threshold_ms:
                 break
@@ -1002,6 +1015,14 @@ def format_summary(report: WebRtcReport) -> str:
         for step in report.capacity[-2:]:
             if step.clients:
                 lines.append(f"  {_client_lateness(step)}")
+        profiled = [(s, s.profile) for s in report.capacity if s.profile is not None]
+        if profiled:
+            step, parts = profiled[-1]
+            lines.append(
+                f"where the server's CPU went at {step.calls} calls "
+                f"({step.profile_server_cpu or 0:.2f} cores while py-spy sampled it):"
+            )
+            lines.append(server_profile.format_table(parts))
     return "\n".join(lines)
 
 
@@ -1017,6 +1038,7 @@ async def run_webrtc_bench(
     threshold_ms: float = DEFAULT_THRESHOLD_MS,
     server_pid: int | None = None,
     client_processes: int = 1,
+    profile_s: float | None = None,
 ) -> WebRtcReport:
     """Run the setup measurement, then the capacity ramp if asked."""
     report = WebRtcReport(url=ServerUrl.parse(url).http(), threshold_ms=threshold_ms)
@@ -1033,6 +1055,7 @@ async def run_webrtc_bench(
             threshold_ms=threshold_ms,
             server_pid=server_pid,
             client_processes=client_processes,
+            profile_s=profile_s,
         )
     return report
 
@@ -1074,6 +1097,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="spread the capacity calls over N processes (default 1)",
     )
+    parser.add_argument(
+        "--profile",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="with --server-pid: after each capacity step, sample the server with py-spy "
+        "for SECONDS and show where its CPU went",
+    )
     add_json_option(parser)
 
 
@@ -1091,6 +1122,9 @@ def command(options: dict[str, Any]) -> int:
     )
     # aiortc leaves tasks failing noisily when many client peers close at once.
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+    if options["profile"] is not None and options["server_pid"] is None:
+        print("hark bench webrtc: error: --profile needs --server-pid", file=sys.stderr)
+        return 2
     try:
         report = asyncio.run(
             run_webrtc_bench(
@@ -1104,6 +1138,7 @@ def command(options: dict[str, Any]) -> int:
                 threshold_ms=options["threshold_ms"],
                 server_pid=options["server_pid"],
                 client_processes=options["client_processes"],
+                profile_s=options["profile"],
             )
         )
     except BenchError as error:
