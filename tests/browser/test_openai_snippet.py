@@ -76,6 +76,22 @@ async def events_until(page: Page, done: Any, limit_s: float) -> list[dict[str, 
             await asyncio.sleep(0.25)
 
 
+async def inbound_audio(page: Page) -> dict[str, int]:
+    """Chromium's counts for the received audio stream (its inbound-rtp stats)."""
+    counts: dict[str, int] = await page.evaluate(
+        """async () => {
+            for (const s of (await window.pc.getStats()).values()) {
+                if (s.type === "inbound-rtp" && s.kind === "audio") {
+                    return {packets: s.packetsReceived, samples: s.totalSamplesReceived,
+                            concealed: s.concealedSamples};
+                }
+            }
+            return null;
+        }"""
+    )
+    return counts
+
+
 def completed_response(events: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The first response that completed, if any."""
     return next(
@@ -153,6 +169,21 @@ async def test_openai_snippet_asks_and_hears_the_answer(
         recognised,
         transcript["transcript"],
     )
+
+    # After the answer, silence: the server's one cached silence packet keeps coming (packets
+    # arrive, Chromium conceals next to nothing) and plays as silence.
+    await asyncio.sleep(1.0)
+    before = await inbound_audio(page)
+    mark: int = await page.evaluate("window.recorder.samples")
+    await asyncio.sleep(2.0)
+    after = await inbound_audio(page)
+    quiet = np.frombuffer(
+        base64.b64decode(await page.evaluate("start => window.recording(start)", mark)), "<i2"
+    )
+    assert after["packets"] - before["packets"] >= 75, (before, after)
+    assert after["concealed"] - before["concealed"] <= (after["samples"] - before["samples"]) // 10
+    assert len(quiet) >= rate
+    assert int(np.abs(quiet.astype(np.int32)).max()) <= 64
 
     # The page read the answer's Location across origins (CORS exposes it) and can hang up.
     location: str = await page.evaluate("window.callLocation")
