@@ -263,12 +263,16 @@ class Call:
             # Now, before aiortc starts its sender and receiver: DTLS has just made the
             # SRTP keys, and no RTP has gone through aiortc yet.
             runner = self.runner
-            self.audio = AudioPath.take_over(
-                self._transceiver,
-                self.track,
-                self._ticker,
-                InputAudio(lambda: runner.session.input_rate, runner.receive_audio),
-            )
+            try:
+                self.audio = AudioPath.take_over(
+                    self._transceiver,
+                    self.track,
+                    self._ticker,
+                    InputAudio(lambda: runner.session.input_rate, runner.receive_audio),
+                )
+            except Exception:
+                logger.exception("call %s: the audio path could not start", self.id)
+                self._spawn(self.close("audio failed"), "close")
         if state in ("failed", "closed") and not self._closing:
             self._spawn(self.close(f"connection {state}"), "close")
 

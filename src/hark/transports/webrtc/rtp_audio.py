@@ -54,6 +54,8 @@ MID_EXTENSION = "urn:ietf:params:rtp-hdrext:sdes:mid"
 _VERSION = 0x80
 _EXTENSION_FLAG = 0x10
 _HEADER = struct.Struct("!BBHII")
+# Packets between readings of the NTP clock for the sender reports (a second of frames).
+_CLOCK_EVERY = 50
 # A frame is sent on the tick nearest the time it is due.
 _DUE_WITHIN_S = TICK_SECONDS / 2
 
@@ -169,10 +171,13 @@ class AudioSender:
         )
         self.packets += 1
         self._octets += len(payload)
-        # What aiortc's sender reports (RTCP SR) comes from these.
+        # What aiortc's sender reports (RTCP SR) comes from these. The NTP time of a packet
+        # (slow to read in aiortc) is taken once a second: a report's NTP and RTP times need
+        # to name the same instant, not the latest one.
         sender: Any = self._sender
-        sender._RTCRtpSender__ntp_timestamp = clock.current_ntp_time()
-        sender._RTCRtpSender__rtp_timestamp = timestamp
+        if self.packets % _CLOCK_EVERY == 1:
+            sender._RTCRtpSender__ntp_timestamp = clock.current_ntp_time()
+            sender._RTCRtpSender__rtp_timestamp = timestamp
         sender._RTCRtpSender__packet_count = self.packets
         sender._RTCRtpSender__octet_count = self._octets
 
