@@ -325,7 +325,7 @@ def test_the_llm_reads_the_turn_while_it_is_spoken(driver: Driver) -> None:
     driver.take(Prefill)  # the conversation, at the session's start
     words = long_words(9.0)
     prefills = speak_long(driver, 9000, words)
-    # Every 2 s or so of committed words: the conversation, then the user's words so far,
+    # Every second or so of committed words: the conversation, then the user's words so far,
     # left open.
     assert len(prefills) >= 3
     said = " ".join(w.word.strip() for w in words)

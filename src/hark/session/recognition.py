@@ -46,7 +46,7 @@ _SMALLEST_P = 1e-12
 # The turn's committed words are offered to the LLM (``on_words``) each time they reach this
 # much further into the turn: often enough that little is left to read when it ends, seldom
 # enough that the reading costs little.
-PREFILL_EVERY_S = 2.0
+PREFILL_EVERY_S = 1.0
 
 
 @dataclass(slots=True)
