@@ -175,11 +175,14 @@ async def test_rejected_with_the_sdk_the_phone_gets_the_status(
     assert final_status(run) == expected
 
 
+@pytest.mark.parametrize("transport", ["u1", "t1"])
 async def test_hangup_with_the_sdk_sends_bye_to_the_phone(
-    webhook_sip_server: WebhookSipServer, tmp_path: Path
+    webhook_sip_server: WebhookSipServer, tmp_path: Path, transport: str
 ) -> None:
     server = webhook_sip_server.server
-    phone = asyncio.create_task(run_sipp("uac_remote_bye", server.sip_port, tmp_path))
+    phone = asyncio.create_task(
+        run_sipp("uac_remote_bye", server.sip_port, tmp_path, transport=transport)
+    )
     event = await webhook_sip_server.incoming_call()
     calls = server.sdk().realtime.calls
     await calls.accept(event.data.call_id, type="realtime", model="gpt-realtime")
@@ -191,11 +194,14 @@ async def test_hangup_with_the_sdk_sends_bye_to_the_phone(
     assert any(m.startswith("BYE ") for m in run.received())
 
 
+@pytest.mark.parametrize("transport", ["u1", "t1"])
 async def test_refer_with_the_sdk_transfers_the_phone(
-    webhook_sip_server: WebhookSipServer, tmp_path: Path
+    webhook_sip_server: WebhookSipServer, tmp_path: Path, transport: str
 ) -> None:
     server = webhook_sip_server.server
-    phone = asyncio.create_task(run_sipp("uac_refer", server.sip_port, tmp_path))
+    phone = asyncio.create_task(
+        run_sipp("uac_refer", server.sip_port, tmp_path, transport=transport)
+    )
     event = await webhook_sip_server.incoming_call()
     calls = server.sdk().realtime.calls
     await calls.accept(event.data.call_id, type="realtime", model="gpt-realtime")
