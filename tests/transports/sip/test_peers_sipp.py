@@ -117,6 +117,25 @@ async def test_a_call_without_a_webhook_is_answered_at_once(
     assert sip_server.alive()
 
 
+async def test_hold_and_resume_by_re_invite(sip_server: SipServer, tmp_path: Path) -> None:
+    run = await run_sipp("uac_hold", sip_server.sip_port, tmp_path)
+    assert run.ok, run.describe()
+    answers = [m for m in run.received() if m.startswith("SIP/2.0 200") and "m=audio" in m]
+    assert len(answers) == 3, run.describe()
+    # hark mirrors the caller's direction: sendonly (hold) → recvonly, then sendrecv again.
+    assert "a=recvonly" in answers[1], answers[1]
+    assert "a=recvonly" not in answers[2] and "a=sendonly" not in answers[2], answers[2]
+    # Each new answer is a new version of hark's session description.
+    versions = [int(_header_sdp(answer, "o").split()[2]) for answer in answers]
+    assert versions[0] < versions[1] < versions[2], versions
+    assert sip_server.alive()
+
+
+def _header_sdp(message: str, kind: str) -> str:
+    body = message.partition("\n\n")[2]
+    return next(line[2:] for line in body.splitlines() if line.startswith(f"{kind}="))
+
+
 @pytest.mark.slow
 async def test_an_answer_never_acknowledged_ends_with_bye(
     sip_server: SipServer, tmp_path: Path
