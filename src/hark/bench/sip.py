@@ -755,6 +755,8 @@ async def _ask(
             acceptor.speech_stopped.get_nowait()
     caller.first_audio_at = None
     caller.audio_event.clear()
+    # The turns time audible packets only; the record of packets restarts with each one.
+    caller.received.clear()
     caller.say(speech, last_voiced)
     async with asyncio.timeout(limit_s):
         await caller.audio_event.wait()
