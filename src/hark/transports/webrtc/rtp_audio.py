@@ -16,7 +16,8 @@ as before. Sent, on each tick of the worker's ``PlayoutTicker`` every frame due 
 ``PlayoutTrack`` becomes one RTP packet (the negotiated Opus payload type, the sender's
 SSRC, the MID header extension when negotiated), protected with the transport's SRTP
 session and written to the nominated ICE pair. aiortc's sender stays in place, idle (its
-track gives nothing), sending its RTCP sender reports, whose counts are kept up to date.
+track gives nothing), sending its RTCP sender reports, whose counts are kept up to date;
+aiortc's receiver is never started (no decoder thread, no receiver reports).
 
 This relies on details of aiortc and aioice, pinned by
 ``tests/transports/test_webrtc_rtp_audio.py``: ``RTCDtlsTransport._rx_srtp``/``_tx_srtp``
@@ -24,7 +25,8 @@ are the SRTP sessions; the ICE connection (see ``hark.transports.webrtc.ice``) h
 ``StunProtocol`` objects in ``_protocols``, each with the ``MuxEndpoint`` as its
 ``transport``, and its nominated pair for component 1 in ``_nominated``; the transceiver's
 negotiated ``_codecs`` and ``_headerExtensions``; the sender's ``_ssrc`` and the private
-counters its sender reports are made of.
+counters its sender reports are made of; the peer connection starts the receiver with
+``receiver.receive`` after the "connected" state is announced.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from hark.transports.webrtc.udp_mux import MuxEndpoint
 if TYPE_CHECKING:
     from aioice import Connection
     from aiortc import RTCRtpSender, RTCRtpTransceiver
+    from aiortc.rtcrtpparameters import RTCRtpReceiveParameters
 
 logger = logging.getLogger(__name__)
 
@@ -182,6 +185,10 @@ class AudioSender:
         sender._RTCRtpSender__octet_count = self._octets
 
 
+async def _not_receiving(parameters: RTCRtpReceiveParameters) -> None:
+    """What ``RTCRtpReceiver.receive`` becomes: the receiver stays as it was made."""
+
+
 class AudioPath:
     """A call's audio in both directions, taken over from aiortc; see the module."""
 
@@ -220,6 +227,9 @@ class AudioPath:
             if parameters.uri == MID_EXTENSION and transceiver.mid:
                 extension = mid_extension(parameters.id, transceiver.mid)
         track.drive()
+        # aiortc's receiver is never started: it would run a decoder thread and an RTCP
+        # task for a stream that no longer reaches it.
+        setattr(transceiver.receiver, "receive", _not_receiving)  # noqa: B010
         sender = AudioSender(track, tx, ice, transceiver.sender, opus[0], extension)
         receivers = []
         for protocol in ice._protocols:
