@@ -31,6 +31,9 @@ THREAD_SLACK = min(32, (os.cpu_count() or 1) + 4)
 # about 0.33 MiB: 20 calls held open, same VM, so 33 MiB). Speed does not move either figure:
 # RSS is read only once teardown has brought fds and threads back.
 RSS_SLACK_BYTES = 20 * 1024 * 1024
+# Calls held open at once to show that a call costs no thread of its own: more than the
+# slack, so that a thread per call could not hide in it.
+HELD_CALLS = THREAD_SLACK + 8
 # Bounds a hang, never speed: teardown on a slow machine may take a while.
 LIVENESS_S = 300
 
@@ -100,6 +103,21 @@ async def one_call(http: aiohttp.ClientSession, url: str, n: int) -> None:
         await client.close()
 
 
+async def threads_while_held(http: aiohttp.ClientSession, url: str, pid: int) -> int:
+    """The server's threads while ``HELD_CALLS`` calls are up, each hearing its audio."""
+    clients = [CallClient() for _ in range(HELD_CALLS)]
+    try:
+        for client in clients:
+            await client.connect(http, url, api_key=API_KEY)
+            await client.next_event("session.created")
+        async with asyncio.timeout(LIVENESS_S):
+            for client in clients:
+                await client.receiving.wait()
+        return threads(pid)
+    finally:
+        await asyncio.gather(*(client.close() for client in clients))
+
+
 async def settled(pid: int, fds: int, thread_count: int) -> tuple[int, int]:
     """Wait for the calls' teardown to bring fds and threads within bounds (or for the
     liveness limit); returns the final (fds, threads)."""
@@ -128,10 +146,14 @@ async def test_a_hundred_calls_leave_nothing_behind(server: tuple[str, int]) -> 
             await one_call(http, url, n)
         await asyncio.sleep(1)
         fds, thread_count, rss = open_fds(pid), threads(pid), rss_bytes(pid)
+        held_threads = await threads_while_held(http, url, pid)
         for n in range(CALLS):
             await one_call(http, url, n)
         after_fds, after_threads = await settled(pid, fds, thread_count + THREAD_SLACK)
         after_rss = rss_bytes(pid)
+    assert held_threads <= thread_count + THREAD_SLACK, (
+        f"threads: {thread_count} before, {held_threads} with {HELD_CALLS} calls up"
+    )
     assert after_fds <= fds, f"file descriptors: {fds} before, {after_fds} after"
     assert after_threads <= thread_count + THREAD_SLACK, (
         f"threads: {thread_count} before, {after_threads} after"
