@@ -100,3 +100,15 @@ def test_a_second_stream_and_a_repeated_packet_are_not_mixed_in() -> None:
     audio.packet(7, 2, 960, packets[1])
     assert [len(pcm) for pcm in got] == [480, 480]
     assert audio.dropped == 2
+
+
+def test_a_first_packet_that_does_not_decode_leaves_the_stream_open() -> None:
+    packets = opus_packets(0.2)
+    got: list[np.ndarray] = []
+    audio = InputAudio(lambda: 24000, got.append)
+    # A payload with an invalid TOC/length layout: libopus refuses it.
+    audio.packet(7, 40000, 0, b"\xff\xff")
+    audio.packet(7, 40001, 960, packets[0])
+    audio.packet(7, 40002, 1920, packets[1])
+    assert [len(pcm) for pcm in got] == [480, 480]
+    assert audio.dropped == 1

@@ -70,10 +70,12 @@ class InputAudio:
         self._decoder: OpusDecoder | None = None
         self._resampler: StreamResampler | None = None
         self._ssrc: int | None = None
-        self._sequence = 0
+        # The sequence number of the newest packet decoded, once one is.
+        self._sequence: int | None = None
         # The RTP timestamp the next packet has when none is missing.
         self._next_timestamp = 0
         self.dropped = 0
+        # Filled with concealment, at the RTP clock (48 kHz).
         self.concealed_samples = 0
 
     def packet(self, ssrc: int, sequence: int, timestamp: int, payload: bytes) -> None:
@@ -84,11 +86,12 @@ class InputAudio:
             # The first stream is the caller's microphone; another SSRC is not mixed in.
             self.dropped += 1
             return
-        elif (sequence - self._sequence) & 0xFFFF >= 0x8000 or sequence == self._sequence:
+        last = self._sequence
+        if last is not None and (sequence == last or (sequence - last) & 0xFFFF >= 0x8000):
             self.dropped += 1
             return
         decoder = self._decoder_for(self._rate())
-        fresh = self._decoder is not decoder
+        fresh = self._decoder is not decoder or last is None
         self._decoder = decoder
         gap = (timestamp - self._next_timestamp) & 0xFFFFFFFF
         if not fresh and 0 < gap <= MAX_GAP_SAMPLES:

@@ -28,7 +28,7 @@ RATES: Final = frozenset({8000, 12000, 16000, 24000, 48000})
 RTP_RATE: Final = 48000
 # The longest Opus packet: 120 ms.
 MAX_FRAME_MS: Final = 120
-# libopus's own bound for one packet (RFC 6716 § 3.2.1), with room to spare.
+# Room for one packet: a 20 ms frame is at most 1275 bytes (RFC 6716 § 3.2.1).
 MAX_PACKET_BYTES: Final = 1500
 
 _APPLICATION_VOIP: Final = 2048
