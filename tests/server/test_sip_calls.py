@@ -27,7 +27,6 @@ from openai.types.webhooks import RealtimeCallIncomingWebhookEvent
 
 from hark.protocol import server_events as se
 from hark.session.core import Session
-from hark.transports.sip.phone_call import dtmf_from_info
 from tests.server.sip_uac import SipMessage, Uac, uac
 from tests.server.webhook_receiver import WebhookReceiver, webhook_receiver
 from tests.servers import HarkProcess
@@ -356,21 +355,6 @@ def test_a_sip_port_in_use_leaves_the_server_up_and_readyz_says_so(tmp_path: Pat
             body = json.loads(response.read())
     assert body["status"] == "ready"
     assert str(port) in body["unavailable"]["sip"]
-
-
-@pytest.mark.parametrize(
-    ("content_type", "body", "key"),
-    [
-        ("application/dtmf-relay", b"Signal=5\r\nDuration=160\r\n", "5"),
-        ("application/dtmf-relay; charset=x", b"signal= *\r\n", "*"),
-        ("application/dtmf", b"b", "B"),
-        ("application/dtmf-relay", b"Signal=12\r\n", None),
-        ("application/sdp", b"5", None),
-        ("application/dtmf", b"5" * 2000, None),
-    ],
-)
-def test_sip_info_bodies_give_keys(content_type: str, body: bytes, key: str | None) -> None:
-    assert dtmf_from_info(content_type, body) == key
 
 
 def test_a_keypad_press_becomes_one_server_event() -> None:

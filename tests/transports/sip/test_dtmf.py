@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from hark.transports.sip.dtmf import DIGITS, DtmfError, DtmfReceiver, TelephoneEvent
+from hark.transports.sip.dtmf import (
+    DIGITS,
+    DtmfError,
+    DtmfReceiver,
+    TelephoneEvent,
+    digit_from_info,
+)
 
 
 def press(event: int, timestamp: int, steps: int = 4) -> list[tuple[int, bytes]]:
@@ -72,3 +78,20 @@ def test_events_that_are_not_keys_give_no_digit() -> None:
 def test_a_short_payload_raises() -> None:
     with pytest.raises(DtmfError):
         DtmfReceiver().receive(1, b"\x01\x80")
+
+
+@pytest.mark.parametrize(
+    ("content_type", "body", "key"),
+    [
+        ("application/dtmf-relay", b"Signal=5\r\nDuration=160\r\n", "5"),
+        ("application/dtmf-relay; charset=x", b"signal= *\r\n", "*"),
+        ("application/dtmf", b"b", "B"),
+        ("application/dtmf-relay", b"Signal=12\r\n", None),
+        ("application/sdp", b"5", None),
+        ("application/dtmf", b"5" * 2000, None),
+        ("application/dtmf", b"", None),
+        ("application/dtmf", b"12", None),
+    ],
+)
+def test_sip_info_bodies_give_keys(content_type: str, body: bytes, key: str | None) -> None:
+    assert digit_from_info(content_type, body) == key

@@ -1,4 +1,4 @@
-"""DTMF from a phone: RFC 4733 telephone-event packets.
+"""DTMF from a phone: RFC 4733 telephone-event packets, and SIP INFO bodies.
 
 A key press is one event, sent as several RTP packets that share the event's timestamp (its
 duration growing) and end with three copies of the packet with the end bit; any of them may
@@ -10,6 +10,10 @@ new key press.
 
 These packets carry no audio: the media layer routes the telephone-event payload type here
 and never into the jitter buffer.
+
+Phones that send keys in the signalling instead send one SIP INFO per key press, its body
+``application/dtmf-relay`` (``Signal=5``) or ``application/dtmf`` (``5``);
+``digit_from_info`` reads those.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from hark.transports.sip.rtp import TS_MOD
 # RFC 4733 section 3.2: events 0-15 are the keypad's sixteen keys.
 DIGITS = "0123456789*#ABCD"
 _RECENT = 16
+# An INFO body longer than this is not a key press; it is not read.
+_MAX_INFO_BYTES = 1024
 
 
 class DtmfError(ValueError):
@@ -86,3 +92,20 @@ class DtmfReceiver:
         if continues:
             return None
         return event.digit
+
+
+def digit_from_info(content_type: str, body: bytes) -> str | None:
+    """The key of a SIP INFO DTMF body, or None when it is not one."""
+    kind = content_type.split(";")[0].strip().lower()
+    if kind not in ("application/dtmf-relay", "application/dtmf") or len(body) > _MAX_INFO_BYTES:
+        return None
+    text = body.decode("ascii", "replace").strip()
+    if kind == "application/dtmf-relay":
+        signal = ""
+        for line in text.splitlines():
+            name, _, value = line.partition("=")
+            if name.strip().lower() == "signal":
+                signal = value.strip()
+        text = signal
+    key = text.upper()
+    return key if len(key) == 1 and key in DIGITS else None

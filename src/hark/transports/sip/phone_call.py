@@ -32,6 +32,7 @@ from aiohttp import web
 
 from hark.session.runner import SessionRunner
 from hark.transports.sideband import Sidebands
+from hark.transports.sip.dtmf import digit_from_info
 from hark.transports.sip.media import RtpSession
 from hark.transports.sip.sdp import SdpError
 from hark.transports.sip.user_agent import IncomingCall
@@ -46,32 +47,12 @@ END_FLUSH_TIMEOUT_S = 1.0
 # How long the media waits for the caller's ACK before it starts anyway (the stack ends a
 # call without one after 32 s; by then the media no longer matters).
 ACK_WAIT_S = 32.0
-# SIP INFO DTMF bodies: ``application/dtmf-relay`` (``Signal=5``) and ``application/dtmf``.
-_DTMF_KEYS = frozenset("0123456789*#ABCD")
-_MAX_INFO_BYTES = 1024
 
 CallState = Literal["pending", "accepted", "ended"]
 
 
 class CallStateError(Exception):
     """The call is not in a state that allows the request (accept twice, refer unanswered)."""
-
-
-def dtmf_from_info(content_type: str, body: bytes) -> str | None:
-    """The key of a SIP INFO DTMF body, or None when it is not one."""
-    kind = content_type.split(";")[0].strip().lower()
-    if kind not in ("application/dtmf-relay", "application/dtmf") or len(body) > _MAX_INFO_BYTES:
-        return None
-    text = body.decode("ascii", "replace").strip()
-    if kind == "application/dtmf-relay":
-        signal = None
-        for line in text.splitlines():
-            name, _, value = line.partition("=")
-            if name.strip().lower() == "signal":
-                signal = value.strip()
-        text = signal or ""
-    key = text.upper()
-    return key if key in _DTMF_KEYS else None
 
 
 class PhoneCall:
@@ -254,7 +235,7 @@ class PhoneCall:
             self._spawn(self.close(f"phone: {reason}"), "close")
 
     def _on_info(self, content_type: str, body: bytes) -> None:
-        key = dtmf_from_info(content_type, body)
+        key = digit_from_info(content_type, body)
         if key is not None and self.runner is not None and self.state == "accepted":
             self.runner.receive_dtmf(key)
 
