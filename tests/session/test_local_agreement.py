@@ -182,6 +182,34 @@ def test_a_word_timed_into_the_next_does_not_hide_it() -> None:
     assert text_of(policy.tail(later, 0.0)) == "capital of"
 
 
+def test_new_words_follow_the_last_committed_ones_heard_again() -> None:
+    """The window starts inside a committed word (heard cut, as another) and the last
+    committed word was timed over the start of the next: the new words are those after the
+    committed ones heard again, not those timed after them."""
+    policy = LocalAgreement()
+    policy.accept(
+        words(
+            ("my", 3.0, 3.2), ("neighbour", 3.2, 3.7), ("grows", 3.7, 4.0), ("beans", 4.0, 4.9)
+        ).words
+    )
+    later = TimedTranscript(
+        (),
+        "en",
+        2.0,
+        tuple(
+            TimedWord(f" {w}", start - 3.3, end - 3.3, 0.9)
+            for w, start, end in (
+                ("bor", 3.3, 3.7),
+                ("grows", 3.7, 4.0),
+                ("beans", 4.0, 4.5),
+                ("and", 4.6, 4.8),
+                ("peas", 4.8, 5.2),
+            )
+        ),
+    )
+    assert text_of(policy.tail(later, 3.3)) == "and peas"
+
+
 def test_a_hypothesis_that_loops_back_is_cut_where_it_does() -> None:
     policy = LocalAgreement()
     policy.hypothesis(words(("cancel", 15.5, 15.8), ("my", 15.8, 16.1)), 0, 16.2)

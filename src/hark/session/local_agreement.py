@@ -120,11 +120,19 @@ class LocalAgreement:
         ]
         inside = [w for w in self.committed if w.end > window_start + _TIME_TOLERANCE_S]
         keys = [normalise(w.word) for w in inside]
-        if inside and [normalise(w.word) for w in words[: len(inside)]] == keys:
+        heard = [normalise(w.word) for w in words]
+        if inside and heard[: len(inside)] == keys:
             # The window heard the committed words it holds again, as they were: what follows
             # is new, whatever its times (the decoder times a word at a window's end poorly,
             # and a committed word may have taken the start of the next).
             return self._in_order(words[len(inside) :])
+        # The window's first words may be cut at its start or heard otherwise: the last
+        # committed words (two or more), heard again where they should be, still mark where
+        # the new words begin.
+        for count in range(min(_MAX_REPEAT, len(keys)), 1, -1):
+            for at in range(len(keys) - count + 2):
+                if heard[at : at + count] == keys[-count:]:
+                    return self._in_order(words[at + count :])
         limit = self.committed_end - _TIME_TOLERANCE_S
         new = [w for w in words if w.start > limit] if self.committed else words
         if new and self.committed and new[0].start - self.committed_end < 1.0:

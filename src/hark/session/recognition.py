@@ -192,16 +192,15 @@ class Recognition:
         stream.caption = self._step(stream, "caption", end_ms, peek, rate, Urgency.CAPTION)
 
     def recognise_pause(self, pause: Pause, end_ms: float, peek: Peek, rate: int) -> None:
-        """Recognise the turn up to ``end_ms``, in its pause, while the pause is waited out:
-        the caption step in flight (if any) gives way, and no other runs until the speaker
-        goes on."""
+        """Recognise the turn up to ``end_ms``, in its pause, while the pause is waited out;
+        no new caption step starts until the speaker goes on. The caption step in flight (if
+        any) goes on: on a loaded machine it has waited its turn, and a pause every sentence
+        would otherwise cancel every caption."""
         stream = self._live
         if stream is None:
             # Only a turn being spoken pauses: nothing to recognise.
             pause.asr_request = ""
             return
-        if stream.caption is not None:
-            self._cancel(stream, stream.caption)
         stream.pause = pause
         stream.pause_rest = None
         request_id = self._step(stream, "pause", end_ms, peek, rate, Urgency.SPECULATION, pause)
