@@ -138,6 +138,27 @@ def test_a_pause_step_is_cancelled_when_the_speaker_goes_on(driver: Driver) -> N
     assert driver.steps(Urgency.CAPTION)
 
 
+def test_a_pause_result_supersedes_the_caption_step_still_in_flight(driver: Driver) -> None:
+    configure(driver)
+    driver.append(silence(300))
+    speak(driver, 1200)
+    driver.append(silence(200))
+    (pause,) = driver.steps(Urgency.SPECULATION)
+    (caption,) = driver.steps(Urgency.CAPTION)
+    driver.session.on_recognised(pause.request_id, say(pause), now=driver.now)
+    driver.pump()
+    # The caption step decodes less than the pause's did: cancelled, and its late result
+    # changes nothing (the turn's words come once).
+    (cancel,) = driver.take(CancelRecognition)
+    assert cancel.request_id == caption.request_id
+    driver.session.on_recognised(caption.request_id, say(caption), now=driver.now)
+    driver.pump()
+    driver.append(silence(500))
+    (completed,) = [e for e in driver.events if e["type"] == COMPLETED]
+    heard = completed["transcript"].split()
+    assert len(heard) >= 3 and heard == WORDS[: len(heard)]
+
+
 def test_without_a_pause_result_the_final_step_finishes_the_turn(driver: Driver) -> None:
     configure(driver)
     driver.append(silence(300))

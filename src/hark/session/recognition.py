@@ -347,6 +347,9 @@ class Recognition:
             self._offer(stream)
             return None
         assert step.pause is not None
+        if stream.caption is not None:
+            # The caption step still in flight decodes less than this one did: of no use.
+            self._cancel(stream, stream.caption)
         tail = policy.tail(transcript, step.window_start)
         words = text_of([*policy.committed, *tail])
         committed = policy.hypothesis(transcript, step.window_start, step.window_end)
