@@ -430,3 +430,24 @@ async def test_a_draining_server_ends_its_calls_with_bye(tmp_path: Path) -> None
             server.signal(signal.SIGTERM)
             assert (await phone.request("BYE")).method == "BYE"
         assert server.wait(30) == 0
+
+
+async def test_a_webhook_still_being_retried_does_not_keep_the_phone_ringing(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "hark.log"
+    timeout_s = 2
+    # The receiver fails every attempt: the delivery's retries (0.5, 1, 2, 4, 8 s apart) last
+    # well beyond the accept timeout.
+    with webhook_receiver([500] * 6) as receiver:
+        args = ["--engines", "fake", "--rtp-ports", "0", "--sip-webhook-url", receiver.url]
+        args += ["--sip-accept-timeout", str(timeout_s)]
+        env = {"HARK_API_KEYS": API_KEY, "HARK_SIP_WEBHOOK_SECRET": SECRET}
+        with HarkProcess(args, log, env=env):
+            async with uac(("127.0.0.1", sip_port(log))) as phone:
+                phone.invite()
+                final = await phone.final(timeout_s=60)
+                attempts = len(receiver.received)
+    assert final.status == 480
+    # Rejected at the timeout, while the webhook was still being retried.
+    assert 1 <= attempts < 6

@@ -16,7 +16,6 @@ shutdown end them with BYE.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ipaddress
 import logging
 import ssl
@@ -242,14 +241,21 @@ class SipService:
         if delivery is None:
             self._reject_pending(call, "the webhook queue is full")
             return
-        deadline = asyncio.get_running_loop().time() + self.accept_timeout_s
-        result = await delivery
-        if not result.delivered:
-            self._reject_pending(call, "its webhook could not be delivered")
-            return
-        left = deadline - asyncio.get_running_loop().time()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(call.settled.wait(), max(left, 0))
+        # The timeout runs from the INVITE, not from the delivery: retries of a webhook that
+        # fails (backoff, and up to a minute for a receiver that hangs) must not keep the
+        # phone ringing past it. The delivery goes on; a late accept finds the call gone.
+        settled = asyncio.create_task(call.settled.wait())
+        try:
+            async with asyncio.timeout(self.accept_timeout_s):
+                await asyncio.wait({delivery, settled}, return_when=asyncio.FIRST_COMPLETED)
+                if delivery.done() and not delivery.result().delivered:
+                    self._reject_pending(call, "its webhook could not be delivered")
+                    return
+                await settled
+        except TimeoutError:
+            pass
+        finally:
+            settled.cancel()
         if call.state == "pending":
             self._reject_pending(call, f"not accepted within {self.accept_timeout_s:g} s")
 
