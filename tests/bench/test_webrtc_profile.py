@@ -20,6 +20,7 @@ from hark.bench.server_profile import (
     py_spy_command,
     read_raw,
     record,
+    scaled,
     thread_cpu_seconds,
 )
 
@@ -99,6 +100,8 @@ def test_the_cpu_is_split_by_busy_samples_of_the_main_thread_and_by_thread() -> 
     table = format_table(parts).splitlines()
     assert table[2] == "| Opus encode | 42.9% | 75.0 |"
     assert len(table) == 2 + 4
+    # The same shares of a CPU measured elsewhere (without py-spy stopping the server).
+    assert scaled(parts, 2.0) == pytest.approx({part: ms * 2 for part, ms in parts.items()})
 
 
 def test_py_spy_raw_lines_are_read_with_spaces_in_frame_names() -> None:

@@ -147,6 +147,11 @@ def attribute(profile: ServerProfile, calls: int) -> dict[str, float]:
     return dict(sorted(parts.items(), key=lambda item: -item[1]))
 
 
+def scaled(parts: Mapping[str, float], factor: float) -> dict[str, float]:
+    """``parts`` with every figure multiplied by ``factor``: the same shares of another total."""
+    return {part: ms * factor for part, ms in parts.items()}
+
+
 def format_table(parts: Mapping[str, float]) -> str:
     """A Markdown table of the parts: share of the CPU, ms per call-second."""
     total = sum(parts.values())

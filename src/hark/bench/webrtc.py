@@ -781,8 +781,9 @@ class CapacityStep:
     server_cpu: float | None = None
     # Each client process's own punctuality over the window.
     clients: list[ClientFigures] = field(default_factory=list)
-    # With --profile: the server's CPU in ms per call-second by part (see server_profile),
-    # sampled after the windows, and its CPU use meanwhile in cores.
+    # With --profile: the server's CPU in ms per call-second by part (see server_profile):
+    # the shares sampled after the windows, of the CPU the windows measured; and the
+    # server's CPU use while it was sampled, in cores.
     profile: dict[str, float] | None = None
     profile_server_cpu: float | None = None
 
@@ -864,7 +865,12 @@ async def measure_capacity(
                     _print_step(result, again=True)
             if profile_s and server_pid is not None and result.calls:
                 profile = await server_profile.record(server_pid, profile_s)
-                result.profile = server_profile.attribute(profile, result.calls)
+                parts = server_profile.attribute(profile, result.calls)
+                # py-spy stops the server so often that its playout skips frames: the shares
+                # hold, the CPU they share is the step's own, measured without py-spy.
+                if result.server_cpu is not None and profile.cores > 0:
+                    parts = server_profile.scaled(parts, result.server_cpu / profile.cores)
+                result.profile = parts
                 result.profile_server_cpu = profile.cores
                 if progress:
                     print(server_profile.format_table(result.profile), flush=True)
@@ -1020,8 +1026,9 @@ def format_summary(report: WebRtcReport) -> str:
         if profiled:
             step, parts = profiled[-1]
             lines.append(
-                f"where the server's CPU went at {step.calls} calls "
-                f"({step.profile_server_cpu or 0:.2f} cores while py-spy sampled it):"
+                f"where the server's CPU went at {step.calls} calls (py-spy's shares of the "
+                f"{step.server_cpu or 0:.2f} cores measured before it; "
+                f"{step.profile_server_cpu or 0:.2f} cores while it sampled):"
             )
             lines.append(server_profile.format_table(parts))
     return "\n".join(lines)
