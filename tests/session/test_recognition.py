@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from hark.engines.asr import TimedSegment, TimedTranscript, TimedWord, Urgency
-from hark.session.actions import CancelRecognition, Generate, Prefill, Recognise
+from hark.session.actions import CancelRecognition, Generate, Prefill, Recognise, Speculate
 
 from .conftest import ASR_RATE, Driver, silence, voiced
 
@@ -370,6 +370,9 @@ def test_the_llm_reads_the_turn_while_it_is_spoken(driver: Driver) -> None:
     for pause in driver.steps(Urgency.SPECULATION):
         driver.session.on_recognised(pause.request_id, hear(pause, words, 0.0), now=driver.now)
         driver.pump()
+    # The reply speculated on the pause's words reads them: no read-ahead beside it.
+    assert driver.take(Speculate)
+    assert not [p for p in driver.take(Prefill) if p.request.open_turn]
     driver.append(silence(600))
     (generate,) = driver.take(Generate)
     assert generate.request.messages[:-1] == prefills[-1].request.messages[:-1]

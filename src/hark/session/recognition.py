@@ -354,8 +354,8 @@ class Recognition:
         words = text_of([*policy.committed, *tail])
         committed = policy.hypothesis(transcript, step.window_start, step.window_end)
         stream.pause_rest = tail[len(committed) :]
+        # No read-ahead here: the reply speculated on these words reads them now.
         self._send_committed(stream)
-        self._offer(stream)
         return step.pause, words
 
     def _offer(self, stream: _Stream) -> None:
