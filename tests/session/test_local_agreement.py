@@ -210,6 +210,29 @@ def test_new_words_follow_the_last_committed_ones_heard_again() -> None:
     assert text_of(policy.tail(later, 3.3)) == "and peas"
 
 
+def test_new_words_heard_before_a_stretched_committed_end_are_kept() -> None:
+    """The last committed word was timed to its window's end, well past where it was said;
+    the next hypothesis hears the committed words again with their true times, and the new
+    words after them are kept, though they start before the stretched end."""
+    policy = LocalAgreement()
+    policy.accept(words(("read", 10.0, 10.3), ("the", 10.3, 11.6)).words)
+    later = TimedTranscript(
+        (),
+        "en",
+        3.0,
+        tuple(
+            TimedWord(f" {w}", start - 9.8, end - 9.8, 0.9)
+            for w, start, end in (
+                ("read", 10.0, 10.3),
+                ("the", 10.3, 10.45),
+                ("news", 10.45, 10.8),
+                ("slowly", 10.8, 11.3),
+            )
+        ),
+    )
+    assert text_of(policy.tail(later, 9.8)) == "news slowly"
+
+
 def test_a_hypothesis_that_loops_back_is_cut_where_it_does() -> None:
     policy = LocalAgreement()
     policy.hypothesis(words(("cancel", 15.5, 15.8), ("my", 15.8, 16.1)), 0, 16.2)

@@ -125,14 +125,14 @@ class LocalAgreement:
             # The window heard the committed words it holds again, as they were: what follows
             # is new, whatever its times (the decoder times a word at a window's end poorly,
             # and a committed word may have taken the start of the next).
-            return self._in_order(words[len(inside) :])
+            return self._in_order(words[len(inside) :], words[len(inside) - 1].end)
         # The window's first words may be cut at its start or heard otherwise: the last
         # committed words (two or more), heard again where they should be, still mark where
         # the new words begin.
         for count in range(min(_MAX_REPEAT, len(keys)), 1, -1):
             for at in range(len(keys) - count + 2):
                 if heard[at : at + count] == keys[-count:]:
-                    return self._in_order(words[at + count :])
+                    return self._in_order(words[at + count :], words[at + count - 1].end)
         limit = self.committed_end - _TIME_TOLERANCE_S
         new = [w for w in words if w.start > limit] if self.committed else words
         if new and self.committed and new[0].start - self.committed_end < 1.0:
@@ -142,12 +142,14 @@ class LocalAgreement:
                 if committed[-count:] == [normalise(w.word) for w in new[:count]]:
                     new = new[count:]
                     break
-        return self._in_order(new)
+        return self._in_order(new, self.committed_end)
 
-    def _in_order(self, words: list[TimedWord]) -> list[TimedWord]:
-        """``words`` up to the first that goes back in time: a decoder that loops repeats
-        earlier audio's words, timed where they were said."""
-        last = self.committed_end
+    def _in_order(self, words: list[TimedWord], since: float) -> list[TimedWord]:
+        """``words`` (after the committed ones, which this hypothesis has end at ``since``) up
+        to the first that goes back in time: a decoder that loops repeats earlier audio's
+        words, timed where they were said. The committed words' own times are not the
+        measure: one timed at a window's end may have taken the start of the next."""
+        last = since
         for index, word in enumerate(words):
             if word.start < last - _BACKWARDS_S:
                 return words[:index]
