@@ -15,9 +15,10 @@ import pytest
 from hark.audio.g711 import ulaw_decode, ulaw_encode
 from hark.transports.sip import rtcp
 from hark.transports.sip.dtmf import TelephoneEvent
-from hark.transports.sip.media import RtpSession
+from hark.transports.sip.media import RtpPacer, RtpSession
 from hark.transports.sip.rtp import RtpPacket, is_rtcp, seq_diff, ts_diff
 from hark.transports.sip.sdp import SdpError
+from hark.transports.webrtc.ticker import PlayoutTicker
 from tests.transports.conftest import Listener, until
 
 HOST = "127.0.0.1"
@@ -399,3 +400,28 @@ async def test_an_old_style_hold_keeps_the_latch_for_the_resume(
     count = len(behind_nat.rtp)
     await until(lambda: len(behind_nat.rtp) >= count + 3)
     assert len(announced.rtp) == announced_before
+
+
+async def test_calls_on_one_pacer_share_its_ticker_and_leave_it_when_closed(
+    phones: Callable[[], asyncio.Future[Phone]],
+) -> None:
+    ticker = PlayoutTicker(0.02)
+    pacer = RtpPacer(ticker)
+    calls = [await RtpSession.open(bind_host=HOST, pacer=pacer) for _ in range(3)]
+    try:
+        callers = [await started(phones, media) for media in calls]
+        assert len(pacer) == 3 and len(ticker) == 1
+        before = [len(phone.rtp) for phone, _ in callers]
+        ticks = ticker.ticks
+        await until(lambda: ticker.ticks >= ticks + 10)
+        for (phone, _), count in zip(callers, before, strict=True):
+            packets = phone.payloads()
+            assert len(packets) >= count + 10
+            steps = {ts_diff(b.timestamp, a.timestamp) for a, b in itertools.pairwise(packets)}
+            assert steps == {FRAME}
+        await calls[0].close()
+        assert len(pacer) == 2
+    finally:
+        for media in calls:
+            await media.close()
+    assert len(pacer) == 0 and len(ticker) == 0

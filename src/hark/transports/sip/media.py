@@ -8,13 +8,17 @@ re-INVITE, and is the session's ``AudioPlayer`` through a
 reported exactly as over WebRTC; the one resampling step out is the playout's, the one in
 is a soxr stream from 8 kHz to the session's input rate, rebuilt if that rate changes.
 
-Pacing: each session keeps its own timer, ``loop.call_at`` on an absolute 20 ms grid (the
-n-th tick is due at start + n × 20 ms, so the error never accumulates; behind by more than
-``MAX_LAG`` after a stalled loop, the grid restarts from now instead of bursting). A shared
-ticker for all calls would save a timer handle per call and tie every call's timing to the
-slowest one's work; per-call timers keep calls independent. At each tick the session hands
-the caller's next frame out of the jitter buffer to ``on_audio`` and sends one RTP packet:
-the next playout frame, or, when nothing plays, a silence packet encoded once per codec.
+Pacing: the calls of a worker share one ``RtpPacer`` on a 20 ms ``PlayoutTicker`` (a session
+opened without one gets its own) rather than a timer each: one wake-up of the event loop per
+frame for all calls, and on each tick every call's packets leave before any call's input is
+passed on, so the last call's packets do not wait for the others' voice activity detection.
+Each session keeps its own grid on the ticker's (the n-th frame is due at start + n × 20 ms,
+so the error never accumulates) and sends every frame due before the next tick, so a tick
+that came late is caught up; behind by more than ``MAX_LAG`` after a stalled loop, the grid
+restarts from now instead of bursting, and the RTP timestamp jumps over the gap. For each
+frame sent the session sends one RTP packet (the next playout frame, or, when nothing
+plays, a silence packet encoded once per codec) and hands the caller's next frame out of
+the jitter buffer to ``on_audio``.
 
 Symmetric RTP with latching: packets go to the address in the SDP until the caller's RTP
 arrives, then to where it comes from (a phone behind NAT cannot know its public address).
@@ -57,6 +61,7 @@ from hark.transports.sip.sdp import (
     negotiate,
     parse_offer,
 )
+from hark.transports.webrtc.ticker import PlayoutTicker
 
 logger = logging.getLogger(__name__)
 
@@ -66,10 +71,12 @@ FRAME_SAMPLES = RATE * FRAME_MS // 1000
 FRAME_SECONDS = FRAME_MS / 1000
 MAX_LAG = 0.1
 RELATCH_PACKETS = 3
+# A frame is sent on the tick nearest the time it is due.
+_DUE_WITHIN = FRAME_SECONDS / 2
 # Ticks whose lateness is kept for the percentiles: the last minute of a call.
 _LATENESS_KEPT = 3000
 
-__all__ = ["RtpSession", "RtpStats", "SdpError"]
+__all__ = ["RtpPacer", "RtpSession", "RtpStats", "SdpError"]
 
 _Encode = Callable[[npt.NDArray[np.int16]], bytes]
 _Decode = Callable[[bytes], npt.NDArray[np.int16]]
@@ -126,11 +133,50 @@ class _Protocol(asyncio.DatagramProtocol):
         logger.debug("rtp: %s", exc)
 
 
+class RtpPacer:
+    """The 20 ms beat of the RTP sessions of a worker, one callback on ``ticker``."""
+
+    def __init__(self, ticker: PlayoutTicker | None = None) -> None:
+        self.ticker = ticker if ticker is not None else PlayoutTicker(FRAME_SECONDS)
+        if self.ticker.period_s != FRAME_SECONDS:
+            raise ValueError(f"RTP is paced by a {FRAME_MS} ms ticker")
+        self._sessions: dict[RtpSession, None] = {}
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def add(self, session: RtpSession) -> None:
+        """Pace ``session`` from the next tick on."""
+        self._sessions[session] = None
+        if len(self._sessions) == 1:
+            self.ticker.add(self._tick)
+
+    def remove(self, session: RtpSession) -> None:
+        """Stop pacing ``session``."""
+        self._sessions.pop(session, None)
+        if not self._sessions:
+            self.ticker.remove(self._tick)
+
+    def _tick(self) -> None:
+        # A copy: a session may end while the tick runs.
+        sessions = list(self._sessions)
+        for session in sessions:
+            session._send_due()
+        for session in sessions:
+            session._pass_input()
+
+
 class RtpSession:
     """One call's RTP and RTCP; the session's ``AudioPlayer``. Made by ``open``."""
 
-    def __init__(self, transport: asyncio.DatagramTransport, protocol: _Protocol) -> None:
+    def __init__(
+        self,
+        transport: asyncio.DatagramTransport,
+        protocol: _Protocol,
+        pacer: RtpPacer | None = None,
+    ) -> None:
         self._transport = transport
+        self._pacer = pacer if pacer is not None else RtpPacer()
         protocol.session = self
         self._loop = asyncio.get_running_loop()
         self.local_port: int = transport.get_extra_info("sockname")[1]
@@ -155,8 +201,10 @@ class RtpSession:
         self._input_rate: Callable[[], int] | None = None
         self._on_audio: Callable[[npt.NDArray[np.int16]], None] | None = None
         self._on_dtmf: Callable[[str], None] | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        self._grid_start = 0.0
+        self._running = False
+        self._grid_start: float | None = None
+        # Frames sent this tick whose input counterpart is still to be passed on.
+        self._input_due = 0
         self._ticks = 0
         self._lateness: deque[float] = deque(maxlen=_LATENESS_KEPT)
         self._late_frames = 0
@@ -169,8 +217,11 @@ class RtpSession:
         self._closed = False
 
     @classmethod
-    async def open(cls, *, bind_host: str, ports: range | None = None) -> RtpSession:
-        """A session on its own UDP socket: a free even port of ``ports`` (None: ephemeral).
+    async def open(
+        cls, *, bind_host: str, ports: range | None = None, pacer: RtpPacer | None = None
+    ) -> RtpSession:
+        """A session on its own UDP socket: a free even port of ``ports`` (None: ephemeral),
+        paced by ``pacer`` (the worker's, shared by its calls; None: one of its own).
 
         ``OSError`` when every port of the range is taken.
         """
@@ -191,7 +242,7 @@ class RtpSession:
                 if exc.errno not in (errno.EADDRINUSE, errno.EACCES):
                     raise
                 continue
-            return cls(transport, protocol)
+            return cls(transport, protocol, pacer)
         raise OSError(f"no free RTP port in {ports}")
 
     # ------------------------------------------------------------------ negotiation
@@ -235,14 +286,14 @@ class RtpSession:
         """Start the 20 ms ticks: caller audio to ``on_audio``, digits to ``on_dtmf``, RTP out."""
         if self._agreed is None:
             raise RuntimeError("negotiate an offer before starting the media")
-        if self._timer is not None or self._closed:
+        if self._running or self._closed:
             return
         self._input_rate = input_rate
         self._on_audio = on_audio
         self._on_dtmf = on_dtmf
         self._playout.attach(listener)
-        self._grid_start = self._loop.time()
-        self._timer = self._loop.call_at(self._grid_start, self._tick)
+        self._running = True
+        self._pacer.add(self)
 
     def play(self, response_id: str, item_id: str, pcm: npt.NDArray[np.int16], rate: int) -> None:
         """Queue audio of a response after whatever is queued already."""
@@ -261,9 +312,9 @@ class RtpSession:
         if self._closed:
             return
         self._closed = True
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        if self._running:
+            self._pacer.remove(self)
+            self._running = False
         if self._agreed is not None:
             try:
                 self._send_report(bye=True)
@@ -298,43 +349,59 @@ class RtpSession:
 
     # ------------------------------------------------------------------ ticks
 
-    def _tick(self) -> None:
+    def _send_due(self) -> None:
+        """Send the frames due by the next tick (the pacer's first pass)."""
         now = self._loop.time()
+        if self._grid_start is None:
+            self._grid_start = now
+        else:
+            # Ticks come on the ticker's grid plus however late the loop ran them, the first
+            # one too: the earliest tick seen marks the grid. A grid anchored on a late first
+            # tick would put the frames due halfway between ticks, sent now on one tick, now
+            # on the next.
+            ticks = round((now - self._grid_start) / FRAME_SECONDS)
+            self._grid_start = min(self._grid_start, now - ticks * FRAME_SECONDS)
         # uvloop's clock is the monotonic one read once per loop turn, in whole milliseconds:
         # the time this packet really leaves is read afresh, or a turn's last call would look
         # as punctual as its first.
-        lateness = time.monotonic() - (self._grid_start + self._ticks * FRAME_SECONDS)
+        sent_at = time.monotonic()
+        lateness = sent_at - (self._grid_start + self._ticks * FRAME_SECONDS)
         if lateness > MAX_LAG:
             self._grid_start = now - self._ticks * FRAME_SECONDS
             self._late_restarts += 1
+            self._late_frames += 1
             # The frames the stall skipped are a gap on the sampling clock, not a slower one.
             self._sender.advance(int(lateness / FRAME_SECONDS) * FRAME_SAMPLES)
         self._lateness.append(lateness)
-        if lateness >= FRAME_SECONDS:
-            self._late_frames += 1
-        self._ticks += 1
         try:
-            self._pass_input(now)
-            self._send_frame()
+            while (due := self._grid_start + self._ticks * FRAME_SECONDS) - now < _DUE_WITHIN:
+                if sent_at - due >= FRAME_SECONDS:
+                    self._late_frames += 1
+                self._ticks += 1
+                self._input_due += 1
+                self._send_frame()
             if self._report_timer.poll(now):
                 self._send_report()
         except Exception:
-            logger.exception("rtp: tick failed")
-        if not self._closed:
-            self._timer = self._loop.call_at(
-                self._grid_start + self._ticks * FRAME_SECONDS, self._tick
-            )
+            logger.exception("rtp: sending failed")
 
-    def _pass_input(self, now: float) -> None:
-        frame = self._jitter.get(now)
-        if frame is None or self._on_audio is None or self._input_rate is None:
-            return
-        rate = self._input_rate()
-        if self._resampler is None or self._resampler.out_rate != rate:
-            self._resampler = StreamResampler(RATE, rate)
-        pcm = self._resampler.process(frame)
-        if len(pcm):
-            self._on_audio(pcm)
+    def _pass_input(self) -> None:
+        """Hand the caller's frames to ``on_audio``, one per frame sent (the second pass)."""
+        now = self._loop.time()
+        try:
+            while self._input_due:
+                self._input_due -= 1
+                frame = self._jitter.get(now)
+                if frame is None or self._on_audio is None or self._input_rate is None:
+                    continue
+                rate = self._input_rate()
+                if self._resampler is None or self._resampler.out_rate != rate:
+                    self._resampler = StreamResampler(RATE, rate)
+                pcm = self._resampler.process(frame)
+                if len(pcm):
+                    self._on_audio(pcm)
+        except Exception:
+            logger.exception("rtp: passing the caller's audio on failed")
 
     def _send_frame(self) -> None:
         agreed = self._agreed
@@ -420,7 +487,7 @@ class RtpSession:
             return
         self._received += 1
         self._received_bytes += len(packet.payload)
-        if self._timer is None or not agreed.receiving:
+        if not self._running or not agreed.receiving:
             # Before start (early media) and on hold the caller's audio goes nowhere.
             return
         now = self._loop.time()

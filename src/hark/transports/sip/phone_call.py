@@ -33,7 +33,7 @@ from aiohttp import web
 from hark.session.runner import SessionRunner
 from hark.transports.sideband import Sidebands
 from hark.transports.sip.dtmf import digit_from_info
-from hark.transports.sip.media import RtpSession
+from hark.transports.sip.media import RtpPacer, RtpSession
 from hark.transports.sip.sdp import SdpError
 from hark.transports.sip.user_agent import IncomingCall
 
@@ -60,7 +60,8 @@ class PhoneCall:
 
     ``owner`` is the key that accepted it (``""`` while pending: any real key of the server
     may accept or reject it, as OpenAI lets the project that owns the trunk); ``runner``
-    exists once accepted. ``on_closed`` is called once, at the end of ``close``.
+    exists once accepted. ``pacer`` paces the RTP of the worker's calls (None: one of the
+    call's own). ``on_closed`` is called once, at the end of ``close``.
     """
 
     def __init__(
@@ -71,6 +72,7 @@ class PhoneCall:
         bind_host: str,
         advertise_ip: str,
         rtp_ports: range | None,
+        pacer: RtpPacer | None = None,
         on_closed: Callable[[PhoneCall], None] | None = None,
     ) -> None:
         self.id = call_id
@@ -86,6 +88,7 @@ class PhoneCall:
         self._bind_host = bind_host
         self._advertise_ip = advertise_ip
         self._rtp_ports = rtp_ports
+        self._pacer = pacer
         self._on_closed = on_closed
         self._sidebands = Sidebands(call_id)
         self._pending: deque[str] = deque(maxlen=MAX_PENDING_EVENTS)
@@ -116,7 +119,9 @@ class PhoneCall:
         self.settled.set()
         self.owner = owner
         try:
-            media = await RtpSession.open(bind_host=self._bind_host, ports=self._rtp_ports)
+            media = await RtpSession.open(
+                bind_host=self._bind_host, ports=self._rtp_ports, pacer=self._pacer
+            )
             if self._closing:
                 # The caller hung up (CANCEL) while the port was being opened.
                 await media.close()

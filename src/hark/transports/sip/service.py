@@ -8,9 +8,9 @@ neither accepted nor rejected within ``accept_timeout_s``, or whose webhook coul
 delivered at all, is rejected (480). Without a webhook every call is answered at once with
 the default session, so that a PBX can dial hark with nothing else running.
 
-Each call has an RTP port of its own, taken from ``rtp_ports``. The worker's calls count
-toward its load and its owners' session limits like WebRTC calls; the server's drain and
-shutdown end them with BYE.
+Each call has an RTP port of its own, taken from ``rtp_ports``; the RTP of all of them is
+paced by one ``RtpPacer``. The worker's calls count toward its load and its owners' session
+limits like WebRTC calls; the server's drain and shutdown end them with BYE.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from hark.server.webhooks import WebhookSender, incoming_call_event
 from hark.session.core import SESSION_LIMIT_S
 from hark.session.ids import IdGenerator
 from hark.session.runner import SessionRunner
-from hark.transports.sip.media import RtpSession
+from hark.transports.sip.media import RtpPacer, RtpSession
 from hark.transports.sip.phone_call import PhoneCall
 from hark.transports.sip.user_agent import IncomingCall, UserAgentServer
 
@@ -101,6 +101,8 @@ class SipService:
         self.metrics = metrics
         self.started = False
         self._calls: dict[str, PhoneCall] = {}
+        # One 20 ms wake-up for the RTP of every call rather than one per call.
+        self.pacer = RtpPacer()
         self._ids = IdGenerator()
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -197,6 +199,7 @@ class SipService:
             bind_host=self.bind_host,
             advertise_ip=self.advertise_ip,
             rtp_ports=self.rtp_ports,
+            pacer=self.pacer,
             on_closed=self._forget,
         )
         self._calls[call.id] = call
