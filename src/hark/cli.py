@@ -272,6 +272,14 @@ def build_parser() -> argparse.ArgumentParser:
         "(default 30)",
     )
     sip.add_argument(
+        "--sip-t1-ms",
+        type=float,
+        default=None,
+        metavar="MS",
+        help="SIP's T1, the round-trip estimate that retransmissions and timeouts (64·T1) "
+        "scale with; smaller only on a closed network (default 500)",
+    )
+    sip.add_argument(
         "--sip-session",
         default=None,
         metavar="JSON",

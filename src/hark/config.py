@@ -119,6 +119,9 @@ class Settings:
     # A call not accepted (or rejected) this many seconds after its INVITE is rejected.
     sip_accept_timeout: float = 30.0
     sip_session: str | None = None
+    # SIP's T1 (RFC 3261 §17.1.1.1), the round-trip estimate all transaction timers scale
+    # with; smaller only on a closed network.
+    sip_t1_ms: float = 500.0
 
     @property
     def llm_model_name(self) -> str:
@@ -439,6 +442,7 @@ def _validate_sip(values: dict[str, Any]) -> None:
             # The message names the option and the problem, never the secret.
             raise ConfigError(f"sip_webhook_secret: {exc}") from None
     _positive_number(values, "sip_accept_timeout", float)
+    _positive_number(values, "sip_t1_ms", float)
     session = values.get("sip_session")
     if session is not None:
         try:

@@ -25,6 +25,7 @@ def test_sip_is_on_by_default_on_5060_with_a_port_range() -> None:
     assert settings.sip_port == 5060 and settings.sip_host is None
     assert settings.rtp_ports == (10000, 20000)
     assert settings.sip_webhook_url is None and settings.sip_accept_timeout == 30.0
+    assert settings.sip_t1_ms == 500.0
 
 
 def test_the_options_are_read_from_the_command_line() -> None:
@@ -42,6 +43,8 @@ def test_the_options_are_read_from_the_command_line() -> None:
         "https://backend.example.com/hook",
         "--sip-accept-timeout",
         "2.5",
+        "--sip-t1-ms",
+        "50",
         "--sip-session",
         '{"instructions": "Answer the phone."}',
         env={"HARK_SIP_WEBHOOK_SECRET": SECRET},
@@ -49,6 +52,7 @@ def test_the_options_are_read_from_the_command_line() -> None:
     assert settings.sip is False and settings.sip_port == 0
     assert settings.sip_advertise_ip == "203.0.113.7" and settings.rtp_ports == (12000, 12099)
     assert settings.sip_webhook_secret == SECRET and settings.sip_accept_timeout == 2.5
+    assert settings.sip_t1_ms == 50.0
     # Neither the secret nor the URL (which may hold a token) is in the settings' repr.
     assert SECRET not in repr(settings) and "backend.example.com" not in repr(settings)
 
@@ -70,6 +74,7 @@ def test_rtp_ports_zero_means_any_free_port() -> None:
         ({"sip_webhook_url": "https://backend.example.com/hook"}, "sip_webhook_secret"),
         ({"sip_webhook_url": "ftp://x/", "sip_webhook_secret": SECRET}, "sip_webhook_url"),
         ({"sip_accept_timeout": 0}, "sip_accept_timeout"),
+        ({"sip_t1_ms": 0}, "sip_t1_ms"),
         ({"sip_session": "[]"}, "sip_session"),
         ({"sip_session": '{"audio": {"output": {"speed": 9}}}'}, "speed"),
     ],

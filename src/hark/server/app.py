@@ -66,6 +66,7 @@ from hark.server.webhooks import WebhookSender
 from hark.session.core import SESSION_LIMIT_S
 from hark.transports.sip.phone_call import PhoneCall
 from hark.transports.sip.service import SipHooks, SipService
+from hark.transports.sip.transaction import Timers
 from hark.transports.webrtc.call import Call
 from hark.transports.webrtc.calls import Calls
 from hark.transports.webrtc.udp_mux import UdpMux, behind_relay
@@ -236,6 +237,7 @@ def _sip_service(
         webhook=webhook,
         default_session=session,
         accept_timeout_s=settings.sip_accept_timeout,
+        timers=Timers(t1=settings.sip_t1_ms / 1000),
         session_limit_s=session_limit_s,
         metrics=app[METRICS],
     )

@@ -6,18 +6,17 @@ from typing import TypeAlias
 
 from hark.transports.sip.message import Request, build_response, parse_message
 from hark.transports.sip.transaction import (
-    T1,
-    T2,
-    T4,
-    TIMEOUT,
+    RFC_TIMERS,
     ClientTransaction,
     InviteServerTransaction,
     ServerTransaction,
+    Timers,
     server_key,
 )
 from tests.transports.sip.captured import BARESIP_BYE, BARESIP_INVITE
 
 Tx: TypeAlias = InviteServerTransaction | ServerTransaction | ClientTransaction
+T1, T2, T4, TIMEOUT = RFC_TIMERS.t1, RFC_TIMERS.t2, RFC_TIMERS.t4, RFC_TIMERS.timeout
 
 
 def _request(data: bytes) -> Request:
@@ -84,6 +83,17 @@ def test_a_2xx_never_acknowledged_times_out_once_after_32_s() -> None:
         assert sent == _doubling(0.0, TIMEOUT)
         assert [t for t, timed_out in fired if timed_out] == [TIMEOUT]
         assert tx.state == "terminated"
+
+
+def test_a_smaller_t1_shortens_the_retransmissions_and_the_timeout() -> None:
+    invite = _request(BARESIP_INVITE)
+    timers = Timers(t1=0.02)
+    tx = InviteServerTransaction(invite, reliable=False, now=0.0, timers=timers)
+    tx.send_response(build_response(invite, 200, to_tag="t"), 0.0)
+    tx.data_to_send()
+    sent, fired = _run(tx, 100.0)
+    assert sent[:3] == [0.02, 0.06, 0.14]
+    assert [t for t, timed_out in fired if timed_out] == [64 * 0.02]
 
 
 def test_retransmitted_invites_get_the_last_response_again() -> None:

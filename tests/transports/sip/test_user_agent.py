@@ -5,6 +5,7 @@ INFO, retransmissions, proxies (Record-Route) and NAT (rport), and the error ans
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import ipaddress
 import logging
@@ -21,7 +22,6 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from hark.transports.sip import transaction, user_agent
 from hark.transports.sip.message import (
     Request,
     Response,
@@ -30,6 +30,7 @@ from hark.transports.sip.message import (
     parse_message,
     sipfrag_status,
 )
+from hark.transports.sip.transaction import RFC_TIMERS, Timers
 from hark.transports.sip.transport import Flow
 from hark.transports.sip.user_agent import IncomingCall, UserAgentServer
 from tests.transports.sip.captured import ALL
@@ -200,13 +201,15 @@ class Dialog:
 class Harness:
     """A started UserAgentServer whose calls land in a queue, each with a record of events."""
 
-    def __init__(self) -> None:
+    def __init__(self, timers: Timers = RFC_TIMERS) -> None:
         self.calls: asyncio.Queue[IncomingCall] = asyncio.Queue(maxsize=100)
         self.ended: dict[str, list[str]] = {}
         self.infos: list[tuple[str, bytes]] = []
         self.offers: list[str] = []
         self.reoffer_answer: str | None = ANSWER
-        self.uas = UserAgentServer(on_invite=self._on_invite, host="127.0.0.1", port=0)
+        self.uas = UserAgentServer(
+            on_invite=self._on_invite, host="127.0.0.1", port=0, timers=timers
+        )
 
     def _on_invite(self, call: IncomingCall) -> None:
         ended = self.ended.setdefault(call.sip_call_id, [])
@@ -223,14 +226,24 @@ class Harness:
         return await asyncio.wait_for(self.calls.get(), RECEIVE_TIMEOUT)
 
 
-@pytest.fixture
-async def harness() -> AsyncIterator[Harness]:
-    h = Harness()
+@contextlib.asynccontextmanager
+async def running(timers: Timers = RFC_TIMERS) -> AsyncIterator[Harness]:
+    h = Harness(timers)
     await h.uas.start()
     try:
         yield h
     finally:
         await h.uas.stop()
+
+
+@pytest.fixture
+async def harness() -> AsyncIterator[Harness]:
+    async with running() as h:
+        yield h
+
+
+# T1 as a closed network may set it (RFC 3261 §17.1.1.1): 64·T1 is 1.28 s, not 32 s.
+FAST_TIMERS = Timers(t1=0.02)
 
 
 @pytest.fixture(params=["udp", "tcp"])
@@ -460,9 +473,12 @@ async def test_retransmissions_over_udp(harness: Harness) -> None:
         await peer.close()
 
 
-async def test_no_ack_hangs_up(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The 32 s of 64·T1 shortened: what is tested is what happens when it runs out.
-    monkeypatch.setattr(transaction, "TIMEOUT", 1.2)
+async def test_no_ack_hangs_up() -> None:
+    async with running(FAST_TIMERS) as harness:
+        await _no_ack_hangs_up(harness)
+
+
+async def _no_ack_hangs_up(harness: Harness) -> None:
     peer = await Peer.open("udp", harness.uas.port)
     try:
         dialog = Dialog(peer)
@@ -739,11 +755,16 @@ async def test_a_hangup_before_the_ack_waits_for_it(harness: Harness, peer: Peer
     assert harness.ended[dialog.call_id] == []
 
 
-async def test_a_refer_without_final_notify_times_out(
-    harness: Harness, peer: Peer, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The 32 s shortened: what is tested is what happens when it runs out.
-    monkeypatch.setattr(user_agent, "REFER_TIMEOUT", 0.5)
+async def test_a_refer_without_final_notify_times_out() -> None:
+    async with running(FAST_TIMERS) as harness:
+        peer = await Peer.open("udp", harness.uas.port)
+        try:
+            await _a_refer_without_final_notify_times_out(harness, peer)
+        finally:
+            await peer.close()
+
+
+async def _a_refer_without_final_notify_times_out(harness: Harness, peer: Peer) -> None:
     _, call = await _established(harness, peer)
     transfer = asyncio.create_task(call.refer("sip:bob@example.com"))
     peer.reply(await peer.request("REFER"), 202)

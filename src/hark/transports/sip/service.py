@@ -33,6 +33,7 @@ from hark.session.ids import IdGenerator
 from hark.session.runner import SessionRunner
 from hark.transports.sip.media import RtpPacer, RtpSession
 from hark.transports.sip.phone_call import PhoneCall
+from hark.transports.sip.transaction import RFC_TIMERS, Timers
 from hark.transports.sip.user_agent import IncomingCall, UserAgentServer
 
 logger = logging.getLogger(__name__)
@@ -117,9 +118,11 @@ class SipService:
         advertise_ip: str,
         tls_port: int | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        timers: Timers = RFC_TIMERS,
         **options: Any,
     ) -> SipService:
-        """A service with its ``UserAgentServer`` on ``host:port`` (not started yet)."""
+        """A service with its ``UserAgentServer`` on ``host:port`` (not started yet), its
+        transactions on ``timers``."""
         service: SipService
 
         def on_invite(incoming: IncomingCall) -> None:
@@ -132,6 +135,7 @@ class SipService:
             advertise_ip=advertise_ip,
             tls_port=tls_port,
             ssl_context=ssl_context,
+            timers=timers,
         )
         service = cls(engines, server, hooks, bind_host=host, advertise_ip=advertise_ip, **options)
         return service

@@ -6,7 +6,8 @@ the time (``get_timer``) and hands out the bytes to put on the wire (``data_to_s
 Where those bytes go is its owner's business: the flow a request came in on, or the next
 hop of a request sent.
 
-Timers are the RFC's (T1 = 500 ms, T2 = 4 s, T4 = 5 s, 64·T1 = 32 s). Over a reliable
+Timers are the RFC's (T1 = 500 ms, T2 = 4 s, T4 = 5 s, 64·T1 = 32 s) unless ``Timers`` says
+otherwise (a smaller T1 on a closed network, §17.1.1.1, shortens every timeout). Over a reliable
 transport nothing is retransmitted and the "wait for strays" timers are zero, except that a
 2xx to an INVITE is retransmitted on every transport until its ACK (§13.3.1.4): a proxy on
 the way may forward it over UDP.
@@ -14,14 +15,27 @@ the way may forward it over UDP.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 from hark.transports.sip.message import BRANCH_COOKIE, Request, Response
 
-T1 = 0.5
-T2 = 4.0
-T4 = 5.0
-TIMEOUT = 64 * T1
+
+@dataclass(frozen=True, slots=True)
+class Timers:
+    """The transaction timers' base values in seconds (RFC 3261 §17.1.1.1)."""
+
+    t1: float = 0.5
+    t2: float = 4.0
+    t4: float = 5.0
+
+    @property
+    def timeout(self) -> float:
+        """64·T1: how long a transaction waits for its answer or its ACK."""
+        return 64 * self.t1
+
+
+RFC_TIMERS = Timers()
 
 TransactionKey = tuple[str, ...]
 
@@ -56,8 +70,9 @@ def client_key(branch: str, method: str) -> TransactionKey:
 
 
 class _Transaction:
-    def __init__(self, *, reliable: bool) -> None:
+    def __init__(self, *, reliable: bool, timers: Timers) -> None:
         self.reliable = reliable
+        self.timers = timers
         self._outgoing: list[bytes] = []
         self._timer: float | None = None
         self.state = "trying"
@@ -95,13 +110,15 @@ class InviteServerTransaction(_Transaction):
     by the dialog), or for 32 s, after which ``handle_timer`` reports the timeout.
     """
 
-    def __init__(self, request: Request, *, reliable: bool, now: float) -> None:
-        super().__init__(reliable=reliable)
+    def __init__(
+        self, request: Request, *, reliable: bool, now: float, timers: Timers = RFC_TIMERS
+    ) -> None:
+        super().__init__(reliable=reliable, timers=timers)
         self.request = request
         self.state: InviteServerState = "proceeding"
         self.last_response: Response | None = None
         self._last_bytes = b""
-        self._interval = T1
+        self._interval = self.timers.t1
         self.acknowledged = False
 
     def send_response(self, response: Response, now: float) -> None:
@@ -113,14 +130,14 @@ class InviteServerTransaction(_Transaction):
         self._outgoing.append(self._last_bytes)
         if response.status < 200:
             return
-        self._deadline = now + TIMEOUT
-        self._interval = T1
+        self._deadline = now + self.timers.timeout
+        self._interval = self.timers.t1
         if response.status < 300:
             self.state = "accepted"
-            self._retransmit_at = now + T1
+            self._retransmit_at = now + self.timers.t1
         else:
             self.state = "completed"
-            self._retransmit_at = None if self.reliable else now + T1
+            self._retransmit_at = None if self.reliable else now + self.timers.t1
         self._rearm()
 
     def receive_request(self, request: Request, now: float) -> None:
@@ -129,7 +146,7 @@ class InviteServerTransaction(_Transaction):
             if self.state == "completed":
                 self.state = "confirmed"
                 self._retransmit_at = None
-                self._deadline = now + (0.0 if self.reliable else T4)
+                self._deadline = now + (0.0 if self.reliable else self.timers.t4)
                 self._rearm()
             return
         if self.state in ("proceeding", "accepted", "completed") and self._last_bytes:
@@ -157,7 +174,7 @@ class InviteServerTransaction(_Transaction):
             return timed_out
         if self._retransmit_at is not None and now >= self._retransmit_at:
             self._outgoing.append(self._last_bytes)
-            self._interval = min(self._interval * 2, T2)
+            self._interval = min(self._interval * 2, self.timers.t2)
             self._retransmit_at = now + self._interval
         self._rearm()
         return False
@@ -173,8 +190,10 @@ class ServerTransaction(_Transaction):
     response the transaction stays (timer J, 32 s over UDP) to absorb retransmissions.
     """
 
-    def __init__(self, request: Request, *, reliable: bool, now: float) -> None:
-        super().__init__(reliable=reliable)
+    def __init__(
+        self, request: Request, *, reliable: bool, now: float, timers: Timers = RFC_TIMERS
+    ) -> None:
+        super().__init__(reliable=reliable, timers=timers)
         self.request = request
         self.state: ServerState = "trying"
         self.last_response: Response | None = None
@@ -191,7 +210,7 @@ class ServerTransaction(_Transaction):
             self.state = "proceeding"
             return
         self.state = "completed"
-        self._timer = now + (0.0 if self.reliable else TIMEOUT)
+        self._timer = now + (0.0 if self.reliable else self.timers.timeout)
 
     def receive_request(self, request: Request, now: float) -> None:
         """A retransmission of the request: the last response goes out again."""
@@ -216,8 +235,10 @@ class ClientTransaction(_Transaction):
     response; with no final response in 32 s (timer F) ``handle_timer`` reports the timeout.
     """
 
-    def __init__(self, request: Request, *, reliable: bool, now: float) -> None:
-        super().__init__(reliable=reliable)
+    def __init__(
+        self, request: Request, *, reliable: bool, now: float, timers: Timers = RFC_TIMERS
+    ) -> None:
+        super().__init__(reliable=reliable, timers=timers)
         self.request = request
         self.branch = request.vias[0].branch or ""
         self.key = client_key(self.branch, request.method)
@@ -225,9 +246,9 @@ class ClientTransaction(_Transaction):
         self.final: Response | None = None
         self._bytes = request.encode()
         self._outgoing.append(self._bytes)
-        self._deadline = now + TIMEOUT
-        self._interval = T1
-        self._retransmit_at = None if reliable else now + T1
+        self._deadline = now + self.timers.timeout
+        self._interval = self.timers.t1
+        self._retransmit_at = None if reliable else now + self.timers.t1
         self._rearm()
 
     def receive_response(self, response: Response, now: float) -> Response | None:
@@ -240,7 +261,7 @@ class ClientTransaction(_Transaction):
         self.final = response
         self.state = "completed"
         self._retransmit_at = None
-        self._deadline = now + (0.0 if self.reliable else T4)
+        self._deadline = now + (0.0 if self.reliable else self.timers.t4)
         self._rearm()
         return response
 
@@ -256,9 +277,9 @@ class ClientTransaction(_Transaction):
         if self._retransmit_at is not None and now >= self._retransmit_at:
             self._outgoing.append(self._bytes)
             if self.state == "proceeding":
-                self._interval = T2
+                self._interval = self.timers.t2
             else:
-                self._interval = min(self._interval * 2, T2)
+                self._interval = min(self._interval * 2, self.timers.t2)
             self._retransmit_at = now + self._interval
         self._rearm()
         return False

@@ -53,10 +53,11 @@ from hark.transports.sip.message import (
     sipfrag_status,
 )
 from hark.transports.sip.transaction import (
-    TIMEOUT,
+    RFC_TIMERS,
     ClientTransaction,
     InviteServerTransaction,
     ServerTransaction,
+    Timers,
     TransactionKey,
     client_key,
     server_key,
@@ -80,7 +81,6 @@ _KNOWN_NOT_ALLOWED = frozenset(
 _URI_SCHEMES = frozenset({"sip", "sips", "tel"})
 # The bound on live transactions: beyond it new requests get 503 without one.
 MAX_TRANSACTIONS = 20000
-REFER_TIMEOUT = TIMEOUT
 _DEFAULT_TLS_PORT = 5061
 # The user part of our Contact; user_agent (the Server and User-Agent headers) may be any
 # text, a URI may not.
@@ -199,7 +199,7 @@ class IncomingCall:
         """Ask the peer to call ``target_uri`` (REFER with Refer-To and Referred-By).
 
         Returns the final status the peer reports in its NOTIFYs (200 when the transfer
-        succeeded), or the REFER's own error status. TimeoutError after 32 s without one;
+        succeeded), or the REFER's own error status. TimeoutError after 64·T1 (32 s) without one;
         RuntimeError when the call is not answered, ends meanwhile, or is being transferred
         already; SipParseError when ``target_uri`` is not a URI.
         """
@@ -218,7 +218,7 @@ class IncomingCall:
             self._refer_answered,
         )
         try:
-            return await asyncio.wait_for(future, REFER_TIMEOUT)
+            return await asyncio.wait_for(future, self._uas.timers.timeout)
         finally:
             self._refer = None
             if self.state == "ended":
@@ -274,7 +274,8 @@ class UserAgentServer:
     ``tls_port`` the TLS one, when an ``ssl_context`` is given. ``advertise_ip`` is the
     address put in Via and Contact (by default, the local address the peer reaches);
     ``user_agent`` the Server and User-Agent headers. An ``ssl_context`` without a
-    ``tls_port`` listens for TLS on 5061.
+    ``tls_port`` listens for TLS on 5061. ``timers`` are the transactions' (and a REFER's
+    wait for its outcome).
     """
 
     def __init__(
@@ -287,8 +288,10 @@ class UserAgentServer:
         tls_port: int | None = None,
         ssl_context: ssl.SSLContext | None = None,
         user_agent: str = "hark",
+        timers: Timers = RFC_TIMERS,
     ) -> None:
         self._on_invite = on_invite
+        self.timers = timers
         self._advertise_ip = advertise_ip
         self._user_agent = user_agent
         self._transport = SipTransport(
@@ -712,7 +715,7 @@ class UserAgentServer:
     ) -> None:
         request.add("User-Agent", self._user_agent)
         flow = self._next_hop_flow(call)
-        tx = ClientTransaction(request, reliable=flow.reliable, now=self._now())
+        tx = ClientTransaction(request, reliable=flow.reliable, now=self._now(), timers=self.timers)
         entry = _Entry(tx.key, tx, flow, call=call, on_final=on_final)
         self._client[tx.key] = entry
         self._pump(entry)
@@ -763,9 +766,13 @@ class UserAgentServer:
         reply_flow = response_flow(request.vias[0], flow)
         tx: ServerTx
         if request.method == "INVITE":
-            tx = InviteServerTransaction(request, reliable=flow.reliable, now=self._now())
+            tx = InviteServerTransaction(
+                request, reliable=flow.reliable, now=self._now(), timers=self.timers
+            )
         else:
-            tx = ServerTransaction(request, reliable=flow.reliable, now=self._now())
+            tx = ServerTransaction(
+                request, reliable=flow.reliable, now=self._now(), timers=self.timers
+            )
         entry = _Entry(key, tx, reply_flow)
         self._server[key] = entry
         return entry
