@@ -12,13 +12,13 @@ Pacing: the calls of a worker share one ``RtpPacer`` on a 20 ms ``PlayoutTicker`
 opened without one gets its own) rather than a timer each: one wake-up of the event loop per
 frame for all calls, and on each tick every call's packets leave before any call's input is
 passed on, so the last call's packets do not wait for the others' voice activity detection.
-Each session keeps its own grid on the ticker's (the n-th frame is due at start + n × 20 ms,
-so the error never accumulates) and sends every frame due before the next tick, so a tick
-that came late is caught up; behind by more than ``MAX_LAG`` after a stalled loop, the grid
-restarts from now instead of bursting, and the RTP timestamp jumps over the gap. For each
-frame sent the session sends one RTP packet (the next playout frame, or, when nothing
-plays, a silence packet encoded once per codec) and hands the caller's next frame out of
-the jitter buffer to ``on_audio``.
+Each session keeps its own grid on the pacer's (the n-th frame is due at start + n × 20 ms,
+so the error never accumulates) and sends every frame due by the tick's grid time, so the
+frames of ticks the ticker skipped are caught up; behind by more than ``MAX_LAG`` after a
+stalled loop, the grid restarts from now instead of bursting, and the RTP timestamp jumps
+over the gap. For each frame sent the session sends one RTP packet (the next playout frame,
+or, when nothing plays, a silence packet encoded once per codec) and hands the caller's
+next frame out of the jitter buffer to ``on_audio``.
 
 Symmetric RTP with latching: packets go to the address in the SDP until the caller's RTP
 arrives, then to where it comes from (a phone behind NAT cannot know its public address).
@@ -37,6 +37,7 @@ import asyncio
 import errno
 import functools
 import logging
+import math
 import random
 import time
 from collections import deque
@@ -71,8 +72,7 @@ FRAME_SAMPLES = RATE * FRAME_MS // 1000
 FRAME_SECONDS = FRAME_MS / 1000
 MAX_LAG = 0.1
 RELATCH_PACKETS = 3
-# A frame is sent on the tick nearest the time it is due.
-_DUE_WITHIN = FRAME_SECONDS / 2
+_CLOCK_SLACK = 0.001
 # Ticks whose lateness is kept for the percentiles: the last minute of a call.
 _LATENESS_KEPT = 3000
 
@@ -134,13 +134,20 @@ class _Protocol(asyncio.DatagramProtocol):
 
 
 class RtpPacer:
-    """The 20 ms beat of the RTP sessions of a worker, one callback on ``ticker``."""
+    """The 20 ms beat of the RTP sessions of a worker, one callback on ``ticker``.
+
+    Its grid starts at its first tick, which the ticker runs at once; every tick after that
+    belongs to the grid time at or before it (the loop runs ticks late, never early), and
+    each session sends the frames due by that time. Frames are due on the same grid as the
+    ticks, so which tick sends a frame never depends on how late the loop ran it.
+    """
 
     def __init__(self, ticker: PlayoutTicker | None = None) -> None:
         self.ticker = ticker if ticker is not None else PlayoutTicker(FRAME_SECONDS)
         if self.ticker.period_s != FRAME_SECONDS:
             raise ValueError(f"RTP is paced by a {FRAME_MS} ms ticker")
         self._sessions: dict[RtpSession, None] = {}
+        self._start: float | None = None
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -156,12 +163,20 @@ class RtpPacer:
         self._sessions.pop(session, None)
         if not self._sessions:
             self.ticker.remove(self._tick)
+            # The ticker starts a new grid when it is next needed.
+            self._start = None
 
     def _tick(self) -> None:
+        now = asyncio.get_running_loop().time()
+        if self._start is None:
+            self._start = now
+        # The slack: uvloop's clock counts whole milliseconds.
+        ticks = math.floor((now - self._start + _CLOCK_SLACK) / FRAME_SECONDS)
+        tick_at = self._start + ticks * FRAME_SECONDS
         # A copy: a session may end while the tick runs.
         sessions = list(self._sessions)
         for session in sessions:
-            session._send_due()
+            session._send_due(tick_at)
         for session in sessions:
             session._pass_input()
 
@@ -349,34 +364,31 @@ class RtpSession:
 
     # ------------------------------------------------------------------ ticks
 
-    def _send_due(self) -> None:
-        """Send the frames due by the next tick (the pacer's first pass)."""
+    def _send_due(self, tick_at: float) -> None:
+        """Send the frames due by ``tick_at``, the grid time of this tick (the pacer's first
+        pass)."""
         now = self._loop.time()
         if self._grid_start is None:
-            self._grid_start = now
-        else:
-            # Ticks come on the ticker's grid plus however late the loop ran them, the first
-            # one too: the earliest tick seen marks the grid. A grid anchored on a late first
-            # tick would put the frames due halfway between ticks, sent now on one tick, now
-            # on the next.
-            ticks = round((now - self._grid_start) / FRAME_SECONDS)
-            self._grid_start = min(self._grid_start, now - ticks * FRAME_SECONDS)
+            self._grid_start = tick_at
         # uvloop's clock is the monotonic one read once per loop turn, in whole milliseconds:
         # the time this packet really leaves is read afresh, or a turn's last call would look
         # as punctual as its first.
         sent_at = time.monotonic()
         lateness = sent_at - (self._grid_start + self._ticks * FRAME_SECONDS)
         if lateness > MAX_LAG:
-            self._grid_start = now - self._ticks * FRAME_SECONDS
+            self._grid_start = tick_at - self._ticks * FRAME_SECONDS
             self._late_restarts += 1
             self._late_frames += 1
             # The frames the stall skipped are a gap on the sampling clock, not a slower one.
             self._sender.advance(int(lateness / FRAME_SECONDS) * FRAME_SAMPLES)
         self._lateness.append(lateness)
         try:
-            while (due := self._grid_start + self._ticks * FRAME_SECONDS) - now < _DUE_WITHIN:
+            # Due times and tick_at lie on one grid: half a frame tells them apart.
+            due = self._grid_start + self._ticks * FRAME_SECONDS
+            while due - tick_at < FRAME_SECONDS / 2:
                 if sent_at - due >= FRAME_SECONDS:
                     self._late_frames += 1
+                due += FRAME_SECONDS
                 self._ticks += 1
                 self._input_due += 1
                 self._send_frame()
