@@ -425,3 +425,33 @@ async def test_calls_on_one_pacer_share_its_ticker_and_leave_it_when_closed(
         for media in calls:
             await media.close()
     assert len(pacer) == 0 and len(ticker) == 0
+
+
+async def test_mutated_rtp_and_rtcp_are_counted_and_never_raise(
+    phones: Callable[[], asyncio.Future[Phone]], media: RtpSession
+) -> None:
+    phone, caller = await started(phones, media)
+    event = TelephoneEvent(5, False, 10, 160).pack()
+    report = rtcp.ReceiverReport(ssrc=0x5EED, blocks=())
+    seeds = [
+        RtpPacket(0, 1, 160, 0x5EED, ULAW_SILENCE).pack(),
+        RtpPacket(101, 2, 320, 0x5EED, event).pack(),
+        rtcp.pack_compound(report, rtcp.SourceDescription(((0x5EED, "phone"),))),
+    ]
+    rng = random.Random(4733)
+    for _ in range(20000):
+        data = bytearray(rng.choice(seeds))
+        for _ in range(rng.randint(1, 4)):
+            if rng.random() < 0.6 and data:
+                data[rng.randrange(len(data))] = rng.randrange(256)
+            else:
+                del data[rng.randrange(len(data) + 1) :]
+        # What the socket hands the session, as the protocol does: an exception here would
+        # be the loop's, and end the call's media.
+        media._receive(bytes(data), (HOST, phone.port))
+    stats = media.stats
+    assert stats.ignored > 0 and stats.packets_received > 0
+    # The session still sends and still hears the phone.
+    count, samples = len(phone.rtp), caller.samples
+    await talk(phone, media, tone(8000, 0.2), start_ts=10**6)
+    await until(lambda: len(phone.rtp) >= count + 5 and caller.samples > samples)
