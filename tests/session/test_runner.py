@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from base64 import b64encode
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -12,7 +13,8 @@ import numpy as np
 import numpy.typing as npt
 
 from hark.config import Settings
-from hark.engines.asr import RecognitionRequest, TimedTranscript
+from hark.engines.asr import RecognitionRequest, TimedTranscript, Urgency
+from hark.engines.asr.scheduler import AsrScheduler
 from hark.engines.fake import FakeAsr, FakeLlm
 from hark.engines.llm import ChatMessage, GenerationRequest, LlmEvent
 from hark.engines.registry import build_engines
@@ -332,3 +334,66 @@ async def test_recognition_steps_run_in_the_engine_and_their_words_come_back() -
     assert events[-1]["transcript"] == "one two three"
     assert asr.cancelled == 0
     await runner.close()
+
+
+class ScheduledAsr(FakeAsr):
+    """Recognition through a real ``AsrScheduler`` whose model waits at ``gate``, noting the
+    requests the model was handed."""
+
+    def __init__(self) -> None:
+        super().__init__("one two three")
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+        self.decoded: list[RecognitionRequest] = []
+        self.asked = asyncio.Event()
+        self.scheduler: AsrScheduler[RecognitionRequest, None] = AsrScheduler(self._batch)
+
+    def _batch(self, requests: list[RecognitionRequest]) -> list[None]:
+        self.entered.set()
+        self.gate.wait()
+        self.decoded.extend(requests)
+        return [None] * len(requests)
+
+    async def recognise(self, request: RecognitionRequest) -> TimedTranscript:
+        # Set before queueing, which ``run`` does before it first yields.
+        self.asked.set()
+        await self.scheduler.run(request, request.urgency)
+        return await super().recognise(request)
+
+
+async def test_a_cleared_turn_frees_its_place_in_the_asr_scheduler() -> None:
+    engines = build_engines(Settings(engines="fake"))
+    asr = engines.asr = ScheduledAsr()
+    runner = SessionRunner(engines, model="m")
+    await runner.start()
+    # Another session's answer holds the model, so this session's step waits its turn.
+    other = RecognitionRequest(audio=np.zeros(16000, np.float32), urgency=Urgency.ANSWER)
+    holding = asyncio.create_task(asr.scheduler.run(other, Urgency.ANSWER))
+    await asyncio.wait_for(asyncio.to_thread(asr.entered.wait), 5)
+    _manual_turn(runner, 1.0)
+    await asyncio.wait_for(asr.asked.wait(), 5)
+    assert asr.scheduler.waiting == 1
+
+    runner.receive_text(json.dumps({"type": "input_audio_buffer.clear"}))
+    await asyncio.wait_for(runner.recognition_idle(), 5)
+    assert asr.scheduler.waiting == 0
+    asr.gate.set()
+    await asyncio.wait_for(holding, 5)
+    assert asr.decoded == [other]
+
+    # The scheduler is free for the next turn, whose words come back.
+    _manual_turn(runner, 1.0)
+    runner.receive_text(json.dumps({"type": "input_audio_buffer.commit"}))
+    events: list[dict[str, Any]] = []
+
+    async def until_completed() -> None:
+        async for text in runner.outgoing():
+            events.append(json.loads(text))
+            if events[-1]["type"].endswith("input_audio_transcription.completed"):
+                return
+
+    await asyncio.wait_for(until_completed(), 10)
+    assert events[-1]["transcript"] == "one two three"
+    assert len(asr.decoded) > 1
+    await runner.close()
+    asr.scheduler.close()
