@@ -75,9 +75,9 @@ class _Stream:
     stepped_ms: float
     steps: int = 0
     caption: str | None = None
-    # The pause being recognised (a speculative step), until the speaker goes on.
+    # The pause being recognised (a speculative step, ``pause.asr_request``), until the
+    # speaker goes on.
     pause: Pause | None = None
-    pause_request: str | None = None
     # The pause step's words not yet committed, once its result is in.
     pause_rest: list[TimedWord] | None = None
     # Once the turn is an item: the item's audio part, waiting for its last words.
@@ -203,17 +203,17 @@ class Recognition:
             return
         stream.pause = pause
         stream.pause_rest = None
-        request_id = self._step(stream, "pause", end_ms, peek, rate, Urgency.SPECULATION, pause)
-        stream.pause_request = pause.asr_request = request_id
+        pause.asr_request = self._step(
+            stream, "pause", end_ms, peek, rate, Urgency.SPECULATION, pause
+        )
 
     def forget(self, pause: Pause) -> None:
         """The pause is over without a turn (the speaker went on): its step is cancelled."""
         stream = self._live
         if stream is None or stream.pause is not pause:
             return
-        if stream.pause_request in self._steps:
-            self._cancel(stream, stream.pause_request)
-        stream.pause = stream.pause_request = stream.pause_rest = None
+        self._cancel_pause_step(stream)
+        stream.pause = stream.pause_rest = None
 
     def _step(
         self,
@@ -258,6 +258,12 @@ class Recognition:
         stream.requests.add(request_id)
         return request_id
 
+    def _cancel_pause_step(self, stream: _Stream) -> None:
+        request_id = stream.pause.asr_request if stream.pause is not None else None
+        if request_id in self._steps:
+            assert request_id is not None
+            self._cancel(stream, request_id)
+
     def _cancel(self, stream: _Stream, request_id: str) -> None:
         self._steps.pop(request_id, None)
         stream.requests.discard(request_id)
@@ -297,12 +303,11 @@ class Recognition:
             # Recognised while the end of the turn was waited out: the words are known already.
             stream.policy.accept(stream.pause_rest)
             self._finish(stream)
-        elif pause is not None and pause is stream.pause and stream.pause_request in self._steps:
+        elif pause is not None and pause is stream.pause and pause.asr_request in self._steps:
             # The pause step is under way: its result completes this item's transcript.
             pass
         else:
-            if stream.pause_request in self._steps:
-                self._cancel(stream, stream.pause_request)
+            self._cancel_pause_step(stream)
             self._final_step(stream)
 
     def _final_step(self, stream: _Stream) -> None:
@@ -395,7 +400,6 @@ class Recognition:
             part,
             text_of(words),
             stream.seconds,
-            False,
             _logprobs(words, first=True) if self._logprobs() else None,
         )
 
@@ -423,7 +427,7 @@ class Recognition:
         target = self._requests.pop(request_id, None)
         pending = self._pending_part(target) if target is not None else None
         if pending is not None:
-            self._transcribed(*pending, transcript, audio_seconds, False)
+            self._transcribed(*pending, transcript, audio_seconds)
 
     def _transcribed(
         self,
@@ -431,16 +435,11 @@ class Recognition:
         part: Part,
         transcript: str,
         seconds: float,
-        send_delta: bool,
         logprobs: list[se.LogProb] | None = None,
     ) -> None:
         part.heard = transcript
         if self._transcription() is not None:
             part.transcript = transcript
-            if send_delta:
-                self._outbox.emit(
-                    se.InputTranscriptionDelta(item_id=entry.id, content_index=0, delta=transcript)
-                )
             self._outbox.emit(
                 se.InputTranscriptionCompleted(
                     item_id=entry.id,
