@@ -648,7 +648,10 @@ async def test_thousands_of_mutated_messages_never_break_the_server(
                 harness.uas._on_message(_mutate(rng, seeds[i % len(seeds)]), nowhere)
                 if i % 200 == 0:
                     await asyncio.sleep(0)
-        assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+        # The stack's own records only: the garbage collector may log for an earlier test's
+        # event loop meanwhile.
+        errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+        assert [r for r in errors if r.name.startswith("hark.transports.sip")] == []
         # Still answering.
         peer.send(Dialog(peer).request("OPTIONS"))
         while (await peer.receive()).cseq.method != "OPTIONS":
