@@ -21,14 +21,15 @@ pytestmark = pytest.mark.slow
 
 TRANSCRIPTION = {"intent": "transcription"}
 LONG = "Could you tell me what the capital of France is, and how many people live there?"
-SHORT = "Set a timer for ten minutes."
 COMPLETED = "conversation.item.input_audio_transcription.completed"
+LOGPROBS = "item.input_audio_transcription.logprobs"
 
 
-def transcription_update(turn_detection: dict[str, Any] | None) -> Any:
+def transcription_update(turn_detection: dict[str, Any] | None, include: list[str]) -> Any:
     """A transcription session's ``session.update`` body, as the SDK types it."""
     return {
         "type": "transcription",
+        "include": include,
         "audio": {
             "input": {
                 "format": {"type": "audio/pcm", "rate": 24000},
@@ -65,7 +66,9 @@ async def test_server_vad_transcription_session(server: Server) -> None:
         assert isinstance(created.session, RealtimeTranscriptionSessionCreateRequest)
         assert created.session.type == "transcription"
         await conn.session.update(
-            session=transcription_update({"type": "server_vad", "silence_duration_ms": 500})
+            session=transcription_update(
+                {"type": "server_vad", "silence_duration_ms": 500}, [LOGPROBS]
+            )
         )
         updated = await next_event(conn)
         assert updated.type == "session.updated"
@@ -73,6 +76,7 @@ async def test_server_vad_transcription_session(server: Server) -> None:
         assert updated.session.audio is not None and updated.session.audio.input is not None
         transcription = updated.session.audio.input.transcription
         assert transcription is not None and transcription.model == "gpt-4o-transcribe"
+        assert updated.session.include == [LOGPROBS]
         # The sentence, then a second of silence to end the turn, at the pace of real time.
         await stream_realtime(
             conn.input_audio_buffer.append, np.concatenate((pcm, np.zeros(24000, np.int16)))
@@ -86,13 +90,20 @@ async def test_server_vad_transcription_session(server: Server) -> None:
     )
     item_id = check_transcript(events, {"capital", "france", "people", "live"})
     assert events[types.index("input_audio_buffer.committed")].item_id == item_id
+    # ``include`` adds a log probability per token, the tokens spelling the transcript.
+    completed = events[types.index(COMPLETED)]
+    assert completed.logprobs
+    assert "".join(p.token for p in completed.logprobs) == completed.transcript
+    assert all(p.logprob <= 0 for p in completed.logprobs)
+    for delta in (e for e in events if e.type.endswith("transcription.delta")):
+        assert delta.logprobs and "".join(p.token for p in delta.logprobs) == delta.delta
 
 
 async def test_manual_commit_transcription_session(server: Server) -> None:
-    pcm = await speech(SHORT)
+    pcm = await speech(LONG)
     async with server.client().realtime.connect(extra_query=TRANSCRIPTION) as conn:
         assert (await next_event(conn)).type == "session.created"
-        await conn.session.update(session=transcription_update(None))
+        await conn.session.update(session=transcription_update(None, []))
         updated = await next_event(conn)
         assert updated.type == "session.updated"
         assert updated.session.audio.input.turn_detection is None
@@ -108,7 +119,11 @@ async def test_manual_commit_transcription_session(server: Server) -> None:
     types = [e.type for e in events]
     assert "input_audio_buffer.speech_started" not in types
     committed = events[types.index("input_audio_buffer.committed")]
-    assert check_transcript(events, {"set", "timer", "minutes"}) == committed.item_id
+    assert check_transcript(events, {"capital", "france", "people", "live"}) == committed.item_id
+    # Without turn detection the captions still stream while the audio arrives.
+    assert types.index("conversation.item.input_audio_transcription.delta") < types.index(
+        "input_audio_buffer.committed"
+    )
 
 
 async def test_intents_and_transcription_client_secrets(server: Server) -> None:
