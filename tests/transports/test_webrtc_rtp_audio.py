@@ -8,15 +8,22 @@ call whose path could not take over would not connect, or its counts would stay 
 from __future__ import annotations
 
 import asyncio
+import os
+import struct
 import threading
 from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
 
 import aiohttp
 import numpy as np
+import pylibsrtp
 
 from hark.bench.webrtc import CallClient
+from hark.transports.playout import MAX_LAG_SECONDS
 from hark.transports.webrtc.call import Call
-from hark.transports.webrtc.rtp_audio import AudioReceiver, is_rtp, mid_extension
+from hark.transports.webrtc.playout import FRAME_SAMPLES, PLAYOUT_RATE, PlayoutTrack
+from hark.transports.webrtc.rtp_audio import AudioReceiver, AudioSender, is_rtp, mid_extension
 
 from .conftest import API_KEY, RtcServer, collect, until
 
@@ -137,3 +144,44 @@ def test_the_receiver_passes_everything_else_to_aioice() -> None:
     for datagram in (stun, dtls, srtcp):
         receiver.datagram_received(datagram, ("127.0.0.1", 1))
     assert got == [stun, dtls, srtcp]
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_stall_moves_the_rtp_timestamp_on_with_the_clock() -> None:
+    # After a stall the playout restarts its schedule from now; the RTP timestamp must jump
+    # by the time skipped, or the receiver's jitter buffer holds every later packet that
+    # much longer (the stall's delay would stay in the call to its end).
+    key = os.urandom(30)
+    tx = pylibsrtp.Session(pylibsrtp.Policy(key=key, ssrc_type=pylibsrtp.Policy.SSRC_ANY_OUTBOUND))
+    rx = pylibsrtp.Session(pylibsrtp.Policy(key=key, ssrc_type=pylibsrtp.Policy.SSRC_ANY_INBOUND))
+    sent: list[tuple[float, int]] = []
+    clock = _Clock()
+
+    def sendto(datagram: bytes, addr: Any) -> None:
+        sent.append((clock.now, struct.unpack_from("!I", rx.unprotect(datagram), 4)[0]))
+
+    pair = SimpleNamespace(protocol=SimpleNamespace(transport=SimpleNamespace(sendto=sendto)))
+    pair.remote_addr = ("127.0.0.1", 9)
+    ice: Any = SimpleNamespace(_nominated={1: pair})
+    rtp_sender: Any = SimpleNamespace(_ssrc=1234)
+    track = PlayoutTrack(clock=clock)
+    sender = AudioSender(track, tx, ice, rtp_sender, 111, b"")
+    for _ in range(10):
+        sender.tick()
+        clock.now += 0.02
+    clock.now += MAX_LAG_SECONDS + 0.4
+    for _ in range(10):
+        sender.tick()
+        clock.now += 0.02
+    assert track.playout.late_restarts == 1
+    assert len(sent) == 20
+    (t0, ts0), (t1, ts1) = sent[0], sent[-1]
+    # The timestamps keep pace with the clock, within the one frame the restart rounds off.
+    assert abs((ts1 - ts0) % 2**32 - (t1 - t0) * PLAYOUT_RATE) < FRAME_SAMPLES

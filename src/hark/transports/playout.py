@@ -129,6 +129,9 @@ class Playout:
         self._start: float | None = None
         self.frames_sent = 0
         self.late_restarts = 0
+        # Frames of the schedule that restarts passed over: an adapter adds them to its media
+        # clock (an RTP timestamp), so that a stall is a gap there too, not a lasting delay.
+        self.frames_skipped = 0
 
     def attach(self, listener: PlayoutListener) -> None:
         """Report playout progress to ``listener`` from now on."""
@@ -189,7 +192,8 @@ class Playout:
         """Seconds until the next frame is due (zero or less: now).
 
         The first call starts the schedule with a frame due at once. Behind it by more than
-        ``MAX_LAG_SECONDS``, the schedule restarts from now (``late_restarts`` counts it).
+        ``MAX_LAG_SECONDS``, the schedule restarts from now (``late_restarts`` counts it, and
+        ``frames_skipped`` the whole frames it was behind).
         """
         now = self._clock()
         if self._start is None:
@@ -198,6 +202,7 @@ class Playout:
         if delay < -MAX_LAG_SECONDS:
             self._start = now - self.frames_sent * self.frame_seconds
             self.late_restarts += 1
+            self.frames_skipped += int(-delay / self.frame_seconds)
             return 0.0
         return delay
 

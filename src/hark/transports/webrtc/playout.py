@@ -104,7 +104,7 @@ class PlayoutTrack(MediaStreamTrack):
         delay = playout.due_in()
         if delay > 0:
             await asyncio.sleep(delay)
-        pts = playout.frames_sent * FRAME_SAMPLES
+        pts = (playout.frames_sent + playout.frames_skipped) * FRAME_SAMPLES
         packet = Packet(self.next_payload())
         packet.pts = pts
         packet.time_base = _TIME_BASE

@@ -158,7 +158,9 @@ class AudioSender:
         """Send every frame that is due by the next tick."""
         playout = self.track.playout
         while playout.due_in() < _DUE_WITHIN_S:
-            timestamp = (self._timestamp_origin + playout.frames_sent * FRAME_SAMPLES) & 0xFFFFFFFF
+            # Frames a stall skipped count: the timestamp is the frame's time on the clock.
+            frames = playout.frames_sent + playout.frames_skipped
+            timestamp = (self._timestamp_origin + frames * FRAME_SAMPLES) & 0xFFFFFFFF
             self._send(timestamp, self.track.next_payload())
 
     def _send(self, timestamp: int, payload: bytes) -> None:
