@@ -13,22 +13,16 @@ import numpy as np
 import pytest
 
 from hark.bench.captions import (
-    SENTENCE_GAP_S,
     CaptionsBenchConfig,
     CaptionsReport,
     CaptionTurn,
-    Delta,
     LengthCpu,
     ReplyTurn,
-    align,
-    caption_lags,
-    first_voiced_sample,
     format_summary,
-    monologues,
-    word_arrivals,
-    words,
 )
+from hark.bench.monologues import SENTENCE_GAP_S, first_voiced_sample, monologues
 from hark.bench.spoken_questions import RATE, cache_path, last_voiced_sample, write_question
+from hark.bench.word_alignment import Delta, align, caption_lags, word_arrivals, words
 from tests.speech import spoken
 
 # --- words, alignment, word error rate ------------------------------------------------------

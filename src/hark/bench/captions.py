@@ -44,21 +44,16 @@ import json
 import logging
 import os
 import random
-import re
-import socket
-import subprocess
 import sys
 import time
-import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-import numpy as np
-import numpy.typing as npt
-
 from hark import __version__
+from hark.bench.local_server import local_server
+from hark.bench.monologues import MONOLOGUE, SENTENCE_GAP_S, Monologue, monologues
 from hark.bench.report import (
     DEFAULT_API_KEY,
     BenchError,
@@ -72,46 +67,16 @@ from hark.bench.report import (
     publish,
     rounded,
 )
-from hark.bench.spoken_questions import (
-    RATE,
-    SpokenQuestion,
-    cache_path,
-    default_cache_dir,
-    last_voiced_sample,
-    spoken_questions,
-)
+from hark.bench.spoken_questions import RATE
+from hark.bench.word_alignment import Delta, align, caption_lags, words
 
 if TYPE_CHECKING:
     from openai.resources.realtime.realtime import AsyncRealtimeConnection
 
 _LOG = logging.getLogger(__name__)
 
-# Plain words a recogniser can spell one way: no numbers, names or abbreviations.
-MONOLOGUE: tuple[str, ...] = (
-    "I went for a long walk by the river this morning.",
-    "The water was calm and the air was still cold.",
-    "A few people were out with their dogs near the old bridge.",
-    "I stopped for a while to watch the birds on the other bank.",
-    "Then I walked up the hill towards the little market.",
-    "The baker had just opened his shop and the bread smelled wonderful.",
-    "I bought a warm loaf and a jar of honey for breakfast.",
-    "On the way back the sun came out from behind the clouds.",
-    "Everything looked brighter and the path was full of light.",
-    "I met my neighbour at the gate and we talked about the garden.",
-    "She has planted beans and tomatoes along the south wall this year.",
-    "We both hope that the summer will be warm enough for them.",
-    "After that I made a pot of tea and sat down by the window.",
-    "I like to read the news slowly before the day gets busy.",
-    "Later I have to answer some letters and clean the kitchen.",
-    "In the evening my brother is coming over for dinner.",
-    "We will probably cook something simple and talk for hours.",
-    "It feels good to have a quiet day after such a busy week.",
-)
-SENTENCE_GAP_S = 0.3
 CHUNK_S = 0.02
 TRANSCRIPTION_MODEL = "whisper-1"
-# Bump when the word timing changes, so that old cache entries are not used.
-_TIMES_VERSION = "1"
 # Speakers start this far apart at most (randomly), so that they do not speak in lockstep.
 _START_SPREAD_S = 0.5
 _QUANTILES = (50, 95)
@@ -123,240 +88,6 @@ _SETTLE_S = 2.0
 
 class TurnTimeoutError(BenchError):
     """A turn's transcript or reply never came."""
-
-
-# ---------------------------------------------------------------------------- words and WER
-
-
-def words(text: str) -> list[str]:
-    """``text`` as words to compare: lower case, without punctuation (apostrophes kept)."""
-    return re.findall(r"[a-z0-9']+", text.lower().replace("’", "'"))
-
-
-@dataclass(frozen=True)
-class Alignment:
-    """How a hypothesis lines up with a reference (a minimum edit-distance alignment).
-
-    ``matches`` pairs the index of each reference word with the index of the hypothesis
-    word that is the same word, in order.
-    """
-
-    reference_words: int
-    matches: tuple[tuple[int, int], ...]
-    substitutions: int
-    deletions: int
-    insertions: int
-
-    @property
-    def errors(self) -> int:
-        """Substituted, deleted and inserted words."""
-        return self.substitutions + self.deletions + self.insertions
-
-    @property
-    def wer(self) -> float:
-        """The word error rate (0 for an empty reference heard as nothing)."""
-        if self.reference_words == 0:
-            return 0.0 if self.insertions == 0 else 1.0
-        return self.errors / self.reference_words
-
-
-def align(reference: Sequence[str], hypothesis: Sequence[str]) -> Alignment:
-    """The alignment of ``hypothesis`` to ``reference`` with the fewest edits."""
-    rows, cols = len(reference) + 1, len(hypothesis) + 1
-    cost = np.zeros((rows, cols), np.int32)
-    cost[:, 0] = np.arange(rows)
-    cost[0, :] = np.arange(cols)
-    for i in range(1, rows):
-        for j in range(1, cols):
-            same = reference[i - 1] == hypothesis[j - 1]
-            cost[i, j] = min(
-                cost[i - 1, j - 1] + (0 if same else 1), cost[i - 1, j] + 1, cost[i, j - 1] + 1
-            )
-    matches: list[tuple[int, int]] = []
-    substitutions = deletions = insertions = 0
-    i, j = rows - 1, cols - 1
-    while i or j:
-        if i and j and cost[i, j] == cost[i - 1, j - 1] + (reference[i - 1] != hypothesis[j - 1]):
-            if reference[i - 1] == hypothesis[j - 1]:
-                matches.append((i - 1, j - 1))
-            else:
-                substitutions += 1
-            i, j = i - 1, j - 1
-        elif i and cost[i, j] == cost[i - 1, j] + 1:
-            deletions += 1
-            i -= 1
-        else:
-            insertions += 1
-            j -= 1
-    return Alignment(len(reference), tuple(reversed(matches)), substitutions, deletions, insertions)
-
-
-@dataclass(frozen=True)
-class Delta:
-    """A piece of caption text and when it arrived (seconds, the client's clock)."""
-
-    at: float
-    text: str
-
-
-def word_arrivals(deltas: Sequence[Delta]) -> tuple[list[str], list[float]]:
-    """The words of the deltas joined in order, each with when its last character arrived."""
-    text = ""
-    ends: list[float] = []
-    for delta in deltas:
-        text += delta.text
-        ends.extend([delta.at] * len(delta.text))
-    found: list[str] = []
-    arrived: list[float] = []
-    lowered = text.lower().replace("’", "'")
-    for match in re.finditer(r"[a-z0-9']+", lowered):
-        found.append(match.group())
-        arrived.append(ends[match.end() - 1])
-    return found, arrived
-
-
-def caption_lags(
-    reference: Sequence[str], spoken_at: Sequence[float | None], deltas: Sequence[Delta]
-) -> list[float | None]:
-    """For each reference word, how long after ``spoken_at`` (when its last sample was
-    sent) the delta completing it arrived; ``None`` for a word the captions did not get
-    right or whose time is unknown."""
-    if len(spoken_at) != len(reference):
-        raise ValueError(f"{len(spoken_at)} times for {len(reference)} words")
-    heard, arrived = word_arrivals(deltas)
-    lags: list[float | None] = [None] * len(reference)
-    for ref, hyp in align(reference, heard).matches:
-        said = spoken_at[ref]
-        if said is not None:
-            lags[ref] = arrived[hyp] - said
-    return lags
-
-
-# ---------------------------------------------------------------------------- monologues
-
-
-@dataclass(frozen=True)
-class Monologue:
-    """Sentences said one after another as 24 kHz int16 speech.
-
-    ``word_ends``: for each word of ``words(text)``, where its last sample is in ``pcm``
-    (seconds), or ``None`` when the timing could not place it.
-    """
-
-    text: str
-    pcm: npt.NDArray[np.int16]
-    word_ends: tuple[float | None, ...]
-    last_voiced: int
-
-    @property
-    def duration_s(self) -> float:
-        """How long it takes to say."""
-        return len(self.pcm) / RATE
-
-
-@dataclass(frozen=True)
-class _Sentence:
-    text: str
-    pcm: npt.NDArray[np.int16]
-    word_ends: tuple[float | None, ...]
-
-
-def first_voiced_sample(pcm: npt.NDArray[np.int16], rate: int) -> int:
-    """The index of the first sample of the first voiced 10 ms frame (see
-    ``last_voiced_sample``); ``len(pcm)`` if silent."""
-    last_from_end = last_voiced_sample(pcm[::-1], rate)
-    if last_from_end < 0:
-        return len(pcm)
-    return len(pcm) - 1 - last_from_end
-
-
-async def monologues(
-    lengths_s: Sequence[float],
-    sentences: Sequence[str] = MONOLOGUE,
-    cache_dir: Path | None = None,
-) -> dict[float, Monologue]:
-    """A monologue per length: the first ``sentences`` (cycling if need be) that last at
-    least that long, each trimmed to its voice and followed by ``SENTENCE_GAP_S`` of
-    silence."""
-    if not sentences:
-        raise BenchError("no sentences to say")
-    spoken = await spoken_questions(sentences, cache_dir=cache_dir)
-    timed = await _timed(spoken, cache_dir)
-    result: dict[float, Monologue] = {}
-    gap = np.zeros(round(SENTENCE_GAP_S * RATE), np.int16)
-    for length in lengths_s:
-        parts: list[npt.NDArray[np.int16]] = []
-        ends: list[float | None] = []
-        texts: list[str] = []
-        samples = 0
-        index = 0
-        while samples < length * RATE or not parts:
-            sentence = timed[index % len(timed)]
-            index += 1
-            offset = samples / RATE
-            ends.extend(None if end is None else offset + end for end in sentence.word_ends)
-            texts.append(sentence.text)
-            parts.extend((sentence.pcm, gap))
-            samples += len(sentence.pcm) + len(gap)
-        pcm = np.concatenate(parts)
-        result[length] = Monologue(
-            " ".join(texts), pcm, tuple(ends), last_voiced_sample(pcm[: -len(gap)], RATE)
-        )
-    return result
-
-
-async def _timed(spoken: Sequence[SpokenQuestion], cache_dir: Path | None) -> list[_Sentence]:
-    """Each spoken sentence trimmed to its voice, with its words' end times (cached)."""
-    directory = cache_dir if cache_dir is not None else default_cache_dir()
-    recogniser: Any = None
-    timed = []
-    for sentence in spoken:
-        start = first_voiced_sample(sentence.pcm, RATE)
-        pcm = sentence.pcm[start : sentence.last_voiced + 1]
-        path = cache_path(directory, sentence.text).with_suffix(f".words{_TIMES_VERSION}.json")
-        ends = _read_times(path, sentence.text)
-        if ends is None:
-            if recogniser is None:
-                from hark.engines.asr.whisper import WhisperAsr
-
-                recogniser = WhisperAsr()
-            ends = await _word_ends(recogniser, pcm, sentence.text)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps({"text": sentence.text, "word_ends": ends}))
-        timed.append(_Sentence(sentence.text, pcm, tuple(ends)))
-    return timed
-
-
-def _read_times(path: Path, text: str) -> list[float | None] | None:
-    try:
-        stored = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(stored, dict) or stored.get("text") != text:
-        return None
-    ends = stored.get("word_ends")
-    if not isinstance(ends, list) or len(ends) != len(words(text)):
-        return None
-    return [float(end) if isinstance(end, int | float) else None for end in ends]
-
-
-async def _word_ends(recogniser: Any, pcm: npt.NDArray[np.int16], text: str) -> list[float | None]:
-    """Where each word of ``text`` ends in ``pcm``: Whisper's word times, aligned to it."""
-    from hark.audio.resample import resample
-
-    audio = resample(pcm, RATE, recogniser.sample_rate).astype(np.float32) / 32768.0
-    heard = await recogniser.transcribe_timed(audio, words=True)
-    reference = words(text)
-    hypothesis: list[str] = []
-    ends: list[float] = []
-    for word in heard.words:
-        for piece in words(word.word):
-            hypothesis.append(piece)
-            ends.append(float(word.end))
-    result: list[float | None] = [None] * len(reference)
-    for ref, hyp in align(reference, hypothesis).matches:
-        result[ref] = round(ends[hyp], 3)
-    return result
 
 
 # ---------------------------------------------------------------------------- the run
@@ -937,63 +668,6 @@ def _all_in(transcripts: dict[str, str | None]) -> bool:
 
 def _ms(seconds: float) -> float:
     return round(seconds * 1000, 1)
-
-
-# ---------------------------------------------------------------------------- a server of its own
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@contextlib.contextmanager
-def local_server(engines: str | None, ready_s: float = 300) -> Iterator[tuple[str, int]]:
-    """``hark serve`` on a free loopback port: ``(its WebSocket root, its pid)`` once it is
-    ready; stopped on leaving. Its log goes to stderr."""
-    port = _free_port()
-    command = [
-        sys.executable,
-        "-m",
-        "hark.cli",
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--rtc-port",
-        "0",
-        # The bench makes no phone calls: no SIP service, and no SIP port to contend for.
-        "--no-sip",
-    ]
-    if engines is not None:
-        command += ["--engines", engines]
-    process = subprocess.Popen(command, stdout=sys.stderr)
-    try:
-        deadline = time.monotonic() + ready_s
-        while not _ready(port):
-            if process.poll() is not None:
-                raise BenchError(f"hark serve exited with status {process.returncode}")
-            if time.monotonic() > deadline:
-                raise BenchError(f"hark serve was not ready within {ready_s:g} s")
-            time.sleep(0.2)
-        yield f"ws://127.0.0.1:{port}", process.pid
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def _ready(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
 
 
 # ---------------------------------------------------------------------------- the command
