@@ -62,6 +62,7 @@ from hark.bench.report import (
     add_json_option,
     api_key,
     cpu_seconds,
+    load_average,
     percentile,
     percentiles,
     publish,
@@ -309,7 +310,7 @@ async def run_captions_bench(
     if config.speakers < 1 or config.repeat < 1 or not config.lengths_s:
         raise BenchError("--speakers and --repeat must be at least 1, --seconds not empty")
     said = await monologues(config.lengths_s, config.sentences, config.cache_dir)
-    load_before = _load_average()
+    load_before = load_average()
     started_at, started = time.time(), time.perf_counter()
     captions: list[CaptionTurn] = []
     replies: list[ReplyTurn] = []
@@ -355,7 +356,7 @@ async def run_captions_bench(
         host={
             "cpus": os.cpu_count(),
             "load_1m_before": load_before,
-            "load_1m_after": _load_average(),
+            "load_1m_after": load_average(),
         },
     )
 
@@ -394,13 +395,6 @@ async def _idle_cores(pid: int | None, seconds: float) -> float | None:
         await asyncio.sleep(1.0)
         rates.append((cpu_seconds(pid) - before) / (time.perf_counter() - started))
     return percentile(rates, 50)
-
-
-def _load_average() -> float | None:
-    try:
-        return round(os.getloadavg()[0], 2)
-    except OSError:
-        return None
 
 
 # ---------------------------------------------------------------------------- one speaker

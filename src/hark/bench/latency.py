@@ -47,6 +47,7 @@ from hark.bench.report import (
     add_api_key_option,
     add_json_option,
     api_key,
+    load_average,
     percentile,
     publish,
 )
@@ -369,7 +370,7 @@ async def run_latency_bench(
     # Client k asks questions k, k+1, …: only those are needed.
     needed = min(len(QUESTIONS), config.turns + config.concurrency - 1)
     questions = await spoken_questions(QUESTIONS[:needed], cache_dir=config.cache_dir)
-    load_before = _load_average()
+    load_before = load_average()
     started_at, started = time.time(), time.perf_counter()
     results = await asyncio.gather(
         *(_Client(index, config, questions, progress).run() for index in range(config.concurrency))
@@ -384,16 +385,9 @@ async def run_latency_bench(
         host={
             "cpus": os.cpu_count(),
             "load_1m_before": load_before,
-            "load_1m_after": _load_average(),
+            "load_1m_after": load_average(),
         },
     )
-
-
-def _load_average() -> float | None:
-    try:
-        return round(os.getloadavg()[0], 2)
-    except OSError:
-        return None
 
 
 class _Utterance:

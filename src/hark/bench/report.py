@@ -76,6 +76,15 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def load_average() -> float | None:
+    """This machine's one-minute load average, for a report to say how busy it was; None
+    where the system does not tell."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
 # ---------------------------------------------------------------------------- the server's URLs
 
 
