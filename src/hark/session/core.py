@@ -409,7 +409,7 @@ class Session:
             return
         paused = self._recognition.recognised(request_id, transcript)
         if paused is not None:
-            self._turns.pause_transcribed(*paused, now)
+            self._turns.pause_recognised(*paused, now)
         self._turns.recognise_turn()
 
     def on_transcription_failed(self, request_id: str, message: str, *, now: float) -> None:

@@ -190,7 +190,7 @@ class TurnTaking:
             and pause.asr_request is None
             and end - pause.start_ms >= min(policy.speculate_after_ms, detector.silence_ms)
         ):
-            self._transcribe_pause(pause)
+            self._recognise_pause(pause)
         if not detector.speaking:
             self._buffer.trim_before(end - detector.prefix_padding_ms - 100)
             if self._idle_deadline_ms is not None and end >= self._idle_deadline_ms:
@@ -279,12 +279,12 @@ class TurnTaking:
         if pause is not None:
             self._recognition.forget(pause)
 
-    def _transcribe_pause(self, pause: Pause) -> None:
+    def _recognise_pause(self, pause: Pause) -> None:
         """Recognise the turn so far while the pause is waited out: up to where the VAD has
         heard, since a word's last sounds are often quieter than its threshold."""
         self._recognition.recognise_pause(pause, self._vad_now_ms, self._buffer.peek, self.rate)
 
-    def pause_transcribed(self, pause: Pause, transcript: str, now: float) -> None:
+    def pause_recognised(self, pause: Pause, transcript: str, now: float) -> None:
         """Recognition heard ``transcript`` in ``pause`` (at wall time ``now``): if the turn
         is still in that pause, a reply is speculated on the words and, with a policy that
         scores turns, the end-of-turn model asked how complete they sound."""
