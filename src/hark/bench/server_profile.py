@@ -73,7 +73,7 @@ _FRAME_PARTS = (
         r"|webrtc/rtp_audio\.py",
     ),
     ("input audio (frames to the session's input)", r"webrtc/input_audio\.py"),
-    ("playout pacing", r"hark/transports/playout\.py|webrtc/playout\.py|webrtc/ticker\.py"),
+    ("playout pacing", r"hark/transports/playout\.py|webrtc/playout\.py|transports/ticker\.py"),
     (
         "ICE and UDP socket I/O",
         r"aioice|udp_mux|webrtc/ice\.py|sendmsg|recvmsg|uv__udp|sendto|recvfrom",

@@ -18,7 +18,7 @@ from hark.transports.sip.dtmf import TelephoneEvent
 from hark.transports.sip.media import RtpPacer, RtpSession
 from hark.transports.sip.rtp import RtpPacket, is_rtcp, seq_diff, ts_diff
 from hark.transports.sip.sdp import SdpError
-from hark.transports.webrtc.ticker import PlayoutTicker
+from hark.transports.ticker import PlayoutTicker
 from tests.transports.conftest import Listener, until
 
 HOST = "127.0.0.1"

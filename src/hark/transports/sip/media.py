@@ -62,7 +62,7 @@ from hark.transports.sip.sdp import (
     negotiate,
     parse_offer,
 )
-from hark.transports.webrtc.ticker import PlayoutTicker
+from hark.transports.ticker import PlayoutTicker
 
 logger = logging.getLogger(__name__)
 

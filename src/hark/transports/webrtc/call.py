@@ -35,12 +35,12 @@ from aiortc import (
 
 from hark.session.runner import SessionRunner
 from hark.transports.sideband import Sidebands
+from hark.transports.ticker import PlayoutTicker
 from hark.transports.webrtc.ice import use_shared_port
 from hark.transports.webrtc.input_audio import InputAudio
 from hark.transports.webrtc.playout import PlayoutTrack
 from hark.transports.webrtc.rtp_audio import AudioPath
 from hark.transports.webrtc.sdp import OfferError, check_offer
-from hark.transports.webrtc.ticker import PlayoutTicker
 from hark.transports.webrtc.udp_mux import UdpMux
 
 logger = logging.getLogger(__name__)

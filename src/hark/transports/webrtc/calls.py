@@ -16,9 +16,9 @@ from hark.protocol.session_config import SessionConfig
 from hark.session.core import SESSION_LIMIT_S
 from hark.session.ids import IdGenerator
 from hark.session.runner import SessionRunner
+from hark.transports.ticker import PlayoutTicker
 from hark.transports.webrtc.call import SETUP_TIMEOUT_SECONDS, Call
 from hark.transports.webrtc.playout import PlayoutTrack
-from hark.transports.webrtc.ticker import PlayoutTicker
 from hark.transports.webrtc.udp_mux import UdpMux
 
 logger = logging.getLogger(__name__)

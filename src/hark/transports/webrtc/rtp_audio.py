@@ -40,9 +40,9 @@ from typing import TYPE_CHECKING, Any
 import pylibsrtp
 from aiortc import clock
 
+from hark.transports.ticker import TICK_SECONDS, PlayoutTicker
 from hark.transports.webrtc.input_audio import InputAudio
 from hark.transports.webrtc.playout import FRAME_SAMPLES, PlayoutTrack
-from hark.transports.webrtc.ticker import TICK_SECONDS, PlayoutTicker
 from hark.transports.webrtc.udp_mux import MuxEndpoint
 
 if TYPE_CHECKING:

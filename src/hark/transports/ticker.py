@@ -1,4 +1,4 @@
-"""One timer for the playout of every call of a worker.
+"""One timer for the playout of every call of a worker, WebRTC (``rtp_audio``) or SIP (``media``).
 
 A timer per call costs a wake-up of the event loop per call every 20 ms: at fifty calls,
 2500 wake-ups a second, each a few loop iterations of Python. ``PlayoutTicker`` wakes once

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from hark.transports.webrtc.ticker import PlayoutTicker
+from hark.transports.ticker import PlayoutTicker
 
 
 async def test_every_callback_runs_once_per_tick_and_the_timer_stops_with_the_last() -> None:
