@@ -109,6 +109,40 @@ def test_captions_go_out_while_the_user_speaks_and_complete_at_the_turn_end(
     assert generate.request.messages[-1].content == " ".join(WORDS)
 
 
+def captioning(delay: str) -> tuple[int, int]:
+    """A new session with transcription ``delay`` captions 5 s of speech, each step answered
+    at once: how many steps it took, and how far into the speech its first delta came (ms)."""
+    driver = Driver()
+    driver.send(
+        {
+            "type": "session.update",
+            "session": {
+                "audio": {"input": {"transcription": {"model": "whisper-1", "delay": delay}}}
+            },
+        }
+    )
+    driver.append(silence(300))
+    steps, first_delta_ms = 0, -1
+    for ms in range(20, 5020, 20):
+        driver.append(voiced(20))
+        for step in driver.steps(Urgency.CAPTION):
+            steps += 1
+            driver.session.on_recognised(step.request_id, say(step), now=driver.now)
+            driver.pump()
+        if first_delta_ms < 0 and DELTA in driver.types():
+            first_delta_ms = ms
+    return steps, first_delta_ms
+
+
+def test_a_longer_delay_decodes_less_often_and_commits_later() -> None:
+    minimal, low, medium, high = (captioning(d) for d in ("minimal", "low", "medium", "high"))
+    # Steps every 0.4, 0.6, 1.0 and 1.5 s of audio over 5.3 s.
+    assert (minimal[0], low[0], medium[0], high[0]) == (13, 8, 5, 3)
+    # The first words need two agreeing hypotheses (three with high): the longer the step,
+    # the later they show.
+    assert 0 < minimal[1] <= low[1] < medium[1] < high[1]
+
+
 def test_a_pause_step_is_cancelled_when_the_speaker_goes_on(driver: Driver) -> None:
     configure(driver)
     driver.append(silence(300))
