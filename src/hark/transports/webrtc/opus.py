@@ -7,8 +7,10 @@ through ``ctypes``, and the decoder writes PCM at the rate the session wants (Op
 natively at 8, 12, 16, 24 and 48 kHz), so a caller's audio needs no resampling at all.
 
 libopus is the one PyAV ships (``av.libs`` on Linux, ``av/.dylibs`` on macOS), else the
-system's. ``ctl`` requests are variadic in C; they are declared with one ``int32``
-argument, which is how x86-64 and Linux on ARM pass it.
+system's. ``opus_encoder_ctl`` is variadic in C: only its fixed arguments are declared and
+the value is passed as an extra ``c_int32``, which ctypes then calls with libffi's variadic
+convention (``ffi_prep_cif_var``); declaring the value as a fixed argument would work on
+x86-64 and Linux on ARM but not on Apple's ARM, where variadic arguments go on the stack.
 """
 
 from __future__ import annotations
@@ -67,7 +69,8 @@ def _load() -> ctypes.CDLL:
         getattr(lib, f"opus_{kind}_get_size").restype = ctypes.c_int
     lib.opus_encoder_init.argtypes = [state, i32, ctypes.c_int, ctypes.c_int]
     lib.opus_decoder_init.argtypes = [state, i32, ctypes.c_int]
-    lib.opus_encoder_ctl.argtypes = [state, ctypes.c_int, i32]
+    lib.opus_encoder_ctl.argtypes = [state, ctypes.c_int]
+    lib.opus_encoder_ctl.restype = ctypes.c_int
     lib.opus_encode.argtypes = [state, pcm, ctypes.c_int, ctypes.c_void_p, i32]
     lib.opus_encode.restype = i32
     lib.opus_decode.argtypes = [state, data, i32, pcm, ctypes.c_int, ctypes.c_int]
@@ -102,7 +105,7 @@ class OpusEncoder:
             (_SET_COMPLEXITY, complexity),
             (_SET_SIGNAL, _SIGNAL_VOICE),
         ):
-            _check(_lib.opus_encoder_ctl(self._state, request, value))
+            _check(_lib.opus_encoder_ctl(self._state, request, ctypes.c_int32(value)))
         self._out = ctypes.create_string_buffer(MAX_PACKET_BYTES)
 
     def encode(self, pcm: npt.NDArray[np.int16]) -> bytes:
