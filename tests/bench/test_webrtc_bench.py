@@ -15,6 +15,7 @@ import aiohttp
 import numpy as np
 import pytest
 from aiohttp import web
+from av import AudioFrame
 
 from hark.bench.spoken_questions import QUESTIONS, RATE
 from hark.bench.webrtc import (
@@ -31,6 +32,7 @@ from hark.bench.webrtc import (
     audible_share,
     caller_audio,
     format_summary,
+    frame_to_mono,
     lateness_ms,
     measure_capacity,
     measure_setup,
@@ -265,3 +267,22 @@ def test_a_profile_needs_the_servers_pid(capsys: pytest.CaptureFixture[str]) -> 
     assert args.handler(vars(args)) == 2
     assert "--profile needs --server-pid" in capsys.readouterr().err
     assert args.handler.__module__ == "hark.bench.webrtc"
+
+
+def frame(samples: np.ndarray, layout: str, fmt: str = "s16", rate: int = 48000) -> AudioFrame:
+    made = AudioFrame.from_ndarray(samples, format=fmt, layout=layout)
+    made.sample_rate = rate
+    return made
+
+
+@pytest.mark.parametrize(
+    ("samples", "layout", "fmt"),
+    [
+        (np.array([[100, 300, -100, -300]], np.int16), "stereo", "s16"),
+        (np.array([[100, -100], [300, -300]], np.int16), "stereo", "s16p"),
+        (np.array([[200, -200]], np.int16), "mono", "s16"),
+        (np.array([[200 / 32768, -200 / 32768]], np.float32), "mono", "flt"),
+    ],
+)
+def test_channels_are_averaged(samples: np.ndarray, layout: str, fmt: str) -> None:
+    assert frame_to_mono(frame(samples, layout, fmt)).tolist() == [200, -200]

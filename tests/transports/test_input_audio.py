@@ -1,32 +1,11 @@
-"""The caller's Opus packets to mono PCM at the session's input rate; aiortc's frames to mono."""
+"""The caller's Opus packets to mono PCM at the session's input rate."""
 
 from __future__ import annotations
 
 import numpy as np
-import pytest
-from av import AudioFrame
 
-from hark.transports.webrtc.input_audio import InputAudio, frame_to_mono
+from hark.transports.webrtc.input_audio import InputAudio
 from hark.transports.webrtc.opus import OpusEncoder
-
-
-def frame(samples: np.ndarray, layout: str, fmt: str = "s16", rate: int = 48000) -> AudioFrame:
-    made = AudioFrame.from_ndarray(samples, format=fmt, layout=layout)
-    made.sample_rate = rate
-    return made
-
-
-@pytest.mark.parametrize(
-    ("samples", "layout", "fmt"),
-    [
-        (np.array([[100, 300, -100, -300]], np.int16), "stereo", "s16"),
-        (np.array([[100, -100], [300, -300]], np.int16), "stereo", "s16p"),
-        (np.array([[200, -200]], np.int16), "mono", "s16"),
-        (np.array([[200 / 32768, -200 / 32768]], np.float32), "mono", "flt"),
-    ],
-)
-def test_channels_are_averaged(samples: np.ndarray, layout: str, fmt: str) -> None:
-    assert frame_to_mono(frame(samples, layout, fmt)).tolist() == [200, -200]
 
 
 def opus_packets(seconds: float, hz: float = 300.0) -> list[bytes]:

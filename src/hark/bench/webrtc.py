@@ -73,7 +73,7 @@ from hark.bench.report import (
 from hark.bench.spoken_questions import QUESTIONS, spoken_questions
 from hark.bench.spoken_questions import RATE as QUESTION_RATE
 from hark.cluster.forwarding import WORKER_HEADER
-from hark.transports.webrtc.input_audio import frame_to_mono
+from hark.transports.webrtc.opus import OpusDecoder
 from hark.transports.webrtc.playout import PlayoutTrack
 
 logger = logging.getLogger(__name__)
@@ -110,6 +110,28 @@ _OPUS = [
     for codec in RTCRtpSender.getCapabilities("audio").codecs
     if codec.mimeType.lower() == "audio/opus"
 ]
+
+
+def frame_to_mono(frame: AudioFrame) -> npt.NDArray[np.int16]:
+    """The frame's samples as mono int16, channels averaged."""
+    channels = len(frame.layout.channels)
+    if frame.format.name == "s16":
+        # The common case (aiortc's decoder), read straight from the plane: a tenth of the
+        # cost of to_ndarray on every 20 ms frame of every call.
+        packed = np.frombuffer(memoryview(frame.planes[0]), np.int16, frame.samples * channels)
+        if channels == 1:
+            return packed.copy()
+        if channels == 2:
+            return ((packed[0::2].astype(np.int32) + packed[1::2]) >> 1).astype(np.int16)
+    samples = frame.to_ndarray()
+    if frame.format.is_planar:
+        planes = samples.reshape(channels, -1)
+    else:
+        planes = samples.reshape(-1, channels).T
+    if planes.dtype.kind == "f":
+        mono = planes.mean(axis=0) * 32768.0
+        return np.clip(np.rint(mono), -32768, 32767).astype(np.int16)
+    return (planes.astype(np.int32).sum(axis=0) // channels).astype(np.int16)
 
 
 @dataclass
@@ -498,15 +520,11 @@ def audible_share(payloads: Sequence[bytes]) -> float:
     """The share of 20 ms Opus ``payloads`` that decode to audio rather than silence."""
     if not payloads:
         return math.nan
-    decoder = CodecContext.create("libopus", "r")
-    decoder.sample_rate = OPUS_RATE
-    decoder.layout = "mono"
-    decoder.format = "s16"
+    decoder = OpusDecoder(OPUS_RATE)
     audible = 0
     for payload in payloads:
-        for frame in decoder.decode(Packet(payload)):
-            pcm = frame_to_mono(frame).astype(np.float64)
-            audible += bool(len(pcm)) and float(np.sqrt(np.mean(pcm**2))) > AUDIBLE_RMS
+        pcm = decoder.decode(payload).astype(np.float64)
+        audible += bool(len(pcm)) and float(np.sqrt(np.mean(pcm**2))) > AUDIBLE_RMS
     return audible / len(payloads)
 
 

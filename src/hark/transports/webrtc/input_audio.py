@@ -8,8 +8,6 @@ they come, a packet older than the newest one decoded is dropped, and a gap in t
 timestamps (packets lost, or not sent during the caller's silence with DTX) is filled with
 the decoder's concealment, which fades to silence. The session's sample clock therefore
 keeps pace with the caller's, which is what its VAD and turn-taking run on.
-
-``frame_to_mono`` is for a client of the server (the bench) that gets aiortc's frames.
 """
 
 from __future__ import annotations
@@ -19,7 +17,6 @@ from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
-from av import AudioFrame
 
 from hark.audio.resample import StreamResampler
 from hark.transports.webrtc.opus import MAX_FRAME_MS, RATES, RTP_RATE, OpusDecoder, OpusError
@@ -32,28 +29,6 @@ MAX_GAP_SAMPLES = RTP_RATE
 _CHUNK = RTP_RATE * MAX_FRAME_MS // 1000
 # Opus decodes in whole 2.5 ms steps.
 _STEP = RTP_RATE // 400
-
-
-def frame_to_mono(frame: AudioFrame) -> npt.NDArray[np.int16]:
-    """The frame's samples as mono int16, channels averaged."""
-    channels = len(frame.layout.channels)
-    if frame.format.name == "s16":
-        # The common case (aiortc's decoder), read straight from the plane: a tenth of the
-        # cost of to_ndarray on every 20 ms frame of every call.
-        packed = np.frombuffer(memoryview(frame.planes[0]), np.int16, frame.samples * channels)
-        if channels == 1:
-            return packed.copy()
-        if channels == 2:
-            return ((packed[0::2].astype(np.int32) + packed[1::2]) >> 1).astype(np.int16)
-    samples = frame.to_ndarray()
-    if frame.format.is_planar:
-        planes = samples.reshape(channels, -1)
-    else:
-        planes = samples.reshape(-1, channels).T
-    if planes.dtype.kind == "f":
-        mono = planes.mean(axis=0) * 32768.0
-        return np.clip(np.rint(mono), -32768, 32767).astype(np.int16)
-    return (planes.astype(np.int32).sum(axis=0) // channels).astype(np.int16)
 
 
 class InputAudio:
