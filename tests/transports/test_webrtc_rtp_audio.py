@@ -18,6 +18,8 @@ from typing import Any
 import aiohttp
 import numpy as np
 import pylibsrtp
+import pytest
+from aiortc import RTCCertificate, RTCDtlsTransport, RTCIceGatherer, RTCIceTransport, RTCRtpSender
 
 from hark.bench.webrtc import CallClient
 from hark.transports.playout import MAX_LAG_SECONDS
@@ -65,6 +67,9 @@ async def test_the_audio_of_a_connected_call_runs_on_hark_s_path(
     outbound = (await transceiver.sender.getStats()).values()
     (sent,) = [s for s in outbound if s.type == "outbound-rtp"]
     assert sent.packetsSent == path.sender.packets >= len(client.frames)
+    assert sent.bytesSent == path.sender._octets > 0
+    # The sender reports' NTP time is hark's reading of aiortc's clock, not aiortc's zero.
+    assert transceiver.sender._RTCRtpSender__ntp_timestamp > 0  # type: ignore[attr-defined]
     await client.close()
     await until(lambda: rtc_server.calls.get(call.id) is None)
     # The path let go of the mux endpoint and the ticker.
@@ -154,7 +159,7 @@ class _Clock:
         return self.now
 
 
-def test_a_stall_moves_the_rtp_timestamp_on_with_the_clock() -> None:
+async def test_a_stall_moves_the_rtp_timestamp_on_with_the_clock() -> None:
     # After a stall the playout restarts its schedule from now; the RTP timestamp must jump
     # by the time skipped, or the receiver's jitter buffer holds every later packet that
     # much longer (the stall's delay would stay in the call to its end).
@@ -170,7 +175,10 @@ def test_a_stall_moves_the_rtp_timestamp_on_with_the_clock() -> None:
     pair = SimpleNamespace(protocol=SimpleNamespace(transport=SimpleNamespace(sendto=sendto)))
     pair.remote_addr = ("127.0.0.1", 9)
     ice: Any = SimpleNamespace(_nominated={1: pair})
-    rtp_sender: Any = SimpleNamespace(_ssrc=1234)
+    dtls = RTCDtlsTransport(
+        RTCIceTransport(RTCIceGatherer()), [RTCCertificate.generateCertificate()]
+    )
+    rtp_sender: Any = RTCRtpSender(PlayoutTrack(), dtls)
     track = PlayoutTrack(clock=clock)
     sender = AudioSender(track, tx, ice, rtp_sender, 111, b"")
     for _ in range(10):
@@ -185,3 +193,11 @@ def test_a_stall_moves_the_rtp_timestamp_on_with_the_clock() -> None:
     (t0, ts0), (t1, ts1) = sent[0], sent[-1]
     # The timestamps keep pace with the clock, within the one frame the restart rounds off.
     assert abs((ts1 - ts0) % 2**32 - (t1 - t0) * PLAYOUT_RATE) < FRAME_SAMPLES
+
+
+def test_an_aiortc_sender_without_the_report_counters_is_refused() -> None:
+    # What aiortc's sender reports are made of is private to it; a version that renamed it
+    # must fail the call rather than report nothing sent.
+    sender: Any = SimpleNamespace(_ssrc=1234)
+    with pytest.raises(RuntimeError, match="__packet_count"):
+        AudioSender(PlayoutTrack(), None, None, sender, 111, b"")  # type: ignore[arg-type]

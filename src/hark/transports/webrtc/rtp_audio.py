@@ -25,8 +25,9 @@ are the SRTP sessions; the ICE connection (see ``hark.transports.webrtc.ice``) h
 ``StunProtocol`` objects in ``_protocols``, each with the ``MuxEndpoint`` as its
 ``transport``, and its nominated pair for component 1 in ``_nominated``; the transceiver's
 negotiated ``_codecs`` and ``_headerExtensions``; the sender's ``_ssrc`` and the private
-counters its sender reports are made of; the peer connection starts the receiver with
-``receiver.receive`` after the "connected" state is announced.
+counters its sender reports are made of (also checked as each call starts); the peer
+connection starts the receiver with ``receiver.receive`` after the "connected" state is
+announced. This module and ``ice`` are the only ones that reach into aiortc and aioice.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import asyncio
 import logging
 import random
 import struct
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pylibsrtp
 from aiortc import clock
@@ -61,6 +62,13 @@ _HEADER = struct.Struct("!BBHII")
 _CLOCK_EVERY = 50
 # A frame is sent on the tick nearest the time it is due.
 _DUE_WITHIN_S = TICK_SECONDS / 2
+# The private state of aiortc's RTCRtpSender its sender reports are made of, kept up to date
+# here; checked when a call starts, so that an aiortc that renamed them fails the call (and
+# the tests) instead of sending reports that silently count nothing.
+_SENDER_NTP = "_RTCRtpSender__ntp_timestamp"
+_SENDER_RTP = "_RTCRtpSender__rtp_timestamp"
+_SENDER_PACKETS = "_RTCRtpSender__packet_count"
+_SENDER_OCTETS = "_RTCRtpSender__octet_count"
 
 
 def is_rtp(datagram: bytes) -> bool:
@@ -141,6 +149,13 @@ class AudioSender:
         payload_type: int,
         extension: bytes,
     ) -> None:
+        missing = [
+            name
+            for name in (_SENDER_NTP, _SENDER_RTP, _SENDER_PACKETS, _SENDER_OCTETS)
+            if not hasattr(sender, name)
+        ]
+        if missing:
+            raise RuntimeError(f"this aiortc's RTCRtpSender has no {', '.join(missing)}")
         self.track = track
         self._srtp = srtp
         self._ice = ice
@@ -179,12 +194,12 @@ class AudioSender:
         # What aiortc's sender reports (RTCP SR) comes from these. The NTP time of a packet
         # (slow to read in aiortc) is taken once a second: a report's NTP and RTP times need
         # to name the same instant, not the latest one.
-        sender: Any = self._sender
+        sender = self._sender
         if self.packets % _CLOCK_EVERY == 1:
-            sender._RTCRtpSender__ntp_timestamp = clock.current_ntp_time()
-            sender._RTCRtpSender__rtp_timestamp = timestamp
-        sender._RTCRtpSender__packet_count = self.packets
-        sender._RTCRtpSender__octet_count = self._octets
+            setattr(sender, _SENDER_NTP, clock.current_ntp_time())
+            setattr(sender, _SENDER_RTP, timestamp)
+        setattr(sender, _SENDER_PACKETS, self.packets)
+        setattr(sender, _SENDER_OCTETS, self._octets)
 
 
 async def _not_receiving(parameters: RTCRtpReceiveParameters) -> None:
