@@ -53,7 +53,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 import numpy.typing as npt
-from aiortc import RTCConfiguration, RTCPeerConnection, RTCRtpSender, RTCSessionDescription
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from aiortc.rtp import RtpPacket
 from av import AudioCodecContext, AudioFrame, CodecContext, Packet
@@ -73,6 +73,7 @@ from hark.bench.report import (
 from hark.bench.spoken_questions import QUESTIONS, spoken_questions
 from hark.bench.spoken_questions import RATE as QUESTION_RATE
 from hark.cluster.forwarding import WORKER_HEADER
+from hark.transports.webrtc.call import OPUS_CODECS
 from hark.transports.webrtc.opus import OpusDecoder
 from hark.transports.webrtc.playout import PlayoutTrack
 
@@ -105,11 +106,6 @@ _CLIENT_NEGLIGIBLE_MS = 5.0
 # Between a step's new calls and the window that watches them: their set-up (ICE, DTLS,
 # SCTP, the session) is over by then and not counted as the server's cost of a call.
 _SETTLE_S = 2.0
-_OPUS = [
-    codec
-    for codec in RTCRtpSender.getCapabilities("audio").codecs
-    if codec.mimeType.lower() == "audio/opus"
-]
 
 
 def frame_to_mono(frame: AudioFrame) -> npt.NDArray[np.int16]:
@@ -475,7 +471,7 @@ class CheapCall:
         self.microphone = PacketMicrophone(audio, period=period, phase=phase, lateness=lateness)
         transceiver = self.pc.addTransceiver(self.microphone, direction="sendrecv")
         # The packets are Opus already: any other codec would carry them mislabelled.
-        transceiver.setCodecPreferences(_OPUS)
+        transceiver.setCodecPreferences(OPUS_CODECS)
         # aiortc would queue every packet for a jitter buffer and a decoder thread; the
         # bench needs only when each packet came.
         transceiver.receiver._handle_rtp_packet = self._on_rtp  # type: ignore[method-assign]

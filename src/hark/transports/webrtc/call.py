@@ -55,7 +55,8 @@ MAX_PENDING_EVENTS = 1000
 END_FLUSH_TIMEOUT_S = 1.0
 
 
-_OPUS = [
+# aiortc's Opus codec, the one audio codec a call offers or answers with.
+OPUS_CODECS = [
     codec
     for codec in RTCRtpSender.getCapabilities("audio").codecs
     if codec.mimeType.lower() == "audio/opus"
@@ -117,7 +118,7 @@ class Call:
                 # Made before the offer is applied, so that it takes the offer's first audio
                 # section with Opus only: the playout track sends Opus packets.
                 transceiver = self.pc.addTransceiver(self.track, direction="sendrecv")
-                transceiver.setCodecPreferences(_OPUS)
+                transceiver.setCodecPreferences(OPUS_CODECS)
                 self._transceiver = transceiver
             await self.pc.setRemoteDescription(RTCSessionDescription(sdp=offer, type="offer"))
             use_shared_port(self.pc, mux)
