@@ -59,7 +59,7 @@ from aiortc.rtp import RtpPacket
 from av import AudioCodecContext, AudioFrame, CodecContext, Packet
 
 from hark.audio.resample import resample
-from hark.bench import server_profile
+from hark.bench import webrtc_profile
 from hark.bench.report import (
     BenchError,
     ServerUrl,
@@ -795,7 +795,7 @@ class CapacityStep:
     server_cpu: float | None = None
     # Each client process's own punctuality over the window.
     clients: list[ClientFigures] = field(default_factory=list)
-    # With --profile: the server's CPU in ms per call-second by part (see server_profile):
+    # With --profile: the server's CPU in ms per call-second by part (see webrtc_profile):
     # the shares sampled after the windows, of the CPU the windows measured; and the
     # server's CPU use while it was sampled, in cores.
     profile: dict[str, float] | None = None
@@ -878,16 +878,16 @@ async def measure_capacity(
                 if progress:
                     _print_step(result, again=True)
             if profile_s and server_pid is not None and result.calls:
-                profile = await server_profile.record(server_pid, profile_s)
-                parts = server_profile.attribute(profile, result.calls)
+                profile = await webrtc_profile.record(server_pid, profile_s)
+                parts = webrtc_profile.attribute(profile, result.calls)
                 # py-spy stops the server so often that its playout skips frames: the shares
                 # hold, the CPU they share is the step's own, measured without py-spy.
                 if result.server_cpu is not None and profile.cores > 0:
-                    parts = server_profile.scaled(parts, result.server_cpu / profile.cores)
+                    parts = webrtc_profile.scaled(parts, result.server_cpu / profile.cores)
                 result.profile = parts
                 result.profile_server_cpu = profile.cores
                 if progress:
-                    print(server_profile.format_table(result.profile), flush=True)
+                    print(webrtc_profile.format_table(result.profile), flush=True)
             steps.append(result)
             if failures or not result.p99_lateness_ms <= threshold_ms:
                 break
@@ -1044,7 +1044,7 @@ def format_summary(report: WebRtcReport) -> str:
                 f"{step.server_cpu or 0:.2f} cores measured before it; "
                 f"{step.profile_server_cpu or 0:.2f} cores while it sampled):"
             )
-            lines.append(server_profile.format_table(parts))
+            lines.append(webrtc_profile.format_table(parts))
     return "\n".join(lines)
 
 

@@ -1,4 +1,4 @@
-"""Where a loaded server's CPU goes: py-spy's samples of it, sorted into the parts of a call.
+"""Where a loaded server's CPU goes on WebRTC calls: py-spy's samples sorted into a call's parts.
 
 ``record`` samples a local server with py-spy (``--native``, so that time in libopus, libsrtp
 and uvloop is seen under the Python code that called it) and reads the CPU time of each of
