@@ -54,7 +54,7 @@ _STACK_PARTS = (
     ),
     (
         "Opus encode",
-        r"OpusEncoder|PlayoutTrack\._encode|opus_encode|_opus_encoder|encoded_silence",
+        r"OpusEncoder|opus_encode|_opus_encoder|encoded_silence",
     ),
 )
 # Parts recognised by the innermost frame that matches, in this order for each frame.

@@ -2,9 +2,11 @@
 
 ``POST /v1/realtime/calls`` answers an SDP offer (``calls.Calls``), each call runs one
 session (``call.Call``): events on the ``oai-events`` data channel, the microphone as an
-Opus track in (``input_audio``), the reply as an Opus track out, paced and cut on barge-in
-by the server (``playout``). ICE, DTLS, SRTP and SCTP are aiortc's; all calls of a worker
-share one UDP socket (``udp_mux``), which aiortc's ICE gathers on (``ice``).
+Opus stream in (``input_audio``), the reply as an Opus stream out, paced on the worker's
+one ``hark.transports.ticker.PlayoutTicker`` and cut on barge-in by the server
+(``playout``). ICE, DTLS, the SRTP keys and SCTP are aiortc's; the audio RTP is hark's own
+(``rtp_audio``, libopus through ``opus``). All calls of a worker share one UDP socket
+(``udp_mux``), which aiortc's ICE gathers on (``ice``).
 """
 
 from hark.transports.webrtc.call import Call
