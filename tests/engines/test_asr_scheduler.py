@@ -199,3 +199,28 @@ async def test_close_fails_the_waiting_requests_and_refuses_new_ones() -> None:
     await asyncio.to_thread(model.threads[0].join, LIVENESS_S)
     assert not model.threads[0].is_alive()
     assert model.batches == [["hold"]]
+
+
+async def test_a_second_worker_runs_while_the_first_is_busy_and_no_more() -> None:
+    model = Model()
+    scheduler: AsrScheduler[str, str] = AsrScheduler(model, workers=2)
+    held = await hold(scheduler, model)
+    # The first worker is held: the next request gets a second thread and is answered
+    # while the held batch still runs.
+    assert await asyncio.wait_for(scheduler.run("caption", Urgency.CAPTION), LIVENESS_S) == (
+        "CAPTION"
+    )
+    assert not held.done()
+    assert model.threads[1] is not model.threads[0]
+    # Both workers busy (the second held too): a third request waits, no third thread.
+    model.holding.clear()
+    second = asyncio.create_task(scheduler.run("hold", Urgency.ANSWER))
+    assert await asyncio.to_thread(model.holding.wait, LIVENESS_S)
+    assert scheduler.running == 2
+    third = asyncio.create_task(scheduler.run("late", Urgency.ANSWER))
+    await asyncio.sleep(0)
+    assert scheduler.waiting == 1
+    model.gate.set()
+    assert [await held, await second, await third] == ["HOLD", "HOLD", "LATE"]
+    assert len({thread.ident for thread in model.threads}) == 2
+    scheduler.close()

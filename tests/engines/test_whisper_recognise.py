@@ -30,8 +30,9 @@ PHONE = "My phone number is four one five five five five one two three four."
 
 @pytest.fixture(scope="module")
 def asr() -> WhisperAsr:
-    # One engine for the module: loading the model takes a second or two.
-    return WhisperAsr()
+    # One engine for the module: loading the model takes a second or two. One worker: the
+    # batching and cancellation tests hold it busy so that the others' requests queue.
+    return WhisperAsr(workers=1)
 
 
 def words(text: str) -> list[str]:
@@ -221,3 +222,15 @@ async def test_cancelling_a_running_window_abandons_it(
     timed = await asr.recognise(RecognitionRequest(say(KITCHEN)))
     assert {"lights", "kitchen"} <= set(heard(timed))
     assert (asr.scheduler.waiting, asr.scheduler.running) == (0, 0)
+
+
+async def test_two_workers_recognise_two_windows_at_once(say: Say) -> None:
+    asr = WhisperAsr(workers=2)
+    await asr.warmup()
+    requests = [RecognitionRequest(say(KITCHEN)), RecognitionRequest(say(PHONE))]
+    alone = [heard(await asr.recognise(request)) for request in requests]
+    async with Held(asr):
+        # The first worker is held: the second takes the next window and answers it.
+        assert heard(await asyncio.wait_for(asr.recognise(requests[0]), LIVENESS_S)) == alone[0]
+    assert heard(await asr.recognise(requests[1])) == alone[1]
+    asr.close()

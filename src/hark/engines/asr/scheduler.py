@@ -8,8 +8,11 @@ may ever use. ``AsrScheduler`` runs them by ``Urgency`` instead, drops work whos
 gave up before it began, and hands several requests to the model at once where the model
 decodes a batch faster than one request after another (CTranslate2's Whisper does).
 
-It has one worker thread of its own, never the default pool: recognition that takes the
-pool's threads would starve everything else the event loop hands to it (file reads, DNS).
+It has worker threads of its own (``workers``, one by default), never the default pool:
+recognition that takes the pool's threads would starve everything else the event loop hands
+to it (file reads, DNS). A second worker starts only while every running one is busy, so a
+lone request never waits for a thread, and a backlog (many captioned speakers) uses a second
+core where the model has a second replica to run on.
 """
 
 from __future__ import annotations
@@ -57,11 +60,11 @@ class AsrScheduler(Generic[R, T]):
     """Runs ``run_batch`` on requests from any event loop, the most urgent first.
 
     ``run_batch`` takes up to ``max_batch`` requests and returns one result per request, in
-    order; it runs on the scheduler's one thread, which starts when work comes and ends
-    after ``idle_s`` without any. Requests run by ``Urgency`` (lowest first), then in the
-    order they came; a batch is the head of that order and the next ones after it. At most
-    ``max_waiting`` requests wait; more raise ``SchedulerFullError`` for the request that
-    would exceed it, not for the others.
+    order; it runs on up to ``workers`` threads of the scheduler's own, which start when work
+    comes and finds no idle thread, and end after ``idle_s`` without any. Requests run by
+    ``Urgency`` (lowest first), then in the order they came; a batch is the head of that
+    order and the next ones after it. At most ``max_waiting`` requests wait; more raise
+    ``SchedulerFullError`` for the request that would exceed it, not for the others.
     """
 
     def __init__(
@@ -69,16 +72,20 @@ class AsrScheduler(Generic[R, T]):
         run_batch: Callable[[list[R]], list[T]],
         *,
         max_batch: int = 1,
+        workers: int = 1,
         name: str = "hark-asr",
         max_waiting: int = 256,
         idle_s: float = 30.0,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
+        if workers < 1:
+            raise ValueError(f"workers must be at least 1, got {workers}")
         if max_waiting < 1:
             raise ValueError(f"max_waiting must be at least 1, got {max_waiting}")
         self._run_batch = run_batch
         self._max_batch = max_batch
+        self._workers = workers
         self._name = name
         self._max_waiting = max_waiting
         self._idle_s = idle_s
@@ -86,7 +93,8 @@ class AsrScheduler(Generic[R, T]):
         self._heap: list[tuple[int, int, _Entry[R, T]]] = []
         self._order = itertools.count()
         self._running = 0
-        self._thread: threading.Thread | None = None
+        self._threads = 0
+        self._idle = 0
         self._closed = False
 
     @property
@@ -97,7 +105,7 @@ class AsrScheduler(Generic[R, T]):
 
     @property
     def running(self) -> int:
-        """Requests in the batch the model is decoding now (0 when idle)."""
+        """Requests in the batches the model is decoding now (0 when idle)."""
         with self._cond:
             return self._running
 
@@ -121,9 +129,9 @@ class AsrScheduler(Generic[R, T]):
                     f"{self._name}: {len(self._heap)} requests already wait for the model"
                 )
             heapq.heappush(self._heap, item)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._work, name=self._name, daemon=True)
-                self._thread.start()
+            if self._idle == 0 and self._threads < self._workers:
+                self._threads += 1
+                threading.Thread(target=self._work, name=self._name, daemon=True).start()
             self._cond.notify()
         try:
             return await entry.future
@@ -138,7 +146,7 @@ class AsrScheduler(Generic[R, T]):
     def close(self) -> None:
         """Refuse new requests and fail the waiting ones; a running batch finishes.
 
-        The worker thread ends once it has nothing left to run.
+        The worker threads end once they have nothing left to run.
         """
         with self._cond:
             self._closed = True
@@ -154,15 +162,21 @@ class AsrScheduler(Generic[R, T]):
         """The next batch, waiting for one; ``None`` when the thread should end."""
         with self._cond:
             while not self._heap:
-                if self._closed or (not self._cond.wait(self._idle_s) and not self._heap):
-                    self._thread = None
+                if self._closed:
+                    self._threads -= 1
+                    return None
+                self._idle += 1
+                woken = self._cond.wait(self._idle_s)
+                self._idle -= 1
+                if not woken and not self._heap:
+                    self._threads -= 1
                     return None
             batch: list[_Entry[R, T]] = []
             while self._heap and len(batch) < self._max_batch:
                 entry = heapq.heappop(self._heap)[2]
                 entry.waiting = False
                 batch.append(entry)
-            self._running = len(batch)
+            self._running += len(batch)
             return batch
 
     def _work(self) -> None:
@@ -184,17 +198,17 @@ class AsrScheduler(Generic[R, T]):
                     f"{self._name}: {len(results)} results for {len(batch)} requests"
                 )
         except BaseException as exc:  # handed to every caller of the batch
-            self._done()
+            self._done(len(batch))
             for entry in batch:
                 self._post(entry, _fail, exc)
         else:
-            self._done()
+            self._done(len(batch))
             for entry, result in zip(batch, results, strict=True):
                 self._post(entry, _deliver, result)
 
-    def _done(self) -> None:
+    def _done(self, count: int) -> None:
         with self._cond:
-            self._running = 0
+            self._running -= count
 
     @staticmethod
     def _post(

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -157,6 +158,11 @@ class WhisperAsr:
     is recognised the LLM and TTS are busy on the other core (a 2.2 s question: 154 ms with
     one thread, 224 ms with two).
 
+    ``workers``: how many batches may run at once, each on its own CTranslate2 worker (one
+    thread each); the default is two on a machine with two cores or more. A second batch
+    runs only while the first is busy (a backlog of captioned speakers), so a lone turn is
+    still recognised on one thread, and the backlog of many speakers uses a second core.
+
     All model work goes through one ``AsrScheduler``, answers first; up to ``max_batch``
     windows that wait together (``recognise`` and short ``transcribe`` requests of any
     sessions) are encoded in one batch, and decoded in one batch per prompt length
@@ -177,6 +183,7 @@ class WhisperAsr:
         beam_size: int = 1,
         cpu_threads: int = 1,
         max_batch: int = 8,
+        workers: int | None = None,
     ) -> None:
         path = Path(model_path) if model_path is not None else default_model_path()
         if not (path / "model.bin").is_file() or not (path / "tokenizer.json").is_file():
@@ -191,11 +198,12 @@ class WhisperAsr:
         self._compute_type = compute_type
         self._beam_size = beam_size
         self._cpu_threads = cpu_threads
+        self._workers = workers if workers is not None else min(2, os.cpu_count() or 1)
         self._loaded: _Loaded | None = None
         self._load_lock = threading.Lock()
         self._warned_languages: set[str] = set()
         self.scheduler: AsrScheduler[_Job, _Outcome] = AsrScheduler(
-            self._run_batch, max_batch=max_batch, name="hark-whisper"
+            self._run_batch, max_batch=max_batch, workers=self._workers, name="hark-whisper"
         )
 
     async def warmup(self) -> None:
@@ -349,7 +357,7 @@ class WhisperAsr:
                     device=self._device,
                     compute_type=self._compute_type,
                     cpu_threads=self._cpu_threads,
-                    num_workers=1,
+                    num_workers=self._workers,
                 )
                 frames = model.feature_extractor.nb_max_frames
                 silence = np.zeros((1, model.model.n_mels, frames), dtype=np.float32)
