@@ -38,6 +38,12 @@ def percentile(values: Sequence[float], q: float) -> float:
     return _ranked(sorted(values), q)
 
 
+def percentile_or_nan(values: Sequence[float], q: float) -> float:
+    """``percentile``, or NaN when there are no values: a window's figures stay floats,
+    printed and written as NaN."""
+    return percentile(values, q) if values else math.nan
+
+
 def percentiles(
     values: Sequence[float], qs: Iterable[float], digits: int | None = None
 ) -> dict[str, float | None]:
@@ -74,6 +80,16 @@ def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     # utime and stime are fields 14 and 15 of stat(5); the split starts at field 3.
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds_if_running(pid: int | None) -> float | None:
+    """``cpu_seconds`` of ``pid``, or None when no process is given or it has gone."""
+    if pid is None:
+        return None
+    try:
+        return cpu_seconds(pid)
+    except OSError:
+        return None
 
 
 def load_average() -> float | None:

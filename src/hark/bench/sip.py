@@ -64,8 +64,8 @@ from hark.bench.report import (
     add_api_key_option,
     add_json_option,
     api_key,
-    cpu_seconds,
-    percentile,
+    cpu_seconds_if_running,
+    percentile_or_nan,
     publish,
 )
 from hark.bench.spoken_questions import QUESTIONS, RATE, SpokenQuestion, spoken_questions
@@ -88,11 +88,6 @@ _SILENCE = ulaw_encode(np.zeros(FRAME, np.int16))
 # After a reply's last audible packet, this much quiet means it has ended.
 _REPLY_OVER_S = 1.5
 _THINK_S = 1.0
-
-
-def _percentile(values: Sequence[float], q: float) -> float:
-    # NaN rather than None: the window's figures stay floats, printed and written as NaN.
-    return percentile(values, q) if values else math.nan
 
 
 # ---------------------------------------------------------------------- one caller
@@ -553,12 +548,12 @@ async def _watch(
     """Watch the server's RTP to every call for ``hold_s`` seconds."""
     for caller in callers:
         caller.received.clear()
-    cpu_before = _cpu_seconds(server_pid)
-    bench_before = _cpu_seconds(os.getpid())
+    cpu_before = cpu_seconds_if_running(server_pid)
+    bench_before = cpu_seconds_if_running(os.getpid())
     window_start = time.monotonic()
     await asyncio.sleep(hold_s)
-    cpu_after = _cpu_seconds(server_pid)
-    bench_after = _cpu_seconds(os.getpid())
+    cpu_after = cpu_seconds_if_running(server_pid)
+    bench_after = cpu_seconds_if_running(os.getpid())
     elapsed = time.monotonic() - window_start
     delays: list[float] = []
     packets = missing = 0
@@ -572,8 +567,8 @@ async def _watch(
     return CapacityStep(
         calls=len(callers),
         packets=packets,
-        p50_jitter_ms=_percentile(delays, 50),
-        p99_jitter_ms=_percentile(delays, 99),
+        p50_jitter_ms=percentile_or_nan(delays, 50),
+        p99_jitter_ms=percentile_or_nan(delays, 99),
         max_jitter_ms=max(delays, default=math.nan),
         late_packets=sum(d > late_ms for d in delays),
         lost_packets=missing,
@@ -605,16 +600,6 @@ def _print_step(result: CapacityStep, *, again: bool = False) -> None:
         + (f"; {result.setup_failures} failed to set up" if result.setup_failures else ""),
         flush=True,
     )
-
-
-def _cpu_seconds(pid: int | None) -> float | None:
-    """CPU time (user + system) a local process has used so far, or None."""
-    if pid is None:
-        return None
-    try:
-        return cpu_seconds(pid)
-    except OSError:
-        return None
 
 
 # ---------------------------------------------------------------------- turns
@@ -784,9 +769,9 @@ async def _ask(
 
 def _stats(values: Sequence[float]) -> dict[str, float]:
     return {
-        "p50": _percentile(values, 50),
-        "p90": _percentile(values, 90),
-        "p99": _percentile(values, 99),
+        "p50": percentile_or_nan(values, 50),
+        "p90": percentile_or_nan(values, 90),
+        "p99": percentile_or_nan(values, 99),
         "count": float(len(values)),
     }
 

@@ -66,8 +66,8 @@ from hark.bench.report import (
     add_api_key_option,
     add_json_option,
     api_key,
-    cpu_seconds,
-    percentile,
+    cpu_seconds_if_running,
+    percentile_or_nan,
     publish,
 )
 from hark.bench.spoken_questions import QUESTIONS, spoken_questions
@@ -635,8 +635,8 @@ class CallerGroup:
         late = [s * 1000 for s in self._send_lateness]
         client = ClientFigures(
             calls=len(self.calls),
-            loop_lag_p99_ms=_percentile(lag, 99),
-            send_lateness_p99_ms=_percentile(late, 99),
+            loop_lag_p99_ms=percentile_or_nan(lag, 99),
+            send_lateness_p99_ms=percentile_or_nan(late, 99),
             send_lateness_max_ms=max(late, default=math.nan),
             cpu=(time.process_time() - self._cpu_start) / elapsed if elapsed > 0 else math.nan,
         )
@@ -819,20 +819,15 @@ def merge_windows(
     return CapacityStep(
         calls=sum(w.client.calls for w in windows),
         frames=sum(w.frames for w in windows),
-        p50_lateness_ms=_percentile(lateness, 50),
-        p99_lateness_ms=_percentile(lateness, 99),
+        p50_lateness_ms=percentile_or_nan(lateness, 50),
+        p99_lateness_ms=percentile_or_nan(lateness, 99),
         max_lateness_ms=max(lateness, default=math.nan),
-        interarrival_p99_ms=_percentile(gaps, 99),
+        interarrival_p99_ms=percentile_or_nan(gaps, 99),
         setup_failures=failures,
         audible_share=sum(shares) / len(shares) if shares else math.nan,
         server_cpu=server_cpu,
         clients=[w.client for w in windows],
     )
-
-
-def _percentile(values: Sequence[float], q: float) -> float:
-    # NaN rather than None: the window's figures stay floats, printed and written as NaN.
-    return percentile(values, q) if values else math.nan
 
 
 async def measure_capacity(
@@ -901,10 +896,10 @@ async def _watch(
     callers: CallerProcesses, hold_s: float, server_pid: int | None, failures: int
 ) -> CapacityStep:
     """Watch the audio of every call for ``hold_s`` seconds."""
-    cpu_before = _cpu_seconds(server_pid)
+    cpu_before = cpu_seconds_if_running(server_pid)
     window_start = time.monotonic()
     windows = await callers.watch(hold_s)
-    cpu_after = _cpu_seconds(server_pid)
+    cpu_after = cpu_seconds_if_running(server_pid)
     elapsed = time.monotonic() - window_start
     server_cpu = (
         None if cpu_before is None or cpu_after is None else (cpu_after - cpu_before) / elapsed
@@ -932,16 +927,6 @@ def _print_step(result: CapacityStep, *, again: bool = False) -> None:
     )
 
 
-def _cpu_seconds(pid: int | None) -> float | None:
-    """CPU time (user + system) a local process has used so far, or None."""
-    if pid is None:
-        return None
-    try:
-        return cpu_seconds(pid)
-    except OSError:
-        return None
-
-
 # ---------------------------------------------------------------------- report
 
 
@@ -961,9 +946,9 @@ class WebRtcReport:
         for name in ("answer_ms", "channel_open_ms", "session_created_ms", "first_audio_ms"):
             values = [getattr(r, name) for r in self.setup if getattr(r, name) is not None]
             summary[name] = {
-                "p50": _percentile(values, 50),
-                "p90": _percentile(values, 90),
-                "p99": _percentile(values, 99),
+                "p50": percentile_or_nan(values, 50),
+                "p90": percentile_or_nan(values, 90),
+                "p99": percentile_or_nan(values, 99),
                 "count": float(len(values)),
             }
         return summary
