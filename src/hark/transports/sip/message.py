@@ -127,31 +127,7 @@ def split_list(value: str) -> list[str]:
     """
     if not value.strip():
         return []
-    parts: list[str] = []
-    start = 0
-    quoted = False
-    angle = False
-    i = 0
-    while i < len(value):
-        ch = value[i]
-        if quoted:
-            if ch == "\\":
-                i += 1
-            elif ch == '"':
-                quoted = False
-        elif ch == '"':
-            quoted = True
-        elif ch == "<":
-            angle = True
-        elif ch == ">":
-            angle = False
-        elif ch == "," and not angle:
-            parts.append(value[start:i].strip())
-            start = i + 1
-        i += 1
-    if quoted or angle:
-        raise SipParseError("unbalanced quotes or brackets in a header value")
-    parts.append(value[start:].strip())
+    parts = [part.strip() for part in _split_outside_quotes(value, ",", brackets=True)]
     if any(not part for part in parts):
         raise SipParseError("empty element in a header list")
     return parts
@@ -176,10 +152,13 @@ def _split_params(text: str) -> dict[str, str | None]:
     return params
 
 
-def _split_outside_quotes(text: str, sep: str) -> list[str]:
+def _split_outside_quotes(text: str, sep: str, *, brackets: bool = False) -> list[str]:
+    """``text`` split at ``sep`` outside quoted strings (and outside ``<…>`` with
+    ``brackets``: a URI in angle brackets may hold the separator)."""
     parts: list[str] = []
     start = 0
     quoted = False
+    angle = False
     i = 0
     while i < len(text):
         ch = text[i]
@@ -190,12 +169,16 @@ def _split_outside_quotes(text: str, sep: str) -> list[str]:
                 quoted = False
         elif ch == '"':
             quoted = True
-        elif ch == sep:
+        elif brackets and ch == "<":
+            angle = True
+        elif brackets and ch == ">":
+            angle = False
+        elif ch == sep and not angle:
             parts.append(text[start:i])
             start = i + 1
         i += 1
-    if quoted:
-        raise SipParseError("unterminated quoted string")
+    if quoted or angle:
+        raise SipParseError("unbalanced quotes or brackets in a header value")
     parts.append(text[start:])
     return parts
 
