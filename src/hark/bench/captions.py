@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import contextlib
 import json
 import logging
@@ -46,13 +45,14 @@ import os
 import random
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from hark import __version__
 from hark.bench.local_server import local_server
+from hark.bench.microphone import CHUNK_S, Microphone
 from hark.bench.monologues import MONOLOGUE, SENTENCE_GAP_S, Monologue, monologues
 from hark.bench.report import (
     DEFAULT_API_KEY,
@@ -76,7 +76,6 @@ if TYPE_CHECKING:
 
 _LOG = logging.getLogger(__name__)
 
-CHUNK_S = 0.02
 TRANSCRIPTION_MODEL = "whisper-1"
 # Speakers start this far apart at most (randomly), so that they do not speak in lockstep.
 _START_SPREAD_S = 0.5
@@ -400,64 +399,6 @@ async def _idle_cores(pid: int | None, seconds: float) -> float | None:
 # ---------------------------------------------------------------------------- one speaker
 
 
-class _Saying:
-    """A monologue being said: when each of its chunks was sent."""
-
-    def __init__(self, monologue: Monologue) -> None:
-        self.monologue = monologue
-        self.sent: list[float] = []
-        self.finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    def at(self, sample: int) -> float:
-        """When the chunk holding ``sample`` was sent."""
-        return self.sent[min(sample // round(RATE * CHUNK_S), len(self.sent) - 1)]
-
-
-class _Microphone:
-    """Streams 20 ms chunks on an absolute real-time schedule: silence, or a monologue.
-
-    A late chunk (a busy machine) goes out at once, as a real microphone's buffer would.
-    """
-
-    def __init__(self, append: Callable[..., Awaitable[None]]) -> None:
-        self._append = append
-        self._saying: _Saying | None = None
-        self._position = 0
-
-    def say(self, monologue: Monologue) -> _Saying:
-        """Start saying ``monologue`` at the next chunk."""
-        if self._saying is not None:
-            raise RuntimeError("already saying something")
-        self._saying = _Saying(monologue)
-        self._position = 0
-        return self._saying
-
-    async def run(self) -> None:
-        """Stream until cancelled."""
-        step = round(RATE * CHUNK_S)
-        silence = bytes(2 * step)
-        start = time.perf_counter()
-        chunks = 0
-        while True:
-            saying = self._saying
-            if saying is None:
-                chunk = silence
-            else:
-                pcm = saying.monologue.pcm[self._position : self._position + step]
-                chunk = pcm.astype("<i2").tobytes().ljust(2 * step, b"\0")
-            await self._append(audio=base64.b64encode(chunk).decode("ascii"))
-            if saying is not None:
-                saying.sent.append(time.perf_counter())
-                self._position += step
-                if self._position >= len(saying.monologue.pcm):
-                    self._saying = None
-                    saying.finished.set_result(None)
-            chunks += 1
-            delay = start + chunks * CHUNK_S - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-
-
 _CLOSED = "bench.connection_closed"
 _DELTA = "conversation.item.input_audio_transcription.delta"
 _COMPLETED = "conversation.item.input_audio_transcription.completed"
@@ -474,7 +415,7 @@ class _Speaker:
         self._random = random.Random(config.seed * 1_000_003 + index)
         # Full, the reader stops reading and the server's events wait in the socket.
         self._events: asyncio.Queue[tuple[float, dict[str, Any]]] = asyncio.Queue(_MAX_EVENTS)
-        self._microphone = _Microphone(conn.input_audio_buffer.append)
+        self._microphone = Microphone(conn.input_audio_buffer.append)
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -572,7 +513,7 @@ class _Speaker:
     async def caption(self, monologue: Monologue, length: float) -> CaptionTurn:
         """Say ``monologue`` and collect its captions until every item's transcript is in."""
         await self._drain(self._random.uniform(0, _START_SPREAD_S))
-        saying = self._microphone.say(monologue)
+        saying = self._microphone.say(monologue.pcm)
         deadline = time.perf_counter() + monologue.duration_s + self._config.turn_timeout_s
         deltas: list[tuple[float, str, str]] = []
         transcripts: dict[str, str | None] = {}
@@ -625,7 +566,7 @@ class _Speaker:
     async def reply(self, monologue: Monologue, length: float) -> ReplyTurn:
         """Say ``monologue`` and time the reply's first audio; then cancel the reply."""
         await self._drain(self._random.uniform(0, _START_SPREAD_S))
-        saying = self._microphone.say(monologue)
+        saying = self._microphone.say(monologue.pcm)
         deadline = time.perf_counter() + monologue.duration_s + self._config.turn_timeout_s
         response_id: str | None = None
         first_audio: float | None = None

@@ -34,12 +34,13 @@ import os
 import random
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from hark import __version__
+from hark.bench.microphone import CHUNK_S, Microphone, Utterance
 from hark.bench.report import (
     DEFAULT_API_KEY,
     BenchError,
@@ -63,7 +64,6 @@ TIMINGS_EVENT = "hark.turn_timings"
 VAD_MODES = ("server", "semantic")
 # Reply statuses that count: an incomplete reply (cut by max_output_tokens) was heard too.
 ANSWERED = ("completed", "incomplete")
-CHUNK_S = 0.02
 # How long to wait after response.done for the turn timings before going on without them.
 _TIMINGS_GRACE_S = 2.0
 # Clients start this far apart at most (randomly), so that they do not speak in lockstep.
@@ -390,72 +390,6 @@ async def run_latency_bench(
     )
 
 
-class _Utterance:
-    """A question being said: when its last voiced chunk and its last chunk were sent."""
-
-    def __init__(self, question: SpokenQuestion) -> None:
-        self.question = question
-        loop = asyncio.get_running_loop()
-        self.last_voiced_sent: asyncio.Future[float] = loop.create_future()
-        self.finished: asyncio.Future[float] = loop.create_future()
-
-
-class _Microphone:
-    """Streams 20 ms chunks at the pace of real time: silence, or a question when asked.
-
-    Chunks follow an absolute schedule, so the stream never drifts from real time; a chunk
-    that is late (a busy machine) goes out at once, as a real microphone's buffer would.
-    """
-
-    def __init__(self, append: Callable[..., Awaitable[None]]) -> None:
-        # input_audio_buffer.append of the SDK's connection, which takes ``audio=``.
-        self._append = append
-        self._utterance: _Utterance | None = None
-        self._position = 0
-        self._silence = bytes(2 * round(RATE * CHUNK_S))
-
-    def say(self, question: SpokenQuestion) -> _Utterance:
-        """Start saying ``question`` at the next chunk."""
-        if self._utterance is not None:
-            raise RuntimeError("already saying something")
-        self._utterance = _Utterance(question)
-        self._position = 0
-        return self._utterance
-
-    async def run(self) -> None:
-        """Stream until cancelled."""
-        step = round(RATE * CHUNK_S)
-        start = time.perf_counter()
-        sent = 0
-        while True:
-            utterance = self._utterance
-            if utterance is None:
-                chunk = self._silence
-            else:
-                pcm = utterance.question.pcm[self._position : self._position + step]
-                chunk = pcm.astype("<i2").tobytes().ljust(2 * step, b"\0")
-            await self._append(audio=base64.b64encode(chunk).decode("ascii"))
-            now = time.perf_counter()
-            if utterance is not None:
-                self._mark(utterance, step, now)
-            sent += 1
-            delay = start + sent * CHUNK_S - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-
-    def _mark(self, utterance: _Utterance, step: int, now: float) -> None:
-        question = utterance.question
-        end = self._position + step
-        if self._position <= question.last_voiced < end:
-            utterance.last_voiced_sent.set_result(now)
-        self._position = end
-        if end >= len(question.pcm):
-            if not utterance.last_voiced_sent.done():
-                utterance.last_voiced_sent.set_result(now)
-            utterance.finished.set_result(now)
-            self._utterance = None
-
-
 @dataclass
 class _Reply:
     """One response as the client received it (perf_counter seconds)."""
@@ -508,7 +442,7 @@ class _Client:
         try:
             async with client.realtime.connect(model=self._config.model) as conn:
                 reader = asyncio.create_task(self._read(conn))
-                microphone = _Microphone(conn.input_audio_buffer.append)
+                microphone = Microphone(conn.input_audio_buffer.append)
                 try:
                     await self._configure(conn)
                     speaking = asyncio.create_task(microphone.run())
@@ -583,7 +517,7 @@ class _Client:
         raise BenchError("no session.updated within 30 s")
 
     async def _converse(
-        self, microphone: _Microphone, speaking: asyncio.Task[None]
+        self, microphone: Microphone, speaking: asyncio.Task[None]
     ) -> list[TurnResult]:
         turns = []
         for turn in range(self._config.turns):
@@ -603,13 +537,13 @@ class _Client:
 
     async def _ask(
         self,
-        microphone: _Microphone,
+        microphone: Microphone,
         speaking: asyncio.Task[None],
         turn: int,
         question: SpokenQuestion,
     ) -> TurnResult:
         """Say ``question``, wait for the whole answer and for it to finish playing."""
-        utterance = microphone.say(question)
+        utterance = microphone.say(question.pcm)
         deadline = time.perf_counter() + question.duration_s + self._config.turn_timeout_s
         replies: dict[str, _Reply] = {}
         latest: _Reply | None = None
@@ -688,7 +622,7 @@ class _Client:
         status: str,
         response_id: str | None,
         reply: _Reply | None,
-        utterance: _Utterance,
+        utterance: Utterance,
         replies: dict[str, _Reply],
     ) -> TurnResult:
         result = TurnResult(
@@ -702,8 +636,9 @@ class _Client:
         if reply is None or reply.first_audio_at is None:
             return result
         result.reply_audio_ms = round(reply.audio_samples / RATE * 1000, 1)
-        if utterance.last_voiced_sent.done():
-            result.v2v_ms = _ms(reply.first_audio_at - utterance.last_voiced_sent.result())
+        last_voiced_sent = utterance.sent_at(question.last_voiced)
+        if last_voiced_sent is not None:
+            result.v2v_ms = _ms(reply.first_audio_at - last_voiced_sent)
         if reply.turn_end_at is not None:
             result.e2a_client_ms = _ms(reply.first_audio_at - reply.turn_end_at)
         if reply.timings is not None:
