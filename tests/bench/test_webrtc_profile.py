@@ -135,6 +135,9 @@ async def test_a_busy_process_is_sampled_with_py_spy() -> None:
     try:
         py_spy_command()
     except BenchError:
+        # CI installs uv (scripts/test), so uvx is there: a missing sampler fails there.
+        if os.environ.get("CI"):
+            raise
         pytest.skip("neither py-spy nor uvx is installed")
     spin = "import time\nwhile True:\n    sum(i * i for i in range(10000))\n    time.sleep(0)\n"
     process = await asyncio.create_subprocess_exec(sys.executable, "-c", spin)
