@@ -54,6 +54,19 @@ class Urgency:
 
 
 @dataclass(frozen=True, slots=True)
+class Truncation:
+    """What to drop when the conversation outgrows the model's context (the session's
+    ``truncation``; :mod:`hark.engines.llm.truncation` applies it). ``auto`` drops the oldest
+    turns until the prompt fits; ``retention_ratio`` drops at once down to ``retention_ratio``
+    of the tokens after the instructions (at most ``post_instructions_tokens`` when set), so
+    that the kept beginning stays the same over the next turns; ``disabled`` fails instead."""
+
+    mode: Literal["auto", "retention_ratio", "disabled"] = "auto"
+    retention_ratio: float = 1.0
+    post_instructions_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class GenerationRequest:
     """Everything an LLM needs for one response."""
 
@@ -62,6 +75,7 @@ class GenerationRequest:
     tool_choice: ToolChoice = ToolChoice()
     max_tokens: int | None = None
     temperature: float | None = None
+    truncation: Truncation = Truncation()
     # Prefills only: the last message is the user's turn still being spoken (its words so
     # far), and the next generation's user message begins with them; read it left open.
     open_turn: bool = False
