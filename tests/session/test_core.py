@@ -118,15 +118,6 @@ def test_null_turn_detection_and_clearing(driver: Driver) -> None:
     assert "input_audio_buffer.speech_started" not in driver.types(driver.append(voiced(500)))
 
 
-def test_model_cannot_change(driver: Driver) -> None:
-    new = driver.send({"type": "session.update", "session": {"model": "other"}})
-    assert new[0]["error"]["param"] == "session.model"
-    assert (
-        driver.send({"type": "session.update", "session": {"model": "gpt-realtime"}})[0]["type"]
-        == "session.updated"
-    )
-
-
 def test_semantic_vad_accepted(driver: Driver) -> None:
     new = driver.send(
         {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from msgspec import Struct
+from msgspec import UNSET, Struct, UnsetType
 
 
 class _Part(Struct, forbid_unknown_fields=True, omit_defaults=True, tag_field="type", kw_only=True):
@@ -17,11 +17,19 @@ class InputText(_Part, tag="input_text"):
     text: str
 
 
-class InputAudio(_Part, tag="input_audio"):
-    """Audio the user spoke; ``audio`` is base64 in the session's input format."""
+class InputAudio(_Part, tag="input_audio", omit_defaults=False):
+    """Audio the user spoke; ``audio`` is base64 in the session's input format.
 
-    audio: str | None = None
+    As OpenAI sends it, ``transcript`` is always there (``null`` until it is known) and
+    ``audio`` only when asked for (``conversation.item.retrieve``).
+    """
+
+    audio: str | UnsetType | None = UNSET
     transcript: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.audio is None:
+            self.audio = UNSET
 
 
 class InputImage(_Part, tag="input_image"):

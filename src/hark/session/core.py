@@ -279,14 +279,8 @@ class Session:
             self._playout.clear(requested=True)
 
     def _update_session(self, update: dict[str, Any]) -> None:
-        if (
-            "model" in update
-            and self.config.type == "realtime"
-            and update["model"] != self.config.model
-        ):
-            raise ProtocolError(
-                "The session's model cannot be changed.", "session.model", "invalid_value"
-            )
+        # Any model name is taken and echoed: clients (the agents SDK among them) send their
+        # own default, and hark serves the model it has whatever the session is called.
         self._apply_config(parse_session_config(update, base=self.config))
         self._outbox.emit(se.SessionUpdated(session=self._session_dict()))
         self._responses.prefill()

@@ -329,15 +329,13 @@ class ResponseLifecycle:
                 part.audio = np.zeros(0, np.int16)
                 part.audio_format = response.audio_format
                 part.rate = format_rate(response.audio_format)
+            # Announced empty, as OpenAI does: the part follows with content_part.added.
             entry = Entry(
-                id=self._ids.new("item"),
-                type="message",
-                role="assistant",
-                status="in_progress",
-                parts=[part],
+                id=self._ids.new("item"), type="message", role="assistant", status="in_progress"
             )
             response.message = entry
             index = self._add_output(response, entry)
+            entry.parts.append(part)
             self._outbox.emit(
                 se.ContentPartAdded(
                     response_id=response.id,
