@@ -114,6 +114,7 @@ class Session:
             on_heard=lambda: self._responses.resume_waiting(),
             logprobs=lambda: LOGPROBS_INCLUDE in (self.config.include or ()),
             on_words=lambda words: self._responses.prefill_turn(words),
+            on_failed=lambda entry, message: self._responses.words_failed(entry, message),
         )
         self._responses = ResponseLifecycle(
             self._outbox,

@@ -102,8 +102,10 @@ class Recognition:
     ``transcription`` gives the session's current ``audio.input.transcription`` (None: the
     client did not ask for transcripts, and the words are only the LLM's); ``logprobs``
     whether the client asked for them (``include``); ``on_heard`` is called when an item's
-    words become known, so responses waiting for them can start; ``on_words`` is given the
-    committed words of the turn being spoken as they grow, for the LLM to read ahead.
+    words become known, so responses waiting for them can start; ``on_failed(entry, message)``
+    when an item's words could not be heard, before ``on_heard``, so that responses waiting
+    for them fail instead; ``on_words`` is given the committed words of the turn being
+    spoken as they grow, for the LLM to read ahead.
     """
 
     def __init__(
@@ -115,6 +117,7 @@ class Recognition:
         on_heard: Callable[[], None],
         logprobs: Callable[[], bool] = lambda: False,
         on_words: Callable[[str], None] = lambda words: None,
+        on_failed: Callable[[Entry, str], None] = lambda entry, message: None,
     ) -> None:
         self._outbox = outbox
         self._conversation = conversation
@@ -123,8 +126,10 @@ class Recognition:
         self._logprobs = logprobs
         self._on_heard = on_heard
         self._on_words = on_words
-        # Whole-item requests: request id → the item it is for.
-        self._requests: dict[str, str] = {}
+        self._on_failed = on_failed
+        # Whole-item requests: request id → the item and the part it is for. The entry is
+        # held, not looked up: an item of ``response.create``'s ``input`` is in no conversation.
+        self._requests: dict[str, tuple[Entry, Part]] = {}
         # Steps in flight: request id → the stream and what the step decodes.
         self._steps: dict[str, tuple[_Stream, _Step]] = {}
         # The turn being spoken, if any.
@@ -145,10 +150,17 @@ class Recognition:
         )
 
     def recognise(self, entry: Entry, part: Part) -> None:
-        """Recognise an item's audio part whole."""
+        """Recognise an item's audio part whole: an item of the conversation, or one of a
+        response's own ``input``, whose words only that response reads."""
         assert part.audio is not None
-        self._requests[entry.id] = entry.id
-        self._transcribe(entry.id, part.audio, part.rate)
+        index = _index_of(entry, part)
+        request_id = entry.id if index == 0 else f"{entry.id}:{index}"
+        self._requests[request_id] = (entry, part)
+        self._transcribe(request_id, part.audio, part.rate)
+
+    def _in_conversation(self, entry: Entry) -> bool:
+        """Whether ``entry`` is an item of the conversation (the client hears of its words)."""
+        return entry.id in self._conversation and self._conversation.get(entry.id) is entry
 
     # ----------------------------------------------------------------- the turn being spoken
 
@@ -412,22 +424,28 @@ class Recognition:
 
     def delta(self, request_id: str, delta: str) -> None:
         """A piece of a whole item's transcript."""
-        item_id = self._requests.get(request_id)
-        if (
-            item_id is not None
-            and self._pending_part(item_id) is not None
-            and self._transcription() is not None
-        ):
+        request = self._requests.get(request_id)
+        if request is None or self._transcription() is None:
+            return
+        entry, part = request
+        if part.heard is None and self._in_conversation(entry):
             self._outbox.emit(
-                se.InputTranscriptionDelta(item_id=item_id, content_index=0, delta=delta)
+                se.InputTranscriptionDelta(
+                    item_id=entry.id, content_index=_index_of(entry, part), delta=delta
+                )
             )
 
     def done(self, request_id: str, transcript: str, audio_seconds: float) -> None:
         """A whole item's transcript."""
-        target = self._requests.pop(request_id, None)
-        pending = self._pending_part(target) if target is not None else None
-        if pending is not None:
-            self._transcribed(*pending, transcript, audio_seconds)
+        request = self._requests.pop(request_id, None)
+        if request is None or request[1].heard is not None:
+            return
+        entry, part = request
+        if self._in_conversation(entry):
+            self._transcribed(entry, part, transcript, audio_seconds)
+        else:
+            part.heard = transcript
+            self._on_heard()
 
     def _transcribed(
         self,
@@ -443,7 +461,7 @@ class Recognition:
             self._outbox.emit(
                 se.InputTranscriptionCompleted(
                     item_id=entry.id,
-                    content_index=0,
+                    content_index=_index_of(entry, part),
                     transcript=transcript,
                     usage={"type": "duration", "seconds": round(seconds, 3)},
                     logprobs=logprobs,
@@ -453,7 +471,8 @@ class Recognition:
 
     def failed(self, request_id: str, message: str) -> None:
         """Recognition failed: a caption step is tried again with the next audio; an item
-        whose words depended on the request gets none (the LLM sees no words for it)."""
+        whose words depended on the request gets none, and the responses waiting for them
+        fail (``on_failed``) rather than answer words nobody heard."""
         found = self._steps.pop(request_id, None)
         if found is not None:
             stream = found[0]
@@ -463,19 +482,18 @@ class Recognition:
             if stream.part is None:
                 return
             self._send_committed(stream)
-            target: str | None = stream.item_id
+            pending = self._pending_part(stream.item_id)
         else:
-            target = self._requests.pop(request_id, None)
-        pending = self._pending_part(target) if target is not None else None
-        if pending is None:
+            pending = self._requests.pop(request_id, None)
+        if pending is None or pending[1].heard is not None:
             return
         entry, part = pending
         part.heard = ""
-        if self._transcription() is not None:
+        if self._transcription() is not None and self._in_conversation(entry):
             self._outbox.emit(
                 se.InputTranscriptionFailed(
                     item_id=entry.id,
-                    content_index=0,
+                    content_index=_index_of(entry, part),
                     error={
                         "type": "server_error",
                         "code": "transcription_failed",
@@ -484,7 +502,13 @@ class Recognition:
                     },
                 )
             )
+        self._on_failed(entry, message)
         self._on_heard()
+
+
+def _index_of(entry: Entry, part: Part) -> int:
+    """Where ``part`` is in ``entry``'s content (by identity: parts hold arrays)."""
+    return next(i for i, p in enumerate(entry.parts) if p is part)
 
 
 def _logprobs(words: list[TimedWord], *, first: bool) -> list[se.LogProb]:

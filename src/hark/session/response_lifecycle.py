@@ -210,8 +210,31 @@ class ResponseLifecycle:
             if not response.generating:
                 self._start_generation(response)
 
+    def words_failed(self, entry: Entry, message: str) -> None:
+        """Recognising ``entry``'s audio failed: the responses waiting for its words fail (one
+        started already read the conversation without it)."""
+        for response in list(self.responses.values()):
+            if response.generating or not any(e is entry for e in self._entries_of(response)):
+                continue
+            self.end_response(
+                response,
+                "failed",
+                {
+                    "type": "failed",
+                    "error": {
+                        "type": "server_error",
+                        "code": "transcription_failed",
+                        "message": f"The input audio could not be transcribed: {message}",
+                    },
+                },
+            )
+
+    def _entries_of(self, response: Response) -> list[Entry]:
+        """What ``response`` reads: its own ``input``, else the conversation."""
+        return response.inputs if response.inputs is not None else self._conversation.entries()
+
     def _start_generation(self, response: Response) -> None:
-        entries = response.inputs if response.inputs is not None else self._conversation.entries()
+        entries = self._entries_of(response)
         if any(e.pending_recognition() for e in entries):
             return
         response.generating = True
