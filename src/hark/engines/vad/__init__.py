@@ -46,9 +46,15 @@ class VadEngine(Protocol):
 
     chunk_ms: int
 
-    def open_stream(self, on_result: Callable[[float, int], None]) -> VadStream:
+    def open_stream(
+        self,
+        on_result: Callable[[float, int], None],
+        on_missed: Callable[[int, str | None], None] | None = None,
+    ) -> VadStream:
         """A stream with fresh state; ``on_result(probability, epoch)`` gets every chunk's
-        answer, in order, on the event loop that opened it."""
+        answer, in order, on the event loop that opened it. A chunk the engine could not
+        answer gets ``on_missed(epoch, error)`` in its place instead: ``error`` says why the
+        model failed, or is None when the chunk was dropped because the engine fell behind."""
         ...
 
     async def warmup(self) -> None:

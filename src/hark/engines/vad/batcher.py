@@ -9,6 +9,13 @@ rate of arrivals, too few others would join it in time, so that a lightly loaded
 no wait at all. The deadline is kept by the batcher's thread, not by the event loop, so a busy
 loop does not hold batches back. Sessions push chunks and go on; the results come back to
 their event loops through :mod:`hark.engines.vad.delivery`.
+
+Failures: a batch whose model call raises answers each of its chunks with a miss that names
+the error (sessions tell their clients) and marks the engine degraded
+(:mod:`hark.engines.health`) until a batch succeeds. A thread that dies is started again, its
+batch's chunks missed. A stream holds at most ``max_queued`` chunks waiting; when the thread
+falls that far behind, the oldest waiting chunk is dropped and answered with a miss, so a
+session's answers stay in step with its audio and the memory a stalled model holds is bounded.
 """
 
 from __future__ import annotations
@@ -26,8 +33,9 @@ import numpy as np
 import numpy.typing as npt
 from threadpoolctl import threadpool_limits
 
+from hark.engines import health
 from hark.engines.vad import silero_gemm
-from hark.engines.vad.delivery import Mailbox
+from hark.engines.vad.delivery import DROPPED, Mailbox, Missed
 from hark.engines.vad.resample import CHUNK_MS, chunk_rate, chunk_resampler, chunk_samples
 from hark.engines.vad.silero import (
     MODEL_RATES,
@@ -47,6 +55,10 @@ VAD_MAX_WAIT_MS = 10.0
 # that a process with a few sessions (4 of them send 125 chunks a second) never waits.
 VAD_WORTH_WAITING_ROWS = 8.0
 DEFAULT_MAX_BATCH = 256
+# Chunks a stream may have waiting: 262 s of audio, what one maximal append (15 MiB of base64,
+# 245 s at 24 kHz) pushes at once, so that a client sending a recording faster than real time
+# loses nothing; about 12 MB at 24 kHz. Only a model stalled for minutes fills it.
+MAX_QUEUED_CHUNKS = 8192
 # The arrival rate is measured over windows at least this long.
 _RATE_WINDOW_S = 0.1
 
@@ -57,6 +69,16 @@ class BatchObserver(Protocol):
     def batch(self, size: int, wait_s: float, run_s: float, backlog: int) -> None:
         """``size`` rows ran for ``run_s``; the oldest had waited ``wait_s`` before the run;
         ``backlog`` items were left waiting for the next batch."""
+        ...
+
+
+class VadModel(Protocol):
+    """What runs a batch: Silero at one rate (:class:`hark.engines.vad.silero_gemm.SileroGemm`)."""
+
+    def run(
+        self, windows: npt.NDArray[np.float32], states: npt.NDArray[np.float32]
+    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+        """Probabilities ``[B]`` and next states for ``windows`` and ``states``."""
         ...
 
 
@@ -107,6 +129,10 @@ class _Chunk:
     samples: npt.NDArray[Any]
     epoch: int
     enqueued: float
+    # Older chunks of the stream dropped from its full queue, answered just before this one:
+    # those of its epoch, and those of earlier epochs (answered as such: stale to the stream).
+    dropped_before: int = 0
+    stale_dropped_before: int = 0
 
 
 class BatchedSileroVad:
@@ -132,7 +158,9 @@ class BatchedSileroVad:
 
     ``model_rate`` is the rate the model hears: 16 kHz by default, or 8 kHz, where Silero
     costs about a quarter less per row but hears only the telephone band (enough to tell
-    speech from silence, a little less sure of quiet fricatives).
+    speech from silence, a little less sure of quiet fricatives). ``model`` runs the batches
+    instead of Silero's weights at that rate (a wrapper of the real model, for instance).
+    ``max_queued`` bounds each stream's waiting chunks (see the module doc).
     """
 
     chunk_ms: int = CHUNK_MS
@@ -142,6 +170,9 @@ class BatchedSileroVad:
         max_batch: int = DEFAULT_MAX_BATCH,
         max_wait_ms: float = VAD_MAX_WAIT_MS,
         model_rate: int = SAMPLE_RATE,
+        *,
+        model: VadModel | None = None,
+        max_queued: int = MAX_QUEUED_CHUNKS,
     ) -> None:
         if model_rate not in MODEL_RATES:
             raise ValueError(f"the VAD model runs at 16000 or 8000 Hz, not {model_rate}")
@@ -149,11 +180,15 @@ class BatchedSileroVad:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         if max_wait_ms < 0:
             raise ValueError(f"max_wait_ms must not be negative, got {max_wait_ms}")
+        if max_queued < 1:
+            raise ValueError(f"max_queued must be at least 1, got {max_queued}")
         self.max_batch = max_batch
+        self.max_queued = max_queued
+        self.health = health.EngineHealth("vad")
         self.max_wait_s = max_wait_ms / 1000
         self.sample_rate = model_rate
         self._observer: BatchObserver | None = None
-        self._model: silero_gemm.SileroGemm | None = None
+        self._model: VadModel | None = model
         self._load_lock = threading.Lock()
         self._chunk = chunk_samples(model_rate)
         self._context = context_samples(model_rate)
@@ -164,6 +199,8 @@ class BatchedSileroVad:
         self._ready: deque[BatchedSileroVadStream] = deque()
         self._arrivals = ArrivalRate()
         self._thread: threading.Thread | None = None
+        # The batch the thread has taken and not yet answered: missed if the thread dies.
+        self._in_flight: list[tuple[BatchedSileroVadStream, _Chunk]] = []
         self._closed = False
         # Results on their way to each event loop that has streams open.
         self._mailboxes: dict[asyncio.AbstractEventLoop, Mailbox] = {}
@@ -183,8 +220,13 @@ class BatchedSileroVad:
         """Streams with a chunk waiting for a batch (not counting the batch running now)."""
         return len(self._ready)
 
-    def open_stream(self, on_result: Callable[[float, int], None]) -> BatchedSileroVadStream:
-        """A new stream with fresh state; results go to ``on_result`` on the current loop."""
+    def open_stream(
+        self,
+        on_result: Callable[[float, int], None],
+        on_missed: Callable[[int, str | None], None] | None = None,
+    ) -> BatchedSileroVadStream:
+        """A new stream with fresh state; results go to ``on_result`` on the current loop, and
+        chunks without one to ``on_missed`` (see ``VadEngine.open_stream``)."""
         loop = asyncio.get_running_loop()
         with self._cond:
             if self._closed:
@@ -198,7 +240,7 @@ class BatchedSileroVad:
             if mailbox is None:
                 mailbox = self._mailboxes[loop] = Mailbox(loop)
             mailbox.streams += 1
-        return BatchedSileroVadStream(self, row, on_result, mailbox)
+        return BatchedSileroVadStream(self, row, on_result, on_missed or _ignore_miss, mailbox)
 
     async def warmup(self) -> None:
         """Load the model and run one silent chunk through the batcher."""
@@ -209,14 +251,18 @@ class BatchedSileroVad:
             if not done.done():
                 done.set_result(probability)
 
-        stream = self.open_stream(result)
+        def missed(epoch: int, error: str | None) -> None:
+            if not done.done():
+                done.set_exception(RuntimeError(f"the VAD failed: {error}"))
+
+        stream = self.open_stream(result, missed)
         try:
             stream.push(np.zeros(self._chunk, dtype=np.int16), 0)
             await done
         finally:
             stream.close()
 
-    def _load(self) -> silero_gemm.SileroGemm:
+    def _load(self) -> VadModel:
         with self._load_lock:
             if self._model is None:
                 threadpool_limits(1, user_api="blas")
@@ -235,6 +281,7 @@ class BatchedSileroVad:
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join()
+        self.health.close()
 
     # Called by streams, on their loop.
 
@@ -245,7 +292,10 @@ class BatchedSileroVad:
                 raise BatcherClosedError("the vad batcher is closed")
             if stream.closed:
                 return
-            stream.queue.append(chunk)
+            queue = stream.queue
+            queue.append(chunk)
+            if len(queue) > self.max_queued:
+                _drop_oldest(queue)
             self._arrivals.count()
             if not stream.scheduled:
                 stream.scheduled = True
@@ -256,10 +306,7 @@ class BatchedSileroVad:
                 if count == 1 or count >= self.max_batch:
                     self._cond.notify()
             if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._work, name="hark-vad-batcher", daemon=True
-                )
-                self._thread.start()
+                self._start_thread(0.0)
 
     def _release(self, stream: BatchedSileroVadStream) -> None:
         with self._cond:
@@ -269,6 +316,7 @@ class BatchedSileroVad:
             stream.queue.clear()
             # The callback holds the session; a closed stream must not keep it alive.
             stream.on_result = _ignore
+            stream.on_missed = _ignore_miss
             mailbox = stream.mailbox
             mailbox.streams -= 1
             if not mailbox.streams and self._mailboxes.get(mailbox.loop) is mailbox:
@@ -283,6 +331,45 @@ class BatchedSileroVad:
 
     # The thread.
 
+    def _start_thread(self, delay_s: float) -> None:
+        """Start the batcher's thread (holding the lock), after ``delay_s`` of rest."""
+        self._thread = threading.Thread(
+            target=self._serve, args=(delay_s,), name="hark-vad-batcher", daemon=True
+        )
+        self._thread.start()
+
+    def _serve(self, delay_s: float) -> None:
+        """The thread: run batches until closed; if it dies, miss its batch and start again."""
+        health.pause(delay_s)
+        try:
+            self._work()
+        except BaseException as exc:
+            _log.exception("the VAD batcher's thread died; starting it again")
+            self._crashed(exc)
+
+    def _crashed(self, exc: BaseException) -> None:
+        delay = self.health.restarted(exc)
+        with self._cond:
+            batch, self._in_flight = self._in_flight, []
+            self._finish_batch([stream for stream, _ in batch])
+            if self._closed:
+                self._thread = None
+            else:
+                self._start_thread(delay)
+        if batch:
+            _deliver_results(batch, Missed(health.describe(exc)))
+
+    def _finish_batch(self, streams: list[BatchedSileroVadStream]) -> None:
+        """The batch of ``streams`` is answered (holding the lock): they may run again."""
+        for stream in streams:
+            stream.running = False
+            if stream.closed:
+                self._free_rows.append(stream.row)
+            elif stream.queue:
+                self._ready.append(stream)
+            else:
+                stream.scheduled = False
+
     def _work(self) -> None:
         while True:
             with self._cond:
@@ -290,26 +377,25 @@ class BatchedSileroVad:
                 if batch is None:
                     return
                 backlog = len(self._ready)
+                self._in_flight = batch
             if not batch:
                 continue
             streams = [stream for stream, _ in batch]
             started = time.monotonic()
+            answers: npt.NDArray[np.float32] | Missed
             try:
-                probabilities = self._run([chunk for _, chunk in batch], streams)
-            except Exception:
+                answers = self._run([chunk for _, chunk in batch], streams)
+            except Exception as exc:
                 _log.exception("the VAD failed on a batch of %d chunks", len(batch))
-                probabilities = np.zeros(len(batch), dtype=np.float32)
+                self.health.failed(exc)
+                answers = Missed(health.describe(exc))
+            else:
+                self.health.working()
             finished = time.monotonic()
             with self._cond:
-                for stream in streams:
-                    stream.running = False
-                    if stream.closed:
-                        self._free_rows.append(stream.row)
-                    elif stream.queue:
-                        self._ready.append(stream)
-                    else:
-                        stream.scheduled = False
-            _deliver_results(batch, probabilities)
+                self._in_flight = []
+                self._finish_batch(streams)
+            _deliver_results(batch, answers)
             if self._observer is not None:
                 oldest = min(chunk.enqueued for _, chunk in batch)
                 self._observer.batch(len(batch), started - oldest, finished - started, backlog)
@@ -413,6 +499,7 @@ class BatchedSileroVadStream:
         "closed",
         "epoch",
         "mailbox",
+        "on_missed",
         "on_result",
         "queue",
         "rate",
@@ -426,6 +513,7 @@ class BatchedSileroVadStream:
         engine: BatchedSileroVad,
         row: int,
         on_result: Callable[[float, int], None],
+        on_missed: Callable[[int, str | None], None],
         mailbox: Mailbox,
     ) -> None:
         self._engine = engine
@@ -434,6 +522,7 @@ class BatchedSileroVadStream:
         self._length_checked = 0
         self.row = row
         self.on_result = on_result
+        self.on_missed = on_missed
         self.queue: deque[_Chunk] = deque()
         self.scheduled = False  # waiting in the ready queue or running
         self.running = False
@@ -470,17 +559,42 @@ class BatchedSileroVadStream:
 
 
 def _deliver_results(
-    batch: list[tuple[BatchedSileroVadStream, _Chunk]], probabilities: npt.NDArray[np.float32]
+    batch: list[tuple[BatchedSileroVadStream, _Chunk]],
+    answers: npt.NDArray[np.float32] | Missed,
 ) -> None:
+    """Post each chunk's answer (or ``answers``, the one miss of a failed batch), after a miss
+    for every chunk dropped before it."""
+    results = [answers] * len(batch) if isinstance(answers, Missed) else answers.tolist()
     mailboxes: set[Mailbox] = set()
-    for (stream, chunk), probability in zip(batch, probabilities.tolist(), strict=True):
-        stream.mailbox.post(stream, probability, chunk.epoch)
-        mailboxes.add(stream.mailbox)
+    for (stream, chunk), answer in zip(batch, results, strict=True):
+        mailbox = stream.mailbox
+        # Any earlier epoch is stale to the stream: each still gets its place in the order.
+        for _ in range(chunk.stale_dropped_before):
+            mailbox.post(stream, DROPPED, chunk.epoch - 1)
+        for _ in range(chunk.dropped_before):
+            mailbox.post(stream, DROPPED, chunk.epoch)
+        mailbox.post(stream, answer, chunk.epoch)
+        mailboxes.add(mailbox)
     for mailbox in mailboxes:
         mailbox.wake()
 
 
+def _drop_oldest(queue: deque[_Chunk]) -> None:
+    """Drop the oldest of at least two chunks; the next one answers for it with a miss."""
+    dropped = queue.popleft()
+    head = queue[0]
+    head.stale_dropped_before += dropped.stale_dropped_before
+    if dropped.epoch == head.epoch:
+        head.dropped_before += dropped.dropped_before + 1
+    else:
+        head.stale_dropped_before += dropped.dropped_before + 1
+
+
 def _ignore(probability: float, epoch: int) -> None:
+    pass
+
+
+def _ignore_miss(epoch: int, error: str | None) -> None:
     pass
 
 

@@ -7,6 +7,10 @@ everything queued before it: a whole pass over every socket with data, tens of m
 :meth:`Mailbox.deliver` hands the results out instead. A result then waits for at most one
 input's handling, and each stream still gets its own results in order. A future, a task
 switch and a thread hop per 32 ms chunk would cost more than the model itself.
+
+A chunk the model did not answer (dropped from a full queue, or in a batch that failed) still
+gets its place in the order, as a :class:`Missed`, so that a stream's answers stay in step
+with its audio.
 """
 
 from __future__ import annotations
@@ -15,9 +19,22 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
+from dataclasses import dataclass
 from typing import Protocol
 
 _log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Missed:
+    """No answer for a chunk: ``error`` says why the model failed on it, or is None when the
+    chunk was dropped from a full queue."""
+
+    error: str | None = None
+
+
+# The answer of every chunk dropped from a full queue.
+DROPPED = Missed()
 
 
 class Recipient(Protocol):
@@ -30,6 +47,10 @@ class Recipient(Protocol):
 
     def on_result(self, probability: float, epoch: int) -> None:
         """One result, in the order the stream's chunks were pushed."""
+        ...
+
+    def on_missed(self, epoch: int, error: str | None) -> None:
+        """No result for the next chunk (see :class:`Missed`), in the same order."""
         ...
 
 
@@ -45,16 +66,16 @@ class Mailbox:
         self.loop = loop
         # No cap of its own: it holds one result per chunk its streams pushed and the model
         # has run since the loop last handed them out, and a stream's chunks come in real time.
-        self.results: deque[tuple[Recipient, float, int]] = deque()
+        self.results: deque[tuple[Recipient, float | Missed, int]] = deque()
         self.streams = 0
         # A wake-up callback is queued on the loop and has not started. The thread appends
         # before it reads this, and the callback clears it before it empties the deque, so a
         # result is never left behind with no wake-up coming.
         self.woken = False
 
-    def post(self, recipient: Recipient, probability: float, epoch: int) -> None:
-        """From the model's thread: one result for ``recipient``; :meth:`wake` the loop after
-        the batch's last."""
+    def post(self, recipient: Recipient, probability: float | Missed, epoch: int) -> None:
+        """From the model's thread: one result (or a miss) for ``recipient``; :meth:`wake` the
+        loop after the batch's last."""
         self.results.append((recipient, probability, epoch))
 
     def wake(self) -> None:
@@ -78,6 +99,9 @@ class Mailbox:
             if recipient.closed:
                 continue
             try:
-                recipient.on_result(probability, epoch)
+                if isinstance(probability, Missed):
+                    recipient.on_missed(epoch, probability.error)
+                else:
+                    recipient.on_result(probability, epoch)
             except Exception:
                 _log.exception("a VAD result handler failed")

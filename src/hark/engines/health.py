@@ -1,0 +1,149 @@
+"""Whether the engines' shared parts work: what ``/readyz`` says once the engines are warm.
+
+A request that fails for a reason of its own fails alone. A shared part that fails for every
+session (a VAD batch that raises, a scheduler thread that died) makes the process unfit for
+new sessions until it works again: it reports itself here as degraded, and as working after
+its next success. A thread that dies is started again by its owner, which says so here too;
+observers (the server's metrics) count the restarts.
+
+The record is process-wide, like the engines' threads it describes (see also
+:mod:`hark.engines.activity`): a part is listed only while it is degraded.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from typing import Protocol
+
+__all__ = [
+    "EngineHealth",
+    "EngineThreadCrashedError",
+    "RestartObserver",
+    "degraded",
+    "describe",
+    "pause",
+    "restart_delay",
+    "watch",
+]
+
+_log = logging.getLogger(__name__)
+
+# What /readyz shows of an error: its type and the start of its message.
+_MAX_PROBLEM = 200
+# A thread that dies again at once waits before its next start: it must not spin.
+_FIRST_RESTART_DELAY_S = 0.01
+_MAX_RESTART_DELAY_S = 5.0
+
+
+class EngineThreadCrashedError(RuntimeError):
+    """The engine thread serving a request died with an exception; the thread was started
+    again, the request fails."""
+
+
+class RestartObserver(Protocol):
+    """Told whenever an engine thread is started again after dying."""
+
+    def engine_restarted(self, engine: str) -> None:
+        """A thread of ``engine`` (``vad``, ``asr``, ``tts``, ``llm``, ``turn``) died and was
+        started again."""
+        ...
+
+
+class EngineHealth:
+    """One shared part of an engine (a model, the thread that runs it): thread-safe.
+
+    ``working`` is cheap while nothing is wrong, so that a part can call it after every
+    success.
+    """
+
+    def __init__(self, engine: str) -> None:
+        """``engine``: the kind it belongs to, as ``/readyz`` names it (``vad``, ``asr`` …)."""
+        self.engine = engine
+        self.restarts = 0
+        self._problem: str | None = None
+        self._consecutive_restarts = 0
+
+    @property
+    def problem(self) -> str | None:
+        """What is wrong, or None while the part works."""
+        return self._problem
+
+    def failed(self, error: BaseException | str) -> None:
+        """The part failed for everyone: degraded until :meth:`working`."""
+        problem = error if isinstance(error, str) else describe(error)
+        with _LOCK:
+            self._problem = problem
+            _DEGRADED[self] = problem
+
+    def working(self) -> None:
+        """The part served a request: no longer degraded."""
+        if self._problem is None and not self._consecutive_restarts:
+            return
+        with _LOCK:
+            self._problem = None
+            self._consecutive_restarts = 0
+            _DEGRADED.pop(self, None)
+
+    def restarted(self, error: BaseException) -> float:
+        """A thread of the part died of ``error`` and is being started again: degraded,
+        counted, observers told. Returns how long the new thread should wait before it
+        serves (0 at first; longer while it keeps dying before any success)."""
+        self.failed(error)
+        with _LOCK:
+            self.restarts += 1
+            delay = restart_delay(self._consecutive_restarts)
+            self._consecutive_restarts += 1
+            observers = list(_OBSERVERS)
+        for observer in observers:
+            try:
+                observer.engine_restarted(self.engine)
+            except Exception:
+                _log.exception("a restart observer failed")
+        return delay
+
+    def close(self) -> None:
+        """The part is gone (its engine closed): nothing to report any more."""
+        with _LOCK:
+            _DEGRADED.pop(self, None)
+
+
+def describe(error: BaseException) -> str:
+    """A short description of ``error`` for ``/readyz`` and error events."""
+    text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    return text if len(text) <= _MAX_PROBLEM else text[: _MAX_PROBLEM - 1] + "…"
+
+
+def restart_delay(restarts: int) -> float:
+    """Seconds a thread waits before serving after ``restarts`` restarts with no success
+    between them: none for the first, then doubling up to a few seconds."""
+    if restarts == 0:
+        return 0.0
+    return min(_MAX_RESTART_DELAY_S, _FIRST_RESTART_DELAY_S * 2 ** (restarts - 1))
+
+
+def degraded() -> dict[str, str]:
+    """The engines with a part degraded now, each with its most recent problem."""
+    with _LOCK:
+        parts = list(_DEGRADED.items())
+    return {health.engine: problem for health, problem in parts}
+
+
+def watch(observer: RestartObserver) -> None:
+    """Tell ``observer`` about every restart from now on, for as long as it lives."""
+    with _LOCK:
+        _OBSERVERS.add(observer)
+
+
+def pause(seconds: float) -> None:
+    """Wait ``seconds`` in a restarted thread before it serves again."""
+    if seconds > 0:
+        time.sleep(seconds)
+
+
+_LOCK = threading.Lock()
+# The parts degraded now, with their problem (an engine with several shows one of them).
+_DEGRADED: dict[EngineHealth, str] = {}
+_OBSERVERS: weakref.WeakSet[RestartObserver] = weakref.WeakSet()
