@@ -126,6 +126,23 @@ Include = Literal["item.input_audio_transcription.logprobs", "hark.turn_timings"
 MaxOutputTokens = Annotated[int, Meta(ge=1, le=4096)] | Literal["inf"]
 
 
+class TruncationTokenLimits(ConfigStruct):
+    """Custom limits for ``retention_ratio`` truncation."""
+
+    post_instructions: Annotated[int, Meta(ge=1)] | None = None
+
+
+class RetentionRatioTruncation(ConfigStruct, tag="retention_ratio", tag_field="type"):
+    """When the conversation outgrows the context, drop down to this fraction of the tokens
+    after the instructions at once, so that later turns keep the same beginning."""
+
+    retention_ratio: Annotated[float, Meta(ge=0.0, le=1.0)]
+    token_limits: TruncationTokenLimits | None = None
+
+
+SessionTruncation = Literal["auto", "disabled"] | RetentionRatioTruncation
+
+
 class SessionConfig(ConfigStruct):
     """The effective session configuration (GA shape)."""
 
@@ -138,7 +155,7 @@ class SessionConfig(ConfigStruct):
     tool_choice: ToolChoiceConfig = "auto"
     max_output_tokens: MaxOutputTokens = "inf"
     temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | None = None
-    truncation: Any = "auto"
+    truncation: SessionTruncation = "auto"
     tracing: Any = None
     # hark.turn_timings: a ``hark.turn_timings`` event with stage timings after each response.
     include: list[Include] | None = None

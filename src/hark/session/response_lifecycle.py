@@ -15,7 +15,14 @@ import numpy as np
 import numpy.typing as npt
 
 from hark.audio.formats import encode_audio, format_rate
-from hark.engines.llm import ChatMessage, Finished, FunctionTool, GenerationRequest, ToolChoice
+from hark.engines.llm import (
+    ChatMessage,
+    Finished,
+    FunctionTool,
+    GenerationRequest,
+    ToolChoice,
+    Truncation,
+)
 from hark.protocol import items as wire
 from hark.protocol import server_events as se
 from hark.protocol.errors import ProtocolError
@@ -24,6 +31,7 @@ from hark.protocol.session_config import (
     AudioFormat,
     FunctionToolDef,
     SessionConfig,
+    SessionTruncation,
     ToolChoiceConfig,
     ToolChoiceFunction,
     VoiceId,
@@ -260,6 +268,7 @@ class ResponseLifecycle:
             tool_choice=tool_choice,
             max_tokens=None if max_tokens == "inf" else max_tokens,
             temperature=response.temperature,
+            truncation=engine_truncation(self._config().truncation),
         )
         return Generate(
             response_id=response.id,
@@ -564,6 +573,18 @@ class ResponseLifecycle:
         """The session ends: every response is cancelled."""
         for response in list(self.responses.values()):
             self.end_response(response, "cancelled", {"type": "cancelled", "reason": None})
+
+
+def engine_truncation(truncation: SessionTruncation) -> Truncation:
+    """The session's ``truncation`` as the LLM engines take it."""
+    if isinstance(truncation, str):
+        return Truncation(mode=truncation)
+    limits = truncation.token_limits
+    return Truncation(
+        mode="retention_ratio",
+        retention_ratio=truncation.retention_ratio,
+        post_instructions_tokens=limits.post_instructions if limits else None,
+    )
 
 
 def _usage(finished: Finished, output_audio_tokens: int) -> se.Usage:
