@@ -206,3 +206,115 @@ def test_a_created_audio_item_that_cannot_be_transcribed_fails_the_response(
     driver.send({"type": "response.create", "response": {"output_modalities": ["text"]}})
     (generate,) = driver.take(Generate)
     assert user_words(generate) == [""]
+
+
+# ---------------------------------------------------------------- idle timeout
+
+IDLE_MS = 2000
+
+
+def with_idle_timeout(driver: Driver) -> None:
+    driver.send(
+        {
+            "type": "session.update",
+            "session": {
+                "audio": {
+                    "input": {"turn_detection": {"type": "server_vad", "idle_timeout_ms": IDLE_MS}}
+                }
+            },
+        }
+    )
+
+
+def answered_turn(driver: Driver, reply_ms: int = 400) -> float:
+    """A spoken turn and its spoken reply; returns where the reply ends on the input's sample
+    clock, were the client to play it while it goes on streaming."""
+    driver.asr_text = "Hello."
+    driver.append(silence(300))
+    driver.append(voiced(800))
+    driver.append(silence(700))
+    (generate,) = driver.take(Generate)
+    driver.speak_reply(generate, ["Hi there."], ms_per_clause=reply_ms)
+    return 1800 + reply_ms
+
+
+def test_idle_timeout_fires_on_wall_time_when_the_client_stops_sending(driver: Driver) -> None:
+    with_idle_timeout(driver)
+    answered_turn(driver)
+    # Nothing more arrives: only the wall clock moves.
+    assert driver.advance(2.3) == []
+    assert driver.session.next_deadline() == driver.now + 0.1
+    new = driver.advance(0.1)
+    types = driver.types(new)
+    assert types[:4] == [
+        "input_audio_buffer.timeout_triggered",
+        "input_audio_buffer.committed",
+        "conversation.item.added",
+        "conversation.item.done",
+    ]
+    assert "response.created" in types
+    triggered, committed = new[0], new[1]
+    # No audio was written after the reply: the silent segment is empty, at its end.
+    assert triggered["audio_start_ms"] == triggered["audio_end_ms"] == 1800
+    assert committed["item_id"] == triggered["item_id"]
+    (generate,) = driver.take(Generate)
+    assert generate.request.messages[-1].role == "user"
+    # Fired once: nothing waits on the clock but the session limit.
+    assert driver.session.next_deadline() == driver.session.expires_at
+
+
+def test_idle_timeout_reports_the_silence_after_the_reply(driver: Driver) -> None:
+    with_idle_timeout(driver)
+    reply_end_ms = answered_turn(driver, reply_ms=600)
+    new = driver.append(silence(3000))
+    (triggered,) = of_type(new, "input_audio_buffer.timeout_triggered")
+    # The segment after the reply's playback, as long as the timeout.
+    assert triggered["audio_start_ms"] == reply_end_ms
+    assert triggered["audio_end_ms"] - triggered["audio_start_ms"] == IDLE_MS
+    (committed,) = of_type(new, "input_audio_buffer.committed")
+    assert committed["item_id"] == triggered["item_id"]
+    assert len(of_type(new, "response.created")) == 1
+
+
+def test_idle_timeout_counts_from_the_end_of_playout_on_webrtc() -> None:
+    driver = Driver(plays_audio=True)
+    with_idle_timeout(driver)
+    driver.asr_text = "Hello."
+    driver.stream(silence(300))
+    driver.stream(voiced(800))
+    driver.stream(silence(700))
+    (generate,) = driver.take(Generate)
+    rid = generate.response_id
+    driver.session.on_audio(rid, voiced(1000), "Hi there.", now=driver.now)
+    driver.session.on_generation_finished(rid, Finished("stop", 10, 3), now=driver.now)
+    driver.session.on_playout_started(rid, now=driver.now)
+    # Playing the reply takes longer than the timeout would have from response.done.
+    assert "input_audio_buffer.timeout_triggered" not in driver.types(driver.stream(silence(3000)))
+    driver.session.on_playout_stopped(rid, now=driver.now)
+    driver.pump()
+    played_ms = 1800 + 3000
+    new = driver.stream(silence(2500))
+    (triggered,) = of_type(new, "input_audio_buffer.timeout_triggered")
+    assert triggered["audio_start_ms"] == played_ms
+    assert triggered["audio_end_ms"] == played_ms + IDLE_MS
+
+
+def test_speech_disarms_the_idle_timeout(driver: Driver) -> None:
+    with_idle_timeout(driver)
+    answered_turn(driver)
+    driver.append(silence(1000))
+    driver.append(voiced(600))
+    assert driver.session.next_deadline() == driver.session.expires_at
+    assert "input_audio_buffer.timeout_triggered" not in driver.types(driver.advance(5))
+
+
+def test_an_empty_idle_segment_needs_no_recognition(driver: Driver) -> None:
+    with_idle_timeout(driver)
+    answered_turn(driver)
+    driver.take(Transcribe)
+    driver.asr_text = None
+    new = driver.advance(2.4)
+    assert "input_audio_buffer.timeout_triggered" in driver.types(new)
+    assert not driver.take(Transcribe)
+    # The response reads the conversation at once: nobody waits for words.
+    assert len(driver.take(Generate)) == 1

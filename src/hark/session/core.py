@@ -126,7 +126,7 @@ class Session:
             playout=self._playout,
             plays_audio=plays_audio,
             limit_audio=self._limit_audio,
-            reply_sent=lambda after_ms: self._turns.arm_idle_timeout(after_ms),
+            reply_sent=lambda after_ms: self._turns.arm_idle_timeout(after_ms, self._now),
         )
         self._turns = TurnTaking(
             self._outbox,
@@ -188,14 +188,15 @@ class Session:
         that has passed (see ``next_deadline``)."""
         if self._at(now):
             self._speculation.handle_timer(now)
+            self._turns.handle_timer(now)
 
     def next_deadline(self) -> float | None:
         """The wall time (UNIX seconds) at which ``handle_timer`` must be called next, if no
         other input comes first; None when nothing waits on the clock."""
         if self._closed:
             return None
-        verdict = self._speculation.deadline()
-        return self.expires_at if verdict is None else min(self.expires_at, verdict)
+        deadlines = (self._speculation.deadline(), self._turns.idle_deadline)
+        return min([self.expires_at, *(d for d in deadlines if d is not None)])
 
     def end(self, error: ProtocolError, reason: str, *, now: float) -> None:
         """End the session for ``reason``: running responses are cancelled, the client gets
@@ -562,7 +563,7 @@ class Session:
         """The transport played a response's audio to the end."""
         if self._at(now) and self._playout.stopped(response_id):
             # The user has heard the conversation's reply: the idle timeout runs from now.
-            self._turns.arm_idle_timeout(0)
+            self._turns.arm_idle_timeout(0, now)
 
     def on_playout_cleared(self, response_id: str, played_ms: int, *, now: float) -> None:
         """Playout stopped early (barge-in or a clear): the item keeps only what was heard."""

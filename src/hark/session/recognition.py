@@ -153,6 +153,14 @@ class Recognition:
         """Recognise an item's audio part whole: an item of the conversation, or one of a
         response's own ``input``, whose words only that response reads."""
         assert part.audio is not None
+        if not len(part.audio):
+            # Nothing to hear (the idle timeout commits its segment even when empty).
+            if self._in_conversation(entry):
+                self._transcribed(entry, part, "", 0.0)
+            else:
+                part.heard = ""
+                self._on_heard()
+            return
         index = _index_of(entry, part)
         request_id = entry.id if index == 0 else f"{entry.id}:{index}"
         self._requests[request_id] = (entry, part)

@@ -80,7 +80,12 @@ class TurnTaking:
         self._clock_ms = 0.0
         # The end of the latest chunk the VAD answered, on the sample clock.
         self._vad_now_ms = 0.0
+        # The idle timeout, once armed: where the assistant's reply ends on the sample clock,
+        # and when the timeout is due on the sample clock and in wall time (whichever first:
+        # a client that stops sending still gets it, a replay faster than real time too).
+        self._idle_start_ms = 0.0
         self._idle_deadline_ms: float | None = None
+        self._idle_deadline: float | None = None
         self._speech_item_id: str | None = None
         self._speech_start_ms = 0.0
         # How long the pause that ended the last turn lasted (the end-of-turn wait).
@@ -196,6 +201,13 @@ class TurnTaking:
             if self._idle_deadline_ms is not None and end >= self._idle_deadline_ms:
                 self._idle_timeout(end)
 
+    def vad_missed(self, epoch: int) -> None:
+        """The VAD gave no answer for the oldest chunk not yet answered (of this epoch): no
+        decision is made on it, and the next answer is for the chunk after it."""
+        vad = self._vad
+        if vad is not None and epoch == vad.epoch:
+            vad.answered()
+
     def _on_turn_event(self, event: TurnEvent) -> None:
         if event.kind == "speech_started":
             self._speech_started(event.ms)
@@ -212,7 +224,7 @@ class TurnTaking:
         assert policy is not None
         self._speech_item_id = self._ids.new("item")
         self._speech_start_ms = max(ms, self._buffer.start_ms)
-        self._idle_deadline_ms = None
+        self._disarm_idle_timeout()
         self._recognition.start_turn(self._speech_item_id, self._speech_start_ms)
         # The VAD may answer late: a step may be due at once.
         self.recognise_turn()
@@ -250,24 +262,49 @@ class TurnTaking:
 
     # ----------------------------------------------------------------- idle timeout
 
-    def arm_idle_timeout(self, after_ms: float) -> None:
-        """The assistant's reply ends ``after_ms`` from now on the sample clock."""
+    def arm_idle_timeout(self, after_ms: float, now: float) -> None:
+        """The assistant's reply ends ``after_ms`` after wall time ``now`` (OpenAI: the
+        ``response.done`` time plus the audio's duration, or when playout stopped): the idle
+        timeout counts from there."""
         policy = self._policy
         if policy is not None and policy.idle_timeout_ms is not None:
-            self._idle_deadline_ms = self._clock_ms + after_ms + policy.idle_timeout_ms
+            self._idle_start_ms = self._clock_ms + after_ms
+            self._idle_deadline_ms = self._idle_start_ms + policy.idle_timeout_ms
+            self._idle_deadline = now + (after_ms + policy.idle_timeout_ms) / 1000
 
-    def _idle_timeout(self, now_ms: float) -> None:
-        self._idle_deadline_ms = None
+    def _disarm_idle_timeout(self) -> None:
+        self._idle_deadline_ms = self._idle_deadline = None
+
+    @property
+    def idle_deadline(self) -> float | None:
+        """When the idle timeout is due in wall time (UNIX seconds), if it is armed."""
+        return self._idle_deadline
+
+    def handle_timer(self, now: float) -> None:
+        """Wall time ``now`` has come: the idle timeout fires if it is due, on the audio
+        written so far (a client may have stopped sending)."""
+        if self._idle_deadline is not None and now >= self._idle_deadline:
+            self._idle_timeout(self._clock_ms)
+
+    def _idle_timeout(self, end_ms: float) -> None:
+        """No speech since the reply ended: the audio written since (the silence, as far as
+        it was sent, up to ``end_ms``) becomes a user item, and a response follows."""
+        self._disarm_idle_timeout()
+        policy = self._policy
+        if policy is None or policy.idle_timeout_ms is None or self._responses.in_band is not None:
+            # Turned off since, or a response is under way: its end arms the timeout again.
+            return
         item_id = self._ids.new("item")
-        start = self._buffer.start_ms
+        # Reply audio a client was still playing when it stopped sending ends after the last
+        # audio written: then the silent segment is empty.
+        start_ms = min(self._idle_start_ms, end_ms)
         self._outbox.emit(
             se.InputAudioBufferTimeoutTriggered(
-                audio_start_ms=int(start), audio_end_ms=int(now_ms), item_id=item_id
+                audio_start_ms=int(start_ms), audio_end_ms=int(end_ms), item_id=item_id
             )
         )
-        pcm = self._buffer.take(start, now_ms)
-        if len(pcm):
-            self._commit_audio(pcm, item_id)
+        # As OpenAI does, the segment is committed even when it is empty.
+        self._commit_audio(self._buffer.take(start_ms, end_ms), item_id)
         if self._responses.in_band is None:
             self._respond()
 
