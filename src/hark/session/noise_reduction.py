@@ -1,0 +1,69 @@
+"""Input noise reduction (``audio.input.noise_reduction``): the client's audio denoised as it
+enters the input buffer, before the VAD and recognition hear it, as OpenAI does.
+
+RNNoise (``hark.audio.denoise``) does the work; the two types differ in how much of the input
+they let through. ``far_field`` (laptop and room microphones, where noise and the room are
+loud next to the voice) takes the denoised signal alone. ``near_field`` (a headset, where
+the voice dominates and the risk is clipping its soft sounds) mixes a tenth of the input back
+in, so noise goes down by at most 20 dB. ``strength`` (0 to 1, 1 when unset, as OpenAI's
+default) scales the denoised share further.
+
+The denoiser hands back as many samples as it is given, so the session's sample clock is the
+input's; its audio is about 21 ms late (RNNoise's two frames and the resampling). Turning
+noise reduction off lets go of the audio held inside it; turning it on starts a fresh stream,
+whose first 21 ms are silence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import numpy.typing as npt
+
+from hark.audio.denoise import Denoiser
+from hark.protocol.session_config import NoiseReduction as NoiseReductionConfig
+
+# The share of the denoised signal at strength 1, per type.
+WET = {"near_field": 0.9, "far_field": 1.0}
+
+
+def wet_share(config: NoiseReductionConfig | None) -> float:
+    """The denoised share of the output for ``config``; 0 when noise reduction is off."""
+    if config is None or config.type is None:
+        return 0.0
+    strength = 1.0 if config.strength is None else config.strength
+    return WET[config.type] * strength
+
+
+class NoiseReduction:
+    """The session's denoiser, made when noise reduction is turned on and dropped when it is
+    turned off. ``config`` gives the session's current ``noise_reduction`` setting."""
+
+    def __init__(self, config: Callable[[], NoiseReductionConfig | None]) -> None:
+        self._config = config
+        self._denoiser: Denoiser | None = None
+
+    @property
+    def active(self) -> bool:
+        """Whether input audio is being denoised."""
+        return self._denoiser is not None
+
+    def apply(self, pcm: npt.NDArray[np.int16], rate: int) -> npt.NDArray[np.int16]:
+        """The input audio ``pcm`` (at ``rate``) as the buffer should hear it."""
+        config = self._config()
+        if config is None or config.type is None or wet_share(config) <= 0.0:
+            self.close()
+            return pcm
+        denoiser = self._denoiser
+        if denoiser is None or denoiser.rate != rate:
+            self.close()
+            denoiser = self._denoiser = Denoiser(rate)
+        denoiser.wet = wet_share(config)
+        return denoiser.process(pcm)
+
+    def close(self) -> None:
+        """Free the denoiser, if there is one."""
+        if self._denoiser is not None:
+            self._denoiser.close()
+            self._denoiser = None
