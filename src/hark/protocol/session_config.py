@@ -36,7 +36,8 @@ AudioFormat = PcmFormat | PcmuFormat | PcmaFormat
 
 
 class NoiseReduction(ConfigStruct):
-    """Accepted for compatibility; hark leaves echo and noise handling to the client's stack."""
+    """Input noise reduction (RNNoise; see ``hark.session.noise_reduction``): ``type`` picks how
+    much of the input is kept, ``strength`` (1 when unset) scales the suppression."""
 
     type: Literal["near_field", "far_field"] | None = None
     strength: Annotated[float, Meta(ge=0, le=1)] | None = None
@@ -192,7 +193,13 @@ def transcription_defaults() -> SessionConfig:
 
 
 # Objects merged field by field on update; everything else is replaced whole.
-_MERGED = {("audio",), ("audio", "input"), ("audio", "output")}
+# noise_reduction too: OpenAI keeps the current strength when an update leaves it out.
+_MERGED = {
+    ("audio",),
+    ("audio", "input"),
+    ("audio", "output"),
+    ("audio", "input", "noise_reduction"),
+}
 
 
 def _merge(base: dict[str, Any], update: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:

@@ -42,6 +42,7 @@ from hark.session.actions import Close
 from hark.session.client_items import entry_from_wire
 from hark.session.conversation import Conversation, Entry, Part, truncate_part
 from hark.session.ids import IdGenerator
+from hark.session.noise_reduction import NoiseReduction
 from hark.session.outbox import Outbox, Output
 from hark.session.playout_state import PlayoutState
 from hark.session.rate_limits import RateLimits, RateWindow
@@ -105,6 +106,7 @@ class Session:
         self._audio_retention_ms = int(audio_retention_s * 1000)
         self._plays_audio = plays_audio
         self._playout = PlayoutState(self._outbox, self.conversation)
+        self._noise = NoiseReduction(lambda: self.config.audio.input.noise_reduction)
         self._speculation = Speculation(self._outbox)
         self._recognition = Recognition(
             self._outbox,
@@ -334,7 +336,8 @@ class Session:
                 "audio",
                 "invalid_value",
             )
-        self._turns.append(decode_audio(self._turns.format, data))
+        pcm = decode_audio(self._turns.format, data)
+        self._turns.append(self._noise.apply(pcm, self._turns.rate))
 
     @property
     def input_rate(self) -> int:
@@ -349,7 +352,7 @@ class Session:
     def append_audio(self, pcm: npt.NDArray[np.int16], *, now: float) -> None:
         """Input audio that arrived as PCM at ``input_rate`` (a media track, not an event)."""
         if self._at(now):
-            self._turns.append(pcm)
+            self._turns.append(self._noise.apply(pcm, self._turns.rate))
 
     def receive_dtmf(self, event: str, *, now: float) -> None:
         """A keypad press from the phone (SIP): told to the client, never heard as speech."""
