@@ -105,6 +105,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="an OpenAI audio API for --tts openai (POST URL/audio/speech)",
     )
     serve.add_argument("--tts-api-key", default=None, metavar="KEY", help="key for --tts-url")
+    for option, what, default in (
+        ("--llm-first-token-timeout", "for the LLM's first token", 30),
+        ("--llm-token-timeout", "between two of the LLM's tokens", 15),
+        ("--tts-clause-timeout", "to speak one clause", 30),
+        ("--asr-timeout", "for one transcription", 60),
+    ):
+        serve.add_argument(
+            option,
+            type=float,
+            default=None,
+            metavar="SECONDS",
+            help=f"how long to wait {what} before that response or transcription fails "
+            f"(default {default})",
+        )
     serve.add_argument(
         "--config", dest="config_file", default=None, metavar="FILE", help="a TOML file"
     )

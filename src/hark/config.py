@@ -24,6 +24,13 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 DEFAULT_EMBEDDED_LLM_MODEL = "smollm2-135m"
 ENV_PREFIX = "HARK_"
 CONFIG_ENV_VAR = "HARK_CONFIG"
+# The options that limit how long an engine stage may wait (seconds).
+STAGE_TIMEOUT_OPTIONS = (
+    "llm_first_token_timeout",
+    "llm_token_timeout",
+    "tts_clause_timeout",
+    "asr_timeout",
+)
 
 
 class ConfigError(ValueError):
@@ -122,6 +129,13 @@ class Settings:
     # SIP's T1 (RFC 3261 §17.1.1.1), the round-trip estimate all transaction timers scale
     # with; smaller only on a closed network.
     sip_t1_ms: float = 500.0
+    # Seconds an engine stage may wait before that response or transcription fails as
+    # stalled (``hark.engines.stage_timeouts``): the LLM's first token and each gap between
+    # tokens, one clause of speech, one transcription.
+    llm_first_token_timeout: float = 30.0
+    llm_token_timeout: float = 15.0
+    tts_clause_timeout: float = 30.0
+    asr_timeout: float = 60.0
 
     @property
     def llm_model_name(self) -> str:
@@ -274,6 +288,8 @@ def _validate(values: dict[str, Any]) -> Settings:
             raise ConfigError(f"{name} must be an http(s) URL")
     _validate_engine_names(values)
     _positive_number(values, "workers", int)
+    for name in STAGE_TIMEOUT_OPTIONS:
+        _positive_number(values, name, float)
     _validate_vad_rate(values)
     _validate_flag(values, "demo")
     _validate_fleet(values)

@@ -154,6 +154,9 @@ class WatchingMetrics:
         self.watchers.append(watcher)
         return watcher
 
+    def engine_restarted(self, engine: str) -> None:
+        self.metrics.engine_restarted(engine)
+
 
 # The watcher each engine of a test reports to.
 _watchers: weakref.WeakKeyDictionary[FailoverLlm, Watcher] = weakref.WeakKeyDictionary()

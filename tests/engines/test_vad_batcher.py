@@ -59,6 +59,9 @@ class Recording:
     def llm_backend_observer(self) -> BackendObserver:
         raise AssertionError("the VAD has no LLM backends")
 
+    def engine_restarted(self, engine: str) -> None:
+        raise AssertionError("the VAD reports its restarts through hark.engines.health")
+
 
 def observed(engine: BatchedSileroVad) -> Recorder:
     """What ``engine`` reports about its batches from now on."""

@@ -142,7 +142,11 @@ class HeldVad:
     def __init__(self) -> None:
         self.ready: list[tuple[Callable[[float, int], None], int]] = []
 
-    def open_stream(self, on_result: Callable[[float, int], None]) -> HeldVad.Stream:
+    def open_stream(
+        self,
+        on_result: Callable[[float, int], None],
+        on_missed: Callable[[int, str | None], None] | None = None,
+    ) -> HeldVad.Stream:
         return HeldVad.Stream(self, on_result)
 
     async def warmup(self) -> None:

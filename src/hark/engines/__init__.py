@@ -28,6 +28,10 @@ class EngineMetrics(Protocol):
         """An observer of an LLM's backends: requests, failures, failovers and health."""
         ...
 
+    def engine_restarted(self, engine: str) -> None:
+        """A thread of ``engine`` died and was started again (:mod:`hark.engines.health`)."""
+        ...
+
 
 @runtime_checkable
 class ObservableEngine(Protocol):

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from hark.engines import EngineMetrics, ObservableEngine
+from hark.engines import EngineMetrics, ObservableEngine, health
 from hark.engines.asr import AsrEngine
 from hark.engines.llm import LlmEngine
+from hark.engines.stage_timeouts import StageTimeouts
 from hark.engines.tts import TtsEngine
 from hark.engines.turn import EndOfTurnEngine
 from hark.engines.vad import VadEngine
@@ -35,6 +36,9 @@ class Engines:
     tts: TtsEngine
     # semantic_vad's judge of whether an utterance is complete (SmolLM2 + text cues).
     turn: EndOfTurnEngine
+    # How long each stage may wait for its engine before that response (or transcription)
+    # fails as stalled.
+    timeouts: StageTimeouts = field(default_factory=StageTimeouts)
 
     async def warmup(self) -> None:
         """Load and run every engine once, all four at the same time.
@@ -48,7 +52,9 @@ class Engines:
                 group.create_task(_timed_warmup(name, engine.warmup()))
 
     def observe(self, metrics: EngineMetrics) -> None:
-        """Hand ``metrics`` to every engine that reports figures of its own."""
+        """Hand ``metrics`` to every engine that reports figures of its own, and count the
+        restarts of every engine thread in it."""
+        health.watch(metrics)
         for _, engine in self._named():
             if isinstance(engine, ObservableEngine):
                 engine.observe(metrics)
@@ -251,6 +257,12 @@ def build_engines(settings: Settings) -> Engines:
             tts=TTS_ENGINES[names["tts"]](settings),
             # Real with every engine set, like the VAD: turn-taking is what fakes test.
             turn=LlamaCppEndOfTurn(),
+            timeouts=StageTimeouts(
+                llm_first_token=settings.llm_first_token_timeout,
+                llm_token_gap=settings.llm_token_timeout,
+                tts_clause=settings.tts_clause_timeout,
+                asr_request=settings.asr_timeout,
+            ),
         )
     except FileNotFoundError as exc:
         raise EngineUnavailableError(str(exc)) from exc

@@ -152,6 +152,17 @@ class Metrics:
             "VAD chunks analysed more than 100 ms after their audio arrived.",
             registry=r,
         )
+        self.vad_chunks_dropped = Counter(
+            "hark_vad_chunks_dropped",
+            "VAD chunks dropped unanalysed: a stream's queue was full (the VAD fell behind).",
+            registry=r,
+        )
+        self.engine_restarts = Counter(
+            "hark_engine_thread_restarts",
+            "Engine threads (VAD batcher, schedulers, the LLM's) started again after dying.",
+            ["engine"],
+            registry=r,
+        )
         self.audio_late = Counter(
             "hark_audio_chunks_late",
             "Input media frames that arrived too late to be played in order.",
@@ -275,6 +286,10 @@ class Metrics:
     def llm_backend_observer(self) -> BackendObserver:
         """An observer for a ``FailoverLlm``'s backends."""
         return _LlmBackendMetrics(self)
+
+    def engine_restarted(self, engine: str) -> None:
+        """A thread of ``engine`` died and was started again (``hark.engines.health``)."""
+        self.engine_restarts.labels(engine).inc()
 
     def observe_loop_lag(self, seconds: float) -> None:
         """One measure of the event loop's lag."""

@@ -115,6 +115,11 @@ class SessionMetrics:
             self._vad_late += 1
         self._hold()
 
+    def vad_chunk_dropped(self) -> None:
+        """The VAD dropped a chunk unanswered: it fell too far behind (rare, so not held)."""
+        if self._metrics is not None:
+            self._metrics.vad_chunks_dropped.inc()
+
     def vad_decision(self, decision: str, arrived: float) -> None:
         """Turn detection decided ``decision`` (``speech_started`` / ``speech_stopped``) on the
         VAD result of a chunk whose last sample arrived at ``arrived``."""

@@ -145,6 +145,8 @@ class Session:
         )
         # The type of the last client event received ("unknown" when it did not decode).
         self.last_event_type = "unknown"
+        # The VAD failed and has not answered since (its error was sent once).
+        self._vad_failing = False
 
     # ----------------------------------------------------------------- plumbing
 
@@ -364,7 +366,28 @@ class Session:
     def on_vad(self, probability: float, epoch: int, *, now: float) -> None:
         """The VAD's answer for the oldest chunk not yet answered (of this epoch)."""
         if self._at(now):
+            self._vad_failing = False
             self._turns.on_vad(probability, epoch)
+
+    def on_vad_missed(self, epoch: int, error: str | None, *, now: float) -> None:
+        """No VAD answer for the oldest chunk not yet answered: dropped (``error`` None) or
+        the VAD failed. A failure is told to the client once, until the VAD answers again;
+        turn detection waits meanwhile rather than hear silence."""
+        if not self._at(now):
+            return
+        self._turns.vad_missed(epoch)
+        if error is None or self._vad_failing:
+            return
+        self._vad_failing = True
+        self._outbox.error(
+            ProtocolError(
+                f"Voice activity detection failed ({error}); turns are not detected until it "
+                "works again.",
+                code="vad_failed",
+                type="server_error",
+            ),
+            None,
+        )
 
     def _limit_audio(self) -> None:
         """Hold conversation audio to the retention budget; replies still being generated or

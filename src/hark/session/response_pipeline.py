@@ -1,4 +1,8 @@
-"""One response's engine work: LLM text → clauses → TTS, overlapped so speech starts early."""
+"""One response's engine work: LLM text → clauses → TTS, overlapped so speech starts early.
+
+Each stage has a time limit (:class:`hark.engines.stage_timeouts.StageTimeouts`): an engine
+that stalls fails the response with a ``StageTimeoutError`` naming the stage.
+"""
 
 from __future__ import annotations
 
@@ -17,9 +21,12 @@ from hark.engines.llm import (
     ToolCallFinished,
     ToolCallStarted,
 )
+from hark.engines.stage_timeouts import StageTimeouts, limit, within
 from hark.engines.tts import TtsEngine
 from hark.session.actions import Generate
 from hark.session.clauses import ClauseSplitter
+
+_DEFAULT_TIMEOUTS = StageTimeouts()
 
 
 class GenerationSink(Protocol):
@@ -35,15 +42,31 @@ class GenerationSink(Protocol):
 
 
 async def run_generation(
-    action: Generate, llm: LlmEngine, tts: TtsEngine, sink: GenerationSink
+    action: Generate,
+    llm: LlmEngine,
+    tts: TtsEngine,
+    sink: GenerationSink,
+    timeouts: StageTimeouts = _DEFAULT_TIMEOUTS,
 ) -> None:
-    """Run the engines for one response. Engine errors propagate to the caller."""
+    """Run the engines for one response. Engine errors, and ``StageTimeoutError`` for a stage
+    that took longer than ``timeouts`` allow, propagate to the caller."""
     clauses: asyncio.Queue[str | None] = asyncio.Queue()
-    speaker = asyncio.create_task(_speak(action, tts, clauses, sink)) if action.audio else None
+    speaker = (
+        asyncio.create_task(_speak(action, tts, clauses, sink, timeouts.tts_clause))
+        if action.audio
+        else None
+    )
     splitter = ClauseSplitter()
     finished = Finished(reason="stop")
+    events = within(
+        llm.generate(action.request),
+        first_s=timeouts.llm_first_token,
+        gap_s=timeouts.llm_token_gap,
+        stage="LLM first token",
+        gap_stage="LLM next token",
+    )
     try:
-        async for event in llm.generate(action.request):
+        async for event in events:
             if isinstance(event, TextDelta):
                 # Also for audio replies: the core ignores it there, but it times the LLM.
                 sink.text(event.text)
@@ -73,6 +96,8 @@ async def run_generation(
             await speaker
         sink.finished(finished)
     finally:
+        # The LLM's stream stops here, not whenever the collector gets to it.
+        await events.aclose()
         if speaker is not None and not speaker.done():
             speaker.cancel()
             await asyncio.gather(speaker, return_exceptions=True)
@@ -91,6 +116,7 @@ async def _speak(
     tts: TtsEngine,
     clauses: asyncio.Queue[str | None],
     sink: GenerationSink,
+    clause_s: float,
 ) -> None:
     resampler = StreamResampler(tts.sample_rate, action.output_rate)
     loop = asyncio.get_running_loop()
@@ -103,16 +129,18 @@ async def _speak(
         slack = 0.0
         if first_audio_at is not None:
             slack = max(0.0, produced_s - (loop.time() - first_audio_at))
-        async for chunk in tts.synthesize(
-            clause.strip(), voice=action.voice, speed=action.speed, slack_s=slack
-        ):
-            if first_audio_at is None:
-                first_audio_at = loop.time()
-            produced_s += len(chunk) / tts.sample_rate
-            pcm = resampler.process(chunk)
-            if len(pcm) or transcript:
-                sink.audio(pcm.astype(np.int16, copy=False), transcript)
-                transcript = ""
+        # A clause may wait its turn behind others for as long as the audio queued ahead lasts.
+        async with limit(clause_s + slack, "TTS clause"):
+            async for chunk in tts.synthesize(
+                clause.strip(), voice=action.voice, speed=action.speed, slack_s=slack
+            ):
+                if first_audio_at is None:
+                    first_audio_at = loop.time()
+                produced_s += len(chunk) / tts.sample_rate
+                pcm = resampler.process(chunk)
+                if len(pcm) or transcript:
+                    sink.audio(pcm.astype(np.int16, copy=False), transcript)
+                    transcript = ""
         if transcript:
             # Nothing to voice (punctuation only): keep the transcript whole anyway.
             sink.audio(np.zeros(0, np.int16), transcript)

@@ -24,6 +24,7 @@ import numpy.typing as npt
 
 from hark.engines.llm import Finished
 from hark.engines.registry import Engines
+from hark.engines.stage_timeouts import limit
 from hark.observability.metrics import Metrics
 from hark.observability.session_metrics import SessionMetrics
 from hark.observability.turn_timing import TurnTimings
@@ -132,7 +133,7 @@ class SessionRunner:
         self._vad_waiting: deque[float] = deque()
         # When the audio behind the VAD result being handled now arrived.
         self._vad_arrived = 0.0
-        self._vad_stream = engines.vad.open_stream(self._on_vad)
+        self._vad_stream = engines.vad.open_stream(self._on_vad, self._on_vad_missed)
         self._generations: dict[str, asyncio.Task[None]] = {}
         # Steps of incremental recognition running, by request id (CancelRecognition).
         self._recognitions: dict[str, asyncio.Task[None]] = {}
@@ -427,6 +428,17 @@ class SessionRunner:
             self._internal_error()
         self._flush()
 
+    def _on_vad_missed(self, epoch: int, error: str | None) -> None:
+        """No VAD answer for the oldest chunk pushed and not yet answered: dropped because the
+        VAD fell behind (``error`` None), or the VAD failed."""
+        if self._closed:
+            return
+        if self._vad_waiting:
+            self._vad_waiting.popleft()
+        if error is None:
+            self.metrics.vad_chunk_dropped()
+        self._call(self.session.on_vad_missed, epoch, error)
+
     def _arm_timer(self) -> None:
         """Set the one timer for the core's next deadline (wall time)."""
         if self._timer is not None:
@@ -451,11 +463,12 @@ class SessionRunner:
         text = ""
         seconds = len(action.audio) / self.engines.asr.sample_rate
         try:
-            async for delta in self.engines.asr.transcribe(
-                action.audio, language=action.language, prompt=action.prompt
-            ):
-                text += delta
-                self._call(self.session.on_transcription_delta, action.request_id, delta)
+            async with limit(self.engines.timeouts.asr_request, "ASR request"):
+                async for delta in self.engines.asr.transcribe(
+                    action.audio, language=action.language, prompt=action.prompt
+                ):
+                    text += delta
+                    self._call(self.session.on_transcription_delta, action.request_id, delta)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -474,7 +487,8 @@ class SessionRunner:
 
     async def _run_recognition(self, action: Recognise) -> None:
         try:
-            transcript = await self.engines.asr.recognise(action.request)
+            async with limit(self.engines.timeouts.asr_request, "ASR request"):
+                transcript = await self.engines.asr.recognise(action.request)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -553,7 +567,9 @@ class SessionRunner:
 
     async def _run_generation(self, action: Generate, sink: _Sink) -> None:
         try:
-            await run_generation(action, self.engines.llm, self.engines.tts, sink)
+            await run_generation(
+                action, self.engines.llm, self.engines.tts, sink, self.engines.timeouts
+            )
         except asyncio.CancelledError:
             raise
         except Exception as exc:

@@ -1,4 +1,5 @@
-"""``/healthz`` (the process answers), ``/readyz`` (the engines are warm) and ``/metrics``."""
+"""``/healthz`` (the process answers), ``/readyz`` (the engines are warm and working) and
+``/metrics``."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import asyncio
 
 from aiohttp import web
 
+from hark.engines import health
 from hark.observability.metrics import CONTENT_TYPE
 from hark.server.access import PUBLIC, api_key_only, requires
 from hark.server.state import METRICS, STATE
@@ -28,10 +30,17 @@ async def healthz(request: web.Request) -> web.Response:
 
 @requires(PUBLIC)
 async def readyz(request: web.Request) -> web.Response:
-    """200 once the engines are warm; 503 while starting, failed or draining."""
+    """200 once the engines are warm; 503 while starting, failed, draining, or ``degraded``:
+    an engine failing for every session (``engines`` names each, with its error) until it
+    works again."""
     state = request.app[STATE]
-    status = "draining" if state.draining else state.engines_status
+    status: str = "draining" if state.draining else state.engines_status
+    degraded = health.degraded()
+    if degraded and status == "ready":
+        status = "degraded"
     body: dict[str, object] = {"status": status}
+    if status == "degraded":
+        body["engines"] = degraded
     # A transport that could not start leaves the rest serving: said here, not fatal.
     problems = {"webrtc": state.webrtc_error, "sip": state.sip_error}
     if any(problems.values()):
