@@ -1,5 +1,5 @@
-"""The client events (GA's eleven and the older ``transcription_session.update``), and
-decoding them with errors in OpenAI's shape."""
+"""The client events (GA's eleven), and decoding them with errors in OpenAI's shape. The
+beta dialect's events are translated to these at the transport (``hark.transports.beta``)."""
 
 from __future__ import annotations
 
@@ -19,13 +19,6 @@ class ClientEvent(Struct, forbid_unknown_fields=True, tag_field="type", kw_only=
 
 class SessionUpdate(ClientEvent, tag="session.update"):
     """Partial update of the session; validated against SessionConfig by the session."""
-
-    session: dict[str, Any]
-
-
-class TranscriptionSessionUpdate(ClientEvent, tag="transcription_session.update"):
-    """The older way to configure a transcription session: its ``session`` has the
-    preview's flat fields (``input_audio_format``, ``input_audio_transcription``…)."""
 
     session: dict[str, Any]
 
@@ -103,7 +96,6 @@ AnyClientEvent = (
     | ResponseCreate
     | ResponseCancel
     | OutputAudioBufferClear
-    | TranscriptionSessionUpdate
 )
 
 # Each event class's ``type``, looked up once rather than through ``__struct_config__``.

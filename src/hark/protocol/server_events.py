@@ -44,12 +44,6 @@ class SessionUpdated(ServerEvent, tag="session.updated"):
     session: dict[str, Any]
 
 
-class TranscriptionSessionUpdated(ServerEvent, tag="transcription_session.updated"):
-    """The answer to ``transcription_session.update``: the session in the same flat shape."""
-
-    session: dict[str, Any]
-
-
 class ConversationItemAdded(ServerEvent, tag="conversation.item.added"):
     """An item entered the conversation (it may still be in progress)."""
 

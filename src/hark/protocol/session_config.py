@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 import msgspec
-from msgspec import UNSET, Meta, Struct, UnsetType, field
+from msgspec import Meta, Struct, field
 
 from hark.protocol.errors import ProtocolError, from_validation_error
 
@@ -290,89 +290,6 @@ def session_config_to_dict(
     if expires_at is not None:
         head["expires_at"] = expires_at
     return {**head, **body}
-
-
-class FlatTranscriptionSession(ConfigStruct):
-    """The ``session`` of the older ``transcription_session.update`` event: the preview's flat
-    fields, translated to the GA shape by ``parse_flat_transcription_update``. Objects are
-    checked there, in their GA places, and errors named back in these terms."""
-
-    input_audio_format: Literal["pcm16", "g711_ulaw", "g711_alaw"] | UnsetType = UNSET
-    input_audio_transcription: dict[str, Any] | UnsetType | None = UNSET
-    input_audio_noise_reduction: dict[str, Any] | UnsetType | None = UNSET
-    turn_detection: dict[str, Any] | UnsetType | None = UNSET
-    include: list[Any] | UnsetType | None = UNSET
-    # Accepted as the preview did; a transcription session never produces output, and a key
-    # is minted with POST /v1/realtime/client_secrets, not over the socket.
-    modalities: list[Literal["text", "audio"]] | UnsetType = UNSET
-    client_secret: dict[str, Any] | UnsetType = UNSET
-
-
-_FLAT_FORMATS: dict[str, dict[str, Any]] = {
-    "pcm16": {"type": "audio/pcm", "rate": 24000},
-    "g711_ulaw": {"type": "audio/pcmu"},
-    "g711_alaw": {"type": "audio/pcma"},
-}
-_FLAT_FORMAT_NAMES = {fmt["type"]: name for name, fmt in _FLAT_FORMATS.items()}
-# Each flat field and where the GA shape keeps it.
-_FLAT_PLACES = {
-    "input_audio_format": "format",
-    "input_audio_transcription": "transcription",
-    "input_audio_noise_reduction": "noise_reduction",
-    "turn_detection": "turn_detection",
-}
-
-
-def parse_flat_transcription_update(data: dict[str, Any], base: SessionConfig) -> SessionConfig:
-    """Apply a ``transcription_session.update``'s flat ``session`` over a transcription
-    session's ``base``. Raises ProtocolError naming the flat parameter at fault."""
-    try:
-        flat = msgspec.convert(data, FlatTranscriptionSession)
-    except msgspec.ValidationError as exc:
-        raise from_validation_error(exc, "session") from None
-    audio_input: dict[str, Any] = {}
-    for name, place in _FLAT_PLACES.items():
-        value = getattr(flat, name)
-        if value is UNSET:
-            continue
-        if name == "input_audio_format":
-            value = _FLAT_FORMATS[value]
-        elif name == "turn_detection" and value is not None and "type" not in value:
-            # The preview's turn_detection was untagged, server VAD unless it said otherwise.
-            value = {**value, "type": "server_vad"}
-        audio_input[place] = value
-    update: dict[str, Any] = {"type": "transcription", "audio": {"input": audio_input}}
-    if flat.include is not UNSET:
-        update["include"] = flat.include
-    try:
-        return parse_session_config(update, base=base)
-    except ProtocolError as exc:
-        param = exc.param or ""
-        for name, place in _FLAT_PLACES.items():
-            ga = f"session.audio.input.{place}"
-            if param == ga or param.startswith(f"{ga}."):
-                flat_param = f"session.{name}{param[len(ga) :]}"
-                message = exc.message.replace(param, flat_param)
-                raise ProtocolError(message, flat_param, exc.code, exc.type) from None
-        raise
-
-
-def flat_transcription_session(
-    config: SessionConfig, *, session_id: str, expires_at: int
-) -> dict[str, Any]:
-    """A transcription session in the preview's flat shape (``transcription_session.updated``)."""
-    audio_input: dict[str, Any] = msgspec.to_builtins(config.audio.input)
-    return {
-        "id": session_id,
-        "object": "realtime.transcription_session",
-        "expires_at": expires_at,
-        "modalities": ["text"],
-        "input_audio_format": _FLAT_FORMAT_NAMES[audio_input["format"]["type"]],
-        "input_audio_transcription": audio_input["transcription"],
-        "input_audio_noise_reduction": audio_input["noise_reduction"],
-        "turn_detection": audio_input["turn_detection"],
-        "include": config.include,
-    }
 
 
 def sample_rate(fmt: AudioFormat) -> int:

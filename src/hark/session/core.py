@@ -33,8 +33,6 @@ from hark.protocol.errors import ProtocolError, from_validation_error
 from hark.protocol.response_params import ResponseParams, parse_response_params
 from hark.protocol.session_config import (
     SessionConfig,
-    flat_transcription_session,
-    parse_flat_transcription_update,
     parse_session_config,
     session_config_to_dict,
 )
@@ -256,8 +254,6 @@ class Session:
             )
         elif isinstance(event, ce.SessionUpdate):
             self._update_session(event.session)
-        elif isinstance(event, ce.TranscriptionSessionUpdate):
-            self._update_transcription_session(event.session)
         elif isinstance(event, ce.InputAudioBufferCommit):
             self._turns.commit()
         elif isinstance(event, ce.InputAudioBufferClear):
@@ -290,24 +286,6 @@ class Session:
         self._apply_config(parse_session_config(update, base=self.config))
         self._outbox.emit(se.SessionUpdated(session=self._session_dict()))
         self._responses.prefill()
-
-    def _update_transcription_session(self, update: dict[str, Any]) -> None:
-        """The older ``transcription_session.update``: the preview's flat fields in, and the
-        same shape back."""
-        if self.config.type != "transcription":
-            raise ProtocolError(
-                "Passing a transcription session update event to a realtime session is not "
-                "allowed.",
-                code="invalid_parameter",
-            )
-        self._apply_config(parse_flat_transcription_update(update, self.config))
-        self._outbox.emit(
-            se.TranscriptionSessionUpdated(
-                session=flat_transcription_session(
-                    self.config, session_id=self.id, expires_at=self.expires_at
-                )
-            )
-        )
 
     def _apply_config(self, config: SessionConfig) -> None:
         old = self.config
