@@ -317,10 +317,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="measure a running server")
     benches = bench.add_subparsers(dest="bench", required=True, metavar="BENCH")
     from hark.bench import captions, hop, latency, load, vad, webrtc
+    from hark.bench import denoise as denoise_bench
     from hark.bench import sip as sip_bench
 
     for name, module, summary in (
         ("captions", captions, "caption lag, ASR CPU, WER and V2V of people speaking at length"),
+        ("denoise", denoise_bench, "word error rate of noisy speech with and without denoising"),
         ("hop", hop, "what the hop between two workers of a fleet adds to a call's requests"),
         ("latency", latency, "E2A and voice-to-voice latency of spoken questions"),
         ("load", load, "many simulated callers at once: VAD decision lag, E2A, server figures"),
