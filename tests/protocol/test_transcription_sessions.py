@@ -208,19 +208,12 @@ def test_realtime_fields_in_a_transcription_update_are_named(
 
 def test_a_session_keeps_its_type() -> None:
     realtime = Driver()
-    (error,) = errors(
-        update(realtime, {"type": "transcription"}, event_id="evt_switch_1")
-        + realtime.send({"type": "transcription_session.update", "session": {}})
-    )[:1]
+    (error,) = errors(update(realtime, {"type": "transcription"}, event_id="evt_switch_1"))
     assert error["code"] == "invalid_parameter"
     assert error["event_id"] == "evt_switch_1"
     assert error["message"] == (
         "Passing a transcription session update event to a realtime session is not allowed."
     )
-    (alias_error,) = errors(
-        realtime.send({"type": "transcription_session.update", "session": {}, "event_id": "a"})
-    )
-    assert alias_error["code"] == "invalid_parameter" and alias_error["event_id"] == "a"
     assert realtime.session.config.type == "realtime"
 
     transcription = Driver(config=transcription_defaults())
@@ -231,56 +224,6 @@ def test_a_session_keeps_its_type() -> None:
     # An update without a type is one of the session's own type.
     (updated,) = update(transcription, {"audio": {"input": {"turn_detection": None}}})
     assert updated["session"]["type"] == "transcription"
-
-
-def test_the_older_transcription_session_update_alias(driver: Driver) -> None:
-    (updated,) = driver.send(
-        {
-            "type": "transcription_session.update",
-            "session": {
-                "input_audio_format": "g711_alaw",
-                "input_audio_transcription": {"model": "gpt-4o-transcribe", "language": "de"},
-                "input_audio_noise_reduction": {"type": "near_field"},
-                "turn_detection": {"silence_duration_ms": 700},
-                "include": ["item.input_audio_transcription.logprobs"],
-            },
-        }
-    )
-    assert updated["type"] == "transcription_session.updated"
-    session = updated["session"]
-    assert session["object"] == "realtime.transcription_session"
-    assert session["input_audio_format"] == "g711_alaw"
-    assert session["input_audio_transcription"]["model"] == "gpt-4o-transcribe"
-    assert session["input_audio_noise_reduction"]["type"] == "near_field"
-    assert session["turn_detection"]["type"] == "server_vad"
-    assert session["turn_detection"]["silence_duration_ms"] == 700
-    assert session["include"] == ["item.input_audio_transcription.logprobs"]
-    # The same settings, as the GA shape shows them.
-    audio_input = driver.session.config.audio.input
-    assert driver.session.input_rate == 8000
-    assert audio_input.transcription is not None and audio_input.transcription.language == "de"
-    (manual,) = driver.send(
-        {"type": "transcription_session.update", "session": {"turn_detection": None}}
-    )
-    assert manual["session"]["turn_detection"] is None
-    assert driver.session.config.audio.input.turn_detection is None
-
-
-@pytest.mark.parametrize(
-    ("session", "param"),
-    [
-        ({"input_audio_format": "opus"}, "session.input_audio_format"),
-        ({"turn_detection": {"threshold": 5}}, "session.turn_detection.threshold"),
-        ({"input_audio_transcription": {"modle": "x"}}, "session.input_audio_transcription.modle"),
-        ({"instructions": "Be brief."}, "session.instructions"),
-    ],
-)
-def test_the_alias_names_its_own_fields_in_errors(
-    driver: Driver, session: dict[str, Any], param: str
-) -> None:
-    (error,) = errors(driver.send({"type": "transcription_session.update", "session": session}))
-    assert error["param"] == param
-    assert param in error["message"]
 
 
 def test_client_secret_for_a_transcription_session() -> None:

@@ -15,6 +15,7 @@ from hark.server.errors import draining, engines_failed, error_response
 from hark.server.routes.calls import attach_sideband
 from hark.server.state import ENGINES, LIMITS, METRICS, REALTIME_MODEL, SESSION_LIMIT, STATE
 from hark.session.runner import SessionRunner
+from hark.transports.beta import in_dialect
 from hark.transports.websocket import REALTIME_SUBPROTOCOL, run_session, websocket_response
 
 logger = logging.getLogger(__name__)
@@ -86,7 +87,8 @@ async def realtime_websocket(request: web.Request) -> web.StreamResponse:
             )
             state.sessions.add(runner)
             try:
-                await run_session(ws, runner)
+                # The dialect (GA, or beta for clients of the preview) is the upgrade's.
+                await run_session(ws, in_dialect(runner, request.headers))
             finally:
                 state.sessions.discard(runner)
                 state.session_ended.set()
