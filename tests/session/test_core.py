@@ -956,7 +956,10 @@ def test_mcp_items_are_stored_and_seen_by_the_model(driver: Driver) -> None:
     assert retrieved["output"] == "3 euros"
     driver.send({"type": "response.create"})
     (generate,) = driver.take(Generate)
-    assert any("returned: 3 euros" in m.content for m in generate.request.messages)
+    assert any(
+        m.role == "tool" and m.content == "3 euros" and m.tool_call_id == "call_a"
+        for m in generate.request.messages
+    )
     bad = driver.send(
         {"type": "conversation.item.create", "item": {"type": "mcp_call", "name": "x"}}
     )

@@ -312,6 +312,63 @@ class FunctionCallArgumentsDone(ServerEvent, tag="response.function_call_argumen
     arguments: str
 
 
+class McpListToolsInProgress(ServerEvent, tag="mcp_list_tools.in_progress"):
+    """hark began listing an MCP server's tools into the ``mcp_list_tools`` item."""
+
+    item_id: str
+
+
+class McpListToolsCompleted(ServerEvent, tag="mcp_list_tools.completed"):
+    """The MCP server's tools are listed (``conversation.item.done`` carries them)."""
+
+    item_id: str
+
+
+class McpListToolsFailed(ServerEvent, tag="mcp_list_tools.failed"):
+    """The MCP server could not be listed: its tools are not offered to the model."""
+
+    item_id: str
+
+
+class ResponseMcpCallArgumentsDelta(ServerEvent, tag="response.mcp_call_arguments.delta"):
+    """A piece of an MCP call's JSON arguments."""
+
+    response_id: str
+    item_id: str
+    output_index: int
+    delta: str
+
+
+class ResponseMcpCallArgumentsDone(ServerEvent, tag="response.mcp_call_arguments.done"):
+    """An MCP call's whole arguments."""
+
+    response_id: str
+    item_id: str
+    output_index: int
+    arguments: str
+
+
+class ResponseMcpCallInProgress(ServerEvent, tag="response.mcp_call.in_progress"):
+    """hark is calling the MCP server."""
+
+    item_id: str
+    output_index: int
+
+
+class ResponseMcpCallCompleted(ServerEvent, tag="response.mcp_call.completed"):
+    """The MCP call returned (its ``output`` is on the item)."""
+
+    item_id: str
+    output_index: int
+
+
+class ResponseMcpCallFailed(ServerEvent, tag="response.mcp_call.failed"):
+    """The MCP call failed (its ``error`` is on the item)."""
+
+    item_id: str
+    output_index: int
+
+
 class RateLimit(Struct, omit_defaults=False):
     """One limit's state."""
 

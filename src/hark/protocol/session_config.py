@@ -114,6 +114,44 @@ class FunctionToolDef(ConfigStruct, tag="function", tag_field="type"):
     parameters: dict[str, Any] = field(default_factory=dict)
 
 
+class McpToolFilter(ConfigStruct):
+    """Which of an MCP server's tools a rule applies to: those named, and (when set) those
+    whose ``readOnlyHint`` annotation is ``read_only``."""
+
+    read_only: bool | None = None
+    tool_names: list[str] | None = None
+
+
+class McpApprovalFilter(ConfigStruct):
+    """Which tools need the user's approval (``always``) and which do not (``never``)."""
+
+    always: McpToolFilter | None = None
+    never: McpToolFilter | None = None
+
+
+class McpToolDef(ConfigStruct, tag="mcp", tag_field="type"):
+    """A remote MCP server whose tools the model may call; hark lists and calls them.
+
+    ``connector_id`` and ``tunnel_id`` are modelled so that they are named in the error:
+    hark reaches MCP servers by ``server_url`` only.
+    """
+
+    server_label: Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+    server_url: str | None = None
+    connector_id: str | None = None
+    tunnel_id: str | None = None
+    # Secrets: sent to the server, never echoed in session.updated nor logged.
+    authorization: str | None = None
+    headers: dict[str, str] | None = None
+    allowed_tools: list[str] | McpToolFilter | None = None
+    # None asks for approval of every call, as OpenAI does by default.
+    require_approval: Literal["always", "never"] | McpApprovalFilter | None = None
+    server_description: str | None = None
+
+
+ToolDef = FunctionToolDef | McpToolDef
+
+
 class ToolChoiceFunction(ConfigStruct):
     """Forces a call of the named function."""
 
@@ -152,7 +190,7 @@ class SessionConfig(ConfigStruct):
     instructions: str = DEFAULT_INSTRUCTIONS
     output_modalities: list[Literal["text", "audio"]] = field(default_factory=lambda: ["audio"])
     audio: AudioConfig = field(default_factory=AudioConfig)
-    tools: list[FunctionToolDef] = field(default_factory=list)
+    tools: list[ToolDef] = field(default_factory=list)
     tool_choice: ToolChoiceConfig = "auto"
     max_output_tokens: MaxOutputTokens = "inf"
     temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | None = None
@@ -256,15 +294,51 @@ def parse_session_config(
             "output_modalities must be exactly one of ['audio'] or ['text'].",
             param=f"{param_prefix}.output_modalities",
         )
-    names = [tool.name for tool in config.tools]
+    names = [tool.name for tool in config.tools if isinstance(tool, FunctionToolDef)]
     if len(set(names)) != len(names):
         raise ProtocolError("Tool names must be unique.", param=f"{param_prefix}.tools")
+    _check_mcp_tools(config.tools, f"{param_prefix}.tools")
     if isinstance(config.tool_choice, ToolChoiceFunction) and config.tool_choice.name not in names:
         raise ProtocolError(
             f"tool_choice names the function '{config.tool_choice.name}', which is not in tools.",
             param=f"{param_prefix}.tool_choice.name",
         )
     return config
+
+
+def _check_mcp_tools(tools: list[ToolDef], param: str) -> None:
+    """What the type alone cannot say: one server per label, reached by ``server_url``."""
+    labels: set[str] = set()
+    for index, tool in enumerate(tools):
+        if not isinstance(tool, McpToolDef):
+            continue
+        where = f"{param}[{index}]"
+        if tool.server_label in labels:
+            raise ProtocolError(
+                f"MCP server labels must be unique: '{tool.server_label}' is used twice.",
+                param=f"{where}.server_label",
+            )
+        labels.add(tool.server_label)
+        for name in ("connector_id", "tunnel_id"):
+            if getattr(tool, name) is not None:
+                raise ProtocolError(
+                    f"'{name}' is not supported: hark has no connectors or tunnels; "
+                    "give the MCP server's 'server_url'.",
+                    param=f"{where}.{name}",
+                    code="unsupported_parameter",
+                )
+        if not tool.server_url:
+            raise ProtocolError(
+                "An MCP tool needs a 'server_url'.",
+                param=f"{where}.server_url",
+                code="missing_required_parameter",
+            )
+        if not tool.server_url.startswith(("http://", "https://")):
+            raise ProtocolError(
+                "'server_url' must be an http:// or https:// URL.",
+                param=f"{where}.server_url",
+                code="invalid_value",
+            )
 
 
 def session_config_to_dict(
@@ -274,6 +348,11 @@ def session_config_to_dict(
     realtime shape, or for a transcription session the transcription shape (type, input
     audio and include only)."""
     body: dict[str, Any] = msgspec.to_builtins(config)
+    for tool in body["tools"]:
+        if tool["type"] == "mcp":
+            # The client's credentials for the server go to the server only.
+            tool["authorization"] = None
+            tool["headers"] = None
     if config.type == "transcription":
         body = {
             "type": "transcription",

@@ -5,7 +5,7 @@ Results come back through the core's ``on_*`` methods.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
@@ -154,6 +154,48 @@ class ClearAudio:
 
 
 @dataclass(frozen=True, slots=True)
+class McpServer:
+    """How to reach one of the session's MCP servers (``server_label`` names it).
+
+    The credentials stay out of ``repr``, and so out of any log that prints an action.
+    """
+
+    label: str
+    url: str
+    headers: dict[str, str] = field(default_factory=dict, repr=False, hash=False)
+    authorization: str | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class ListMcpTools:
+    """List an MCP server's tools; answer with ``on_mcp_tools_listed(item_id, tools)``, or
+    ``on_mcp_list_failed(item_id, message)``."""
+
+    item_id: str
+    server: McpServer
+
+
+@dataclass(frozen=True, slots=True)
+class CallMcpTool:
+    """Call a tool on an MCP server with ``arguments`` (JSON text); answer with
+    ``on_mcp_call_done(response_id, item_id, output)`` or ``on_mcp_call_failed(response_id,
+    item_id, error)``. ``CancelGeneration(response_id)`` abandons it."""
+
+    response_id: str
+    item_id: str
+    server: McpServer
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
+class CloseMcpServer:
+    """The session no longer uses the MCP server ``label``: close its connection."""
+
+    label: str
+
+
+@dataclass(frozen=True, slots=True)
 class Close:
     """End the session (after the events already queued are sent)."""
 
@@ -175,5 +217,8 @@ Action = (
     | PlayAudio
     | FinishAudio
     | ClearAudio
+    | ListMcpTools
+    | CallMcpTool
+    | CloseMcpServer
     | Close
 )

@@ -123,7 +123,7 @@ class Entry:
     arguments: str = ""
     call_id: str = ""
     output: str = ""
-    # MCP items are kept as the client sent them; hark does not call MCP servers itself.
+    # MCP items as the wire has them: hark's own calls and lists, or the client's.
     mcp: wire.McpItem | None = None
 
     def to_wire(self, include_audio: bool = False) -> wire.Item:
@@ -263,17 +263,15 @@ def chat_messages(instructions: str, entries: list[Entry]) -> list[ChatMessage]:
         messages.append(ChatMessage(role="system", content=instructions))
     for entry in entries:
         if entry.type == "mcp":
-            if isinstance(entry.mcp, wire.McpCallItem):
-                result = entry.mcp.output
-                if entry.mcp.error is not None:
-                    result = f"error: {entry.mcp.error.message}"
-                messages.append(
-                    ChatMessage(
-                        role="system",
-                        content=f"The tool {entry.mcp.name} of {entry.mcp.server_label} was "
-                        f"called with {entry.mcp.arguments} and returned: {result}",
-                    )
-                )
+            made = entry.mcp
+            # A call the model reads as its own tool call and result, once it has one.
+            if isinstance(made, wire.McpCallItem) and (made.output, made.error) != (None, None):
+                result = made.output or ""
+                if made.error is not None:
+                    result = f"error: {made.error.message}"
+                tool_call = ToolCall(call_id=entry.id, name=made.name, arguments=made.arguments)
+                messages.append(ChatMessage(role="assistant", content="", tool_calls=(tool_call,)))
+                messages.append(ChatMessage(role="tool", content=result, tool_call_id=entry.id))
         elif entry.type == "function_call":
             call = ToolCall(call_id=entry.call_id, name=entry.name, arguments=entry.arguments)
             last = messages[-1] if messages else None

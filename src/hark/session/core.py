@@ -40,6 +40,7 @@ from hark.session.actions import Close
 from hark.session.client_items import entry_from_wire
 from hark.session.conversation import Conversation, Entry, Part, truncate_part
 from hark.session.ids import IdGenerator
+from hark.session.mcp_tools import McpTools
 from hark.session.noise_reduction import NoiseReduction
 from hark.session.outbox import Outbox, Output
 from hark.session.playout_state import PlayoutState
@@ -116,6 +117,12 @@ class Session:
             on_words=lambda words: self._responses.prefill_turn(words),
             on_failed=lambda entry, message: self._responses.words_failed(entry, message),
         )
+        self._mcp = McpTools(
+            self._outbox,
+            self.ids,
+            self.conversation,
+            tools_changed=lambda: self._responses.prefill(),
+        )
         self._responses = ResponseLifecycle(
             self._outbox,
             self.ids,
@@ -127,6 +134,7 @@ class Session:
             plays_audio=plays_audio,
             limit_audio=self._limit_audio,
             reply_sent=lambda after_ms: self._turns.arm_idle_timeout(after_ms, self._now),
+            mcp=self._mcp,
         )
         self._turns = TurnTaking(
             self._outbox,
@@ -166,6 +174,7 @@ class Session:
     def start(self) -> None:
         """Emit ``session.created``."""
         self._outbox.emit(se.SessionCreated(session=self._session_dict()))
+        self._mcp.configure(self.config.tools)
         self._responses.prefill()
 
     def _session_dict(self) -> dict[str, Any]:
@@ -285,6 +294,8 @@ class Session:
         # own default, and hark serves the model it has whatever the session is called.
         self._apply_config(parse_session_config(update, base=self.config))
         self._outbox.emit(se.SessionUpdated(session=self._session_dict()))
+        # MCP servers the update adds are listed after it, as OpenAI does.
+        self._mcp.configure(self.config.tools)
         self._responses.prefill()
 
     def _apply_config(self, config: SessionConfig) -> None:
@@ -425,6 +436,8 @@ class Session:
             item = msgspec.convert(raw, wire.Item)
         except msgspec.ValidationError as exc:
             raise from_validation_error(exc, "item") from None
+        if isinstance(item, wire.McpApprovalResponseItem):
+            self._mcp.check_response(item, "item")
         entry, recognise = self._from_wire(item, "item")
         if entry.id in self.conversation:
             raise ProtocolError(
@@ -545,6 +558,28 @@ class Session:
         """A function call is complete."""
         if self._at(now):
             self._responses.tool_call_finished(response_id, call_id, arguments)
+
+    def on_mcp_tools_listed(self, item_id: str, tools: list[wire.McpTool], *, now: float) -> None:
+        """An MCP server listed its tools (``ListMcpTools``)."""
+        if self._at(now):
+            self._mcp.listed(item_id, tools)
+
+    def on_mcp_list_failed(self, item_id: str, *, now: float) -> None:
+        """An MCP server could not be listed: it offers no tools, the session goes on."""
+        if self._at(now):
+            self._mcp.list_failed(item_id)
+
+    def on_mcp_call_done(self, response_id: str, item_id: str, output: str, *, now: float) -> None:
+        """An MCP call (``CallMcpTool``) returned ``output``."""
+        if self._at(now):
+            self._responses.mcp_call_done(response_id, item_id, output=output)
+
+    def on_mcp_call_failed(
+        self, response_id: str, item_id: str, error: wire.McpCallError, *, now: float
+    ) -> None:
+        """An MCP call failed; the model goes on with the error."""
+        if self._at(now):
+            self._responses.mcp_call_done(response_id, item_id, error=error)
 
     def on_generation_finished(self, response_id: str, finished: Finished, *, now: float) -> None:
         """The engines are done with a response."""

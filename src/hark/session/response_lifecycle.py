@@ -36,13 +36,18 @@ from hark.protocol.session_config import (
     ToolChoiceFunction,
     VoiceId,
 )
-from hark.session.actions import CancelGeneration, Generate, PlayAudio, Prefill
+from hark.session.actions import CallMcpTool, CancelGeneration, Generate, PlayAudio, Prefill
 from hark.session.conversation import AudioSegment, Conversation, Entry, Part, chat_messages
 from hark.session.ids import IdGenerator
+from hark.session.mcp_tools import McpTarget, McpTools
 from hark.session.outbox import Outbox
 from hark.session.playout_state import PlayoutState
 from hark.session.rate_limits import RateWindow
 from hark.session.speculation import Speculation
+
+# How many times a response goes back to the LLM with MCP results; the last time it may call
+# no more tools, so a model that keeps calling them still answers.
+MAX_MCP_ROUNDS = 8
 
 
 @dataclass(slots=True)
@@ -60,6 +65,8 @@ class Response:
     metadata: dict[str, str] | None
     instructions: str
     tools: list[FunctionToolDef]
+    # Whether the response has the session's MCP tools (it does unless it sets its own tools).
+    mcp: bool
     tool_choice: ToolChoiceConfig
     temperature: float | None
     inputs: list[Entry] | None
@@ -70,6 +77,19 @@ class Response:
     calls: dict[str, Entry] = field(default_factory=dict)
     generating: bool = False
     usage: se.Usage | None = None
+    # The MCP tools offered to the LLM, by the name it calls them.
+    mcp_names: dict[str, McpTarget] = field(default_factory=dict)
+    # MCP calls whose arguments are still streaming (by call id), and those running (item ids).
+    mcp_calls: dict[str, Entry] = field(default_factory=dict)
+    mcp_running: set[str] = field(default_factory=set)
+    # An MCP call finished since the LLM last ran: it goes on with the result.
+    mcp_called: bool = False
+    # The LLM called a function: the client answers it, so the response ends after this round.
+    function_called: bool = False
+    # LLM runs after the first, each reading the MCP results before it.
+    rounds: int = 0
+    # The LLM's token counts over all rounds.
+    tokens: Finished = field(default_factory=lambda: Finished("stop"))
 
     @property
     def audio(self) -> bool:
@@ -117,6 +137,7 @@ class ResponseLifecycle:
         plays_audio: bool,
         limit_audio: Callable[[], None],
         reply_sent: Callable[[float], None],
+        mcp: McpTools,
     ) -> None:
         self._outbox = outbox
         self._ids = ids
@@ -128,6 +149,7 @@ class ResponseLifecycle:
         self._plays_audio = plays_audio
         self._limit_audio = limit_audio
         self._reply_sent = reply_sent
+        self._mcp = mcp
         self.responses: dict[str, Response] = {}
         self.in_band: Response | None = None
         # Whether any assistant audio was made (the voice cannot change after that).
@@ -206,7 +228,10 @@ class ResponseLifecycle:
             instructions=params.instructions
             if params.instructions is not None
             else cfg.instructions,
-            tools=params.tools if params.tools is not None else cfg.tools,
+            tools=params.tools
+            if params.tools is not None
+            else [t for t in cfg.tools if isinstance(t, FunctionToolDef)],
+            mcp=params.tools is None,
             tool_choice=params.tool_choice or cfg.tool_choice,
             temperature=params.temperature if params.temperature is not None else cfg.temperature,
             inputs=inputs,
@@ -243,28 +268,49 @@ class ResponseLifecycle:
 
     def _start_generation(self, response: Response) -> None:
         entries = self._entries_of(response)
-        if any(e.pending_recognition() for e in entries):
+        if response.mcp_running or any(e.pending_recognition() for e in entries):
             return
+        first = not response.rounds and not response.mcp_called
+        if response.in_band and first:
+            # The calls the user approved since the last response run first, and the LLM
+            # reads their results (OpenAI's order).
+            for request_id, request in self._mcp.take_approved():
+                self._approved_call(response, request_id, request)
+            if response.mcp_running:
+                return
+        if not response.in_band and not first:
+            # Out of band, the MCP calls made so far are in the response's output only.
+            entries = [*entries, *response.output]
         response.generating = True
         generate = self.generate_action(response, entries)
-        if not (response.in_band and self._speculation.adopt(generate)):
+        if not (response.in_band and first and self._speculation.adopt(generate)):
             self._outbox.act(generate)
 
     def generate_action(self, response: Response, entries: list[Entry]) -> Generate:
         """The engine work for ``response`` over ``entries``: the same for a speculative reply
         and the real one, so that one can become the other."""
         choice = response.tool_choice
+        if response.rounds and choice != "none":
+            # The model has called a tool already: it may go on without another.
+            choice = "auto" if response.rounds < MAX_MCP_ROUNDS else "none"
         if isinstance(choice, ToolChoiceFunction):
             tool_choice = ToolChoice(mode="function", name=choice.name)
         else:
             tool_choice = ToolChoice(mode=choice)
         max_tokens = response.max_output_tokens
+        tools = [
+            FunctionTool(name=t.name, description=t.description, parameters=t.parameters)
+            for t in response.tools
+        ]
+        response.mcp_names = {}
+        if response.mcp:
+            for name, (target, tool) in self._mcp.offered({t.name for t in tools}).items():
+                schema = tool.input_schema if isinstance(tool.input_schema, dict) else {}
+                tools.append(FunctionTool(name, tool.description or "", schema))
+                response.mcp_names[name] = target
         request = GenerationRequest(
             messages=tuple(chat_messages(response.instructions, entries)),
-            tools=tuple(
-                FunctionTool(name=t.name, description=t.description, parameters=t.parameters)
-                for t in response.tools
-            ),
+            tools=tuple(tools),
             tool_choice=tool_choice,
             max_tokens=None if max_tokens == "inf" else max_tokens,
             temperature=response.temperature,
@@ -458,6 +504,11 @@ class ResponseLifecycle:
         if response is None:
             return
         self._close_message(response, "completed")
+        target = response.mcp_names.get(name)
+        if target is not None:
+            self._mcp_call_started(response, call_id, target)
+            return
+        response.function_called = True
         entry = Entry(
             id=self._ids.new("item"),
             type="function_call",
@@ -471,6 +522,9 @@ class ResponseLifecycle:
     def tool_call_delta(self, response_id: str, call_id: str, delta: str) -> None:
         """A piece of a function call's arguments."""
         response = self.responses.get(response_id)
+        if response is not None and call_id in response.mcp_calls:
+            self._mcp_call_delta(response, response.mcp_calls[call_id], delta)
+            return
         entry = response.calls.get(call_id) if response else None
         if response is None or entry is None:
             return
@@ -488,6 +542,9 @@ class ResponseLifecycle:
     def tool_call_finished(self, response_id: str, call_id: str, arguments: str) -> None:
         """A function call is complete."""
         response = self.responses.get(response_id)
+        if response is not None and call_id in response.mcp_calls:
+            self._mcp_call_finished(response, response.mcp_calls.pop(call_id), arguments)
+            return
         entry = response.calls.pop(call_id, None) if response else None
         if response is None or entry is None:
             return
@@ -506,11 +563,150 @@ class ResponseLifecycle:
         )
         self._finish_item(response, entry, index)
 
+    # ------------------------------------------------------------------ MCP calls
+
+    def _mcp_call_started(self, response: Response, call_id: str, target: McpTarget) -> None:
+        """The LLM began calling an MCP tool: an ``mcp_call`` item, or an
+        ``mcp_approval_request`` when the user must approve it first."""
+        item: wire.McpCallItem | wire.McpApprovalRequestItem
+        if self._mcp.needs_approval(target):
+            item = wire.McpApprovalRequestItem(
+                server_label=target.server_label, name=target.name, arguments=""
+            )
+        else:
+            item = wire.McpCallItem(
+                server_label=target.server_label, name=target.name, arguments=""
+            )
+        entry = Entry(id=self._ids.new("item"), type="mcp", status="in_progress", mcp=item)
+        response.mcp_calls[call_id] = entry
+        self._add_output(response, entry)
+
+    def _mcp_call_delta(self, response: Response, entry: Entry, delta: str) -> None:
+        entry.arguments += delta
+        if isinstance(entry.mcp, wire.McpCallItem):
+            self._outbox.emit(
+                se.ResponseMcpCallArgumentsDelta(
+                    response_id=response.id,
+                    item_id=entry.id,
+                    output_index=response.output.index(entry),
+                    delta=delta,
+                )
+            )
+
+    def _mcp_call_finished(self, response: Response, entry: Entry, arguments: str) -> None:
+        entry.arguments = arguments
+        item = entry.mcp
+        assert isinstance(item, wire.McpCallItem | wire.McpApprovalRequestItem)
+        entry.mcp = msgspec.structs.replace(item, arguments=arguments)
+        index = response.output.index(entry)
+        if isinstance(item, wire.McpApprovalRequestItem):
+            # The call waits for the client's mcp_approval_response; this response goes on
+            # without it.
+            entry.status = "completed"
+            self._mcp.await_approval(entry)
+            self._finish_item(response, entry, index)
+            return
+        self._outbox.emit(
+            se.ResponseMcpCallArgumentsDone(
+                response_id=response.id, item_id=entry.id, output_index=index, arguments=arguments
+            )
+        )
+        self._call_mcp(response, entry)
+
+    def _approved_call(
+        self, response: Response, request_id: str, request: wire.McpApprovalRequestItem
+    ) -> None:
+        item = wire.McpCallItem(
+            server_label=request.server_label,
+            name=request.name,
+            arguments=request.arguments,
+            approval_request_id=request_id,
+        )
+        entry = Entry(id=self._ids.new("item"), type="mcp", status="in_progress", mcp=item)
+        self._add_output(response, entry)
+        self._call_mcp(response, entry)
+
+    def _call_mcp(self, response: Response, entry: Entry) -> None:
+        item = entry.mcp
+        assert isinstance(item, wire.McpCallItem)
+        index = response.output.index(entry)
+        response.mcp_running.add(entry.id)
+        self._outbox.emit(se.ResponseMcpCallInProgress(item_id=entry.id, output_index=index))
+        server = self._mcp.server(item.server_label)
+        if server is None:
+            self.mcp_call_done(
+                response.id,
+                entry.id,
+                error=wire.McpCallError(
+                    type="protocol_error",
+                    code=-32602,
+                    message=f"The session no longer has the MCP server '{item.server_label}'.",
+                ),
+            )
+            return
+        self._outbox.act(CallMcpTool(response.id, entry.id, server, item.name, item.arguments))
+
+    def mcp_call_done(
+        self,
+        response_id: str,
+        item_id: str,
+        output: str | None = None,
+        error: wire.McpCallError | None = None,
+    ) -> None:
+        """An MCP call returned ``output``, or failed with ``error``; the response goes on
+        once its calls are done and the LLM has finished."""
+        response = self.responses.get(response_id)
+        if response is None or item_id not in response.mcp_running:
+            return
+        response.mcp_running.discard(item_id)
+        entry = next(e for e in response.output if e.id == item_id)
+        assert isinstance(entry.mcp, wire.McpCallItem)
+        entry.mcp = msgspec.structs.replace(entry.mcp, output=output, error=error)
+        entry.status = "completed" if error is None else "incomplete"
+        index = response.output.index(entry)
+        if error is None:
+            self._outbox.emit(se.ResponseMcpCallCompleted(item_id=item_id, output_index=index))
+        else:
+            self._outbox.emit(se.ResponseMcpCallFailed(item_id=item_id, output_index=index))
+        self._finish_item(response, entry, index)
+        response.mcp_called = True
+        self._go_on(response)
+
+    def _go_on(self, response: Response) -> None:
+        """The LLM's round or an MCP call ended: the next round reads the MCP results, or
+        the response is done."""
+        if response.generating or response.mcp_running:
+            return
+        if response.mcp_called and not response.function_called:
+            if response.rounds >= MAX_MCP_ROUNDS:
+                self._complete(response)
+                return
+            response.mcp_called = False
+            response.rounds += 1
+            self._start_generation(response)
+            return
+        self._complete(response)
+
     def finished(self, response_id: str, finished: Finished) -> None:
-        """The engines are done with a response."""
+        """The LLM is done with a round of a response (and TTS with its words)."""
         response = self.responses.get(response_id)
         if response is None:
             return
+        response.generating = False
+        total = response.tokens
+        response.tokens = Finished(
+            finished.reason,
+            prompt_tokens=total.prompt_tokens + finished.prompt_tokens,
+            completion_tokens=total.completion_tokens + finished.completion_tokens,
+            cached_tokens=total.cached_tokens + finished.cached_tokens,
+        )
+        if finished.reason == "length":
+            self._complete(response)
+        else:
+            self._go_on(response)
+
+    def _complete(self, response: Response) -> None:
+        finished = response.tokens
         audio_ms = sum(
             p.duration_ms() for e in response.output for p in e.parts if p.type == "output_audio"
         )
@@ -559,6 +755,13 @@ class ResponseLifecycle:
         for call_id, entry in list(response.calls.items()):
             entry.status = "incomplete"
             del response.calls[call_id]
+            self._finish_item(response, entry, response.output.index(entry))
+        unfinished = [*response.mcp_calls.values()]
+        unfinished += [e for e in response.output if e.id in response.mcp_running]
+        response.mcp_calls.clear()
+        response.mcp_running.clear()
+        for entry in unfinished:
+            entry.status = "incomplete"
             self._finish_item(response, entry, response.output.index(entry))
         response.status = status
         response.status_details = details

@@ -1,0 +1,427 @@
+"""Remote MCP tools on the sans-I/O core: listing, calls, approvals, failures.
+
+The driver plays the runner's part: it answers ``ListMcpTools`` and ``CallMcpTool`` with the
+results a server would give, and the LLM's part with tool-call events.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from hark.engines.llm import Finished
+from hark.protocol import items as wire
+from hark.session.actions import (
+    CallMcpTool,
+    CancelGeneration,
+    CloseMcpServer,
+    Generate,
+    ListMcpTools,
+)
+from hark.session.response_lifecycle import MAX_MCP_ROUNDS
+
+from .conftest import Driver
+
+WEATHER = wire.McpTool(
+    name="get_weather",
+    description="The weather in a city.",
+    input_schema={"type": "object", "properties": {"city": {"type": "string"}}},
+    annotations={"readOnlyHint": True},
+)
+BOOK = wire.McpTool(name="book_table", input_schema={"type": "object"}, annotations=None)
+
+
+def mcp_tool(**overrides: Any) -> dict[str, Any]:
+    tool: dict[str, Any] = {
+        "type": "mcp",
+        "server_label": "town",
+        "server_url": "http://127.0.0.1:9/mcp",
+        "headers": {"X-Town-Key": "k-123"},
+        "authorization": "secret-token",
+        "require_approval": "never",
+    }
+    return {**tool, **overrides}
+
+
+def text_session(driver: Driver, *tools: dict[str, Any]) -> list[dict[str, Any]]:
+    return driver.send(
+        {
+            "type": "session.update",
+            "session": {
+                "output_modalities": ["text"],
+                "audio": {"input": {"turn_detection": None}},
+                "tools": list(tools),
+            },
+        }
+    )
+
+
+def listed(driver: Driver, *tools: wire.McpTool, **overrides: Any) -> ListMcpTools:
+    """A session with one MCP server, listed with ``tools``."""
+    text_session(driver, mcp_tool(**overrides))
+    (action,) = driver.take(ListMcpTools)
+    driver.session.on_mcp_tools_listed(action.item_id, list(tools), now=driver.now)
+    driver.pump()
+    return action
+
+
+def call(driver: Driver, generate: Generate, name: str, arguments: str) -> None:
+    """The LLM calls ``name`` with ``arguments`` in two pieces, and finishes its round."""
+    rid = generate.response_id
+    driver.session.on_tool_call_started(rid, "call_1", name, now=driver.now)
+    middle = len(arguments) // 2
+    for piece in (arguments[:middle], arguments[middle:]):
+        driver.session.on_tool_call_delta(rid, "call_1", piece, now=driver.now)
+    driver.session.on_tool_call_finished(rid, "call_1", arguments, now=driver.now)
+    driver.session.on_generation_finished(
+        rid, Finished("tool_calls", prompt_tokens=30, completion_tokens=5), now=driver.now
+    )
+    driver.pump()
+
+
+def answer(driver: Driver, generate: Generate, text: str) -> list[dict[str, Any]]:
+    driver.session.on_text(generate.response_id, text, now=driver.now)
+    driver.session.on_generation_finished(
+        generate.response_id, Finished("stop", prompt_tokens=40, completion_tokens=3), now=driver.now
+    )
+    return driver.pump()
+
+
+def test_an_update_that_adds_a_server_lists_its_tools(driver: Driver) -> None:
+    new = text_session(driver, mcp_tool(allowed_tools=["get_weather"]))
+    assert driver.types(new) == [
+        "session.updated",
+        "conversation.item.added",
+        "mcp_list_tools.in_progress",
+    ]
+    item = new[1]["item"]
+    assert item["type"] == "mcp_list_tools"
+    assert item["server_label"] == "town"
+    assert item["tools"] == []
+    assert new[2]["item_id"] == item["id"]
+    (action,) = driver.take(ListMcpTools)
+    assert action.item_id == item["id"]
+    assert action.server.url == "http://127.0.0.1:9/mcp"
+    assert action.server.headers == {"X-Town-Key": "k-123"}
+    assert action.server.authorization == "secret-token"
+    # Credentials stay out of what gets printed.
+    assert "secret-token" not in repr(action) and "k-123" not in repr(action)
+
+    driver.session.on_mcp_tools_listed(action.item_id, [WEATHER, BOOK], now=driver.now)
+    done = driver.pump()
+    assert driver.types(done) == ["mcp_list_tools.completed", "conversation.item.done"]
+    assert done[0]["item_id"] == item["id"]
+    assert [t["name"] for t in done[1]["item"]["tools"]] == ["get_weather"]
+    assert done[1]["item"]["tools"][0]["input_schema"] == WEATHER.input_schema
+
+
+def test_session_updated_keeps_the_server_credentials_to_itself(driver: Driver) -> None:
+    (updated, *_) = text_session(driver, mcp_tool())
+    (tool,) = updated["session"]["tools"]
+    assert tool["server_label"] == "town"
+    assert tool["server_url"] == "http://127.0.0.1:9/mcp"
+    assert tool["authorization"] is None and tool["headers"] is None
+    assert "secret-token" not in str(updated) and "k-123" not in str(updated)
+
+
+def test_the_same_server_again_is_not_listed_again_and_a_changed_one_is(driver: Driver) -> None:
+    listed(driver, WEATHER)
+    again = text_session(driver, mcp_tool())
+    assert driver.types(again) == ["session.updated"]
+    assert driver.take(ListMcpTools) == []
+    moved = text_session(driver, mcp_tool(headers={"X-Town-Key": "k-456"}))
+    assert driver.types(moved)[1:] == ["conversation.item.added", "mcp_list_tools.in_progress"]
+    assert driver.take(CloseMcpServer) == [CloseMcpServer("town")]
+    assert [a.server.headers for a in driver.take(ListMcpTools)] == [{"X-Town-Key": "k-456"}]
+    text_session(driver)
+    assert driver.take(CloseMcpServer) == [CloseMcpServer("town")]
+
+
+@pytest.mark.parametrize(
+    ("tool", "param", "code"),
+    [
+        (mcp_tool(connector_id="connector_gmail"), "session.tools[0].connector_id", None),
+        (mcp_tool(server_url=None), "session.tools[0].server_url", "missing_required_parameter"),
+        (mcp_tool(server_url="ftp://x/mcp"), "session.tools[0].server_url", "invalid_value"),
+        (mcp_tool(server_label="a b"), "session.tools[0].server_label", None),
+        (mcp_tool(require_approval="sometimes"), "session.tools[0].require_approval", None),
+    ],
+)
+def test_a_bad_mcp_tool_fails_the_update_naming_the_param(
+    driver: Driver, tool: dict[str, Any], param: str, code: str | None
+) -> None:
+    (error,) = text_session(driver, tool)
+    assert error["type"] == "error"
+    assert error["error"]["param"] == param
+    if code is not None:
+        assert error["error"]["code"] == code
+    assert driver.session.config.tools == []
+    assert driver.take(ListMcpTools) == []
+
+
+def test_server_labels_are_unique(driver: Driver) -> None:
+    (error,) = text_session(driver, mcp_tool(), mcp_tool(server_url="http://127.0.0.1:8/mcp"))
+    assert error["error"]["param"] == "session.tools[1].server_label"
+
+
+def test_a_server_that_cannot_be_listed_offers_nothing_and_the_session_goes_on(
+    driver: Driver,
+) -> None:
+    text_session(driver, mcp_tool())
+    (action,) = driver.take(ListMcpTools)
+    driver.session.on_mcp_list_failed(action.item_id, now=driver.now)
+    failed = driver.pump()
+    assert driver.types(failed) == ["mcp_list_tools.failed", "conversation.item.done"]
+    assert failed[1]["item"]["tools"] == []
+    driver.send({"type": "response.create"})
+    (generate,) = driver.take(Generate)
+    assert generate.request.tools == ()
+
+
+def test_listed_tools_reach_the_llm_as_functions(driver: Driver) -> None:
+    listed(driver, WEATHER, BOOK)
+    driver.send({"type": "response.create"})
+    (generate,) = driver.take(Generate)
+    tools = {t.name: t for t in generate.request.tools}
+    assert set(tools) == {"get_weather", "book_table"}
+    assert tools["get_weather"].parameters == WEATHER.input_schema
+    assert tools["get_weather"].description == "The weather in a city."
+    # A response with tools of its own has only those.
+    answer(driver, generate, "Hi.")
+    own = {"type": "function", "name": "lookup", "parameters": {"type": "object"}}
+    driver.send({"type": "response.create", "response": {"tools": [own]}})
+    (generate,) = driver.take(Generate)
+    assert [t.name for t in generate.request.tools] == ["lookup"]
+
+
+def test_a_call_runs_on_the_server_and_the_response_goes_on_with_its_result(
+    driver: Driver,
+) -> None:
+    listed(driver, WEATHER)
+    driver.send({"type": "response.create", "response": {"tool_choice": "required"}})
+    (generate,) = driver.take(Generate)
+    assert generate.request.tool_choice.mode == "required"
+    start = len(driver.events)
+    call(driver, generate, "get_weather", '{"city": "Paris"}')
+    made = driver.events[start:]
+    assert driver.types(made) == [
+        "response.output_item.added",
+        "conversation.item.added",
+        "response.mcp_call_arguments.delta",
+        "response.mcp_call_arguments.delta",
+        "response.mcp_call_arguments.done",
+        "response.mcp_call.in_progress",
+    ]
+    item_id = made[0]["item"]["id"]
+    assert made[0]["item"]["type"] == "mcp_call"
+    assert made[0]["item"]["name"] == "get_weather"
+    assert made[4]["arguments"] == '{"city": "Paris"}'
+    (action,) = driver.take(CallMcpTool)
+    assert (action.response_id, action.item_id) == (generate.response_id, item_id)
+    assert (action.name, action.arguments) == ("get_weather", '{"city": "Paris"}')
+    assert action.server.label == "town"
+    # The LLM's round is over, the call is not: no response.done, no new round yet.
+    assert driver.take(Generate) == []
+
+    driver.session.on_mcp_call_done(generate.response_id, item_id, "Sunny, 21 C", now=driver.now)
+    done = driver.pump()
+    assert driver.types(done) == [
+        "response.mcp_call.completed",
+        "response.output_item.done",
+        "conversation.item.done",
+    ]
+    assert done[1]["item"]["output"] == "Sunny, 21 C"
+    (again,) = driver.take(Generate)
+    assert again.response_id == generate.response_id
+    # The model reads its call and the result, and may answer without another call.
+    assert again.request.tool_choice.mode == "auto"
+    messages = again.request.messages
+    assert messages[-2].tool_calls[0].name == "get_weather"
+    assert (messages[-1].role, messages[-1].content) == ("tool", "Sunny, 21 C")
+
+    end = answer(driver, again, "It is sunny.")
+    (response_done,) = [e for e in end if e["type"] == "response.done"]
+    response = response_done["response"]
+    assert response["status"] == "completed"
+    assert [o["type"] for o in response["output"]] == ["mcp_call", "message"]
+    assert response["output"][0]["output"] == "Sunny, 21 C"
+    # Tokens of both rounds.
+    assert response["usage"]["input_tokens"] == 70
+    assert response["usage"]["output_tokens"] == 8
+
+
+def test_a_result_before_the_round_ends_waits_for_it(driver: Driver) -> None:
+    listed(driver, WEATHER)
+    driver.send({"type": "response.create"})
+    (generate,) = driver.take(Generate)
+    rid = generate.response_id
+    driver.session.on_tool_call_started(rid, "c", "get_weather", now=driver.now)
+    driver.session.on_tool_call_finished(rid, "c", "{}", now=driver.now)
+    driver.pump()
+    (action,) = driver.take(CallMcpTool)
+    driver.session.on_mcp_call_done(rid, action.item_id, "ok", now=driver.now)
+    driver.pump()
+    assert driver.take(Generate) == []
+    driver.session.on_generation_finished(rid, Finished("tool_calls"), now=driver.now)
+    driver.pump()
+    assert [g.response_id for g in driver.take(Generate)] == [rid]
+
+
+def test_a_failed_call_carries_its_error_and_the_model_goes_on(driver: Driver) -> None:
+    listed(driver, WEATHER)
+    driver.send({"type": "response.create"})
+    (generate,) = driver.take(Generate)
+    call(driver, generate, "get_weather", "{}")
+    (action,) = driver.take(CallMcpTool)
+    error = wire.McpCallError(type="http_error", code=502, message="connection refused")
+    driver.session.on_mcp_call_failed(generate.response_id, action.item_id, error, now=driver.now)
+    failed = driver.pump()
+    assert driver.types(failed)[:2] == ["response.mcp_call.failed", "response.output_item.done"]
+    item = failed[1]["item"]
+    assert item["error"] == {"type": "http_error", "message": "connection refused", "code": 502}
+    assert item["output"] is None
+    (again,) = driver.take(Generate)
+    assert again.request.messages[-1].content == "error: connection refused"
+    end = answer(driver, again, "The weather service is down.")
+    assert end[-1]["response"]["status"] == "completed"
+
+
+def test_a_call_that_needs_approval_ends_the_turn_with_a_request(driver: Driver) -> None:
+    listed(driver, WEATHER, require_approval=None)
+    driver.send({"type": "response.create"})
+    (generate,) = driver.take(Generate)
+    start = len(driver.events)
+    call(driver, generate, "get_weather", '{"city": "Oslo"}')
+    made = driver.events[start:]
+    assert "response.mcp_call_arguments.delta" not in driver.types(made)
+    assert driver.take(CallMcpTool) == []
+    assert driver.take(Generate) == []
+    request = made[0]["item"]
+    assert request["type"] == "mcp_approval_request"
+    (item_done,) = [e for e in made if e["type"] == "response.output_item.done"]
+    assert item_done["item"]["arguments"] == '{"city": "Oslo"}'
+    assert made[-1]["type"] == "response.done"
+    assert made[-1]["response"]["status"] == "completed"
+    return_request = request["id"]
+
+    approval = {
+        "type": "mcp_approval_response",
+        "approval_request_id": return_request,
+        "approve": True,
+    }
+    added = driver.send({"type": "conversation.item.create", "item": approval})
+    assert driver.types(added) == ["conversation.item.added", "conversation.item.done"]
+    assert driver.take(CallMcpTool) == []
+    new = driver.send({"type": "response.create"})
+    assert driver.take(Generate) == []
+    (action,) = driver.take(CallMcpTool)
+    assert (action.name, action.arguments) == ("get_weather", '{"city": "Oslo"}')
+    (added_call,) = [e for e in new if e["type"] == "response.output_item.added"]
+    assert added_call["item"]["type"] == "mcp_call"
+    assert added_call["item"]["approval_request_id"] == return_request
+    driver.session.on_mcp_call_done(action.response_id, action.item_id, "Snow", now=driver.now)
+    driver.pump()
+    (again,) = driver.take(Generate)
+    assert again.request.messages[-1].content == "Snow"
+    answer(driver, again, "It snows.")
+    # Answered once: a later response does not call it again.
+    driver.send({"type": "response.create"})
+    assert driver.take(CallMcpTool) == []
+    assert len(driver.take(Generate)) == 1
+
+
+def test_a_denied_call_is_never_made(driver: Driver) -> None:
+    listed(driver, WEATHER, require_approval="always")
+    driver.send({"type": "response.create"})
+    (generate,) = driver.take(Generate)
+    call(driver, generate, "get_weather", "{}")
+    request_id = [e for e in driver.events if e["type"] == "response.output_item.added"][-1][
+        "item"
+    ]["id"]
+    denial = {"type": "mcp_approval_response", "approval_request_id": request_id, "approve": False}
+    driver.send({"type": "conversation.item.create", "item": denial})
+    driver.send({"type": "response.create"})
+    assert driver.take(CallMcpTool) == []
+    assert len(driver.take(Generate)) == 1
+
+
+def test_approval_filters(driver: Driver) -> None:
+    rule = {"never": {"read_only": True}}
+    listed(driver, WEATHER, BOOK, require_approval=rule)
+    for name, kind in (("get_weather", "mcp_call"), ("book_table", "mcp_approval_request")):
+        driver.send({"type": "response.create"})
+        (generate,) = driver.take(Generate)
+        start = len(driver.events)
+        call(driver, generate, name, "{}")
+        assert driver.events[start]["item"]["type"] == kind
+        for action in driver.take(CallMcpTool):
+            driver.session.on_mcp_call_done(action.response_id, action.item_id, "", now=driver.now)
+            driver.pump()
+            answer(driver, driver.take(Generate)[0], "Done.")
+
+
+def test_an_approval_response_must_answer_a_request(driver: Driver) -> None:
+    listed(driver, WEATHER)
+    bad = {"type": "mcp_approval_response", "approval_request_id": "item_nope", "approve": True}
+    (error,) = driver.send({"type": "conversation.item.create", "item": bad})
+    assert error["error"]["param"] == "item.approval_request_id"
+
+
+def test_cancelling_a_response_abandons_its_call(driver: Driver) -> None:
+    listed(driver, WEATHER)
+    driver.send({"type": "response.create"})
+    (generate,) = driver.take(Generate)
+    call(driver, generate, "get_weather", "{}")
+    (action,) = driver.take(CallMcpTool)
+    cancelled = driver.send({"type": "response.cancel"})
+    assert [a.response_id for a in driver.take(CancelGeneration)] == [generate.response_id]
+    assert cancelled[-1]["response"]["status"] == "cancelled"
+    driver.session.on_mcp_call_done(action.response_id, action.item_id, "late", now=driver.now)
+    assert driver.pump() == []
+    assert driver.take(Generate) == []
+
+
+def test_a_model_that_keeps_calling_is_made_to_answer(driver: Driver) -> None:
+    listed(driver, WEATHER)
+    driver.send({"type": "response.create"})
+    (generate,) = driver.take(Generate)
+    choices = []
+    while generate.request.tool_choice.mode != "none":
+        choices.append(generate.request.tool_choice.mode)
+        call(driver, generate, "get_weather", "{}")
+        (action,) = driver.take(CallMcpTool)
+        driver.session.on_mcp_call_done(action.response_id, action.item_id, "ok", now=driver.now)
+        driver.pump()
+        (generate,) = driver.take(Generate)
+    assert choices == ["auto"] * MAX_MCP_ROUNDS
+    # Told to call nothing, it calls all the same: the result is kept, and the response ends.
+    call(driver, generate, "get_weather", "{}")
+    (action,) = driver.take(CallMcpTool)
+    driver.session.on_mcp_call_done(action.response_id, action.item_id, "ok", now=driver.now)
+    end = driver.pump()
+    assert driver.take(Generate) == []
+    assert end[-1]["type"] == "response.done"
+    assert end[-1]["response"]["status"] == "completed"
+
+
+def test_a_function_call_beside_an_mcp_call_ends_the_response_for_the_client(
+    driver: Driver,
+) -> None:
+    lookup = {"type": "function", "name": "lookup", "parameters": {"type": "object"}}
+    text_session(driver, mcp_tool(), lookup)
+    (action,) = driver.take(ListMcpTools)
+    driver.session.on_mcp_tools_listed(action.item_id, [WEATHER], now=driver.now)
+    driver.send({"type": "response.create"})
+    (generate,) = driver.take(Generate)
+    rid = generate.response_id
+    for call_id, name in (("a", "get_weather"), ("b", "lookup")):
+        driver.session.on_tool_call_started(rid, call_id, name, now=driver.now)
+        driver.session.on_tool_call_finished(rid, call_id, "{}", now=driver.now)
+    driver.session.on_generation_finished(rid, Finished("tool_calls"), now=driver.now)
+    driver.pump()
+    (mcp_call,) = driver.take(CallMcpTool)
+    driver.session.on_mcp_call_done(rid, mcp_call.item_id, "ok", now=driver.now)
+    end = driver.pump()
+    assert driver.take(Generate) == []
+    assert [o["type"] for o in end[-1]["response"]["output"]] == ["mcp_call", "function_call"]
