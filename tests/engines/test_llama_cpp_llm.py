@@ -193,14 +193,20 @@ async def test_max_tokens_ends_with_length(llm: LlamaCppLlm) -> None:
 
 
 @pytest.mark.slow
-async def test_default_cap_on_reply_length(
+async def test_default_cap_ends_the_reply_at_a_sentence(
     llm: LlamaCppLlm, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(llm, "max_tokens_default", 5)
-    events = await collect(llm.generate(ask("Tell me a long story about a dragon.")))
+    # The client set no limit: the engine's own cap ends the reply at a sentence, complete.
+    monkeypatch.setattr(llm, "max_tokens_default", 20)
+    request = ask("Tell me a long story about a dragon.", temperature=0.0)
+    events = await collect(llm.generate(request))
     end = finished(events)
-    assert end.reason == "length" and end.completion_tokens == 5
-    assert len(text_of(events).split()) >= 2
+    assert end.reason == "stop" and end.completion_tokens > 20
+    assert text_of(events).rstrip().endswith((".", "!", "?", '."', '!"', '?"'))
+    # The same reply given room: the capped one is its beginning, cut at a sentence end.
+    monkeypatch.setattr(llm, "max_tokens_default", 400)
+    whole = text_of(await collect(llm.generate(request)))
+    assert whole.startswith(text_of(events)) and len(whole) > len(text_of(events))
 
 
 @pytest.mark.slow

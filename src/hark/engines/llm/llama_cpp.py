@@ -12,6 +12,7 @@ parse and fit the schema.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import ctypes
 import functools
@@ -21,7 +22,8 @@ import logging
 import os
 import re
 import secrets
-from collections.abc import AsyncGenerator, Callable
+import threading
+from collections.abc import AsyncGenerator, Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -50,7 +52,9 @@ from hark.engines.llm.chat_template import (
 )
 from hark.engines.llm.continuous_batching import BatchScheduler, Job, Plan, StopReason, Usage
 from hark.engines.llm.llama_model import LlamaModel
+from hark.engines.llm.reply_length import SentenceCap, hard_ceiling
 from hark.engines.llm.tool_grammar import arguments_gbnf, tool_call_gbnf
+from hark.engines.llm.truncation import fit
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 WARMUP_SYSTEM_PROMPT = "You are a helpful voice assistant. Answer in one short sentence."
@@ -131,21 +135,43 @@ def route_native_logs() -> None:
 
 
 class _Reply:
-    """Turns one generation's text into events (a :class:`Reader` of the scheduler)."""
+    """Turns one generation's text into events (a :class:`Reader` of the scheduler). With a
+    ``cap`` (the client set no limit) free text ends at a sentence past the engine's own
+    budget, and the reply is complete however it stopped."""
 
-    def __init__(self, emit: _Emit, usage: Usage) -> None:
+    def __init__(self, emit: _Emit, usage: Usage, cap: SentenceCap | None = None) -> None:
         self.emit = emit
         self.usage = usage
+        self.cap = cap
 
     def finished(self, reason: _FinishReason) -> Finished:
         usage = self.usage
         return Finished(reason, usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)
 
     def feed(self, piece: str) -> bool:
-        self.emit(TextDelta(piece))
-        return False
+        return self.text(piece)
 
     def end(self, reason: StopReason) -> None:
+        self.end_text(reason)
+
+    def text(self, piece: str) -> bool:
+        """Pass on free text; True when the cap says the reply is complete."""
+        if self.cap is None:
+            self.emit(TextDelta(piece))
+            return False
+        out, complete = self.cap.feed(piece, self.usage.completion_tokens - self.cap.tokens)
+        if out:
+            self.emit(TextDelta(out))
+        if complete:
+            self.emit(self.finished("stop"))
+        return complete
+
+    def end_text(self, reason: StopReason) -> None:
+        if self.cap is not None:
+            rest = self.cap.cut() if reason == "length" else self.cap.finish()
+            if rest:
+                self.emit(TextDelta(rest))
+            reason = "stop"
         self.emit(self.finished(reason))
 
 
@@ -175,62 +201,62 @@ class _RequiredCall(_Reply):
         self.headers = {
             " " + json.dumps(n, ensure_ascii=False) + ', "arguments": ': n for n in names
         }
-        self.text = ""
+        self.written = ""
         self.arguments: _Arguments | None = None
 
     def feed(self, piece: str) -> bool:
         if self.arguments is not None:
             return self.arguments.feed(piece)
-        self.text += piece
-        header = next((h for h in self.headers if self.text.startswith(h)), None)
+        self.written += piece
+        header = next((h for h in self.headers if self.written.startswith(h)), None)
         if header is None:
             return False
         call_id = new_call_id()
         self.emit(ToolCallStarted(call_id, self.headers[header]))
         self.arguments = _Arguments(self.emit, self.usage, call_id)
-        rest = self.text[len(header) :]
+        rest = self.written[len(header) :]
         return bool(rest) and self.arguments.feed(rest)
 
 
 class _AutoReply(_Reply):
     """Free text, unless the reply opens with ``<tool_call>``: then calls are parsed from it."""
 
-    def __init__(self, emit: _Emit, usage: Usage, names: set[str]) -> None:
-        super().__init__(emit, usage)
+    def __init__(
+        self, emit: _Emit, usage: Usage, names: set[str], cap: SentenceCap | None = None
+    ) -> None:
+        super().__init__(emit, usage, cap)
         self.names = names
-        self.text = ""
+        self.written = ""
         self.state: Literal["opening", "text", "calls"] = "opening"
 
     def feed(self, piece: str) -> bool:
         if self.state == "text":
-            self.emit(TextDelta(piece))
-            return False
-        self.text += piece
+            return self.text(piece)
+        self.written += piece
         if self.state == "opening":
-            head = self.text.lstrip()
+            head = self.written.lstrip()
             if TOOL_CALL_OPEN.startswith(head):
                 return False
             if not head.startswith(TOOL_CALL_OPEN):
                 self.state = "text"
-                self.emit(TextDelta(self.text))
-                return False
+                return self.text(self.written)
             self.state = "calls"
-        if _beyond_tool_calls(self.text):
+        if _beyond_tool_calls(self.written):
             self.calls("stop")
             return True
         return False
 
     def end(self, reason: StopReason) -> None:
         if self.state == "text":
-            self.emit(self.finished(reason))
+            self.end_text(reason)
         else:
             self.calls(reason)
 
     def calls(self, reason: StopReason) -> None:
-        calls = _parse_tool_calls(self.text, self.names)
+        calls = _parse_tool_calls(self.written, self.names)
         if not calls:
-            if self.text:
-                self.emit(TextDelta(self.text))
+            if self.written:
+                self.emit(TextDelta(self.written))
             self.emit(self.finished(reason))
             return
         for name, arguments in calls:
@@ -239,6 +265,75 @@ class _AutoReply(_Reply):
             self.emit(ToolCallArgumentsDelta(call_id, arguments))
             self.emit(ToolCallFinished(call_id, arguments))
         self.emit(self.finished("tool_calls"))
+
+
+_Posted = LlmEvent | BaseException | None
+
+
+class EventMailbox:
+    """One generation's events, from the scheduler thread to the coroutine that reads them.
+
+    The thread serves every session, so posting never blocks it; the mailbox stays bounded all
+    the same: while the reader lags, text deltas (and argument deltas of one call) merge into
+    the one before them, and one wake-up at most is scheduled on the reader's loop. Only other
+    events take room, a few per reply; beyond ``limit`` of them the generation is failed (the
+    reader gets what came before, then an error) rather than the thread held up.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, limit: int = 256) -> None:
+        self.limit = limit
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._items: collections.deque[_Posted] = collections.deque()
+        self._overflowed = False
+        self._wake_scheduled = False
+        self._ready = asyncio.Event()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def post(self, item: _Posted) -> bool:
+        """Called on the scheduler thread; False when the generation should stop (its reader
+        is gone, or too far behind)."""
+        with self._lock:
+            if self._overflowed:
+                return False
+            last = self._items[-1] if self._items else None
+            if isinstance(item, TextDelta) and isinstance(last, TextDelta):
+                self._items[-1] = TextDelta(last.text + item.text)
+            elif (
+                isinstance(item, ToolCallArgumentsDelta)
+                and isinstance(last, ToolCallArgumentsDelta)
+                and last.call_id == item.call_id
+            ):
+                self._items[-1] = ToolCallArgumentsDelta(item.call_id, last.delta + item.delta)
+            elif len(self._items) >= self.limit:
+                self._overflowed = True
+            else:
+                self._items.append(item)
+            if self._wake_scheduled:
+                return not self._overflowed
+            self._wake_scheduled = True
+        try:
+            self._loop.call_soon_threadsafe(self._ready.set)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            return False
+        return not self._overflowed
+
+    async def take(self) -> list[_Posted]:
+        """Everything posted since the last call, waiting for at least one item."""
+        while True:
+            with self._lock:
+                if self._items or self._overflowed:
+                    items = list(self._items)
+                    self._items.clear()
+                    self._wake_scheduled = False
+                    if self._overflowed:
+                        items.append(RuntimeError("the LLM's events outran their reader"))
+                    return items
+                self._wake_scheduled = False
+                self._ready.clear()
+            await self._ready.wait()
 
 
 class _Generation(Job):
@@ -276,6 +371,7 @@ class _Generation(Job):
         reply: _Reply
         grammar = None
         prefix = ""
+        cap = None if request.max_tokens else SentenceCap(self.engine.max_tokens_default)
         if choice.mode == "function":
             tool = next((t for t in request.tools if t.name == choice.name), None)
             if tool is None:
@@ -291,12 +387,10 @@ class _Generation(Job):
             grammar = tool_call_gbnf({t.name: t.parameters for t in request.tools})
             reply = _RequiredCall(self.emit, usage, [t.name for t in request.tools])
         elif tools:
-            reply = _AutoReply(self.emit, usage, {t.name for t in tools})
+            reply = _AutoReply(self.emit, usage, {t.name for t in tools}, cap)
         else:
-            reply = _Reply(self.emit, usage)
-        tokens, max_tokens = self.engine.prompt(
-            model, request.messages, tools, prefix, request.max_tokens
-        )
+            reply = _Reply(self.emit, usage, cap)
+        tokens, max_tokens = self.engine.prompt(model, request, tools, prefix)
         engine = self.engine
         temperature = engine.temperature if request.temperature is None else request.temperature
         plan = Plan(tokens, reply, max_tokens, temperature, grammar, usage)
@@ -325,7 +419,12 @@ class _Prefill(Job):
     def plan(self, model: LlamaModel) -> Plan | None:
         request = self.request
         tools = request.tools if request.tool_choice.mode != "none" else ()
-        text = render_chatml(request.messages, tools, default_system=DEFAULT_SYSTEM_PROMPT)
+        try:
+            # The next generation's prompt, so that what is read now is its beginning.
+            messages = self.engine.fit(model, request, tools, "")
+        except ValueError:
+            return None
+        text = render_chatml(messages, tools, default_system=DEFAULT_SYSTEM_PROMPT)
         opening = f"{IM_START}assistant\n"
         if not text.endswith(opening):
             return None
@@ -334,12 +433,12 @@ class _Prefill(Job):
             # words after them. Should the last token come out otherwise once the turn goes
             # on, the cache keeps the tokens before it.
             closing = f"{IM_END}\n{opening}"
-            if not request.messages or request.messages[-1].role != "user":
+            if not messages or messages[-1].role != "user":
                 return None
             tokens = model.tokenize(text[: -len(closing)])
         else:
             tokens = model.tokenize(text[: -len(opening)] + f"{IM_START}user\n")
-        if len(tokens) + self.engine.max_tokens_default >= self.engine.n_ctx:
+        if len(tokens) + self.engine.reply_reserve(request) >= self.engine.n_ctx:
             return None
         return Plan(tokens)
 
@@ -438,16 +537,10 @@ class LlamaCppLlm:
         arguments fit the tool's schema. If the token budget runs out first, the stream ends
         with ``Finished(reason="length")`` and no ``ToolCallFinished``.
         """
-        loop = asyncio.get_running_loop()
-        # Bounded by the generation itself: at most one event per token it decodes, and it
-        # decodes no more than its budget or the context holds; a reader that stops reading
-        # cancels it (the ``finally`` below), which stops the events.
-        queue: asyncio.Queue[LlmEvent | BaseException | None] = asyncio.Queue()
+        mailbox = EventMailbox(asyncio.get_running_loop())
 
         def post(item: LlmEvent | BaseException | None) -> None:
-            try:
-                loop.call_soon_threadsafe(queue.put_nowait, item)
-            except RuntimeError:  # the loop is closed: nobody is listening any more
+            if not mailbox.post(item):
                 job.cancelled = True
 
         job = _Generation(self, request, post)
@@ -455,11 +548,14 @@ class LlamaCppLlm:
         batcher.submit(job)
         ended = False
         try:
-            while (item := await queue.get()) is not None:
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-            ended = True
+            while True:
+                for item in await mailbox.take():
+                    if item is None:
+                        ended = True
+                        return
+                    if isinstance(item, BaseException):
+                        raise item
+                    yield item
         finally:
             if not ended:
                 job.cancelled = True
@@ -496,31 +592,43 @@ class LlamaCppLlm:
                 job.cancelled = True
                 batcher.wake()
 
+    def reply_reserve(self, request: GenerationRequest) -> int:
+        """The context a reply to ``request`` keeps free: the client's limit, or the hard
+        ceiling of the engine's own; at most half the context, so that a long limit leaves
+        room for the conversation."""
+        limit = request.max_tokens or hard_ceiling(self.max_tokens_default)
+        return min(limit, self.n_ctx // 2)
+
+    def fit(
+        self,
+        model: LlamaModel,
+        request: GenerationRequest,
+        tools: tuple[FunctionTool, ...],
+        prefix: str,
+    ) -> tuple[ChatMessage, ...]:
+        """The messages of ``request`` that fit the context with the reply's reserve, as the
+        request's ``truncation`` says (:func:`hark.engines.llm.truncation.fit`), counted with
+        the model's own tokenizer. Raises ``ContextOverflow`` when they cannot."""
+        counter = _ChatmlCounter(model, prefix)
+        budget = self.n_ctx - self.reply_reserve(request)
+        return fit(request.messages, tools, counter, budget, request.truncation)
+
     def prompt(
         self,
         model: LlamaModel,
-        messages: tuple[ChatMessage, ...],
+        request: GenerationRequest,
         tools: tuple[FunctionTool, ...],
         prefix: str,
-        max_tokens: int | None = None,
     ) -> tuple[list[int], int]:
-        """The prompt's tokens, dropping the oldest turns if it does not fit, and the number
-        of tokens left for the reply."""
-        budget = max_tokens or self.max_tokens_default
-        kept = list(messages)
-        while True:
-            text = render_chatml(
-                kept, tools, default_system=DEFAULT_SYSTEM_PROMPT, assistant_prefix=prefix
-            )
-            tokens = model.tokenize(text)
-            first = 1 if kept and kept[0].role == "system" else 0
-            if len(tokens) + budget <= self.n_ctx or len(kept) - first <= 1:
-                break
-            del kept[first]
-        budget = min(budget, self.n_ctx - len(tokens))
-        if budget <= 0:
-            raise ValueError(f"the prompt ({len(tokens)} tokens) does not fit in n_ctx")
-        return tokens, budget
+        """The prompt's tokens after truncation, and the number of tokens the reply may take
+        (the client's limit or the engine's hard ceiling, within what the context leaves)."""
+        messages = self.fit(model, request, tools, prefix)
+        text = render_chatml(
+            messages, tools, default_system=DEFAULT_SYSTEM_PROMPT, assistant_prefix=prefix
+        )
+        tokens = model.tokenize(text)
+        limit = request.max_tokens or hard_ceiling(self.max_tokens_default)
+        return tokens, min(limit, self.n_ctx - len(tokens))
 
     def _scheduler(self) -> BatchScheduler:
         if self._closed:
@@ -534,6 +642,25 @@ class LlamaCppLlm:
     def _check_model(self, model: LlamaModel) -> None:
         if not is_chatml(model.chat_template):
             raise ValueError(f"{self.model_path}: only ChatML chat templates are supported")
+
+
+class _ChatmlCounter:
+    """Counts a ChatML prompt's tokens with the model's tokenizer (a ``TokenCounter``)."""
+
+    def __init__(self, model: LlamaModel, prefix: str) -> None:
+        self.model = model
+        self.prefix = prefix
+        self._empty = len(model.tokenize(render_chatml((), default_system="")))
+
+    def prompt(self, messages: Sequence[ChatMessage], tools: Sequence[FunctionTool]) -> int:
+        text = render_chatml(
+            messages, tools, default_system=DEFAULT_SYSTEM_PROMPT, assistant_prefix=self.prefix
+        )
+        return len(self.model.tokenize(text))
+
+    def message(self, message: ChatMessage) -> int:
+        text = render_chatml((message,), default_system="")
+        return len(self.model.tokenize(text)) - self._empty
 
 
 def _beyond_tool_calls(text: str) -> bool:
