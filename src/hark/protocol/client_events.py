@@ -122,15 +122,17 @@ def decode_client_event(data: str | bytes) -> AnyClientEvent:
     except msgspec.ValidationError as exc:
         first_error: msgspec.ValidationError = exc
     except msgspec.DecodeError:
-        raise DecodeError(
-            ProtocolError(
-                "The server could not parse the event: it is not valid JSON.",
-                code="invalid_json",
-            ),
-            None,
-        ) from None
-    # The fast path failed: look at the raw object to explain what is wrong.
-    raw = msgspec.json.decode(data)
+        raise _unparsable("it is not valid JSON") from None
+    except RecursionError:
+        raise _unparsable("it is nested too deeply") from None
+    # The fast path failed: look at the raw object to explain what is wrong. The typed
+    # decoder stops at the first wrong value, so malformed JSON after it shows only here.
+    try:
+        raw = msgspec.json.decode(data)
+    except msgspec.DecodeError:
+        raise _unparsable("it is not valid JSON") from None
+    except RecursionError:
+        raise _unparsable("it is nested too deeply") from None
     if not isinstance(raw, dict):
         raise DecodeError(
             ProtocolError("The event must be a JSON object.", code="invalid_event"), None
@@ -154,6 +156,15 @@ def decode_client_event(data: str | bytes) -> AnyClientEvent:
     else:
         error = from_validation_error(first_error, None)
     raise DecodeError(error, event_id)
+
+
+def _unparsable(reason: str) -> DecodeError:
+    """An event that is not JSON the server can read (also JSON nested deeper than the
+    decoder recurses: msgspec raises ``RecursionError`` for it)."""
+    return DecodeError(
+        ProtocolError(f"The server could not parse the event: {reason}.", code="invalid_json"),
+        None,
+    )
 
 
 def _audio_error(message: str) -> ProtocolError:
