@@ -39,6 +39,7 @@ from hark.server.admission import admit_session, usage_counter
 from hark.server.auth import Authenticator, check_bind_policy
 from hark.server.demo import DEMO_KEY_SECONDS, DemoPage
 from hark.server.routes import (
+    beta_sessions,
     calls,
     client_secrets,
     health,
@@ -168,6 +169,7 @@ def create_app(
             *sessions.routes(),
             *calls.routes(),
             *client_secrets.routes(),
+            *beta_sessions.routes(),
             *speech.routes(),
             *transcriptions.routes(),
             *cors.preflight_routes(),

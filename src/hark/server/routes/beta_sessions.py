@@ -1,0 +1,121 @@
+"""``POST /v1/realtime/sessions`` and ``POST /v1/realtime/transcription_sessions``: the beta
+dialect's way to mint an ephemeral key (a flat session in, the flat session and its
+``client_secret`` out). The keys are the ones ``POST /v1/realtime/client_secrets`` mints."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Literal
+
+import msgspec
+from aiohttp import web
+from msgspec import Struct
+
+from hark.cluster.store import ClusterUnavailableError
+from hark.protocol.client_secrets import MAX_EXPIRY_SECONDS, MIN_EXPIRY_SECONDS
+from hark.protocol.errors import ProtocolError, decode_body, from_validation_error
+from hark.protocol.session_config import session_config_to_dict
+from hark.server.access import api_key_only, principal, requires
+from hark.server.admission import admit_request
+from hark.server.errors import cluster_unavailable, invalid_request
+from hark.server.state import AUTHENTICATOR, LIMITS
+from hark.session.ids import IdGenerator
+from hark.transports.beta import flat_session, parse_flat_session
+
+logger = logging.getLogger(__name__)
+
+# The beta's keys lived a minute unless the request said otherwise.
+BETA_EXPIRY_SECONDS = 60
+
+
+class _Expiry(Struct, forbid_unknown_fields=True, kw_only=True):
+    anchor: Literal["created_at"] = "created_at"
+    seconds: int = BETA_EXPIRY_SECONDS
+
+
+class _ClientSecretRequest(Struct, forbid_unknown_fields=True, kw_only=True):
+    # ``expires_at`` is how the SDK's beta types spell it for transcription sessions.
+    expires_after: _Expiry | None = None
+    expires_at: _Expiry | None = None
+
+
+_ids = IdGenerator()
+_decode_body = msgspec.json.Decoder(dict[str, Any]).decode
+_encode = msgspec.json.Encoder().encode
+
+
+def routes() -> list[web.RouteDef]:
+    """The beta key routes."""
+    return [
+        web.post("/v1/realtime/sessions", create_session),
+        web.post("/v1/realtime/transcription_sessions", create_transcription_session),
+    ]
+
+
+@requires(api_key_only("Ephemeral keys cannot create sessions; use an API key."))
+async def create_session(request: web.Request) -> web.Response:
+    """Mint a key for a realtime session configured by the body's flat session."""
+    return await _mint(request, transcription=False)
+
+
+@requires(api_key_only("Ephemeral keys cannot create sessions; use an API key."))
+async def create_transcription_session(request: web.Request) -> web.Response:
+    """Mint a key for a transcription session configured by the body's flat session."""
+    return await _mint(request, transcription=True)
+
+
+async def _mint(request: web.Request, *, transcription: bool) -> web.Response:
+    owner = principal(request)
+    raw = await request.read()
+    try:
+        body = decode_body(_decode_body, raw) if raw.strip() else {}
+        seconds = _expiry_seconds(body.pop("client_secret", None))
+        session = parse_flat_session(body, transcription=transcription)
+    except ProtocolError as exc:
+        return invalid_request(_top_level(exc))
+    refusal = await admit_request(request.app[LIMITS], owner.owner)
+    if refusal is not None:
+        return refusal
+    session_id = _ids.new("sess")
+    try:
+        value, record = await request.app[AUTHENTICATOR].mint(owner, session, session_id, seconds)
+    except ClusterUnavailableError as exc:
+        logger.warning("could not mint a key: %s", exc)
+        return cluster_unavailable()
+    ga = session_config_to_dict(session, session_id=session_id, expires_at=record.expires_at)
+    answer = {
+        **flat_session(ga),
+        "client_secret": {"value": value, "expires_at": record.expires_at},
+    }
+    return web.Response(body=_encode(answer), content_type="application/json")
+
+
+def _expiry_seconds(client_secret: object) -> int:
+    """How long the key lives, from the body's ``client_secret``; ProtocolError if out of
+    bounds."""
+    if client_secret is None:
+        return BETA_EXPIRY_SECONDS
+    try:
+        request = msgspec.convert(client_secret, _ClientSecretRequest)
+    except msgspec.ValidationError as exc:
+        raise from_validation_error(exc, "client_secret") from None
+    expiry = request.expires_after or request.expires_at or _Expiry()
+    if not MIN_EXPIRY_SECONDS <= expiry.seconds <= MAX_EXPIRY_SECONDS:
+        raise ProtocolError(
+            f"Invalid 'client_secret.expires_after.seconds': must be between "
+            f"{MIN_EXPIRY_SECONDS} and {MAX_EXPIRY_SECONDS}.",
+            "client_secret.expires_after.seconds",
+            "integer_below_min_value"
+            if expiry.seconds < MIN_EXPIRY_SECONDS
+            else "integer_above_max_value",
+        )
+    return expiry.seconds
+
+
+def _top_level(error: ProtocolError) -> ProtocolError:
+    """The session's fields are the body's own here: ``voice``, not ``session.voice``."""
+    param = error.param
+    if param is None or not param.startswith("session."):
+        return error
+    field = param.removeprefix("session.")
+    return ProtocolError(error.message.replace(param, field), field, error.code, error.type)
