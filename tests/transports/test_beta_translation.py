@@ -124,7 +124,7 @@ def test_flat_session_update_configures_the_ga_session() -> None:
     assert config.max_output_tokens == 300 and config.temperature == 0.7
     assert config.audio.input.transcription is not None
     assert config.audio.input.transcription.language == "en"
-    assert [tool.name for tool in config.tools] == ["lookup"]
+    assert [tool["name"] for tool in msgspec.to_builtins(config.tools)] == ["lookup"]
     assert updated["type"] == "session.updated"
     session = updated["session"]
     assert session["modalities"] == ["text"]
