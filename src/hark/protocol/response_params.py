@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -16,6 +17,8 @@ from hark.protocol.session_config import (
     MaxOutputTokens,
     ToolChoiceConfig,
     VoiceId,
+    check_no_prompt,
+    check_voice,
 )
 
 
@@ -51,8 +54,11 @@ class ResponseParams(ConfigStruct):
     reasoning: Any = None
 
 
-def parse_response_params(data: dict[str, Any] | None) -> ResponseParams:
-    """Validate ``response.create``'s ``response`` object; errors name ``response.…``."""
+def parse_response_params(
+    data: dict[str, Any] | None, voices: Collection[str] | None = None
+) -> ResponseParams:
+    """Validate ``response.create``'s ``response`` object; errors name ``response.…``.
+    ``voices``: the installed voices a custom ``{"id": …}`` voice may name (any when None)."""
     try:
         params = msgspec.convert(data or {}, ResponseParams)
     except msgspec.ValidationError as exc:
@@ -70,4 +76,7 @@ def parse_response_params(data: dict[str, Any] | None) -> ResponseParams:
         )
     if params.metadata is not None and len(params.metadata) > 16:
         raise ProtocolError("metadata holds at most 16 keys.", param="response.metadata")
+    check_no_prompt(params.prompt, "response.prompt")
+    if params.audio and params.audio.output and params.audio.output.voice is not None:
+        check_voice(params.audio.output.voice, "response.audio.output.voice", voices)
     return params

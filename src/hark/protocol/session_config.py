@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -86,9 +87,59 @@ class AudioInput(ConfigStruct):
 
 
 class VoiceId(ConfigStruct):
-    """A custom voice reference."""
+    """A custom voice reference: on hark, the name of an installed voice of the TTS engine."""
 
     id: str
+
+
+# OpenAI's built-in voices (the SDK's ``audio.output.voice`` literals): the names a session
+# accepts. Each TTS engine maps them onto voices it has (``hark.engines.tts.VoiceCatalog``).
+OPENAI_VOICES = (
+    "alloy",
+    "ash",
+    "ballad",
+    "coral",
+    "echo",
+    "sage",
+    "shimmer",
+    "verse",
+    "marin",
+    "cedar",
+)
+
+
+def check_voice(voice: str | VoiceId, param: str, installed: Collection[str] | None) -> None:
+    """Refuse a voice as OpenAI does (``invalid_value`` naming ``param``): a name must be one
+    of OpenAI's, a custom ``{"id": …}`` one of the ``installed`` voices (any when None: the
+    engine passes names to a server that knows its own)."""
+    if isinstance(voice, VoiceId):
+        if installed is not None and voice.id not in installed:
+            choices = ", ".join(f"'{name}'" for name in installed) or "none"
+            raise ProtocolError(
+                f"Invalid value: '{voice.id[:100]}'. No such voice is installed; the installed "
+                f"voices are: {choices}.",
+                param=f"{param}.id",
+                code="invalid_value",
+            )
+    elif voice not in OPENAI_VOICES:
+        choices = ", ".join(f"'{name}'" for name in OPENAI_VOICES[:-1])
+        raise ProtocolError(
+            f"Invalid value: '{voice[:100]}'. Supported values are: {choices}, and "
+            f"'{OPENAI_VOICES[-1]}'.",
+            param=param,
+            code="invalid_value",
+        )
+
+
+def check_no_prompt(prompt: object, param: str) -> None:
+    """Refuse a stored prompt reference: hark keeps no prompts to look one up in."""
+    if prompt is not None:
+        raise ProtocolError(
+            "Stored prompts are not supported: hark has no prompt store. Send the prompt's "
+            "text as instructions instead.",
+            param=param,
+            code="unsupported_parameter",
+        )
 
 
 class AudioOutput(ConfigStruct):
@@ -255,10 +306,15 @@ def _merge(base: dict[str, Any], update: dict[str, Any], path: tuple[str, ...]) 
 
 
 def parse_session_config(
-    data: object, *, base: SessionConfig | None = None, param_prefix: str = "session"
+    data: object,
+    *,
+    base: SessionConfig | None = None,
+    param_prefix: str = "session",
+    voices: Collection[str] | None = None,
 ) -> SessionConfig:
     """Validate a (partial) session object and apply it over ``base`` (defaults when None).
 
+    ``voices``: the installed voices a custom ``{"id": …}`` voice may name (any when None).
     Raises ProtocolError naming the offending parameter, e.g. ``session.audio.output.speed``.
     """
     if not isinstance(data, dict):
@@ -294,6 +350,8 @@ def parse_session_config(
             "output_modalities must be exactly one of ['audio'] or ['text'].",
             param=f"{param_prefix}.output_modalities",
         )
+    check_no_prompt(config.prompt, f"{param_prefix}.prompt")
+    check_voice(config.audio.output.voice, f"{param_prefix}.audio.output.voice", voices)
     names = [tool.name for tool in config.tools if isinstance(tool, FunctionToolDef)]
     if len(set(names)) != len(names):
         raise ProtocolError("Tool names must be unique.", param=f"{param_prefix}.tools")

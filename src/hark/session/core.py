@@ -17,6 +17,7 @@ limits (``rate_limits``) and playout (``playout_state``).
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 import msgspec
@@ -84,13 +85,15 @@ class Session:
         rate_limits: RateLimits | None = None,
         plays_audio: bool = False,
         audio_retention_s: float = AUDIO_RETENTION_S,
+        voices: Collection[str] | None = None,
     ) -> None:
         """``vad_chunk_ms``: the audio in each of the VAD's chunks (``VadEngine.chunk_ms``);
         ``asr_rate``: the sample rate recognition takes (``AsrEngine.sample_rate``).
         ``plays_audio``: the transport plays reply audio itself (WebRTC, SIP), so audio
         leaves as PlayAudio actions instead of ``response.output_audio.delta`` events.
         ``audio_retention_s``: how many seconds of the latest conversation audio items keep;
-        older items keep only their words."""
+        older items keep only their words. ``voices``: the TTS engine's installed voices, which
+        a custom ``{"id": …}`` voice must name (any when None)."""
         self.ids = ids or IdGenerator()
         self.id = session_id or self.ids.new("sess")
         base = config or SessionConfig()
@@ -104,6 +107,7 @@ class Session:
         self.conversation = Conversation()
         self._audio_retention_ms = int(audio_retention_s * 1000)
         self._plays_audio = plays_audio
+        self._voices = voices
         self._playout = PlayoutState(self._outbox, self.conversation)
         self._noise = NoiseReduction(lambda: self.config.audio.input.noise_reduction)
         self._speculation = Speculation(self._outbox)
@@ -277,7 +281,7 @@ class Session:
         elif isinstance(event, ce.ConversationItemDelete):
             self._delete(event.item_id)
         elif isinstance(event, ce.ResponseCreate):
-            self._create_response(parse_response_params(event.response))
+            self._create_response(parse_response_params(event.response, self._voices))
         elif isinstance(event, ce.ResponseCancel):
             self._responses.cancel(event.response_id)
         elif isinstance(event, ce.OutputAudioBufferClear):
@@ -292,7 +296,7 @@ class Session:
     def _update_session(self, update: dict[str, Any]) -> None:
         # Any model name is taken and echoed: clients (the agents SDK among them) send their
         # own default, and hark serves the model it has whatever the session is called.
-        self._apply_config(parse_session_config(update, base=self.config))
+        self._apply_config(parse_session_config(update, base=self.config, voices=self._voices))
         self._outbox.emit(se.SessionUpdated(session=self._session_dict()))
         # MCP servers the update adds are listed after it, as OpenAI does.
         self._mcp.configure(self.config.tools)

@@ -25,6 +25,7 @@ import numpy.typing as npt
 from hark.engines.llm import Finished
 from hark.engines.registry import Engines
 from hark.engines.stage_timeouts import limit
+from hark.engines.tts import installed_voices
 from hark.observability.metrics import Metrics
 from hark.observability.session_metrics import SessionMetrics
 from hark.observability.turn_timing import TurnTimings
@@ -138,6 +139,7 @@ class SessionRunner:
         # Steps of incremental recognition running, by request id (CancelRecognition).
         self._recognitions: dict[str, asyncio.Task[None]] = {}
         self._speculation: _Speculation | None = None
+            voices=installed_voices(engines.tts),
         # The LLM's read-ahead: a newer prefill reads all an older one would, so it replaces it.
         self._prefilling: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()

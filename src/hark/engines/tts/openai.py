@@ -20,6 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hark.engines.openai_http import OpenAIHttp, endpoint_url, safe_url
+from hark.protocol.session_config import OPENAI_VOICES
 
 _LOG = logging.getLogger(__name__)
 
@@ -103,6 +104,14 @@ class OpenAITts:
                 ) from None
             if odd:
                 _LOG.warning("TTS endpoint sent an odd number of bytes; the last one is dropped")
+
+    def installed_voices(self) -> None:
+        """None: voice names go to the server as they are, and it knows its own."""
+        return None
+
+    def voice_map(self) -> dict[str, str]:
+        """OpenAI's voice names go to the server unchanged."""
+        return {name: name for name in OPENAI_VOICES}
 
     async def warmup(self) -> None:
         """Speak a word: the endpoint answers, and takes the model and the key."""

