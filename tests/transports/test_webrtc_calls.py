@@ -291,16 +291,21 @@ async def test_a_multipart_offer_carries_the_session(
     assert created["session"]["output_modalities"] == ["text"]
 
 
-async def test_the_beta_path_answers_an_offer(
+async def test_the_beta_path_answers_an_offer_in_the_beta_dialect(
     http: aiohttp.ClientSession, rtc_server: RtcServer, clients: MakeClient
 ) -> None:
     client = clients()
     created = await call(http, rtc_server, client, path="/v1/realtime")
     assert client.call_id is not None and client.call_id.startswith("rtc_")
-    assert created["session"]["type"] == "realtime"
+    # The preview's flat session, on the data channel of a call made at its endpoint.
+    assert created["session"]["modalities"] == ["audio", "text"]
+    assert "type" not in created["session"]
     assert live_call(rtc_server, client).pc.connectionState == "connected"
-    client.send({"type": "response.create", "response": {"output_modalities": ["text"]}})
-    assert (await client.next_event("response.done"))["response"]["status"] == "completed"
+    client.send({"type": "response.create", "response": {"modalities": ["text"]}})
+    delta = await client.next_event("response.text.delta")
+    assert delta["delta"]
+    done = (await client.next_event("response.done"))["response"]
+    assert done["status"] == "completed" and done["modalities"] == ["text"]
 
 
 async def test_a_bad_session_part_is_400_naming_the_parameter(

@@ -49,6 +49,7 @@ from hark.server.state import (
     SIP,
     STATE,
 )
+from hark.transports.beta import is_beta
 from hark.transports.sip.phone_call import CallStateError, PhoneCall
 from hark.transports.sip.sdp import SdpError
 from hark.transports.webrtc.call import Call
@@ -63,6 +64,8 @@ MAX_SESSION_PART_BYTES = 256 * 1024
 MAX_OFFER_BODY_BYTES = MAX_OFFER_BYTES + MAX_SESSION_PART_BYTES + 16 * 1024
 # The reject and refer bodies: one small field each.
 MAX_CONTROL_BODY_BYTES = 16 * 1024
+# The beta dialect's WebRTC endpoint: its calls' data channels speak the beta dialect.
+BETA_CALLS_PATH = "/v1/realtime"
 MAX_TARGET_URI_CHARS = 1024
 # A SIP or tel URI as a Refer-To header carries it: no spaces, angle brackets, quotes or
 # control characters, which would break out of the header.
@@ -73,7 +76,7 @@ def routes() -> list[web.RouteDef]:
     """The call routes (the sideband is reached through the sessions route)."""
     return [
         # The beta dialect's WebRTC endpoint: an SDP offer posted to /v1/realtime.
-        web.post("/v1/realtime", create_call),
+        web.post(BETA_CALLS_PATH, create_call),
         web.post("/v1/realtime/calls", create_call),
         web.post("/v1/realtime/calls/{call_id}/accept", accept_call),
         web.post("/v1/realtime/calls/{call_id}/reject", reject_call),
@@ -125,6 +128,8 @@ async def create_call(request: web.Request) -> web.StreamResponse:
             model=model or REALTIME_MODEL,
             config=config,
             on_usage=usage_counter(limits, caller.owner),
+            # The preview's clients post their offer to /v1/realtime.
+            beta=request.path == BETA_CALLS_PATH or is_beta(request.headers),
         )
     except OfferError as exc:
         await limits.close_session(caller.owner)

@@ -34,6 +34,7 @@ from aiortc import (
 )
 
 from hark.session.runner import SessionRunner
+from hark.transports.beta import Dialect
 from hark.transports.sideband import Sidebands
 from hark.transports.ticker import PlayoutTicker
 from hark.transports.webrtc.ice import use_shared_port
@@ -81,6 +82,7 @@ class Call:
         ticker: PlayoutTicker,
         on_closed: Callable[[Call], None] | None = None,
         setup_timeout_s: float = SETUP_TIMEOUT_SECONDS,
+        dialect: Dialect | None = None,
     ) -> None:
         self.id = call_id
         self.owner = owner
@@ -95,6 +97,8 @@ class Call:
         self._channel: RTCDataChannel | None = None
         self._pending: deque[str] = deque(maxlen=MAX_PENDING_EVENTS)
         self._sidebands = Sidebands(call_id)
+        # The data channel's dialect; sidebands speak GA.
+        self._dialect = dialect or Dialect(beta=False)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._fan_out_task: asyncio.Task[None] | None = None
         # Why the server is ending the call, once it is (``end``).
@@ -216,7 +220,8 @@ class Call:
 
     async def _fan_out(self) -> None:
         async for text in self.runner.outgoing():
-            self._send_to_channel(text)
+            for out in self._dialect.outgoing(text):
+                self._send_to_channel(out)
             self._sidebands.publish(text)
         # The session ended (its time limit, or the server ending it): the call ends with it.
         self._spawn(self.close(self._end_reason or "session ended"), "close")
@@ -251,7 +256,7 @@ class Call:
 
     def _on_message(self, message: str | bytes) -> None:
         if isinstance(message, str):
-            self.runner.receive_text(message)
+            self.runner.receive_text(self._dialect.incoming(message))
         else:
             self.runner.receive_bytes(message)
 

@@ -16,6 +16,7 @@ from hark.protocol.session_config import SessionConfig
 from hark.session.core import SESSION_LIMIT_S
 from hark.session.ids import IdGenerator
 from hark.session.runner import SessionRunner
+from hark.transports.beta import Dialect
 from hark.transports.ticker import PlayoutTicker
 from hark.transports.webrtc.call import SETUP_TIMEOUT_SECONDS, Call
 from hark.transports.webrtc.playout import PlayoutTrack
@@ -62,11 +63,12 @@ class Calls:
         model: str,
         config: SessionConfig | None,
         on_usage: Callable[[int], None] | None = None,
+        beta: bool = False,
     ) -> tuple[Call, str]:
         """Answer ``offer`` and start its session; returns the call and the SDP answer.
 
         Raises ``hark.transports.webrtc.sdp.OfferError`` for an offer that cannot be
-        answered.
+        answered. ``beta``: the data channel speaks the beta dialect.
         """
         track = PlayoutTrack()
         runner = SessionRunner(
@@ -87,6 +89,7 @@ class Calls:
             ticker=self.ticker,
             on_closed=self._forget,
             setup_timeout_s=self.setup_timeout_s,
+            dialect=Dialect(beta=beta),
         )
         self._calls[call.id] = call
         try:
