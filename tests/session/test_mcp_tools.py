@@ -83,7 +83,9 @@ def call(driver: Driver, generate: Generate, name: str, arguments: str) -> None:
 def answer(driver: Driver, generate: Generate, text: str) -> list[dict[str, Any]]:
     driver.session.on_text(generate.response_id, text, now=driver.now)
     driver.session.on_generation_finished(
-        generate.response_id, Finished("stop", prompt_tokens=40, completion_tokens=3), now=driver.now
+        generate.response_id,
+        Finished("stop", prompt_tokens=40, completion_tokens=3),
+        now=driver.now,
     )
     return driver.pump()
 

@@ -17,7 +17,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -35,13 +35,16 @@ from hark.protocol.session_config import SessionConfig
 from hark.session.actions import (
     AdoptSpeculation,
     AnalyzeSpeech,
+    CallMcpTool,
     CancelGeneration,
     CancelRecognition,
     ClearAudio,
     Close,
+    CloseMcpServer,
     DiscardSpeculation,
     FinishAudio,
     Generate,
+    ListMcpTools,
     PlayAudio,
     Prefill,
     Recognise,
@@ -51,6 +54,9 @@ from hark.session.actions import (
 )
 from hark.session.core import SESSION_LIMIT_S, Session
 from hark.session.response_pipeline import run_generation
+
+if TYPE_CHECKING:
+    from hark.tools.mcp_client import McpClients
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +128,7 @@ class SessionRunner:
             plays_audio=player is not None,
             vad_chunk_ms=engines.vad.chunk_ms,
             asr_rate=engines.asr.sample_rate,
+            voices=installed_voices(engines.tts),
         )
         self.metrics = (
             metrics.session(transport, self.session.id)
@@ -139,10 +146,12 @@ class SessionRunner:
         # Steps of incremental recognition running, by request id (CancelRecognition).
         self._recognitions: dict[str, asyncio.Task[None]] = {}
         self._speculation: _Speculation | None = None
-            voices=installed_voices(engines.tts),
         # The LLM's read-ahead: a newer prefill reads all an older one would, so it replaces it.
         self._prefilling: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        # The session's MCP connections (made on first use) and its calls, by response id.
+        self._mcp: McpClients | None = None
+        self._mcp_calls: dict[str, set[asyncio.Task[None]]] = {}
         # The one timer: wakes the core at its next deadline (see ``_arm_timer``).
         self._timer: asyncio.TimerHandle | None = None
         self._timer_deadline: float | None = None
@@ -260,6 +269,8 @@ class SessionRunner:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self._mcp is not None:
+            await self._mcp.close_all()
         self._generations.clear()
         self._speculation = None
         self._out.put_nowait(None)
@@ -332,6 +343,15 @@ class SessionRunner:
                 running = self._generations.pop(out.response_id, None)
                 if running is not None:
                     running.cancel()
+                for call in self._mcp_calls.pop(out.response_id, ()):
+                    call.cancel()
+            elif isinstance(out, ListMcpTools):
+                self._spawn(self._list_mcp_tools(out), f"mcp list {out.server.label}")
+            elif isinstance(out, CallMcpTool):
+                self._call_mcp_tool(out)
+            elif isinstance(out, CloseMcpServer):
+                if self._mcp is not None:
+                    self._spawn(self._mcp.close(out.label), f"mcp close {out.label}")
             elif isinstance(out, PlayAudio):
                 assert self._player is not None
                 self._player.play(out.response_id, out.item_id, out.pcm, out.rate)
@@ -567,6 +587,53 @@ class SessionRunner:
             speculation.sink.adopt, _CoreSink(self, action.response_id)
         )
 
+    def _mcp_clients(self) -> McpClients:
+        if self._mcp is None:
+            # Imported on first use: most sessions never reach an MCP server.
+            from hark.tools.mcp_client import McpClients
+
+            self._mcp = McpClients()
+        return self._mcp
+
+    async def _list_mcp_tools(self, action: ListMcpTools) -> None:
+        from hark.tools.mcp_client import McpCallFailed
+
+        try:
+            tools = await self._mcp_clients().connection(action.server).list_tools()
+        except McpCallFailed as exc:
+            # The message names no header or token: see hark.tools.mcp_client.
+            log.warning(
+                "session %s: MCP server %s not listed: %s", self.id, action.server.label, exc
+            )
+            self._call(self.session.on_mcp_list_failed, action.item_id)
+            return
+        self._call(self.session.on_mcp_tools_listed, action.item_id, tools)
+
+    def _call_mcp_tool(self, action: CallMcpTool) -> None:
+        task = self._spawn(self._run_mcp_call(action), f"mcp call {action.item_id}")
+        calls = self._mcp_calls.setdefault(action.response_id, set())
+        calls.add(task)
+
+        def forget(_: object) -> None:
+            calls.discard(task)
+            if not calls and self._mcp_calls.get(action.response_id) is calls:
+                del self._mcp_calls[action.response_id]
+
+        task.add_done_callback(forget)
+
+    async def _run_mcp_call(self, action: CallMcpTool) -> None:
+        from hark.tools.mcp_client import McpCallFailed
+
+        connection = self._mcp_clients().connection(action.server)
+        try:
+            output = await connection.call_tool(action.name, action.arguments)
+        except McpCallFailed as exc:
+            self._call(
+                self.session.on_mcp_call_failed, action.response_id, action.item_id, exc.error
+            )
+            return
+        self._call(self.session.on_mcp_call_done, action.response_id, action.item_id, output)
+
     async def _run_generation(self, action: Generate, sink: _Sink) -> None:
         try:
             await run_generation(
@@ -578,8 +645,10 @@ class SessionRunner:
             log.exception("session %s: a response failed", self.id)
             sink.failed(str(exc))
         finally:
-            if action.response_id:
-                self._generations.pop(action.response_id, None)
+            # A response's next round (after MCP calls) may run under the same id already.
+            running = self._generations.get(action.response_id)
+            if action.response_id and running is asyncio.current_task():
+                del self._generations[action.response_id]
 
 
 class _Sink(Protocol):

@@ -1,0 +1,1 @@
+"""Tools that hark runs for the model itself (remote MCP servers), outside the session core."""

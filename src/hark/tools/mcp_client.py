@@ -1,0 +1,273 @@
+"""A session's connections to remote MCP servers, over streamable HTTP with the official
+``mcp`` SDK: list a server's tools, call one, each within a timeout.
+
+One connection per server label, opened on first use and kept for the session, closed with
+it. The SDK's transport and ``ClientSession`` are anyio context managers that must be left by
+the task that entered them, so each connection lives in a task of its own, and calls from any
+task use the session it opened. A server that is down, refuses or stalls fails that one list
+or call; the next one connects again.
+
+The server's headers and authorization are secrets: they go to the server and nowhere else,
+never into a log line or an error message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+import httpx2
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.exceptions import MCPError
+from mcp_types import (
+    CONNECTION_CLOSED,
+    CallToolResult,
+    PaginatedRequestParams,
+    TextContent,
+    Tool,
+)
+
+from hark.protocol import items as wire
+from hark.session.actions import McpServer
+
+log = logging.getLogger(__name__)
+
+# How long one list or call (connecting included) may take.
+DEFAULT_TIMEOUT_S = 30.0
+# How a gateway reports an upstream it could not reach, or that did not answer in time.
+BAD_GATEWAY = 502
+GATEWAY_TIMEOUT = 504
+
+
+class McpCallFailed(Exception):
+    """An MCP call failed; ``error`` is the ``mcp_call`` item's ``error``."""
+
+    def __init__(self, error: wire.McpCallError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+class McpConnection:
+    """One session's connection to one MCP server."""
+
+    def __init__(self, server: McpServer, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self.server = server
+        self._timeout_s = timeout_s
+        self._task: asyncio.Task[None] | None = None
+        self._ready: asyncio.Future[ClientSession] | None = None
+        self._closing = asyncio.Event()
+        # The last HTTP error status the server answered, for http_error's code.
+        self._status: int | None = None
+
+    async def list_tools(self) -> list[wire.McpTool]:
+        """The server's tools, every page of them. Raises McpCallFailed."""
+        tools: list[wire.McpTool] = []
+        async with self._within_timeout():
+            session = await self._session()
+            cursor: str | None = None
+            while True:
+                page = await session.list_tools(
+                    params=None if cursor is None else PaginatedRequestParams(cursor=cursor)
+                )
+                tools += [_tool(t) for t in page.tools]
+                cursor = page.next_cursor
+                if cursor is None:
+                    return tools
+
+    async def call_tool(self, name: str, arguments: str) -> str:
+        """Call ``name`` with ``arguments`` (a JSON object, as text): the tool's output as
+        text. Raises McpCallFailed."""
+        try:
+            parsed = json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError:
+            parsed = None
+        if not isinstance(parsed, dict):
+            raise McpCallFailed(
+                wire.McpCallError(
+                    type="tool_execution_error",
+                    message=f"The arguments of {name} are not a JSON object.",
+                )
+            )
+        async with self._within_timeout():
+            session = await self._session()
+            result = await session.call_tool(name, parsed)
+        assert isinstance(result, CallToolResult)
+        output = _output(result)
+        if result.is_error:
+            raise McpCallFailed(wire.McpCallError(type="tool_execution_error", message=output))
+        return output
+
+    async def close(self) -> None:
+        """Close the connection (a no-op when none is open)."""
+        self._closing.set()
+        task, self._task = self._task, None
+        if task is not None:
+            await asyncio.gather(task, return_exceptions=True)
+
+    def _within_timeout(self) -> _Guard:
+        return _Guard(self, self._timeout_s)
+
+    async def _session(self) -> ClientSession:
+        if self._task is None or self._task.done():
+            loop = asyncio.get_running_loop()
+            self._ready = loop.create_future()
+            # Callers that gave up before the connection failed never read its error.
+            self._ready.add_done_callback(_read_error)
+            self._closing = asyncio.Event()
+            self._status = None
+            self._task = asyncio.create_task(
+                self._run(self._ready, self._closing), name=f"mcp {self.server.label}"
+            )
+        assert self._ready is not None
+        # Shielded: a caller that gives up must not cancel the connection for the others.
+        return await asyncio.shield(self._ready)
+
+    async def _run(self, ready: asyncio.Future[ClientSession], closing: asyncio.Event) -> None:
+        headers = dict(self.server.headers)
+        if self.server.authorization:
+            headers["Authorization"] = f"Bearer {self.server.authorization}"
+        http = create_mcp_http_client(headers=headers, timeout=httpx2.Timeout(self._timeout_s))
+        http.event_hooks["response"].append(self._saw)
+        try:
+            async with (
+                http,
+                streamable_http_client(self.server.url, http_client=http) as (read, write),
+                ClientSession(read, write, read_timeout_seconds=self._timeout_s) as session,
+            ):
+                await session.initialize()
+                ready.set_result(session)
+                await closing.wait()
+        except BaseException as exc:
+            if not ready.done():
+                ready.set_exception(_leaf(exc))
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            # Already reported to the callers waiting; the next call connects again.
+            log.warning(
+                "MCP server %s: connection ended (%s)", self.server.label, type(_leaf(exc)).__name__
+            )
+
+    async def _saw(self, response: httpx2.Response) -> None:
+        if response.status_code >= 400:
+            self._status = response.status_code
+
+    def failure(self, exc: BaseException) -> wire.McpCallError:
+        """What went wrong, as an ``mcp_call`` item's ``error``."""
+        exc = _leaf(exc)
+        if isinstance(exc, McpCallFailed):
+            return exc.error
+        if isinstance(exc, TimeoutError | httpx2.TimeoutException):
+            return wire.McpCallError(
+                type="http_error",
+                code=GATEWAY_TIMEOUT,
+                message=f"The MCP server did not answer within {self._timeout_s:g} s.",
+            )
+        if isinstance(exc, MCPError) and exc.code != CONNECTION_CLOSED:
+            if self._status is not None:
+                return wire.McpCallError(
+                    type="http_error",
+                    code=self._status,
+                    message=f"The MCP server answered HTTP {self._status}.",
+                )
+            return wire.McpCallError(type="protocol_error", code=exc.code, message=exc.message)
+        if isinstance(exc, httpx2.HTTPStatusError):
+            status = exc.response.status_code
+            return wire.McpCallError(
+                type="http_error", code=status, message=f"The MCP server answered HTTP {status}."
+            )
+        return wire.McpCallError(
+            type="http_error",
+            code=BAD_GATEWAY,
+            message=f"The MCP server could not be reached ({type(exc).__name__}).",
+        )
+
+
+class _Guard:
+    """The timeout of one list or call, its errors turned into ``McpCallFailed``."""
+
+    def __init__(self, connection: McpConnection, timeout_s: float) -> None:
+        self._connection = connection
+        self._timeout = asyncio.timeout(timeout_s)
+
+    async def __aenter__(self) -> None:
+        await self._timeout.__aenter__()
+
+    async def __aexit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        try:
+            await self._timeout.__aexit__(kind, exc, tb)
+        except TimeoutError as timed_out:
+            exc = timed_out
+        if isinstance(exc, Exception | BaseExceptionGroup) and not isinstance(
+            exc, asyncio.CancelledError
+        ):
+            raise McpCallFailed(self._connection.failure(exc)) from None
+
+
+class McpClients:
+    """A session's MCP connections, by server label."""
+
+    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self._timeout_s = timeout_s
+        self._connections: dict[str, McpConnection] = {}
+
+    def connection(self, server: McpServer) -> McpConnection:
+        """The connection to ``server``; one reached differently under the same label is
+        replaced (the old one closes in the background)."""
+        current = self._connections.get(server.label)
+        if current is not None and current.server == server:
+            return current
+        if current is not None:
+            asyncio.get_running_loop().create_task(current.close())
+        self._connections[server.label] = McpConnection(server, self._timeout_s)
+        return self._connections[server.label]
+
+    async def close(self, label: str) -> None:
+        """Close the connection to the server ``label``, if any."""
+        connection = self._connections.pop(label, None)
+        if connection is not None:
+            await connection.close()
+
+    async def close_all(self) -> None:
+        """Close every connection (the session ends)."""
+        connections, self._connections = list(self._connections.values()), {}
+        await asyncio.gather(*(c.close() for c in connections), return_exceptions=True)
+
+
+def _read_error(future: asyncio.Future[ClientSession]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The first error inside anyio's exception groups."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _tool(tool: Tool) -> wire.McpTool:
+    annotations = (
+        tool.annotations.model_dump(by_alias=True, exclude_none=True)
+        if tool.annotations is not None
+        else None
+    )
+    return wire.McpTool(
+        name=tool.name,
+        input_schema=tool.input_schema,
+        description=tool.description,
+        annotations=annotations,
+    )
+
+
+def _output(result: CallToolResult) -> str:
+    """A tool's result as the model reads it: its text, else its structured content."""
+    texts = [block.text for block in result.content if isinstance(block, TextContent)]
+    if texts:
+        return "\n".join(texts)
+    if result.structured_content is not None:
+        return json.dumps(result.structured_content)
+    return ""
