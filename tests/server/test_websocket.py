@@ -71,7 +71,9 @@ class StubSession:
             self.refused += 1
         self.events.put_nowait(event)
 
-    def send_with(self, send: Callable[[str], bool] | None) -> None:
+    def send_with(
+        self, send: Callable[[str], bool] | None, stalled: Callable[[str], None] | None = None
+    ) -> None:
         self.send = send
 
     def receive_bytes(self, data: bytes) -> None:

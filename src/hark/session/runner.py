@@ -52,7 +52,7 @@ from hark.session.actions import (
     Speculate,
     Transcribe,
 )
-from hark.session.core import SESSION_LIMIT_S, Session
+from hark.session.core import SESSION_LIMIT_S, MiB, Session
 from hark.session.response_pipeline import run_generation
 
 if TYPE_CHECKING:
@@ -62,6 +62,13 @@ log = logging.getLogger(__name__)
 
 # The opt-in (session ``include``) for a ``hark.turn_timings`` event after each response.
 TIMINGS_INCLUDE = "hark.turn_timings"
+# The most that waits in ``outgoing`` for a peer that does not read (design principle 9): a
+# reply of several minutes of audio, made faster than real time for a client on a slow link,
+# stays well under both; a client that stops reading passes one within seconds of replies.
+MAX_BACKLOG_EVENTS = 10_000
+MAX_BACKLOG_BYTES = 16 * MiB
+# The reason (``SessionMetrics.ended``) and error code of a session closed for its backlog.
+BACKLOG_EXCEEDED = "client_not_reading"
 
 
 class AudioPlayer(Protocol):
@@ -109,10 +116,14 @@ class SessionRunner:
         metrics: Metrics | None = None,
         on_usage: Callable[[int], None] | None = None,
         max_duration_s: float = SESSION_LIMIT_S,
+        max_backlog_events: int = MAX_BACKLOG_EVENTS,
+        max_backlog_bytes: int = MAX_BACKLOG_BYTES,
     ) -> None:
         """``max_duration_s``: the session limit, after which the client gets
         ``session_expired`` and the session ends (OpenAI's 60 minutes unless a test needs
-        less)."""
+        less). ``max_backlog_events`` / ``max_backlog_bytes``: the most events, and their
+        characters, that may wait in ``outgoing``; past either the session ends
+        (``send_with``'s ``stalled``)."""
         self.engines = engines
         # Told each finished response's total tokens (the fleet's per-key limits count them).
         self._on_usage = on_usage
@@ -135,8 +146,15 @@ class SessionRunner:
             if metrics is not None
             else SessionMetrics.disabled()
         )
-        self._out: asyncio.Queue[str | None] = asyncio.Queue()
+        self._max_backlog_events = max_backlog_events
+        self._max_backlog_bytes = max_backlog_bytes
+        # Room past the bound for the last error event and the end of the stream.
+        self._out: asyncio.Queue[str | None] = asyncio.Queue(max_backlog_events + 2)
+        self._out_bytes = 0
         self._send: Callable[[str], bool] | None = None
+        self._stalled: Callable[[str], None] | None = None
+        # Set once the backlog passed its bound: later events are dropped, the session ends.
+        self._overflowed = False
         # When the last sample of each chunk the VAD has not answered yet arrived (monotonic).
         self._vad_waiting: deque[float] = deque()
         # When the audio behind the VAD result being handled now arrived.
@@ -227,7 +245,11 @@ class SessionRunner:
         """One client binary frame: not part of the protocol, answered with an error."""
         self._call(self.session.receive_binary, data)
 
-    def send_with(self, send: Callable[[str], bool] | None) -> None:
+    def send_with(
+        self,
+        send: Callable[[str], bool] | None,
+        stalled: Callable[[str], None] | None = None,
+    ) -> None:
         """Offer each server event to ``send`` first, as soon as it is made.
 
         ``send`` writes the event and returns True, or returns False (its connection is
@@ -235,12 +257,18 @@ class SessionRunner:
         ones while anything waits there, which keeps the order. A task woken per event
         would run only after everything the loop already has queued: tens of milliseconds
         behind a busy loop's pass over every socket. None: everything goes to ``outgoing``.
+
+        ``stalled`` is told, with a reason for the client, when what waits in ``outgoing``
+        passes its bound: the events waiting are dropped, ``outgoing`` yields only an
+        ``error`` event naming the bound and then ends, and the session closes.
         """
         self._send = send
+        self._stalled = stalled
 
     async def outgoing(self) -> AsyncIterator[str]:
         """Serialised server events, in order; ends when the session is over."""
         while (text := await self._out.get()) is not None:
+            self._out_bytes -= len(text)
             yield text
 
     async def end(self, message: str, code: str, reason: str) -> None:
@@ -366,9 +394,62 @@ class SessionRunner:
                 self._spawn(self.close(out.reason), "close")
 
     def _emit(self, text: str) -> None:
+        if self._overflowed:
+            return
         send = self._send
-        if send is None or self._out.qsize() or not send(text):
-            self._out.put_nowait(text)
+        if send is not None and not self._out.qsize() and send(text):
+            return
+        if (
+            self._out.qsize() >= self._max_backlog_events
+            or self._out_bytes + len(text) > self._max_backlog_bytes
+        ):
+            self._overflow()
+            return
+        self._out_bytes += len(text)
+        self._out.put_nowait(text)
+
+    def _overflow(self) -> None:
+        """The peer stopped reading: what waits for it is dropped and the session ends.
+
+        The ``error`` event goes out alone, so that a peer that reads again learns why, and
+        the session's engine work stops at once rather than making more events nobody reads.
+        """
+        events, size = self._out.qsize(), self._out_bytes
+        self._overflowed = True
+        while not self._out.empty():
+            self._out.get_nowait()
+        self._out_bytes = 0
+        limit = self._max_backlog_bytes
+        size_limit = f"{limit // MiB} MiB" if limit % MiB == 0 else f"{limit} bytes"
+        reason = (
+            f"client is not reading events; backlog over {self._max_backlog_events} events "
+            f"or {size_limit}"
+        )
+        log.warning(
+            "session %s: %d events (%d bytes) wait for a client that is not reading: closing",
+            self.id,
+            events,
+            size,
+        )
+        error = ProtocolError(
+            f"The {reason}; the session is closed.",
+            code=BACKLOG_EXCEEDED,
+            type="invalid_request_error",
+        )
+        try:
+            self.session.end(error, BACKLOG_EXCEEDED, now=self._clock())
+        except Exception:
+            self._internal_error()
+        for out in self.session.drain():
+            # Only the error: the cancelled responses' events would never be read.
+            if isinstance(out, se.Error):
+                self.metrics.server_event(out)
+                text = se.encode_event(out).decode()
+                self._out_bytes += len(text)
+                self._out.put_nowait(text)
+        if self._stalled is not None:
+            self._stalled(reason)
+        self._spawn(self.close(BACKLOG_EXCEEDED), "close")
 
     def _spawn(self, coro: object, name: str) -> asyncio.Task[None]:
         task: asyncio.Task[None] = asyncio.create_task(coro, name=name)  # type: ignore[arg-type]

@@ -5,6 +5,9 @@ frame parser (``RealtimeWebSocket``), a reader loop handles the rest (binary fra
 the close handshake), and the session's events are written as it makes them
 (``RealtimeWebSocket.send_now``), with a writer task for what has to wait on a slow reader.
 Either side ending ends both, and the session is always closed, which cancels its engine work.
+A peer that stops reading is closed once the session's backlog passes its bound: it gets the
+session's ``error`` event and a 1008 close naming the bound if it reads within
+``STALLED_CLOSE_SECONDS``, and the connection is dropped if it does not.
 """
 
 from __future__ import annotations
@@ -38,6 +41,9 @@ REALTIME_SUBPROTOCOL = "realtime"
 # Events are written at once while less than this waits in the socket's send buffer; beyond
 # it they queue for the writer task, which waits for the peer to read (aiohttp's drain).
 SEND_NOW_MAX_BUFFERED = 256 * 1024
+# How long a peer whose backlog passed the session's bound has to read its last events and
+# the close frame before the connection is dropped with them unsent.
+STALLED_CLOSE_SECONDS = 5.0
 
 
 class RealtimeSession(Protocol):
@@ -59,8 +65,14 @@ class RealtimeSession(Protocol):
         """Serialized server events; ends when the session is over."""
         ...
 
-    def send_with(self, send: Callable[[str], bool] | None) -> None:
-        """Offer events to ``send`` as they are made; those it refuses go to ``outgoing``."""
+    def send_with(
+        self,
+        send: Callable[[str], bool] | None,
+        stalled: Callable[[str], None] | None = None,
+    ) -> None:
+        """Offer events to ``send`` as they are made; those it refuses go to ``outgoing``.
+        ``stalled`` (with a reason) when ``outgoing``'s backlog passed its bound: the
+        session is ending and ``outgoing`` holds only its last events."""
         ...
 
     async def close(self) -> None:
@@ -141,6 +153,29 @@ class RealtimeWebSocket(web.WebSocketResponse):
             return False
         return True
 
+    def close_unread(self, texts: list[str], reason: str) -> None:
+        """Close a connection whose peer stopped reading, without waiting for it.
+
+        ``texts`` as text frames and a 1008 close frame with ``reason`` go after what the
+        send buffer holds, then the end of the stream; the connection is dropped if the peer
+        has not closed it within ``STALLED_CLOSE_SECONDS``. What the peer sends meanwhile is
+        still read (and ignored by its closed session): a socket closed with data unread
+        would reset the connection and lose what the peer had not read yet.
+        """
+        transport = getattr(self, "_transport", None)
+        if transport is None or transport.is_closing():
+            return
+        frames: list[bytes] = []
+        for text in texts:
+            payload = text.encode()
+            frames += (_text_frame_header(len(payload)), payload)
+        # A control frame's payload is at most 125 bytes: the code and 123 of the reason.
+        close = struct.pack("!H", WSCloseCode.POLICY_VIOLATION) + reason.encode()[:123]
+        frames += (struct.pack("!BB", 0x88, len(close)), close)
+        transport.writelines(frames)
+        transport.write_eof()
+        asyncio.get_running_loop().call_later(STALLED_CLOSE_SECONDS, transport.abort)
+
     def text_to(self, on_text: Callable[[str], None] | None) -> bool:
         """From now on, hand text messages to ``on_text`` as they are parsed (None: queue
         them again); only while nothing is queued, since what came before must be received
@@ -189,6 +224,7 @@ async def run_session(ws: web.WebSocketResponse, session: RealtimeSession) -> No
     """
     session_over = asyncio.Event()
     writer: asyncio.Task[None] | None = None
+    closer: asyncio.Task[None] | None = None
     loop = asyncio.get_running_loop()
     heard = _Heard(loop.time())
     keepalive = asyncio.create_task(_keep_alive(ws, heard, HEARTBEAT_SECONDS))
@@ -197,13 +233,17 @@ async def run_session(ws: web.WebSocketResponse, session: RealtimeSession) -> No
         heard.at = loop.time()
         session.receive_text(text)
 
+    def on_stalled(reason: str) -> None:
+        nonlocal closer
+        if closer is None and writer is not None:
+            closer = asyncio.create_task(_close_stalled(ws, session, writer, reason))
+
     # Text goes straight to the session once what was queued before it started is handled.
     switching = ws if isinstance(ws, RealtimeWebSocket) else None
     try:
         await session.start()
         writer = asyncio.create_task(_send_events(ws, session, session_over))
-        if isinstance(ws, RealtimeWebSocket):
-            session.send_with(ws.send_now)
+        session.send_with(ws.send_now if isinstance(ws, RealtimeWebSocket) else None, on_stalled)
         if switching is not None and switching.text_to(on_text):
             switching = None
         async for msg in ws:
@@ -222,8 +262,11 @@ async def run_session(ws: web.WebSocketResponse, session: RealtimeSession) -> No
     finally:
         if isinstance(ws, RealtimeWebSocket):
             ws.text_to(None)
-            session.send_with(None)
+        session.send_with(None)
         keepalive.cancel()
+        if closer is not None:
+            # wait() rather than await, as for the writer below; bounded by its own timeout.
+            await asyncio.wait([closer])
         if writer is not None:
             # A writer that is closing the socket is finishing the closing handshake.
             if not session_over.is_set():
@@ -264,6 +307,28 @@ async def _keep_alive(ws: web.WebSocketResponse, heard: _Heard, interval: float)
             logger.info("websocket peer silent for %.0f s after a ping: closing", interval * 1.5)
             await ws.close(code=WSCloseCode.GOING_AWAY, message=b"no answer to ping")
             return
+
+
+async def _close_stalled(
+    ws: web.WebSocketResponse, session: RealtimeSession, writer: asyncio.Task[None], reason: str
+) -> None:
+    """Close a peer that stopped reading: its session's last events (the ``error``), then a
+    1008 close with ``reason``, if it reads them in time; else drop the connection."""
+    # The writer waits for the peer to read; each frame it started is already in the buffer.
+    writer.cancel()
+    await asyncio.wait([writer])
+    logger.info("websocket closed: %s", reason)
+    last = [text async for text in session.outgoing()]
+    if isinstance(ws, RealtimeWebSocket):
+        ws.close_unread(last, reason)
+        return
+    try:
+        async with asyncio.timeout(STALLED_CLOSE_SECONDS):
+            for text in last:
+                await ws.send_str(text)
+            await ws.close(code=WSCloseCode.POLICY_VIOLATION, message=reason.encode()[:123])
+    except (TimeoutError, ConnectionError):
+        return
 
 
 async def _send_events(
