@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
 import pytest
 import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
@@ -20,6 +21,8 @@ from mcp_types import ToolAnnotations
 from openai.types.realtime import RealtimeMcpApprovalResponseParam
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from hark.session.actions import McpServer
+from hark.tools.mcp_client import McpCallFailed, McpClients
 from tests.servers import free_port, hark_serve
 
 from .conftest import API_KEY, ARTIFACTS, Server, events_until
@@ -30,6 +33,9 @@ MODEL = "gpt-realtime"
 TOKEN = "tok-e2e-7f3a"
 TOWN_KEY = "key-e2e-51c9"
 FAKE_REPLY = "The capital of France is Paris."
+# How long the slow tool takes, and how long the client waits for it.
+SLOW_S = 5.0
+PATIENCE_S = 0.5
 
 
 def town() -> MCPServer:
@@ -52,6 +58,12 @@ def town() -> MCPServer:
     def broken(name: str) -> str:
         """A tool whose kitchen is closed."""
         raise ValueError("the kitchen is closed")
+
+    @server.tool()
+    async def slow(name: str) -> str:
+        """A tool that takes longer than a caller waits."""
+        await anyio.sleep(SLOW_S)
+        return "too late"
 
     return server
 
@@ -91,7 +103,14 @@ class McpHttpServer:
 def serve_mcp() -> McpHttpServer:
     port = free_port()
     app = RequireKey(town().streamable_http_app(host="127.0.0.1"), TOWN_KEY)
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        lifespan="on",
+        timeout_graceful_shutdown=1,
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="mcp server", daemon=True)
     thread.start()
@@ -301,3 +320,26 @@ async def test_a_server_that_goes_down_fails_the_call_and_the_model_goes_on(
     assert call.error.code == 502
     assert events[-1].response.status == "completed"
     assert events[-1].response.output[-1].type == "message"
+
+
+async def test_the_client_gives_up_on_a_slow_tool_and_closes_with_the_session(
+    mcp_server: McpHttpServer,
+) -> None:
+    clients = McpClients(timeout_s=PATIENCE_S)
+    server = McpServer("town", mcp_server.url, headers={"X-Town-Key": TOWN_KEY})
+    connection = clients.connection(server)
+    assert clients.connection(server) is connection
+    names = [t.name for t in await connection.list_tools()]
+    assert names == ["get_weather", "book_table", "broken", "slow"]
+    with pytest.raises(McpCallFailed) as failed:
+        await connection.call_tool("slow", '{"name": "x"}')
+    assert (failed.value.error.type, failed.value.error.code) == ("http_error", 504)
+    # The connection still serves the next call.
+    assert await connection.call_tool("book_table", '{"name": "Ada"}') == "Table booked for Ada"
+    with pytest.raises(McpCallFailed) as bad:
+        await connection.call_tool("book_table", "[1, 2]")
+    assert bad.value.error.type == "tool_execution_error"
+    await clients.close_all()
+    # A closed session's connection is gone: a new one would connect afresh.
+    assert clients.connection(server) is not connection
+    await clients.close_all()
