@@ -17,6 +17,7 @@ from hark.protocol.errors import ProtocolError
 from hark.protocol.session_config import SessionConfig, transcription_defaults
 from hark.session.actions import Generate
 from hark.transports.beta import (
+    MAX_WAITING,
     Dialect,
     DialectSession,
     beta_error,
@@ -481,3 +482,13 @@ async def test_a_refused_event_is_translated_once() -> None:
     later = [json.loads(text) async for text in session.outgoing()]
     assert [e["type"] for e in later] == ["transcription_session.updated", "session.updated"]
     assert written == []
+
+
+def test_what_waits_for_an_answer_is_bounded() -> None:
+    # A session that has ended answers nothing; a client may still write to it.
+    dialect = Dialect(beta=True)
+    for _ in range(3 * MAX_WAITING):
+        dialect.incoming('{"type": "session.update", "session": {}}')
+        dialect.incoming('{"type": "session.update", "session": {"voice": 1, "x": 2}}')
+    assert len(dialect._updates) == MAX_WAITING
+    assert len(dialect._rejected) == MAX_WAITING

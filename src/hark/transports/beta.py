@@ -120,6 +120,10 @@ _ASSISTANT_CONTENT_OUT = {ga: beta for beta, ga in _ASSISTANT_CONTENT_IN.items()
 # Substrings of the client events the beta dialect rewrites; base64 audio has none of them.
 _REWRITTEN_IN = ("session.update", "response.create", "conversation.item.create")
 _ALIAS = "transcription_session.update"
+# Updates and rejected events waiting for their answer. The core answers each at once, so
+# only a client writing to a session that has ended (and answers nothing) reaches this; then
+# the oldest are forgotten.
+MAX_WAITING = 256
 
 
 class FlatSession(Struct, forbid_unknown_fields=True, kw_only=True):
@@ -359,7 +363,7 @@ class Dialect:
 
     def __init__(self, *, beta: bool) -> None:
         self.beta = beta
-        self._updates: deque[_Update] = deque()
+        self._updates: deque[_Update] = deque(maxlen=MAX_WAITING)
         self._rejected: dict[str, tuple[ProtocolError, str | None]] = {}
 
     # -------------------------------------------------------------- client → core
@@ -396,6 +400,8 @@ class Dialect:
         except ProtocolError as exc:
             marker = f"hark_rejected_{next(_ids)}"
             self._rejected[marker] = (exc, client_id)
+            if len(self._rejected) > MAX_WAITING:
+                del self._rejected[next(iter(self._rejected))]
             # A type the core refuses: its error comes back in order with this event_id.
             return _encode({"type": "hark.rejected", "event_id": marker}).decode()
         return text
