@@ -169,7 +169,7 @@ class McpServer:
 @dataclass(frozen=True, slots=True)
 class ListMcpTools:
     """List an MCP server's tools; answer with ``on_mcp_tools_listed(item_id, tools)``, or
-    ``on_mcp_list_failed(item_id, message)``."""
+    ``on_mcp_list_failed(item_id)`` when the server cannot be listed."""
 
     item_id: str
     server: McpServer
@@ -193,6 +193,14 @@ class CloseMcpServer:
     """The session no longer uses the MCP server ``label``: close its connection."""
 
     label: str
+
+
+@dataclass(frozen=True, slots=True)
+class CountDroppedAudio:
+    """Input audio was dropped (``samples`` of it, at the input rate, from one chunk): the
+    input buffer was full. For the driver's metrics; nothing to answer."""
+
+    samples: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,5 +228,6 @@ Action = (
     | ListMcpTools
     | CallMcpTool
     | CloseMcpServer
+    | CountDroppedAudio
     | Close
 )
