@@ -41,6 +41,7 @@ from hark.session.actions import (
     ClearAudio,
     Close,
     CloseMcpServer,
+    CountDroppedAudio,
     DiscardSpeculation,
     FinishAudio,
     Generate,
@@ -389,6 +390,8 @@ class SessionRunner:
             elif isinstance(out, ClearAudio):
                 assert self._player is not None
                 self._player.clear(out.response_id)
+            elif isinstance(out, CountDroppedAudio):
+                self.metrics.audio_dropped()
             elif isinstance(out, Close):
                 log.info("session %s ends: %s", self.id, out.reason)
                 self._spawn(self.close(out.reason), "close")

@@ -25,10 +25,10 @@ from hark.protocol import server_events as se
 from hark.protocol.errors import ProtocolError
 from hark.protocol.response_params import ResponseParams
 from hark.protocol.session_config import AudioFormat, SessionConfig
-from hark.session.actions import ScoreTurn
+from hark.session.actions import CountDroppedAudio, ScoreTurn
 from hark.session.conversation import Conversation, Entry, Part
 from hark.session.ids import IdGenerator
-from hark.session.input_buffer import InputAudioBuffer
+from hark.session.input_buffer import MAX_BUFFERED_S, InputAudioBuffer
 from hark.session.outbox import Outbox
 from hark.session.playout_state import PlayoutState
 from hark.session.recognition import Recognition
@@ -112,7 +112,10 @@ class TurnTaking:
 
     def append(self, pcm: npt.NDArray[np.int16]) -> None:
         """Input audio at ``rate``: buffered, and fed to the VAD when turns are detected."""
-        self._buffer.append(pcm)
+        overflowing = self._buffer.overflowing
+        dropped = self._buffer.append(pcm)
+        if dropped:
+            self._buffer_full(dropped, overflowing)
         self._clock_ms += len(pcm) * 1000 / self.rate
         if self._detector is not None:
             assert self._vad is not None
@@ -123,6 +126,21 @@ class TurnTaking:
             self._speech_start_ms = self._buffer.start_ms
             self._recognition.start_turn(self._speech_item_id, self._speech_start_ms)
         self.recognise_turn()
+
+    def _buffer_full(self, dropped: int, told: bool) -> None:
+        """Audio past the buffer's bound was dropped: counted for the driver, and the client
+        told once (``told``: already, since the buffer last emptied)."""
+        self._outbox.act(CountDroppedAudio(dropped))
+        if not told:
+            self._outbox.error(
+                ProtocolError(
+                    f"The input audio buffer holds at most {MAX_BUFFERED_S} seconds of audio; "
+                    "audio appended past that is dropped until the buffer is committed or "
+                    "cleared.",
+                    code="input_audio_buffer_full",
+                ),
+                None,
+            )
 
     def recognise_turn(self) -> None:
         """A step of the turn being spoken, if one is due."""
