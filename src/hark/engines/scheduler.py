@@ -5,6 +5,11 @@ order they arrive, the calls of a reply someone waits for in silence queue behin
 listeners still have seconds of audio to hear. ``DueFirstScheduler`` runs each call by when
 its result is needed instead, and drops calls cancelled while they wait, so that work nobody
 will use never runs.
+
+A call that raises an ``Exception`` fails alone. One that raises anything else (``SystemExit``,
+``KeyboardInterrupt`` from a native extension…) kills its thread: that call fails with
+``EngineThreadCrashedError``, a new thread takes the dead one's place, and the engine reports
+itself degraded (:mod:`hark.engines.health`) until a call succeeds again.
 """
 
 from __future__ import annotations
@@ -13,15 +18,19 @@ import asyncio
 import concurrent.futures
 import heapq
 import itertools
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from hark.engines import health
 from hark.engines.activity import computing
 
 __all__ = ["DueFirstScheduler", "SchedulerFullError"]
 
 _T = TypeVar("_T")
+
+_log = logging.getLogger(__name__)
 
 
 class SchedulerFullError(RuntimeError):
@@ -56,6 +65,8 @@ class DueFirstScheduler:
         self._heap: list[tuple[float, int, concurrent.futures.Future[Any], Callable[[], Any]]] = []
         self._order = itertools.count()
         self._started = 0
+        # Named as /readyz and the restart metric show it: "hark-piper" is "piper".
+        self.health = health.EngineHealth(name.removeprefix("hark-"))
 
     @property
     def threads(self) -> int:
@@ -77,7 +88,7 @@ class DueFirstScheduler:
             heapq.heappush(self._heap, (due, next(self._order), future, call))
             if self._started < self._workers:
                 self._started += 1
-                threading.Thread(target=self._work, name=self._name, daemon=True).start()
+                self._start_thread(0.0)
             self._cond.notify()
         return future
 
@@ -85,6 +96,19 @@ class DueFirstScheduler:
         """``submit`` and wait for the result; cancelling drops the call if it has not begun
         (a call already running completes unseen)."""
         return await asyncio.wrap_future(self.submit(due, call))
+
+    def _start_thread(self, delay_s: float) -> None:
+        threading.Thread(target=self._serve, args=(delay_s,), name=self._name, daemon=True).start()
+
+    def _serve(self, delay_s: float) -> None:
+        """A worker thread; if it dies, another takes its place."""
+        health.pause(delay_s)
+        try:
+            self._work()
+        except BaseException as exc:
+            _log.exception("a %s thread died; starting another", self._name)
+            # The dead thread's place (``_started``) goes to its successor.
+            self._start_thread(self.health.restarted(exc))
 
     def _work(self) -> None:
         while True:
@@ -99,9 +123,17 @@ class DueFirstScheduler:
             try:
                 with computing():
                     result = call()
-            except BaseException as exc:  # handed to the waiting coroutine
+            except Exception as exc:  # handed to the waiting coroutine
                 future.set_exception(exc)
+            except BaseException as exc:
+                future.set_exception(
+                    health.EngineThreadCrashedError(
+                        f"the {self._name} thread died ({health.describe(exc)})"
+                    )
+                )
+                raise
             else:
                 future.set_result(result)
+                self.health.working()
             # Drop the references before waiting: a finished request must not stay alive here.
             del future, call

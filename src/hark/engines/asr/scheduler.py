@@ -13,6 +13,11 @@ recognition that takes the pool's threads would starve everything else the event
 to it (file reads, DNS). A second worker starts only while every running one is busy, so a
 lone request never waits for a thread, and a backlog (many captioned speakers) uses a second
 core where the model has a second replica to run on.
+
+A batch that raises an ``Exception`` fails its requests alone. Anything else kills the thread
+running it: the batch's requests fail with ``EngineThreadCrashedError``, a new thread takes
+the dead one's place, and the engine reports itself degraded (:mod:`hark.engines.health`)
+until a batch succeeds again.
 """
 
 from __future__ import annotations
@@ -21,11 +26,13 @@ import asyncio
 import contextlib
 import heapq
 import itertools
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from hark.engines import health
 from hark.engines.activity import computing
 from hark.engines.asr import Urgency
 from hark.engines.scheduler import SchedulerFullError
@@ -35,6 +42,8 @@ __all__ = ["AsrScheduler", "SchedulerFullError"]
 R = TypeVar("R")
 T = TypeVar("T")
 _V = TypeVar("_V")
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False, slots=True)
@@ -96,6 +105,8 @@ class AsrScheduler(Generic[R, T]):
         self._threads = 0
         self._idle = 0
         self._closed = False
+        # Named as /readyz and the restart metric show it: "hark-whisper" is "whisper".
+        self.health = health.EngineHealth(name.removeprefix("hark-"))
 
     @property
     def waiting(self) -> int:
@@ -131,7 +142,7 @@ class AsrScheduler(Generic[R, T]):
             heapq.heappush(self._heap, item)
             if self._idle == 0 and self._threads < self._workers:
                 self._threads += 1
-                threading.Thread(target=self._work, name=self._name, daemon=True).start()
+                self._start_thread(0.0)
             self._cond.notify()
         try:
             return await entry.future
@@ -157,6 +168,7 @@ class AsrScheduler(Generic[R, T]):
             self._cond.notify_all()
         for entry in left:
             self._post(entry, _fail, RuntimeError(f"{self._name} is closed"))
+        self.health.close()
 
     def _take(self) -> list[_Entry[R, T]] | None:
         """The next batch, waiting for one; ``None`` when the thread should end."""
@@ -179,6 +191,19 @@ class AsrScheduler(Generic[R, T]):
             self._running += len(batch)
             return batch
 
+    def _start_thread(self, delay_s: float) -> None:
+        threading.Thread(target=self._serve, args=(delay_s,), name=self._name, daemon=True).start()
+
+    def _serve(self, delay_s: float) -> None:
+        """A worker thread; if it dies, another takes its place."""
+        health.pause(delay_s)
+        try:
+            self._work()
+        except BaseException as exc:
+            _log.exception("a %s thread died; starting another", self._name)
+            # The dead thread's place (``_threads``) goes to its successor.
+            self._start_thread(self.health.restarted(exc))
+
     def _work(self) -> None:
         while True:
             batch = self._take()
@@ -197,12 +222,21 @@ class AsrScheduler(Generic[R, T]):
                 raise RuntimeError(
                     f"{self._name}: {len(results)} results for {len(batch)} requests"
                 )
-        except BaseException as exc:  # handed to every caller of the batch
+        except Exception as exc:  # handed to every caller of the batch
             self._done(len(batch))
             for entry in batch:
                 self._post(entry, _fail, exc)
+        except BaseException as exc:
+            self._done(len(batch))
+            crashed = health.EngineThreadCrashedError(
+                f"the {self._name} thread died ({health.describe(exc)})"
+            )
+            for entry in batch:
+                self._post(entry, _fail, crashed)
+            raise
         else:
             self._done(len(batch))
+            self.health.working()
             for entry, result in zip(batch, results, strict=True):
                 self._post(entry, _deliver, result)
 

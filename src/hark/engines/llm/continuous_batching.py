@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from hark.engines import health
 from hark.engines.activity import computing_now
 from hark.engines.llm import step_policy
 from hark.engines.llm.kv_cache import CacheSequence, KvCache, shared_prefix
@@ -189,6 +190,7 @@ class BatchScheduler:
         self._running: list[_Task] = []
         self._order = itertools.count()
         self._departures = 0
+        self.health = health.EngineHealth("llama")
 
     # ------------------------------------------------------------------ any thread
 
@@ -229,6 +231,7 @@ class BatchScheduler:
             self._open()
         except BaseException as exc:
             log.error("could not load the LLM: %s", exc)
+            self.health.failed(exc)
             with self._cond:
                 self._closing = True
                 inbox, self._inbox = self._inbox, []
@@ -236,20 +239,43 @@ class BatchScheduler:
                 job.failed(exc)
             self._free()
             return
+        crash: BaseException | None = None
         try:
             while self._cycle():
-                pass
-        finally:
-            error = RuntimeError("the LLM engine is closed")
-            with self._cond:
-                inbox, self._inbox = self._inbox, []
-            for job in inbox:
-                job.failed(error)
-            for task in [*self._running, *self._waiting]:
-                self._drop(task)
-                if not task.job.cancelled:
-                    task.job.failed(error)
-            self._free()
+                self.health.working()
+        except BaseException as exc:
+            log.exception("the LLM thread died; starting it again")
+            crash = exc
+        error = (
+            RuntimeError("the LLM engine is closed")
+            if crash is None
+            else health.EngineThreadCrashedError(f"the LLM thread died ({health.describe(crash)})")
+        )
+        with self._cond:
+            inbox, self._inbox = self._inbox, []
+        for job in inbox:
+            job.failed(error)
+        for task in [*self._running, *self._waiting]:
+            self._drop(task)
+            if not task.job.cancelled:
+                task.job.failed(error)
+        # The model and cache may be half-way through a step: the next thread loads afresh.
+        self._free()
+        if crash is None:
+            self.health.close()
+            return
+        delay = self.health.restarted(crash)
+        with self._cond:
+            if self._closing:
+                return
+            self._thread = threading.Thread(
+                target=self._restart, args=(delay,), name="hark-llama", daemon=True
+            )
+            self._thread.start()
+
+    def _restart(self, delay_s: float) -> None:
+        health.pause(delay_s)
+        self._run()
 
     def _open(self) -> None:
         model = LlamaModel(self.model_path)
