@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import re
 
-# A sentence ends at . ! ? or … (and any closing quotes or brackets) followed by a space, or
-# at a line break; "3.14" or "e.g.," do not end one.
-_SENTENCE_END = re.compile(r"[.!?…][\"'”’)\]]*(?=\s)|\n")
+# A sentence ends at . ! ? or … (and any closing quotes or brackets) before a space and a
+# word that does not begin in lower case, or at a line break; "3.14" and "e.g. tau" do not
+# end one. The word after it must be seen first, which holds the reply one token longer.
+_SENTENCE_END = re.compile(r"[.!?…][\"'”’)\]]*(?=\s+[^\sa-z])|\n")
 _AT_SENTENCE_END = re.compile(r"(?:[.!?…][\"'”’)\]]*|\n)\s*$")
 _WORD_END = re.compile(r"\S(?=\s)")
 _TAIL = 16
