@@ -33,7 +33,7 @@ class InputAudio(_Part, tag="input_audio", omit_defaults=False):
 
 
 class InputImage(_Part, tag="input_image"):
-    """An image reference; accepted and described to the model by its presence only."""
+    """An image, as a data URL: sent to an LLM that reads images; refused by a text-only one."""
 
     image_url: str | None = None
     detail: Literal["auto", "low", "high"] | None = None

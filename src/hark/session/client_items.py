@@ -19,10 +19,12 @@ def entry_from_wire(
     ids: IdGenerator,
     input_format: AudioFormat,
     output_format: AudioFormat,
+    takes_images: bool = True,
 ) -> tuple[Entry, list[Part]]:
     """Build an entry from a client item (``param``: where it is in the event, for errors);
     returns the entry and its audio parts that need recognition. Audio is in the session's
-    formats. Raises ``ProtocolError`` for content the item cannot hold."""
+    formats. Raises ``ProtocolError`` for content the item cannot hold, images among it when
+    the model reads none (``takes_images`` False)."""
     item_id = item.id or ids.new("item")
     if isinstance(item, wire.McpItem):
         return Entry(id=item_id, type="mcp", mcp=item), []
@@ -51,8 +53,29 @@ def entry_from_wire(
                 f"in a {item.role} message.",
                 f"{where}.type",
             )
+        if isinstance(content, wire.InputImage):
+            _check_image(content, where, takes_images)
         parts.append(_part_from_wire(content, where, recognise, input_format, output_format))
     return Entry(id=item_id, type="message", role=item.role, parts=parts), recognise
+
+
+def _check_image(image: wire.InputImage, where: str, takes_images: bool) -> None:
+    # Refused here rather than failing the response: an image the model cannot read would
+    # stay in the conversation and fail every response after it.
+    if not takes_images:
+        raise ProtocolError(
+            "This server's language model takes no images (it reads text only): describe the "
+            "image in text, or run hark with an OpenAI-compatible vision model (--llm-url).",
+            f"{where}.type",
+            "invalid_value",
+        )
+    if not (image.image_url or "").startswith("data:image/"):
+        raise ProtocolError(
+            "Invalid 'image_url': expected the image as a data URL, "
+            "e.g. data:image/png;base64,iVBORw0KGgo...",
+            f"{where}.image_url",
+            "invalid_value",
+        )
 
 
 def _part_from_wire(

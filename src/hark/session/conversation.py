@@ -13,7 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hark.audio.formats import encode_audio
-from hark.engines.llm import ChatMessage, ToolCall
+from hark.engines.llm import ChatMessage, ImagePart, ToolCall
 from hark.protocol import items as wire
 from hark.protocol.errors import ProtocolError
 from hark.protocol.session_config import AudioFormat
@@ -290,7 +290,14 @@ def chat_messages(instructions: str, entries: list[Entry]) -> list[ChatMessage]:
             assert entry.role is not None
             if entry.role == "system":
                 messages.append(ChatMessage(role="system", content=text))
-            elif text or entry.role == "user":
+            elif entry.role == "user":
+                images = tuple(
+                    ImagePart(url=p.image_url, detail=p.detail)
+                    for p in entry.parts
+                    if p.type == "input_image" and p.image_url
+                )
+                messages.append(ChatMessage(role="user", content=text, images=images))
+            elif text:
                 messages.append(ChatMessage(role=entry.role, content=text))
     return messages
 
@@ -302,4 +309,5 @@ def _part_text(part: Part) -> str:
         return part.heard if part.heard is not None else (part.transcript or "")
     if part.type == "output_audio":
         return part.transcript or ""
-    return "[image]"
+    # Images reach the model as images (``ChatMessage.images``), never as words.
+    return ""

@@ -86,6 +86,7 @@ class Session:
         plays_audio: bool = False,
         audio_retention_s: float = AUDIO_RETENTION_S,
         voices: Collection[str] | None = None,
+        takes_images: bool = True,
     ) -> None:
         """``vad_chunk_ms``: the audio in each of the VAD's chunks (``VadEngine.chunk_ms``);
         ``asr_rate``: the sample rate recognition takes (``AsrEngine.sample_rate``).
@@ -93,7 +94,8 @@ class Session:
         leaves as PlayAudio actions instead of ``response.output_audio.delta`` events.
         ``audio_retention_s``: how many seconds of the latest conversation audio items keep;
         older items keep only their words. ``voices``: the TTS engine's installed voices, which
-        a custom ``{"id": …}`` voice must name (any when None)."""
+        a custom ``{"id": …}`` voice must name (any when None). ``takes_images``: whether the
+        LLM reads images; when not, items with images are refused."""
         self.ids = ids or IdGenerator()
         self.id = session_id or self.ids.new("sess")
         base = config or SessionConfig()
@@ -108,6 +110,7 @@ class Session:
         self._audio_retention_ms = int(audio_retention_s * 1000)
         self._plays_audio = plays_audio
         self._voices = voices
+        self._takes_images = takes_images
         self._playout = PlayoutState(self._outbox, self.conversation)
         self._noise = NoiseReduction(lambda: self.config.audio.input.noise_reduction)
         self._speculation = Speculation(self._outbox)
@@ -457,7 +460,14 @@ class Session:
 
     def _from_wire(self, item: wire.Item, param: str) -> tuple[Entry, list[Part]]:
         audio = self.config.audio
-        return entry_from_wire(item, param, self.ids, audio.input.format, audio.output.format)
+        return entry_from_wire(
+            item,
+            param,
+            self.ids,
+            audio.input.format,
+            audio.output.format,
+            takes_images=self._takes_images,
+        )
 
     def _truncate(self, item_id: str, content_index: int, audio_end_ms: int) -> None:
         entry = self.conversation.get(item_id)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from hark.engines.llm import Finished
+from hark.engines.llm import Finished, takes_images
 from hark.engines.registry import Engines
 from hark.engines.stage_timeouts import limit
 from hark.engines.tts import installed_voices
@@ -141,6 +141,7 @@ class SessionRunner:
             vad_chunk_ms=engines.vad.chunk_ms,
             asr_rate=engines.asr.sample_rate,
             voices=installed_voices(engines.tts),
+            takes_images=takes_images(engines.llm),
         )
         self.metrics = (
             metrics.session(transport, self.session.id)

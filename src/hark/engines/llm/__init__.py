@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,13 +17,23 @@ class ToolCall:
 
 
 @dataclass(frozen=True, slots=True)
+class ImagePart:
+    """An image the user showed: ``url`` is a data URL (``data:image/png;base64,…``)."""
+
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ChatMessage:
-    """One message of the chat the LLM sees (OpenAI chat-completions roles)."""
+    """One message of the chat the LLM sees (OpenAI chat-completions roles). ``images`` come
+    after ``content`` in a user message, for engines that take images (``ReadsImages``)."""
 
     role: Literal["system", "user", "assistant", "tool"]
     content: str
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
+    images: tuple[ImagePart, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,3 +154,15 @@ class LlmEngine(Protocol):
     async def warmup(self) -> None:
         """Load the model (or check the endpoint) and run it once."""
         ...
+
+
+@runtime_checkable
+class ReadsImages(Protocol):
+    """An LLM engine that says whether its model reads images."""
+
+    takes_images: bool
+
+
+def takes_images(llm: object) -> bool:
+    """Whether ``llm`` may be sent images; engines that do not say take none."""
+    return isinstance(llm, ReadsImages) and llm.takes_images

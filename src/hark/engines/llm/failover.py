@@ -171,6 +171,9 @@ class FailoverLlm:
     so that a dead one hands over at once (:meth:`for_urls` does). Call :meth:`aclose` when done.
     """
 
+    # Its backends send images as they do (``OpenAICompatibleLlm.takes_images``).
+    takes_images = True
+
     def __init__(
         self,
         backends: Sequence[OpenAICompatibleLlm],

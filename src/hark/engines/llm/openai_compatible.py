@@ -24,6 +24,7 @@ from hark.engines.llm import (
     Finished,
     FunctionTool,
     GenerationRequest,
+    ImagePart,
     LlmEvent,
     TextDelta,
     ToolCallArgumentsDelta,
@@ -69,6 +70,12 @@ def message_to_openai(message: ChatMessage) -> dict[str, Any]:
     if message.role == "tool":
         return {"role": "tool", "tool_call_id": message.tool_call_id, "content": message.content}
     out: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.images:
+        # Chat-completions' content parts, which vision models (vLLM, Ollama, OpenAI) take.
+        text = [{"type": "text", "text": message.content}] if message.content else []
+        out["content"] = text + [
+            {"type": "image_url", "image_url": _image_url(image)} for image in message.images
+        ]
     if message.tool_calls:
         out["content"] = message.content or None
         out["tool_calls"] = [
@@ -80,6 +87,13 @@ def message_to_openai(message: ChatMessage) -> dict[str, Any]:
             for call in message.tool_calls
         ]
     return out
+
+
+def _image_url(image: ImagePart) -> dict[str, str]:
+    url = {"url": image.url}
+    if image.detail is not None:
+        url["detail"] = image.detail
+    return url
 
 
 def tool_to_openai(tool: FunctionTool) -> dict[str, Any]:
@@ -107,7 +121,13 @@ class OpenAICompatibleLlm:
     ``connect_attempts`` is how often a request tries to connect before it fails (one where
     another backend can take over, see :mod:`hark.engines.llm.failover`).
     Call :meth:`aclose` when done.
+
+    Images in user messages are sent as ``image_url`` content parts: whether the model reads
+    them is the backend's to say, and a text-only backend's refusal fails that response with
+    the backend's message.
     """
+
+    takes_images = True
 
     def __init__(
         self,
