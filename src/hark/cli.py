@@ -316,12 +316,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser("bench", help="measure a running server")
     benches = bench.add_subparsers(dest="bench", required=True, metavar="BENCH")
-    from hark.bench import captions, hop, latency, load, vad, webrtc
+    from hark.bench import captions, fuzz, hop, latency, load, vad, webrtc
     from hark.bench import denoise as denoise_bench
     from hark.bench import sip as sip_bench
 
     for name, module, summary in (
         ("captions", captions, "caption lag, ASR CPU, WER and V2V of people speaking at length"),
+        ("fuzz", fuzz, "random and mutated events over many sessions: crashes, hangs, memory"),
         ("denoise", denoise_bench, "word error rate of noisy speech with and without denoising"),
         ("hop", hop, "what the hop between two workers of a fleet adds to a call's requests"),
         ("latency", latency, "E2A and voice-to-voice latency of spoken questions"),
