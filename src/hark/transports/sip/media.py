@@ -49,6 +49,7 @@ import numpy.typing as npt
 
 from hark.audio.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
 from hark.audio.resample import StreamResampler
+from hark.observability.session_metrics import SessionMetrics
 from hark.transports.playout import Playout, PlayoutListener
 from hark.transports.sip import rtcp
 from hark.transports.sip.dtmf import DtmfError, DtmfReceiver
@@ -216,6 +217,10 @@ class RtpSession:
         self._input_rate: Callable[[], int] | None = None
         self._on_audio: Callable[[npt.NDArray[np.int16]], None] | None = None
         self._on_dtmf: Callable[[str], None] | None = None
+        self._metrics = SessionMetrics.disabled()
+        # The jitter buffer's late and dropped counts already handed to the metrics.
+        self._counted_late = 0
+        self._counted_dropped = 0
         self._running = False
         self._grid_start: float | None = None
         # Frames sent this tick whose input counterpart is still to be passed on.
@@ -297,8 +302,12 @@ class RtpSession:
         on_audio: Callable[[npt.NDArray[np.int16]], None],
         on_dtmf: Callable[[str], None],
         listener: PlayoutListener,
+        metrics: SessionMetrics | None = None,
     ) -> None:
-        """Start the 20 ms ticks: caller audio to ``on_audio``, digits to ``on_dtmf``, RTP out."""
+        """Start the 20 ms ticks: caller audio to ``on_audio``, digits to ``on_dtmf``, RTP out.
+
+        ``metrics`` (the session's) counts the caller's packets that came too late for their
+        place in the jitter buffer, and audio it dropped (full, or skipped to catch up)."""
         if self._agreed is None:
             raise RuntimeError("negotiate an offer before starting the media")
         if self._running or self._closed:
@@ -306,6 +315,8 @@ class RtpSession:
         self._input_rate = input_rate
         self._on_audio = on_audio
         self._on_dtmf = on_dtmf
+        if metrics is not None:
+            self._metrics = metrics
         self._playout.attach(listener)
         self._running = True
         self._pacer.add(self)
@@ -412,8 +423,20 @@ class RtpSession:
                 pcm = self._resampler.process(frame)
                 if len(pcm):
                     self._on_audio(pcm)
+            self._count_losses()
         except Exception:
             logger.exception("rtp: passing the caller's audio on failed")
+
+    def _count_losses(self) -> None:
+        """Hand what the jitter buffer dropped since the last tick to the metrics."""
+        stats = self._jitter.stats
+        if stats.late != self._counted_late:
+            self._metrics.audio_late(stats.late - self._counted_late)
+            self._counted_late = stats.late
+        dropped = stats.overflow + stats.dropped
+        if dropped != self._counted_dropped:
+            self._metrics.audio_dropped(dropped - self._counted_dropped)
+            self._counted_dropped = dropped
 
     def _send_frame(self) -> None:
         agreed = self._agreed

@@ -164,6 +164,7 @@ class PhoneCall:
             on_audio=runner.receive_audio,
             on_dtmf=runner.receive_dtmf,
             listener=runner,
+            metrics=runner.metrics,
         )
 
     def reject(self, status: int = 603) -> None:

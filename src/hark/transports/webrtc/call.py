@@ -274,7 +274,9 @@ class Call:
                     self._transceiver,
                     self.track,
                     self._ticker,
-                    InputAudio(lambda: runner.session.input_rate, runner.receive_audio),
+                    InputAudio(
+                        lambda: runner.session.input_rate, runner.receive_audio, runner.metrics
+                    ),
                 )
             except Exception:
                 logger.exception("call %s: the audio path could not start", self.id)

@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hark.audio.resample import StreamResampler
+from hark.observability.session_metrics import SessionMetrics
 from hark.transports.webrtc.opus import MAX_FRAME_MS, RATES, RTP_RATE, OpusDecoder, OpusError
 
 logger = logging.getLogger(__name__)
@@ -34,14 +35,20 @@ _STEP = RTP_RATE // 400
 class InputAudio:
     """One caller's Opus stream to ``sink``, as mono PCM at ``rate()`` Hz.
 
-    ``packet`` takes the RTP fields that matter, in the order packets arrive.
+    ``packet`` takes the RTP fields that matter, in the order packets arrive. ``metrics``
+    (the session's) counts packets that came after a newer one as late, and packets of
+    another stream or that did not decode as dropped.
     """
 
     def __init__(
-        self, rate: Callable[[], int], sink: Callable[[npt.NDArray[np.int16]], None]
+        self,
+        rate: Callable[[], int],
+        sink: Callable[[npt.NDArray[np.int16]], None],
+        metrics: SessionMetrics | None = None,
     ) -> None:
         self._rate = rate
         self._sink = sink
+        self._metrics = metrics if metrics is not None else SessionMetrics.disabled()
         self._decoder: OpusDecoder | None = None
         self._resampler: StreamResampler | None = None
         self._ssrc: int | None = None
@@ -60,10 +67,12 @@ class InputAudio:
         elif ssrc != self._ssrc:
             # The first stream is the caller's microphone; another SSRC is not mixed in.
             self.dropped += 1
+            self._metrics.audio_dropped()
             return
         last = self._sequence
         if last is not None and (sequence == last or (sequence - last) & 0xFFFF >= 0x8000):
             self.dropped += 1
+            self._metrics.audio_late()
             return
         decoder = self._decoder_for(self._rate())
         fresh = self._decoder is not decoder or last is None
@@ -76,6 +85,7 @@ class InputAudio:
         except OpusError as exc:
             logger.debug("a caller's Opus packet did not decode: %s", exc)
             self.dropped += 1
+            self._metrics.audio_dropped()
             return
         self._sequence = sequence
         self._next_timestamp = (timestamp + len(pcm) * RTP_RATE // decoder.rate) & 0xFFFFFFFF
