@@ -106,9 +106,12 @@ class DueFirstScheduler:
         try:
             self._work()
         except BaseException as exc:
-            _log.exception("a %s thread died; starting another", self._name)
-            # The dead thread's place (``_started``) goes to its successor.
-            self._start_thread(self.health.restarted(exc))
+            self._replace(exc)
+
+    def _replace(self, exc: BaseException) -> None:
+        """This thread dies of ``exc``: its place (``_started``) goes to a successor."""
+        _log.error("a %s thread died; starting another", self._name, exc_info=exc)
+        self._start_thread(self.health.restarted(exc))
 
     def _work(self) -> None:
         while True:
@@ -126,12 +129,14 @@ class DueFirstScheduler:
             except Exception as exc:  # handed to the waiting coroutine
                 future.set_exception(exc)
             except BaseException as exc:
+                # The successor is on its way before the caller hears of it.
+                self._replace(exc)
                 future.set_exception(
                     health.EngineThreadCrashedError(
                         f"the {self._name} thread died ({health.describe(exc)})"
                     )
                 )
-                raise
+                return
             else:
                 future.set_result(result)
                 self.health.working()

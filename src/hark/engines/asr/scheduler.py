@@ -200,21 +200,26 @@ class AsrScheduler(Generic[R, T]):
         try:
             self._work()
         except BaseException as exc:
-            _log.exception("a %s thread died; starting another", self._name)
-            # The dead thread's place (``_threads``) goes to its successor.
-            self._start_thread(self.health.restarted(exc))
+            self._replace(exc)
+
+    def _replace(self, exc: BaseException) -> None:
+        """This thread dies of ``exc``: its place (``_threads``) goes to a successor."""
+        _log.error("a %s thread died; starting another", self._name, exc_info=exc)
+        self._start_thread(self.health.restarted(exc))
 
     def _work(self) -> None:
         while True:
             batch = self._take()
             if batch is None:
                 return
-            self._decode(batch)
+            if not self._decode(batch):
+                return
             # Not held while the next batch is waited for: finished requests (their audio,
             # an engine's iterator) are let go at once.
             del batch
 
-    def _decode(self, batch: list[_Entry[R, T]]) -> None:
+    def _decode(self, batch: list[_Entry[R, T]]) -> bool:
+        """Run ``batch`` and hand out its results; False when this thread must end."""
         try:
             with computing():
                 results = self._run_batch([entry.request for entry in batch])
@@ -228,17 +233,20 @@ class AsrScheduler(Generic[R, T]):
                 self._post(entry, _fail, exc)
         except BaseException as exc:
             self._done(len(batch))
+            # The successor is on its way before the callers hear of it.
+            self._replace(exc)
             crashed = health.EngineThreadCrashedError(
                 f"the {self._name} thread died ({health.describe(exc)})"
             )
             for entry in batch:
                 self._post(entry, _fail, crashed)
-            raise
+            return False
         else:
             self._done(len(batch))
             self.health.working()
             for entry, result in zip(batch, results, strict=True):
                 self._post(entry, _deliver, result)
+        return True
 
     def _done(self, count: int) -> None:
         with self._cond:

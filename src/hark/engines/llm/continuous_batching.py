@@ -246,6 +246,8 @@ class BatchScheduler:
         except BaseException as exc:
             log.exception("the LLM thread died; starting it again")
             crash = exc
+        # Counted before the jobs hear of it; the successor starts once the model is freed.
+        delay = 0.0 if crash is None else self.health.restarted(crash)
         error = (
             RuntimeError("the LLM engine is closed")
             if crash is None
@@ -264,7 +266,6 @@ class BatchScheduler:
         if crash is None:
             self.health.close()
             return
-        delay = self.health.restarted(crash)
         with self._cond:
             if self._closing:
                 return

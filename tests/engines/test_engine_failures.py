@@ -1,0 +1,230 @@
+"""Engines that fail: a VAD batch that raises, a stream the VAD falls behind on, and engine
+threads killed by an exception in their work (issue 16, point 12).
+
+Failures come through real seams: the VAD runs a wrapper of the real Silero model that raises
+on command, and a scheduler's work raises what kills a thread. Nothing here is timed: each
+test waits for the answers it expects (a liveness bound only stops a hung test).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from hark.engines import health
+from hark.engines.asr import Urgency
+from hark.engines.asr.scheduler import AsrScheduler
+from hark.engines.health import EngineThreadCrashedError
+from hark.engines.scheduler import DueFirstScheduler
+from hark.engines.vad import silero_gemm
+from hark.engines.vad.batcher import BatchedSileroVad
+from hark.engines.vad.silero import CHUNK_SAMPLES, SAMPLE_RATE, model_path
+from hark.observability.metrics import Metrics
+
+LIVENESS_S = 30.0
+
+
+class ThreadKiller(BaseException):
+    """Not an ``Exception``: what kills the engine thread that runs it."""
+
+
+class FlakyVadModel:
+    """The real Silero model at 16 kHz, that fails on command.
+
+    While ``failing`` is set every batch raises ``RuntimeError``; ``kill_next`` makes the next
+    batch raise ``ThreadKiller``; with a ``gate``, each batch waits for it (after setting
+    ``entered``), as a stalled model would. ``rows`` counts the chunks it was given.
+    """
+
+    def __init__(self) -> None:
+        self.model = silero_gemm.load(model_path())[SAMPLE_RATE]
+        self.failing = threading.Event()
+        self.kill_next = threading.Event()
+        self.gate: threading.Event | None = None
+        self.entered = threading.Event()
+        self.rows = 0
+
+    def run(
+        self, windows: npt.NDArray[np.float32], states: npt.NDArray[np.float32]
+    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+        self.rows += len(windows)
+        self.entered.set()
+        if self.gate is not None:
+            self.gate.wait(LIVENESS_S)
+        if self.kill_next.is_set():
+            self.kill_next.clear()
+            raise ThreadKiller("killed by the test")
+        if self.failing.is_set():
+            raise RuntimeError("the model is broken")
+        return self.model.run(windows, states)
+
+
+class Answers:
+    """What one stream was told, in order: a probability, or ``("missed", error)``."""
+
+    def __init__(self) -> None:
+        self.answers: list[tuple[float | str | None, int]] = []
+        self._changed = asyncio.Event()
+
+    def result(self, probability: float, epoch: int) -> None:
+        self.answers.append((probability, epoch))
+        self._changed.set()
+
+    def missed(self, epoch: int, error: str | None) -> None:
+        self.answers.append((f"missed: {error}" if error is not None else None, epoch))
+        self._changed.set()
+
+    async def count(self, n: int) -> list[tuple[float | str | None, int]]:
+        """Wait for ``n`` answers in all; return them."""
+        async with asyncio.timeout(LIVENESS_S):
+            while len(self.answers) < n:
+                self._changed.clear()
+                await self._changed.wait()
+        return self.answers
+
+
+def silence() -> npt.NDArray[np.int16]:
+    return np.zeros(CHUNK_SAMPLES, dtype=np.int16)
+
+
+@pytest.fixture
+async def flaky() -> AsyncIterator[tuple[BatchedSileroVad, FlakyVadModel]]:
+    model = FlakyVadModel()
+    engine = BatchedSileroVad(model=model, max_queued=4)
+    await engine.warmup()
+    yield engine, model
+    if model.gate is not None:
+        model.gate.set()
+    await engine.aclose()
+    assert "vad" not in health.degraded()
+
+
+async def test_a_failed_vad_batch_answers_each_chunk_with_its_error_until_a_batch_succeeds(
+    flaky: tuple[BatchedSileroVad, FlakyVadModel],
+) -> None:
+    engine, model = flaky
+    first, second = Answers(), Answers()
+    streams = [engine.open_stream(a.result, a.missed) for a in (first, second)]
+    model.failing.set()
+    for stream in streams:
+        stream.push(silence(), 0)
+    for answers in (first, second):
+        # Not silence: a miss that says why.
+        assert await answers.count(1) == [("missed: RuntimeError: the model is broken", 0)]
+    assert health.degraded()["vad"] == "RuntimeError: the model is broken"
+
+    model.failing.clear()
+    streams[0].push(silence(), 0)
+    answered = await first.count(2)
+    assert isinstance(answered[1][0], float)
+    assert "vad" not in health.degraded()
+    for stream in streams:
+        stream.close()
+
+
+async def test_a_stream_the_vad_falls_behind_on_drops_its_oldest_chunks_as_misses(
+    flaky: tuple[BatchedSileroVad, FlakyVadModel],
+) -> None:
+    engine, model = flaky
+    answers = Answers()
+    stream = engine.open_stream(answers.result, answers.missed)
+    model.gate = threading.Event()
+    model.entered.clear()
+    stream.push(silence(), 0)
+    # The model is now stuck on the first chunk; the stream may hold 4 more.
+    assert await asyncio.to_thread(model.entered.wait, LIVENESS_S)
+    for epoch in (0, 0, 0, 1, 1, 1, 1):
+        stream.push(silence(), epoch)
+    assert len(stream.queue) == 4
+    model.gate.set()
+
+    got = await answers.count(8)
+    # Every chunk pushed is answered once, in order: the three oldest waiting were dropped
+    # (answered as misses without an error), and the newest four analysed.
+    assert [answer if not isinstance(answer, float) else "heard" for answer, _ in got] == [
+        "heard",
+        None,
+        None,
+        None,
+        "heard",
+        "heard",
+        "heard",
+        "heard",
+    ]
+    assert [epoch for _, epoch in got] == [0, 0, 0, 0, 1, 1, 1, 1]
+    stream.close()
+
+
+async def test_a_vad_thread_killed_by_its_work_is_started_again_and_serves(
+    flaky: tuple[BatchedSileroVad, FlakyVadModel],
+) -> None:
+    engine, model = flaky
+    metrics = Metrics()
+    health.watch(metrics)
+    answers = Answers()
+    stream = engine.open_stream(answers.result, answers.missed)
+    model.kill_next.set()
+    stream.push(silence(), 0)
+    assert await answers.count(1) == [("missed: ThreadKiller: killed by the test", 0)]
+    assert engine.health.restarts == 1
+    assert health.degraded()["vad"] == "ThreadKiller: killed by the test"
+    restarts = metrics.registry.get_sample_value(
+        "hark_engine_thread_restarts_total", {"engine": "vad"}
+    )
+    assert restarts == 1
+
+    # The thread that took the dead one's place answers the next chunk.
+    stream.push(silence(), 0)
+    answered = await answers.count(2)
+    assert isinstance(answered[1][0], float)
+    assert "vad" not in health.degraded()
+    stream.close()
+
+
+async def test_a_scheduler_thread_killed_by_its_work_fails_that_call_and_is_started_again() -> None:
+    scheduler = DueFirstScheduler(workers=1, name="hark-doomed")
+
+    def kill() -> int:
+        raise ThreadKiller("killed by the test")
+
+    def refuse() -> int:
+        raise ValueError("bad input")
+
+    with pytest.raises(ValueError, match="bad input"):
+        await scheduler.run(0.0, refuse)
+    # An Exception fails its own call only.
+    assert "doomed" not in health.degraded()
+
+    with pytest.raises(EngineThreadCrashedError, match="ThreadKiller: killed by the test"):
+        await scheduler.run(0.0, kill)
+    assert health.degraded()["doomed"] == "ThreadKiller: killed by the test"
+    assert scheduler.health.restarts == 1
+
+    assert await scheduler.run(0.0, lambda: 42) == 42
+    assert "doomed" not in health.degraded()
+    assert scheduler.threads == 1
+
+
+async def test_an_asr_scheduler_thread_killed_by_a_batch_fails_it_and_is_started_again() -> None:
+    def run_batch(requests: list[str]) -> list[str]:
+        if "kill" in requests:
+            raise ThreadKiller("killed by the test")
+        return [request.upper() for request in requests]
+
+    scheduler: AsrScheduler[str, str] = AsrScheduler(run_batch, name="hark-doomed-asr")
+    try:
+        with pytest.raises(EngineThreadCrashedError, match="ThreadKiller"):
+            await scheduler.run("kill", Urgency.ANSWER)
+        assert health.degraded()["doomed-asr"] == "ThreadKiller: killed by the test"
+        assert scheduler.health.restarts == 1
+        assert scheduler.running == 0
+
+        assert await scheduler.run("words", Urgency.ANSWER) == "WORDS"
+        assert "doomed-asr" not in health.degraded()
+    finally:
+        scheduler.close()
