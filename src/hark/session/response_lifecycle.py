@@ -48,6 +48,10 @@ from hark.session.speculation import Speculation
 # How many times a response goes back to the LLM with MCP results; the last time it may call
 # no more tools, so a model that keeps calling them still answers.
 MAX_MCP_ROUNDS = 8
+# The most responses a session may have in progress at once, out of band and in the
+# conversation together: each holds LLM and TTS work, and out-of-band ones are not limited to
+# one by the conversation. Past it ``response.create`` is refused with an error.
+MAX_RESPONSES_IN_PROGRESS = 16
 
 
 @dataclass(slots=True)
@@ -171,6 +175,12 @@ class ResponseLifecycle:
                 f"{self.in_band.id}. Wait until the response is finished before creating a "
                 "new one.",
                 code="conversation_already_has_active_response",
+            )
+        if len(self.responses) >= MAX_RESPONSES_IN_PROGRESS:
+            raise ProtocolError(
+                f"The session already has {len(self.responses)} responses in progress, the "
+                "most it may have; wait until one is finished before creating another.",
+                code="too_many_responses_in_progress",
             )
         inputs = None
         if params.input is not None:
