@@ -38,7 +38,8 @@ class FlakyVadModel:
 
     While ``failing`` is set every batch raises ``RuntimeError``; ``kill_next`` makes the next
     batch raise ``ThreadKiller``; with a ``gate``, each batch waits for it (after setting
-    ``entered``), as a stalled model would. ``rows`` counts the chunks it was given.
+    ``entered``), as a stalled model would. ``rows`` counts the chunks it has run or failed
+    on (``wait_rows`` waits for a count).
     """
 
     def __init__(self) -> None:
@@ -48,20 +49,30 @@ class FlakyVadModel:
         self.gate: threading.Event | None = None
         self.entered = threading.Event()
         self.rows = 0
+        self._ran = threading.Condition()
 
     def run(
         self, windows: npt.NDArray[np.float32], states: npt.NDArray[np.float32]
     ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
-        self.rows += len(windows)
         self.entered.set()
-        if self.gate is not None:
-            self.gate.wait(LIVENESS_S)
-        if self.kill_next.is_set():
-            self.kill_next.clear()
-            raise ThreadKiller("killed by the test")
-        if self.failing.is_set():
-            raise RuntimeError("the model is broken")
-        return self.model.run(windows, states)
+        try:
+            if self.gate is not None:
+                self.gate.wait(LIVENESS_S)
+            if self.kill_next.is_set():
+                self.kill_next.clear()
+                raise ThreadKiller("killed by the test")
+            if self.failing.is_set():
+                raise RuntimeError("the model is broken")
+            return self.model.run(windows, states)
+        finally:
+            with self._ran:
+                self.rows += len(windows)
+                self._ran.notify_all()
+
+    def wait_rows(self, rows: int) -> bool:
+        """Block until the model has run (or failed on) ``rows`` chunks in all."""
+        with self._ran:
+            return self._ran.wait_for(lambda: self.rows >= rows, LIVENESS_S)
 
 
 class Answers:

@@ -1,0 +1,84 @@
+"""``/readyz`` while an engine fails for everyone (issue 16, point 12): 503 ``degraded``, naming
+the engine and its error, until the engine works again; the session that met the failure got
+an ``error`` event and goes on.
+
+A real server on the fake engines, whose real Silero VAD runs through a wrapper that fails on
+command (``FlakyVadModel``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import json
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+from hark.config import Settings
+from hark.engines.vad.batcher import BatchedSileroVad
+from tests.conftest import engines_sharing_turn
+from tests.engines.test_engine_failures import LIVENESS_S, FlakyVadModel
+
+from .conftest import API_KEY, RunningServer, StartServer, bearer, wait_ready
+
+KEYED = Settings(api_keys=(API_KEY,))
+
+
+async def readyz(http: aiohttp.ClientSession, server: RunningServer) -> tuple[int, Any]:
+    async with http.get(server.url + "/readyz") as response:
+        return response.status, await response.json()
+
+
+async def next_event(ws: aiohttp.ClientWebSocketResponse) -> dict[str, Any]:
+    msg = await asyncio.wait_for(ws.receive(), LIVENESS_S)
+    assert msg.type is aiohttp.WSMsgType.TEXT, msg
+    event: dict[str, Any] = json.loads(msg.data)
+    return event
+
+
+def silence(seconds: float) -> str:
+    audio = base64.b64encode(np.zeros(int(24000 * seconds), "<i2").tobytes()).decode()
+    return json.dumps({"type": "input_audio_buffer.append", "audio": audio})
+
+
+async def test_readyz_is_degraded_while_the_vad_fails_and_ready_once_it_works_again(
+    start_server: StartServer, http: aiohttp.ClientSession
+) -> None:
+    model = FlakyVadModel()
+    engines = dataclasses.replace(
+        engines_sharing_turn(Settings(engines="fake")), vad=BatchedSileroVad(model=model)
+    )
+    server = await start_server(KEYED, engines)
+    await wait_ready(http, server)
+    assert await readyz(http, server) == (200, {"status": "ready"})
+
+    async with http.ws_connect(server.ws_url, headers=bearer(API_KEY)) as ws:
+        assert (await next_event(ws))["type"] == "session.created"
+        model.failing.set()
+        await ws.send_str(silence(0.2))
+        error = await next_event(ws)
+        assert error["type"] == "error"
+        assert error["error"]["code"] == "vad_failed"
+
+        status, body = await readyz(http, server)
+        assert status == 503
+        assert body == {
+            "status": "degraded",
+            "engines": {"vad": "RuntimeError: the model is broken"},
+        }
+        # The process still answers: only readiness for new sessions is withdrawn.
+        async with http.get(server.url + "/healthz") as response:
+            assert response.status == 200
+
+        # The next batch that succeeds makes the VAD, and the server, ready again.
+        model.failing.clear()
+        await ws.send_str(silence(0.2))
+        await wait_ready(http, server)
+        assert await readyz(http, server) == (200, {"status": "ready"})
+
+        # The session went on: it still answers.
+        await ws.send_str(json.dumps({"type": "session.update", "session": {}}))
+        assert (await next_event(ws))["type"] == "session.updated"
