@@ -77,6 +77,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--llm-model-path", default=None, metavar="PATH", help="a GGUF file for llama.cpp"
     )
     serve.add_argument(
+        "--llm-context-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the --llm-url model's context size, for truncation (default: vLLM's max_model_len)",
+    )
+    serve.add_argument(
         "--asr-model",
         default=None,
         metavar="PATH|NAME",

@@ -57,6 +57,8 @@ class Settings:
     llm_model: str | None = None
     llm_api_key: str | None = field(default=None, repr=False)
     llm_model_path: str | None = None
+    # The remote LLM's context in tokens (None: what the backend says, see openai_compatible).
+    llm_context_tokens: int | None = None
     # Whisper: a faster-whisper model path; openai: the remote model's name.
     asr_model: str | None = None
     asr_device: str = "cpu"
@@ -288,6 +290,7 @@ def _validate(values: dict[str, Any]) -> Settings:
             raise ConfigError(f"{name} must be an http(s) URL")
     _validate_engine_names(values)
     _positive_number(values, "workers", int)
+    _positive_number(values, "llm_context_tokens", int)
     for name in STAGE_TIMEOUT_OPTIONS:
         _positive_number(values, name, float)
     _validate_vad_rate(values)

@@ -303,7 +303,8 @@ async def test_request_body_maps_the_conversation(
         {"role": "user", "content": "hello"},
     ]
     assert body["tool_choice"] == "required"
-    assert body["temperature"] == 0.9 and body["max_tokens"] == 50
+    # With no limit of the request's, the default is soft: the ceiling of twice it is sent.
+    assert body["temperature"] == 0.9 and body["max_tokens"] == 100
 
 
 async def test_length_finish(

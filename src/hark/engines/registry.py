@@ -142,12 +142,18 @@ def _openai_llm(settings: Settings) -> LlmEngine:
         from hark.engines.llm.failover import FailoverLlm
 
         return FailoverLlm.for_urls(
-            settings.llm_url, settings.llm_model_name, api_key=settings.llm_api_key
+            settings.llm_url,
+            settings.llm_model_name,
+            api_key=settings.llm_api_key,
+            context_tokens=settings.llm_context_tokens,
         )
     from hark.engines.llm.openai_compatible import OpenAICompatibleLlm
 
     return OpenAICompatibleLlm(
-        base_url=first, model=settings.llm_model_name, api_key=settings.llm_api_key
+        base_url=first,
+        model=settings.llm_model_name,
+        api_key=settings.llm_api_key,
+        context_tokens=settings.llm_context_tokens,
     )
 
 

@@ -204,14 +204,19 @@ class FailoverLlm:
         model: str,
         api_key: str | None = None,
         *,
+        context_tokens: int | None = None,
         health_interval_s: float = HEALTH_INTERVAL_S,
         health_timeout_s: float = HEALTH_TIMEOUT_S,
         backoff_s: float = BACKOFF_S,
         backoff_max_s: float = BACKOFF_MAX_S,
     ) -> FailoverLlm:
-        """One backend per URL, all serving ``model`` with ``api_key``."""
+        """One backend per URL, all serving ``model`` with ``api_key`` (and a context of
+        ``context_tokens``, when known)."""
         backends = [
-            OpenAICompatibleLlm(url, model, api_key=api_key, connect_attempts=1) for url in urls
+            OpenAICompatibleLlm(
+                url, model, api_key=api_key, connect_attempts=1, context_tokens=context_tokens
+            )
+            for url in urls
         ]
         return cls(
             backends,

@@ -4,15 +4,26 @@ Requests go to ``{base_url}/chat/completions`` with ``stream: true`` and the usa
 requested; the server-sent events are mapped onto :mod:`hark.engines.llm` events. The API key
 travels only in the ``Authorization`` header: it is never logged and is scrubbed from error
 messages, in case a server echoes it back.
+
+Conversations longer than the backend's context are truncated here, as the request's
+``truncation`` says (:mod:`hark.engines.llm.truncation`), with an estimate of the tokens: the
+backend's tokenizer is not at hand. The context size is ``context_tokens`` when given
+(``--llm-context-tokens``), else the ``max_model_len`` that vLLM lists in ``GET /models``,
+else the one a backend states when it refuses a prompt as too long. A refused prompt is
+truncated harder and sent once more.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
+import math
+import re
 import secrets
-from collections.abc import AsyncGenerator, AsyncIterator
+import sys
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -32,6 +43,8 @@ from hark.engines.llm import (
     ToolCallStarted,
     ToolChoice,
 )
+from hark.engines.llm.reply_length import SentenceCap, hard_ceiling
+from hark.engines.llm.truncation import ContextOverflow, fit
 from hark.engines.openai_http import OpenAIHttp, endpoint_url, error_message, safe_url, sse_data
 
 logger = logging.getLogger(__name__)
@@ -46,12 +59,43 @@ _FINISH_REASONS: dict[str, Literal["stop", "length", "tool_calls"]] = {
 }
 
 
+# What the prompt of a reply with no limit sent leaves free, at most (and at most a quarter of
+# the context): the backend's default limit may be all that is left.
+REPLY_RESERVE = 512
+# An image's tokens, roughly, in the vision models vLLM serves (a few hundred to a thousand).
+IMAGE_TOKENS = 800
+# vLLM, llama.cpp's server and OpenAI say "maximum context length is N tokens"; SGLang and
+# others say "context length" or "context window" in their own words.
+_CONTEXT_ERROR = re.compile(r"context[ _](?:length|window)|maximum context", re.I)
+_CONTEXT_SIZE = re.compile(r"maximum context length is (\d+)")
+
+
 class LlmError(Exception):
     """The endpoint failed: unreachable, an HTTP error (``status``), or a broken stream."""
 
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
+
+    @property
+    def context_exceeded(self) -> bool:
+        """Whether the backend refused the prompt as longer than its context."""
+        return self.status in (None, 400, 413) and bool(_CONTEXT_ERROR.search(str(self)))
+
+
+class EstimatedTokens:
+    """A ``TokenCounter`` without the backend's tokenizer: a token per three bytes of text,
+    which is more than common tokenizers take for English (about four), plus each message's
+    role markers and ``IMAGE_TOKENS`` an image."""
+
+    def message(self, message: ChatMessage) -> int:
+        calls = sum(len(c.name) + len(c.arguments.encode()) + 8 for c in message.tool_calls)
+        text = math.ceil((len(message.content.encode()) + calls) / 3)
+        return text + 5 + IMAGE_TOKENS * len(message.images)
+
+    def prompt(self, messages: Sequence[ChatMessage], tools: Sequence[FunctionTool]) -> int:
+        schema = sum(len(json.dumps(tool_to_openai(t)).encode()) for t in tools)
+        return sum(self.message(m) for m in messages) + math.ceil(schema / 3) + 3
 
 
 @dataclass(slots=True)
@@ -119,7 +163,10 @@ class OpenAICompatibleLlm:
     ``max_tokens_default`` are sent when a request leaves them unset (``None``: the server's
     default). ``timeout_s`` bounds connecting and each wait for the next bytes of a stream.
     ``connect_attempts`` is how often a request tries to connect before it fails (one where
-    another backend can take over, see :mod:`hark.engines.llm.failover`).
+    another backend can take over, see :mod:`hark.engines.llm.failover`). ``context_tokens``
+    is the backend's context size (None: learnt from the backend, see the module doc).
+    A request with no ``max_tokens`` of its own ends at a sentence past
+    ``max_tokens_default`` (see :mod:`hark.engines.llm.reply_length`) and is complete.
     Call :meth:`aclose` when done.
 
     Images in user messages are sent as ``image_url`` content parts: whether the model reads
@@ -138,6 +185,7 @@ class OpenAICompatibleLlm:
         max_tokens_default: int | None = None,
         timeout_s: float = 60.0,
         connect_attempts: int = CONNECT_ATTEMPTS,
+        context_tokens: int | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
@@ -145,6 +193,8 @@ class OpenAICompatibleLlm:
         self.max_tokens_default = max_tokens_default
         self.timeout_s = timeout_s
         self.connect_attempts = connect_attempts
+        self.context_tokens = context_tokens
+        self._models_read = context_tokens is not None
         self._endpoint = OpenAIHttp(
             "LLM",
             api_key=api_key,
@@ -182,9 +232,12 @@ class OpenAICompatibleLlm:
             async with http.get(url, headers=self._endpoint.headers(), timeout=timeout) as response:
                 if response.status >= 400 and response.status != 404:
                     raise await self._http_error(response)
-                await response.read()
+                body = await response.read()
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise LlmError(self._endpoint.unreachable(url, exc)) from None
+        if not self._models_read and response.status < 400:
+            self._models_read = True
+            self.context_tokens = _max_model_len(body, self.model)
 
     def payload(
         self, request: GenerationRequest, extra_body: dict[str, Any] | None = None
@@ -200,7 +253,9 @@ class OpenAICompatibleLlm:
         temperature = self.temperature if request.temperature is None else request.temperature
         if temperature is not None:
             body["temperature"] = temperature
-        max_tokens = request.max_tokens or self.max_tokens_default
+        max_tokens = request.max_tokens
+        if max_tokens is None and self.max_tokens_default is not None:
+            max_tokens = hard_ceiling(self.max_tokens_default)
         if max_tokens is not None:
             body["max_tokens"] = max_tokens
         if request.tools:
@@ -208,22 +263,94 @@ class OpenAICompatibleLlm:
             body["tool_choice"] = tool_choice_to_openai(request.tool_choice)
         return body | (extra_body or {})
 
+    def reply_reserve(self, request: GenerationRequest, context: int) -> int:
+        """The context a reply to ``request`` keeps free: the limit sent with it (at most half
+        the context), or ``REPLY_RESERVE`` (at most a quarter) when the backend's applies."""
+        limit = request.max_tokens
+        if limit is None and self.max_tokens_default is not None:
+            limit = hard_ceiling(self.max_tokens_default)
+        if limit is None:
+            return min(REPLY_RESERVE, context // 4)
+        return min(limit, context // 2)
+
+    def truncated(
+        self, request: GenerationRequest, harder_than: int | None = None
+    ) -> GenerationRequest:
+        """``request`` with the messages that fit the backend's context (all of them while
+        its size is unknown). ``harder_than``: the estimated size of a prompt the backend
+        refused; the new one is a third smaller."""
+        context = self.context_tokens
+        if context is None and harder_than is None:
+            return request
+        budget = math.inf if context is None else context - self.reply_reserve(request, context)
+        if harder_than is not None:
+            budget = min(budget, harder_than * 2 // 3)
+        counter = EstimatedTokens()
+        messages = fit(request.messages, request.tools, counter, int(budget), request.truncation)
+        return dataclasses.replace(request, messages=messages)
+
     async def generate(
         self, request: GenerationRequest, extra_body: dict[str, Any] | None = None
     ) -> AsyncGenerator[LlmEvent, None]:
         """Stream the reply; ``Finished`` comes last. Cancelling closes the connection.
-        ``extra_body``: fields added to the request body (see :meth:`payload`)."""
+        ``extra_body``: fields added to the request body (see :meth:`payload`).
+
+        Raises ``ContextOverflow`` when the conversation cannot be made to fit the backend's
+        context (truncation ``disabled``, or the instructions too long)."""
+        if not self._models_read:
+            # Once, for vLLM's max_model_len; an endpoint that does not answer fails below.
+            try:
+                await self.check()
+            except LlmError:
+                self._models_read = True
+        sent = self.truncated(request)
+        try:
+            async for event in self._attempt(sent, extra_body):
+                yield event
+            return
+        except LlmError as exc:
+            if not exc.context_exceeded:
+                raise
+            stated = _CONTEXT_SIZE.search(str(exc))
+            if stated and self.context_tokens is None:
+                self.context_tokens = int(stated.group(1))
+            logger.info("LLM endpoint %s: the prompt exceeds its context, truncating", self)
+            refused = EstimatedTokens().prompt(sent.messages, sent.tools)
+        try:
+            retry = self.truncated(request, harder_than=refused)
+        except ContextOverflow as overflow:
+            raise ContextOverflow(f"{overflow} (the LLM endpoint refused the prompt)") from None
+        async for event in self._attempt(retry, extra_body):
+            yield event
+
+    async def _attempt(
+        self, request: GenerationRequest, extra_body: dict[str, Any] | None
+    ) -> AsyncGenerator[LlmEvent, None]:
+        """One request: its events, or ``LlmError`` (before any event for a refused prompt)."""
         url = endpoint_url(self.base_url, "/chat/completions")
         body = self.payload(request, extra_body)
         response = await self._post(url, body)
-        async with response:
+        cap = None
+        if request.max_tokens is None:
+            # Without a default of hark's, the backend's own limit (its context) is the cap.
+            cap = SentenceCap(self.max_tokens_default or sys.maxsize)
+        finished = False
+        try:
             if response.status >= 400:
                 raise await self._http_error(response)
             try:
-                async for event in self._events(response):
+                async for event in self._events(response, cap):
                     yield event
+                finished = True
             except (aiohttp.ClientError, TimeoutError) as exc:
                 raise LlmError(f"the LLM stream broke: {self._endpoint.scrub(repr(exc))}") from None
+        finally:
+            # A reply left before the server finished it (the cap ended it, or its reader went
+            # away) closes the connection, which tells the server to stop generating.
+            if finished and response.content.at_eof():
+                response.release()
+            else:
+                response.close()
 
     async def _post(self, url: URL, body: dict[str, Any]) -> aiohttp.ClientResponse:
         """POST, retrying connection failures (nothing has been generated yet then)."""
@@ -245,10 +372,13 @@ class OpenAICompatibleLlm:
     async def _http_error(self, response: aiohttp.ClientResponse) -> LlmError:
         return LlmError(await self._endpoint.http_error(response), status=response.status)
 
-    async def _events(self, response: aiohttp.ClientResponse) -> AsyncIterator[LlmEvent]:
+    async def _events(
+        self, response: aiohttp.ClientResponse, cap: SentenceCap | None
+    ) -> AsyncIterator[LlmEvent]:
         calls: dict[int, _PendingCall] = {}
         reason: str | None = None
         usage: dict[str, Any] = {}
+        chunks = 0
         async for data in sse_data(response.content):
             if data == "[DONE]":
                 break
@@ -268,7 +398,15 @@ class OpenAICompatibleLlm:
                     continue
                 delta = choice.get("delta") or {}
                 if content := delta.get("content"):
-                    yield TextDelta(content)
+                    chunks += 1
+                    text, complete = cap.feed(content) if cap else (content, False)
+                    if text:
+                        yield TextDelta(text)
+                    if complete:
+                        # Ended here, before the server's usage chunk: the tokens streamed
+                        # (a chunk each, as vLLM and llama.cpp send them) are what is known.
+                        yield Finished("stop", completion_tokens=chunks)
+                        return
                 for piece in delta.get("tool_calls") or []:
                     for event in _tool_call_piece(calls, piece):
                         yield event
@@ -277,6 +415,11 @@ class OpenAICompatibleLlm:
         if reason is None:
             raise LlmError("the LLM stream ended without a finish reason")
         mapped = _FINISH_REASONS.get(reason, "stop")
+        if cap is not None and not calls:
+            # No limit was the client's: however the text stopped, the reply is complete.
+            if rest := cap.cut() if mapped == "length" else cap.finish():
+                yield TextDelta(rest)
+            mapped = "stop"
         for call in calls.values():
             if call.started and not call.finished:
                 if mapped == "length" and not _is_json(call.arguments):
@@ -322,6 +465,18 @@ def _tool_call_piece(calls: dict[int, _PendingCall], piece: dict[str, Any]) -> l
         if call.arguments:
             events.append(ToolCallArgumentsDelta(call.call_id, call.arguments))
     return events
+
+
+def _max_model_len(body: bytes, model: str) -> int | None:
+    """The context size vLLM lists for ``model`` (or the only model) in ``GET /models``."""
+    try:
+        listed = json.loads(body).get("data") or []
+    except (ValueError, AttributeError):
+        return None
+    cards = [c for c in listed if isinstance(c, dict)]
+    card = next((c for c in cards if c.get("id") == model), cards[0] if len(cards) == 1 else None)
+    size = card.get("max_model_len") if card else None
+    return size if isinstance(size, int) and size > 0 else None
 
 
 def _is_json(text: str) -> bool:
