@@ -1,15 +1,17 @@
 """``hark bench fuzz``: random and mutated client events over many WebSocket sessions at once.
 
 ``--sessions`` sessions send valid events of every type and mutations of them (bit flips,
-truncations, wrong types, huge values, unknown fields, binary frames, bad base64) as fast as
-the server takes them, reopening any session the server closes, until ``--events`` frames
-have gone out. Each of them now and then sends a well-formed probe (a
+truncations, wrong types, huge values, unknown fields, deep nesting, binary frames, bad
+base64), as fast as the server takes them or ``--rate`` frames a second each, closing and
+reopening now and then and reopening any session the server closes, until ``--events``
+frames have gone out. Each of them sends a well-formed probe every 500 frames (a
 ``conversation.item.retrieve`` of an item that does not exist, answered with an ``error``
-naming the probe's ``event_id``): a session that does not answer within ``--hang-s`` is hung.
-Meanwhile one more session holds normal text turns (``conversation.item.create`` and
+naming the probe's ``event_id``): a session that does not answer within ``--hang-s`` is
+hung. Meanwhile one more session holds normal text turns (``conversation.item.create`` and
 ``response.create`` until ``response.done``), before the fuzz starts and throughout it, and
 ``/metrics`` is sampled for the server's resident memory. The server has crashed when it
-stops answering: a turn that never ends, or a refused connection; the run stops there.
+stops answering: a refused connection, the normal session closed under it, or a turn slower
+than ``--hang-s`` while ``/healthz`` does not answer either; the run stops there.
 
 Only the server at ``--url`` is contacted. The report gives the frames sent, sessions opened
 and closed, crashes, hung sessions, the memory over time and the normal session's latency
@@ -326,6 +328,7 @@ class Counts:
     server_events: int = 0
     errors: int = 0
     probes: int = 0
+    slow_turns: int = 0
     hung: list[dict[str, Any]] = field(default_factory=list)
     probe_ms: list[float] = field(default_factory=list)
     close_codes: dict[str, int] = field(default_factory=dict)
@@ -346,6 +349,7 @@ class FuzzConfig:
     hang_s: float = 10.0
     turns_before: int = 30
     sample_s: float = 1.0
+    rate: float = 0.0
     seed: int | None = None
     model: str = "gpt-realtime"
 
@@ -358,6 +362,7 @@ class FuzzRun:
         server = ServerUrl.parse(config.url)
         self.ws_url = f"{server.ws('/v1/realtime')}?model={config.model}"
         self.metrics_url = server.http("/metrics")
+        self.healthz_url = server.http("/healthz")
         self.headers = {"Authorization": f"Bearer {config.key}"}
         self.counts = Counts()
         self.seed = config.seed if config.seed is not None else random.randrange(2**32)
@@ -381,6 +386,7 @@ class FuzzRun:
             turns = asyncio.create_task(self._turns(http), name="turns")
             fuzzing = asyncio.create_task(self._fuzzing.wait())
             fuzzers: list[asyncio.Task[None]] = []
+            everyone: asyncio.Future[list[None]] | None = None
             try:
                 await asyncio.wait([turns, fuzzing], return_when=asyncio.FIRST_COMPLETED)
                 if turns.done():
@@ -390,7 +396,7 @@ class FuzzRun:
                     asyncio.create_task(self._fuzz(http, i), name=f"fuzz-{i}")
                     for i in range(self.config.sessions)
                 ]
-                everyone: asyncio.Future[list[None]] = asyncio.gather(*fuzzers)
+                everyone = asyncio.gather(*fuzzers)
                 waited: list[asyncio.Future[Any]] = [turns, everyone]
                 done, _ = await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
                 self.fuzz_ended = time.monotonic()
@@ -401,9 +407,12 @@ class FuzzRun:
             finally:
                 self.fuzz_ended = self.fuzz_ended or time.monotonic()
                 self._done.set()
-                for task in (sampler, turns, fuzzing, *fuzzers):
+                tasks: list[asyncio.Future[Any]] = [sampler, turns, fuzzing, *fuzzers]
+                if everyone is not None:
+                    tasks.append(everyone)
+                for task in tasks:
                     task.cancel()
-                await asyncio.gather(sampler, turns, fuzzing, *fuzzers, return_exceptions=True)
+                await asyncio.gather(*tasks, return_exceptions=True)
             await self._sample_memory(http)
         return self.report()
 
@@ -428,7 +437,7 @@ class FuzzRun:
                         }
                     )
                     for _ in range(_TURNS_PER_SESSION):
-                        await self._turn(ws, turn)
+                        await self._turn(ws, http, turn)
                         turn += 1
                         if turn == self.config.turns_before:
                             self._fuzzing.set()
@@ -436,7 +445,9 @@ class FuzzRun:
             except (aiohttp.ClientError, OSError) as exc:
                 raise ServerDown(f"the normal session failed: {exc!r}") from None
 
-    async def _turn(self, ws: aiohttp.ClientWebSocketResponse, turn: int) -> None:
+    async def _turn(
+        self, ws: aiohttp.ClientWebSocketResponse, http: aiohttp.ClientSession, turn: int
+    ) -> None:
         phase = "during" if self._fuzzing.is_set() else "before"
         started = time.monotonic()
         await ws.send_json(
@@ -450,21 +461,39 @@ class FuzzRun:
             }
         )
         await ws.send_json({"type": "response.create"})
-        await self._until(ws, "response.done", "a normal turn")
+        await self._until_done(ws, http)
         self.turns[phase].append((time.monotonic() - started) * 1000)
 
-    async def _until(self, ws: aiohttp.ClientWebSocketResponse, kind: str, what: str) -> None:
-        deadline = time.monotonic() + self.config.hang_s
+    async def _until_done(
+        self, ws: aiohttp.ClientWebSocketResponse, http: aiohttp.ClientSession
+    ) -> None:
+        """Wait for the turn's ``response.done``. A turn slower than ``hang_s`` is counted;
+        it is a crash only if the server no longer answers ``/healthz`` either."""
+        slow = False
         while True:
-            left = deadline - time.monotonic()
             try:
-                message = await asyncio.wait_for(ws.receive(), max(left, 0.001))
+                message = await asyncio.wait_for(ws.receive(), self.config.hang_s)
             except TimeoutError:
-                raise ServerDown(f"{what} got no {kind} in {self.config.hang_s:g} s") from None
+                if not slow:
+                    slow = True
+                    self.counts.slow_turns += 1
+                await self._alive(http)
+                continue
             if message.type != aiohttp.WSMsgType.TEXT:
-                raise ServerDown(f"{what}'s session closed: {message.type.name} {message.data}")
-            if json.loads(message.data).get("type") == kind:
+                raise ServerDown(
+                    f"the normal session was closed: {message.type.name} {message.data}"
+                )
+            if json.loads(message.data).get("type") == "response.done":
                 return
+
+    async def _alive(self, http: aiohttp.ClientSession) -> None:
+        """Raise ``ServerDown`` unless ``/healthz`` answers within ``hang_s``."""
+        try:
+            async with asyncio.timeout(self.config.hang_s):
+                async with http.get(self.healthz_url) as response:
+                    await response.read()
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise ServerDown(f"a turn hung and /healthz did not answer: {exc!r}") from None
 
     # ------------------------------------------------------------------ fuzzing sessions
 
@@ -486,8 +515,11 @@ class FuzzRun:
         reader = asyncio.create_task(self._read(ws, known, probes, answered, closing))
         budget = rng.randrange(*_SESSION_FRAMES)
         sent = 0
+        began = time.monotonic()
         try:
             while sent < budget and self.counts.frames < self.config.events and not reader.done():
+                if self.config.rate > 0:
+                    await asyncio.sleep(began + sent / self.config.rate - time.monotonic())
                 frame = fuzz_frame(rng, known)
                 if isinstance(frame, bytes):
                     await ws.send_bytes(frame)
@@ -612,6 +644,9 @@ class FuzzRun:
             "crash": self.crash,
             "hung_sessions": len(counts.hung),
             "hung": counts.hung,
+            "hang_s": self.config.hang_s,
+            "slow_turns": counts.slow_turns,
+            "rate_per_session": self.config.rate or None,
             "probes": {
                 "sent": counts.probes,
                 "answered": len(counts.probe_ms),
@@ -656,7 +691,7 @@ def format_summary(report: dict[str, Any]) -> str:
         f"normal turns before: n={turns['before']['n']} p50 {ms(turns['before']['p50'])} "
         f"p99 {ms(turns['before']['p99'])}",
         f"normal turns during: n={turns['during']['n']} p50 {ms(turns['during']['p50'])} "
-        f"p99 {ms(turns['during']['p99'])}",
+        f"p99 {ms(turns['during']['p99'])}, {report['slow_turns']} over {report['hang_s']:g} s",
     ]
     return "\n".join(lines)
 
@@ -689,6 +724,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         default=30,
         help="normal turns timed before the fuzz starts (default 30)",
     )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        help="frames per second per fuzzing session (default 0: as fast as the server takes "
+        "them, which measures a flood rather than the other sessions' latency)",
+    )
     parser.add_argument("--seed", type=int, default=None, help="seed of the random frames")
     add_json_option(parser)
 
@@ -704,6 +746,7 @@ def command(options: dict[str, Any]) -> int:
             hang_s=options["hang_s"],
             turns_before=options["turns_before"],
             seed=options["seed"],
+            rate=options["rate"],
         )
         report = asyncio.run(FuzzRun(config).run())
     except BenchError as exc:
