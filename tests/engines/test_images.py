@@ -131,8 +131,8 @@ def test_which_engines_take_images() -> None:
 async def test_an_image_reaches_the_backend_and_the_reply_comes_back(
     backend: VisionBackend,
 ) -> None:
-    engines = build_engines(Settings(engines="fake"))
-    engines = dataclasses.replace(engines, llm=OpenAICompatibleLlm(backend.url, "vision"))
+    llm = OpenAICompatibleLlm(backend.url, "vision")
+    engines = dataclasses.replace(build_engines(Settings(engines="fake")), llm=llm)
     runner = SessionRunner(engines, model="m")
     received = await run_turn(
         runner,
@@ -165,7 +165,7 @@ async def test_an_image_reaches_the_backend_and_the_reply_comes_back(
         "image_url": RED_PIXEL,
         "detail": "high",
     }
-    await engines.llm.aclose()
+    await llm.aclose()
 
 
 async def test_a_text_only_model_refuses_the_image_and_the_session_goes_on() -> None:
@@ -203,8 +203,8 @@ async def test_a_text_only_model_refuses_images_in_response_input_too() -> None:
 
 @pytest.mark.parametrize("url", [None, "https://example.com/cat.png", "data:text/plain,hi"])
 async def test_an_image_must_be_a_data_url(backend: VisionBackend, url: str | None) -> None:
-    engines = build_engines(Settings(engines="fake"))
-    engines = dataclasses.replace(engines, llm=OpenAICompatibleLlm(backend.url, "vision"))
+    llm = OpenAICompatibleLlm(backend.url, "vision")
+    engines = dataclasses.replace(build_engines(Settings(engines="fake")), llm=llm)
     runner = SessionRunner(engines, model="m")
     part: dict[str, Any] = {"type": "input_image"}
     if url is not None:
@@ -213,7 +213,7 @@ async def test_an_image_must_be_a_data_url(backend: VisionBackend, url: str | No
     assert received[-1]["type"] == "error"
     assert received[-1]["error"]["param"] == "item.content[0].image_url"
     assert backend.bodies == []
-    await engines.llm.aclose()
+    await llm.aclose()
 
 
 def test_the_request_carries_an_image_only_message() -> None:
