@@ -10,9 +10,12 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from hark.audio.formats import decode_audio
 from hark.protocol.session_config import NoiseReduction as NoiseReductionConfig
+from hark.protocol.session_config import PcmuFormat
 from hark.session.noise_reduction import wet_share
 from tests.session.conftest import RATE, Driver
+from tests.speech import spoken
 
 
 def white_noise(ms: int, rms: float = 0.03, seed: int = 3) -> npt.NDArray[np.int16]:
@@ -163,3 +166,30 @@ def test_strength_zero_leaves_the_audio_alone() -> None:
     noise = white_noise(500)
     heard = committed_audio(manual({"type": "far_field", "strength": 0.0}), noise)
     np.testing.assert_array_equal(heard, noise)
+
+
+def test_a_new_input_format_gets_a_denoiser_at_its_rate() -> None:
+    """G.711 input is 8 kHz: the denoiser follows the format. Speech comes through 21 ms late
+    at 8 kHz (168 samples), which a denoiser still at 24 kHz would make three times as long."""
+    driver = manual({"type": "far_field"})
+    driver.append(white_noise(100))
+    driver.send(
+        {
+            "type": "session.update",
+            "session": {"type": "realtime", "audio": {"input": {"format": {"type": "audio/pcmu"}}}},
+        }
+    )
+    assert driver.session.input_rate == 8000
+    speech = spoken("What is the capital of France?", 8000)
+    for start in range(0, len(speech), 160):
+        driver.session.append_audio(speech[start : start + 160], now=driver.now)
+    events = driver.send({"type": "input_audio_buffer.commit"})
+    item_id = next(e["item_id"] for e in events if e["type"] == "input_audio_buffer.committed")
+    retrieved = driver.send({"type": "conversation.item.retrieve", "item_id": item_id})
+    heard = decode_audio(
+        PcmuFormat(), base64.b64decode(retrieved[0]["item"]["content"][0]["audio"])
+    )
+    assert len(heard) == len(speech)
+    out, source = heard.astype(np.float64), speech.astype(np.float64)
+    lag = max(range(400), key=lambda k: float(np.dot(out[k:], source[: len(out) - k])))
+    assert lag == pytest.approx(168, abs=3)
