@@ -33,7 +33,7 @@ from aiortc import (
     RTCSessionDescription,
 )
 
-from hark.session.runner import SessionRunner
+from hark.session.runner import BACKLOG_EXCEEDED, MAX_BACKLOG_BYTES, SessionRunner
 from hark.transports.beta import Dialect
 from hark.transports.sideband import Sidebands
 from hark.transports.ticker import PlayoutTicker
@@ -54,6 +54,9 @@ SETUP_TIMEOUT_SECONDS = 30.0
 MAX_PENDING_EVENTS = 1000
 # How long a call ended by the server waits for its last events to leave.
 END_FLUSH_TIMEOUT_S = 1.0
+# The most the data channel may hold unsent (SCTP waits for a peer that reads); past it the
+# caller is not reading events and the call ends, as a WebSocket session's backlog does.
+MAX_CHANNEL_BACKLOG_BYTES = MAX_BACKLOG_BYTES
 
 
 # aiortc's Opus codec, the one audio codec a call offers or answers with.
@@ -232,6 +235,14 @@ class Call:
             self._pending.append(text)
             return
         channel.send(text)
+        if channel.bufferedAmount > MAX_CHANNEL_BACKLOG_BYTES and not self._closing:
+            logger.warning("call %s: the data channel's backlog passed its bound", self.id)
+            self._spawn(self._not_reading(), "close")
+
+    async def _not_reading(self) -> None:
+        # The session first, so that it is counted as ended for its backlog.
+        await self.runner.close(BACKLOG_EXCEEDED)
+        await self.close(BACKLOG_EXCEEDED)
 
     def _on_datachannel(self, channel: RTCDataChannel) -> None:
         if channel.label != EVENTS_CHANNEL or self._channel is not None:
