@@ -22,7 +22,7 @@ from hark.engines.asr.scheduler import AsrScheduler
 from hark.engines.health import EngineThreadCrashedError
 from hark.engines.scheduler import DueFirstScheduler
 from hark.engines.vad import silero_gemm
-from hark.engines.vad.batcher import BatchedSileroVad
+from hark.engines.vad.batcher import BatchedSileroVad, BatchObserver
 from hark.engines.vad.silero import CHUNK_SAMPLES, SAMPLE_RATE, model_path
 from hark.observability.metrics import Metrics
 
@@ -239,3 +239,40 @@ async def test_an_asr_scheduler_thread_killed_by_a_batch_fails_it_and_is_started
         assert "doomed-asr" not in health.degraded()
     finally:
         scheduler.close()
+
+
+class BrokenMetrics(Metrics):
+    """The server's metrics, whose VAD batch observer raises once: a bug in the batcher's own
+    thread, after the batch's answers went out."""
+
+    def batch_observer(self, model: str) -> BatchObserver:
+        observer = super().batch_observer(model)
+        broken = [True]
+
+        class Observer:
+            def batch(self, size: int, wait_s: float, run_s: float, backlog: int) -> None:
+                if broken:
+                    broken.clear()
+                    raise RuntimeError("the observer is broken")
+                observer.batch(size, wait_s, run_s, backlog)
+
+        return Observer()
+
+
+async def test_a_vad_thread_that_dies_after_answering_is_started_again(
+    flaky: tuple[BatchedSileroVad, FlakyVadModel],
+) -> None:
+    engine, _ = flaky
+    metrics = BrokenMetrics()
+    engine.observe(metrics)
+    answers = Answers()
+    stream = engine.open_stream(answers.result, answers.missed)
+    stream.push(silence(), 0)
+    assert isinstance((await answers.count(1))[0][0], float)
+
+    # Only a thread that took the dead one's place can answer this one.
+    stream.push(silence(), 0)
+    assert isinstance((await answers.count(2))[1][0], float)
+    assert engine.health.restarts == 1
+    assert "vad" not in health.degraded()
+    stream.close()
