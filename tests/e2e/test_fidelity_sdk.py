@@ -115,3 +115,18 @@ async def test_idle_timeout_reaches_a_client_that_stopped_sending(fake_server: S
         (committed,) = of_type(after, "input_audio_buffer.committed")
         assert committed.item_id == triggered.item_id
         assert of_type(after, "response.done")[0].response.status == "completed"
+
+
+async def test_any_model_name_opens_and_updates_a_session(fake_server: Server) -> None:
+    client = fake_server.client()
+    secret = await client.realtime.client_secrets.create(
+        session={"type": "realtime", "model": "gpt-realtime-2.1"}
+    )
+    assert secret.session.model == "gpt-realtime-2.1"  # type: ignore[union-attr]
+    async with fake_server.client(secret.value).realtime.connect(model="my-own-model") as conn:
+        created = await conn.recv()
+        assert created.type == "session.created"
+        await conn.session.update(session={"type": "realtime", "model": "gpt-4o-realtime-preview"})
+        updated = await conn.recv()
+        assert updated.type == "session.updated"
+        assert updated.session.model == "gpt-4o-realtime-preview"  # type: ignore[union-attr]
