@@ -47,8 +47,8 @@ from hark.session.ids import IdGenerator
 
 from .conftest import ASR_RATE, VAD_CHUNK_MS, timed
 
-EXAMPLES = int(os.environ.get("HARK_FUZZ_EXAMPLES", "40"))
-STEPS = int(os.environ.get("HARK_FUZZ_STEPS", "60"))
+EXAMPLES = int(os.environ.get("HARK_FUZZ_EXAMPLES", "100"))
+STEPS = int(os.environ.get("HARK_FUZZ_STEPS", "80"))
 CREATED_AT = 1000.0
 SDK_EVENT = pydantic.TypeAdapter(RealtimeServerEvent)
 # Server events the SDK's GA union does not have: the preview's, which hark still answers.
@@ -301,7 +301,7 @@ class SessionMachine(RuleBasedStateMachine):
 
     @initialize(
         plays_audio=st.booleans(),
-        limit_s=st.sampled_from([20.0, 3600.0]),
+        limit_s=st.sampled_from([60.0, 3600.0]),
         text_first=st.booleans(),
     )
     def start(self, plays_audio: bool, limit_s: float, text_first: bool) -> None:
@@ -455,20 +455,62 @@ class SessionMachine(RuleBasedStateMachine):
         else:
             self.send(frame)
 
-    @rule(ms=st.integers(1, 1200), loud=st.booleans())
-    def client_streams(self, ms: int, loud: bool) -> None:
-        """Audio from a media track (WebRTC, SIP), at the input rate."""
+    @rule(
+        ms=st.integers(1, 1200),
+        loud=st.booleans(),
+        track=st.booleans(),
+        dtmf=st.integers(0, 9),
+    )
+    def client_streams(self, ms: int, loud: bool, track: bool, dtmf: int) -> None:
+        """Audio at the input rate, from a media track (WebRTC, SIP) or in appends; or, now
+        and then, a keypad press (SIP)."""
+        if dtmf == 0:
+            self.session.receive_dtmf("#", now=self.now)
+            self.collect()
+            return
         rate = self.session.input_rate
-        level = 8000 if loud else 0
-        pcm = np.full(rate * ms // 1000, level, np.int16)
-        self.session.append_audio(pcm, now=self.now)
-        self.collect()
+        pcm = np.full(rate * ms // 1000, 8000 if loud else 0, np.int16)
+        if track:
+            self.session.append_audio(pcm, now=self.now)
+            self.collect()
+        else:
+            # Appends carry the input format's bytes; G.711's are one byte a sample.
+            size = 2 if rate == 24000 else 1
+            audio = _b64(bytes(len(pcm) * size) if not loud else b"\x40" * (len(pcm) * size))
+            self.send(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
 
-    @rule(event=st.sampled_from(["1", "#", "A"]))
-    def dtmf(self, event: str) -> None:
-        """A keypad press (SIP)."""
-        self.session.receive_dtmf(event, now=self.now)
-        self.collect()
+    @rule(
+        text=st.booleans(),
+        out_of_band=st.booleans(),
+        said=st.one_of(st.none(), WORDS),
+    )
+    def client_asks_for_a_response(self, text: bool, out_of_band: bool, said: str | None) -> None:
+        """A well-formed turn: perhaps a user message, then ``response.create``."""
+        if said is not None:
+            part = {"type": "input_text", "text": said}
+            item = {"type": "message", "role": "user", "content": [part]}
+            self.send(json.dumps({"type": "conversation.item.create", "item": item}))
+        response: dict[str, Any] = {"output_modalities": ["text"]} if text else {}
+        if out_of_band:
+            response["conversation"] = "none"
+        self.send(json.dumps({"type": "response.create", "response": response}))
+
+    @precondition(lambda self: bool(self.audio_ms))
+    @rule(data=st.data())
+    def client_truncates_what_it_played(self, data: st.DataObject) -> None:
+        """``conversation.item.truncate`` of reply audio, within what was sent or beyond."""
+        item_id = data.draw(st.sampled_from(sorted(self.audio_ms)))
+        end = data.draw(st.integers(0, int(self.audio_ms[item_id]) + 50))
+        self.send(
+            json.dumps(
+                {
+                    "type": "conversation.item.truncate",
+                    "item_id": item_id,
+                    "content_index": 0,
+                    "audio_end_ms": end,
+                }
+            )
+        )
 
     # ------------------------------------------------------------ the engines
 
@@ -519,39 +561,44 @@ class SessionMachine(RuleBasedStateMachine):
             self.session.on_speculation_answering(key, now=self.now)
         self.collect()
 
-    @rule(data=st.data())
-    def llm_answers(self, data: st.DataObject) -> None:
-        """Engine output for a response: running, finished long ago, or never heard of."""
-        response_id = data.draw(
-            st.sampled_from([*self.generating, *sorted(self.done), UNKNOWN_RESPONSE])
-        )
+    @rule(
+        data=st.data(),
+        outputs=st.lists(
+            st.sampled_from(["text", "audio", "call", "delta", "call_done"]), min_size=1, max_size=6
+        ),
+        ending=st.sampled_from(["finished", None, "failed"]),
+    )
+    def llm_answers(self, data: st.DataObject, outputs: list[str], ending: str | None) -> None:
+        """Engine output for a response, and perhaps its end: mostly a running response, but
+        also one finished long ago or one never heard of."""
+        running = bool(self.generating) and data.draw(st.integers(0, 3)) < 3
+        late = [*sorted(self.done), UNKNOWN_RESPONSE]
+        response_id = data.draw(st.sampled_from(list(self.generating) if running else late))
         rate = self.generating.get(response_id, 24000)
-        kind = data.draw(
-            st.sampled_from(["text", "audio", "call", "delta", "call_done", "finished", "failed"])
-        )
         now = self.now
         session = self.session
-        if kind == "text":
-            session.on_text(response_id, data.draw(WORDS), now=now)
-        elif kind == "audio":
-            samples = data.draw(st.integers(0, rate))
-            pcm = np.full(samples, 1000, np.int16)
-            session.on_audio(response_id, pcm, data.draw(WORDS), now=now)
-        elif kind == "call":
-            call_id = f"call_{len(self.ids.calls)}"
-            session.on_tool_call_started(response_id, call_id, "lookup", now=now)
-        elif kind in ("delta", "call_done"):
-            call_id = data.draw(st.sampled_from(["call_unknown", *self.ids.calls]))
-            if kind == "delta":
-                session.on_tool_call_delta(response_id, call_id, '{"a"', now=now)
+        for kind in outputs:
+            if kind == "text":
+                session.on_text(response_id, data.draw(WORDS), now=now)
+            elif kind == "audio":
+                pcm = np.full(data.draw(st.integers(0, rate)), 1000, np.int16)
+                session.on_audio(response_id, pcm, data.draw(WORDS), now=now)
+            elif kind == "call":
+                call_id = f"call_{len(self.ids.calls)}"
+                session.on_tool_call_started(response_id, call_id, "lookup", now=now)
             else:
-                session.on_tool_call_finished(response_id, call_id, '{"a": 1}', now=now)
-        elif kind == "finished":
+                call_id = data.draw(st.sampled_from(["call_unknown", *self.ids.calls]))
+                if kind == "delta":
+                    session.on_tool_call_delta(response_id, call_id, '{"a"', now=now)
+                else:
+                    session.on_tool_call_finished(response_id, call_id, '{"a": 1}', now=now)
+            self.collect()
+        if ending == "finished":
             reason = data.draw(st.sampled_from(REASONS))
             session.on_generation_finished(response_id, Finished(reason, 10, 5), now=now)
-            self.generating.pop(response_id, None)
-        else:
+        elif ending == "failed":
             session.on_generation_failed(response_id, "the engine failed", now=now)
+        if ending is not None:
             self.generating.pop(response_id, None)
         self.collect()
 
@@ -574,20 +621,15 @@ class SessionMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ time
 
-    @rule(seconds=st.sampled_from([0.02, 0.3, 1.0, 5.0, 30.0]))
+    @rule(seconds=st.sampled_from([0.0, 0.02, 0.3, 1.0, 5.0, 30.0]))
     def time_passes(self, seconds: float) -> None:
-        """The wall time moves on; the driver's timer fires once its deadline has passed."""
+        """The wall time moves on; the driver's timer fires once its deadline has passed.
+        With no time passing it fires early (a wall clock stepped back): nothing breaks."""
         self.now += seconds
         deadline = self.session.next_deadline()
-        if deadline is not None and deadline <= self.now:
+        if seconds == 0 or (deadline is not None and deadline <= self.now):
             self.session.handle_timer(self.now)
             self.collect()
-
-    @rule()
-    def timer_fires_early(self) -> None:
-        """A timer fired before its deadline (a wall clock stepped back): nothing breaks."""
-        self.session.handle_timer(self.now)
-        self.collect()
 
 
 SessionMachine.TestCase.settings = settings(
