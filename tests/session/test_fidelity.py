@@ -318,3 +318,19 @@ def test_an_empty_idle_segment_needs_no_recognition(driver: Driver) -> None:
     assert not driver.take(Transcribe)
     # The response reads the conversation at once: nobody waits for words.
     assert len(driver.take(Generate)) == 1
+
+
+def test_an_item_with_two_audio_parts_waits_for_both(driver: Driver) -> None:
+    item = audio_item(voiced(400), "item_two")
+    item["content"].append({"type": "input_audio", "audio": b64(voiced(300))})
+    driver.send({"type": "conversation.item.create", "item": item})
+    driver.send({"type": "response.create", "response": {"output_modalities": ["text"]}})
+    first, second = driver.take(Transcribe)
+    assert first.request_id != second.request_id
+    driver.session.on_transcription_done(second.request_id, "too.", 0.3, now=driver.now)
+    driver.pump()
+    assert not driver.take(Generate)
+    driver.session.on_transcription_done(first.request_id, "Me", 0.4, now=driver.now)
+    driver.pump()
+    (generate,) = driver.take(Generate)
+    assert user_words(generate) == ["Me too."]
