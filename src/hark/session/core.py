@@ -64,6 +64,10 @@ SESSION_LIMIT_S = 60 * 60
 # for, truncating the reply being played and retrieving recent turns; a client that wants a
 # recording has had every byte of it already.
 AUDIO_RETENTION_S = 5 * 60
+# The most that items a client creates (``conversation.item.create``) may hold together, as
+# their JSON: far more text than any model reads, and a bound on what a client can make a
+# session keep (each event may carry 15 MiB, for an hour). Deleting items frees room.
+MAX_CLIENT_ITEMS_BYTES = 64 * MiB
 # The opt-in (session ``include``) for logprobs on input transcription events.
 LOGPROBS_INCLUDE = "item.input_audio_transcription.logprobs"
 
@@ -108,6 +112,9 @@ class Session:
         self._outbox = Outbox(self.ids)
         self.conversation = Conversation()
         self._audio_retention_ms = int(audio_retention_s * 1000)
+        # The size of each item the client created that is still in the conversation.
+        self._client_items: dict[str, int] = {}
+        self._client_items_bytes = 0
         self._plays_audio = plays_audio
         self._voices = voices
         self._takes_images = takes_images
@@ -445,12 +452,23 @@ class Session:
             raise from_validation_error(exc, "item") from None
         if isinstance(item, wire.McpApprovalResponseItem):
             self._mcp.check_response(item, "item")
+        size = len(msgspec.json.encode(raw))
+        if self._client_items_bytes + size > MAX_CLIENT_ITEMS_BYTES:
+            raise ProtocolError(
+                f"The conversation's items created by the client hold "
+                f"{self._client_items_bytes} bytes; this one ({size} bytes) would pass the "
+                f"{MAX_CLIENT_ITEMS_BYTES // MiB} MiB they may hold. Delete items to make room.",
+                "item",
+                "conversation_full",
+            )
         entry, recognise = self._from_wire(item, "item")
         if entry.id in self.conversation:
             raise ProtocolError(
                 f"Item with id {entry.id[:100]} already exists.", "item.id", "duplicate_item_id"
             )
         previous = self.conversation.insert(entry, previous_item_id)
+        self._client_items[entry.id] = size
+        self._client_items_bytes += size
         self._outbox.emit(se.ConversationItemAdded(previous_item_id=previous, item=entry.to_wire()))
         self._outbox.emit(se.ConversationItemDone(previous_item_id=previous, item=entry.to_wire()))
         for part in recognise:
@@ -518,6 +536,7 @@ class Session:
                 "invalid_value",
             )
         self.conversation.delete(item_id)
+        self._client_items_bytes -= self._client_items.pop(item_id, 0)
         self._outbox.emit(se.ConversationItemDeleted(item_id=item_id))
         self._responses.prefill()
 
