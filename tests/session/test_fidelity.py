@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from hark.engines.asr import Urgency
 from hark.engines.llm import Finished
 from hark.session.actions import Generate, Transcribe
 
@@ -334,3 +335,17 @@ def test_an_item_with_two_audio_parts_waits_for_both(driver: Driver) -> None:
     driver.pump()
     (generate,) = driver.take(Generate)
     assert user_words(generate) == ["Me too."]
+
+
+def test_a_spoken_turn_that_cannot_be_recognised_fails_its_response(driver: Driver) -> None:
+    driver.append(silence(300))
+    driver.append(voiced(800))
+    new = driver.append(silence(700))
+    assert "response.created" in driver.types(new)
+    waiting = [s for s in driver.steps() if s.request.urgency != Urgency.CAPTION]
+    for step in waiting:
+        driver.session.on_transcription_failed(step.request_id, "engine down", now=driver.now)
+    (done,) = of_type(driver.pump(), "response.done")
+    assert done["response"]["status"] == "failed"
+    assert done["response"]["status_details"]["error"]["code"] == "transcription_failed"
+    assert not driver.take(Generate)
