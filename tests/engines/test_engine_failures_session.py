@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from base64 import b64encode
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -25,6 +26,7 @@ from hark.engines.llm import GenerationRequest, LlmEvent, TextDelta
 from hark.engines.registry import Engines, build_engines
 from hark.engines.stage_timeouts import StageTimeouts
 from hark.engines.vad.batcher import BatchedSileroVad
+from hark.observability.metrics import Metrics
 from hark.session.runner import SessionRunner
 
 from .test_engine_failures import LIVENESS_S, FlakyVadModel
@@ -276,3 +278,40 @@ async def test_a_stalled_asr_fails_that_transcription_naming_the_stage_and_the_n
         assert completed["transcript"] == "What is the capital of France?"
     finally:
         await runner.close()
+
+
+async def test_chunks_the_vad_falls_too_far_behind_on_are_dropped_and_counted() -> None:
+    model = FlakyVadModel()
+    vad = BatchedSileroVad(model=model, max_queued=4)
+    await vad.warmup()
+    metrics = Metrics()
+    runner = SessionRunner(fake_engines(vad=vad), model="m", metrics=metrics)
+    await runner.start()
+    events = Events(runner)
+    try:
+        await events.until(is_type("session.created"))
+        before = model.rows
+        model.gate = threading.Event()
+        model.entered.clear()
+        # One chunk (32 ms) that the model is stuck on; then 30 more, of which the stream
+        # holds the newest 4 and drops the 26 older.
+        append(runner, 0.032)
+        assert await asyncio.to_thread(model.entered.wait, LIVENESS_S)
+        append(runner, 30 * 0.032)
+        model.gate.set()
+        assert await asyncio.to_thread(model.wait_rows, before + 5)
+
+        dropped = None
+        for _ in range(100):
+            # Each input hands the session the VAD's answers that are ready first.
+            send(runner, {"type": "session.update", "session": {}})
+            await events.until(is_type("session.updated"))
+            dropped = metrics.registry.get_sample_value("hark_vad_chunks_dropped_total")
+            if dropped == 26:
+                break
+        assert dropped == 26
+        # A dropped chunk is load shed, not an engine failure: no error event.
+        assert not events.of_type("error")
+    finally:
+        await runner.close()
+        await vad.aclose()
