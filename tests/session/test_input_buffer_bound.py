@@ -72,9 +72,8 @@ def test_a_manual_turn_past_the_bound_keeps_its_first_minutes_and_says_so_once()
     # The session goes on: the commit holds the audio up to the bound.
     committed = driver.send({"type": "input_audio_buffer.commit"})
     assert [e["type"] for e in committed][:1] == ["input_audio_buffer.committed"]
-    entry = driver.session.conversation.get(committed[0]["item_id"])
-    assert entry is not None
-    assert len(entry.parts[0].audio) == MAX_BUFFERED_S * RATE
+    audio = driver.session.conversation.get(committed[0]["item_id"]).parts[0].audio
+    assert audio is not None and len(audio) == MAX_BUFFERED_S * RATE
     # Emptied, the buffer takes audio again, and a new overflow is reported again.
     assert errors(driver.append(voiced(1000), chunk_ms=1000)) == []
     second = driver.send({"type": "input_audio_buffer.commit"})
@@ -94,9 +93,8 @@ def test_speech_without_end_keeps_the_clock_of_its_turn() -> None:
     stopped = next(e for e in new if e["type"] == "input_audio_buffer.speech_stopped")
     assert stopped["audio_end_ms"] >= talk_ms > started["audio_start_ms"]
     committed = next(e for e in new if e["type"] == "input_audio_buffer.committed")
-    entry = driver.session.conversation.get(committed["item_id"])
-    assert entry is not None
-    assert len(entry.parts[0].audio) <= MAX_BUFFERED_S * RATE
+    audio = driver.session.conversation.get(committed["item_id"]).parts[0].audio
+    assert audio is not None and len(audio) <= MAX_BUFFERED_S * RATE
     # The next turn is heard where it is spoken.
     later = driver.append(voiced(1000), chunk_ms=100)
     restarted = next(e for e in later if e["type"] == "input_audio_buffer.speech_started")

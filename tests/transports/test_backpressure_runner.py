@@ -11,7 +11,12 @@ import pytest
 
 from hark.config import Settings
 from hark.engines.registry import Engines, build_engines
-from hark.session.runner import BACKLOG_EXCEEDED, SessionRunner
+from hark.session.runner import (
+    BACKLOG_EXCEEDED,
+    MAX_BACKLOG_BYTES,
+    MAX_BACKLOG_EVENTS,
+    SessionRunner,
+)
 
 
 @pytest.fixture
@@ -22,10 +27,10 @@ async def engines() -> Any:
 
 
 async def stalled_runner(
-    engines: Engines, **bounds: int
+    engines: Engines, events: int, size: int
 ) -> tuple[SessionRunner, list[str], asyncio.Event]:
     """A runner whose transport never takes an event (a peer that stopped reading)."""
-    runner = SessionRunner(engines, model="m", **bounds)
+    runner = SessionRunner(engines, model="m", max_backlog_events=events, max_backlog_bytes=size)
     reasons: list[str] = []
     stalled = asyncio.Event()
 
@@ -43,16 +48,16 @@ async def drain(runner: SessionRunner) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize(
-    ("bounds", "named"),
+    ("events", "size", "named"),
     [
-        ({"max_backlog_bytes": 64 * 1024}, "65536 bytes"),
-        ({"max_backlog_events": 20}, "20 events"),
+        (MAX_BACKLOG_EVENTS, 64 * 1024, "65536 bytes"),
+        (20, MAX_BACKLOG_BYTES, "20 events"),
     ],
 )
 async def test_a_backlog_past_its_bound_ends_the_session_with_one_error(
-    engines: Engines, bounds: dict[str, int], named: str
+    engines: Engines, events: int, size: int, named: str
 ) -> None:
-    runner, reasons, stalled = await stalled_runner(engines, **bounds)
+    runner, reasons, stalled = await stalled_runner(engines, events, size)
     # Each reply is seconds of audio deltas of 6 KiB: the backlog passes either bound.
     for _ in range(20):
         runner.receive_text(json.dumps({"type": "response.create"}))
@@ -60,10 +65,10 @@ async def test_a_backlog_past_its_bound_ends_the_session_with_one_error(
         if stalled.is_set():
             break
     await asyncio.wait_for(stalled.wait(), 30)
-    events = await asyncio.wait_for(drain(runner), 30)
+    sent = await asyncio.wait_for(drain(runner), 30)
     # What waited is dropped: the error comes alone, and then the stream ends.
-    assert [event["type"] for event in events] == ["error"]
-    error = events[0]["error"]
+    assert [event["type"] for event in sent] == ["error"]
+    error = sent[0]["error"]
     assert error["code"] == BACKLOG_EXCEEDED
     assert "not reading" in error["message"] and named in error["message"]
     assert len(reasons) == 1 and "not reading" in reasons[0]

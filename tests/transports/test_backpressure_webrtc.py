@@ -20,7 +20,7 @@ from .conftest import API_KEY, RtcServer, until
 from .test_backpressure_audio import count
 
 
-def stop_reading(client: CallClient) -> None:
+def stop_reading(client: CallClient, monkeypatch: pytest.MonkeyPatch) -> None:
     """The caller's SCTP drops the data the server sends, unacknowledged, as a peer that
     stopped reading leaves it unacknowledged: the server's window closes."""
     sctp = client.pc.sctp
@@ -31,7 +31,7 @@ def stop_reading(client: CallClient) -> None:
         if not isinstance(chunk, DataChunk):
             await receive(chunk)
 
-    sctp._receive_chunk = deaf
+    monkeypatch.setattr(sctp, "_receive_chunk", deaf)
 
 
 async def test_a_caller_whose_data_channel_backs_up_is_hung_up(
@@ -46,7 +46,7 @@ async def test_a_caller_whose_data_channel_backs_up_is_hung_up(
     await client.connect(http, rtc_server.url, api_key=API_KEY)
     await client.next_event("session.created")
     call_id = client.call_id or ""
-    stop_reading(client)
+    stop_reading(client, monkeypatch)
     ask = {"type": "response.create", "response": {"output_modalities": ["text"]}}
     for _ in range(400):
         if rtc_server.calls.get(call_id) is None:
