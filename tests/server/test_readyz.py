@@ -82,3 +82,31 @@ async def test_readyz_is_degraded_while_the_vad_fails_and_ready_once_it_works_ag
         # The session went on: it still answers.
         await ws.send_str(json.dumps({"type": "session.update", "session": {}}))
         assert (await next_event(ws))["type"] == "session.updated"
+
+
+async def test_a_degraded_worker_without_sessions_tries_its_vad_again_when_asked(
+    start_server: StartServer, http: aiohttp.ClientSession
+) -> None:
+    model = FlakyVadModel()
+    engines = dataclasses.replace(
+        engines_sharing_turn(Settings(engines="fake")), vad=BatchedSileroVad(model=model)
+    )
+    server = await start_server(KEYED, engines)
+    await wait_ready(http, server)
+    async with http.ws_connect(server.ws_url, headers=bearer(API_KEY)) as ws:
+        assert (await next_event(ws))["type"] == "session.created"
+        model.failing.set()
+        await ws.send_str(silence(0.2))
+        assert (await next_event(ws))["error"]["code"] == "vad_failed"
+    # No session is left to send audio (a degraded worker gets no new ones), and the VAD
+    # still fails: asking /readyz tries it, and it stays degraded.
+    rows = model.rows
+    status, body = await readyz(http, server)
+    assert (status, body["status"]) == (503, "degraded")
+    assert await asyncio.to_thread(model.wait_rows, rows + 1)
+    assert (await readyz(http, server))[0] == 503
+
+    # Once the model works, the next probe finds it so.
+    model.failing.clear()
+    await wait_ready(http, server)
+    assert await readyz(http, server) == (200, {"status": "ready"})

@@ -7,15 +7,20 @@ its next success. A thread that dies is started again by its owner, which says s
 observers (the server's metrics) count the restarts.
 
 The record is process-wide, like the engines' threads it describes (see also
-:mod:`hark.engines.activity`): a part is listed only while it is degraded.
+:mod:`hark.engines.activity`): a part is listed only while it is degraded. A degraded worker
+gets no new sessions, so a part need not wait for traffic to show it works again: one that
+has a probe (a request of its own, such as a chunk of silence for the VAD) is tried whenever
+``/readyz`` is asked (:func:`probe_degraded`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
 import weakref
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 __all__ = [
@@ -25,6 +30,7 @@ __all__ = [
     "degraded",
     "describe",
     "pause",
+    "probe_degraded",
     "restart_delay",
     "watch",
 ]
@@ -36,6 +42,8 @@ _MAX_PROBLEM = 200
 # A thread that dies again at once waits before its next start: it must not spin.
 _FIRST_RESTART_DELAY_S = 0.01
 _MAX_RESTART_DELAY_S = 5.0
+# A probe that takes longer than this has failed (the part stays degraded).
+_PROBE_TIMEOUT_S = 10.0
 
 
 class EngineThreadCrashedError(RuntimeError):
@@ -59,10 +67,13 @@ class EngineHealth:
     success.
     """
 
-    def __init__(self, engine: str) -> None:
-        """``engine``: the kind it belongs to, as ``/readyz`` names it (``vad``, ``asr`` …)."""
+    def __init__(self, engine: str, probe: Callable[[], Awaitable[object]] | None = None) -> None:
+        """``engine``: the kind it belongs to, as ``/readyz`` names it (``vad``, ``llama`` …).
+        ``probe``: a request of the part's own, whose success calls :meth:`working`."""
         self.engine = engine
         self.restarts = 0
+        self._probe = probe
+        self._probing = False
         self._problem: str | None = None
         self._consecutive_restarts = 0
 
@@ -109,6 +120,15 @@ class EngineHealth:
         with _LOCK:
             _DEGRADED.pop(self, None)
 
+    async def _run_probe(self, probe: Callable[[], Awaitable[object]]) -> None:
+        try:
+            async with asyncio.timeout(_PROBE_TIMEOUT_S):
+                await probe()
+        except Exception as exc:
+            _log.info("the %s engine is still failing: %s", self.engine, describe(exc))
+        finally:
+            self._probing = False
+
 
 def describe(error: BaseException) -> str:
     """A short description of ``error`` for ``/readyz`` and error events."""
@@ -131,6 +151,23 @@ def degraded() -> dict[str, str]:
     return {health.engine: problem for health, problem in parts}
 
 
+def probe_degraded() -> None:
+    """Start the probe of every degraded part that has one and is not being probed already,
+    on the running loop; the answer shows in :func:`degraded` once the probe gets through."""
+    with _LOCK:
+        parts = [
+            (part, part._probe)
+            for part in _DEGRADED
+            if part._probe is not None and not part._probing
+        ]
+        for part, _ in parts:
+            part._probing = True
+    for part, probe in parts:
+        task = asyncio.create_task(part._run_probe(probe), name=f"probe {part.engine}")
+        _PROBES.add(task)
+        task.add_done_callback(_PROBES.discard)
+
+
 def watch(observer: RestartObserver) -> None:
     """Tell ``observer`` about every restart from now on, for as long as it lives."""
     with _LOCK:
@@ -147,3 +184,5 @@ _LOCK = threading.Lock()
 # The parts degraded now, with their problem (an engine with several shows one of them).
 _DEGRADED: dict[EngineHealth, str] = {}
 _OBSERVERS: weakref.WeakSet[RestartObserver] = weakref.WeakSet()
+# Probes running, kept until they end.
+_PROBES: set[asyncio.Task[None]] = set()

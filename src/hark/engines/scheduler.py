@@ -33,6 +33,10 @@ _T = TypeVar("_T")
 _log = logging.getLogger(__name__)
 
 
+def _nothing() -> None:
+    pass
+
+
 class SchedulerFullError(RuntimeError):
     """More calls wait than the scheduler holds; the caller's request fails, not the others'."""
 
@@ -65,8 +69,11 @@ class DueFirstScheduler:
         self._heap: list[tuple[float, int, concurrent.futures.Future[Any], Callable[[], Any]]] = []
         self._order = itertools.count()
         self._started = 0
-        # Named as /readyz and the restart metric show it: "hark-piper" is "piper".
-        self.health = health.EngineHealth(name.removeprefix("hark-"))
+        # Named as /readyz and the restart metric show it: "hark-piper" is "piper". While
+        # degraded, /readyz sends a call that does nothing through a thread.
+        self.health = health.EngineHealth(
+            name.removeprefix("hark-"), probe=lambda: self.run(0.0, _nothing)
+        )
 
     @property
     def threads(self) -> int:
@@ -138,7 +145,7 @@ class DueFirstScheduler:
                 )
                 return
             else:
-                future.set_result(result)
                 self.health.working()
+                future.set_result(result)
             # Drop the references before waiting: a finished request must not stay alive here.
             del future, call

@@ -20,6 +20,7 @@ two runs of one request can part after a few dozen greedy tokens.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import threading
@@ -96,6 +97,32 @@ class Job:
 
     def done(self) -> None:
         """The job has left the scheduler (finished, or a prefill made unnecessary)."""
+
+
+class _Probe(Job):
+    """A job with nothing to do: its leaving shows the thread serves."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.left: asyncio.Future[None] = self._loop.create_future()
+
+    def plan(self, model: LlamaModel) -> Plan | None:
+        return None
+
+    def failed(self, error: BaseException) -> None:
+        self._loop.call_soon_threadsafe(_settle, self.left, error)
+
+    def done(self) -> None:
+        self._loop.call_soon_threadsafe(_settle, self.left, None)
+
+
+def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
 
 
 @dataclass(eq=False, slots=True)
@@ -190,7 +217,8 @@ class BatchScheduler:
         self._running: list[_Task] = []
         self._order = itertools.count()
         self._departures = 0
-        self.health = health.EngineHealth("llama")
+        # While degraded, /readyz sends a job with nothing to do through the thread.
+        self.health = health.EngineHealth("llama", probe=self._probe)
 
     # ------------------------------------------------------------------ any thread
 
@@ -219,6 +247,12 @@ class BatchScheduler:
         if thread is not None:
             thread.join()
 
+    async def _probe(self) -> None:
+        """Hand the thread a job with nothing to do, and wait for it to leave."""
+        probe = _Probe()
+        self.submit(probe)
+        await probe.left
+
     @property
     def closed(self) -> bool:
         """Whether :meth:`close` was called, or the model failed to load."""
@@ -242,7 +276,7 @@ class BatchScheduler:
         crash: BaseException | None = None
         try:
             while self._cycle():
-                self.health.working()
+                pass
         except BaseException as exc:
             log.exception("the LLM thread died; starting it again")
             crash = exc
@@ -334,7 +368,7 @@ class BatchScheduler:
         try:
             plan = job.plan(self._model)
             if plan is None:
-                job.done()
+                self._served(job)
                 return
             sampler = None
             if plan.reader is not None:
@@ -370,7 +404,12 @@ class BatchScheduler:
 
     def _leave(self, task: _Task) -> None:
         self._drop(task)
-        task.job.done()
+        self._served(task.job)
+
+    def _served(self, job: Job) -> None:
+        """``job`` leaves, done: the thread works (said before the job's owner hears)."""
+        self.health.working()
+        job.done()
 
     def _fail(self, task: _Task, error: BaseException) -> None:
         self._drop(task)
@@ -397,7 +436,7 @@ class BatchScheduler:
                 if task.sampler is not None:
                     task.sampler.close()
                     task.sampler = None
-                task.job.done()
+                self._served(task.job)
                 continue
             sequence.busy = True
             task.sequence = sequence

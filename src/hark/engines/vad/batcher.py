@@ -184,7 +184,8 @@ class BatchedSileroVad:
             raise ValueError(f"max_queued must be at least 1, got {max_queued}")
         self.max_batch = max_batch
         self.max_queued = max_queued
-        self.health = health.EngineHealth("vad")
+        # While degraded, /readyz tries a chunk of silence (the model's own answer shows it works).
+        self.health = health.EngineHealth("vad", probe=self._silence)
         self.max_wait_s = max_wait_ms / 1000
         self.sample_rate = model_rate
         self._observer: BatchObserver | None = None
@@ -245,6 +246,10 @@ class BatchedSileroVad:
     async def warmup(self) -> None:
         """Load the model and run one silent chunk through the batcher."""
         await asyncio.to_thread(self._load)
+        await self._silence()
+
+    async def _silence(self) -> float:
+        """Run one silent chunk through the batcher; raises if the model fails on it."""
         done: asyncio.Future[float] = asyncio.get_running_loop().create_future()
 
         def result(probability: float, epoch: int) -> None:
@@ -258,7 +263,7 @@ class BatchedSileroVad:
         stream = self.open_stream(result, missed)
         try:
             stream.push(np.zeros(self._chunk, dtype=np.int16), 0)
-            await done
+            return await done
         finally:
             stream.close()
 

@@ -38,6 +38,8 @@ async def readyz(request: web.Request) -> web.Response:
     degraded = health.degraded()
     if degraded and status == "ready":
         status = "degraded"
+        # No new sessions come to a degraded worker: its engines are tried without them.
+        health.probe_degraded()
     body: dict[str, object] = {"status": status}
     if status == "degraded":
         body["engines"] = degraded
