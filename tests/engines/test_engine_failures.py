@@ -21,6 +21,7 @@ from hark.engines.asr import Urgency
 from hark.engines.asr.scheduler import AsrScheduler
 from hark.engines.health import EngineThreadCrashedError
 from hark.engines.scheduler import DueFirstScheduler
+from hark.engines.stage_timeouts import StageTimeoutError, limit
 from hark.engines.vad import silero_gemm
 from hark.engines.vad.batcher import BatchedSileroVad, BatchObserver
 from hark.engines.vad.silero import CHUNK_SAMPLES, SAMPLE_RATE, model_path
@@ -276,3 +277,16 @@ async def test_a_vad_thread_that_dies_after_answering_is_started_again(
     assert engine.health.restarts == 1
     assert "vad" not in health.degraded()
     stream.close()
+
+
+async def test_a_stage_limit_names_its_stage_and_lets_an_engines_own_timeout_through() -> None:
+    with pytest.raises(StageTimeoutError, match="TTS clause timed out") as stalled:
+        async with limit(0.01, "TTS clause"):
+            await asyncio.Event().wait()
+    assert stalled.value.stage == "TTS clause"
+
+    # A timeout of the engine's own (a remote server's) is its error, not the stage limit's.
+    with pytest.raises(TimeoutError, match="the server took too long") as own:
+        async with limit(LIVENESS_S, "ASR request"):
+            raise TimeoutError("the server took too long")
+    assert not isinstance(own.value, StageTimeoutError)
