@@ -68,6 +68,7 @@ IMAGE_TOKENS = 800
 # others say "context length" or "context window" in their own words.
 _CONTEXT_ERROR = re.compile(r"context[ _](?:length|window)|maximum context", re.I)
 _CONTEXT_SIZE = re.compile(r"maximum context length is (\d+)")
+_REQUESTED = re.compile(r"(\d+) in the messages")
 
 
 class LlmError(Exception):
@@ -83,19 +84,30 @@ class LlmError(Exception):
         return self.status in (None, 400, 413) and bool(_CONTEXT_ERROR.search(str(self)))
 
 
+def estimate_tokens(text: str) -> int:
+    """Tokens in ``text`` without the backend's tokenizer: a token a digit (many tokenizers
+    split numbers so) and one per three other bytes, more than common tokenizers take for
+    English (about four)."""
+    digits = sum(c.isdigit() for c in text)
+    return digits + math.ceil((len(text.encode()) - digits) / 3)
+
+
 class EstimatedTokens:
-    """A ``TokenCounter`` without the backend's tokenizer: a token per three bytes of text,
-    which is more than common tokenizers take for English (about four), plus each message's
-    role markers and ``IMAGE_TOKENS`` an image."""
+    """A ``TokenCounter`` by :func:`estimate_tokens`, each message's role markers and
+    ``IMAGE_TOKENS`` an image, times ``scale`` (learnt from a backend's refusal that said how
+    many tokens a prompt really took)."""
+
+    def __init__(self, scale: float = 1.0) -> None:
+        self.scale = scale
 
     def message(self, message: ChatMessage) -> int:
-        calls = sum(len(c.name) + len(c.arguments.encode()) + 8 for c in message.tool_calls)
-        text = math.ceil((len(message.content.encode()) + calls) / 3)
-        return text + 5 + IMAGE_TOKENS * len(message.images)
+        calls = "".join(c.name + c.arguments for c in message.tool_calls)
+        tokens = estimate_tokens(message.content + calls) + 5 + 8 * len(message.tool_calls)
+        return math.ceil(self.scale * (tokens + IMAGE_TOKENS * len(message.images)))
 
     def prompt(self, messages: Sequence[ChatMessage], tools: Sequence[FunctionTool]) -> int:
-        schema = sum(len(json.dumps(tool_to_openai(t)).encode()) for t in tools)
-        return sum(self.message(m) for m in messages) + math.ceil(schema / 3) + 3
+        schema = estimate_tokens("".join(json.dumps(tool_to_openai(t)) for t in tools))
+        return sum(self.message(m) for m in messages) + math.ceil(self.scale * schema) + 3
 
 
 @dataclass(slots=True)
@@ -195,6 +207,7 @@ class OpenAICompatibleLlm:
         self.connect_attempts = connect_attempts
         self.context_tokens = context_tokens
         self._models_read = context_tokens is not None
+        self._counter = EstimatedTokens()
         self._endpoint = OpenAIHttp(
             "LLM",
             api_key=api_key,
@@ -285,8 +298,9 @@ class OpenAICompatibleLlm:
         budget = math.inf if context is None else context - self.reply_reserve(request, context)
         if harder_than is not None:
             budget = min(budget, harder_than * 2 // 3)
-        counter = EstimatedTokens()
-        messages = fit(request.messages, request.tools, counter, int(budget), request.truncation)
+        messages = fit(
+            request.messages, request.tools, self._counter, int(budget), request.truncation
+        )
         return dataclasses.replace(request, messages=messages)
 
     async def generate(
@@ -311,17 +325,28 @@ class OpenAICompatibleLlm:
         except LlmError as exc:
             if not exc.context_exceeded:
                 raise
-            stated = _CONTEXT_SIZE.search(str(exc))
-            if stated and self.context_tokens is None:
-                self.context_tokens = int(stated.group(1))
             logger.info("LLM endpoint %s: the prompt exceeds its context, truncating", self)
-            refused = EstimatedTokens().prompt(sent.messages, sent.tools)
+            refused = self._counter.prompt(sent.messages, sent.tools)
+            harder_than = self._learn(str(exc), refused)
         try:
-            retry = self.truncated(request, harder_than=refused)
+            retry = self.truncated(request, harder_than=harder_than)
         except ContextOverflow as overflow:
             raise ContextOverflow(f"{overflow} (the LLM endpoint refused the prompt)") from None
         async for event in self._attempt(retry, extra_body):
             yield event
+
+    def _learn(self, refusal: str, estimated: int) -> int | None:
+        """What a refusal says: the context size, and how many tokens the prompt (estimated at
+        ``estimated``) really took, which corrects the estimate. Returns the estimate of the
+        refused prompt when it said neither, so that the next is cut by a third."""
+        stated = _CONTEXT_SIZE.search(refusal)
+        if stated and self.context_tokens is None:
+            self.context_tokens = int(stated.group(1))
+        requested = _REQUESTED.search(refusal)
+        if requested:
+            real = int(requested.group(1))
+            self._counter.scale = max(self._counter.scale, self._counter.scale * real / estimated)
+        return None if stated and requested else estimated
 
     async def _attempt(
         self, request: GenerationRequest, extra_body: dict[str, Any] | None
