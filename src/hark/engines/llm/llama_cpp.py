@@ -57,6 +57,8 @@ from hark.engines.llm.tool_grammar import arguments_gbnf, tool_call_gbnf
 from hark.engines.llm.truncation import fit
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# Messages whose token counts are kept for truncation: some hundred sessions' recent turns.
+MESSAGE_SIZES = 8192
 WARMUP_SYSTEM_PROMPT = "You are a helpful voice assistant. Answer in one short sentence."
 
 _FinishReason = Literal["stop", "length", "tool_calls"]
@@ -421,7 +423,7 @@ class _Prefill(Job):
         tools = request.tools if request.tool_choice.mode != "none" else ()
         try:
             # The next generation's prompt, so that what is read now is its beginning.
-            messages = self.engine.fit(model, request, tools, "")
+            _, messages = self.engine.fit(model, request, tools, "")
         except ValueError:
             return None
         text = render_chatml(messages, tools, default_system=DEFAULT_SYSTEM_PROMPT)
@@ -508,6 +510,7 @@ class LlamaCppLlm:
         )
         self._batcher: BatchScheduler | None = None
         self._closed = False
+        self._message_tokens: collections.OrderedDict[ChatMessage, int] = collections.OrderedDict()
 
     async def warmup(self) -> None:
         """Load the model and generate a couple of tokens on a typical voice-assistant prompt."""
@@ -605,13 +608,15 @@ class LlamaCppLlm:
         request: GenerationRequest,
         tools: tuple[FunctionTool, ...],
         prefix: str,
-    ) -> tuple[ChatMessage, ...]:
+    ) -> tuple[list[int], tuple[ChatMessage, ...]]:
         """The messages of ``request`` that fit the context with the reply's reserve, as the
         request's ``truncation`` says (:func:`hark.engines.llm.truncation.fit`), counted with
-        the model's own tokenizer. Raises ``ContextOverflow`` when they cannot."""
-        counter = _ChatmlCounter(model, prefix)
+        the model's own tokenizer, and their prompt's tokens. Raises ``ContextOverflow`` when
+        they cannot fit. Runs on the scheduler thread, the only one to use the counts kept."""
+        counter = _ChatmlCounter(model, prefix, self._message_tokens)
         budget = self.n_ctx - self.reply_reserve(request)
-        return fit(request.messages, tools, counter, budget, request.truncation)
+        messages = fit(request.messages, tools, counter, budget, request.truncation)
+        return counter.tokens(messages, tools), messages
 
     def prompt(
         self,
@@ -622,11 +627,7 @@ class LlamaCppLlm:
     ) -> tuple[list[int], int]:
         """The prompt's tokens after truncation, and the number of tokens the reply may take
         (the client's limit or the engine's hard ceiling, within what the context leaves)."""
-        messages = self.fit(model, request, tools, prefix)
-        text = render_chatml(
-            messages, tools, default_system=DEFAULT_SYSTEM_PROMPT, assistant_prefix=prefix
-        )
-        tokens = model.tokenize(text)
+        tokens, _ = self.fit(model, request, tools, prefix)
         limit = request.max_tokens or hard_ceiling(self.max_tokens_default)
         return tokens, min(limit, self.n_ctx - len(tokens))
 
@@ -645,22 +646,44 @@ class LlamaCppLlm:
 
 
 class _ChatmlCounter:
-    """Counts a ChatML prompt's tokens with the model's tokenizer (a ``TokenCounter``)."""
+    """Counts a ChatML prompt's tokens with the model's tokenizer (a ``TokenCounter``).
 
-    def __init__(self, model: LlamaModel, prefix: str) -> None:
+    A message's count is kept in ``sizes`` (least recently used first, at most
+    ``MESSAGE_SIZES`` of them), so that a long conversation's next turn counts only its new
+    messages; the last prompt's tokens are kept, for the prompt that is then read.
+    """
+
+    def __init__(
+        self, model: LlamaModel, prefix: str, sizes: collections.OrderedDict[ChatMessage, int]
+    ) -> None:
         self.model = model
         self.prefix = prefix
+        self.sizes = sizes
         self._empty = len(model.tokenize(render_chatml((), default_system="")))
+        self._last: tuple[str, list[int]] = ("", [])
 
-    def prompt(self, messages: Sequence[ChatMessage], tools: Sequence[FunctionTool]) -> int:
+    def tokens(self, messages: Sequence[ChatMessage], tools: Sequence[FunctionTool]) -> list[int]:
+        """The prompt's tokens."""
         text = render_chatml(
             messages, tools, default_system=DEFAULT_SYSTEM_PROMPT, assistant_prefix=self.prefix
         )
-        return len(self.model.tokenize(text))
+        if self._last[0] != text:
+            self._last = (text, self.model.tokenize(text))
+        return self._last[1]
+
+    def prompt(self, messages: Sequence[ChatMessage], tools: Sequence[FunctionTool]) -> int:
+        return len(self.tokens(messages, tools))
 
     def message(self, message: ChatMessage) -> int:
-        text = render_chatml((message,), default_system="")
-        return len(self.model.tokenize(text)) - self._empty
+        size = self.sizes.get(message)
+        if size is None:
+            text = render_chatml((message,), default_system="")
+            size = self.sizes[message] = len(self.model.tokenize(text)) - self._empty
+            if len(self.sizes) > MESSAGE_SIZES:
+                self.sizes.popitem(last=False)
+        else:
+            self.sizes.move_to_end(message)
+        return size
 
 
 def _beyond_tool_calls(text: str) -> bool:

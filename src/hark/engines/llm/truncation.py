@@ -56,21 +56,24 @@ def fit(
     """
     head = 1 if messages and messages[0].role == "system" else 0
     instructions, conversation = tuple(messages[:head]), tuple(messages[head:])
-    whole = counter.prompt(messages, tools)
-    if whole <= budget:
-        return tuple(messages)
     fixed = counter.prompt(instructions, tools)
     if fixed > budget:
         raise ContextOverflow(
             f"the instructions and tool definitions take {fixed} tokens, more than the "
             f"{budget} the model's context leaves for the prompt"
         )
+    # The messages' own counts first: a long conversation is not measured whole for nothing.
+    costs = [counter.message(m) for m in conversation]
+    whole = fixed + sum(costs)
+    if whole <= budget:
+        whole = counter.prompt(messages, tools)
+        if whole <= budget:
+            return tuple(messages)
     if truncation.mode == "disabled":
         raise ContextOverflow(
             f"the conversation ({whole} tokens) no longer fits the model's context ({budget} "
             "tokens for the prompt) and truncation is disabled"
         )
-    costs = [counter.message(m) for m in conversation]
     limit = budget - fixed
     for _ in range(_VERIFY_ROUNDS):
         cut = choose_cut(conversation, costs, limit, truncation)
