@@ -57,6 +57,7 @@ NOT_IN_SDK = {"transcription_session.updated"}
 PLAYOUT = {"output_audio_buffer.started", "output_audio_buffer.stopped"}
 PLAYOUT |= {"output_audio_buffer.cleared"}
 UNKNOWN_RESPONSE = "resp_unknown"
+TEXT_REPLIES = {"type": "realtime", "output_modalities": ["text"]}
 REASONS: tuple[Literal["stop", "length", "tool_calls"], ...] = ("stop", "length", "tool_calls")
 WORDS = st.sampled_from(["", "hello", "What is the capital of France?", " a", "\u00e9t\u00e9 ?"])
 
@@ -302,11 +303,11 @@ class SessionMachine(RuleBasedStateMachine):
     @initialize(
         plays_audio=st.booleans(),
         limit_s=st.sampled_from([60.0, 3600.0]),
-        text_first=st.booleans(),
+        text_replies=st.booleans(),
     )
-    def start(self, plays_audio: bool, limit_s: float, text_first: bool) -> None:
+    def start(self, plays_audio: bool, limit_s: float, text_replies: bool) -> None:
         """A session on a WebSocket (the client plays audio) or on WebRTC/SIP (the server
-        does), with a short session limit or the usual hour."""
+        does), with a short session limit or the usual hour, replying in audio or text."""
         self.plays_audio = plays_audio
         self.session = Session(
             model="gpt-realtime",
@@ -319,12 +320,13 @@ class SessionMachine(RuleBasedStateMachine):
         )
         self.session.start()
         self.collect()
-        if text_first:
-            self.send(json.dumps({"type": "session.update", "session": {"type": "realtime"}}))
+        if text_replies:
+            self.send(json.dumps({"type": "session.update", "session": TEXT_REPLIES}))
 
     # ------------------------------------------------------------ plumbing and checks
 
     def send(self, data: str | bytes) -> None:
+        """A client text frame."""
         self.session.receive(data, now=self.now)
         self.collect()
 
@@ -365,6 +367,7 @@ class SessionMachine(RuleBasedStateMachine):
                 self.closed = True
 
     def check_event(self, event: ServerEvent) -> None:
+        """Check one server event against the SDK's type and what came before it."""
         text = encode_event(event)
         body = json.loads(text)
         kind = body["type"]
