@@ -5,6 +5,7 @@ Results come back through the core's ``on_*`` methods.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -196,6 +197,18 @@ class CloseMcpServer:
 
 
 @dataclass(frozen=True, slots=True)
+class Denoise:
+    """Run ``denoise`` on ``pcm`` (input audio, int16 at the input rate) off the event loop;
+    answer with ``on_denoised(job_id, pcm)``, or ``on_denoise_failed(job_id, message)`` when
+    it raises. The core holds the session's later client input until then, so at most one
+    job per session runs, and its denoiser's stream stays in order."""
+
+    job_id: str
+    pcm: npt.NDArray[np.int16]
+    denoise: Callable[[npt.NDArray[np.int16]], npt.NDArray[np.int16]]
+
+
+@dataclass(frozen=True, slots=True)
 class CountDroppedAudio:
     """Input audio was dropped (``samples`` of it, at the input rate, from one chunk): the
     input buffer was full. For the driver's metrics; nothing to answer."""
@@ -228,6 +241,7 @@ Action = (
     | ListMcpTools
     | CallMcpTool
     | CloseMcpServer
+    | Denoise
     | CountDroppedAudio
     | Close
 )

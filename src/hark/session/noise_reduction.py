@@ -49,18 +49,25 @@ class NoiseReduction:
         """Whether input audio is being denoised."""
         return self._denoiser is not None
 
-    def apply(self, pcm: npt.NDArray[np.int16], rate: int) -> npt.NDArray[np.int16]:
-        """The input audio ``pcm`` (at ``rate``) as the buffer should hear it."""
-        config = self._config()
-        if config is None or config.type is None or wet_share(config) <= 0.0:
+    def denoiser(self, rate: int) -> Denoiser | None:
+        """The stream that denoises input audio at ``rate`` under the current setting, or None
+        when noise reduction is off. Its state carries from one chunk to the next, so chunks
+        must reach it one at a time and in order, on whatever thread."""
+        share = wet_share(self._config())
+        if share <= 0.0:
             self.close()
-            return pcm
+            return None
         denoiser = self._denoiser
         if denoiser is None or denoiser.rate != rate:
             self.close()
             denoiser = self._denoiser = Denoiser(rate)
-        denoiser.wet = wet_share(config)
-        return denoiser.process(pcm)
+        denoiser.wet = share
+        return denoiser
+
+    def apply(self, pcm: npt.NDArray[np.int16], rate: int) -> npt.NDArray[np.int16]:
+        """The input audio ``pcm`` (at ``rate``) as the buffer should hear it."""
+        denoiser = self.denoiser(rate)
+        return pcm if denoiser is None else denoiser.process(pcm)
 
     def close(self) -> None:
         """Free the denoiser, if there is one."""
