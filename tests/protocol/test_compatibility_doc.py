@@ -236,3 +236,79 @@ def test_the_parser_sees_a_missing_or_repeated_row() -> None:
     doubled = page.replace(first, f"{first}\n{first}", 1)
     with pytest.raises(AssertionError, match="more than once"):
         check_listing(doc_table("Client events", doubled), known, "client events")
+
+
+ISSUE_16 = "Issue 16: fidelity and hardening"
+ISSUE_16_POINTS = {str(n) for n in range(1, 15)}
+
+
+def issue_table(heading: str, text: str) -> list[list[str]]:
+    """The cells of each body row of the first table after ``## heading`` in ``text``."""
+    lines = text.splitlines()
+    assert f"## {heading}" in lines, f"docs/compatibility.md has no '## {heading}' section"
+    rows: list[list[str]] = []
+    for line in lines[lines.index(f"## {heading}") + 1 :]:
+        if line.startswith("## ") or (rows and not line.startswith("|")):
+            break
+        if line.startswith("|"):
+            rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+    # The header row and the |---| separator come first.
+    return rows[2:]
+
+
+def top_level_names(path: Path) -> set[str]:
+    """The functions, classes and assigned names a test module defines at its top level."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return names
+
+
+def check_issue_table(rows: list[list[str]], points: set[str]) -> None:
+    """Each point listed once with a status, a note, and tests that exist."""
+    assert all(len(row) == 4 for row in rows), "a row has point, status, note and tests"
+    counts = Counter(row[0] for row in rows)
+    repeated = sorted(point for point, n in counts.items() if n > 1)
+    assert not repeated, f"points listed more than once: {repeated}"
+    missing = sorted(points - counts.keys(), key=int)
+    assert not missing, f"points missing from the issue table: {missing}"
+    assert counts.keys() <= points, f"points the issue does not have: {counts.keys() - points}"
+    for point, status, note, tests in rows:
+        assert status in STATUSES, f"point {point}: status {status!r} is not one of {STATUSES}"
+        assert note, f"point {point} has no note"
+        cited = re.findall(r"`([^`]+)`", tests)
+        assert cited, f"point {point} names no test"
+        for test in cited:
+            path, _, name = test.partition("::")
+            file = ROOT / path
+            assert path.startswith("tests/") and file.name.startswith("test_"), (
+                f"point {point}: {test} is not a test file"
+            )
+            assert file.is_file(), f"point {point}: {path} does not exist"
+            defined = top_level_names(file)
+            assert any(n.startswith(("test_", "Test")) for n in defined), (
+                f"point {point}: {path} holds no test"
+            )
+            assert not name or name in defined, f"point {point}: {path} has no {name}"
+
+
+def test_every_point_of_issue_16_is_listed_once_with_tests_that_exist() -> None:
+    check_issue_table(issue_table(ISSUE_16, DOC.read_text(encoding="utf-8")), ISSUE_16_POINTS)
+
+
+def test_the_issue_table_check_sees_a_missing_point_or_a_test_that_is_gone() -> None:
+    page = DOC.read_text(encoding="utf-8")
+    dropped = re.sub(r"^\| 7 \|.*\n", "", page, flags=re.MULTILINE)
+    with pytest.raises(AssertionError, match="missing"):
+        check_issue_table(issue_table(ISSUE_16, dropped), ISSUE_16_POINTS)
+    gone = page.replace("`tests/session/test_fidelity.py`", "`tests/session/test_gone.py`", 1)
+    with pytest.raises(AssertionError, match="does not exist"):
+        check_issue_table(issue_table(ISSUE_16, gone), ISSUE_16_POINTS)
+    renamed = page.replace(
+        "::test_intents_and_transcription_client_secrets", "::test_renamed_away", 1
+    )
+    with pytest.raises(AssertionError, match="has no test_renamed_away"):
+        check_issue_table(issue_table(ISSUE_16, renamed), ISSUE_16_POINTS)
