@@ -64,11 +64,12 @@ _FINISH_REASONS: dict[str, Literal["stop", "length", "tool_calls"]] = {
 REPLY_RESERVE = 512
 # An image's tokens, roughly, in the vision models vLLM serves (a few hundred to a thousand).
 IMAGE_TOKENS = 800
-# vLLM, llama.cpp's server and OpenAI say "maximum context length is N tokens"; SGLang and
-# others say "context length" or "context window" in their own words.
-_CONTEXT_ERROR = re.compile(r"context[ _](?:length|window)|maximum context", re.I)
-_CONTEXT_SIZE = re.compile(r"maximum context length is (\d+)")
-_REQUESTED = re.compile(r"(\d+) in the messages")
+# vLLM, llama-cpp-python and OpenAI say "maximum context length is N tokens ... (M in the
+# messages"; llama.cpp's llama-server "request (M tokens) exceeds the available context size
+# (N tokens)"; SGLang and others "context length" or "context window" in their own words.
+_CONTEXT_ERROR = re.compile(r"context[ _](?:length|window|size)|maximum context", re.I)
+_CONTEXT_SIZE = re.compile(r"maximum context length is (\d+)|context size \((\d+) tokens\)")
+_REQUESTED = re.compile(r"(\d+) in the messages|request \((\d+) tokens\)")
 
 
 class LlmError(Exception):
@@ -341,10 +342,10 @@ class OpenAICompatibleLlm:
         refused prompt when it said neither, so that the next is cut by a third."""
         stated = _CONTEXT_SIZE.search(refusal)
         if stated and self.context_tokens is None:
-            self.context_tokens = int(stated.group(1))
+            self.context_tokens = int(stated.group(1) or stated.group(2))
         requested = _REQUESTED.search(refusal)
         if requested:
-            real = int(requested.group(1))
+            real = int(requested.group(1) or requested.group(2))
             self._counter.scale = max(self._counter.scale, self._counter.scale * real / estimated)
         return None if stated and requested else estimated
 
