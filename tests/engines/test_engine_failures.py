@@ -37,8 +37,8 @@ class ThreadKiller(BaseException):
 class FlakyVadModel:
     """The real Silero model at 16 kHz, that fails on command.
 
-    While ``failing`` is set every batch raises ``RuntimeError``; ``kill_next`` makes the next
-    batch raise ``ThreadKiller``; with a ``gate``, each batch waits for it (after setting
+    While ``failing`` is set every batch raises ``RuntimeError(message)``; ``kill_next`` makes
+    the next batch raise ``ThreadKiller``; with a ``gate``, each batch waits for it (after setting
     ``entered``), as a stalled model would. ``rows`` counts the chunks it has run or failed
     on (``wait_rows`` waits for a count).
     """
@@ -46,6 +46,7 @@ class FlakyVadModel:
     def __init__(self) -> None:
         self.model = silero_gemm.load(model_path())[SAMPLE_RATE]
         self.failing = threading.Event()
+        self.message = "the model is broken"
         self.kill_next = threading.Event()
         self.gate: threading.Event | None = None
         self.entered = threading.Event()
@@ -63,7 +64,7 @@ class FlakyVadModel:
                 self.kill_next.clear()
                 raise ThreadKiller("killed by the test")
             if self.failing.is_set():
-                raise RuntimeError("the model is broken")
+                raise RuntimeError(self.message)
             return self.model.run(windows, states)
         finally:
             with self._ran:
@@ -128,7 +129,7 @@ async def test_a_failed_vad_batch_answers_each_chunk_with_its_error_until_a_batc
     for answers in (first, second):
         # Not silence: a miss that says why.
         assert await answers.count(1) == [("missed: RuntimeError: the model is broken", 0)]
-    assert health.degraded()["vad"] == "RuntimeError: the model is broken"
+    assert health.degraded()["vad"] == {"code": "engine_failed", "error": "RuntimeError"}
 
     model.failing.clear()
     streams[0].push(silence(), 0)
@@ -184,7 +185,7 @@ async def test_a_vad_thread_killed_by_its_work_is_started_again_and_serves(
     stream.push(silence(), 0)
     assert await answers.count(1) == [("missed: ThreadKiller: killed by the test", 0)]
     assert engine.health.restarts == 1
-    assert health.degraded()["vad"] == "ThreadKiller: killed by the test"
+    assert health.degraded()["vad"] == {"code": "engine_thread_died", "error": "ThreadKiller"}
     restarts = metrics.registry.get_sample_value(
         "hark_engine_thread_restarts_total", {"engine": "vad"}
     )
@@ -214,7 +215,7 @@ async def test_a_scheduler_thread_killed_by_its_work_fails_that_call_and_is_star
 
     with pytest.raises(EngineThreadCrashedError, match="ThreadKiller: killed by the test"):
         await scheduler.run(0.0, kill)
-    assert health.degraded()["doomed"] == "ThreadKiller: killed by the test"
+    assert health.degraded()["doomed"] == {"code": "engine_thread_died", "error": "ThreadKiller"}
     assert scheduler.health.restarts == 1
 
     assert await scheduler.run(0.0, lambda: 42) == 42
@@ -232,7 +233,10 @@ async def test_an_asr_scheduler_thread_killed_by_a_batch_fails_it_and_is_started
     try:
         with pytest.raises(EngineThreadCrashedError, match="ThreadKiller"):
             await scheduler.run("kill", Urgency.ANSWER)
-        assert health.degraded()["doomed-asr"] == "ThreadKiller: killed by the test"
+        assert health.degraded()["doomed-asr"] == {
+            "code": "engine_thread_died",
+            "error": "ThreadKiller",
+        }
         assert scheduler.health.restarts == 1
         assert scheduler.running == 0
 

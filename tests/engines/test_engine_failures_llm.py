@@ -96,7 +96,7 @@ async def test_a_killed_llm_thread_fails_what_it_held_and_serves_again() -> None
         with pytest.raises(EngineThreadCrashedError, match="ThreadKiller: killed by the test"):
             await asyncio.wait_for(held.outcome, LIVENESS_S)
         assert scheduler.health.restarts == 1
-        assert health.degraded()["llama"] == "ThreadKiller: killed by the test"
+        assert health.degraded()["llama"] == {"code": "engine_thread_died", "error": "ThreadKiller"}
         assert not scheduler.closed
 
         # Asked by /readyz, the probe (a job with nothing to do) finds the new thread serving.

@@ -1,6 +1,6 @@
 """``/readyz`` while an engine fails for everyone (issue 16, point 12): 503 ``degraded``, naming
-the engine and its error, until the engine works again; the session that met the failure got
-an ``error`` event and goes on.
+the engine with a code and its error's type (never the message: ``/readyz`` is public), until
+the engine works again; the session that met the failure got an ``error`` event and goes on.
 
 A real server on the fake engines, whose real Silero VAD runs through a wrapper that fails on
 command (``FlakyVadModel``).
@@ -12,10 +12,12 @@ import asyncio
 import base64
 import dataclasses
 import json
+import logging
 from typing import Any
 
 import aiohttp
 import numpy as np
+import pytest
 
 from hark.config import Settings
 from hark.engines.vad.batcher import BatchedSileroVad
@@ -25,6 +27,9 @@ from tests.engines.test_engine_failures import LIVENESS_S, FlakyVadModel
 from .conftest import API_KEY, RunningServer, StartServer, bearer, wait_ready
 
 KEYED = Settings(api_keys=(API_KEY,))
+# What an engine's error might carry from an external backend.
+SECRET = "sk-hark-test-0123456789"
+LEAKY = f"POST http://ops:{SECRET}@10.0.0.7/v1?key={SECRET} failed: Authorization: Bearer {SECRET}"
 
 
 async def readyz(http: aiohttp.ClientSession, server: RunningServer) -> tuple[int, Any]:
@@ -45,9 +50,11 @@ def silence(seconds: float) -> str:
 
 
 async def test_readyz_is_degraded_while_the_vad_fails_and_ready_once_it_works_again(
-    start_server: StartServer, http: aiohttp.ClientSession
+    start_server: StartServer, http: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.WARNING, logger="hark.engines.health")
     model = FlakyVadModel()
+    model.message = LEAKY
     engines = dataclasses.replace(
         engines_sharing_turn(Settings(engines="fake")), vad=BatchedSileroVad(model=model)
     )
@@ -63,12 +70,18 @@ async def test_readyz_is_degraded_while_the_vad_fails_and_ready_once_it_works_ag
         assert error["type"] == "error"
         assert error["error"]["code"] == "vad_failed"
 
-        status, body = await readyz(http, server)
+        async with http.get(server.url + "/readyz") as response:
+            status, text = response.status, await response.text()
         assert status == 503
-        assert body == {
+        assert json.loads(text) == {
             "status": "degraded",
-            "engines": {"vad": "RuntimeError: the model is broken"},
+            "engines": {"vad": {"code": "engine_failed", "error": "RuntimeError"}},
         }
+        assert SECRET not in text
+        # The operator finds the message in the log, once however many batches failed.
+        degraded = [r for r in caplog.records if "engine is degraded" in r.getMessage()]
+        assert len(degraded) == 1
+        assert "vad engine is degraded (engine_failed): RuntimeError: POST" in caplog.text
         # The process still answers: only readiness for new sessions is withdrawn.
         async with http.get(server.url + "/healthz") as response:
             assert response.status == 200

@@ -6,6 +6,12 @@ new sessions until it works again: it reports itself here as degraded, and as wo
 its next success. A thread that dies is started again by its owner, which says so here too;
 observers (the server's metrics) count the restarts.
 
+``/readyz`` is public, so what it shows of a problem is only a stable code and the
+exception's type: a message may carry what an operator must not publish (a backend's URL, a
+header it echoed). The message goes to the log, once each time a part becomes degraded (or
+fails in a new way); the engines keep their own secrets out of their messages at the source
+(:mod:`hark.engines.openai_http` scrubs API keys and URL credentials).
+
 The record is process-wide, like the engines' threads it describes (see also
 :mod:`hark.engines.activity`): a part is listed only while it is degraded. A degraded worker
 gets no new sessions, so a part need not wait for traffic to show it works again: one that
@@ -24,6 +30,8 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 __all__ = [
+    "ENGINE_FAILED",
+    "ENGINE_THREAD_DIED",
     "EngineHealth",
     "EngineThreadCrashedError",
     "RestartObserver",
@@ -37,7 +45,11 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
-# What /readyz shows of an error: its type and the start of its message.
+# The codes /readyz gives a degraded part: it failed on a request of everyone's, or its thread
+# died (and was started again).
+ENGINE_FAILED = "engine_failed"
+ENGINE_THREAD_DIED = "engine_thread_died"
+# What error events show of an error: its type and the start of its message.
 _MAX_PROBLEM = 200
 # A thread that dies again at once waits before its next start: it must not spin.
 _FIRST_RESTART_DELAY_S = 0.01
@@ -74,20 +86,25 @@ class EngineHealth:
         self.restarts = 0
         self._probe = probe
         self._probing = False
-        self._problem: str | None = None
+        self._problem: dict[str, str] | None = None
         self._consecutive_restarts = 0
 
     @property
-    def problem(self) -> str | None:
-        """What is wrong, or None while the part works."""
+    def problem(self) -> dict[str, str] | None:
+        """What is wrong as ``/readyz`` shows it (``code`` and the exception's type,
+        ``error``), or None while the part works."""
         return self._problem
 
-    def failed(self, error: BaseException | str) -> None:
+    def failed(self, error: BaseException, code: str = ENGINE_FAILED) -> None:
         """The part failed for everyone: degraded until :meth:`working`."""
-        problem = error if isinstance(error, str) else describe(error)
+        problem = {"code": code, "error": type(error).__name__}
         with _LOCK:
+            new = problem != self._problem
             self._problem = problem
             _DEGRADED[self] = problem
+        if new:
+            # Once per change: a part failing on every batch must not flood the log.
+            _log.warning("the %s engine is degraded (%s): %s", self.engine, code, describe(error))
 
     def working(self) -> None:
         """The part served a request: no longer degraded."""
@@ -102,7 +119,7 @@ class EngineHealth:
         """A thread of the part died of ``error`` and is being started again: degraded,
         counted, observers told. Returns how long the new thread should wait before it
         serves (0 at first; longer while it keeps dying before any success)."""
-        self.failed(error)
+        self.failed(error, ENGINE_THREAD_DIED)
         with _LOCK:
             self.restarts += 1
             delay = restart_delay(self._consecutive_restarts)
@@ -131,7 +148,7 @@ class EngineHealth:
 
 
 def describe(error: BaseException) -> str:
-    """A short description of ``error`` for ``/readyz`` and error events."""
+    """A short description of ``error`` for the log and error events (not ``/readyz``)."""
     text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
     return text if len(text) <= _MAX_PROBLEM else text[: _MAX_PROBLEM - 1] + "…"
 
@@ -144,11 +161,12 @@ def restart_delay(restarts: int) -> float:
     return min(_MAX_RESTART_DELAY_S, _FIRST_RESTART_DELAY_S * 2 ** (restarts - 1))
 
 
-def degraded() -> dict[str, str]:
-    """The engines with a part degraded now, each with its most recent problem."""
+def degraded() -> dict[str, dict[str, str]]:
+    """The engines with a part degraded now, each with its most recent problem (``code`` and
+    the exception's type, ``error``)."""
     with _LOCK:
         parts = list(_DEGRADED.items())
-    return {health.engine: problem for health, problem in parts}
+    return {health.engine: dict(problem) for health, problem in parts}
 
 
 def probe_degraded() -> None:
@@ -182,7 +200,7 @@ def pause(seconds: float) -> None:
 
 _LOCK = threading.Lock()
 # The parts degraded now, with their problem (an engine with several shows one of them).
-_DEGRADED: dict[EngineHealth, str] = {}
+_DEGRADED: dict[EngineHealth, dict[str, str]] = {}
 _OBSERVERS: weakref.WeakSet[RestartObserver] = weakref.WeakSet()
 # Probes running, kept until they end.
 _PROBES: set[asyncio.Task[None]] = set()

@@ -391,7 +391,10 @@ class BatchedSileroVad:
             try:
                 answers = self._run([chunk for _, chunk in batch], streams)
             except Exception as exc:
-                _log.exception("the VAD failed on a batch of %d chunks", len(batch))
+                if self.health.problem is None:
+                    # The first failure's trace; while it keeps failing, each batch would
+                    # add one (health logs each new kind of failure).
+                    _log.exception("the VAD failed on a batch of %d chunks", len(batch))
                 self.health.failed(exc)
                 answers = Missed(health.describe(exc))
             else:

@@ -31,8 +31,8 @@ async def healthz(request: web.Request) -> web.Response:
 @requires(PUBLIC)
 async def readyz(request: web.Request) -> web.Response:
     """200 once the engines are warm; 503 while starting, failed, draining, or ``degraded``:
-    an engine failing for every session (``engines`` names each, with its error) until it
-    works again."""
+    an engine failing for every session (``engines`` names each, with a code and its error's
+    type; the message goes to the log only, as this route is public) until it works again."""
     state = request.app[STATE]
     status: str = "draining" if state.draining else state.engines_status
     degraded = health.degraded()
