@@ -11,7 +11,7 @@ import numpy.typing as npt
 
 from hark.engines.asr import Urgency
 from hark.engines.llm import Finished
-from hark.session.actions import Generate, Transcribe
+from hark.session.actions import CancelRecognition, Generate, Transcribe
 
 from .conftest import Driver, silence, voiced
 
@@ -173,11 +173,62 @@ def test_a_response_waiting_for_words_can_be_cancelled(driver: Driver) -> None:
     new = driver.send({"type": "response.cancel"})
     (done,) = of_type(new, "response.done")
     assert done["response"]["status"] == "cancelled"
+    # Nothing else waits for the inline item's words: its transcription is cancelled.
+    assert [c.request_id for c in driver.take(CancelRecognition)] == [transcribe.request_id]
     driver.session.on_transcription_done(transcribe.request_id, "Hello?", 0.8, now=driver.now)
     assert driver.pump() == []
     assert not driver.take(Generate)
     driver.send({"type": "response.create", "response": {"output_modalities": ["text"]}})
     assert len(driver.take(Generate)) == 1
+
+
+def test_a_cancelled_response_leaves_a_created_items_transcription_running(
+    driver: Driver,
+) -> None:
+    driver.send({"type": "conversation.item.create", "item": audio_item(voiced(600), "item_a")})
+    driver.send(
+        {
+            "type": "response.create",
+            "response": {
+                "output_modalities": ["text"],
+                "input": [{"type": "item_reference", "id": "item_a"}],
+            },
+        }
+    )
+    assert len(driver.take(Transcribe)) == 1
+    driver.send({"type": "response.cancel"})
+    # The item is the conversation's: the client still gets its transcript.
+    assert not driver.take(CancelRecognition)
+
+
+def test_an_inline_item_is_not_transcribed_when_the_response_is_refused(driver: Driver) -> None:
+    bad_audio = {
+        "type": "message",
+        "role": "user",
+        "content": [{"type": "input_audio", "audio": "not base64!"}],
+    }
+    refused = driver.send(
+        {
+            "type": "response.create",
+            "response": {
+                "output_modalities": ["text"],
+                "input": [audio_item(voiced(800)), bad_audio],
+            },
+        }
+    )
+    assert driver.types(refused) == ["error"]
+    refused = driver.send(
+        {
+            "type": "response.create",
+            "response": {
+                "input": [audio_item(voiced(800))],
+                "tool_choice": {"type": "function", "name": "missing"},
+            },
+        }
+    )
+    assert driver.types(refused) == ["error"]
+    started = {t.request_id for t in driver.take(Transcribe)}
+    assert started == {c.request_id for c in driver.take(CancelRecognition)}
 
 
 def test_a_created_audio_item_is_transcribed_before_the_response_reads_it(

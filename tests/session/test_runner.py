@@ -317,6 +317,45 @@ async def test_a_cancelled_recognition_step_stops_in_the_engine() -> None:
     await runner.close()
 
 
+class HeldTranscription(FakeAsr):
+    """Whole-item transcriptions that wait forever, noting the ones cancelled."""
+
+    def __init__(self) -> None:
+        super().__init__("one two three")
+        self.started = asyncio.Event()
+        self.cancelled = 0
+
+    async def transcribe(
+        self,
+        audio: npt.NDArray[np.float32],
+        *,
+        language: str | None = None,
+        prompt: str | None = None,
+    ) -> AsyncIterator[str]:
+        self.started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        yield ""
+
+
+async def test_a_cancelled_responses_inline_audio_stops_being_transcribed() -> None:
+    engines = build_engines(Settings(engines="fake"))
+    asr = engines.asr = HeldTranscription()
+    runner = SessionRunner(engines, model="m")
+    await runner.start()
+    chunk = b64encode(np.full(24000, 3000, "<i2").tobytes()).decode()
+    item = {"type": "message", "role": "user", "content": [{"type": "input_audio", "audio": chunk}]}
+    runner.receive_text(json.dumps({"type": "response.create", "response": {"input": [item]}}))
+    await asyncio.wait_for(asr.started.wait(), 5)
+    runner.receive_text(json.dumps({"type": "response.cancel"}))
+    await asyncio.wait_for(runner.recognition_idle(), 5)
+    assert asr.cancelled == 1
+    await runner.close()
+
+
 async def test_recognition_steps_run_in_the_engine_and_their_words_come_back() -> None:
     engines = build_engines(Settings(engines="fake"))
     asr = engines.asr = HeldAsr()

@@ -149,6 +149,7 @@ class Session:
             limit_audio=self._limit_audio,
             reply_sent=lambda after_ms: self._turns.arm_idle_timeout(after_ms, self._now),
             mcp=self._mcp,
+            words_unneeded=lambda entry: self._recognition.abandon(entry),
         )
         self._turns = TurnTaking(
             self._outbox,
@@ -551,14 +552,17 @@ class Session:
 
     def _response_inputs(self, items: list[wire.ResponseInputItem]) -> list[Entry]:
         entries: list[Entry] = []
+        # Recognition starts once every item is read: an invalid one refuses the response.
+        to_recognise: list[tuple[Entry, Part]] = []
         for index, item in enumerate(items):
             if isinstance(item, wire.ItemReference):
                 entries.append(self.conversation.get(item.id, f"response.input[{index}].id"))
             else:
                 entry, recognise = self._from_wire(item, f"response.input[{index}]")
-                for part in recognise:
-                    self._recognition.recognise(entry, part)
+                to_recognise += [(entry, part) for part in recognise]
                 entries.append(entry)
+        for entry, part in to_recognise:
+            self._recognition.recognise(entry, part)
         return entries
 
     def on_text(self, response_id: str, delta: str, *, now: float) -> None:

@@ -166,6 +166,17 @@ class Recognition:
         self._requests[request_id] = (entry, part)
         self._transcribe(request_id, part.audio, part.rate)
 
+    def abandon(self, entry: Entry) -> None:
+        """Nobody waits for ``entry``'s words any more (a response's own input, the response
+        ended): its requests still running are cancelled. An item of the conversation is
+        left alone, as its transcript is the client's."""
+        if self._in_conversation(entry):
+            return
+        for request_id, (held, _) in list(self._requests.items()):
+            if held is entry:
+                del self._requests[request_id]
+                self._outbox.act(CancelRecognition(request_id))
+
     def _in_conversation(self, entry: Entry) -> bool:
         """Whether ``entry`` is an item of the conversation (the client hears of its words)."""
         return entry.id in self._conversation and self._conversation.get(entry.id) is entry

@@ -125,7 +125,8 @@ class ResponseLifecycle:
     ``config`` gives the session's current configuration; ``limit_audio`` holds the
     conversation's audio to its budget; ``reply_sent(audio_ms)`` is called when the
     conversation's response is done on a transport where the client plays the audio
-    (WebSocket), with how much audio it had.
+    (WebSocket), with how much audio it had; ``words_unneeded(entry)`` when a response ended
+    while an item of its own ``input`` was still being transcribed.
     """
 
     def __init__(
@@ -142,6 +143,7 @@ class ResponseLifecycle:
         limit_audio: Callable[[], None],
         reply_sent: Callable[[float], None],
         mcp: McpTools,
+        words_unneeded: Callable[[Entry], None] = lambda entry: None,
     ) -> None:
         self._outbox = outbox
         self._ids = ids
@@ -154,6 +156,7 @@ class ResponseLifecycle:
         self._limit_audio = limit_audio
         self._reply_sent = reply_sent
         self._mcp = mcp
+        self._words_unneeded = words_unneeded
         self.responses: dict[str, Response] = {}
         self.in_band: Response | None = None
         # Whether any assistant audio was made (the voice cannot change after that).
@@ -189,6 +192,8 @@ class ResponseLifecycle:
         if isinstance(
             response.tool_choice, ToolChoiceFunction
         ) and response.tool_choice.name not in {t.name for t in response.tools}:
+            for entry in inputs or ():
+                self._words_unneeded(entry)
             raise ProtocolError(
                 f"tool_choice names '{response.tool_choice.name}', which is not in tools.",
                 "response.tool_choice.name",
@@ -776,6 +781,9 @@ class ResponseLifecycle:
         response.status = status
         response.status_details = details
         del self.responses[response.id]
+        for entry in response.inputs or ():
+            if entry.pending_recognition():
+                self._words_unneeded(entry)
         if self.in_band is response:
             self.in_band = None
         self._outbox.emit(se.ResponseDone(response=response.to_wire()))

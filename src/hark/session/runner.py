@@ -163,7 +163,7 @@ class SessionRunner:
         self._vad_arrived = 0.0
         self._vad_stream = engines.vad.open_stream(self._on_vad, self._on_vad_missed)
         self._generations: dict[str, asyncio.Task[None]] = {}
-        # Steps of incremental recognition running, by request id (CancelRecognition).
+        # Recognition running (steps and whole items), by request id (CancelRecognition).
         self._recognitions: dict[str, asyncio.Task[None]] = {}
         self._speculation: _Speculation | None = None
         # The LLM's read-ahead: a newer prefill reads all an older one would, so it replaces it.
@@ -190,8 +190,8 @@ class SessionRunner:
         return len(self._generations)
 
     async def recognition_idle(self) -> None:
-        """Return once no step of incremental recognition runs or waits (including the steps
-        that finishing ones start)."""
+        """Return once no recognition (a step, or an item's audio whole) runs or waits
+        (including the steps that finishing ones start)."""
         while self._recognitions:
             await asyncio.wait(list(self._recognitions.values()))
 
@@ -352,7 +352,9 @@ class SessionRunner:
                 if running is not None:
                     running.cancel()
             elif isinstance(out, Transcribe):
-                self._spawn(self._transcribe(out), f"asr {out.request_id}")
+                self._recognitions[out.request_id] = self._spawn(
+                    self._transcribe(out), f"asr {out.request_id}"
+                )
             elif isinstance(out, ScoreTurn):
                 self._spawn(self._score_turn(out), f"turn {out.key}")
             elif isinstance(out, Prefill):
@@ -580,8 +582,10 @@ class SessionRunner:
             raise
         except Exception as exc:
             log.exception("session %s: transcription %s failed", self.id, action.request_id)
+            self._recognitions.pop(action.request_id, None)
             self._call(self.session.on_transcription_failed, action.request_id, str(exc))
             return
+        self._recognitions.pop(action.request_id, None)
         self._call(self.session.on_transcription_done, action.request_id, text.strip(), seconds)
 
     def _recognise(self, action: Recognise) -> None:
