@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import AsyncIterator
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -19,6 +20,7 @@ import pytest
 from hark.engines import health
 from hark.engines.asr import Urgency
 from hark.engines.asr.scheduler import AsrScheduler
+from hark.engines.asr.whisper import WhisperAsr
 from hark.engines.health import EngineThreadCrashedError
 from hark.engines.scheduler import DueFirstScheduler
 from hark.engines.stage_timeouts import StageTimeoutError, limit
@@ -244,6 +246,54 @@ async def test_an_asr_scheduler_thread_killed_by_a_batch_fails_it_and_is_started
         assert "doomed-asr" not in health.degraded()
     finally:
         scheduler.close()
+
+
+class DoomedWhisper(WhisperAsr):
+    """The real Whisper, whose next batch of windows kills its scheduler thread on command."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kill_next = threading.Event()
+
+    def _decode_windows(self, loaded: Any, windows: Any) -> Any:
+        if self.kill_next.is_set():
+            self.kill_next.clear()
+            raise ThreadKiller("killed by the test")
+        return super()._decode_windows(loaded, windows)
+
+
+@pytest.mark.slow
+async def test_a_whisper_thread_killed_by_a_batch_is_ready_again_once_readyz_probes_it() -> None:
+    asr = DoomedWhisper()
+    metrics = Metrics()
+    health.watch(metrics)
+    tone = (0.1 * np.sin(np.arange(8000, dtype=np.float32) * 2 * np.pi * 220 / 16000)).astype(
+        np.float32
+    )
+    try:
+        await asr.warmup()
+        asr.kill_next.set()
+        with pytest.raises(EngineThreadCrashedError, match="ThreadKiller: killed by the test"):
+            async for _ in asr.transcribe(tone, language="en"):
+                pass
+        assert health.degraded()["whisper"] == {
+            "code": "engine_thread_died",
+            "error": "ThreadKiller",
+        }
+        restarts = metrics.registry.get_sample_value(
+            "hark_engine_thread_restarts_total", {"engine": "whisper"}
+        )
+        assert restarts == 1
+
+        # No session sends it work (a degraded worker gets none): the probe that /readyz
+        # starts finds the new thread serving.
+        probes = health.probe_degraded()
+        assert probes
+        async with asyncio.timeout(LIVENESS_S):
+            await asyncio.gather(*probes)
+        assert "whisper" not in health.degraded()
+    finally:
+        asr.close()
 
 
 class BrokenMetrics(Metrics):

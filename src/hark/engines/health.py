@@ -169,9 +169,10 @@ def degraded() -> dict[str, dict[str, str]]:
     return {health.engine: dict(problem) for health, problem in parts}
 
 
-def probe_degraded() -> None:
+def probe_degraded() -> list[asyncio.Task[None]]:
     """Start the probe of every degraded part that has one and is not being probed already,
-    on the running loop; the answer shows in :func:`degraded` once the probe gets through."""
+    on the running loop; the answer shows in :func:`degraded` once the probe gets through.
+    Returns the probes started (nobody need wait for them)."""
     with _LOCK:
         parts = [
             (part, part._probe)
@@ -180,10 +181,13 @@ def probe_degraded() -> None:
         ]
         for part, _ in parts:
             part._probing = True
+    started = []
     for part, probe in parts:
         task = asyncio.create_task(part._run_probe(probe), name=f"probe {part.engine}")
         _PROBES.add(task)
         task.add_done_callback(_PROBES.discard)
+        started.append(task)
+    return started
 
 
 def watch(observer: RestartObserver) -> None:

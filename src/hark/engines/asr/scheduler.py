@@ -28,7 +28,7 @@ import heapq
 import itertools
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -74,6 +74,8 @@ class AsrScheduler(Generic[R, T]):
     ``Urgency`` (lowest first), then in the order they came; a batch is the head of that
     order and the next ones after it. At most ``max_waiting`` requests wait; more raise
     ``SchedulerFullError`` for the request that would exceed it, not for the others.
+    ``probe``: a request of the engine's own through the scheduler, tried by ``/readyz`` while
+    a dead thread has left the scheduler degraded (its success shows a thread serves again).
     """
 
     def __init__(
@@ -85,6 +87,7 @@ class AsrScheduler(Generic[R, T]):
         name: str = "hark-asr",
         max_waiting: int = 256,
         idle_s: float = 30.0,
+        probe: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
@@ -106,7 +109,7 @@ class AsrScheduler(Generic[R, T]):
         self._idle = 0
         self._closed = False
         # Named as /readyz and the restart metric show it: "hark-whisper" is "whisper".
-        self.health = health.EngineHealth(name.removeprefix("hark-"))
+        self.health = health.EngineHealth(name.removeprefix("hark-"), probe=probe)
 
     @property
     def waiting(self) -> int:

@@ -203,7 +203,13 @@ class WhisperAsr:
         self._load_lock = threading.Lock()
         self._warned_languages: set[str] = set()
         self.scheduler: AsrScheduler[_Job, _Outcome] = AsrScheduler(
-            self._run_batch, max_batch=max_batch, workers=self._workers, name="hark-whisper"
+            self._run_batch,
+            max_batch=max_batch,
+            workers=self._workers,
+            name="hark-whisper",
+            # While degraded, /readyz has the model transcribe its warm-up tone: a worker
+            # that gets no new sessions still finds its threads serving again.
+            probe=self.warmup,
         )
 
     async def warmup(self) -> None:
