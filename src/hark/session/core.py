@@ -17,8 +17,10 @@ limits (``rate_limits``) and playout (``playout_state``).
 
 from __future__ import annotations
 
+import weakref
+from collections import deque
 from collections.abc import Collection
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 import numpy as np
@@ -37,7 +39,7 @@ from hark.protocol.session_config import (
     parse_session_config,
     session_config_to_dict,
 )
-from hark.session.actions import Close
+from hark.session.actions import Close, CountDroppedAudio, Denoise
 from hark.session.client_items import entry_from_wire
 from hark.session.conversation import Conversation, Entry, Part, truncate_part
 from hark.session.ids import IdGenerator
@@ -68,6 +70,15 @@ AUDIO_RETENTION_S = 5 * 60
 # their JSON: far more text than any model reads, and a bound on what a client can make a
 # session keep (each event may carry 15 MiB, for an hour). Deleting items frees room.
 MAX_CLIENT_ITEMS_BYTES = 64 * MiB
+# Appends longer than this (seconds of audio) with noise reduction on are denoised off the
+# event loop (a ``Denoise`` action): the denoiser takes about 40 ms of CPU per second of audio,
+# so a 15 MiB append would hold the worker's loop, and every other session on it, for seconds.
+# Real-time clients send 20 to 100 ms at a time, and those stay inline.
+DENOISE_INLINE_S = 0.5
+# What may wait while a session's audio is denoised off the loop: its later client events and
+# media audio, in order. Two more appends of the largest size, or a minute of 20 ms frames.
+MAX_HELD_INPUTS = 3000
+MAX_HELD_BYTES = 2 * MAX_APPEND_BYTES
 # The opt-in (session ``include``) for logprobs on input transcription events.
 LOGPROBS_INCLUDE = "item.input_audio_transcription.logprobs"
 
@@ -119,50 +130,60 @@ class Session:
         self._voices = voices
         self._takes_images = takes_images
         self._playout = PlayoutState(self._outbox, self.conversation)
-        self._noise = NoiseReduction(lambda: self.config.audio.input.noise_reduction)
+        # The parts call back into the session through a weak proxy: strong references would
+        # make cycles, and a closed session, its conversation audio included, would then be
+        # freed only by the cycle collector, long after its runner let go of it.
+        me = weakref.proxy(self)
+        self._noise = NoiseReduction(lambda: me.config.audio.input.noise_reduction)
+        # The append being denoised off the loop (its job id and audio as sent), and the client
+        # input that waits for it, in order (see ``_hold``).
+        self._denoising: tuple[str, npt.NDArray[np.int16]] | None = None
+        self._held: deque[_Held] = deque()
+        self._held_bytes = 0
+        self._held_audio_refused = False
         self._speculation = Speculation(self._outbox)
         self._recognition = Recognition(
             self._outbox,
             self.conversation,
             asr_rate,
-            transcription=lambda: self.config.audio.input.transcription,
-            on_heard=lambda: self._responses.resume_waiting(),
-            logprobs=lambda: LOGPROBS_INCLUDE in (self.config.include or ()),
-            on_words=lambda words: self._responses.prefill_turn(words),
-            on_failed=lambda entry, message: self._responses.words_failed(entry, message),
+            transcription=lambda: me.config.audio.input.transcription,
+            on_heard=lambda: me._responses.resume_waiting(),
+            logprobs=lambda: LOGPROBS_INCLUDE in (me.config.include or ()),
+            on_words=lambda words: me._responses.prefill_turn(words),
+            on_failed=lambda entry, message: me._responses.words_failed(entry, message),
         )
         self._mcp = McpTools(
             self._outbox,
             self.ids,
             self.conversation,
-            tools_changed=lambda: self._responses.prefill(),
+            tools_changed=lambda: me._responses.prefill(),
         )
         self._responses = ResponseLifecycle(
             self._outbox,
             self.ids,
             self.conversation,
-            config=lambda: self.config,
+            config=lambda: me.config,
             rates=RateWindow(rate_limits or RateLimits()),
             speculation=self._speculation,
             playout=self._playout,
             plays_audio=plays_audio,
-            limit_audio=self._limit_audio,
-            reply_sent=lambda after_ms: self._turns.arm_idle_timeout(after_ms, self._now),
+            limit_audio=lambda: me._limit_audio(),
+            reply_sent=lambda after_ms: me._turns.arm_idle_timeout(after_ms, me._now),
             mcp=self._mcp,
-            words_unneeded=lambda entry: self._recognition.abandon(entry),
+            words_unneeded=lambda entry: me._recognition.abandon(entry),
         )
         self._turns = TurnTaking(
             self._outbox,
             self.ids,
             self.conversation,
-            config=lambda: self.config,
+            config=lambda: me.config,
             vad_chunk_ms=vad_chunk_ms,
             speculation=self._speculation,
             recognition=self._recognition,
             responses=self._responses,
             playout=self._playout,
-            respond=lambda: self._create_response(ResponseParams()),
-            limit_audio=self._limit_audio,
+            respond=lambda: me._create_response(ResponseParams()),
+            limit_audio=lambda: me._limit_audio(),
         )
         # The type of the last client event received ("unknown" when it did not decode).
         self.last_event_type = "unknown"
@@ -231,6 +252,9 @@ class Session:
         if self._closed:
             return
         self._closed = True
+        self._denoising = None
+        self._held.clear()
+        self._held_bytes = 0
         self._responses.cancel_all()
         self._outbox.error(error, None)
         self._outbox.act(Close(reason))
@@ -241,6 +265,13 @@ class Session:
         """Handle one client event (a WebSocket text frame). Never raises for bad input."""
         if not self._at(now):
             return
+        if self._waits():
+            self.last_event_type = _event_type(data)
+            self._hold(_Held("event", data, len(data)))
+            return
+        self._receive(data)
+
+    def _receive(self, data: str | bytes) -> None:
         try:
             event = ce.decode_client_event(data)
         except ce.DecodeError as exc:
@@ -257,6 +288,12 @@ class Session:
         """Binary frames are not part of the protocol: answer with an error."""
         if not self._at(now):
             return
+        if self._waits():
+            self._hold(_Held("binary", b"", 0))
+            return
+        self._refuse_binary()
+
+    def _refuse_binary(self) -> None:
         self._outbox.error(
             ProtocolError(
                 "Binary frames are not supported: send events as JSON text, "
@@ -343,7 +380,16 @@ class Session:
                 "invalid_value",
             )
         pcm = decode_audio(self._turns.format, data)
-        self._turns.append(self._noise.apply(pcm, self._turns.rate))
+        rate = self._turns.rate
+        denoiser = self._noise.denoiser(rate)
+        if denoiser is None:
+            self._turns.append(pcm)
+        elif len(pcm) <= rate * DENOISE_INLINE_S:
+            self._turns.append(denoiser.process(pcm))
+        else:
+            job_id = self.ids.new("denoise")
+            self._denoising = (job_id, pcm)
+            self._outbox.act(Denoise(job_id, pcm, denoiser.process))
 
     @property
     def input_rate(self) -> int:
@@ -357,8 +403,86 @@ class Session:
 
     def append_audio(self, pcm: npt.NDArray[np.int16], *, now: float) -> None:
         """Input audio that arrived as PCM at ``input_rate`` (a media track, not an event)."""
-        if self._at(now):
-            self._turns.append(self._noise.apply(pcm, self._turns.rate))
+        if not self._at(now):
+            return
+        if self._waits():
+            self._hold(_Held("audio", pcm, pcm.nbytes))
+            return
+        self._turns.append(self._noise.apply(pcm, self._turns.rate))
+
+    def on_denoised(self, job_id: str, pcm: npt.NDArray[np.int16], *, now: float) -> None:
+        """The append ``Denoise(job_id)`` took is denoised: into the buffer with it, then the
+        input that waited for it."""
+        if self._at(now) and self._denoising is not None and self._denoising[0] == job_id:
+            self._denoising = None
+            self._turns.append(pcm)
+            self._replay()
+
+    def on_denoise_failed(self, job_id: str, message: str, *, now: float) -> None:
+        """``Denoise(job_id)`` raised: the client is told, and its audio goes in as it was sent
+        rather than be lost; the denoiser starts afresh."""
+        if not self._at(now) or self._denoising is None or self._denoising[0] != job_id:
+            return
+        pcm = self._denoising[1]
+        self._denoising = None
+        self._noise.close()
+        self._outbox.error(
+            ProtocolError(
+                f"Noise reduction failed ({message}); this audio was used as sent.",
+                code="noise_reduction_failed",
+                type="server_error",
+            ),
+            None,
+        )
+        self._turns.append(pcm)
+        self._replay()
+
+    def _waits(self) -> bool:
+        """Whether client input must wait, behind an append being denoised; input that waited
+        after a job ended is replayed first (if replaying stopped at an error)."""
+        if self._denoising is None and self._held:
+            self._replay()
+        return self._denoising is not None
+
+    def _hold(self, held: _Held) -> None:
+        """Keep ``held`` until the append being denoised is in the buffer; past the bound, an
+        event is refused with an error, and media audio is dropped (counted, one error)."""
+        if len(self._held) < MAX_HELD_INPUTS and self._held_bytes + held.size <= MAX_HELD_BYTES:
+            self._held.append(held)
+            self._held_bytes += held.size
+            return
+        bound = f"at most {MAX_HELD_INPUTS} events or {MAX_HELD_BYTES // MiB} MiB"
+        if held.kind == "audio":
+            assert isinstance(held.data, np.ndarray)
+            self._outbox.act(CountDroppedAudio(len(held.data)))
+            if self._held_audio_refused:
+                return
+            self._held_audio_refused = True
+        self._outbox.error(
+            ProtocolError(
+                "Input waits while an earlier append is denoised, and "
+                f"{bound} may wait: this {'audio was' if held.kind == 'audio' else 'event was'} "
+                "dropped.",
+                code="input_backlog_full",
+            ),
+            None,
+        )
+
+    def _replay(self) -> None:
+        """Handle the input that waited, in order, until it is all handled or another long
+        append is sent off to be denoised."""
+        self._held_audio_refused = False
+        while self._held and self._denoising is None and not self._closed:
+            held = self._held.popleft()
+            self._held_bytes -= held.size
+            if held.kind == "event":
+                assert not isinstance(held.data, np.ndarray)
+                self._receive(held.data)
+            elif held.kind == "binary":
+                self._refuse_binary()
+            else:
+                assert isinstance(held.data, np.ndarray)
+                self._turns.append(self._noise.apply(held.data, self._turns.rate))
 
     def receive_dtmf(self, event: str, *, now: float) -> None:
         """A keypad press from the phone (SIP): told to the client, never heard as speech."""
@@ -623,10 +747,19 @@ class Session:
         if self._at(now):
             self._responses.finished(response_id, finished)
 
-    def on_generation_failed(self, response_id: str, message: str, *, now: float) -> None:
-        """An engine failed: this response fails, the session goes on."""
+    def on_generation_failed(
+        self,
+        response_id: str,
+        message: str,
+        code: str = "engine_error",
+        error_type: str = "server_error",
+        *,
+        now: float,
+    ) -> None:
+        """An engine failed: this response fails with ``code`` (the error's ``type`` being
+        ``error_type``), the session goes on."""
         if self._at(now):
-            self._responses.failed(response_id, message)
+            self._responses.failed(response_id, message, code, error_type)
 
     # ----------------------------------------------------------------- playout (WebRTC, SIP)
 
@@ -656,6 +789,28 @@ _REALTIME_ONLY = (
     ce.ConversationItemTruncate,
     ce.OutputAudioBufferClear,
 )
+
+
+class _Held(NamedTuple):
+    """Client input that waits for an append being denoised: an event's text (``event``), a
+    binary frame (``binary``) or media audio (``audio``); ``size`` counts toward the bound."""
+
+    kind: str
+    data: str | bytes | npt.NDArray[np.int16]
+    size: int
+
+
+class _EventType(msgspec.Struct):
+    type: str = "unknown"
+
+
+def _event_type(data: str | bytes) -> str:
+    """An event's type, read without decoding the rest (for the metrics of an event that
+    waits)."""
+    try:
+        return msgspec.json.decode(data, type=_EventType).type
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        return "unknown"
 
 
 def _duration(seconds: float) -> str:
