@@ -3,17 +3,28 @@ with ``session.update``, on the sample clock of the audio sent."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import json
+import threading
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pytest
 
+from hark.audio.denoise import Denoiser
 from hark.audio.formats import decode_audio
+from hark.config import Settings
+from hark.engines.registry import build_engines
+from hark.protocol.errors import ProtocolError
 from hark.protocol.session_config import NoiseReduction as NoiseReductionConfig
 from hark.protocol.session_config import PcmuFormat
+from hark.session import core
+from hark.session.actions import CountDroppedAudio, Denoise
+from hark.session.core import DENOISE_INLINE_S
 from hark.session.noise_reduction import wet_share
+from hark.session.runner import SessionRunner
 from tests.session.conftest import RATE, Driver
 from tests.speech import spoken
 
@@ -193,3 +204,218 @@ def test_a_new_input_format_gets_a_denoiser_at_its_rate() -> None:
     out, source = heard.astype(np.float64), speech.astype(np.float64)
     lag = max(range(400), key=lambda k: float(np.dot(out[k:], source[: len(out) - k])))
     assert lag == pytest.approx(168, abs=3)
+
+
+def one_append(driver: Driver, pcm: npt.NDArray[np.int16]) -> list[dict[str, Any]]:
+    """Send ``pcm`` as one append, as a client uploading a recording does."""
+    audio = base64.b64encode(pcm.astype("<i2").tobytes()).decode()
+    return driver.send({"type": "input_audio_buffer.append", "audio": audio})
+
+
+def denoise_jobs(driver: Driver) -> list[Denoise]:
+    """The ``Denoise`` actions the session asked for so far."""
+    return [a for a in driver.actions if isinstance(a, Denoise)]
+
+
+def test_streamed_appends_and_media_audio_are_denoised_inline() -> None:
+    driver = manual({"type": "far_field"})
+    driver.append(white_noise(2000), chunk_ms=100)
+    driver.stream(white_noise(1000, seed=4))
+    one_append(driver, white_noise(int(DENOISE_INLINE_S * 1000)))
+    assert denoise_jobs(driver) == []
+
+
+def test_a_long_append_is_denoised_off_the_loop_and_later_events_wait_in_order() -> None:
+    driver = manual({"type": "far_field"})
+    noise = white_noise(3000)
+    assert one_append(driver, noise) == []
+    (job,) = denoise_jobs(driver)
+    np.testing.assert_array_equal(job.pcm, noise)
+    # Nothing the client sends after it is handled before its audio is in the buffer.
+    assert driver.send({"type": "input_audio_buffer.commit"}) == []
+    note = {
+        "type": "message",
+        "role": "user",
+        "content": [{"type": "input_text", "text": "and then this"}],
+    }
+    assert driver.send({"type": "conversation.item.create", "item": note}) == []
+    driver.session.receive_binary(b"\x00binary", now=driver.now)
+    assert driver.pump() == []
+    denoised = job.denoise(job.pcm)
+    driver.session.on_denoised(job.job_id, denoised, now=driver.now)
+    events = driver.pump()
+    assert driver.types(events) == [
+        "input_audio_buffer.committed",
+        "conversation.item.added",
+        "conversation.item.done",
+        "conversation.item.added",
+        "conversation.item.done",
+        "error",
+    ]
+    assert events[3]["item"]["content"][0]["text"] == "and then this"
+    retrieved = driver.send({"type": "conversation.item.retrieve", "item_id": events[0]["item_id"]})
+    heard = np.frombuffer(base64.b64decode(retrieved[0]["item"]["content"][0]["audio"]), "<i2")
+    np.testing.assert_array_equal(heard, denoised)
+    assert rms_db(heard[RATE // 2 :].astype(np.int16)) < rms_db(noise) - 15
+    # Events are handled at once again.
+    assert driver.types(driver.send({"type": "input_audio_buffer.clear"})) == [
+        "input_audio_buffer.cleared"
+    ]
+
+
+def test_one_job_at_a_time_so_the_denoiser_stream_stays_in_order() -> None:
+    driver = manual({"type": "far_field"})
+    first, second = white_noise(1000), white_noise(1000, seed=4)
+    one_append(driver, first)
+    one_append(driver, second)
+    (job,) = denoise_jobs(driver)
+    driver.session.on_denoised(job.job_id, job.denoise(job.pcm), now=driver.now)
+    driver.pump()
+    # The held append is replayed and becomes the next job, on the same stream.
+    jobs = denoise_jobs(driver)
+    assert len(jobs) == 2
+    np.testing.assert_array_equal(jobs[1].pcm, second)
+    assert jobs[1].denoise.__self__ is job.denoise.__self__  # type: ignore[attr-defined]
+
+
+def test_media_audio_waits_behind_a_long_append() -> None:
+    driver = manual({"type": "far_field"})
+    one_append(driver, np.zeros(RATE, np.int16))
+    (job,) = denoise_jobs(driver)
+    loud = white_noise(200, rms=0.01, seed=6)
+    driver.session.append_audio(loud, now=driver.now)
+    driver.session.on_denoised(job.job_id, job.pcm, now=driver.now)
+    events = driver.send({"type": "input_audio_buffer.commit"})
+    retrieved = driver.send({"type": "conversation.item.retrieve", "item_id": events[0]["item_id"]})
+    heard = np.frombuffer(base64.b64decode(retrieved[0]["item"]["content"][0]["audio"]), "<i2")
+    # The media audio came after the append's second, not before it.
+    assert len(heard) == RATE + len(loud)
+    assert not heard[:RATE].any()
+    assert heard[RATE:].any()
+
+
+def test_what_waits_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(core, "MAX_HELD_INPUTS", 2)
+    driver = manual({"type": "far_field"})
+    one_append(driver, white_noise(1000))
+    (job,) = denoise_jobs(driver)
+    assert driver.send({"type": "input_audio_buffer.commit"}) == []
+    assert driver.send({"type": "input_audio_buffer.clear"}) == []
+    refused = driver.send({"type": "input_audio_buffer.commit"})
+    assert [e["error"]["code"] for e in refused] == ["input_backlog_full"]
+    # Media audio past the bound is dropped and counted, with one error for the job.
+    frame = white_noise(20)
+    driver.session.append_audio(frame, now=driver.now)
+    driver.session.append_audio(frame, now=driver.now)
+    events = driver.pump()
+    assert [e["error"]["code"] for e in events] == ["input_backlog_full"]
+    assert [a.samples for a in driver.actions if isinstance(a, CountDroppedAudio)] == [
+        len(frame),
+        len(frame),
+    ]
+    driver.session.on_denoised(job.job_id, job.denoise(job.pcm), now=driver.now)
+    assert driver.types(driver.pump()) == [
+        "input_audio_buffer.committed",
+        "conversation.item.added",
+        "conversation.item.done",
+        "input_audio_buffer.cleared",
+    ]
+
+
+def test_a_failed_job_is_an_error_and_the_audio_goes_in_as_sent() -> None:
+    driver = manual({"type": "far_field"})
+    noise = white_noise(1000)
+    one_append(driver, noise)
+    (job,) = denoise_jobs(driver)
+    driver.send({"type": "input_audio_buffer.commit"})
+    driver.session.on_denoise_failed(job.job_id, "librnnoise crashed", now=driver.now)
+    events = driver.pump()
+    assert driver.types(events)[:2] == ["error", "input_audio_buffer.committed"]
+    assert events[0]["error"]["code"] == "noise_reduction_failed"
+    retrieved = driver.send({"type": "conversation.item.retrieve", "item_id": events[1]["item_id"]})
+    heard = np.frombuffer(base64.b64decode(retrieved[0]["item"]["content"][0]["audio"]), "<i2")
+    np.testing.assert_array_equal(heard, noise)
+
+
+def test_a_session_that_ends_drops_the_job_and_what_waits() -> None:
+    driver = manual({"type": "far_field"})
+    one_append(driver, white_noise(1000))
+    (job,) = denoise_jobs(driver)
+    driver.send({"type": "input_audio_buffer.commit"})
+    driver.session.end(ProtocolError("bye", code="server_shutdown"), "shutdown", now=driver.now)
+    driver.pump()
+    driver.session.on_denoised(job.job_id, job.pcm, now=driver.now)
+    assert driver.pump() == []
+
+
+async def test_the_runner_serves_other_sessions_while_a_long_append_is_denoised(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Session A uploads half a minute of noisy audio in one append and commits; session B,
+    on the same loop, asks a question. The denoiser is held back until B is answered: were it
+    run on the loop, B could not be answered first, and A's commit would come first."""
+    answered = threading.Event()
+    process = Denoiser.process
+
+    def gated(self: Denoiser, pcm: npt.NDArray[np.int16]) -> npt.NDArray[np.int16]:
+        if len(pcm) > RATE * DENOISE_INLINE_S:
+            # Bounded so that the run on the loop fails its assertion instead of hanging.
+            answered.wait(20)
+        return process(self, pcm)
+
+    monkeypatch.setattr(Denoiser, "process", gated)
+    engines = build_engines(Settings(engines="fake"))
+    a = SessionRunner(engines, model="m")
+    b = SessionRunner(engines, model="m")
+    await a.start()
+    await b.start()
+    seen: list[tuple[str, str]] = []
+
+    async def read(name: str, runner: SessionRunner, last: str) -> None:
+        async for text in runner.outgoing():
+            event = json.loads(text)
+            seen.append((name, event["type"]))
+            if name == "b" and event["type"] == "response.done":
+                answered.set()
+            if event["type"] == last:
+                return
+
+    update = {
+        "type": "session.update",
+        "session": {
+            "type": "realtime",
+            "audio": {"input": {"turn_detection": None, "noise_reduction": {"type": "far_field"}}},
+        },
+    }
+    a.receive_text(json.dumps(update))
+    audio = base64.b64encode(white_noise(30_000).astype("<i2").tobytes()).decode()
+    a.receive_text(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
+    a.receive_text(json.dumps({"type": "input_audio_buffer.commit"}))
+    a.receive_text(json.dumps({"type": "input_audio_buffer.clear"}))
+    for event in (
+        {"type": "session.update", "session": {"output_modalities": ["text"]}},
+        {
+            "type": "conversation.item.create",
+            "item": {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "Hi"}],
+            },
+        },
+        {"type": "response.create"},
+    ):
+        b.receive_text(json.dumps(event))
+    await asyncio.wait_for(
+        asyncio.gather(read("a", a, "input_audio_buffer.cleared"), read("b", b, "response.done")),
+        60,
+    )
+    assert seen.index(("b", "response.done")) < seen.index(("a", "input_audio_buffer.committed"))
+    a_events = [t for name, t in seen if name == "a"]
+    assert a_events[-4:] == [
+        "input_audio_buffer.committed",
+        "conversation.item.added",
+        "conversation.item.done",
+        "input_audio_buffer.cleared",
+    ]
+    await a.close()
+    await b.close()

@@ -42,6 +42,7 @@ from hark.session.actions import (
     Close,
     CloseMcpServer,
     CountDroppedAudio,
+    Denoise,
     DiscardSpeculation,
     FinishAudio,
     Generate,
@@ -393,6 +394,8 @@ class SessionRunner:
             elif isinstance(out, ClearAudio):
                 assert self._player is not None
                 self._player.clear(out.response_id)
+            elif isinstance(out, Denoise):
+                self._spawn(self._denoise(out), f"denoise {out.job_id}")
             elif isinstance(out, CountDroppedAudio):
                 self.metrics.audio_dropped()
             elif isinstance(out, Close):
@@ -567,6 +570,19 @@ class SessionRunner:
         self._call(self.session.handle_timer)
         if self._timer is None and not self._closed:
             self._arm_timer()
+
+    async def _denoise(self, action: Denoise) -> None:
+        # soxr and librnnoise release the GIL: the loop serves other sessions meanwhile. Closing
+        # the session cancels the wait; the thread finishes its job and the result is dropped.
+        try:
+            pcm = await asyncio.to_thread(action.denoise, action.pcm)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("session %s: noise reduction failed", self.id)
+            self._call(self.session.on_denoise_failed, action.job_id, str(exc))
+            return
+        self._call(self.session.on_denoised, action.job_id, pcm)
 
     async def _transcribe(self, action: Transcribe) -> None:
         text = ""
