@@ -17,6 +17,7 @@ limits (``rate_limits``) and playout (``playout_state``).
 
 from __future__ import annotations
 
+import weakref
 from collections import deque
 from collections.abc import Collection
 from typing import Any, NamedTuple
@@ -129,7 +130,11 @@ class Session:
         self._voices = voices
         self._takes_images = takes_images
         self._playout = PlayoutState(self._outbox, self.conversation)
-        self._noise = NoiseReduction(lambda: self.config.audio.input.noise_reduction)
+        # The parts call back into the session through a weak proxy: strong references would
+        # make cycles, and a closed session, its conversation audio included, would then be
+        # freed only by the cycle collector, long after its runner let go of it.
+        me = weakref.proxy(self)
+        self._noise = NoiseReduction(lambda: me.config.audio.input.noise_reduction)
         # The append being denoised off the loop (its job id and audio as sent), and the client
         # input that waits for it, in order (see ``_hold``).
         self._denoising: tuple[str, npt.NDArray[np.int16]] | None = None
@@ -141,44 +146,44 @@ class Session:
             self._outbox,
             self.conversation,
             asr_rate,
-            transcription=lambda: self.config.audio.input.transcription,
-            on_heard=lambda: self._responses.resume_waiting(),
-            logprobs=lambda: LOGPROBS_INCLUDE in (self.config.include or ()),
-            on_words=lambda words: self._responses.prefill_turn(words),
-            on_failed=lambda entry, message: self._responses.words_failed(entry, message),
+            transcription=lambda: me.config.audio.input.transcription,
+            on_heard=lambda: me._responses.resume_waiting(),
+            logprobs=lambda: LOGPROBS_INCLUDE in (me.config.include or ()),
+            on_words=lambda words: me._responses.prefill_turn(words),
+            on_failed=lambda entry, message: me._responses.words_failed(entry, message),
         )
         self._mcp = McpTools(
             self._outbox,
             self.ids,
             self.conversation,
-            tools_changed=lambda: self._responses.prefill(),
+            tools_changed=lambda: me._responses.prefill(),
         )
         self._responses = ResponseLifecycle(
             self._outbox,
             self.ids,
             self.conversation,
-            config=lambda: self.config,
+            config=lambda: me.config,
             rates=RateWindow(rate_limits or RateLimits()),
             speculation=self._speculation,
             playout=self._playout,
             plays_audio=plays_audio,
-            limit_audio=self._limit_audio,
-            reply_sent=lambda after_ms: self._turns.arm_idle_timeout(after_ms, self._now),
+            limit_audio=lambda: me._limit_audio(),
+            reply_sent=lambda after_ms: me._turns.arm_idle_timeout(after_ms, me._now),
             mcp=self._mcp,
-            words_unneeded=lambda entry: self._recognition.abandon(entry),
+            words_unneeded=lambda entry: me._recognition.abandon(entry),
         )
         self._turns = TurnTaking(
             self._outbox,
             self.ids,
             self.conversation,
-            config=lambda: self.config,
+            config=lambda: me.config,
             vad_chunk_ms=vad_chunk_ms,
             speculation=self._speculation,
             recognition=self._recognition,
             responses=self._responses,
             playout=self._playout,
-            respond=lambda: self._create_response(ResponseParams()),
-            limit_audio=self._limit_audio,
+            respond=lambda: me._create_response(ResponseParams()),
+            limit_audio=lambda: me._limit_audio(),
         )
         # The type of the last client event received ("unknown" when it did not decode).
         self.last_event_type = "unknown"
@@ -742,10 +747,19 @@ class Session:
         if self._at(now):
             self._responses.finished(response_id, finished)
 
-    def on_generation_failed(self, response_id: str, message: str, *, now: float) -> None:
-        """An engine failed: this response fails, the session goes on."""
+    def on_generation_failed(
+        self,
+        response_id: str,
+        message: str,
+        code: str = "engine_error",
+        error_type: str = "server_error",
+        *,
+        now: float,
+    ) -> None:
+        """An engine failed: this response fails with ``code`` (the error's ``type`` being
+        ``error_type``), the session goes on."""
         if self._at(now):
-            self._responses.failed(response_id, message)
+            self._responses.failed(response_id, message, code, error_type)
 
     # ----------------------------------------------------------------- playout (WebRTC, SIP)
 
