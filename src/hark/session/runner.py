@@ -71,6 +71,9 @@ MAX_BACKLOG_EVENTS = 10_000
 MAX_BACKLOG_BYTES = 16 * MiB
 # The reason (``SessionMetrics.ended``) and error code of a session closed for its backlog.
 BACKLOG_EXCEEDED = "client_not_reading"
+# The most runs of chunks (one per flush) whose arrival waits for the VAD's answer: half a
+# minute of audio sent in real time, far more than a working VAD leaves unanswered.
+MAX_VAD_WAITING_RUNS = 1024
 
 
 class AudioPlayer(Protocol):
@@ -92,6 +95,46 @@ class AudioPlayer(Protocol):
     def clear(self, response_id: str) -> None:
         """Stop this response's audio within one frame and drop what is left of it."""
         ...
+
+
+class _Arrivals:
+    """When the chunks the VAD has not answered yet arrived (monotonic), oldest first.
+
+    Kept as runs of chunks that arrived together, at most ``max_runs`` of them: a VAD that
+    stops answering would otherwise make this grow by every chunk a client sends. Past the
+    bound, chunks join the newest run, so each answer still takes its own chunk's place and
+    only the arrival of those chunks reads earlier than it was.
+    """
+
+    __slots__ = ("_max_runs", "_runs")
+
+    def __init__(self, max_runs: int) -> None:
+        self._max_runs = max_runs
+        # [arrival, chunks]
+        self._runs: deque[list[float]] = deque()
+
+    def __len__(self) -> int:
+        """Runs waiting."""
+        return len(self._runs)
+
+    def add(self, arrived: float) -> None:
+        """One more chunk, pushed after all that wait."""
+        runs = self._runs
+        if runs and (runs[-1][0] == arrived or len(runs) >= self._max_runs):
+            runs[-1][1] += 1
+        else:
+            runs.append([arrived, 1])
+
+    def pop(self) -> float | None:
+        """The oldest chunk's arrival, which stops waiting; None when none waits."""
+        runs = self._runs
+        if not runs:
+            return None
+        run = runs[0]
+        run[1] -= 1
+        if not run[1]:
+            runs.popleft()
+        return run[0]
 
 
 @dataclasses.dataclass(slots=True)
@@ -158,8 +201,8 @@ class SessionRunner:
         self._stalled: Callable[[str], None] | None = None
         # Set once the backlog passed its bound: later events are dropped, the session ends.
         self._overflowed = False
-        # When the last sample of each chunk the VAD has not answered yet arrived (monotonic).
-        self._vad_waiting: deque[float] = deque()
+        # When the last sample of each chunk the VAD has not answered yet arrived.
+        self._vad_waiting = _Arrivals(MAX_VAD_WAITING_RUNS)
         # When the audio behind the VAD result being handled now arrived.
         self._vad_arrived = 0.0
         self._vad_stream = engines.vad.open_stream(self._on_vad, self._on_vad_missed)
@@ -341,7 +384,7 @@ class SessionRunner:
                     # The core slices the chunks itself: a bug, or the engine is shutting down.
                     log.exception("session %s: VAD refused a chunk", self.id)
                 else:
-                    self._vad_waiting.append(arrived)
+                    self._vad_waiting.add(arrived)
             elif isinstance(out, se.ServerEvent):
                 self._observe(out)
                 self.metrics.server_event(out)
@@ -531,7 +574,9 @@ class SessionRunner:
         if self._closed:
             return
         now = self._now()
-        arrived = self._vad_waiting.popleft() if self._vad_waiting else now
+        arrived = self._vad_waiting.pop()
+        if arrived is None:
+            arrived = now
         self.metrics.vad_chunk(arrived, now)
         self._vad_arrived = arrived
         try:
@@ -545,8 +590,7 @@ class SessionRunner:
         VAD fell behind (``error`` None), or the VAD failed."""
         if self._closed:
             return
-        if self._vad_waiting:
-            self._vad_waiting.popleft()
+        self._vad_waiting.pop()
         if error is None:
             self.metrics.vad_chunk_dropped()
         self._call(self.session.on_vad_missed, epoch, error)
