@@ -66,12 +66,14 @@ def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
 class Plan:
     """What a scripted backend does with one chat request: stream ``texts`` (and a tool
     call's first ``tool_arguments``), then finish, or drop the connection (``cut``), or
-    answer ``status`` without streaming."""
+    answer ``status`` without streaming; with ``stall``, send nothing after ``texts`` until
+    the backend is released."""
 
     texts: tuple[str, ...] = ()
     tool_arguments: str | None = None
     cut: bool = False
     status: int = 200
+    stall: bool = False
 
 
 @dataclass
@@ -81,6 +83,8 @@ class ScriptedBackend:
     plans: list[Plan] = field(default_factory=list)
     requests: list[dict[str, Any]] = field(default_factory=list)
     up: bool = True
+    # Set to let stalled requests end.
+    release: asyncio.Event = field(default_factory=asyncio.Event)
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -103,6 +107,9 @@ class ScriptedBackend:
         await response.write(chunk({"role": "assistant", "content": ""}))
         for text in plan.texts:
             await response.write(chunk({"content": text}))
+        if plan.stall:
+            await self.release.wait()
+            return response
         if plan.tool_arguments is not None:
             call = {"index": 0, "id": "call_1", "type": "function"}
             call["function"] = {"name": "get_weather", "arguments": plan.tool_arguments}
@@ -333,6 +340,31 @@ async def test_with_every_backend_failing_one_response_fails_cleanly(backends: B
     with pytest.raises(LlmError, match="none available"):
         await collect(engine)
     assert len(backends.a.requests) == len(backends.b.requests) == 1
+
+
+@pytest.mark.parametrize(
+    ("stalled", "resumed", "continued"),
+    [(Plan(stall=True), ("Hello!",), False), (Plan(texts=("Hello",), stall=True), ("!",), True)],
+    ids=["first-token", "next-token"],
+)
+async def test_a_stalled_backend_counts_as_failed_and_the_response_moves_on(
+    backends: Backends, stalled: Plan, resumed: tuple[str, ...], continued: bool
+) -> None:
+    backends.a.plans.append(stalled)
+    backends.b.plans.append(Plan(texts=resumed))
+    engine = backends.make(stall_s=(0.2, 0.2))
+    await engine.warmup()
+    try:
+        # Without the per-backend limit the stalled backend would hold the response forever.
+        async with asyncio.timeout(30):
+            events = await collect(engine)
+    finally:
+        backends.a.release.set()
+    assert text_of(events) == "Hello!"
+    assert events[-1] == Finished("stop")
+    assert engine.state(backends.url_a) == "unhealthy"
+    assert backends.sample("hark_llm_backend_failovers_total", backends.url_a) == 1
+    assert ("continue_final_message" in backends.b.requests[0]) is continued
 
 
 async def test_a_refused_request_does_not_take_the_backend_out(backends: Backends) -> None:

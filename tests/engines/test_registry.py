@@ -102,6 +102,8 @@ async def test_a_url_chooses_the_openai_engine_of_its_kind() -> None:
     )
     assert isinstance(several.llm, FailoverLlm)
     assert several.llm.backends == ("http://gpu-a/v1", "http://gpu-b/v1")
+    # Each backend may stall for its share of the stage limits (30 s and 15 s by default).
+    assert several.llm.stall_s == (15.0, 7.5)
 
     audio = build_engines(
         load_settings(

@@ -141,11 +141,17 @@ def _openai_llm(settings: Settings) -> LlmEngine:
     if len(settings.llm_url) > 1:
         from hark.engines.llm.failover import FailoverLlm
 
+        # Each backend's share of the stage limits: all of them can be tried within them.
+        shares = len(settings.llm_url)
         return FailoverLlm.for_urls(
             settings.llm_url,
             settings.llm_model_name,
             api_key=settings.llm_api_key,
             context_tokens=settings.llm_context_tokens,
+            stall_s=(
+                settings.llm_first_token_timeout / shares,
+                settings.llm_token_timeout / shares,
+            ),
         )
     from hark.engines.llm.openai_compatible import OpenAICompatibleLlm
 

@@ -15,6 +15,12 @@ already seen the call's id and part of its arguments, and no chat-completions se
 resume a half-written call (an assistant message cannot be prefilled with partial
 ``tool_calls``), while a call made over again would carry another id and perhaps other
 arguments.
+
+A backend that accepts a request and then stalls (no first token, or no next one) counts as
+failed once it has waited ``stall_s``, and the response moves on as above: the stage limits
+of :mod:`hark.engines.stage_timeouts` measure the whole engine, so they would fail the
+response instead. The server gives each backend the stage's limit divided among the
+backends, so that every one of them can be tried within it.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from hark.engines.llm import (
     TextDelta,
 )
 from hark.engines.llm.openai_compatible import LlmError, OpenAICompatibleLlm
+from hark.engines.stage_timeouts import StageTimeoutError, within
 
 logger = logging.getLogger(__name__)
 
@@ -168,7 +175,9 @@ class FailoverLlm:
     ``health_interval_s``: how often a backend in service is checked; ``health_timeout_s``:
     how long a check may take; a failed backend stays out ``backoff_s``, doubling with each
     failure in a row up to ``backoff_max_s``. Build the backends with ``connect_attempts=1``
-    so that a dead one hands over at once (:meth:`for_urls` does). Call :meth:`aclose` when done.
+    so that a dead one hands over at once (:meth:`for_urls` does). ``stall_s``: how long a
+    backend may take to its first output and between two outputs (seconds) before it counts
+    as failed; ``None``: as long as it likes. Call :meth:`aclose` when done.
     """
 
     # Its backends send images as they do (``OpenAICompatibleLlm.takes_images``).
@@ -182,6 +191,7 @@ class FailoverLlm:
         health_timeout_s: float = HEALTH_TIMEOUT_S,
         backoff_s: float = BACKOFF_S,
         backoff_max_s: float = BACKOFF_MAX_S,
+        stall_s: tuple[float, float] | None = None,
     ) -> None:
         if not backends:
             raise ValueError("FailoverLlm needs at least one backend")
@@ -192,6 +202,7 @@ class FailoverLlm:
         self.health_timeout_s = health_timeout_s
         self.backoff_s = backoff_s
         self.backoff_max_s = backoff_max_s
+        self.stall_s = stall_s
         self._observer: BackendObserver | None = None
         self._next = 0
         self._wake = asyncio.Event()
@@ -209,6 +220,7 @@ class FailoverLlm:
         health_timeout_s: float = HEALTH_TIMEOUT_S,
         backoff_s: float = BACKOFF_S,
         backoff_max_s: float = BACKOFF_MAX_S,
+        stall_s: tuple[float, float] | None = None,
     ) -> FailoverLlm:
         """One backend per URL, all serving ``model`` with ``api_key`` (and a context of
         ``context_tokens``, when known)."""
@@ -224,6 +236,7 @@ class FailoverLlm:
             health_timeout_s=health_timeout_s,
             backoff_s=backoff_s,
             backoff_max_s=backoff_max_s,
+            stall_s=stall_s,
         )
 
     def __repr__(self) -> str:
@@ -302,7 +315,7 @@ class FailoverLlm:
             backend.in_flight += 1
             self._notify("request", backend)
             try:
-                async with contextlib.aclosing(backend.engine.generate(attempt, extra_body)) as it:
+                async with contextlib.aclosing(self._stream(backend, attempt, extra_body)) as it:
                     async for event in it:
                         if isinstance(event, TextDelta):
                             text = repeats.push(event.text)
@@ -319,7 +332,9 @@ class FailoverLlm:
                             tool_call_seen = True
                             yield event
                     raise LlmError("the LLM stream ended without a finish")
-            except LlmError as exc:
+            except (LlmError, StageTimeoutError) as exc:
+                if isinstance(exc, StageTimeoutError):
+                    exc = LlmError(f"the LLM backend {backend.label} stalled: {exc}")
                 self._failed(backend, exc)
                 if tool_call_seen:
                     raise LlmError(
@@ -330,6 +345,23 @@ class FailoverLlm:
                 failed = backend
             finally:
                 backend.in_flight -= 1
+
+    def _stream(
+        self, backend: _Backend, request: GenerationRequest, extra_body: dict[str, Any] | None
+    ) -> AsyncGenerator[LlmEvent, None]:
+        """``backend``'s events for ``request``, failing with ``StageTimeoutError`` when it
+        stalls past ``stall_s``."""
+        events = backend.engine.generate(request, extra_body)
+        if self.stall_s is None:
+            return events
+        first_s, gap_s = self.stall_s
+        return within(
+            events,
+            first_s=first_s,
+            gap_s=gap_s,
+            stage="LLM backend first token",
+            gap_stage="LLM backend next token",
+        )
 
     def _pick(self, tried: set[_Backend]) -> _Backend | None:
         """The healthy backend with the fewest requests in flight (ties in turn), else the
