@@ -123,3 +123,35 @@ async def test_a_degraded_worker_without_sessions_tries_its_vad_again_when_asked
     model.failing.clear()
     await wait_ready(http, server)
     assert await readyz(http, server) == (200, {"status": "ready"})
+
+
+async def test_a_dead_vad_thread_is_counted_in_metrics_and_ready_once_its_successor_serves(
+    start_server: StartServer, http: aiohttp.ClientSession
+) -> None:
+    model = FlakyVadModel()
+    engines = dataclasses.replace(
+        engines_sharing_turn(Settings(engines="fake")), vad=BatchedSileroVad(model=model)
+    )
+    server = await start_server(KEYED, engines)
+    await wait_ready(http, server)
+    async with http.ws_connect(server.ws_url, headers=bearer(API_KEY)) as ws:
+        assert (await next_event(ws))["type"] == "session.created"
+        model.kill_next.set()
+        await ws.send_str(silence(0.032))
+        assert (await next_event(ws))["error"]["code"] == "vad_failed"
+        assert await readyz(http, server) == (
+            503,
+            {
+                "status": "degraded",
+                "engines": {"vad": {"code": "engine_thread_died", "error": "ThreadKiller"}},
+            },
+        )
+        # The server's own metrics (loopback reads them without a key) counted the restart.
+        async with http.get(server.url + "/metrics") as response:
+            exposition = await response.text()
+        assert 'hark_engine_thread_restarts_total{engine="vad"} 1.0' in exposition
+
+        # The thread that took the dead one's place serves the next chunk.
+        await ws.send_str(silence(0.2))
+        await wait_ready(http, server)
+        assert await readyz(http, server) == (200, {"status": "ready"})
