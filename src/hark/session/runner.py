@@ -17,6 +17,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -71,6 +72,10 @@ MAX_BACKLOG_EVENTS = 10_000
 MAX_BACKLOG_BYTES = 16 * MiB
 # The reason (``SessionMetrics.ended``) and error code of a session closed for its backlog.
 BACKLOG_EXCEEDED = "client_not_reading"
+# Long appends are denoised (``Denoise``) on threads of their own, so that uploads never hold
+# up what the default executor runs (the /metrics exposition, model loads). Each session has
+# at most one job; a closed session's job that has not started is dropped.
+_DENOISE_POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hark-denoise")
 # The most runs of chunks (one per flush) whose arrival waits for the VAD's answer: half a
 # minute of audio sent in real time, far more than a working VAD leaves unanswered.
 MAX_VAD_WAITING_RUNS = 1024
@@ -619,7 +624,8 @@ class SessionRunner:
         # soxr and librnnoise release the GIL: the loop serves other sessions meanwhile. Closing
         # the session cancels the wait; the thread finishes its job and the result is dropped.
         try:
-            pcm = await asyncio.to_thread(action.denoise, action.pcm)
+            loop = asyncio.get_running_loop()
+            pcm = await loop.run_in_executor(_DENOISE_POOL, action.denoise, action.pcm)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
