@@ -9,6 +9,8 @@ test waits for the answers it expects (a liveness bound only stops a hung test).
 from __future__ import annotations
 
 import asyncio
+import itertools
+import logging
 import threading
 from collections.abc import AsyncIterator
 from typing import Any
@@ -331,6 +333,41 @@ async def test_a_vad_thread_that_dies_after_answering_is_started_again(
     assert engine.health.restarts == 1
     assert "vad" not in health.degraded()
     stream.close()
+
+
+def test_a_part_that_keeps_failing_is_logged_once_per_kind_of_failure_and_backs_off(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="hark.engines.health")
+    part = health.EngineHealth("doomed-part")
+    try:
+        for _ in range(3):
+            part.failed(RuntimeError("the model is broken"))
+        part.failed(ValueError("bad weights"))
+        logged = [r.getMessage() for r in caplog.records]
+        assert logged == [
+            "the doomed-part engine is degraded (engine_failed): RuntimeError: the model is broken",
+            "the doomed-part engine is degraded (engine_failed): ValueError: bad weights",
+        ]
+        # A thread that keeps dying before any success waits longer each time, up to a cap.
+        delays = [part.restarted(ThreadKiller("again")) for _ in range(12)]
+        assert delays[0] == 0.0
+        assert all(a < b for a, b in itertools.pairwise(delays[:11]))
+        assert delays[-1] == delays[-2] == health.restart_delay(100)
+        assert health.degraded()["doomed-part"]["code"] == "engine_thread_died"
+        # One success ends both: the next death waits no more.
+        part.working()
+        assert "doomed-part" not in health.degraded()
+        assert part.restarted(ThreadKiller("again")) == 0.0
+        part.failed(RuntimeError("the model is broken"))
+        # Twelve deaths in a row were one line; after the success, each change is a new one.
+        assert [r.getMessage().split("(")[1] for r in caplog.records[2:]] == [
+            "engine_thread_died): ThreadKiller: again",
+            "engine_thread_died): ThreadKiller: again",
+            "engine_failed): RuntimeError: the model is broken",
+        ]
+    finally:
+        part.close()
 
 
 async def test_a_stage_limit_names_its_stage_and_lets_an_engines_own_timeout_through() -> None:
