@@ -14,11 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
+import pydantic
 import pytest
 import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import ToolAnnotations
 from openai.types.realtime import RealtimeMcpApprovalResponseParam
+from openai.types.realtime.realtime_server_event import RealtimeServerEvent
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from hark.session.actions import McpServer
@@ -36,6 +38,7 @@ FAKE_REPLY = "The capital of France is Paris."
 # How long the slow tool takes, and how long the client waits for it.
 SLOW_S = 5.0
 PATIENCE_S = 0.5
+SDK_EVENT = pydantic.TypeAdapter(RealtimeServerEvent)
 
 
 def town() -> MCPServer:
@@ -152,7 +155,12 @@ def mcp_tool(url: str, **overrides: Any) -> dict[str, Any]:
 
 
 async def collect(conn: Any, stop: str) -> list[Any]:
-    return [e async for e in events_until(conn, stop, limit_s=60)]
+    """The events until one of type ``stop``; each must be one the `openai` SDK reads (it
+    builds them unchecked)."""
+    events = [e async for e in events_until(conn, stop, limit_s=60)]
+    for event in events:
+        SDK_EVENT.validate_python(event.to_dict())
+    return events
 
 
 def of_type(events: list[Any], kind: str) -> list[Any]:
@@ -243,17 +251,19 @@ async def test_approval_both_ways(fake_server: Server, mcp_server: McpHttpServer
             stored = await collect(conn, "conversation.item.done")
             assert stored[-1].item.type == "mcp_approval_response"
             assert stored[-1].item.id == answer["id"]
-            answered = await respond(conn)
-            calls = [o for o in answered[-1].response.output if o.type == "mcp_call"]
             if approve:
-                (call,) = calls
+                # The approved call runs with no response.create; the client asks for the
+                # answer once it has completed.
+                ran = await collect(conn, "conversation.item.done")
+                (call,) = [e.item for e in ran if e.type == "conversation.item.done"]
+                assert call.type == "mcp_call"
                 assert call.approval_request_id == request.id
                 assert call.output == "Table booked for example"
-                assert of_type(answered, "response.mcp_call.completed")
-            else:
-                assert calls == []
-                assert not of_type(answered, "response.mcp_call.in_progress")
-            assert answered[-1].response.output[-1].type == "message"
+                (completed,) = of_type(ran, "response.mcp_call.completed")
+                assert completed.item_id == call.id
+            answered = await respond(conn)
+            assert not of_type(answered, "response.mcp_call.in_progress")
+            assert [o.type for o in answered[-1].response.output] == ["message"]
 
 
 async def test_a_tool_that_fails_fails_its_call_and_the_model_goes_on(

@@ -6,9 +6,12 @@ results a server would give, and the LLM's part with tool-call events.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
+import pydantic
 import pytest
+from openai.types.realtime.realtime_server_event import RealtimeServerEvent
 
 from hark.engines.llm import Finished
 from hark.protocol import items as wire
@@ -30,6 +33,16 @@ WEATHER = wire.McpTool(
     annotations={"readOnlyHint": True},
 )
 BOOK = wire.McpTool(name="book_table", input_schema={"type": "object"}, annotations=None)
+SDK_EVENT = pydantic.TypeAdapter(RealtimeServerEvent)
+
+
+@pytest.fixture
+def driver() -> Iterator[Driver]:
+    """The core's driver; every event the test made must be one the `openai` SDK reads."""
+    driver = Driver()
+    yield driver
+    for event in driver.events:
+        SDK_EVENT.validate_python(event)
 
 
 def mcp_tool(**overrides: Any) -> dict[str, Any]:
@@ -197,6 +210,23 @@ def test_listed_tools_reach_the_llm_as_functions(driver: Driver) -> None:
     assert [t.name for t in generate.request.tools] == ["lookup"]
 
 
+def test_a_response_during_the_listing_goes_on_without_its_tools(driver: Driver) -> None:
+    # A reply is not held up by a slow server (a listing may take its whole timeout): it
+    # has the tools listed so far, and a client that needs them waits for
+    # mcp_list_tools.completed, as OpenAI's own examples do.
+    text_session(driver, mcp_tool())
+    (action,) = driver.take(ListMcpTools)
+    driver.send({"type": "response.create"})
+    (generate,) = driver.take(Generate)
+    assert generate.request.tools == ()
+    answer(driver, generate, "Hi.")
+    driver.session.on_mcp_tools_listed(action.item_id, [WEATHER], now=driver.now)
+    driver.pump()
+    driver.send({"type": "response.create"})
+    (generate,) = driver.take(Generate)
+    assert [t.name for t in generate.request.tools] == ["get_weather"]
+
+
 def test_a_call_runs_on_the_server_and_the_response_goes_on_with_its_result(
     driver: Driver,
 ) -> None:
@@ -313,17 +343,32 @@ def test_a_call_that_needs_approval_ends_the_turn_with_a_request(driver: Driver)
         "approve": True,
     }
     added = driver.send({"type": "conversation.item.create", "item": approval})
-    assert driver.types(added) == ["conversation.item.added", "conversation.item.done"]
-    assert driver.take(CallMcpTool) == []
-    new = driver.send({"type": "response.create"})
-    assert driver.take(Generate) == []
+    # The approved call runs at once, with no response.create, as an item of the
+    # conversation; OpenAI's clients ask for the answer once it has completed.
+    assert driver.types(added) == [
+        "conversation.item.added",
+        "conversation.item.done",
+        "conversation.item.added",
+        "response.mcp_call.in_progress",
+    ]
+    call_item = added[2]["item"]
+    assert call_item["type"] == "mcp_call"
+    assert call_item["approval_request_id"] == return_request
+    assert added[3]["item_id"] == call_item["id"]
     (action,) = driver.take(CallMcpTool)
-    assert (action.name, action.arguments) == ("get_weather", '{"city": "Oslo"}')
-    (added_call,) = [e for e in new if e["type"] == "response.output_item.added"]
-    assert added_call["item"]["type"] == "mcp_call"
-    assert added_call["item"]["approval_request_id"] == return_request
+    assert (action.item_id, action.name, action.arguments) == (
+        call_item["id"],
+        "get_weather",
+        '{"city": "Oslo"}',
+    )
+    assert driver.take(Generate) == []
     driver.session.on_mcp_call_done(action.response_id, action.item_id, "Snow", now=driver.now)
-    driver.pump()
+    completed = driver.pump()
+    assert driver.types(completed) == ["response.mcp_call.completed", "conversation.item.done"]
+    assert completed[1]["item"]["output"] == "Snow"
+    assert completed[1]["item"]["error"] is None
+    assert driver.take(Generate) == []
+    driver.send({"type": "response.create"})
     (again,) = driver.take(Generate)
     assert again.request.messages[-1].content == "Snow"
     answer(driver, again, "It snows.")
@@ -331,6 +376,32 @@ def test_a_call_that_needs_approval_ends_the_turn_with_a_request(driver: Driver)
     driver.send({"type": "response.create"})
     assert driver.take(CallMcpTool) == []
     assert len(driver.take(Generate)) == 1
+
+
+def test_a_response_waits_for_an_approved_call_still_running(driver: Driver) -> None:
+    listed(driver, WEATHER, require_approval="always")
+    driver.send({"type": "response.create"})
+    (generate,) = driver.take(Generate)
+    call(driver, generate, "get_weather", "{}")
+    request_id = [e for e in driver.events if e["type"] == "response.output_item.added"][-1][
+        "item"
+    ]["id"]
+    approval = {"type": "mcp_approval_response", "approval_request_id": request_id, "approve": True}
+    driver.send({"type": "conversation.item.create", "item": approval})
+    (action,) = driver.take(CallMcpTool)
+    driver.send({"type": "response.create"})
+    assert driver.take(Generate) == []
+    driver.session.on_mcp_call_failed(
+        action.response_id,
+        action.item_id,
+        wire.McpCallError(type="http_error", code=502, message="unreachable"),
+        now=driver.now,
+    )
+    failed = driver.pump()
+    assert driver.types(failed)[:2] == ["response.mcp_call.failed", "conversation.item.done"]
+    assert failed[1]["item"]["error"]["code"] == 502
+    (generate,) = driver.take(Generate)
+    assert generate.request.messages[-1].content == "error: unreachable"
 
 
 def test_a_denied_call_is_never_made(driver: Driver) -> None:

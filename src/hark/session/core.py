@@ -598,6 +598,8 @@ class Session:
         self._outbox.emit(se.ConversationItemDone(previous_item_id=previous, item=entry.to_wire()))
         for part in recognise:
             self._recognition.recognise(entry, part)
+        if isinstance(item, wire.McpApprovalResponseItem):
+            self._responses.run_approved()
         self._limit_audio()
         self._responses.prefill()
 

@@ -7,7 +7,7 @@ come back through the session's ``on_mcp_*`` inputs. A server is listed when a s
 adds it (or changes how it is reached), into an ``mcp_list_tools`` conversation item; the tools
 it listed, narrowed by ``allowed_tools``, reach the LLM as function tools. Responses call them
 (see ``response_lifecycle``); ``require_approval`` turns a call into an ``mcp_approval_request``
-item, which the client's ``mcp_approval_response`` item answers before the next response.
+item, which the client's ``mcp_approval_response`` item answers: an approved call runs at once.
 """
 
 from __future__ import annotations

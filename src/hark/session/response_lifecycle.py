@@ -48,6 +48,9 @@ from hark.session.speculation import Speculation
 # How many times a response goes back to the LLM with MCP results; the last time it may call
 # no more tools, so a model that keeps calling them still answers.
 MAX_MCP_ROUNDS = 8
+# The ``CallMcpTool`` response id of calls run when the user approves them, outside any
+# response (no response is named so: response ids start with ``resp_``).
+APPROVED_CALLS = "approved"
 # The most responses a session may have in progress at once, out of band and in the
 # conversation together: each holds LLM and TTS work, and out-of-band ones are not limited to
 # one by the conversation. Past it ``response.create`` is refused with an error.
@@ -156,6 +159,8 @@ class ResponseLifecycle:
         self._limit_audio = limit_audio
         self._reply_sent = reply_sent
         self._mcp = mcp
+        # Calls the user approved, running outside any response: item id → the mcp_call item.
+        self._approved_calls: dict[str, Entry] = {}
         self._words_unneeded = words_unneeded
         self.responses: dict[str, Response] = {}
         self.in_band: Response | None = None
@@ -286,13 +291,9 @@ class ResponseLifecycle:
         if response.mcp_running or any(e.pending_recognition() for e in entries):
             return
         first = not response.rounds and not response.mcp_called
-        if response.in_band and first:
-            # The calls the user approved since the last response run first, and the LLM
-            # reads their results (OpenAI's order).
-            for request_id, request in self._mcp.take_approved():
-                self._approved_call(response, request_id, request)
-            if response.mcp_running:
-                return
+        if response.in_band and first and self._approved_calls:
+            # The calls the user approved are still running: the LLM reads their results.
+            return
         if not response.in_band and not first:
             # Out of band, the MCP calls made so far are in the response's output only.
             entries = [*entries, *response.output]
@@ -628,18 +629,54 @@ class ResponseLifecycle:
         )
         self._call_mcp(response, entry)
 
-    def _approved_call(
-        self, response: Response, request_id: str, request: wire.McpApprovalRequestItem
+    def run_approved(self) -> None:
+        """The conversation answered approval requests: each approved call runs now, without
+        waiting for a ``response.create`` (as OpenAI's clients expect: they ask for the answer
+        once ``response.mcp_call.completed`` came), as an ``mcp_call`` item of the
+        conversation that no response holds; the next response reads its result."""
+        for request_id, request in self._mcp.take_approved():
+            item = wire.McpCallItem(
+                server_label=request.server_label,
+                name=request.name,
+                arguments=request.arguments,
+                approval_request_id=request_id,
+            )
+            entry = Entry(id=self._ids.new("item"), type="mcp", status="in_progress", mcp=item)
+            previous = self._conversation.insert(entry)
+            self._outbox.emit(
+                se.ConversationItemAdded(previous_item_id=previous, item=entry.to_wire())
+            )
+            self._approved_calls[entry.id] = entry
+            self._outbox.emit(se.ResponseMcpCallInProgress(item_id=entry.id, output_index=0))
+            server = self._mcp.server(request.server_label)
+            if server is None:
+                self._approved_call_done(entry.id, None, _server_gone(request.server_label))
+                continue
+            self._outbox.act(
+                CallMcpTool(APPROVED_CALLS, entry.id, server, request.name, request.arguments)
+            )
+
+    def _approved_call_done(
+        self, item_id: str, output: str | None, error: wire.McpCallError | None
     ) -> None:
-        item = wire.McpCallItem(
-            server_label=request.server_label,
-            name=request.name,
-            arguments=request.arguments,
-            approval_request_id=request_id,
-        )
-        entry = Entry(id=self._ids.new("item"), type="mcp", status="in_progress", mcp=item)
-        self._add_output(response, entry)
-        self._call_mcp(response, entry)
+        entry = self._approved_calls.pop(item_id, None)
+        if entry is None:
+            return
+        assert isinstance(entry.mcp, wire.McpCallItem)
+        entry.mcp = msgspec.structs.replace(entry.mcp, output=output, error=error)
+        entry.status = "completed" if error is None else "incomplete"
+        if error is None:
+            self._outbox.emit(se.ResponseMcpCallCompleted(item_id=item_id, output_index=0))
+        else:
+            self._outbox.emit(se.ResponseMcpCallFailed(item_id=item_id, output_index=0))
+        entries = self._conversation.entries()
+        if entry in entries:
+            position = entries.index(entry)
+            previous = entries[position - 1].id if position else None
+            self._outbox.emit(
+                se.ConversationItemDone(previous_item_id=previous, item=entry.to_wire())
+            )
+        self.resume_waiting()
 
     def _call_mcp(self, response: Response, entry: Entry) -> None:
         item = entry.mcp
@@ -649,15 +686,7 @@ class ResponseLifecycle:
         self._outbox.emit(se.ResponseMcpCallInProgress(item_id=entry.id, output_index=index))
         server = self._mcp.server(item.server_label)
         if server is None:
-            self.mcp_call_done(
-                response.id,
-                entry.id,
-                error=wire.McpCallError(
-                    type="protocol_error",
-                    code=-32602,
-                    message=f"The session no longer has the MCP server '{item.server_label}'.",
-                ),
-            )
+            self.mcp_call_done(response.id, entry.id, error=_server_gone(item.server_label))
             return
         self._outbox.act(CallMcpTool(response.id, entry.id, server, item.name, item.arguments))
 
@@ -670,6 +699,9 @@ class ResponseLifecycle:
     ) -> None:
         """An MCP call returned ``output``, or failed with ``error``; the response goes on
         once its calls are done and the LLM has finished."""
+        if response_id == APPROVED_CALLS:
+            self._approved_call_done(item_id, output, error)
+            return
         response = self.responses.get(response_id)
         if response is None or item_id not in response.mcp_running:
             return
@@ -794,6 +826,15 @@ class ResponseLifecycle:
         """The session ends: every response is cancelled."""
         for response in list(self.responses.values()):
             self.end_response(response, "cancelled", {"type": "cancelled", "reason": None})
+
+
+def _server_gone(label: str) -> wire.McpCallError:
+    """The error of a call whose MCP server the session no longer has."""
+    return wire.McpCallError(
+        type="protocol_error",
+        code=-32602,
+        message=f"The session no longer has the MCP server '{label}'.",
+    )
 
 
 def engine_truncation(truncation: SessionTruncation) -> Truncation:

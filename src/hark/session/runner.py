@@ -79,6 +79,10 @@ _DENOISE_POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hark-denoi
 # The most runs of chunks (one per flush) whose arrival waits for the VAD's answer: half a
 # minute of audio sent in real time, far more than a working VAD leaves unanswered.
 MAX_VAD_WAITING_RUNS = 1024
+# The most audio (seconds) of a session waiting for or in the ASR: two full input buffers. A
+# client committing audio faster than the ASR hears it would otherwise queue all it sends;
+# past this, a request fails at once (its item's transcription failed) and the session goes on.
+MAX_TRANSCRIBING_S = 600.0
 
 
 class AudioPlayer(Protocol):
@@ -211,6 +215,8 @@ class SessionRunner:
         # When the audio behind the VAD result being handled now arrived.
         self._vad_arrived = 0.0
         self._vad_stream = engines.vad.open_stream(self._on_vad, self._on_vad_missed)
+        # Seconds of audio in the ASR requests running (``MAX_TRANSCRIBING_S``).
+        self._transcribing_s = 0.0
         self._generations: dict[str, asyncio.Task[None]] = {}
         # Recognition running (steps and whole items), by request id (CancelRecognition).
         self._recognitions: dict[str, asyncio.Task[None]] = {}
@@ -634,9 +640,31 @@ class SessionRunner:
             return
         self._call(self.session.on_denoised, action.job_id, pcm)
 
+    def _asr_admits(self, request_id: str, seconds: float) -> bool:
+        """Whether ``seconds`` more of the session's audio may go to the ASR (counted until
+        its request ends); if not, the request fails now."""
+        if self._transcribing_s + seconds <= MAX_TRANSCRIBING_S:
+            self._transcribing_s += seconds
+            return True
+        self._recognitions.pop(request_id, None)
+        message = (
+            f"Over {MAX_TRANSCRIBING_S:.0f} s of this session's audio already waits for "
+            "transcription."
+        )
+        self._call(self.session.on_transcription_failed, request_id, message)
+        return False
+
     async def _transcribe(self, action: Transcribe) -> None:
-        text = ""
         seconds = len(action.audio) / self.engines.asr.sample_rate
+        if not self._asr_admits(action.request_id, seconds):
+            return
+        try:
+            await self._run_transcription(action, seconds)
+        finally:
+            self._transcribing_s -= seconds
+
+    async def _run_transcription(self, action: Transcribe, seconds: float) -> None:
+        text = ""
         try:
             async with limit(self.engines.timeouts.asr_request, "ASR request"):
                 async for delta in self.engines.asr.transcribe(
@@ -663,6 +691,15 @@ class SessionRunner:
         task.add_done_callback(self._tasks.discard)
 
     async def _run_recognition(self, action: Recognise) -> None:
+        seconds = len(action.request.audio) / self.engines.asr.sample_rate
+        if not self._asr_admits(action.request_id, seconds):
+            return
+        try:
+            await self._recognise_step(action)
+        finally:
+            self._transcribing_s -= seconds
+
+    async def _recognise_step(self, action: Recognise) -> None:
         try:
             async with limit(self.engines.timeouts.asr_request, "ASR request"):
                 transcript = await self.engines.asr.recognise(action.request)
