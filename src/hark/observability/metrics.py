@@ -175,6 +175,13 @@ class Metrics:
             ["transport"],
             registry=r,
         )
+        self.input_throttled = Counter(
+            "hark_input_throttled_seconds",
+            "Time clients' input went unread: their sessions had used their share of the "
+            "event loop (a client sending faster than it is answered), by transport.",
+            ["transport"],
+            registry=r,
+        )
         self.loop_lag = Histogram(
             "hark_event_loop_lag_seconds",
             "How late the event loop ran a timer.",

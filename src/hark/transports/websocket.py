@@ -7,7 +7,8 @@ the close handshake), and the session's events are written as it makes them
 Either side ending ends both, and the session is always closed, which cancels its engine work.
 A peer that stops reading is closed once the session's backlog passes its bound: it gets the
 session's ``error`` event and a 1008 close naming the bound if it reads within
-``STALLED_CLOSE_SECONDS``, and the connection is dropped if it does not.
+``STALLED_CLOSE_SECONDS``, and the connection is dropped if it does not. A peer that sends
+faster than its share of the event loop is read less often (``hark.transports.input_budget``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
@@ -24,6 +26,7 @@ from aiohttp.helpers import DEFAULT_CHUNK_SIZE
 from aiohttp.web_request import BaseRequest
 
 from hark.session.core import MAX_APPEND_BYTES, MiB
+from hark.transports.input_budget import InputBudget, InputGate
 
 logger = logging.getLogger(__name__)
 
@@ -87,16 +90,33 @@ class _TextQueue(WebSocketDataQueue):
     A queued message costs a wake-up of the reader's task and a pass through
     ``WebSocketResponse.receive`` for every 20 ms append; handed over from the parser, an
     append is handled within the ``data_received`` that brought it. Other messages (pings,
-    pongs, binary frames, the close handshake, errors) still go through the queue.
+    pongs, binary frames, the close handshake, errors) still go through the queue, and so
+    does text while any of them waits there, to keep the order. While ``gate`` holds input
+    (its session's input budget ran dry) every message goes to it, to come back through
+    ``deliver`` in order.
     """
 
     def __init__(self, protocol: Any, limit: int, *, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(protocol, limit, loop=loop)
         self.on_text: Callable[[str], None] | None = None
+        self.gate: InputGate[tuple[Any, int]] | None = None
 
     def feed_data(self, data: Any, size: int) -> None:
+        gate = self.gate
+        if gate is not None and gate.holding:
+            gate.hold((data, size))
+            return
         on_text = self.on_text
-        if on_text is not None and data[0] is WSMsgType.TEXT:
+        if on_text is not None and data[0] is WSMsgType.TEXT and not self._buffer:
+            on_text(data[1])
+        else:
+            super().feed_data(data, size)
+
+    def deliver(self, message: tuple[Any, int]) -> None:
+        """Hand on a message the gate held, as ``feed_data`` would have."""
+        data, size = message
+        on_text = self.on_text
+        if on_text is not None and data[0] is WSMsgType.TEXT and not self._buffer:
             on_text(data[1])
         else:
             super().feed_data(data, size)
@@ -117,6 +137,7 @@ class RealtimeWebSocket(web.WebSocketResponse):
         self._ws_protocol = protocol
         self._writer = writer
         self._transport = writer.transport
+        self._http_protocol = request.protocol
         self._reset_heartbeat()
         queue = _TextQueue(request._protocol, DEFAULT_CHUNK_SIZE, loop=request._loop)
         self._reader = queue
@@ -176,6 +197,31 @@ class RealtimeWebSocket(web.WebSocketResponse):
         transport.write_eof()
         asyncio.get_running_loop().call_later(STALLED_CLOSE_SECONDS, transport.abort)
 
+    def throttle_input(
+        self, throttled: Callable[[float], None] | None = None
+    ) -> InputGate[tuple[Any, int]] | None:
+        """An ``InputGate`` on this connection's reading with a fresh ``InputBudget``:
+        messages are held by it from the frame parser while the budget is dry (None before
+        the response is prepared). ``throttled`` is told each time reading was paused."""
+        queue = getattr(self, "_reader", None)
+        if not isinstance(queue, _TextQueue):
+            return None
+        gate: InputGate[tuple[Any, int]] = InputGate(
+            InputBudget(time.perf_counter()),
+            pause_reading=self._transport.pause_reading,
+            resume_reading=self._resume_reading,
+            deliver=queue.deliver,
+            throttled=throttled,
+        )
+        queue.gate = gate
+        return gate
+
+    def _resume_reading(self) -> None:
+        # Not while aiohttp's own flow control holds the connection (its queue of pings,
+        # binary frames and the close is full): reading its queue resumes it.
+        if not self._http_protocol._reading_paused:
+            self._transport.resume_reading()
+
     def text_to(self, on_text: Callable[[str], None] | None) -> bool:
         """From now on, hand text messages to ``on_text`` as they are parsed (None: queue
         them again); only while nothing is queued, since what came before must be received
@@ -214,13 +260,20 @@ def websocket_response(*, offered_realtime: bool) -> RealtimeWebSocket:
     )
 
 
-async def run_session(ws: web.WebSocketResponse, session: RealtimeSession) -> None:
+async def run_session(
+    ws: web.WebSocketResponse,
+    session: RealtimeSession,
+    *,
+    throttled: Callable[[float], None] | None = None,
+) -> None:
     """Start ``session`` and drive it over the prepared ``ws`` until either side ends.
 
     Returns once the connection is closed and the session is closed. With a
     ``RealtimeWebSocket``, text messages go to the session straight from the frame parser
-    once those received before the session started have been handled, and the session's
-    events are written as it makes them.
+    once those received before the session started have been handled, the session's
+    events are written as it makes them, and the time spent on the client's input is
+    charged to an input budget, past which the connection is read less often (``throttled``
+    is told each time, with how long reading was paused).
     """
     session_over = asyncio.Event()
     writer: asyncio.Task[None] | None = None
@@ -228,10 +281,15 @@ async def run_session(ws: web.WebSocketResponse, session: RealtimeSession) -> No
     loop = asyncio.get_running_loop()
     heard = _Heard(loop.time())
     keepalive = asyncio.create_task(_keep_alive(ws, heard, HEARTBEAT_SECONDS))
+    clock = time.perf_counter
+    gate = ws.throttle_input(throttled) if isinstance(ws, RealtimeWebSocket) else None
+    charge = gate.spent if gate is not None else _free
 
     def on_text(text: str) -> None:
         heard.at = loop.time()
+        start = clock()
         session.receive_text(text)
+        charge(start)
 
     def on_stalled(reason: str) -> None:
         nonlocal closer
@@ -248,6 +306,7 @@ async def run_session(ws: web.WebSocketResponse, session: RealtimeSession) -> No
             switching = None
         async for msg in ws:
             heard.at = loop.time()
+            start = clock()
             if msg.type is WSMsgType.TEXT:
                 session.receive_text(msg.data)
                 if switching is not None and switching.text_to(on_text):
@@ -259,7 +318,13 @@ async def run_session(ws: web.WebSocketResponse, session: RealtimeSession) -> No
             elif msg.type is WSMsgType.ERROR:
                 logger.info("websocket closed on a bad frame: %s", ws.exception())
                 break
+            charge(start)
+            if gate is not None:
+                # Reading the queue now would let aiohttp resume a connection the budget paused.
+                await gate.wait()
     finally:
+        if gate is not None:
+            gate.close()
         if isinstance(ws, RealtimeWebSocket):
             ws.text_to(None)
         session.send_with(None)
@@ -278,6 +343,10 @@ async def run_session(ws: web.WebSocketResponse, session: RealtimeSession) -> No
         await session.close()
         if not ws.closed:
             await ws.close(code=WSCloseCode.GOING_AWAY)
+
+
+def _free(start: float) -> None:
+    """Charges nothing (a connection without an input budget)."""
 
 
 class _Heard:

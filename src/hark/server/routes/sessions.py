@@ -88,7 +88,11 @@ async def realtime_websocket(request: web.Request) -> web.StreamResponse:
             state.sessions.add(runner)
             try:
                 # The dialect (GA, or beta for clients of the preview) is the upgrade's.
-                await run_session(ws, in_dialect(runner, request.headers))
+                await run_session(
+                    ws,
+                    in_dialect(runner, request.headers),
+                    throttled=request.app[METRICS].input_throttled.labels("websocket").inc,
+                )
             finally:
                 state.sessions.discard(runner)
                 state.session_ended.set()

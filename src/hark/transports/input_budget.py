@@ -1,0 +1,178 @@
+"""A per-connection budget of event-loop time for handling one client's input.
+
+All sessions share one event loop. A client that sends as fast as the server reads would
+otherwise be served as fast as it sends: each read brings a chunk of hundreds of its events,
+all handled before the loop gets back to anyone else, so every other session waits behind
+the flood (``hark bench fuzz --rate 0`` took a normal session's text turns from milliseconds
+to seconds; docs/fuzzing.md, "A flood").
+
+``InputBudget`` is a token bucket of seconds: the time spent handling a client's input is
+charged to it, and it refills on wall time at ``SHARE`` of one core. ``InputGate`` acts on
+it: when the bucket runs dry the connection stops reading (TCP backpressure then slows the
+client, and nothing is lost), the frames already parsed from the chunk in hand are held in
+order, and once the bucket has refilled they are delivered first and reading resumes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+# A share of one core per session: a session streaming 20 ms appends spends about 0.3% of a
+# core on them (54 us each on the loaded 2-core development VM), so a client has to send
+# thirty times faster than any real one before it is slowed; ten clients flooding at once
+# still leave the loop for everyone else between their turns.
+SHARE = 0.1
+# Enough for one maximal append (15 MiB of base64 audio) handled without a pause: it took
+# 0.17-0.33 s (median 0.24 s) on that VM under load, decode, resampling and the buffer included.
+BURST_SECONDS = 0.3
+# Reading resumes once this much has refilled, so that a throttled client is read in runs
+# of about 10 ms rather than paused and resumed around every frame.
+RESUME_SECONDS = 0.01
+
+T = TypeVar("T")
+
+
+class InputBudget:
+    """A token bucket of event-loop seconds, refilled at ``share`` of wall time.
+
+    ``spend`` charges the time one input took; the balance may go below zero (an input is
+    always handled whole), and reading should then pause for the time ``spend`` returns.
+    """
+
+    __slots__ = ("_at", "_tokens", "burst", "resume", "share")
+
+    def __init__(
+        self,
+        now: float,
+        *,
+        share: float = SHARE,
+        burst: float = BURST_SECONDS,
+        resume: float = RESUME_SECONDS,
+    ) -> None:
+        self.share = share
+        self.burst = burst
+        self.resume = resume
+        self._tokens = burst
+        self._at = now
+
+    @property
+    def tokens(self) -> float:
+        """The balance at the last charge (seconds; negative when overdrawn)."""
+        return self._tokens
+
+    def spend(self, seconds: float, now: float) -> float:
+        """Charge ``seconds`` of handling at time ``now``; 0.0 to go on reading, else how
+        long to stop reading for the balance to refill to ``resume``."""
+        tokens = self._tokens + (now - self._at) * self.share
+        if tokens > self.burst:
+            tokens = self.burst
+        tokens -= seconds
+        self._tokens = tokens
+        self._at = now
+        if tokens >= 0.0:
+            return 0.0
+        return (self.resume - tokens) / self.share
+
+
+class InputGate(Generic[T]):
+    """Stops reading a connection whose ``InputBudget`` ran dry, and holds its parsed input.
+
+    The transport calls ``spent(start)`` after handling each input (``start`` from
+    ``clock``), ``holding`` before handing one over (while True it goes to ``hold``), and
+    ``await wait()`` before reading more input of its own. ``pause_reading`` and
+    ``resume_reading`` act on the connection; ``deliver`` hands a held input over once the
+    budget has refilled; ``throttled`` is told each stretch of time reading was paused.
+    """
+
+    def __init__(
+        self,
+        budget: InputBudget,
+        *,
+        pause_reading: Callable[[], None],
+        resume_reading: Callable[[], None],
+        deliver: Callable[[T], None],
+        throttled: Callable[[float], None] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        self._budget = budget
+        self._pause_reading = pause_reading
+        self._resume_reading = resume_reading
+        self._deliver = deliver
+        self._throttled = throttled
+        self.clock = clock
+        self._loop = loop or asyncio.get_running_loop()
+        # Input parsed from the chunk being read when the budget ran dry: at most one read's
+        # worth, since reading is paused again whenever something is held.
+        self._held: deque[T] = deque()
+        self._timer: asyncio.TimerHandle | None = None
+        self._paused_at: float | None = None
+        self._open = asyncio.Event()
+        self._open.set()
+        self._closed = False
+
+    @property
+    def holding(self) -> bool:
+        """Input handed over now must be held: the budget is dry, or held input waits."""
+        return self._timer is not None or bool(self._held)
+
+    @property
+    def held(self) -> int:
+        """How many inputs are held."""
+        return len(self._held)
+
+    def spent(self, start: float) -> None:
+        """An input was handled from ``start`` until now: charge it, pausing if dry."""
+        now = self.clock()
+        wait = self._budget.spend(now - start, now)
+        if wait > 0.0 and self._timer is None and not self._closed:
+            self._pause(wait)
+
+    def hold(self, item: T) -> None:
+        """Keep ``item`` for delivery, in order, once the budget has refilled."""
+        self._held.append(item)
+        # Whatever resumed reading meanwhile (aiohttp's own queue), this read is the last.
+        self._pause_reading()
+
+    async def wait(self) -> None:
+        """Return once reading is not paused by the budget."""
+        if not self._open.is_set():
+            await self._open.wait()
+
+    def close(self) -> None:
+        """Stop throttling: held input is dropped, reading resumes (to end the connection)."""
+        self._closed = True
+        self._held.clear()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._reopen()
+
+    def _pause(self, wait: float) -> None:
+        if self._paused_at is None:
+            self._paused_at = self.clock()
+            self._pause_reading()
+            self._open.clear()
+        self._timer = self._loop.call_later(wait, self._refilled)
+
+    def _refilled(self) -> None:
+        self._timer = None
+        held = self._held
+        while held and self._timer is None and not self._closed:
+            self._deliver(held.popleft())
+        if self._timer is None:
+            self._reopen()
+
+    def _reopen(self) -> None:
+        if self._paused_at is None:
+            return
+        paused = self.clock() - self._paused_at
+        self._paused_at = None
+        self._resume_reading()
+        self._open.set()
+        if self._throttled is not None:
+            self._throttled(paused)
