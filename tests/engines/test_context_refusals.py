@@ -137,3 +137,24 @@ async def test_a_refusal_that_is_not_about_the_context_is_not_retried() -> None:
     finally:
         await llm.aclose()
         await server.close()
+
+
+async def test_an_empty_answer_names_the_context_option() -> None:
+    async def empty(request: web.Request) -> web.StreamResponse:
+        # llama-cpp-python's server, streaming, for a prompt past its context.
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", empty)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    llm = OpenAICompatibleLlm(str(server.make_url("/v1")), "m")
+    try:
+        with pytest.raises(LlmError, match="--llm-context-tokens") as failure:
+            [event async for event in llm.generate(GenerationRequest(conversation()))]
+        assert not failure.value.context_exceeded
+    finally:
+        await llm.aclose()
+        await server.close()

@@ -1,6 +1,7 @@
 """Truncation and the soft reply cap with an external backend: llama-cpp-python's real
 OpenAI-compatible server with SmolLM2 and a context of 512 tokens, behind a recording proxy,
-and a real ``hark serve`` whose session talks past that context.
+and a real ``hark serve`` whose session talks past the context of another, of 256 tokens (a
+truncated prompt is processed whole every turn: half the context takes half the time).
 
 llama-cpp-python's server answers a streamed request whose prompt exceeds its context with an
 empty 200 (its ``context_length_exceeded`` error comes only without streaming), where vLLM
@@ -39,6 +40,7 @@ from hark.engines.llm.truncation import ContextOverflow
 from tests.servers import free_port, hark_serve
 
 N_CTX = 512
+SMALL_CTX = 256
 MODEL = "smollm2"
 SYSTEM = "You are a helpful assistant. Answer in one short sentence."
 
@@ -48,6 +50,17 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``python -m llama_cpp.server`` with SmolLM2 and ``--n_ctx 512``; yields its base URL."""
+    yield from llama_server(N_CTX, tmp_path_factory)
+
+
+@pytest.fixture
+def small_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The same with ``--n_ctx 256``."""
+    yield from llama_server(SMALL_CTX, tmp_path_factory)
+
+
+def llama_server(n_ctx: int, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``python -m llama_cpp.server`` with SmolLM2 and a context of ``n_ctx``: its base URL."""
     # Both are installed by the project (the dev group and a core dependency): missing, the
     # test fails rather than skips, as a missing install step must.
     if importlib.util.find_spec("llama_cpp.server") is None:
@@ -60,7 +73,7 @@ def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log = tmp_path_factory.mktemp("llama-server") / "server.log"
     command = [sys.executable, "-m", "llama_cpp.server", "--model", str(model)]
     command += ["--host", "127.0.0.1", "--port", str(port), "--n_threads", "1"]
-    command += ["--n_ctx", str(N_CTX), "--seed", "7", "--verbose", "False"]
+    command += ["--n_ctx", str(n_ctx), "--seed", "7", "--verbose", "False"]
     with log.open("wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/v1"
@@ -274,12 +287,12 @@ async def talk(conn: Any, text: str) -> Any:
 
 
 async def test_a_session_talks_past_the_context_and_keeps_answering(
-    backend: str, tmp_path: Path
+    small_backend: str, tmp_path: Path
 ) -> None:
-    async with proxy(backend) as (recorder, url):
+    async with proxy(small_backend) as (recorder, url):
         # llama-cpp-python's server states its context nowhere: the option gives it.
         args = ["--engines", "fake", "--llm-url", url, "--llm-model", MODEL]
-        args += ["--llm-context-tokens", str(N_CTX)]
+        args += ["--llm-context-tokens", str(SMALL_CTX)]
         # Started off the loop: the proxy on it answers the server's checks meanwhile.
         serving = hark_serve(args, tmp_path / "hark.log")
         port = await asyncio.to_thread(serving.__enter__)
@@ -305,13 +318,15 @@ async def talk_past_the_context(port: int, recorder: Proxy) -> None:
             }
         )
         assert (await conn.recv()).type == "session.updated"
-        # Some 40 tokens a turn: the conversation outgrows 512 tokens after a dozen.
-        turns = 16
+        # Some 40 tokens a turn: the conversation outgrows 256 tokens after five or six.
+        turns = 8
         for t in range(turns):
             done = await talk(conn, f"Remember this: box {t} holds {t * 7} red marbles.")
+            # Answered: a prompt past the backend's context gets an empty 200, which fails.
             assert done.response.status in ("completed", "incomplete"), done.response
         sent = [len(r["messages"]) for r in recorder.requests]
         # The prompt grew by a turn each time until it no longer fit, then lost old turns.
+        assert sent[:3] == [2, 4, 6]
         assert sent[-1] < 1 + 2 * turns - 1
         assert recorder.statuses == [200] * turns
         assert all(r["messages"][0]["role"] == "system" for r in recorder.requests)
@@ -321,6 +336,7 @@ async def talk_past_the_context(port: int, recorder: Proxy) -> None:
         done = await talk(conn, "How many marbles are in box 3?")
         assert done.response.status == "failed"
         error = done.response.status_details.error
+        assert error.code == "context_length_exceeded"
         assert "truncation is disabled" in json.dumps(error.model_dump())
         # The session goes on: back to auto, the next turn is answered.
         await conn.session.update(session={"type": "realtime", "truncation": "auto"})

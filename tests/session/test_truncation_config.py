@@ -1,13 +1,22 @@
-"""The session's ``truncation``: validated as OpenAI types it, echoed, and handed to the LLM."""
+"""The session's ``truncation``: validated as OpenAI types it, echoed, handed to the LLM, and
+a context that overflows failing its response with OpenAI's code while the session goes on."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from hark.engines.llm import Truncation
+from hark.config import Settings
+from hark.engines.fake import FakeLlm
+from hark.engines.llm import GenerationRequest, LlmEvent, Truncation
+from hark.engines.llm.truncation import ContextOverflow
+from hark.engines.registry import build_engines
 from hark.session.actions import Generate
+from hark.session.runner import SessionRunner
 
 from .conftest import Driver
 
@@ -84,3 +93,75 @@ def test_truncation_is_echoed_and_reaches_the_llm(
     driver.send({"type": "response.create"})
     (generate,) = driver.take(Generate)
     assert generate.request.truncation == expected
+
+
+class OverflowingLlm(FakeLlm):
+    """Fails as an LLM does when the conversation cannot fit its context."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self.error = error
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[LlmEvent]:
+        if request.truncation.mode == "disabled":
+            raise self.error
+        async for event in super().generate(request):
+            yield event
+
+
+async def turn(runner: SessionRunner, events: AsyncIterator[str]) -> dict[str, Any]:
+    """One text turn; its ``response.done``."""
+    runner.receive_text(
+        json.dumps(
+            {
+                "type": "conversation.item.create",
+                "item": {
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "Hi"}],
+                },
+            }
+        )
+    )
+    runner.receive_text(json.dumps({"type": "response.create"}))
+    async with asyncio.timeout(10):
+        async for text in events:
+            event = json.loads(text)
+            assert event["type"] != "error", event
+            if event["type"] == "response.done":
+                done: dict[str, Any] = event["response"]
+                return done
+    raise AssertionError("the session ended")
+
+
+@pytest.mark.parametrize(
+    ("error", "code", "error_type"),
+    [
+        (ContextOverflow("the conversation no longer fits"), "context_length_exceeded", None),
+        (RuntimeError("the model crashed"), "engine_error", "server_error"),
+    ],
+)
+async def test_a_context_overflow_fails_the_response_with_its_own_code(
+    error: Exception, code: str, error_type: str | None
+) -> None:
+    engines = build_engines(Settings(engines="fake"))
+    engines.llm = OverflowingLlm(error)
+    runner = SessionRunner(engines, model="m")
+    await runner.start()
+    events = runner.outgoing()
+    try:
+        update = {"output_modalities": ["text"], "truncation": "disabled"}
+        runner.receive_text(json.dumps({"type": "session.update", "session": update}))
+        done = await turn(runner, events)
+        assert done["status"] == "failed"
+        failure = done["status_details"]["error"]
+        # OpenAI's code for a prompt past the context, an invalid request of the client's.
+        assert failure["code"] == code
+        assert failure["type"] == (error_type or "invalid_request_error")
+        assert str(error) in failure["message"]
+        # The session goes on: with truncation back on, the next turn is answered.
+        update = {"truncation": "auto"}
+        runner.receive_text(json.dumps({"type": "session.update", "session": update}))
+        assert (await turn(runner, events))["status"] == "completed"
+    finally:
+        await runner.close()

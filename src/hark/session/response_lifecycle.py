@@ -768,7 +768,13 @@ class ResponseLifecycle:
         if response.in_band and not self._plays_audio:
             self._reply_sent(audio_ms)
 
-    def failed(self, response_id: str, message: str) -> None:
+    def failed(
+        self,
+        response_id: str,
+        message: str,
+        code: str = "engine_error",
+        error_type: str = "server_error",
+    ) -> None:
         """An engine failed: this response fails, the session goes on."""
         response = self.responses.get(response_id)
         if response is None:
@@ -776,10 +782,7 @@ class ResponseLifecycle:
         self.end_response(
             response,
             "failed",
-            {
-                "type": "failed",
-                "error": {"type": "server_error", "code": "engine_error", "message": message},
-            },
+            {"type": "failed", "error": {"type": error_type, "code": code, "message": message}},
         )
 
     def end_response(

@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hark.engines.llm import Finished, takes_images
+from hark.engines.llm.truncation import ContextOverflow
 from hark.engines.registry import Engines
 from hark.engines.stage_timeouts import limit
 from hark.engines.tts import installed_voices
@@ -833,6 +834,10 @@ class SessionRunner:
             )
         except asyncio.CancelledError:
             raise
+        except ContextOverflow as exc:
+            # The client's doing (truncation disabled, instructions too long), not a fault.
+            log.info("session %s: a response failed: %s", self.id, exc)
+            sink.failed(str(exc), "context_length_exceeded", "invalid_request_error")
         except Exception as exc:
             log.exception("session %s: a response failed", self.id)
             sink.failed(str(exc))
@@ -851,7 +856,9 @@ class _Sink(Protocol):
     def tool_delta(self, call_id: str, delta: str) -> None: ...
     def tool_finished(self, call_id: str, arguments: str) -> None: ...
     def finished(self, finished: Finished) -> None: ...
-    def failed(self, message: str) -> None: ...
+    def failed(
+        self, message: str, code: str = "engine_error", error_type: str = "server_error"
+    ) -> None: ...
 
 
 class _CoreSink:
@@ -888,8 +895,10 @@ class _CoreSink:
     def finished(self, finished: Finished) -> None:
         self._runner._call(self._session.on_generation_finished, self._id, finished)
 
-    def failed(self, message: str) -> None:
-        self._runner._call(self._session.on_generation_failed, self._id, message)
+    def failed(
+        self, message: str, code: str = "engine_error", error_type: str = "server_error"
+    ) -> None:
+        self._runner._call(self._session.on_generation_failed, self._id, message, code, error_type)
 
 
 class _HeldSink:
@@ -952,5 +961,7 @@ class _HeldSink:
     def finished(self, finished: Finished) -> None:
         self._pass("finished", finished)
 
-    def failed(self, message: str) -> None:
-        self._pass("failed", message)
+    def failed(
+        self, message: str, code: str = "engine_error", error_type: str = "server_error"
+    ) -> None:
+        self._pass("failed", message, code, error_type)

@@ -439,6 +439,13 @@ class OpenAICompatibleLlm:
                 if choice.get("finish_reason"):
                     reason = choice["finish_reason"]
         if reason is None:
+            if not chunks and not calls:
+                # Not recognised as a refusal (and so not retried): it says nothing for sure.
+                raise LlmError(
+                    "the LLM stream ended empty, without a finish reason (llama-cpp-python's "
+                    "server answers so a prompt past its context: give its size with "
+                    "--llm-context-tokens)"
+                )
             raise LlmError("the LLM stream ended without a finish reason")
         mapped = _FINISH_REASONS.get(reason, "stop")
         if cap is not None and not calls:
