@@ -77,3 +77,12 @@ def test_pieces_that_split_words_never_end_the_reply_mid_word() -> None:
         if complete:
             break
     assert "".join(out) == "The dragon slept peacefully."
+
+
+def test_a_list_ends_after_an_item_not_at_the_next_ones_number() -> None:
+    # SmolLM2 asked to "List ten fruits" with a budget of 24 ended at "6." before this.
+    text = "Here are ten fruits:\n1. Bananas\n2. Apples\n3. Oranges\n4. Grapes\n5. Kiwis"
+    items = text.split("\n")
+    for budget in range(2, 12):
+        out, complete = run(SentenceCap(budget), text)
+        assert complete and out in ["\n".join(items[:n]) for n in range(1, len(items))]

@@ -14,9 +14,10 @@ from __future__ import annotations
 import re
 
 # A sentence ends at . ! ? or … (and any closing quotes or brackets) before a space and a
-# word that does not begin in lower case, or at a line break; "3.14" and "e.g. tau" do not
-# end one. The word after it must be seen first, which holds the reply one token longer.
-_SENTENCE_END = re.compile(r"[.!?…][\"'”’)\]]*(?=\s+[^\sa-z])|\n")
+# word that does not begin in lower case, or at a line break; "3.14", "e.g. tau" and a list's
+# "2. Apples" at the start of a line do not end one. The word after it must be seen first,
+# which holds the reply one token longer.
+_SENTENCE_END = re.compile(r"(?<!^\d)(?<!^\d\d)[.!?…][\"'”’)\]]*(?=\s+[^\sa-z])|\n", re.MULTILINE)
 _AT_SENTENCE_END = re.compile(r"(?:[.!?…][\"'”’)\]]*|\n)\s*$")
 _WORD_END = re.compile(r"\S(?=\s)")
 _TAIL = 16
