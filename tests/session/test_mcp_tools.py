@@ -227,6 +227,62 @@ def test_a_response_during_the_listing_goes_on_without_its_tools(driver: Driver)
     assert [t.name for t in generate.request.tools] == ["get_weather"]
 
 
+def test_tool_choice_names_an_mcp_server_or_one_of_its_tools(driver: Driver) -> None:
+    own = {"type": "function", "name": "lookup", "parameters": {"type": "object"}}
+    text_session(driver, own, mcp_tool())
+    (action,) = driver.take(ListMcpTools)
+    choice = {"type": "mcp", "server_label": "town", "name": "book_table"}
+    # Before the listing the tool is not known: nothing is forced.
+    driver.send({"type": "response.create", "response": {"tool_choice": choice}})
+    (generate,) = driver.take(Generate)
+    assert generate.request.tool_choice.mode == "auto"
+    answer(driver, generate, "Hi.")
+    driver.session.on_mcp_tools_listed(action.item_id, [WEATHER, BOOK], now=driver.now)
+    driver.pump()
+    driver.send({"type": "response.create", "response": {"tool_choice": choice}})
+    (generate,) = driver.take(Generate)
+    assert (generate.request.tool_choice.mode, generate.request.tool_choice.name) == (
+        "function",
+        "book_table",
+    )
+    answer(driver, generate, "Hi.")
+    # The server alone: one of its tools must be called, and only its tools are offered.
+    updated = driver.send(
+        {
+            "type": "session.update",
+            "session": {"tool_choice": {"type": "mcp", "server_label": "town"}},
+        }
+    )
+    assert updated[0]["session"]["tool_choice"] == {
+        "type": "mcp",
+        "server_label": "town",
+        "name": None,
+    }
+    driver.send({"type": "response.create"})
+    (generate,) = driver.take(Generate)
+    assert generate.request.tool_choice.mode == "required"
+    assert {t.name for t in generate.request.tools} == {"get_weather", "book_table"}
+
+
+def test_tool_choice_must_name_a_server_of_the_session(driver: Driver) -> None:
+    listed(driver, WEATHER)
+    (error,) = driver.send(
+        {
+            "type": "session.update",
+            "session": {"tool_choice": {"type": "mcp", "server_label": "elsewhere"}},
+        }
+    )
+    assert error["error"]["param"] == "session.tool_choice.server_label"
+    (error,) = driver.send(
+        {
+            "type": "response.create",
+            "response": {"tool_choice": {"type": "mcp", "server_label": "elsewhere"}},
+        }
+    )
+    assert error["error"]["param"] == "response.tool_choice.server_label"
+    assert driver.take(Generate) == []
+
+
 def test_a_call_runs_on_the_server_and_the_response_goes_on_with_its_result(
     driver: Driver,
 ) -> None:

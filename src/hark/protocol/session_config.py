@@ -203,15 +203,21 @@ class McpToolDef(ConfigStruct, tag="mcp", tag_field="type"):
 ToolDef = FunctionToolDef | McpToolDef
 
 
-class ToolChoiceFunction(ConfigStruct):
+class ToolChoiceFunction(ConfigStruct, tag="function", tag_field="type"):
     """Forces a call of the named function."""
 
-    type: Literal["function"]
     name: str
 
 
+class ToolChoiceMcp(ConfigStruct, tag="mcp", tag_field="type"):
+    """Forces a call of a tool of the MCP server ``server_label``: the named one, else any."""
+
+    server_label: str
+    name: str | None = None
+
+
 ToolChoiceMode = Literal["auto", "none", "required"]
-ToolChoiceConfig = ToolChoiceMode | ToolChoiceFunction
+ToolChoiceConfig = ToolChoiceMode | ToolChoiceFunction | ToolChoiceMcp
 Include = Literal["item.input_audio_transcription.logprobs", "hark.turn_timings"]
 MaxOutputTokens = Annotated[int, Meta(ge=1, le=4096)] | Literal["inf"]
 
@@ -360,6 +366,15 @@ def parse_session_config(
         raise ProtocolError(
             f"tool_choice names the function '{config.tool_choice.name}', which is not in tools.",
             param=f"{param_prefix}.tool_choice.name",
+        )
+    labels = {tool.server_label for tool in config.tools if isinstance(tool, McpToolDef)}
+    if isinstance(config.tool_choice, ToolChoiceMcp) and config.tool_choice.server_label not in (
+        labels
+    ):
+        raise ProtocolError(
+            f"tool_choice names the MCP server '{config.tool_choice.server_label}', which is "
+            "not in tools.",
+            param=f"{param_prefix}.tool_choice.server_label",
         )
     return config
 

@@ -34,6 +34,7 @@ from hark.protocol.session_config import (
     SessionTruncation,
     ToolChoiceConfig,
     ToolChoiceFunction,
+    ToolChoiceMcp,
     VoiceId,
 )
 from hark.session.actions import CallMcpTool, CancelGeneration, Generate, PlayAudio, Prefill
@@ -203,6 +204,17 @@ class ResponseLifecycle:
                 f"tool_choice names '{response.tool_choice.name}', which is not in tools.",
                 "response.tool_choice.name",
             )
+        if isinstance(response.tool_choice, ToolChoiceMcp) and (
+            not response.mcp or self._mcp.server(response.tool_choice.server_label) is None
+        ):
+            for entry in inputs or ():
+                self._words_unneeded(entry)
+            raise ProtocolError(
+                f"tool_choice names the MCP server '{response.tool_choice.server_label}', which "
+                "the session's tools do not have (MCP tools are the session's: set them with "
+                "session.update).",
+                "response.tool_choice.server_label",
+            )
         self.responses[response.id] = response
         if in_band:
             self.in_band = response
@@ -309,10 +321,6 @@ class ResponseLifecycle:
         if response.rounds and choice != "none":
             # The model has called a tool already: it may go on without another.
             choice = "auto" if response.rounds < MAX_MCP_ROUNDS else "none"
-        if isinstance(choice, ToolChoiceFunction):
-            tool_choice = ToolChoice(mode="function", name=choice.name)
-        else:
-            tool_choice = ToolChoice(mode=choice)
         max_tokens = response.max_output_tokens
         tools = [
             FunctionTool(name=t.name, description=t.description, parameters=t.parameters)
@@ -324,6 +332,12 @@ class ResponseLifecycle:
                 schema = tool.input_schema if isinstance(tool.input_schema, dict) else {}
                 tools.append(FunctionTool(name, tool.description or "", schema))
                 response.mcp_names[name] = target
+        if isinstance(choice, ToolChoiceFunction):
+            tool_choice = ToolChoice(mode="function", name=choice.name)
+        elif isinstance(choice, ToolChoiceMcp):
+            tool_choice, tools = _mcp_choice(choice, tools, response.mcp_names)
+        else:
+            tool_choice = ToolChoice(mode=choice)
         request = GenerationRequest(
             messages=tuple(chat_messages(response.instructions, entries)),
             tools=tuple(tools),
@@ -829,6 +843,25 @@ class ResponseLifecycle:
         """The session ends: every response is cancelled."""
         for response in list(self.responses.values()):
             self.end_response(response, "cancelled", {"type": "cancelled", "reason": None})
+
+
+def _mcp_choice(
+    choice: ToolChoiceMcp, tools: list[FunctionTool], offered: dict[str, McpTarget]
+) -> tuple[ToolChoice, list[FunctionTool]]:
+    """A ``tool_choice`` naming an MCP server as the LLM takes it: a call of the named tool,
+    or of any of the server's tools (the only ones offered). A server whose tools are not
+    listed yet (or lets none through) forces nothing: the model answers without them."""
+    names = [
+        name
+        for name, target in offered.items()
+        if target.server_label == choice.server_label
+        and (choice.name is None or target.name == choice.name)
+    ]
+    if not names:
+        return ToolChoice(mode="auto"), tools
+    if choice.name is not None:
+        return ToolChoice(mode="function", name=names[0]), tools
+    return ToolChoice(mode="required"), [t for t in tools if t.name in names]
 
 
 def _server_gone(label: str) -> wire.McpCallError:
