@@ -95,6 +95,21 @@ def test_session_created_is_flat_and_followed_by_conversation_created() -> None:
     assert client.events[1]["conversation"]["object"] == "realtime.conversation"
 
 
+def test_a_transcription_session_is_created_as_one_without_a_conversation() -> None:
+    # As the preview announced a connection made with ?intent=transcription (or a key from
+    # POST /v1/realtime/transcription_sessions): no client_secret, which only the REST answer
+    # carried.
+    client = Client(beta=True, config=transcription_defaults())
+    assert types(client.events) == ["transcription_session.created"]
+    session = client.events[0]["session"]
+    assert session["object"] == "realtime.transcription_session"
+    assert session["input_audio_format"] == "pcm16"
+    assert "client_secret" not in session
+    assert not {"audio", "type", "voice", "instructions"} & session.keys()
+    # A GA client is told in GA names.
+    assert types(Client(beta=False, config=transcription_defaults()).events) == ["session.created"]
+
+
 def test_flat_session_update_configures_the_ga_session() -> None:
     client = Client(beta=True)
     (updated,) = client.send(

@@ -222,6 +222,27 @@ async def test_ga_clients_are_unchanged_and_keep_the_transcription_alias(
         assert error["param"] == "session.input_audio_format"
 
 
+async def test_a_beta_transcription_session(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    url = server.ws_url + "?intent=transcription"
+    async with http.ws_connect(url, headers=auth() | BETA) as ws:
+        created = await receive(ws)
+        assert created["type"] == "transcription_session.created"
+        assert created["session"]["object"] == "realtime.transcription_session"
+        await send(
+            ws,
+            {
+                "type": "transcription_session.update",
+                "session": {"input_audio_transcription": {"model": "whisper-1"}},
+            },
+        )
+        # Next comes the answer: no conversation.created was sent before it.
+        updated = await receive(ws)
+        assert updated["type"] == "transcription_session.updated"
+        assert "client_secret" not in updated["session"]
+
+
 async def test_beta_sessions_route_mints_a_key_for_a_flat_session(
     server: RunningServer, http: aiohttp.ClientSession
 ) -> None:

@@ -433,6 +433,9 @@ class Dialect:
         if out is None:
             return []
         if self.beta and out.get("type") == "session.created":
+            if event["session"].get("type") == "transcription":
+                # The preview announced a transcription session as such, with no conversation.
+                return [_encode({**out, "type": "transcription_session.created"}).decode()]
             conversation = {"id": f"conv_{out['event_id']}", "object": "realtime.conversation"}
             created = {
                 "type": "conversation.created",
