@@ -188,6 +188,9 @@ class Call:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            # A cancelled task keeps its traceback, whose frames refer back to this call: held
+            # here, that cycle would keep the call, its session and audio until a collection.
+            self._fan_out_task = None
             if self.audio is not None:
                 self.audio.close()
             self.track.stop()
