@@ -20,6 +20,8 @@ import numpy as np
 import pytest
 
 from hark.config import Settings
+from hark.engines.asr import RecognitionRequest, TimedTranscript
+from hark.engines.fake import FakeAsr
 from hark.engines.registry import build_engines
 from hark.session.runner import SessionRunner
 
@@ -85,5 +87,47 @@ async def test_closing_a_runner_frees_its_session_and_audio_without_the_cycle_co
         for _ in range(3):
             await asyncio.sleep(0)
         assert [ref() is None for ref in alive] == [True] * len(alive)
+    finally:
+        await engines.aclose()
+
+
+class HeldAsr(FakeAsr):
+    """Recognition that never answers: the session closes while it waits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = asyncio.Event()
+
+    async def recognise(self, request: RecognitionRequest) -> TimedTranscript:
+        self.waiting.set()
+        await asyncio.Event().wait()
+        raise AssertionError("never answered")
+
+
+@pytest.mark.usefixtures("no_cycle_collector")
+async def test_a_runner_closed_amid_engine_work_is_freed_without_the_cycle_collector() -> None:
+    engines = build_engines(Settings(engines="fake"))
+    asr = engines.asr = HeldAsr()
+    try:
+        runner = SessionRunner(engines, model="m")
+        await runner.start()
+        transcription = {"model": "whisper-1"}
+        input_config = {"turn_detection": None, "transcription": transcription}
+        _send(runner, {"type": "session.update", "session": {"audio": {"input": input_config}}})
+        pcm = np.full(24_000, 3000, "<i2")
+        _send(
+            runner,
+            {"type": "input_audio_buffer.append", "audio": b64encode(pcm.tobytes()).decode()},
+        )
+        _send(runner, {"type": "input_audio_buffer.commit"})
+        # A response waits for the words, and the recognition for the ASR, when it closes.
+        _send(runner, {"type": "response.create"})
+        await asyncio.wait_for(asr.waiting.wait(), 10)
+        alive: list[weakref.ref[Any]] = [weakref.ref(runner), weakref.ref(runner.session)]
+        await runner.close()
+        del runner
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert [ref() is None for ref in alive] == [True, True]
     finally:
         await engines.aclose()

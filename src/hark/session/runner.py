@@ -357,8 +357,16 @@ class SessionRunner:
         await asyncio.gather(*tasks, return_exceptions=True)
         if self._mcp is not None:
             await self._mcp.close_all()
+        # Cancelled tasks keep their tracebacks, whose frames refer back to this runner: held
+        # here, they would keep the session and its audio until the cycle collector runs. So
+        # would the transport's callbacks, should the transport be in a cycle of its own.
         self._generations.clear()
+        self._recognitions.clear()
+        self._mcp_calls.clear()
+        self._prefilling = None
         self._speculation = None
+        self._timer = None
+        self._send = self._stalled = None
         self._out.put_nowait(None)
         log.info("session %s closed", self.id)
 
