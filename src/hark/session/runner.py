@@ -359,7 +359,7 @@ class SessionRunner:
             await self._mcp.close_all()
         # Cancelled tasks keep their tracebacks, whose frames refer back to this runner: held
         # here, they would keep the session and its audio until the cycle collector runs. So
-        # would the transport's callbacks, should the transport be in a cycle of its own.
+        # would the transport's callbacks and player, which refer back to the runner.
         self._generations.clear()
         self._recognitions.clear()
         self._mcp_calls.clear()
@@ -367,6 +367,7 @@ class SessionRunner:
         self._speculation = None
         self._timer = None
         self._send = self._stalled = None
+        self._player = None
         self._out.put_nowait(None)
         log.info("session %s closed", self.id)
 

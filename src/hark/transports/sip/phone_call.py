@@ -216,6 +216,9 @@ class PhoneCall:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            # A cancelled task keeps its traceback, whose frames refer back to this call: held
+            # here, that cycle would keep the call, its session and audio until a collection.
+            self._fan_out_task = None
             if self.media is not None:
                 await self.media.close()
         except Exception:
