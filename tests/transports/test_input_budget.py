@@ -88,7 +88,11 @@ class Connection:
 
 
 def make_gate(
-    clock: FakeClock, connection: Connection, throttled: list[float], cost: float
+    clock: FakeClock,
+    connection: Connection,
+    throttled: list[float],
+    cost: float,
+    quantum: float = 0.005,
 ) -> tuple[InputGate[int], FakeLoop]:
     gate: InputGate[int]
     loop = FakeLoop(clock)
@@ -107,6 +111,7 @@ def make_gate(
         throttled=throttled.append,
         clock=clock,
         loop=cast(asyncio.AbstractEventLoop, loop),
+        quantum=quantum,
     )
     return gate, loop
 
@@ -115,7 +120,8 @@ async def test_a_dry_budget_pauses_reading_holds_the_rest_and_delivers_it_in_ord
     clock = FakeClock()
     connection = Connection()
     throttled: list[float] = []
-    gate, loop = make_gate(clock, connection, throttled, cost=0.02)
+    # A quantum out of the way: this is about the budget running dry.
+    gate, loop = make_gate(clock, connection, throttled, cost=0.02, quantum=1.0)
 
     # One read's worth of parsed inputs, each costing 20 ms, handed over as the parser does.
     for item in range(10):
@@ -160,6 +166,8 @@ async def test_a_session_within_its_budget_is_never_paused() -> None:
     # Fifty 20 ms appends a second at 60 us each, for a minute: 0.3% of a core.
     for _ in range(3000):
         assert not gate.holding
+        # Each append comes in a read of its own: a pass of the loop.
+        gate.new_pass()
         start = clock()
         clock.now += 60e-6
         gate.spent(start)
@@ -168,6 +176,34 @@ async def test_a_session_within_its_budget_is_never_paused() -> None:
     assert connection.pauses == 0
     assert loop.timers == []
     assert throttled == []
+    gate.close()
+
+
+async def test_a_pass_past_its_quantum_holds_the_rest_for_the_next_pass() -> None:
+    clock = FakeClock()
+    connection = Connection()
+    throttled: list[float] = []
+    gate, loop = make_gate(clock, connection, throttled, cost=0.002)
+    gate.new_pass()
+    # A read of twenty 2 ms inputs, with the budget (50 ms) far from dry.
+    for item in range(20):
+        if gate.holding:
+            gate.hold(item)
+        else:
+            start = clock()
+            connection.delivered.append(item)
+            clock.now += 0.002
+            gate.spent(start)
+    # Past the 5 ms quantum the rest waits for the loop's next pass, not for a refill.
+    assert connection.delivered == list(range(3))
+    assert not connection.reading
+    assert loop.timers[0].delay == 0.0
+    assert loop.fire() == 0.0
+    assert connection.delivered == list(range(6))
+    while gate.holding:
+        loop.fire()
+    assert connection.delivered == list(range(20))
+    assert connection.reading
     gate.close()
 
 

@@ -10,7 +10,10 @@ to seconds; docs/fuzzing.md, "A flood").
 charged to it, and it refills on wall time at ``SHARE`` of one core. ``InputGate`` acts on
 it: when the bucket runs dry the connection stops reading (TCP backpressure then slows the
 client, and nothing is lost), the frames already parsed from the chunk in hand are held in
-order, and once the bucket has refilled they are delivered first and reading resumes.
+order, and once the bucket has refilled they are delivered first and reading resumes. A
+client within its budget is also paused after ``QUANTUM_SECONDS`` in one pass of the loop,
+until the next pass: a full bucket would otherwise let each flooder spend a whole read's
+worth of events (up to the burst) in every pass, and every other session wait that long.
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ BURST_SECONDS = 0.3
 # Reading resumes once this much has refilled, so that a throttled client is read in runs
 # of about 10 ms rather than paused and resumed around every frame.
 RESUME_SECONDS = 0.01
+# The most one connection's input takes in one pass of the event loop before the rest waits
+# for the next pass (a maximal append still goes through whole: an input is never split).
+QUANTUM_SECONDS = 0.005
 
 T = TypeVar("T")
 
@@ -86,6 +92,7 @@ class InputGate(Generic[T]):
     ``await wait()`` before reading more input of its own. ``pause_reading`` and
     ``resume_reading`` act on the connection; ``deliver`` hands a held input over once the
     budget has refilled; ``throttled`` is told each stretch of time reading was paused.
+    ``new_pass`` marks the start of a pass of the loop over this connection (a read).
     """
 
     def __init__(
@@ -98,12 +105,16 @@ class InputGate(Generic[T]):
         throttled: Callable[[float], None] | None = None,
         clock: Callable[[], float] = time.perf_counter,
         loop: asyncio.AbstractEventLoop | None = None,
+        quantum: float = QUANTUM_SECONDS,
     ) -> None:
         self._budget = budget
         self._pause_reading = pause_reading
         self._resume_reading = resume_reading
         self._deliver = deliver
         self._throttled = throttled
+        self._quantum = quantum
+        # Time spent on input in this pass of the loop.
+        self._pass = 0.0
         self.clock = clock
         self._loop = loop or asyncio.get_running_loop()
         # Input parsed from the chunk being read when the budget ran dry: at most one read's
@@ -125,12 +136,23 @@ class InputGate(Generic[T]):
         """How many inputs are held."""
         return len(self._held)
 
+    def new_pass(self) -> None:
+        """The loop came back to this connection: its quantum starts again."""
+        self._pass = 0.0
+
     def spent(self, start: float) -> None:
-        """An input was handled from ``start`` until now: charge it, pausing if dry."""
+        """An input was handled from ``start`` until now: charge it, pausing if dry (or
+        until the next pass, past the quantum)."""
         now = self.clock()
-        wait = self._budget.spend(now - start, now)
-        if wait > 0.0 and self._timer is None and not self._closed:
+        cost = now - start
+        wait = self._budget.spend(cost, now)
+        self._pass += cost
+        if self._timer is not None or self._closed:
+            return
+        if wait > 0.0:
             self._pause(wait)
+        elif self._pass > self._quantum:
+            self._pause(0.0)
 
     def hold(self, item: T) -> None:
         """Keep ``item`` for delivery, in order, once the budget has refilled."""
@@ -161,6 +183,7 @@ class InputGate(Generic[T]):
 
     def _refilled(self) -> None:
         self._timer = None
+        self._pass = 0.0
         held = self._held
         while held and self._timer is None and not self._closed:
             self._deliver(held.popleft())

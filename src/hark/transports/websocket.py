@@ -147,9 +147,17 @@ class RealtimeWebSocket(web.WebSocketResponse):
             compress=bool(self._compress),
             decode_text=self._decode_text,
         )
-        callback = None if self._heartbeat is None else self._on_data_received
-        request.protocol.set_parser(self._parser, data_received_cb=callback)
+        request.protocol.set_parser(self._parser, data_received_cb=self._on_chunk)
         request.protocol.keep_alive(False)
+
+    def _on_chunk(self) -> None:
+        # Called by aiohttp before each read is parsed: a new pass of the loop over this
+        # connection, for its input budget's quantum (and aiohttp's heartbeat, if set).
+        gate = self._reader.gate if isinstance(self._reader, _TextQueue) else None
+        if gate is not None:
+            gate.new_pass()
+        if self._heartbeat is not None:
+            self._on_data_received()
 
     def send_now(self, text: str) -> bool:
         """Write ``text`` as one text frame now, if the connection is open and its send buffer
