@@ -187,3 +187,70 @@ async def test_tts_is_told_how_much_audio_the_listener_has_left(
     assert first == 0.0
     assert second == pytest.approx(0.4 - render_s)
     assert third == pytest.approx(0.4 + 6 * 0.4 - 2 * render_s)
+
+
+class GatedTts(FakeTts):
+    """Speaks nothing until ``gate`` opens; then fails if ``broken``."""
+
+    def __init__(self, gate: asyncio.Event, broken: bool = False) -> None:
+        super().__init__(24000)
+        self.gate = gate
+        self.broken = broken
+        self.spoken: list[str] = []
+
+    async def synthesize(
+        self, text: str, *, voice: str | None = None, speed: float = 1.0, slack_s: float = 0.0
+    ) -> AsyncIterator[npt.NDArray[np.int16]]:
+        await self.gate.wait()
+        if self.broken:
+            raise RuntimeError("voice model crashed")
+        self.spoken.append(text)
+        async for chunk in super().synthesize(text, voice=voice, speed=speed):
+            yield chunk
+
+
+class CountingLlm(ScriptedLlm):
+    """Counts the events the pipeline has taken from it."""
+
+    def __init__(self, script: list[LlmEvent]) -> None:
+        super().__init__(script)
+        self.taken = 0
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[LlmEvent]:
+        for event in self.script:
+            self.taken += 1
+            yield event
+
+
+def sentences(n: int) -> list[LlmEvent]:
+    return [*(TextDelta(f"Sentence number {i}. ") for i in range(n)), Finished("stop")]
+
+
+async def test_clauses_waiting_for_speech_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("hark.session.response_pipeline.MAX_CLAUSES_WAITING", 4)
+    gate = asyncio.Event()
+    tts = GatedTts(gate)
+    llm = CountingLlm(sentences(20))
+    run = asyncio.create_task(run_generation(action(), llm, tts, Sink()))
+    for _ in range(50):
+        await asyncio.sleep(0)
+    # The speaker holds one clause and four wait; the LLM's stream waits behind them.
+    assert llm.taken < 10
+    gate.set()
+    await asyncio.wait_for(run, 20)
+    assert tts.spoken == [f"Sentence number {i}." for i in range(20)]
+
+
+async def test_a_speaker_that_fails_while_the_queue_is_full_fails_the_reply(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("hark.session.response_pipeline.MAX_CLAUSES_WAITING", 2)
+    gate = asyncio.Event()
+    run = asyncio.create_task(
+        run_generation(action(), CountingLlm(sentences(10)), GatedTts(gate, broken=True), Sink())
+    )
+    for _ in range(50):
+        await asyncio.sleep(0)
+    gate.set()
+    with pytest.raises(RuntimeError, match="voice model crashed"):
+        await asyncio.wait_for(run, 20)

@@ -27,6 +27,9 @@ from hark.session.actions import Generate
 from hark.session.clauses import ClauseSplitter
 
 _DEFAULT_TIMEOUTS = StageTimeouts()
+# Clauses a reply may have waiting for speech. A reply is read as fast as the LLM writes it and
+# spoken in real time, so a long one queues many; past this the LLM's stream waits for the TTS.
+MAX_CLAUSES_WAITING = 256
 
 
 class GenerationSink(Protocol):
@@ -50,7 +53,7 @@ async def run_generation(
 ) -> None:
     """Run the engines for one response. Engine errors, and ``StageTimeoutError`` for a stage
     that took longer than ``timeouts`` allow, propagate to the caller."""
-    clauses: asyncio.Queue[str | None] = asyncio.Queue()
+    clauses: asyncio.Queue[str | None] = asyncio.Queue(MAX_CLAUSES_WAITING)
     speaker = (
         asyncio.create_task(_speak(action, tts, clauses, sink, timeouts.tts_clause))
         if action.audio
@@ -73,13 +76,13 @@ async def run_generation(
                 if speaker is not None:
                     for piece in splitter.push(event.text):
                         sink.clause(piece)
-                        clauses.put_nowait(piece)
+                        await _put(clauses, piece, speaker)
             elif isinstance(event, ToolCallStarted):
                 if speaker is not None:
                     # Speak what was said before the call, so the message closes before it.
                     for piece in splitter.flush():
                         sink.clause(piece)
-                        clauses.put_nowait(piece)
+                        await _put(clauses, piece, speaker)
                     await _drained(clauses, speaker)
                 sink.tool_started(event.call_id, event.name)
             elif isinstance(event, ToolCallArgumentsDelta):
@@ -91,8 +94,8 @@ async def run_generation(
         if speaker is not None:
             for piece in splitter.flush():
                 sink.clause(piece)
-                clauses.put_nowait(piece)
-            clauses.put_nowait(None)
+                await _put(clauses, piece, speaker)
+            await _put(clauses, None, speaker)
             await speaker
         sink.finished(finished)
     finally:
@@ -101,6 +104,21 @@ async def run_generation(
         if speaker is not None and not speaker.done():
             speaker.cancel()
             await asyncio.gather(speaker, return_exceptions=True)
+
+
+async def _put(
+    clauses: asyncio.Queue[str | None], piece: str | None, speaker: asyncio.Task[None]
+) -> None:
+    """Queue ``piece`` for the speaker, waiting while the queue is full; a speaker that failed
+    meanwhile raises its error here instead of leaving the reply waiting on it."""
+    if not clauses.full():
+        clauses.put_nowait(piece)
+        return
+    put = asyncio.create_task(clauses.put(piece))
+    await asyncio.wait({put, speaker}, return_when=asyncio.FIRST_COMPLETED)
+    if not put.done():
+        put.cancel()
+        await speaker
 
 
 async def _drained(clauses: asyncio.Queue[str | None], speaker: asyncio.Task[None]) -> None:
