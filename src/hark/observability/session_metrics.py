@@ -120,6 +120,12 @@ class SessionMetrics:
         if self._metrics is not None:
             self._metrics.vad_chunks_dropped.inc()
 
+    def input_throttled(self, seconds: float) -> None:
+        """The client's input went unread for ``seconds``: the session had used its input
+        budget (``hark.transports.input_budget``)."""
+        if self._metrics is not None:
+            self._metrics.input_throttled.labels(self.transport).inc(seconds)
+
     def vad_decision(self, decision: str, arrived: float) -> None:
         """Turn detection decided ``decision`` (``speech_started`` / ``speech_stopped``) on the
         VAD result of a chunk whose last sample arrived at ``arrived``."""

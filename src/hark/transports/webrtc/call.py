@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -35,6 +36,7 @@ from aiortc import (
 
 from hark.session.runner import BACKLOG_EXCEEDED, MAX_BACKLOG_BYTES, SessionRunner
 from hark.transports.beta import Dialect
+from hark.transports.input_budget import InputBudget, InputGate
 from hark.transports.sideband import Sidebands
 from hark.transports.ticker import PlayoutTicker
 from hark.transports.webrtc.ice import use_shared_port
@@ -98,6 +100,7 @@ class Call:
         self._on_closed = on_closed
         self._setup_timeout_s = setup_timeout_s
         self._channel: RTCDataChannel | None = None
+        self._gate: InputGate[None] | None = None
         self._pending: deque[str] = deque(maxlen=MAX_PENDING_EVENTS)
         self._sidebands = Sidebands(call_id)
         # The data channel's dialect; sidebands speak GA.
@@ -182,6 +185,8 @@ class Call:
         self.close_reason = reason
         logger.info("call %s ends: %s", self.id, reason)
         try:
+            if self._gate is not None:
+                self._gate.close()
             await self.runner.close()
             current = asyncio.current_task()
             tasks = [t for t in self._tasks if t is not current]
@@ -252,6 +257,7 @@ class Call:
             logger.info("call %s: ignoring data channel %r", self.id, channel.label)
             return
         self._channel = channel
+        self._budget_channel()
         channel.on("message", self._on_message)
         channel.on("open", self._flush_pending)
         channel.on("close", self._on_channel_closed)
@@ -268,11 +274,41 @@ class Call:
             self._channel.remove_all_listeners()
             self._channel = None
 
+    def _budget_channel(self) -> None:
+        """Charge the data channel's events to an input budget, as a WebSocket's are.
+
+        While the budget is dry the call's SCTP association hands over no message: its DTLS
+        loop waits, so the caller's window closes and it stops sending (the audio, taken
+        over by ``AudioPath`` before DTLS, flows on). Messages are handed over one at a time,
+        so none has to be held.
+        """
+        sctp = self.pc.sctp
+        if sctp is None:
+            return
+        gate: InputGate[None] = InputGate(
+            InputBudget(time.perf_counter()),
+            pause_reading=_no_reading_to_pause,
+            resume_reading=_no_reading_to_pause,
+            deliver=_nothing_held,
+            throttled=self.runner.metrics.input_throttled,
+        )
+        receive = sctp._receive
+
+        async def receive_within_budget(stream_id: int, pp_id: int, data: bytes) -> None:
+            await gate.wait()
+            await receive(stream_id, pp_id, data)
+
+        setattr(sctp, "_receive", receive_within_budget)  # noqa: B010
+        self._gate = gate
+
     def _on_message(self, message: str | bytes) -> None:
+        start = time.perf_counter()
         if isinstance(message, str):
             self.runner.receive_text(self._dialect.incoming(message))
         else:
             self.runner.receive_bytes(message)
+        if self._gate is not None:
+            self._gate.spent(start)
 
     # ------------------------------------------------------------------ media and state
 
@@ -308,3 +344,11 @@ class Call:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
+
+
+def _no_reading_to_pause() -> None:
+    """The data channel's reading waits in ``Call._budget_channel`` instead."""
+
+
+def _nothing_held(item: None) -> None:
+    """Nothing is held: SCTP hands messages over one at a time."""
