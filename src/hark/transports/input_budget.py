@@ -37,7 +37,10 @@ BURST_SECONDS = 0.3
 RESUME_SECONDS = 0.01
 # The most one connection's input takes in one pass of the event loop before the rest waits
 # for the next pass (a maximal append still goes through whole: an input is never split).
-QUANTUM_SECONDS = 0.005
+# Eight flooders each take up to this much of every pass, and a text turn waits on a few
+# passes: with 5 ms a normal session's turns took 270 ms (p50) beside eight of them, with
+# 1 ms 57 ms (docs/fuzzing.md, "A flood"); a session streaming 20 ms appends never reaches it.
+QUANTUM_SECONDS = 0.001
 
 T = TypeVar("T")
 
