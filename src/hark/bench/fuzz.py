@@ -374,6 +374,8 @@ class FuzzRun:
         self.fuzz_ended: float | None = None
         self._fuzzing = asyncio.Event()
         self._done = asyncio.Event()
+        # Set once a turn started during the fuzz has ended.
+        self._timed_during = asyncio.Event()
 
     async def run(self) -> dict[str, Any]:
         """Run the bench; the report."""
@@ -402,6 +404,15 @@ class FuzzRun:
                 self.fuzz_ended = time.monotonic()
                 for task in done:
                     task.result()
+                if not self.turns["during"]:
+                    # A short fuzz can end before the normal session's first turn under it
+                    # does: that turn is the figure the run is for, so it is waited for.
+                    timed = asyncio.create_task(self._timed_during.wait())
+                    tasks_left: list[asyncio.Future[Any]] = [turns, timed]
+                    await asyncio.wait(tasks_left, return_when=asyncio.FIRST_COMPLETED)
+                    timed.cancel()
+                    if turns.done():
+                        turns.result()
             except ServerDown as exc:
                 self.crash = str(exc)
             finally:
@@ -463,6 +474,8 @@ class FuzzRun:
         await ws.send_json({"type": "response.create"})
         await self._until_done(ws, http)
         self.turns[phase].append((time.monotonic() - started) * 1000)
+        if phase == "during":
+            self._timed_during.set()
 
     async def _until_done(
         self, ws: aiohttp.ClientWebSocketResponse, http: aiohttp.ClientSession
