@@ -202,6 +202,32 @@ def pause(seconds: float) -> None:
         time.sleep(seconds)
 
 
+class ThreadKeeper:
+    """Keeps ``work`` served by daemon threads named ``name``: a thread that dies is replaced
+    by another, after ``engine``'s restart delay, and the engine is reported degraded."""
+
+    def __init__(self, name: str, work: Callable[[], None], engine: EngineHealth) -> None:
+        self._name = name
+        self._work = work
+        self._engine = engine
+
+    def start(self, delay_s: float = 0.0) -> None:
+        """Start a thread running ``work`` after ``delay_s`` of rest."""
+        threading.Thread(target=self._serve, args=(delay_s,), name=self._name, daemon=True).start()
+
+    def replace(self, exc: BaseException) -> None:
+        """The calling thread dies of ``exc``: another takes its place."""
+        _log.error("a %s thread died; starting another", self._name, exc_info=exc)
+        self.start(self._engine.restarted(exc))
+
+    def _serve(self, delay_s: float) -> None:
+        pause(delay_s)
+        try:
+            self._work()
+        except BaseException as exc:
+            self.replace(exc)
+
+
 _LOCK = threading.Lock()
 # The parts degraded now, with their problem (an engine with several shows one of them).
 _DEGRADED: dict[EngineHealth, dict[str, str]] = {}

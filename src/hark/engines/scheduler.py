@@ -18,7 +18,6 @@ import asyncio
 import concurrent.futures
 import heapq
 import itertools
-import logging
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -29,8 +28,6 @@ from hark.engines.activity import computing
 __all__ = ["DueFirstScheduler", "SchedulerFullError"]
 
 _T = TypeVar("_T")
-
-_log = logging.getLogger(__name__)
 
 
 def _nothing() -> None:
@@ -74,6 +71,7 @@ class DueFirstScheduler:
         self.health = health.EngineHealth(
             name.removeprefix("hark-"), probe=lambda: self.run(0.0, _nothing)
         )
+        self._keeper = health.ThreadKeeper(name, self._work, self.health)
 
     @property
     def threads(self) -> int:
@@ -95,7 +93,7 @@ class DueFirstScheduler:
             heapq.heappush(self._heap, (due, next(self._order), future, call))
             if self._started < self._workers:
                 self._started += 1
-                self._start_thread(0.0)
+                self._keeper.start()
             self._cond.notify()
         return future
 
@@ -103,22 +101,6 @@ class DueFirstScheduler:
         """``submit`` and wait for the result; cancelling drops the call if it has not begun
         (a call already running completes unseen)."""
         return await asyncio.wrap_future(self.submit(due, call))
-
-    def _start_thread(self, delay_s: float) -> None:
-        threading.Thread(target=self._serve, args=(delay_s,), name=self._name, daemon=True).start()
-
-    def _serve(self, delay_s: float) -> None:
-        """A worker thread; if it dies, another takes its place."""
-        health.pause(delay_s)
-        try:
-            self._work()
-        except BaseException as exc:
-            self._replace(exc)
-
-    def _replace(self, exc: BaseException) -> None:
-        """This thread dies of ``exc``: its place (``_started``) goes to a successor."""
-        _log.error("a %s thread died; starting another", self._name, exc_info=exc)
-        self._start_thread(self.health.restarted(exc))
 
     def _work(self) -> None:
         while True:
@@ -137,7 +119,7 @@ class DueFirstScheduler:
                 future.set_exception(exc)
             except BaseException as exc:
                 # The successor is on its way before the caller hears of it.
-                self._replace(exc)
+                self._keeper.replace(exc)
                 future.set_exception(
                     health.EngineThreadCrashedError(
                         f"the {self._name} thread died ({health.describe(exc)})"

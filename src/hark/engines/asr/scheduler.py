@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 import heapq
 import itertools
-import logging
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -42,8 +41,6 @@ __all__ = ["AsrScheduler", "SchedulerFullError"]
 R = TypeVar("R")
 T = TypeVar("T")
 _V = TypeVar("_V")
-
-_log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False, slots=True)
@@ -110,6 +107,7 @@ class AsrScheduler(Generic[R, T]):
         self._closed = False
         # Named as /readyz and the restart metric show it: "hark-whisper" is "whisper".
         self.health = health.EngineHealth(name.removeprefix("hark-"), probe=probe)
+        self._keeper = health.ThreadKeeper(name, self._work, self.health)
 
     @property
     def waiting(self) -> int:
@@ -145,7 +143,7 @@ class AsrScheduler(Generic[R, T]):
             heapq.heappush(self._heap, item)
             if self._idle == 0 and self._threads < self._workers:
                 self._threads += 1
-                self._start_thread(0.0)
+                self._keeper.start()
             self._cond.notify()
         try:
             return await entry.future
@@ -194,22 +192,6 @@ class AsrScheduler(Generic[R, T]):
             self._running += len(batch)
             return batch
 
-    def _start_thread(self, delay_s: float) -> None:
-        threading.Thread(target=self._serve, args=(delay_s,), name=self._name, daemon=True).start()
-
-    def _serve(self, delay_s: float) -> None:
-        """A worker thread; if it dies, another takes its place."""
-        health.pause(delay_s)
-        try:
-            self._work()
-        except BaseException as exc:
-            self._replace(exc)
-
-    def _replace(self, exc: BaseException) -> None:
-        """This thread dies of ``exc``: its place (``_threads``) goes to a successor."""
-        _log.error("a %s thread died; starting another", self._name, exc_info=exc)
-        self._start_thread(self.health.restarted(exc))
-
     def _work(self) -> None:
         while True:
             batch = self._take()
@@ -237,7 +219,7 @@ class AsrScheduler(Generic[R, T]):
         except BaseException as exc:
             self._done(len(batch))
             # The successor is on its way before the callers hear of it.
-            self._replace(exc)
+            self._keeper.replace(exc)
             crashed = health.EngineThreadCrashedError(
                 f"the {self._name} thread died ({health.describe(exc)})"
             )
