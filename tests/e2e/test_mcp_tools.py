@@ -157,7 +157,7 @@ def mcp_tool(url: str, **overrides: Any) -> dict[str, Any]:
 async def collect(conn: Any, stop: str) -> list[Any]:
     """The events until one of type ``stop``; each must be one the `openai` SDK reads (it
     builds them unchecked)."""
-    events = [e async for e in events_until(conn, stop, limit_s=60)]
+    events: list[Any] = [e async for e in events_until(conn, stop, limit_s=60)]
     for event in events:
         SDK_EVENT.validate_python(event.to_dict())
     return events
