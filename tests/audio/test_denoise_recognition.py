@@ -3,7 +3,8 @@
 A model comparison, not a timing: six of the spoken questions under pink noise at 10 dB SNR,
 as ``hark bench denoise`` mixes them, transcribed with and without the session's denoiser,
 their word errors summed (one clip is too close a call: another test run before it in the
-same process was seen to tip it). docs/performance.md has the whole table, where denoising also loses (babble, 0 dB).
+same process was seen to tip it). docs/performance.md has the whole table, where denoising
+also loses (babble, 0 dB).
 """
 
 from __future__ import annotations
