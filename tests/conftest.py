@@ -4,6 +4,7 @@ real redis-server."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 from collections.abc import Iterator
 
 import pytest
@@ -71,3 +72,16 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
     fails the tests that need it (it is never skipped)."""
     with running_redis(tmp_path_factory.mktemp("redis")) as server:
         yield server
+
+
+@pytest.fixture
+def no_cycle_collector() -> Iterator[None]:
+    """The cycle collector off for the test (and on again after it, as it was)."""
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()

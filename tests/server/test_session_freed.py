@@ -12,7 +12,6 @@ import asyncio
 import gc
 import json
 from base64 import b64encode
-from collections.abc import Iterator
 
 import aiohttp
 import numpy as np
@@ -24,19 +23,6 @@ from hark.server.app import STATE
 from hark.session.core import Session
 
 from .conftest import API_KEY, RunningServer, StartServer, bearer, wait_ready
-
-
-@pytest.fixture
-def no_cycle_collector() -> Iterator[None]:
-    """The cycle collector off for the test (and on again after it, as it was)."""
-    was_enabled = gc.isenabled()
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def sessions_alive() -> int:

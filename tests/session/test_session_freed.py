@@ -9,11 +9,9 @@ runner must free its core, conversation and audio all the same.
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import weakref
 from base64 import b64encode
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -24,19 +22,6 @@ from hark.engines.asr import RecognitionRequest, TimedTranscript
 from hark.engines.fake import FakeAsr
 from hark.engines.registry import build_engines
 from hark.session.runner import SessionRunner
-
-
-@pytest.fixture
-def no_cycle_collector() -> Iterator[None]:
-    """The cycle collector off for the test (and on again after it, as it was)."""
-    was_enabled = gc.isenabled()
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _send(runner: SessionRunner, event: dict[str, object]) -> None:

@@ -8,7 +8,7 @@ tuning makes rare. With the collector off, calls that ended must be gone all the
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import aiohttp
 import pytest
@@ -19,19 +19,6 @@ from hark.session.runner import SessionRunner
 from hark.transports.webrtc.call import Call
 
 from .conftest import API_KEY, RtcServer, collect, until
-
-
-@pytest.fixture
-def no_cycle_collector() -> Iterator[None]:
-    """The cycle collector off for the test (and on again after it, as it was)."""
-    was_enabled = gc.isenabled()
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def alive() -> tuple[int, int, int]:

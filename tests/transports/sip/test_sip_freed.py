@@ -9,7 +9,6 @@ calls that ended must be gone all the same. SIPp places real calls that speak an
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,19 +22,6 @@ from tests.server.conftest import serving
 from tests.transports.conftest import until
 
 from .conftest import free_sip_port, run_sipp
-
-
-@pytest.fixture
-def no_cycle_collector() -> Iterator[None]:
-    """The cycle collector off for the test (and on again after it, as it was)."""
-    was_enabled = gc.isenabled()
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def alive() -> tuple[int, int, int]:
