@@ -5,6 +5,7 @@ real Piper and Whisper (slow)."""
 from __future__ import annotations
 
 import asyncio
+import difflib
 import io
 import struct
 from collections.abc import AsyncIterator, Callable
@@ -507,20 +508,31 @@ async def test_piper_speaks_and_whisper_hears_it(
     audio = decode_file(wav, 24000, max_seconds=60)
     assert 1.0 < audio.size / 24000 < 6.0 and np.abs(audio).max() > 0.1
 
-    result = await sdk.audio.transcriptions.create(
+    # Piper draws noise for each rendering, and a Whisper path may mishear a word of one
+    # rendering (a CI run heard "quit brown fox" once): most words, not all, must be heard.
+    timed = await sdk.audio.transcriptions.create(
         model="whisper-1", file=("fox.wav", wav), response_format="verbose_json"
     )
-    words = result.text.lower()
-    assert "quick brown fox" in words and "lazy dog" in words
-    assert result.segments is not None and len(result.segments) == 1
+    assert _heard_most(timed.text, sentence)
+    assert timed.segments is not None and len(timed.segments) == 1
 
+    plain = await sdk.audio.transcriptions.create(model="whisper-1", file=("fox.wav", wav))
+    assert _heard_most(plain.text, sentence)
     stream = await sdk.audio.transcriptions.create(
         model="whisper-1", file=("fox.wav", wav), stream=True
     )
     events = [event async for event in stream]
     done = events[-1]
-    assert done.type == "transcript.text.done" and done.text == result.text
+    # The streamed answer is the plain one's, decoded the same way from the same file.
+    assert done.type == "transcript.text.done" and done.text == plain.text
     assert "".join(e.delta for e in events if e.type == "transcript.text.delta") == done.text
+
+
+def _heard_most(heard: str, said: str) -> bool:
+    """All but at most one of the words said were heard, in order."""
+    matcher = difflib.SequenceMatcher(a=_words(said), b=_words(heard), autojunk=False)
+    matched = sum(block.size for block in matcher.get_matching_blocks())
+    return matched >= len(_words(said)) - 1
 
 
 def _words(text: str) -> list[str]:
