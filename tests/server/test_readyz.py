@@ -44,6 +44,18 @@ async def next_event(ws: aiohttp.ClientWebSocketResponse) -> dict[str, Any]:
     return event
 
 
+async def serving_with(
+    model: FlakyVadModel, start_server: StartServer, http: aiohttp.ClientSession
+) -> RunningServer:
+    """A ready server on the fake engines whose VAD runs ``model``."""
+    engines = dataclasses.replace(
+        engines_sharing_turn(Settings(engines="fake")), vad=BatchedSileroVad(model=model)
+    )
+    server = await start_server(KEYED, engines)
+    await wait_ready(http, server)
+    return server
+
+
 def silence(seconds: float) -> str:
     audio = base64.b64encode(np.zeros(int(24000 * seconds), "<i2").tobytes()).decode()
     return json.dumps({"type": "input_audio_buffer.append", "audio": audio})
@@ -55,11 +67,7 @@ async def test_readyz_is_degraded_while_the_vad_fails_and_ready_once_it_works_ag
     caplog.set_level(logging.WARNING, logger="hark.engines.health")
     model = FlakyVadModel()
     model.message = LEAKY
-    engines = dataclasses.replace(
-        engines_sharing_turn(Settings(engines="fake")), vad=BatchedSileroVad(model=model)
-    )
-    server = await start_server(KEYED, engines)
-    await wait_ready(http, server)
+    server = await serving_with(model, start_server, http)
     assert await readyz(http, server) == (200, {"status": "ready"})
 
     async with http.ws_connect(server.ws_url, headers=bearer(API_KEY)) as ws:
@@ -101,11 +109,7 @@ async def test_a_degraded_worker_without_sessions_tries_its_vad_again_when_asked
     start_server: StartServer, http: aiohttp.ClientSession
 ) -> None:
     model = FlakyVadModel()
-    engines = dataclasses.replace(
-        engines_sharing_turn(Settings(engines="fake")), vad=BatchedSileroVad(model=model)
-    )
-    server = await start_server(KEYED, engines)
-    await wait_ready(http, server)
+    server = await serving_with(model, start_server, http)
     async with http.ws_connect(server.ws_url, headers=bearer(API_KEY)) as ws:
         assert (await next_event(ws))["type"] == "session.created"
         model.failing.set()
@@ -129,11 +133,7 @@ async def test_a_dead_vad_thread_is_counted_in_metrics_and_ready_once_its_succes
     start_server: StartServer, http: aiohttp.ClientSession
 ) -> None:
     model = FlakyVadModel()
-    engines = dataclasses.replace(
-        engines_sharing_turn(Settings(engines="fake")), vad=BatchedSileroVad(model=model)
-    )
-    server = await start_server(KEYED, engines)
-    await wait_ready(http, server)
+    server = await serving_with(model, start_server, http)
     async with http.ws_connect(server.ws_url, headers=bearer(API_KEY)) as ws:
         assert (await next_event(ws))["type"] == "session.created"
         model.kill_next.set()

@@ -4,25 +4,19 @@ dialect's way to mint an ephemeral key (a flat session in, the flat session and 
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Literal
 
 import msgspec
 from aiohttp import web
 from msgspec import Struct
 
-from hark.cluster.store import ClusterUnavailableError
 from hark.protocol.client_secrets import MAX_EXPIRY_SECONDS, MIN_EXPIRY_SECONDS
 from hark.protocol.errors import ProtocolError, decode_body, from_validation_error
 from hark.protocol.session_config import session_config_to_dict
-from hark.server.access import api_key_only, principal, requires
-from hark.server.admission import admit_request
-from hark.server.errors import cluster_unavailable, invalid_request
-from hark.server.state import AUTHENTICATOR, LIMITS
-from hark.session.ids import IdGenerator
+from hark.server.access import api_key_only, requires
+from hark.server.errors import invalid_request
+from hark.server.routes.client_secrets import mint_key
 from hark.transports.beta import flat_session, parse_flat_session
-
-logger = logging.getLogger(__name__)
 
 # The beta's keys lived a minute unless the request said otherwise.
 BETA_EXPIRY_SECONDS = 60
@@ -39,7 +33,6 @@ class _ClientSecretRequest(Struct, forbid_unknown_fields=True, kw_only=True):
     expires_at: _Expiry | None = None
 
 
-_ids = IdGenerator()
 _decode_body = msgspec.json.Decoder(dict[str, Any]).decode
 _encode = msgspec.json.Encoder().encode
 
@@ -65,7 +58,6 @@ async def create_transcription_session(request: web.Request) -> web.Response:
 
 
 async def _mint(request: web.Request, *, transcription: bool) -> web.Response:
-    owner = principal(request)
     raw = await request.read()
     try:
         body = decode_body(_decode_body, raw) if raw.strip() else {}
@@ -73,15 +65,10 @@ async def _mint(request: web.Request, *, transcription: bool) -> web.Response:
         session = parse_flat_session(body, transcription=transcription)
     except ProtocolError as exc:
         return invalid_request(_top_level(exc))
-    refusal = await admit_request(request.app[LIMITS], owner.owner)
-    if refusal is not None:
-        return refusal
-    session_id = _ids.new("sess")
-    try:
-        value, record = await request.app[AUTHENTICATOR].mint(owner, session, session_id, seconds)
-    except ClusterUnavailableError as exc:
-        logger.warning("could not mint a key: %s", exc)
-        return cluster_unavailable()
+    minted = await mint_key(request, session, seconds)
+    if isinstance(minted, web.Response):
+        return minted
+    value, record, session_id = minted
     ga = session_config_to_dict(session, session_id=session_id, expires_at=record.expires_at)
     answer = {
         **flat_session(ga),
