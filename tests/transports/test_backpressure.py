@@ -13,17 +13,17 @@ import base64
 import json
 import os
 import re
-import signal
 import socket
 import struct
-import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
 from hark.session.runner import BACKLOG_EXCEEDED, MAX_BACKLOG_BYTES
+from tests.servers import HarkProcess
 
 pytestmark = pytest.mark.slow
 
@@ -32,46 +32,20 @@ HEADERS = {"Authorization": "Bearer any"}
 ENDED = re.compile(r"^hark_sessions_ended_total\{(.*)\} (\S+)$", re.MULTILINE)
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.fixture
-async def server() -> AsyncIterator[tuple[str, int]]:
+async def server(tmp_path: Path) -> AsyncIterator[tuple[str, int]]:
     """``hark serve --engines fake`` in its own process: its URL and pid."""
-    port = free_port()
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "hark.cli",
-        "serve",
-        "--engines",
-        "fake",
-        "--port",
-        str(port),
-        "--rtc-port",
-        "0",
-        "--log-level",
-        "warning",
-        env={k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"},
+    process = HarkProcess(
+        ["--engines", "fake", "--log-level", "warning"],
+        tmp_path / "server.log",
+        without=("PROMETHEUS_MULTIPROC_DIR",),
     )
-    url = f"http://127.0.0.1:{port}"
+    await asyncio.to_thread(process.start, 60)
     try:
-        async with aiohttp.ClientSession() as http:
-            for _ in range(600):
-                try:
-                    async with http.get(url + "/readyz") as response:
-                        if response.status == 200:
-                            break
-                except aiohttp.ClientError:
-                    pass
-                await asyncio.sleep(0.1)
-        yield url, process.pid
+        assert process.proc is not None
+        yield process.url, process.proc.pid
     finally:
-        process.send_signal(signal.SIGTERM)
-        await asyncio.wait_for(process.wait(), 60)
+        await asyncio.to_thread(process.stop)
 
 
 def masked_text(text: str) -> bytes:
