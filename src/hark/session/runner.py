@@ -86,6 +86,12 @@ MAX_VAD_WAITING_RUNS = 1024
 MAX_TRANSCRIBING_S = 600.0
 
 
+def backlog_reason(events: int, size: int) -> str:
+    """The bounds a peer that stopped reading passed, as told to it."""
+    size_limit = f"{size // MiB} MiB" if size % MiB == 0 else f"{size} bytes"
+    return f"client is not reading events; backlog over {events} events or {size_limit}"
+
+
 class AudioPlayer(Protocol):
     """A transport that plays reply audio itself, paced in real time (WebRTC, SIP).
 
@@ -492,12 +498,7 @@ class SessionRunner:
         while not self._out.empty():
             self._out.get_nowait()
         self._out_bytes = 0
-        limit = self._max_backlog_bytes
-        size_limit = f"{limit // MiB} MiB" if limit % MiB == 0 else f"{limit} bytes"
-        reason = (
-            f"client is not reading events; backlog over {self._max_backlog_events} events "
-            f"or {size_limit}"
-        )
+        reason = backlog_reason(self._max_backlog_events, self._max_backlog_bytes)
         log.warning(
             "session %s: %d events (%d bytes) wait for a client that is not reading: closing",
             self.id,

@@ -15,18 +15,20 @@ import logging
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from hark.session.runner import SessionRunner
+from hark.session.runner import (
+    MAX_BACKLOG_BYTES,
+    MAX_BACKLOG_EVENTS,
+    SessionRunner,
+    backlog_reason,
+)
 from hark.transports.websocket import RealtimeWebSocket
 
 logger = logging.getLogger(__name__)
 
-MAX_SIDEBAND_BACKLOG = 10000
+MAX_SIDEBAND_BACKLOG = MAX_BACKLOG_EVENTS
 # A call's events are small (its audio goes over RTP), so this is rarely the bound reached.
-MAX_SIDEBAND_BACKLOG_BYTES = 16 * 1024 * 1024
-BACKLOG_REASON = (
-    f"client is not reading events; backlog over {MAX_SIDEBAND_BACKLOG} events "
-    f"or {MAX_SIDEBAND_BACKLOG_BYTES // (1024 * 1024)} MiB"
-)
+MAX_SIDEBAND_BACKLOG_BYTES = MAX_BACKLOG_BYTES
+BACKLOG_REASON = backlog_reason(MAX_SIDEBAND_BACKLOG, MAX_SIDEBAND_BACKLOG_BYTES)
 
 
 class _Attached:
@@ -56,10 +58,9 @@ class _Attached:
         while not self.queue.empty():
             self.queue.get_nowait()
         self.bytes = 0
+        # Sidebands are always ``websocket_response()`` sockets (``attach_sideband``).
         if isinstance(self.ws, RealtimeWebSocket):
             self.ws.close_unread([], BACKLOG_REASON)
-        else:
-            self.queue.put_nowait(None)
 
     async def _send(self) -> None:
         try:
