@@ -110,6 +110,8 @@ class Call:
         # Why the server is ending the call, once it is (``end``).
         self._end_reason: str | None = None
         self._closing = False
+        # Set once the data channel's backlog passed its bound and the call began to close.
+        self._overflowed = False
         self.closed = asyncio.Event()
         self.close_reason: str | None = None
         self.pc.on("datachannel", self._on_datachannel)
@@ -243,7 +245,12 @@ class Call:
             self._pending.append(text)
             return
         channel.send(text)
-        if channel.bufferedAmount > MAX_CHANNEL_BACKLOG_BYTES and not self._closing:
+        if (
+            channel.bufferedAmount > MAX_CHANNEL_BACKLOG_BYTES
+            and not self._closing
+            and not self._overflowed
+        ):
+            self._overflowed = True
             logger.warning("call %s: the data channel's backlog passed its bound", self.id)
             self._spawn(self._not_reading(), "close")
 
