@@ -18,6 +18,7 @@ from hark.config import Settings
 from hark.engines.fake import FakeAsr, FakeTts
 from hark.engines.registry import Engines
 from hark.engines.vad.batcher import BatchedSileroVad
+from hark.observability.session_metrics import SessionMetrics
 from hark.server.app import create_app, make_runner
 from hark.session.core import MAX_APPEND_BYTES
 from hark.transports.websocket import MAX_MESSAGE_BYTES
@@ -38,6 +39,7 @@ class StubSession:
 
     def __init__(self, engines: Engines, *, model: str, **_: Any) -> None:
         self.model = model
+        self.metrics = SessionMetrics.disabled()
         self.texts: list[str] = []
         # For each text: whether it came outside any task (straight from the frame parser).
         self.from_parser: list[bool] = []

@@ -91,7 +91,7 @@ async def realtime_websocket(request: web.Request) -> web.StreamResponse:
                 await run_session(
                     ws,
                     in_dialect(runner, request.headers),
-                    throttled=request.app[METRICS].input_throttled.labels("websocket").inc,
+                    throttled=runner.metrics.input_throttled,
                 )
             finally:
                 state.sessions.discard(runner)
