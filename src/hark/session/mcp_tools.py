@@ -102,7 +102,7 @@ class McpTools:
         assert isinstance(server.item.mcp, wire.McpListToolsItem)
         server.item.mcp = msgspec.structs.replace(server.item.mcp, tools=list(server.tools))
         self._outbox.emit(se.McpListToolsCompleted(item_id=item_id))
-        self._item_done(server.item)
+        self.item_done(server.item)
         self._tools_changed()
 
     def list_failed(self, item_id: str) -> None:
@@ -111,13 +111,14 @@ class McpTools:
         if server is None:
             return
         self._outbox.emit(se.McpListToolsFailed(item_id=item_id))
-        self._item_done(server.item)
+        self.item_done(server.item)
 
     def _server_listing(self, item_id: str) -> _Server | None:
         # A result for a server since removed or replaced is for nobody.
         return next((s for s in self._servers.values() if s.item.id == item_id), None)
 
-    def _item_done(self, entry: Entry) -> None:
+    def item_done(self, entry: Entry) -> None:
+        """``conversation.item.done`` for ``entry``, if it is in the conversation."""
         entries = self._conversation.entries()
         if entry not in entries:
             return

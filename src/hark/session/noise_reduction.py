@@ -44,11 +44,6 @@ class NoiseReduction:
         self._config = config
         self._denoiser: Denoiser | None = None
 
-    @property
-    def active(self) -> bool:
-        """Whether input audio is being denoised."""
-        return self._denoiser is not None
-
     def denoiser(self, rate: int) -> Denoiser | None:
         """The stream that denoises input audio at ``rate`` under the current setting, or None
         when noise reduction is off. Its state carries from one chunk to the next, so chunks

@@ -155,11 +155,7 @@ class Recognition:
         assert part.audio is not None
         if not len(part.audio):
             # Nothing to hear (the idle timeout commits its segment even when empty).
-            if self._in_conversation(entry):
-                self._transcribed(entry, part, "", 0.0)
-            else:
-                part.heard = ""
-                self._on_heard()
+            self._heard(entry, part, "", 0.0)
             return
         index = _index_of(entry, part)
         request_id = entry.id if index == 0 else f"{entry.id}:{index}"
@@ -460,8 +456,13 @@ class Recognition:
         if request is None or request[1].heard is not None:
             return
         entry, part = request
+        self._heard(entry, part, transcript, audio_seconds)
+
+    def _heard(self, entry: Entry, part: Part, transcript: str, seconds: float) -> None:
+        """A whole item's words: the client hears of those of an item of the conversation;
+        a response's own ``input`` only has them."""
         if self._in_conversation(entry):
-            self._transcribed(entry, part, transcript, audio_seconds)
+            self._transcribed(entry, part, transcript, seconds)
         else:
             part.heard = transcript
             self._on_heard()

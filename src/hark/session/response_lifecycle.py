@@ -195,26 +195,12 @@ class ResponseLifecycle:
         if params.input is not None:
             inputs = read_inputs(params.input)
         response = self.new_response(params, self._ids.new("resp"), inputs)
-        if isinstance(
-            response.tool_choice, ToolChoiceFunction
-        ) and response.tool_choice.name not in {t.name for t in response.tools}:
+        try:
+            self._check_tool_choice(response)
+        except ProtocolError:
             for entry in inputs or ():
                 self._words_unneeded(entry)
-            raise ProtocolError(
-                f"tool_choice names '{response.tool_choice.name}', which is not in tools.",
-                "response.tool_choice.name",
-            )
-        if isinstance(response.tool_choice, ToolChoiceMcp) and (
-            not response.mcp or self._mcp.server(response.tool_choice.server_label) is None
-        ):
-            for entry in inputs or ():
-                self._words_unneeded(entry)
-            raise ProtocolError(
-                f"tool_choice names the MCP server '{response.tool_choice.server_label}', which "
-                "the session's tools do not have (MCP tools are the session's: set them with "
-                "session.update).",
-                "response.tool_choice.server_label",
-            )
+            raise
         self.responses[response.id] = response
         if in_band:
             self.in_band = response
@@ -222,20 +208,34 @@ class ResponseLifecycle:
         update, limited = self._rates.admit(now)
         self._outbox.emit(update)
         if limited:
-            self.end_response(
-                response,
-                "failed",
-                {
-                    "type": "failed",
-                    "error": {
-                        "type": "rate_limit_error",
-                        "code": "rate_limit_exceeded",
-                        "message": "The session's rate limit was reached; try again shortly.",
-                    },
-                },
+            self.failed(
+                response.id,
+                "The session's rate limit was reached; try again shortly.",
+                "rate_limit_exceeded",
+                "rate_limit_error",
             )
             return
         self._start_generation(response)
+
+    def _check_tool_choice(self, response: Response) -> None:
+        """Raises ``ProtocolError`` when ``response``'s ``tool_choice`` names a tool it does
+        not have."""
+        if isinstance(
+            response.tool_choice, ToolChoiceFunction
+        ) and response.tool_choice.name not in {t.name for t in response.tools}:
+            raise ProtocolError(
+                f"tool_choice names '{response.tool_choice.name}', which is not in tools.",
+                "response.tool_choice.name",
+            )
+        if isinstance(response.tool_choice, ToolChoiceMcp) and (
+            not response.mcp or self._mcp.server(response.tool_choice.server_label) is None
+        ):
+            raise ProtocolError(
+                f"tool_choice names the MCP server '{response.tool_choice.server_label}', which "
+                "the session's tools do not have (MCP tools are the session's: set them with "
+                "session.update).",
+                "response.tool_choice.server_label",
+            )
 
     def new_response(
         self, params: ResponseParams, response_id: str, inputs: list[Entry] | None = None
@@ -281,17 +281,10 @@ class ResponseLifecycle:
         for response in list(self.responses.values()):
             if response.generating or not any(e is entry for e in self._entries_of(response)):
                 continue
-            self.end_response(
-                response,
-                "failed",
-                {
-                    "type": "failed",
-                    "error": {
-                        "type": "server_error",
-                        "code": "transcription_failed",
-                        "message": f"The input audio could not be transcribed: {message}",
-                    },
-                },
+            self.failed(
+                response.id,
+                f"The input audio could not be transcribed: {message}",
+                "transcription_failed",
             )
 
     def _entries_of(self, response: Response) -> list[Entry]:
@@ -661,14 +654,7 @@ class ResponseLifecycle:
                 se.ConversationItemAdded(previous_item_id=previous, item=entry.to_wire())
             )
             self._approved_calls[entry.id] = entry
-            self._outbox.emit(se.ResponseMcpCallInProgress(item_id=entry.id, output_index=0))
-            server = self._mcp.server(request.server_label)
-            if server is None:
-                self._approved_call_done(entry.id, None, _server_gone(request.server_label))
-                continue
-            self._outbox.act(
-                CallMcpTool(APPROVED_CALLS, entry.id, server, request.name, request.arguments)
-            )
+            self._send_mcp_call(APPROVED_CALLS, entry, 0)
 
     def _approved_call_done(
         self, item_id: str, output: str | None, error: wire.McpCallError | None
@@ -676,33 +662,38 @@ class ResponseLifecycle:
         entry = self._approved_calls.pop(item_id, None)
         if entry is None:
             return
+        self._mcp_result(entry, 0, output, error)
+        self._mcp.item_done(entry)
+        self.resume_waiting()
+
+    def _call_mcp(self, response: Response, entry: Entry) -> None:
+        index = response.output.index(entry)
+        response.mcp_running.add(entry.id)
+        self._send_mcp_call(response.id, entry, index)
+
+    def _send_mcp_call(self, response_id: str, entry: Entry, index: int) -> None:
+        """Ask the driver to run the MCP call ``entry`` (``output_index`` ``index``) for
+        ``response_id``; a call whose server is gone fails at once."""
+        item = entry.mcp
+        assert isinstance(item, wire.McpCallItem)
+        self._outbox.emit(se.ResponseMcpCallInProgress(item_id=entry.id, output_index=index))
+        server = self._mcp.server(item.server_label)
+        if server is None:
+            self.mcp_call_done(response_id, entry.id, error=_server_gone(item.server_label))
+            return
+        self._outbox.act(CallMcpTool(response_id, entry.id, server, item.name, item.arguments))
+
+    def _mcp_result(
+        self, entry: Entry, index: int, output: str | None, error: wire.McpCallError | None
+    ) -> None:
+        """The MCP call ``entry`` returned ``output``, or failed with ``error``."""
         assert isinstance(entry.mcp, wire.McpCallItem)
         entry.mcp = msgspec.structs.replace(entry.mcp, output=output, error=error)
         entry.status = "completed" if error is None else "incomplete"
         if error is None:
-            self._outbox.emit(se.ResponseMcpCallCompleted(item_id=item_id, output_index=0))
+            self._outbox.emit(se.ResponseMcpCallCompleted(item_id=entry.id, output_index=index))
         else:
-            self._outbox.emit(se.ResponseMcpCallFailed(item_id=item_id, output_index=0))
-        entries = self._conversation.entries()
-        if entry in entries:
-            position = entries.index(entry)
-            previous = entries[position - 1].id if position else None
-            self._outbox.emit(
-                se.ConversationItemDone(previous_item_id=previous, item=entry.to_wire())
-            )
-        self.resume_waiting()
-
-    def _call_mcp(self, response: Response, entry: Entry) -> None:
-        item = entry.mcp
-        assert isinstance(item, wire.McpCallItem)
-        index = response.output.index(entry)
-        response.mcp_running.add(entry.id)
-        self._outbox.emit(se.ResponseMcpCallInProgress(item_id=entry.id, output_index=index))
-        server = self._mcp.server(item.server_label)
-        if server is None:
-            self.mcp_call_done(response.id, entry.id, error=_server_gone(item.server_label))
-            return
-        self._outbox.act(CallMcpTool(response.id, entry.id, server, item.name, item.arguments))
+            self._outbox.emit(se.ResponseMcpCallFailed(item_id=entry.id, output_index=index))
 
     def mcp_call_done(
         self,
@@ -721,14 +712,8 @@ class ResponseLifecycle:
             return
         response.mcp_running.discard(item_id)
         entry = next(e for e in response.output if e.id == item_id)
-        assert isinstance(entry.mcp, wire.McpCallItem)
-        entry.mcp = msgspec.structs.replace(entry.mcp, output=output, error=error)
-        entry.status = "completed" if error is None else "incomplete"
         index = response.output.index(entry)
-        if error is None:
-            self._outbox.emit(se.ResponseMcpCallCompleted(item_id=item_id, output_index=index))
-        else:
-            self._outbox.emit(se.ResponseMcpCallFailed(item_id=item_id, output_index=index))
+        self._mcp_result(entry, index, output, error)
         self._finish_item(response, entry, index)
         response.mcp_called = True
         self._go_on(response)
@@ -789,7 +774,8 @@ class ResponseLifecycle:
         code: str = "engine_error",
         error_type: str = "server_error",
     ) -> None:
-        """An engine failed: this response fails, the session goes on."""
+        """This response fails with ``code`` (an engine failed, by default); the session goes
+        on."""
         response = self.responses.get(response_id)
         if response is None:
             return

@@ -322,9 +322,10 @@ class TurnTaking:
             )
         )
         # As OpenAI does, the segment is committed even when it is empty.
+        # Committing creates no response (it may only start those waiting for words): the
+        # conversation still has none.
         self._commit_audio(self._buffer.take(start_ms, end_ms), item_id)
-        if self._responses.in_band is None:
-            self._respond()
+        self._respond()
 
     # ----------------------------------------------------------------- pauses
 
