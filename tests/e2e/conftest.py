@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -48,6 +50,21 @@ def server() -> Iterator[Server]:
     log = ARTIFACTS / "e2e-server.log"
     with hark_serve([], log, env={"HARK_API_KEYS": API_KEY}) as port:
         yield Server("127.0.0.1", port, log)
+
+
+@contextlib.contextmanager
+def fake_hark(log_name: str) -> Iterator[Server]:
+    """`hark serve --engines fake` (a real server and Silero VAD, scripted ASR, LLM and TTS),
+    ready, its output in ``ARTIFACTS / log_name``."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    log = ARTIFACTS / log_name
+    with hark_serve(["--engines", "fake"], log, env={"HARK_API_KEYS": API_KEY}) as port:
+        yield Server("127.0.0.1", port, log)
+
+
+def of_type(events: list[Any], kind: str) -> list[Any]:
+    """The `openai` SDK's ``events`` of type ``kind``."""
+    return [e for e in events if e.type == kind]
 
 
 async def speech(text: str, rate: int = 24000) -> npt.NDArray[np.int16]:

@@ -30,9 +30,7 @@ from agents.realtime import (
 )
 from agents.realtime.model_inputs import RealtimeModelSendRawMessage
 
-from tests.servers import hark_serve
-
-from .conftest import API_KEY, ARTIFACTS, Server, speech, words
+from .conftest import API_KEY, Server, fake_hark, speech, words
 
 pytestmark = pytest.mark.slow
 
@@ -43,10 +41,8 @@ CHUNK = RATE // 50
 @pytest.fixture(scope="module")
 def fake_server() -> Iterator[Server]:
     """`hark serve --engines fake`: a real server and VAD, scripted ASR, LLM and TTS."""
-    ARTIFACTS.mkdir(exist_ok=True)
-    log = ARTIFACTS / "e2e-agents-fake-server.log"
-    with hark_serve(["--engines", "fake"], log, env={"HARK_API_KEYS": API_KEY}) as port:
-        yield Server("127.0.0.1", port, log)
+    with fake_hark("e2e-agents-fake-server.log") as server:
+        yield server
 
 
 class Recorder:

@@ -14,9 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.servers import hark_serve
-
-from .conftest import API_KEY, ARTIFACTS, Server, events_until, speech
+from .conftest import Server, events_until, fake_hark, of_type, speech
 
 pytestmark = pytest.mark.slow
 
@@ -24,18 +22,12 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def fake_server() -> Iterator[Server]:
     """`hark serve --engines fake`: a real server and VAD, scripted ASR, LLM and TTS."""
-    ARTIFACTS.mkdir(exist_ok=True)
-    log = ARTIFACTS / "e2e-fidelity-fake-server.log"
-    with hark_serve(["--engines", "fake"], log, env={"HARK_API_KEYS": API_KEY}) as port:
-        yield Server("127.0.0.1", port, log)
+    with fake_hark("e2e-fidelity-fake-server.log") as server:
+        yield server
 
 
 async def collect(conn: Any, stop: str = "response.done", limit_s: float = 60) -> list[Any]:
     return [e async for e in events_until(conn, stop, limit_s)]
-
-
-def of_type(events: list[Any], kind: str) -> list[Any]:
-    return [e for e in events if e.type == kind]
 
 
 async def audio_item() -> dict[str, Any]:

@@ -25,9 +25,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from hark.session.actions import McpServer
 from hark.tools.mcp_client import McpCallFailed, McpClients
-from tests.servers import free_port, hark_serve
+from tests.servers import free_port
 
-from .conftest import API_KEY, ARTIFACTS, Server, events_until
+from .conftest import Server, events_until, fake_hark, of_type
 
 pytestmark = pytest.mark.slow
 
@@ -134,11 +134,9 @@ def mcp_server() -> Iterator[McpHttpServer]:
 @pytest.fixture(scope="module")
 def fake_server() -> Iterator[Server]:
     """`hark serve --engines fake`: real Silero VAD, the fake ASR, LLM and TTS."""
-    ARTIFACTS.mkdir(exist_ok=True)
-    log = ARTIFACTS / "e2e-mcp-server.log"
-    with hark_serve(["--engines", "fake"], log, env={"HARK_API_KEYS": API_KEY}) as port:
-        yield Server("127.0.0.1", port, log)
-    text = log.read_text()
+    with fake_hark("e2e-mcp-server.log") as server:
+        yield server
+    text = server.log.read_text()
     assert TOKEN not in text and TOWN_KEY not in text, "an MCP credential reached hark's log"
 
 
@@ -161,10 +159,6 @@ async def collect(conn: Any, stop: str) -> list[Any]:
     for event in events:
         SDK_EVENT.validate_python(event.to_dict())
     return events
-
-
-def of_type(events: list[Any], kind: str) -> list[Any]:
-    return [e for e in events if e.type == kind]
 
 
 async def configure(conn: Any, tool: dict[str, Any]) -> list[Any]:

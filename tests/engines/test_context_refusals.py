@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestServer
 
 from hark.engines.llm import ChatMessage, Finished, GenerationRequest, TextDelta
 from hark.engines.llm.openai_compatible import LlmError, OpenAICompatibleLlm
+
+from .conftest import scripted_peer
 
 N_CTX = 512
 # What the peer takes a message for: more than hark's estimate, as a refusal may show.
@@ -78,14 +79,8 @@ class Peer:
 @pytest.fixture(params=[vllm_refusal, llama_server_refusal], ids=["vllm", "llama-server"])
 async def peer(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Peer, str]]:
     recorder = Peer(request.param)
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", recorder.completions)
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    try:
-        yield recorder, str(server.make_url("/v1"))
-    finally:
-        await server.close()
+    async with scripted_peer("/chat/completions", recorder.completions) as url:
+        yield recorder, url
 
 
 def conversation() -> tuple[ChatMessage, ...]:
@@ -125,18 +120,14 @@ async def test_a_refusal_that_is_not_about_the_context_is_not_retried() -> None:
     async def refuse(request: web.Request) -> web.Response:
         return web.json_response({"error": {"message": "model not found"}}, status=400)
 
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", refuse)
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    llm = OpenAICompatibleLlm(str(server.make_url("/v1")), "m")
-    try:
-        with pytest.raises(LlmError, match="model not found"):
-            [event async for event in llm.generate(GenerationRequest(conversation()))]
-        assert llm.context_tokens is None
-    finally:
-        await llm.aclose()
-        await server.close()
+    async with scripted_peer("/chat/completions", refuse) as url:
+        llm = OpenAICompatibleLlm(url, "m")
+        try:
+            with pytest.raises(LlmError, match="model not found"):
+                [event async for event in llm.generate(GenerationRequest(conversation()))]
+            assert llm.context_tokens is None
+        finally:
+            await llm.aclose()
 
 
 async def test_an_empty_answer_names_the_context_option() -> None:
@@ -146,15 +137,11 @@ async def test_an_empty_answer_names_the_context_option() -> None:
         await response.prepare(request)
         return response
 
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", empty)
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    llm = OpenAICompatibleLlm(str(server.make_url("/v1")), "m")
-    try:
-        with pytest.raises(LlmError, match="--llm-context-tokens") as failure:
-            [event async for event in llm.generate(GenerationRequest(conversation()))]
-        assert not failure.value.context_exceeded
-    finally:
-        await llm.aclose()
-        await server.close()
+    async with scripted_peer("/chat/completions", empty) as url:
+        llm = OpenAICompatibleLlm(url, "m")
+        try:
+            with pytest.raises(LlmError, match="--llm-context-tokens") as failure:
+                [event async for event in llm.generate(GenerationRequest(conversation()))]
+            assert not failure.value.context_exceeded
+        finally:
+            await llm.aclose()

@@ -19,6 +19,8 @@ from hark.engines.llm.openai_compatible import OpenAICompatibleLlm, message_to_o
 from hark.engines.registry import build_engines
 from hark.session.runner import SessionRunner
 
+from .conftest import scripted_peer
+
 # A 1x1 red PNG.
 RED_PIXEL = (
     "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAF"
@@ -28,29 +30,14 @@ REPLY = "A single red pixel."
 
 
 class VisionBackend:
-    """A chat-completions server on loopback that keeps each request's body and streams
-    ``REPLY`` back in two chunks, as vLLM or Ollama would."""
+    """A chat-completions handler that keeps each request's body and streams ``REPLY`` back
+    in two chunks, as vLLM or Ollama would; ``url`` is set once it serves."""
 
     def __init__(self) -> None:
         self.bodies: list[dict[str, Any]] = []
         self.url = ""
-        self._runner: web.AppRunner | None = None
 
-    async def start(self) -> None:
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", self._complete)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = self._runner.addresses[0][1]
-        self.url = f"http://127.0.0.1:{port}/v1"
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-
-    async def _complete(self, request: web.Request) -> web.StreamResponse:
+    async def complete(self, request: web.Request) -> web.StreamResponse:
         self.bodies.append(await request.json())
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
@@ -73,9 +60,9 @@ class VisionBackend:
 async def backend() -> AsyncIterator[VisionBackend]:
     """A vision backend, serving."""
     server = VisionBackend()
-    await server.start()
-    yield server
-    await server.stop()
+    async with scripted_peer("/chat/completions", server.complete) as url:
+        server.url = url
+        yield server
 
 
 def image_item(*content: dict[str, Any]) -> dict[str, Any]:

@@ -25,20 +25,15 @@ from hark.session.actions import CountDroppedAudio, Denoise
 from hark.session.core import DENOISE_INLINE_S
 from hark.session.noise_reduction import wet_share
 from hark.session.runner import SessionRunner
+from tests.audio.test_denoise import rms_db
+from tests.audio.test_denoise import white_noise as noise_samples
 from tests.session.conftest import RATE, Driver
 from tests.speech import spoken
 
 
 def white_noise(ms: int, rms: float = 0.03, seed: int = 3) -> npt.NDArray[np.int16]:
-    """Gaussian noise of ``rms`` (full scale 1)."""
-    noise = np.random.default_rng(seed).normal(0.0, rms * 32768, RATE * ms // 1000)
-    return np.clip(noise, -32768, 32767).astype(np.int16)
-
-
-def rms_db(pcm: npt.NDArray[np.int16]) -> float:
-    """The level of ``pcm`` in dB below full scale."""
-    samples = pcm.astype(np.float64) / 32768
-    return float(10 * np.log10(np.mean(samples**2) + 1e-20))
+    """``ms`` of Gaussian noise of ``rms`` (full scale 1) at the session's rate."""
+    return noise_samples(RATE * ms // 1000, rms, seed)
 
 
 def manual(noise_reduction: dict[str, Any] | None) -> Driver:

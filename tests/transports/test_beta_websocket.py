@@ -42,12 +42,6 @@ async def server() -> AsyncIterator[RunningServer]:
         yield running
 
 
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
 def auth(key: str = API_KEY) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
