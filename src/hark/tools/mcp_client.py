@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import httpx2
 from mcp import ClientSession
@@ -108,8 +109,14 @@ class McpConnection:
         if task is not None:
             await asyncio.gather(task, return_exceptions=True)
 
-    def _within_timeout(self) -> _Guard:
-        return _Guard(self, self._timeout_s)
+    @asynccontextmanager
+    async def _within_timeout(self) -> AsyncIterator[None]:
+        """The timeout of one list or call, its errors turned into ``McpCallFailed``."""
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                yield
+        except (Exception, BaseExceptionGroup) as exc:
+            raise McpCallFailed(self.failure(exc)) from None
 
     async def _session(self) -> ClientSession:
         if self._task is None or self._task.done():
@@ -184,27 +191,6 @@ class McpConnection:
             code=BAD_GATEWAY,
             message=f"The MCP server could not be reached ({type(exc).__name__}).",
         )
-
-
-class _Guard:
-    """The timeout of one list or call, its errors turned into ``McpCallFailed``."""
-
-    def __init__(self, connection: McpConnection, timeout_s: float) -> None:
-        self._connection = connection
-        self._timeout = asyncio.timeout(timeout_s)
-
-    async def __aenter__(self) -> None:
-        await self._timeout.__aenter__()
-
-    async def __aexit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
-        try:
-            await self._timeout.__aexit__(kind, exc, tb)
-        except TimeoutError as timed_out:
-            exc = timed_out
-        if isinstance(exc, Exception | BaseExceptionGroup) and not isinstance(
-            exc, asyncio.CancelledError
-        ):
-            raise McpCallFailed(self._connection.failure(exc)) from None
 
 
 class McpClients:
