@@ -56,16 +56,20 @@ def parse_client_secret_request(raw: bytes) -> tuple[int, SessionConfig]:
     request = decode_body(_decode_request, raw)
     expires_after = request.expires_after or ExpiresAfter()
     seconds = expires_after.seconds
+    check_expiry_seconds(seconds, "expires_after.seconds")
+    return seconds, parse_session_config(request.session, param_prefix="session")
+
+
+def check_expiry_seconds(seconds: int, param: str) -> None:
+    """Raise ProtocolError naming ``param`` if a key's lifetime is out of bounds."""
     if not MIN_EXPIRY_SECONDS <= seconds <= MAX_EXPIRY_SECONDS:
         raise ProtocolError(
-            f"Invalid 'expires_after.seconds': must be between {MIN_EXPIRY_SECONDS} "
-            f"and {MAX_EXPIRY_SECONDS}.",
-            param="expires_after.seconds",
+            f"Invalid '{param}': must be between {MIN_EXPIRY_SECONDS} and {MAX_EXPIRY_SECONDS}.",
+            param=param,
             code="integer_below_min_value"
             if seconds < MIN_EXPIRY_SECONDS
             else "integer_above_max_value",
         )
-    return seconds, parse_session_config(request.session, param_prefix="session")
 
 
 def encode_client_secret(

@@ -10,7 +10,7 @@ import msgspec
 from aiohttp import web
 from msgspec import Struct
 
-from hark.protocol.client_secrets import MAX_EXPIRY_SECONDS, MIN_EXPIRY_SECONDS
+from hark.protocol.client_secrets import check_expiry_seconds
 from hark.protocol.errors import ProtocolError, decode_body, from_validation_error
 from hark.protocol.session_config import session_config_to_dict
 from hark.server.access import api_key_only, requires
@@ -87,15 +87,7 @@ def _expiry_seconds(client_secret: object) -> int:
     except msgspec.ValidationError as exc:
         raise from_validation_error(exc, "client_secret") from None
     expiry = request.expires_after or request.expires_at or _Expiry()
-    if not MIN_EXPIRY_SECONDS <= expiry.seconds <= MAX_EXPIRY_SECONDS:
-        raise ProtocolError(
-            f"Invalid 'client_secret.expires_after.seconds': must be between "
-            f"{MIN_EXPIRY_SECONDS} and {MAX_EXPIRY_SECONDS}.",
-            "client_secret.expires_after.seconds",
-            "integer_below_min_value"
-            if expiry.seconds < MIN_EXPIRY_SECONDS
-            else "integer_above_max_value",
-        )
+    check_expiry_seconds(expiry.seconds, "client_secret.expires_after.seconds")
     return expiry.seconds
 
 
