@@ -121,18 +121,14 @@ def decode_client_event(data: str | bytes) -> AnyClientEvent:
         return _decoder.decode(data)
     except msgspec.ValidationError as exc:
         first_error: msgspec.ValidationError = exc
-    except msgspec.DecodeError:
-        raise _unparsable("it is not valid JSON") from None
-    except RecursionError:
-        raise _unparsable("it is nested too deeply") from None
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise _unparsable(exc) from None
     # The fast path failed: look at the raw object to explain what is wrong. The typed
     # decoder stops at the first wrong value, so malformed JSON after it shows only here.
     try:
         raw = msgspec.json.decode(data)
-    except msgspec.DecodeError:
-        raise _unparsable("it is not valid JSON") from None
-    except RecursionError:
-        raise _unparsable("it is nested too deeply") from None
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise _unparsable(exc) from None
     if not isinstance(raw, dict):
         raise DecodeError(
             ProtocolError("The event must be a JSON object.", code="invalid_event"), None
@@ -158,9 +154,12 @@ def decode_client_event(data: str | bytes) -> AnyClientEvent:
     raise DecodeError(error, event_id)
 
 
-def _unparsable(reason: str) -> DecodeError:
+def _unparsable(exc: Exception) -> DecodeError:
     """An event that is not JSON the server can read (also JSON nested deeper than the
     decoder recurses: msgspec raises ``RecursionError`` for it)."""
+    reason = (
+        "it is nested too deeply" if isinstance(exc, RecursionError) else "it is not valid JSON"
+    )
     return DecodeError(
         ProtocolError(f"The server could not parse the event: {reason}.", code="invalid_json"),
         None,
