@@ -31,7 +31,6 @@ import soxr
 RNNOISE_RATE = 48000
 FRAME = 480
 _QUALITY = "QQ"
-_INT16_SCALE = 32768.0
 
 
 class DenoiserUnavailable(RuntimeError):
@@ -53,24 +52,12 @@ def _library() -> ctypes.CDLL:
     lib.rnnoise_destroy.argtypes = [ctypes.c_void_p]
     lib.rnnoise_destroy.restype = None
     lib.rnnoise_get_frame_size.restype = ctypes.c_int
-    lib.rnnoise_process_frame.argtypes = [
-        ctypes.c_void_p,
-        ctypes.POINTER(ctypes.c_float),
-        ctypes.POINTER(ctypes.c_float),
-    ]
+    # The frames are read and written in place, through their addresses.
+    lib.rnnoise_process_frame.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
     lib.rnnoise_process_frame.restype = ctypes.c_float
     if lib.rnnoise_get_frame_size() != FRAME:
         raise DenoiserUnavailable("librnnoise has an unexpected frame size")
     return lib
-
-
-def available() -> bool:
-    """Whether librnnoise can be loaded here."""
-    try:
-        _library()
-    except DenoiserUnavailable:
-        return False
-    return True
 
 
 class Denoiser:
@@ -95,20 +82,11 @@ class Denoiser:
         # 48 kHz input not yet a whole frame; the stream starts with the silence that makes up
         # for what the resampler holds back.
         self._pending = self._up.resample_chunk(np.zeros(-(-rate // 1000), np.float32))
-        self._in = np.zeros(FRAME, np.float32)
-        self._out = np.zeros(FRAME, np.float32)
-        self._in_ptr = self._in.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
-        self._out_ptr = self._out.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
         # RNNoise answers a frame with the one two frames before it: the dry signal is held
         # back as long, to be mixed with the denoised audio it matches.
         self._dry = np.zeros(2 * FRAME, np.float32)
         # Output at ``rate`` not yet handed out.
         self._ready = np.zeros(0, np.float32)
-        # Silence added when the output ran short (samples at ``rate``): the delay beyond
-        # RNNoise's own and the first millisecond.
-        self.padded = 0
-        # The speech probability RNNoise gave the last frame.
-        self.speech_probability = 0.0
 
     def close(self) -> None:
         """Free the network's state; ``process`` must not be called afterwards."""
@@ -127,28 +105,26 @@ class Denoiser:
         if not len(pcm):
             return pcm
         up = self._up.resample_chunk(pcm.astype(np.float32))
-        pending = np.concatenate((self._pending, up)) if len(self._pending) else up
+        pending = np.ascontiguousarray(
+            np.concatenate((self._pending, up)) if len(self._pending) else up, np.float32
+        )
         whole = len(pending) // FRAME * FRAME
         wet = min(1.0, max(0.0, self.wet))
         denoised = np.empty(whole, np.float32)
-        for start in range(0, whole, FRAME):
-            self._in[:] = pending[start : start + FRAME]
-            self.speech_probability = self._lib.rnnoise_process_frame(
-                self._state, self._out_ptr, self._in_ptr
-            )
-            frame = denoised[start : start + FRAME]
-            if wet >= 1.0:
-                frame[:] = self._out
-            else:
-                frame[:] = wet * self._out + (1.0 - wet) * self._dry[:FRAME]
-            self._dry[:FRAME] = self._dry[FRAME:]
-            self._dry[FRAME:] = self._in
+        source, target = pending.ctypes.data, denoised.ctypes.data
+        step = FRAME * pending.itemsize
+        for offset in range(0, whole * pending.itemsize, step):
+            self._lib.rnnoise_process_frame(self._state, target + offset, source + offset)
+        # The dry signal of each frame is the input two frames before it.
+        dry = np.concatenate((self._dry, pending[:whole]))
+        if wet < 1.0:
+            denoised = wet * denoised + (1.0 - wet) * dry[:whole]
+        self._dry = dry[whole:].copy()
         self._pending = pending[whole:].copy()
         down = self._down.resample_chunk(denoised) if whole else np.zeros(0, np.float32)
         ready = np.concatenate((self._ready, down)) if len(down) else self._ready
         n = len(pcm)
         if len(ready) < n:
-            self.padded += n - len(ready)
             ready = np.concatenate((np.zeros(n - len(ready), np.float32), ready))
         out, self._ready = ready[:n], ready[n:]
         return np.clip(np.rint(out), -32768, 32767).astype(np.int16)
