@@ -29,7 +29,7 @@ import numpy.typing as npt
 
 from hark.audio.denoise import Denoiser
 from hark.audio.resample import resample
-from hark.bench.report import add_json_option, publish
+from hark.bench.report import BenchError, add_json_option, publish
 from hark.bench.spoken_questions import QUESTIONS, RATE, SpokenQuestion, spoken_questions
 from hark.bench.word_alignment import align, words
 from hark.engines.asr import AsrEngine
@@ -43,10 +43,6 @@ CHUNK = RATE // 50
 # Silence after each question, so that the denoiser's 21 ms delay loses no speech.
 _TAIL = RATE // 10
 _ASR_RATE = 16000
-
-
-class BenchError(Exception):
-    """Bad options."""
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:

@@ -33,7 +33,7 @@ from typing import Any
 
 import aiohttp
 
-from hark.bench.load.server_metrics import parse_metrics
+from hark.bench.load.server_metrics import parse_metrics, server_figures
 from hark.bench.report import (
     BenchError,
     ServerUrl,
@@ -621,14 +621,9 @@ class FuzzRun:
                 values = parse_metrics(await response.text())
         except (aiohttp.ClientError, OSError, ValueError):
             return
-        rss = [
-            v
-            for k, v in values.items()
-            if k.partition("{")[0]
-            in ("hark_process_resident_memory_bytes", "process_resident_memory_bytes")
-        ]
-        if rss:
-            self.memory.append((time.monotonic() - self.started, sum(rss) / 2**20))
+        rss_mib = server_figures(values, None)["rss_mib"]
+        if rss_mib is not None:
+            self.memory.append((time.monotonic() - self.started, rss_mib))
 
     # ------------------------------------------------------------------ the report
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from hark.bench.denoise import mix, noise
-from hark.bench.spoken_questions import QUESTIONS, RATE, cache_path, write_question
+from hark.bench.spoken_questions import QUESTIONS, RATE
 from hark.cli import main
 from tests.speech import spoken
 
@@ -34,13 +34,13 @@ def test_noise_is_mixed_at_the_snr_asked(kind: str) -> None:
 
 @pytest.mark.slow
 def test_a_short_run_reports_each_mode(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    recorded_questions: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     # The recorded questions, where the bench looks for them: nothing is synthesised.
-    cache = tmp_path / "xdg" / "hark" / "bench"
-    for text in QUESTIONS:
-        write_question(cache_path(cache, text), spoken(text, RATE))
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(recorded_questions.parent.parent))
     report_path = tmp_path / "denoise.json"
     options = ["--questions", "2", "--snrs", "10", "--noises", "white", "--json", str(report_path)]
     assert main(["bench", "denoise", *options]) == 0
