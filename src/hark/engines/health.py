@@ -215,10 +215,12 @@ class ThreadKeeper:
         """Start a thread running ``work`` after ``delay_s`` of rest."""
         threading.Thread(target=self._serve, args=(delay_s,), name=self._name, daemon=True).start()
 
-    def replace(self, exc: BaseException) -> None:
-        """The calling thread dies of ``exc``: another takes its place."""
+    def replace(self, exc: BaseException) -> EngineThreadCrashedError:
+        """The calling thread dies of ``exc``: another takes its place. Returns the error
+        for the requests it was serving (to be handed to them once the successor started)."""
         _log.error("a %s thread died; starting another", self._name, exc_info=exc)
         self.start(self._engine.restarted(exc))
+        return EngineThreadCrashedError(f"the {self._name} thread died ({describe(exc)})")
 
     def _serve(self, delay_s: float) -> None:
         pause(delay_s)

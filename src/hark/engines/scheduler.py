@@ -119,12 +119,7 @@ class DueFirstScheduler:
                 future.set_exception(exc)
             except BaseException as exc:
                 # The successor is on its way before the caller hears of it.
-                self._keeper.replace(exc)
-                future.set_exception(
-                    health.EngineThreadCrashedError(
-                        f"the {self._name} thread died ({health.describe(exc)})"
-                    )
-                )
+                future.set_exception(self._keeper.replace(exc))
                 return
             else:
                 self.health.working()

@@ -219,10 +219,7 @@ class AsrScheduler(Generic[R, T]):
         except BaseException as exc:
             self._done(len(batch))
             # The successor is on its way before the callers hear of it.
-            self._keeper.replace(exc)
-            crashed = health.EngineThreadCrashedError(
-                f"the {self._name} thread died ({health.describe(exc)})"
-            )
+            crashed = self._keeper.replace(exc)
             for entry in batch:
                 self._post(entry, _fail, crashed)
             return False
