@@ -599,8 +599,12 @@ class LlamaCppLlm:
         """The context a reply to ``request`` keeps free: the client's limit, or the hard
         ceiling of the engine's own; at most half the context, so that a long limit leaves
         room for the conversation."""
-        limit = request.max_tokens or hard_ceiling(self.max_tokens_default)
-        return min(limit, self.n_ctx // 2)
+        return min(self._reply_limit(request), self.n_ctx // 2)
+
+    def _reply_limit(self, request: GenerationRequest) -> int:
+        """The most tokens a reply to ``request`` may take: the client's limit, or the hard
+        ceiling of the engine's own."""
+        return request.max_tokens or hard_ceiling(self.max_tokens_default)
 
     def fit(
         self,
@@ -628,8 +632,7 @@ class LlamaCppLlm:
         """The prompt's tokens after truncation, and the number of tokens the reply may take
         (the client's limit or the engine's hard ceiling, within what the context leaves)."""
         tokens, _ = self.fit(model, request, tools, prefix)
-        limit = request.max_tokens or hard_ceiling(self.max_tokens_default)
-        return tokens, min(limit, self.n_ctx - len(tokens))
+        return tokens, min(self._reply_limit(request), self.n_ctx - len(tokens))
 
     def _scheduler(self) -> BatchScheduler:
         if self._closed:

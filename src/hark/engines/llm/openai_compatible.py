@@ -22,7 +22,6 @@ import logging
 import math
 import re
 import secrets
-import sys
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -267,9 +266,7 @@ class OpenAICompatibleLlm:
         temperature = self.temperature if request.temperature is None else request.temperature
         if temperature is not None:
             body["temperature"] = temperature
-        max_tokens = request.max_tokens
-        if max_tokens is None and self.max_tokens_default is not None:
-            max_tokens = hard_ceiling(self.max_tokens_default)
+        max_tokens = self._reply_limit(request)
         if max_tokens is not None:
             body["max_tokens"] = max_tokens
         if request.tools:
@@ -280,12 +277,17 @@ class OpenAICompatibleLlm:
     def reply_reserve(self, request: GenerationRequest, context: int) -> int:
         """The context a reply to ``request`` keeps free: the limit sent with it (at most half
         the context), or ``REPLY_RESERVE`` (at most a quarter) when the backend's applies."""
-        limit = request.max_tokens
-        if limit is None and self.max_tokens_default is not None:
-            limit = hard_ceiling(self.max_tokens_default)
+        limit = self._reply_limit(request)
         if limit is None:
             return min(REPLY_RESERVE, context // 4)
         return min(limit, context // 2)
+
+    def _reply_limit(self, request: GenerationRequest) -> int | None:
+        """The ``max_tokens`` sent with ``request``: the client's, else the hard ceiling of
+        ``max_tokens_default`` (None: the backend's default applies)."""
+        if request.max_tokens is None and self.max_tokens_default is not None:
+            return hard_ceiling(self.max_tokens_default)
+        return request.max_tokens
 
     def truncated(
         self, request: GenerationRequest, harder_than: int | None = None
@@ -356,16 +358,16 @@ class OpenAICompatibleLlm:
         url = endpoint_url(self.base_url, "/chat/completions")
         body = self.payload(request, extra_body)
         response = await self._post(url, body)
-        cap = None
-        if request.max_tokens is None:
-            # Without a default of hark's, the backend's own limit (its context) is the cap.
-            cap = SentenceCap(self.max_tokens_default or sys.maxsize)
+        # No limit of the client's: the reply is complete however it stops, at a sentence past
+        # hark's default when there is one (else at the backend's own limit, its context).
+        complete = request.max_tokens is None
+        cap = SentenceCap(self.max_tokens_default) if complete and self.max_tokens_default else None
         finished = False
         try:
             if response.status >= 400:
                 raise await self._http_error(response)
             try:
-                async for event in self._events(response, cap):
+                async for event in self._events(response, complete, cap):
                     yield event
                 finished = True
             except (aiohttp.ClientError, TimeoutError) as exc:
@@ -399,7 +401,7 @@ class OpenAICompatibleLlm:
         return LlmError(await self._endpoint.http_error(response), status=response.status)
 
     async def _events(
-        self, response: aiohttp.ClientResponse, cap: SentenceCap | None
+        self, response: aiohttp.ClientResponse, complete: bool, cap: SentenceCap | None
     ) -> AsyncIterator[LlmEvent]:
         calls: dict[int, _PendingCall] = {}
         reason: str | None = None
@@ -425,10 +427,10 @@ class OpenAICompatibleLlm:
                 delta = choice.get("delta") or {}
                 if content := delta.get("content"):
                     chunks += 1
-                    text, complete = cap.feed(content) if cap else (content, False)
+                    text, capped = cap.feed(content) if cap else (content, False)
                     if text:
                         yield TextDelta(text)
-                    if complete:
+                    if capped:
                         # Ended here, before the server's usage chunk: the tokens streamed
                         # (a chunk each, as vLLM and llama.cpp send them) are what is known.
                         yield Finished("stop", completion_tokens=chunks)
@@ -448,9 +450,9 @@ class OpenAICompatibleLlm:
                 )
             raise LlmError("the LLM stream ended without a finish reason")
         mapped = _FINISH_REASONS.get(reason, "stop")
-        if cap is not None and not calls:
+        if complete and not calls:
             # No limit was the client's: however the text stopped, the reply is complete.
-            if rest := cap.cut() if mapped == "length" else cap.finish():
+            if cap is not None and (rest := cap.cut() if mapped == "length" else cap.finish()):
                 yield TextDelta(rest)
             mapped = "stop"
         for call in calls.values():
