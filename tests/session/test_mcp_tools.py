@@ -434,16 +434,23 @@ def test_a_call_that_needs_approval_ends_the_turn_with_a_request(driver: Driver)
     assert len(driver.take(Generate)) == 1
 
 
+def answer_last_request(driver: Driver, *, approve: bool) -> None:
+    """Approve or deny the last item a response added (an ``mcp_approval_request``)."""
+    added = [e for e in driver.events if e["type"] == "response.output_item.added"]
+    answer = {
+        "type": "mcp_approval_response",
+        "approval_request_id": added[-1]["item"]["id"],
+        "approve": approve,
+    }
+    driver.send({"type": "conversation.item.create", "item": answer})
+
+
 def test_a_response_waits_for_an_approved_call_still_running(driver: Driver) -> None:
     listed(driver, WEATHER, require_approval="always")
     driver.send({"type": "response.create"})
     (generate,) = driver.take(Generate)
     call(driver, generate, "get_weather", "{}")
-    request_id = [e for e in driver.events if e["type"] == "response.output_item.added"][-1][
-        "item"
-    ]["id"]
-    approval = {"type": "mcp_approval_response", "approval_request_id": request_id, "approve": True}
-    driver.send({"type": "conversation.item.create", "item": approval})
+    answer_last_request(driver, approve=True)
     (action,) = driver.take(CallMcpTool)
     driver.send({"type": "response.create"})
     assert driver.take(Generate) == []
@@ -465,11 +472,7 @@ def test_a_denied_call_is_never_made(driver: Driver) -> None:
     driver.send({"type": "response.create"})
     (generate,) = driver.take(Generate)
     call(driver, generate, "get_weather", "{}")
-    request_id = [e for e in driver.events if e["type"] == "response.output_item.added"][-1][
-        "item"
-    ]["id"]
-    denial = {"type": "mcp_approval_response", "approval_request_id": request_id, "approve": False}
-    driver.send({"type": "conversation.item.create", "item": denial})
+    answer_last_request(driver, approve=False)
     driver.send({"type": "response.create"})
     assert driver.take(CallMcpTool) == []
     assert len(driver.take(Generate)) == 1
