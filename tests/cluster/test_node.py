@@ -1,5 +1,6 @@
-"""A worker's membership of the cluster on a real embedded store: placement order (zone,
-load, calls placed since the last heartbeat, no hop on a tie), and where calls live."""
+"""A worker's membership of the cluster: the placement rule as a pure function (zone, load,
+calls placed but not yet counted, no hop on a tie, then CPU), the same rule on a real
+embedded store, and where calls live."""
 
 from __future__ import annotations
 
@@ -10,7 +11,13 @@ from pathlib import Path
 import pytest
 
 from hark.cluster.embedded import EmbeddedStore
-from hark.cluster.node import HEARTBEAT_TTL_S, ClusterNode, Load
+from hark.cluster.node import (
+    HEARTBEAT_TTL_S,
+    PLACEMENT_IN_FLIGHT_S,
+    ClusterNode,
+    Load,
+    rank,
+)
 from hark.cluster.store import WorkerInfo
 
 
@@ -24,7 +31,13 @@ async def store(tmp_path: Path) -> AsyncIterator[EmbeddedStore]:
 
 
 async def peer(
-    store: EmbeddedStore, worker_id: str, *, zone: str, sessions: int, **fields: object
+    store: EmbeddedStore,
+    worker_id: str,
+    *,
+    zone: str,
+    sessions: int,
+    heartbeat_at: float | None = None,
+    **fields: object,
 ) -> WorkerInfo:
     """Another worker's registry entry, as its heartbeat would write it."""
     info = WorkerInfo(
@@ -32,7 +45,7 @@ async def peer(
         url=f"http://{worker_id}.invalid:8000",
         zone=zone,
         sessions=sessions,
-        heartbeat_at=time.time(),
+        heartbeat_at=time.time() if heartbeat_at is None else heartbeat_at,
         **fields,  # type: ignore[arg-type]
     )
     await store.heartbeat(info, HEARTBEAT_TTL_S)
@@ -54,28 +67,131 @@ async def test_placement_prefers_the_zone_then_the_least_loaded(store: EmbeddedS
     assert node.id not in [w.id for w in await node.place(exclude=frozenset({node.id}))]
 
 
-async def test_calls_placed_since_a_heartbeat_count_until_the_next(store: EmbeddedStore) -> None:
-    node = ClusterNode(store, url="http://self.invalid:8000", load=lambda: Load(1))
+def entry(worker_id: str, *, zone: str = "", sessions: int = 0, cpu: float = 0.0) -> WorkerInfo:
+    """A registry entry for the pure ranking."""
+    return WorkerInfo(id=worker_id, url="", zone=zone, sessions=sessions, cpu=cpu)
+
+
+def ranked(workers: list[WorkerInfo], pending: dict[str, int] | None = None) -> list[str]:
+    return [w.id for w in rank(workers, here="wrk_here", zone="a", pending=pending or {})]
+
+
+def test_rank_puts_the_zone_before_the_load() -> None:
+    near = entry("wrk_near", zone="a", sessions=7)
+    far = entry("wrk_far", zone="b", sessions=0)
+    assert ranked([far, near]) == ["wrk_near", "wrk_far"]
+
+
+def test_rank_counts_pending_calls_with_the_sessions() -> None:
+    here = entry("wrk_here", zone="a", sessions=2)
+    other = entry("wrk_other", zone="a", sessions=1)
+    assert ranked([here, other]) == ["wrk_other", "wrk_here"]
+    assert ranked([here, other], {"wrk_other": 2}) == ["wrk_here", "wrk_other"]
+    assert ranked([here, other], {"wrk_here": 1, "wrk_other": 3}) == ["wrk_here", "wrk_other"]
+
+
+def test_rank_keeps_a_tie_here_whatever_the_cpu() -> None:
+    # This worker is the busier by CPU; a tie on sessions still stays here (no hop).
+    here = entry("wrk_here", zone="a", sessions=3, cpu=1.9)
+    other = entry("wrk_other", zone="a", sessions=3, cpu=0.0)
+    assert ranked([other, here]) == ["wrk_here", "wrk_other"]
+
+
+def test_rank_breaks_a_tie_between_others_by_cpu_then_id() -> None:
+    busy = entry("wrk_busy", zone="a", sessions=1, cpu=0.8)
+    idle = entry("wrk_idle", zone="a", sessions=1, cpu=0.1)
+    twin = entry("wrk_twin", zone="a", sessions=1, cpu=0.1)
+    assert ranked([busy, twin, idle]) == ["wrk_idle", "wrk_twin", "wrk_busy"]
+
+
+def test_rank_spreads_sequential_calls_evenly_whatever_the_cpu() -> None:
+    # Six calls offered to one worker, each counted where it went: 3 and 3, whichever of
+    # the two samples the lower CPU.
+    for here_cpu, other_cpu in ((0.9, 0.1), (0.1, 0.9), (0.5, 0.5)):
+        sessions = {"wrk_here": 0, "wrk_other": 0}
+        for _ in range(6):
+            workers = [
+                entry("wrk_here", zone="a", sessions=sessions["wrk_here"], cpu=here_cpu),
+                entry("wrk_other", zone="a", sessions=sessions["wrk_other"], cpu=other_cpu),
+            ]
+            sessions[ranked(workers)[0]] += 1
+        assert sessions == {"wrk_here": 3, "wrk_other": 3}
+
+
+class Clock:
+    """A wall clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_a_placed_call_counts_until_a_heartbeat_after_its_answer(
+    store: EmbeddedStore,
+) -> None:
+    clock = Clock()
+    node = ClusterNode(store, url="http://self.invalid:8000", load=lambda: Load(1), clock=clock)
     node.ready = True
     await node.beat()
-    await peer(store, "wrk_other", zone="", sessions=0)
+    await peer(store, "wrk_other", zone="", sessions=0, heartbeat_at=clock.now)
     assert (await node.place())[0].id == "wrk_other"
-    node.placed("wrk_other")
-    node.placed("wrk_other")
-    # Two calls on its way and none reported yet: the other now counts 2 against our 1.
+    first, second = node.placed("wrk_other"), node.placed("wrk_other")
+    # Two calls on their way: the other now counts 2 against our 1.
     assert (await node.place())[0].id == node.id
-    # Its heartbeat reports them; what it reported replaces what was remembered.
-    await peer(store, "wrk_other", zone="", sessions=2)
+    # Its heartbeat runs while the offers are still being answered: it cannot count them yet,
+    # and they still count.
+    clock.now += 0.1
+    await peer(store, "wrk_other", zone="", sessions=0, heartbeat_at=clock.now)
+    assert (await node.place())[0].id == node.id
+    clock.now += 0.1
+    node.settle(first, opened=True)
+    node.settle(second, opened=True)
+    assert (await node.place())[0].id == node.id
+    # A heartbeat computed after the answers reports them; it replaces what was remembered.
+    clock.now += 0.1
+    await peer(store, "wrk_other", zone="", sessions=2, heartbeat_at=clock.now)
     assert [w.id for w in await node.place()] == [node.id, "wrk_other"]
 
 
-async def test_a_tie_stays_here(store: EmbeddedStore) -> None:
-    node = ClusterNode(store, url="http://self.invalid:8000", load=lambda: Load(3))
+async def test_a_call_that_did_not_open_stops_counting(tmp_path: Path) -> None:
+    clock = Clock()
+    store = EmbeddedStore(tmp_path, clock=clock)
+    await store.start()
+    node = ClusterNode(store, url="http://self.invalid:8000", load=lambda: Load(1), clock=clock)
     node.ready = True
     await node.beat()
-    (mine,) = [w for w in await store.workers(time.time()) if w.id == node.id]
-    other = await peer(store, "wrk_other", zone="", sessions=3, cpu=mine.cpu)
-    assert [w.id for w in await node.place()] == [node.id, other.id]
+    await peer(store, "wrk_other", zone="", sessions=0, heartbeat_at=clock.now)
+    refused = node.placed("wrk_other")
+    lost = node.placed("wrk_other")
+    assert (await node.place())[0].id == node.id
+    node.settle(refused, opened=False)
+    assert (await node.place())[0].id == node.id
+    # An offer never answered stops counting after the internal hop's time-out.
+    clock.now += PLACEMENT_IN_FLIGHT_S
+    await node.beat()
+    await peer(store, "wrk_other", zone="", sessions=0, heartbeat_at=clock.now)
+    assert [w.id for w in await node.place()] == ["wrk_other", node.id]
+    del lost
+    await store.aclose()
+
+
+async def test_calls_opening_here_count_here(store: EmbeddedStore) -> None:
+    sessions = 0
+    node = ClusterNode(
+        store, url="http://self.invalid:8000", load=lambda: Load(sessions), clock=Clock()
+    )
+    node.ready = True
+    await node.beat()
+    await peer(store, "wrk_other", zone="", sessions=0, heartbeat_at=node.info().heartbeat_at)
+    # A tie stays here; while that call opens it counts here, then as one of our sessions.
+    here = node.placed((await node.place())[0].id)
+    assert here.worker_id == node.id
+    assert (await node.place())[0].id == "wrk_other"
+    sessions = 1
+    node.settle(here, opened=True)
+    assert (await node.place())[0].id == "wrk_other"
 
 
 async def test_calls_are_found_here_first_and_in_the_store_for_others(

@@ -16,7 +16,7 @@ import logging
 import secrets
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from hark.cluster.store import CallRecord, ClusterStore, ClusterUnavailableError, WorkerInfo
@@ -29,10 +29,58 @@ HEARTBEAT_TTL_S = 4.0
 SWEEP_INTERVAL_S = 2.0
 # How often a worker writes its calls again, in case the store lost them (a restart).
 RESYNC_INTERVAL_S = 10.0
-# Calls placed on a worker count towards its load until its own heartbeat reports them.
-PLACEMENT_MEMORY_S = 2 * HEARTBEAT_INTERVAL_S
+# A placement whose offer is still being answered counts towards its worker for at most
+# this long (the internal hop's own time-out), then it is taken as failed.
+PLACEMENT_IN_FLIGHT_S = 30.0
 # Bound on remembered placements (each is a float): a flood of offers cannot grow it.
 MAX_REMEMBERED_PLACEMENTS = 10_000
+
+
+@dataclass(slots=True)
+class Placement:
+    """A call sent to a worker, counted against that worker until its load shows it.
+
+    While the offer is being answered (``answered_at`` is None) it always counts; once the
+    worker has answered, its call is in the worker's own session count from the next
+    heartbeat that worker computes, so the placement counts only against entries older than
+    the answer. A placement whose offer failed is ``withdrawn`` and no longer counts.
+    """
+
+    worker_id: str
+    placed_at: float
+    answered_at: float | None = None
+    withdrawn: bool = False
+
+    def pending_against(self, worker: WorkerInfo, now: float) -> bool:
+        """Whether ``worker``'s registry entry does not count this call yet."""
+        if self.withdrawn or self.worker_id != worker.id:
+            return False
+        if self.answered_at is None:
+            return now - self.placed_at < PLACEMENT_IN_FLIGHT_S
+        return self.answered_at > worker.heartbeat_at
+
+
+def rank(
+    workers: Iterable[WorkerInfo], *, here: str, zone: str, pending: Mapping[str, int]
+) -> list[WorkerInfo]:
+    """Where a new call should go, best first: the placement rule as a pure function.
+
+    Workers of ``zone`` come first; then the fewest sessions (the registry's figure plus the
+    calls ``pending`` on that worker, placed but not yet in its figure); on a tie ``here``
+    (no hop), then the lower CPU share, then the lower id. The caller has already left out
+    the workers that are not ready, draining or excluded.
+    """
+
+    def key(worker: WorkerInfo) -> tuple[bool, int, bool, float, str]:
+        return (
+            worker.zone != zone,
+            worker.sessions + pending.get(worker.id, 0),
+            worker.id != here,
+            worker.cpu,
+            worker.id,
+        )
+
+    return sorted(workers, key=key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +119,7 @@ class ClusterNode:
         self._clock = clock
         self._started_at = clock()
         self._calls: dict[str, CallRecord] = {}
-        self._placements: deque[tuple[float, str]] = deque(maxlen=MAX_REMEMBERED_PLACEMENTS)
+        self._placements: deque[Placement] = deque(maxlen=MAX_REMEMBERED_PLACEMENTS)
         self._task: asyncio.Task[None] | None = None
         self._cpu_mark = (time.monotonic(), time.process_time())
         self._cpu = 0.0
@@ -200,39 +248,38 @@ class ClusterNode:
     # ------------------------------------------------------------------ placement
 
     async def place(self, exclude: frozenset[str] = frozenset()) -> list[WorkerInfo]:
-        """The ready, non-draining workers a new call may go to, best first.
+        """The ready, non-draining workers a new call may go to, best first (``rank``).
 
-        Best is the least loaded as the registry says, counting the calls placed on a
-        worker since its last heartbeat, in this worker's zone before others; on a tie this
-        worker comes first (no hop). Raises ``ClusterUnavailableError``.
+        Other workers' sessions are what the registry says; this worker's are its own
+        figure as of now. Raises ``ClusterUnavailableError``.
         """
         now = self._clock()
         workers = [
-            w
+            self.info() if w.id == self.id else w
             for w in await self.store.workers(now)
             if w.ready and not w.draining and w.id not in exclude
         ]
-        recent = self._recent_placements(now)
+        pending: dict[str, int] = {}
+        for worker in workers:
+            pending[worker.id] = sum(1 for p in self._placements if p.pending_against(worker, now))
+        return rank(workers, here=self.id, zone=self.zone, pending=pending)
 
-        def key(worker: WorkerInfo) -> tuple[bool, int, float, bool]:
-            placed_since = sum(1 for t in recent.get(worker.id, ()) if t > worker.heartbeat_at)
-            return (
-                worker.zone != self.zone,
-                worker.sessions + placed_since,
-                worker.cpu,
-                worker.id != self.id,
-            )
-
-        return sorted(workers, key=key)
-
-    def placed(self, worker_id: str) -> None:
-        """A call was just placed on ``worker_id``."""
-        self._placements.append((self._clock(), worker_id))
-
-    def _recent_placements(self, now: float) -> dict[str, list[float]]:
-        while self._placements and self._placements[0][0] < now - PLACEMENT_MEMORY_S:
+    def placed(self, worker_id: str) -> Placement:
+        """A call is being placed on ``worker_id``; ``settle`` it once its offer is answered."""
+        now = self._clock()
+        while self._placements and (
+            self._placements[0].withdrawn
+            or now - self._placements[0].placed_at >= PLACEMENT_IN_FLIGHT_S
+        ):
             self._placements.popleft()
-        recent: dict[str, list[float]] = {}
-        for at, worker_id in self._placements:
-            recent.setdefault(worker_id, []).append(at)
-        return recent
+        placement = Placement(worker_id, placed_at=now)
+        self._placements.append(placement)
+        return placement
+
+    def settle(self, placement: Placement, *, opened: bool) -> None:
+        """The placed call's offer was answered: it opened there (and is in that worker's
+        sessions from now on), or it did not (unreachable, refused) and is forgotten."""
+        if opened:
+            placement.answered_at = self._clock()
+        else:
+            placement.withdrawn = True

@@ -24,6 +24,7 @@ from typing import Any
 from aiohttp import web
 
 from hark.cluster.forwarding import ForwardError, is_forwarded
+from hark.cluster.node import Placement
 from hark.cluster.store import ClusterUnavailableError, WorkerInfo
 from hark.protocol.errors import ProtocolError
 from hark.protocol.session_config import parse_session_config
@@ -92,15 +93,28 @@ async def create_call(request: web.Request) -> web.StreamResponse:
     Unless another worker sent it here, the offer goes to the least-loaded ready worker of
     the cluster (this one on a tie), and that worker answers it.
     """
-    caller = principal(request)
     try:
         body = await read_limited(request.content.read, MAX_OFFER_BODY_BYTES)
     except ProtocolError as exc:
         return invalid_request(exc)
-    if not is_forwarded(request):
-        placed = await _place_call(request, body)
-        if placed is not None:
-            return placed
+    if is_forwarded(request):
+        return await _answer_call(request, body)
+    placed, here = await _place_call(request, body)
+    if placed is not None:
+        return placed
+    opened = False
+    try:
+        response = await _answer_call(request, body)
+        opened = response.status == 201
+        return response
+    finally:
+        if here is not None:
+            request.app[NODE].settle(here, opened=opened)
+
+
+async def _answer_call(request: web.Request, body: bytes) -> web.Response:
+    """Open the call here and answer its offer."""
+    caller = principal(request)
     state = request.app[STATE]
     if state.draining:
         return draining()
@@ -147,8 +161,11 @@ async def create_call(request: web.Request) -> web.StreamResponse:
     )
 
 
-async def _place_call(request: web.Request, body: bytes) -> web.Response | None:
-    """Send a new call's offer to the worker placement picks; None when it is this one.
+async def _place_call(
+    request: web.Request, body: bytes
+) -> tuple[web.StreamResponse | None, Placement | None]:
+    """Send a new call's offer to the worker placement picks: its answer, or None when the
+    call is to open here (with the placement to settle once it did).
 
     A worker that cannot be reached is passed over for the next one. With the store down,
     the call stays here: a call needs no shared state to run, only to be placed.
@@ -161,26 +178,31 @@ async def _place_call(request: web.Request, body: bytes) -> web.Response | None:
         )
     except ClusterUnavailableError as exc:
         logger.warning("cannot place a call (%s); answering it here", exc)
-        return None
+        return None, None
     forwarder = request.app[FORWARDER]
     metrics = request.app[METRICS]
     for worker in candidates:
-        node.placed(worker.id)
+        placement = node.placed(worker.id)
         if worker.id == node.id:
             metrics.placements.labels("here").inc()
-            return None
+            return None, placement
         try:
             answer = await forwarder.http(request, worker, body)
         except ForwardError as exc:
+            node.settle(placement, opened=False)
             metrics.forwarded.labels("offer", "unreachable").inc()
             logger.warning("placing a call on %s failed: %s", worker.id, exc)
             continue
+        except BaseException:
+            node.settle(placement, opened=False)
+            raise
+        node.settle(placement, opened=answer.status == 201)
         metrics.placements.labels("other").inc()
         metrics.forwarded.labels("offer", "ok").inc()
         logger.info("call placed on worker %s (%s)", worker.id, worker.url)
-        return answer
+        return answer, None
     metrics.placements.labels("here").inc()
-    return None
+    return None, None
 
 
 def parse_offer(content_type: str, body: bytes) -> tuple[str, dict[str, Any] | None]:
