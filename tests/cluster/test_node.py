@@ -128,31 +128,33 @@ class Clock:
         return self.now
 
 
-async def test_a_placed_call_counts_until_a_heartbeat_after_its_answer(
+async def test_a_placed_call_counts_until_a_heartbeat_that_counts_it(
     store: EmbeddedStore,
 ) -> None:
-    clock = Clock()
-    node = ClusterNode(store, url="http://self.invalid:8000", load=lambda: Load(1), clock=clock)
+    node = ClusterNode(store, url="http://self.invalid:8000", load=lambda: Load(1))
     node.ready = True
     await node.beat()
-    await peer(store, "wrk_other", zone="", sessions=0, heartbeat_at=clock.now)
+    await peer(store, "wrk_other", zone="", sessions=0)
     assert (await node.place())[0].id == "wrk_other"
     first, second = node.placed("wrk_other"), node.placed("wrk_other")
     # Two calls on their way: the other now counts 2 against our 1.
     assert (await node.place())[0].id == node.id
-    # Its heartbeat runs while the offers are still being answered: it cannot count them yet,
-    # and they still count.
-    clock.now += 0.1
-    await peer(store, "wrk_other", zone="", sessions=0, heartbeat_at=clock.now)
+    # They opened there as its 1st and 2nd calls.
+    node.settle(first, 1)
+    node.settle(second, 2)
+    # A heartbeat from before either opened counts neither: both still count.
+    await peer(store, "wrk_other", zone="", sessions=0, calls_opened=0)
     assert (await node.place())[0].id == node.id
-    clock.now += 0.1
-    node.settle(first, opened=True)
-    node.settle(second, opened=True)
-    assert (await node.place())[0].id == node.id
-    # A heartbeat computed after the answers reports them; it replaces what was remembered.
-    clock.now += 0.1
-    await peer(store, "wrk_other", zone="", sessions=2, heartbeat_at=clock.now)
+    # One computed between the two opening counts the first: the second still counts, and
+    # the first is not counted twice (1 + 1 = 2 against our 1).
+    await peer(store, "wrk_other", zone="", sessions=1, calls_opened=1)
     assert [w.id for w in await node.place()] == [node.id, "wrk_other"]
+    await peer(store, "wrk_other", zone="", sessions=0, calls_opened=1)
+    assert [w.id for w in await node.place()] == [node.id, "wrk_other"]
+    # Once a heartbeat counts both, what it reports replaces what was remembered: after
+    # they ended, the other is idle again.
+    await peer(store, "wrk_other", zone="", sessions=0, calls_opened=2)
+    assert [w.id for w in await node.place()] == ["wrk_other", node.id]
 
 
 async def test_a_call_that_did_not_open_stops_counting(tmp_path: Path) -> None:
@@ -166,7 +168,7 @@ async def test_a_call_that_did_not_open_stops_counting(tmp_path: Path) -> None:
     refused = node.placed("wrk_other")
     lost = node.placed("wrk_other")
     assert (await node.place())[0].id == node.id
-    node.settle(refused, opened=False)
+    node.settle(refused, None)
     assert (await node.place())[0].id == node.id
     # An offer never answered stops counting after the internal hop's time-out.
     clock.now += PLACEMENT_IN_FLIGHT_S
@@ -178,20 +180,21 @@ async def test_a_call_that_did_not_open_stops_counting(tmp_path: Path) -> None:
 
 
 async def test_calls_opening_here_count_here(store: EmbeddedStore) -> None:
-    sessions = 0
-    node = ClusterNode(
-        store, url="http://self.invalid:8000", load=lambda: Load(sessions), clock=Clock()
-    )
+    load = Load(0)
+    node = ClusterNode(store, url="http://self.invalid:8000", load=lambda: load)
     node.ready = True
     await node.beat()
-    await peer(store, "wrk_other", zone="", sessions=0, heartbeat_at=node.info().heartbeat_at)
-    # A tie stays here; while that call opens it counts here, then as one of our sessions.
+    await peer(store, "wrk_other", zone="", sessions=0)
+    # A tie stays here; while that call opens it counts here, then as one of our sessions
+    # (this worker's own figure is read live, not from its last heartbeat).
     here = node.placed((await node.place())[0].id)
     assert here.worker_id == node.id
     assert (await node.place())[0].id == "wrk_other"
-    sessions = 1
-    node.settle(here, opened=True)
-    assert (await node.place())[0].id == "wrk_other"
+    load = Load(1, calls_opened=1)
+    node.settle(here, 1)
+    assert [w.id for w in await node.place()] == ["wrk_other", node.id]
+    load = Load(0, calls_opened=1)
+    assert (await node.place())[0].id == node.id
 
 
 async def test_calls_are_found_here_first_and_in_the_store_for_others(

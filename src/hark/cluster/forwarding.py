@@ -30,10 +30,19 @@ FORWARDED_HEADER = "X-Hark-Forwarded"
 WORKER_HEADER = "X-Hark-Worker"
 # On a forwarded answer: the worker the client reached, which passed the request on.
 VIA_HEADER = "X-Hark-Via"
+# On a forwarded offer's answer: how many calls the owner had opened once it opened this one,
+# so the worker that placed it knows which of the owner's heartbeats count it (placement).
+CALLS_OPENED_HEADER = "X-Hark-Calls-Opened"
 # Headers a worker needs to answer the request as the first one would have.
 _PASSED_HEADERS = ("Authorization", "Content-Type", "Accept", "OpenAI-Beta", "User-Agent")
 # Headers of the owner's answer the client needs (the call id travels in Location).
-_RETURNED_HEADERS = ("Content-Type", "Location", "WWW-Authenticate", WORKER_HEADER)
+_RETURNED_HEADERS = (
+    "Content-Type",
+    "Location",
+    "WWW-Authenticate",
+    WORKER_HEADER,
+    CALLS_OPENED_HEADER,
+)
 CONNECT_TIMEOUT_S = 2.0
 # An answer to an offer or a hangup comes in well under this; past it the owner is stuck.
 RESPONSE_TIMEOUT_S = 30.0

@@ -40,24 +40,25 @@ MAX_REMEMBERED_PLACEMENTS = 10_000
 class Placement:
     """A call sent to a worker, counted against that worker until its load shows it.
 
-    While the offer is being answered (``answered_at`` is None) it always counts; once the
-    worker has answered, its call is in the worker's own session count from the next
-    heartbeat that worker computes, so the placement counts only against entries older than
-    the answer. A placement whose offer failed is ``withdrawn`` and no longer counts.
+    While the offer is being answered it always counts (for at most
+    ``PLACEMENT_IN_FLIGHT_S``). The answer says which of the worker's calls it became
+    (``opened_as``, its count of calls opened once this one was); a registry entry whose
+    ``calls_opened`` is that far counts the call in its sessions, an older one does not. A
+    placement whose call did not open is ``withdrawn`` and no longer counts.
     """
 
     worker_id: str
     placed_at: float
-    answered_at: float | None = None
+    opened_as: int | None = None
     withdrawn: bool = False
 
     def pending_against(self, worker: WorkerInfo, now: float) -> bool:
         """Whether ``worker``'s registry entry does not count this call yet."""
         if self.withdrawn or self.worker_id != worker.id:
             return False
-        if self.answered_at is None:
+        if self.opened_as is None:
             return now - self.placed_at < PLACEMENT_IN_FLIGHT_S
-        return self.answered_at > worker.heartbeat_at
+        return worker.calls_opened < self.opened_as
 
 
 def rank(
@@ -89,6 +90,8 @@ class Load:
 
     sessions: int
     queue_depth: int = 0
+    # Calls ever opened here, read with ``sessions``: which placed calls that count includes.
+    calls_opened: int = 0
 
 
 class ClusterNode:
@@ -197,6 +200,7 @@ class ClusterNode:
             sessions=load.sessions,
             cpu=self._cpu_share(),
             queue_depth=load.queue_depth,
+            calls_opened=load.calls_opened,
             draining=self.draining,
             ready=self.ready,
             started_at=self._started_at,
@@ -276,10 +280,10 @@ class ClusterNode:
         self._placements.append(placement)
         return placement
 
-    def settle(self, placement: Placement, *, opened: bool) -> None:
-        """The placed call's offer was answered: it opened there (and is in that worker's
-        sessions from now on), or it did not (unreachable, refused) and is forgotten."""
-        if opened:
-            placement.answered_at = self._clock()
-        else:
+    def settle(self, placement: Placement, opened_as: int | None) -> None:
+        """The placed call's offer was answered: it opened there as that worker's
+        ``opened_as``-th call, or it did not (None: unreachable, refused) and is forgotten."""
+        if opened_as is None:
             placement.withdrawn = True
+        else:
+            placement.opened_as = opened_as

@@ -46,6 +46,9 @@ class WorkerInfo:
     sessions: int = 0
     cpu: float = 0.0
     queue_depth: int = 0
+    # Calls this worker ever opened, as of the same moment as ``sessions``: placement reads
+    # which of the calls it placed there the session count includes.
+    calls_opened: int = 0
     # A draining worker is listed (its calls still live there) but takes nothing new.
     draining: bool = False
     # False until its engines are loaded.

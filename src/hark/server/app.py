@@ -307,7 +307,11 @@ def _load(app: web.Application) -> Load:
     sip = app.get(SIP)
     if sip is not None:
         runners += [call.runner for call in sip if call.runner is not None]
-    return Load(sessions=len(runners), queue_depth=sum(r.generations_running for r in runners))
+    return Load(
+        sessions=len(runners),
+        queue_depth=sum(r.generations_running for r in runners),
+        calls_opened=app[CALLS].opened,
+    )
 
 
 def _call_ended(app: web.Application, call: Call) -> None:

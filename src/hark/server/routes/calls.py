@@ -23,7 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
-from hark.cluster.forwarding import ForwardError, is_forwarded
+from hark.cluster.forwarding import CALLS_OPENED_HEADER, ForwardError, is_forwarded
 from hark.cluster.node import Placement
 from hark.cluster.store import ClusterUnavailableError, WorkerInfo
 from hark.protocol.errors import ProtocolError
@@ -98,42 +98,46 @@ async def create_call(request: web.Request) -> web.StreamResponse:
     except ProtocolError as exc:
         return invalid_request(exc)
     if is_forwarded(request):
-        return await _answer_call(request, body)
+        # The worker that placed the call learns which of this worker's calls it became.
+        response, opened_as = await _answer_call(request, body)
+        if opened_as is not None:
+            response.headers[CALLS_OPENED_HEADER] = str(opened_as)
+        return response
     placed, here = await _place_call(request, body)
     if placed is not None:
         return placed
-    opened = False
+    opened_as = None
     try:
-        response = await _answer_call(request, body)
-        opened = response.status == 201
+        response, opened_as = await _answer_call(request, body)
         return response
     finally:
         if here is not None:
-            request.app[NODE].settle(here, opened=opened)
+            request.app[NODE].settle(here, opened_as)
 
 
-async def _answer_call(request: web.Request, body: bytes) -> web.Response:
-    """Open the call here and answer its offer."""
+async def _answer_call(request: web.Request, body: bytes) -> tuple[web.Response, int | None]:
+    """Open the call here and answer its offer; with the call's ``opened_as`` when it opened."""
     caller = principal(request)
     state = request.app[STATE]
     if state.draining:
-        return draining()
+        return draining(), None
     calls = request.app[CALLS]
     if state.webrtc_error is not None or not calls.mux.started:
-        return error_response(503, "WebRTC is not available on this server.", type="server_error")
+        unavailable = "WebRTC is not available on this server."
+        return error_response(503, unavailable, type="server_error"), None
     try:
         offer, session = parse_offer(request.headers.get("Content-Type", ""), body)
         config = caller.ephemeral.session if caller.ephemeral is not None else None
         if session is not None:
             config = parse_session_config(session, base=config, param_prefix="session")
     except ProtocolError as exc:
-        return invalid_request(exc)
+        return invalid_request(exc), None
     if not await state.engines_ready():
-        return engines_failed()
+        return engines_failed(), None
     limits = request.app[LIMITS]
     refusal = await admit_session(limits, caller.owner)
     if refusal is not None:
-        return refusal
+        return refusal, None
     model = request.query.get("model") or (config.model if config is not None else None)
     try:
         call, answer = await calls.create(
@@ -147,18 +151,19 @@ async def _answer_call(request: web.Request, body: bytes) -> web.Response:
         )
     except OfferError as exc:
         await limits.close_session(caller.owner)
-        return error_response(400, str(exc), param="sdp", code="invalid_offer")
+        return error_response(400, str(exc), param="sdp", code="invalid_offer"), None
     except BaseException:
         await asyncio.shield(limits.close_session(caller.owner))
         raise
     await request.app[NODE].register_call(call.id, caller.owner)
     logger.info("call %s opened for %s (model %r)", call.id, caller.owner, model)
-    return web.Response(
+    response = web.Response(
         status=201,
         body=answer.encode(),
         content_type="application/sdp",
         headers={"Location": f"/v1/realtime/calls/{call.id}"},
     )
+    return response, call.opened_as
 
 
 async def _place_call(
@@ -189,14 +194,16 @@ async def _place_call(
         try:
             answer = await forwarder.http(request, worker, body)
         except ForwardError as exc:
-            node.settle(placement, opened=False)
+            node.settle(placement, None)
             metrics.forwarded.labels("offer", "unreachable").inc()
             logger.warning("placing a call on %s failed: %s", worker.id, exc)
             continue
         except BaseException:
-            node.settle(placement, opened=False)
+            node.settle(placement, None)
             raise
-        node.settle(placement, opened=answer.status == 201)
+        # A figure for the workers alone: the client never sees it.
+        opened_as = answer.headers.popall(CALLS_OPENED_HEADER, [""])[0]
+        node.settle(placement, int(opened_as) if answer.status == 201 and opened_as else None)
         metrics.placements.labels("other").inc()
         metrics.forwarded.labels("offer", "ok").inc()
         logger.info("call placed on worker %s (%s)", worker.id, worker.url)

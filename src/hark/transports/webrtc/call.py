@@ -93,6 +93,8 @@ class Call:
         self.owner = owner
         self.runner = runner
         self.track = track
+        # Which of its registry's calls this is, in the order they were opened (1, 2, …).
+        self.opened_as = 0
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         self._ticker = ticker
         self._transceiver: RTCRtpTransceiver | None = None

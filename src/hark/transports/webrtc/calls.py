@@ -51,6 +51,9 @@ class Calls:
         self.metrics = metrics
         self.setup_timeout_s = setup_timeout_s
         self._calls: dict[str, Call] = {}
+        # Calls this registry ever opened: a heartbeat that reports this figure with the
+        # session count tells placement which calls that count includes.
+        self.opened = 0
         # One timer paces the reply audio of every call.
         self.ticker = PlayoutTicker()
         self._ids = IdGenerator()
@@ -92,6 +95,8 @@ class Calls:
             dialect=Dialect(beta=beta),
         )
         self._calls[call.id] = call
+        self.opened += 1
+        call.opened_as = self.opened
         try:
             answer = await call.negotiate(offer, self.mux)
             await call.start()
