@@ -159,6 +159,9 @@ async def test_the_callers_audio_reaches_the_session_at_its_rate(
 ) -> None:
     phone, caller = await started(phones, media)
     await talk(phone, media, tone(8000, 1.0))
+    # Every packet sent is received, though the last may still wait in the socket when a
+    # busy loop had the phone send it late.
+    await until(lambda: media.stats.packets_received == 50)
     await until(lambda: caller.samples >= SESSION_RATE * 0.8)
     heard = np.concatenate(caller.audio)
     assert abs(dominant_hz(heard[: int(SESSION_RATE * 0.8)], SESSION_RATE) - 440) < 5
@@ -254,7 +257,10 @@ async def test_hold_and_resume_by_reoffer(
     await until(lambda: len(phone.rtp) >= held_at + 3)
     before, after = phone.rtp[held_at - 1][0], phone.rtp[held_at][0]
     assert after.marker and seq_diff(after.sequence, before.sequence) == 1
-    assert ts_diff(after.timestamp, before.timestamp) >= 21 * FRAME
+    # The sampling clock ran on through the 20 held ticks: a frame each, less those a tick
+    # before the hold, running late, had already sent (up to MAX_LAG, 5 frames, and one
+    # for the rounding; later than that the grid restarts and the timestamp jumps).
+    assert ts_diff(after.timestamp, before.timestamp) >= (1 + 20 - 6) * FRAME
     # The reply was paused, not lost: it goes on where it stopped.
     assert after.payload != ULAW_SILENCE
     assert ("cleared", "resp_1") not in [e[:2] for e in caller.listener.log]
@@ -372,12 +378,15 @@ async def test_a_stalled_loop_restarts_the_grid_instead_of_bursting(
     count = len(phone.rtp)
     await until(lambda: len(phone.rtp) >= count + 3)
     stats = media.stats
-    assert stats.late_restarts == 1 and stats.late_frames >= 1
+    # The stall restarted the grid; a busy machine may stall the loop past the limit again.
+    assert stats.late_restarts >= 1 and stats.late_frames >= stats.late_restarts
     packets = phone.payloads()
     gaps = [ts_diff(b.timestamp, a.timestamp) for a, b in itertools.pairwise(packets)]
-    # One jump on the sampling clock over the stall, every other step one frame.
-    assert sorted(gaps)[-1] >= 15 * FRAME
-    assert sorted(gaps)[:-1] == [FRAME] * (len(gaps) - 1)
+    # A jump on the sampling clock over the stall, in whole frames; the frames between the
+    # restarts are one frame apart: a jump is a restart, never a burst of late frames.
+    assert max(gaps) >= 15 * FRAME
+    assert all(gap >= FRAME and gap % FRAME == 0 for gap in gaps), gaps
+    assert sum(gap > FRAME for gap in gaps) <= stats.late_restarts
     assert all(seq_diff(b.sequence, a.sequence) == 1 for a, b in itertools.pairwise(packets))
 
 
