@@ -88,15 +88,22 @@ async def test_silence_is_one_cached_packet_that_decodes_as_silence(
     decoded = np.concatenate([f.pcm for f in client.frames if f.pcm is not None])
     assert len(decoded) >= 50 * 960
     assert int(np.abs(decoded.astype(np.int32)).max()) <= 1
-    # A reply, then silence again: half a second after it stopped (the client's jitter
-    # buffer still held some of it then), the frames are silent once more.
+    # A reply, then silence again: half a second after its last loud frame (the client's
+    # jitter buffer and decoder may still hold some of the reply when it has stopped on the
+    # server, for longer on a busy machine), the frames are silent once more.
+    start = len(client.frames)
     client.send({"type": "response.create"})
     await collect(client, "output_audio_buffer.stopped")
-    heard = len(client.frames)
-    await until(lambda: len(client.frames) >= heard + 50)
-    reply = [f.pcm for f in client.frames[:heard] if f.pcm is not None]
-    after = [f.pcm for f in client.frames[heard + 25 :] if f.pcm is not None]
-    assert int(np.abs(np.concatenate(reply).astype(np.int32)).max()) > 1000
+
+    def loud() -> list[int]:
+        return [
+            n
+            for n, f in enumerate(client.frames[start:], start)
+            if f.pcm is not None and int(np.abs(f.pcm.astype(np.int32)).max()) > 1000
+        ]
+
+    await until(lambda: bool(loud()) and len(client.frames) >= loud()[-1] + 50)
+    after = [f.pcm for f in client.frames[loud()[-1] + 25 :] if f.pcm is not None]
     assert after and int(np.abs(np.concatenate(after).astype(np.int32)).max()) <= 1
 
 
@@ -107,13 +114,26 @@ async def test_ten_calls_share_one_ticker(
     calls = await asyncio.gather(*(connected(http, rtc_server, c) for c in made))
     ticker = rtc_server.calls.ticker
     assert len(ticker) == 10
-    before = ticker.ticks, [c.audio.sender.packets for c in calls if c.audio is not None]
+
+    def frames() -> list[int]:
+        """Each call's frames so far: sent, or passed over by a restart after a stall (and
+        one for each restart, which starts the schedule afresh up to a frame later)."""
+        counts = []
+        for c in calls:
+            assert c.audio is not None
+            playout = c.audio.sender.track.playout
+            counts.append(playout.frames_sent + playout.frames_skipped + playout.late_restarts)
+        return counts
+
+    before = ticker.ticks, frames()
     await until(lambda: ticker.ticks >= before[0] + 10)
     ticks = ticker.ticks - before[0]
-    after = [c.audio.sender.packets for c in calls if c.audio is not None]
-    # Every call sent about one packet per tick of the one timer.
+    after = frames()
+    # Every tick of the one timer sent every call's frames due by then: at least one a tick,
+    # less one at either end. (A tick the loop skipped sends its frames on the next, so a
+    # busy machine gives more frames than ticks, never fewer.)
     for n0, n1 in zip(before[1], after, strict=True):
-        assert abs((n1 - n0) - ticks) <= 2
+        assert n1 - n0 >= ticks - 2, (n1 - n0, ticks)
 
 
 def test_rtcp_is_told_from_rtp_by_its_packet_type() -> None:
