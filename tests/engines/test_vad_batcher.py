@@ -16,7 +16,7 @@ import soxr
 
 from hark.engines import ObservableEngine
 from hark.engines.llm.failover import BackendObserver
-from hark.engines.vad import VadEngine
+from hark.engines.vad import VadEngine, silero_gemm
 from hark.engines.vad.batcher import (
     VAD_WORTH_WAITING_ROWS,
     ArrivalRate,
@@ -26,7 +26,14 @@ from hark.engines.vad.batcher import (
     BatchObserver,
 )
 from hark.engines.vad.resample import chunk_resampler
-from hark.engines.vad.silero import CHUNK_SAMPLES, SileroVad, initial_states, run_batch
+from hark.engines.vad.silero import (
+    CHUNK_SAMPLES,
+    SAMPLE_RATE,
+    SileroVad,
+    initial_states,
+    model_path,
+    run_batch,
+)
 
 from .tolerances import assert_probabilities_close, assert_sums_close
 
@@ -309,29 +316,65 @@ async def test_a_chunk_of_no_supported_rate_is_refused(batched: BatchedSileroVad
         stream.push(np.zeros(1411, dtype=np.int16), 0)
 
 
+class HeldModel:
+    """Silero, but the batch after ``hold()`` waits in the model until ``release()``: what
+    is pushed meanwhile waits for the thread whatever the machine's speed."""
+
+    def __init__(self) -> None:
+        self._model = silero_gemm.load(model_path())[SAMPLE_RATE]
+        self._hold = False
+        self.entered = threading.Event()
+        self._released = threading.Event()
+
+    def hold(self) -> None:
+        self._hold = True
+
+    def release(self) -> None:
+        self._released.set()
+
+    def run(
+        self, windows: npt.NDArray[np.float32], states: npt.NDArray[np.float32]
+    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+        if self._hold:
+            self._hold = False
+            self.entered.set()
+            self._released.wait(LIVENESS_S)
+        return self._model.run(windows, states)
+
+
 async def test_a_slow_stream_does_not_hold_back_the_others(
     question: npt.NDArray[np.float32],
 ) -> None:
     # One stream pushes a long backlog at once; another pushes a chunk now and then. The
     # other's answers must not wait for the backlog to drain: each batch takes one chunk of
-    # every stream that has one.
-    engine = BatchedSileroVad(max_batch=8, max_wait_ms=5)
+    # every stream that has one. The backlog's first batch is held in the model while the
+    # other stream pushes, so that how far the thread got alone is not left to speed.
+    model = HeldModel()
+    engine = BatchedSileroVad(max_batch=8, max_wait_ms=5, model=model)
+    recorder = observed(engine)
     await engine.warmup()
     try:
         backlog = chunks_of(np.tile(question, 8))
         busy = Listener(len(backlog))
         heavy = engine.open_stream(busy)
+        model.hold()
         for chunk in backlog:
             heavy.push(chunk, 0)
+        assert await asyncio.to_thread(model.entered.wait, LIVENESS_S)
         light = Listener(3)
         other: BatchedSileroVadStream = engine.open_stream(light)
         for chunk in chunks_of(question)[:3]:
             other.push(chunk, 0)
+        model.release()
         await asyncio.wait_for(light.done.wait(), LIVENESS_S)
-        assert len(busy.results) < len(backlog) / 2
         await asyncio.wait_for(busy.done.wait(), LIVENESS_S)
     finally:
+        model.release()
+        # The thread has reported its last batch once it is stopped.
         await engine.aclose()
+    # The warm-up's chunk; the backlog's first, alone; then the other stream's three chunks,
+    # each beside one of the backlog's, and not after the rest of it.
+    assert recorder.sizes == [1, 1, 2, 2, 2] + [1] * (len(backlog) - 4)
 
 
 async def test_ready_results_are_handed_out_without_waiting_for_the_loop(
