@@ -1,352 +1,127 @@
-"""The ``hark`` command: ``hark serve`` runs the server."""
+"""The ``hark`` command: ``hark serve`` runs the server, ``hark relay`` the fleet's UDP
+relay, ``hark bench …`` the benchmarks.
+
+Building the parser imports none of them: each command's module adds its options the
+first time its parser is used, so ``hark relay`` starts (and restarts) without loading the
+server, the engines or the benchmarks, and ``hark --help`` without loading anything.
+"""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import importlib
 import logging
-import os
-import signal
-import socket
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from aiohttp import web
-
 from hark import __version__
-from hark.config import ENGINE_SETS, LOG_LEVELS, ConfigError, Settings, load_settings
-from hark.eventloop import run_event_loop, settle_heap
 
-logger = logging.getLogger("hark")
+# Each command: its name, its line in the list of commands, and the module that defines it,
+# which has ``configure_parser(parser)``, ``command(options) -> int`` and a docstring (the
+# description its help shows, unless ``configure_parser`` sets another).
+COMMANDS = (
+    ("serve", "run the Realtime API server", "hark.server.cli"),
+    ("relay", "the fleet's one public UDP port for WebRTC media", "hark.edge.cli"),
+)
+BENCHES = (
+    (
+        "captions",
+        "caption lag, ASR CPU, WER and V2V of people speaking at length",
+        "hark.bench.captions",
+    ),
+    (
+        "fuzz",
+        "random and mutated events over many sessions: crashes, hangs, memory",
+        "hark.bench.fuzz",
+    ),
+    (
+        "denoise",
+        "word error rate of noisy speech with and without denoising",
+        "hark.bench.denoise",
+    ),
+    (
+        "hop",
+        "what the hop between two workers of a fleet adds to a call's requests",
+        "hark.bench.hop",
+    ),
+    ("latency", "E2A and voice-to-voice latency of spoken questions", "hark.bench.latency"),
+    (
+        "load",
+        "many simulated callers at once: VAD decision lag, E2A, server figures",
+        "hark.bench.load",
+    ),
+    (
+        "relay",
+        "datagrams per second per core of hark relay, latency it adds",
+        "hark.edge.bench",
+    ),
+    (
+        "sip",
+        "SIP answer time, phone calls per core, reply latency on the phone",
+        "hark.bench.sip",
+    ),
+    ("vad", "VAD cost per session-chunk, unbatched and batched", "hark.bench.vad"),
+    ("webrtc", "WebRTC call setup time and calls per core", "hark.bench.webrtc"),
+)
 
-EXIT_USAGE = 2
+
+class CommandParser(argparse.ArgumentParser):
+    """An argument parser whose options a module adds the first time the parser is used
+    (to parse, or to print its help or usage), so that building the whole ``hark`` parser
+    imports none of the commands' modules."""
+
+    def __init__(self, *args: Any, module: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.module = module
+
+    def load(self) -> None:
+        """Import the module and let it add its options (once)."""
+        if self.module is None:
+            return
+        module = importlib.import_module(self.module)
+        self.module = None
+        self.description = module.__doc__
+        module.configure_parser(self)
+        self.set_defaults(handler=module.command)
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        """Parse as ``argparse`` does, once the module has added its options."""
+        self.load()
+        return super().parse_known_args(args, namespace)
+
+    def format_usage(self) -> str:
+        """The usage line, with the module's options."""
+        self.load()
+        return super().format_usage()
+
+    def format_help(self) -> str:
+        """The help text, with the module's description and options."""
+        self.load()
+        return super().format_help()
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser, one subcommand per task (``serve``; benchmarks will join it)."""
-    parser = argparse.ArgumentParser(
-        prog="hark", description="A self-hosted OpenAI Realtime API server."
-    )
+    """The argument parser, one subcommand per task; no command's module is imported."""
+    parser = CommandParser(prog="hark", description="A self-hosted OpenAI Realtime API server.")
     parser.add_argument("--version", action="version", version=f"hark {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    serve = commands.add_parser(
-        "serve",
-        help="run the Realtime API server",
-        description="Run the server. Every option also reads HARK_<OPTION> from the "
-        "environment (e.g. HARK_LLM_URL) and <option> from the --config file; API keys come "
-        "from HARK_API_KEYS (comma-separated) or api_keys in the file.",
-    )
-    # default=None everywhere: an option the user did not give must not hide the
-    # environment or the file.
-    serve.add_argument("--host", default=None, help="address to bind (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=None, help="port to bind (default 8000)")
-    from hark.engines.registry import ENGINE_TABLES, PRESETS
-
-    presets = "; ".join(
-        f"{preset}: " + ", ".join(f"{kind} {name}" for kind, name in kinds.items())
-        for preset, kinds in PRESETS.items()
-    )
-    serve.add_argument(
-        "--engines",
-        choices=ENGINE_SETS,
-        default=None,
-        help="the preset for each engine not named by --vad/--asr/--llm/--tts (default "
-        f"embedded). {presets}",
-    )
-    for kind, table in ENGINE_TABLES.items():
-        url_note = f"; openai when --{kind}-url is given" if kind != "vad" else ""
-        serve.add_argument(
-            f"--{kind}",
-            choices=sorted(table),
-            default=None,
-            help=f"the {kind.upper()} engine (default: the --engines preset's{url_note})",
-        )
-    serve.add_argument(
-        "--llm-url",
-        default=None,
-        metavar="URL[,URL...]",
-        help="OpenAI-compatible LLM endpoints; with several, a response fails over between them",
-    )
-    serve.add_argument(
-        "--llm-model", default=None, metavar="NAME", help="LLM name (required with --llm-url)"
-    )
-    serve.add_argument("--llm-api-key", default=None, metavar="KEY", help="key for --llm-url")
-    serve.add_argument(
-        "--llm-model-path", default=None, metavar="PATH", help="a GGUF file for llama.cpp"
-    )
-    serve.add_argument(
-        "--llm-context-tokens",
-        type=int,
-        default=None,
-        metavar="N",
-        help="the --llm-url model's context size, for truncation (default: vLLM's max_model_len)",
-    )
-    serve.add_argument(
-        "--asr-model",
-        default=None,
-        metavar="PATH|NAME",
-        help="whisper: a faster-whisper model path; openai: the model's name (default whisper-1)",
-    )
-    serve.add_argument(
-        "--asr-device", default=None, metavar="DEVICE", help="ASR device (default cpu)"
-    )
-    serve.add_argument(
-        "--asr-url",
-        default=None,
-        metavar="URL",
-        help="an OpenAI audio API for --asr openai (POST URL/audio/transcriptions)",
-    )
-    serve.add_argument("--asr-api-key", default=None, metavar="KEY", help="key for --asr-url")
-    serve.add_argument(
-        "--tts-model",
-        default=None,
-        metavar="PATH|NAME",
-        help="piper: a voice's .onnx path; openai: the model's name (default tts-1)",
-    )
-    serve.add_argument(
-        "--tts-url",
-        default=None,
-        metavar="URL",
-        help="an OpenAI audio API for --tts openai (POST URL/audio/speech)",
-    )
-    serve.add_argument("--tts-api-key", default=None, metavar="KEY", help="key for --tts-url")
-    for option, what, default in (
-        ("--llm-first-token-timeout", "for the LLM's first token", 30),
-        ("--llm-token-timeout", "between two of the LLM's tokens", 15),
-        ("--tts-clause-timeout", "to speak one clause", 30),
-        ("--asr-timeout", "for one transcription", 60),
-    ):
-        serve.add_argument(
-            option,
-            type=float,
-            default=None,
-            metavar="SECONDS",
-            help=f"how long to wait {what} before that response or transcription fails "
-            f"(default {default})",
-        )
-    serve.add_argument(
-        "--config", dest="config_file", default=None, metavar="FILE", help="a TOML file"
-    )
-    serve.add_argument(
-        "--log-level", choices=LOG_LEVELS, default=None, help="log level (default info)"
-    )
-    serve.add_argument(
-        "--rtc-port",
-        type=int,
-        default=None,
-        metavar="PORT",
-        help="the one UDP port all WebRTC calls share (default 8443; 0: any free port)",
-    )
-    serve.add_argument(
-        "--rtc-advertise-ip",
-        default=None,
-        metavar="IP",
-        help="address WebRTC clients reach the UDP port at (default: the bound host)",
-    )
-    serve.add_argument(
-        "--workers",
-        type=int,
-        default=None,
-        metavar="N",
-        help="server processes sharing the port, e.g. one per core (default 1)",
-    )
-    serve.add_argument(
-        "--vad-rate",
-        type=int,
-        choices=(16000, 8000),
-        default=None,
-        help="the rate the VAD model hears; 8000 costs about a quarter less (default 16000)",
-    )
-    serve.add_argument(
-        "--otel-endpoint",
-        default=None,
-        metavar="URL",
-        help="send a trace per turn to this OTLP/HTTP collector (default: no traces)",
-    )
-    serve.add_argument(
-        "--demo",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="serve the browser demo at / (default: only on loopback without API keys). "
-        "The demo hands a 60-second key to anyone who can load the page: with --demo on a "
-        "reachable address, anyone who reaches the server can use it",
-    )
-    fleet = serve.add_argument_group("fleet")
-    fleet.add_argument(
-        "--redis-url",
-        default=None,
-        metavar="URL",
-        help="Redis shared by every worker of every host (redis://host:6379/0; prefer "
-        "HARK_REDIS_URL when it holds a password). Default: an embedded store shared by the "
-        "--workers of this machine",
-    )
-    fleet.add_argument(
-        "--advertise-url",
-        default=None,
-        metavar="URL",
-        help="how other workers reach this one (default http://<host>:<port>)",
-    )
-    fleet.add_argument("--zone", default=None, metavar="NAME", help="this worker's zone")
-    fleet.add_argument(
-        "--drain-timeout",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="on SIGTERM, how long running sessions may go on before they are ended (default 60)",
-    )
-    fleet.add_argument(
-        "--key-max-sessions",
-        type=int,
-        default=None,
-        metavar="N",
-        help="open sessions and calls per API key across the fleet (default: no limit)",
-    )
-    fleet.add_argument(
-        "--key-requests-per-minute",
-        type=int,
-        default=None,
-        metavar="N",
-        help="sessions, calls and client secrets per API key and minute (default: no limit)",
-    )
-    fleet.add_argument(
-        "--key-tokens-per-minute",
-        type=int,
-        default=None,
-        metavar="N",
-        help="response tokens per API key and minute across the fleet (default: no limit)",
-    )
-    fleet.add_argument(
-        "--relay-address",
-        default=None,
-        metavar="IP:PORT",
-        help="behind hark relay: its public address, which the answers' candidates carry",
-    )
-    fleet.add_argument(
-        "--fleet-secret",
-        default=None,
-        metavar="SECRET",
-        help="the relay's routing-hint secret (prefer HARK_FLEET_SECRET: arguments are visible)",
-    )
-    sip = serve.add_argument_group("SIP (phones)")
-    sip.add_argument(
-        "--sip",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="answer SIP calls (default: on; --no-sip turns the SIP service off)",
-    )
-    sip.add_argument(
-        "--sip-host", default=None, metavar="HOST", help="address SIP binds (default: --host)"
-    )
-    sip.add_argument(
-        "--sip-port",
-        type=int,
-        default=None,
-        metavar="PORT",
-        help="the SIP port, UDP and TCP (default 5060; 0: any free port). A port in use "
-        "leaves the server up without SIP, and /readyz says so",
-    )
-    sip.add_argument(
-        "--sip-advertise-ip",
-        default=None,
-        metavar="IP",
-        help="address phones reach SIP and RTP at, put in Contact and SDP (default: the bound "
-        "host)",
-    )
-    sip.add_argument(
-        "--sip-tls-port",
-        type=int,
-        default=None,
-        metavar="PORT",
-        help="SIP over TLS on this port (needs --sip-tls-cert and --sip-tls-key)",
-    )
-    sip.add_argument("--sip-tls-cert", default=None, metavar="PEM", help="certificate chain")
-    sip.add_argument("--sip-tls-key", default=None, metavar="PEM", help="its private key")
-    sip.add_argument(
-        "--rtp-ports",
-        default=None,
-        metavar="FIRST-LAST",
-        help="each call has its own RTP port, taken from this range (default 10000-20000; "
-        "0: any free port)",
-    )
-    sip.add_argument(
-        "--sip-webhook-url",
-        default=None,
-        metavar="URL",
-        help="where each call raises a signed realtime.call.incoming webhook; the backend "
-        "answers with /v1/realtime/calls/{id}/accept or /reject (default: none, every call is "
-        "answered at once with --sip-session)",
-    )
-    sip.add_argument(
-        "--sip-webhook-secret",
-        default=None,
-        metavar="whsec_…",
-        help="the webhooks' signing secret (prefer HARK_SIP_WEBHOOK_SECRET: arguments are visible)",
-    )
-    sip.add_argument(
-        "--sip-accept-timeout",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="a call neither accepted nor rejected this long after it rang is rejected "
-        "(default 30)",
-    )
-    sip.add_argument(
-        "--sip-t1-ms",
-        type=float,
-        default=None,
-        metavar="MS",
-        help="SIP's T1, the round-trip estimate that retransmissions and timeouts (64·T1) "
-        "scale with; smaller only on a closed network (default 500)",
-    )
-    sip.add_argument(
-        "--sip-session",
-        default=None,
-        metavar="JSON",
-        help="the session config of calls answered without a webhook (default: the server's "
-        "default session)",
-    )
-    serve.set_defaults(handler=_serve_command)
-
-    from hark.edge import bench as relay_bench
-    from hark.edge import cli as relay_cli
-
-    relay = commands.add_parser(
-        "relay",
-        help="the fleet's one public UDP port for WebRTC media",
-        description=relay_cli.__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    relay_cli.configure_parser(relay)
-    relay.set_defaults(handler=relay_cli.command)
-
-    bench = commands.add_parser("bench", help="measure a running server")
-    benches = bench.add_subparsers(dest="bench", required=True, metavar="BENCH")
-    from hark.bench import captions, fuzz, hop, latency, load, vad, webrtc
-    from hark.bench import denoise as denoise_bench
-    from hark.bench import sip as sip_bench
-
-    for name, module, summary in (
-        ("captions", captions, "caption lag, ASR CPU, WER and V2V of people speaking at length"),
-        ("fuzz", fuzz, "random and mutated events over many sessions: crashes, hangs, memory"),
-        ("denoise", denoise_bench, "word error rate of noisy speech with and without denoising"),
-        ("hop", hop, "what the hop between two workers of a fleet adds to a call's requests"),
-        ("latency", latency, "E2A and voice-to-voice latency of spoken questions"),
-        ("load", load, "many simulated callers at once: VAD decision lag, E2A, server figures"),
-        ("relay", relay_bench, "datagrams per second per core of hark relay, latency it adds"),
-        ("sip", sip_bench, "SIP answer time, phone calls per core, reply latency on the phone"),
-        ("vad", vad, "VAD cost per session-chunk, unbatched and batched"),
-        ("webrtc", webrtc, "WebRTC call setup time and calls per core"),
-    ):
-        sub = benches.add_parser(
+    for name, summary, module in COMMANDS:
+        commands.add_parser(
             name,
             help=summary,
-            description=module.__doc__,
+            module=module,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
-        module.configure_parser(sub)
-        sub.set_defaults(handler=module.command)
+    bench = commands.add_parser("bench", help="measure a running server")
+    benches = bench.add_subparsers(dest="bench", required=True, metavar="BENCH")
+    for name, summary, module in BENCHES:
+        benches.add_parser(
+            name,
+            help=summary,
+            module=module,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
     return parser
 
 
@@ -366,155 +141,6 @@ def configure_logging(level: str) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         force=True,
     )
-
-
-def _serve_command(options: dict[str, object]) -> int:
-    try:
-        settings = load_settings(options, env=os.environ)
-    except ConfigError as exc:
-        print(f"hark: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    configure_logging(settings.log_level)
-    if settings.workers > 1:
-        from hark.server.workers import run_workers
-
-        return run_workers(settings)
-    try:
-        return run_event_loop(serve(settings))
-    except KeyboardInterrupt:
-        # Ctrl-C before the signal handlers were installed.
-        return 130
-
-
-async def serve(settings: Settings, sock: socket.socket | None = None) -> int:
-    """Run the server until SIGINT or SIGTERM; returns the exit status.
-
-    ``sock`` is a listening socket to serve on instead of binding ``settings.host:port``
-    (a worker of ``--workers`` gets the one its parent bound).
-    """
-    stop = asyncio.Event()
-    drain = asyncio.Event()
-    loop = asyncio.get_running_loop()
-
-    def on_sigterm() -> None:
-        # The first SIGTERM drains (Kubernetes, `--workers`' parent); a second stops at once.
-        if drain.is_set():
-            stop.set()
-        drain.set()
-
-    loop.add_signal_handler(signal.SIGINT, stop.set)
-    loop.add_signal_handler(signal.SIGTERM, on_sigterm)
-    try:
-        return await _serve_until(stop, settings, sock, drain=drain)
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
-
-
-async def _serve_until(
-    stop: asyncio.Event,
-    settings: Settings,
-    sock: socket.socket | None = None,
-    *,
-    drain: asyncio.Event | None = None,
-) -> int:
-    from hark.engines.registry import EngineUnavailableError, build_engines, engine_names
-    from hark.observability.tracing import TracingUnavailableError
-    from hark.server.app import (
-        create_app,
-        drain_app,
-        make_runner,
-        set_advertised_port,
-        webrtc_startup_error,
-    )
-    from hark.server.auth import InsecureBindError
-
-    try:
-        chosen = ", ".join(f"{kind}: {name}" for kind, name in engine_names(settings).items())
-        engines = build_engines(settings)
-    except EngineUnavailableError as exc:
-        logger.error("%s", exc)
-        return EXIT_USAGE
-    try:
-        try:
-            app = create_app(settings, engines)
-        except (InsecureBindError, TracingUnavailableError) as exc:
-            logger.error("%s", exc)
-            return EXIT_USAGE
-        runner = make_runner(app)
-        await runner.setup()
-        try:
-            rtc_error = webrtc_startup_error(app)
-            if rtc_error is not None:
-                logger.error("%s (set --rtc-port)", rtc_error)
-                return 1
-            site: web.BaseSite = (
-                web.TCPSite(runner, settings.host, settings.port)
-                if sock is None
-                else web.SockSite(runner, sock)
-            )
-            try:
-                await site.start()
-                if sock is None:
-                    set_advertised_port(app, runner.addresses[0][1])
-                else:
-                    # The workers of `--workers` share the public port, so other workers
-                    # reach each one on a port of its own.
-                    await web.TCPSite(runner, settings.host, 0).start()
-                    set_advertised_port(app, runner.addresses[-1][1])
-            except OSError as exc:
-                logger.error("cannot listen on %s port %d: %s", settings.host, settings.port, exc)
-                return 1
-            settled = asyncio.create_task(_settle_heap_when_warm(app), name="hark-settle-heap")
-            for host, port, *_ in runner.addresses:
-                logger.info(
-                    "hark %s listening on http://%s:%d (%s; model %s)",
-                    __version__,
-                    f"[{host}]" if ":" in host else host,
-                    port,
-                    chosen,
-                    settings.llm_model_name,
-                )
-            await _wait_for_stop(stop, drain)
-            if drain is not None and drain.is_set() and not stop.is_set():
-                logger.info("draining (up to %.0f s)", settings.drain_timeout)
-                draining = asyncio.create_task(drain_app(app, settings.drain_timeout))
-                await _wait_for_stop(stop, draining)
-                if not draining.done():
-                    draining.cancel()
-            logger.info("shutting down")
-            settled.cancel()
-            return 0
-        finally:
-            await runner.cleanup()
-    finally:
-        await engines.aclose()
-
-
-async def _wait_for_stop(
-    stop: asyncio.Event, other: asyncio.Event | asyncio.Task[None] | None
-) -> None:
-    """Until ``stop`` is set or ``other`` (an event set, a task done) happens."""
-    waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(stop.wait())]
-    if isinstance(other, asyncio.Event):
-        waits.append(asyncio.ensure_future(other.wait()))
-    elif other is not None:
-        waits.append(other)
-    try:
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for wait in waits:
-            if wait is not other:
-                wait.cancel()
-
-
-async def _settle_heap_when_warm(app: web.Application) -> None:
-    from hark.server.app import STATE
-
-    warmup = app[STATE].warmup
-    if warmup is not None:
-        await asyncio.wait([warmup])
-    settle_heap()
 
 
 if __name__ == "__main__":

@@ -198,8 +198,9 @@ def _worker_main(settings: Settings, sock: socket.socket, index: int) -> None:
     """A worker process: the usual server, on the parent's socket."""
     import sys
 
-    from hark.cli import configure_logging, serve
+    from hark.cli import configure_logging
     from hark.eventloop import run_event_loop
+    from hark.server.cli import serve
 
     configure_logging(settings.log_level)
     logging.getLogger("hark").info("worker %d serving (pid %d)", index, os.getpid())
