@@ -61,6 +61,7 @@ BENCHES = (
         "SIP answer time, phone calls per core, reply latency on the phone",
         "hark.bench.sip",
     ),
+    ("startup", "how long each hark command takes from exec until it serves", "hark.bench.startup"),
     ("vad", "VAD cost per session-chunk, unbatched and batched", "hark.bench.vad"),
     ("webrtc", "WebRTC call setup time and calls per core", "hark.bench.webrtc"),
 )
