@@ -28,7 +28,8 @@ from tests.netns import bridged_hosts
 from tests.redis_server import redis_on
 from tests.servers import HarkProcess
 
-pytestmark = pytest.mark.slow  # real processes on real (virtual) hosts, in real time
+# real processes on real (virtual) hosts, in real time
+pytestmark = [pytest.mark.slow, pytest.mark.realtime]
 
 API_KEY = "sk-edge-owner-0123456789abcdef"
 SECRET = "fleet-secret-of-the-edge-test-0123456789"
@@ -227,18 +228,18 @@ async def test_a_call_survives_a_relay_restart(fleet: Fleet, http: aiohttp.Clien
         await asyncio.sleep(0.5)  # the relay is gone: nothing arrives
         silent_from = len(client.frames)
         await asyncio.to_thread(fleet.relay.start)
-        restarted_at = time.monotonic()
         metrics = fleet.relay.metrics()
         assert metrics is not None and metrics["hark_relay_flows_restored_total"] >= 1
-        # The server's track never stops (silence between replies): frames resume as soon
-        # as the restarted relay forwards, well before the next ICE consent check.
-        async with asyncio.timeout(5):
+        # The server's track never stops (silence between replies): frames resume.
+        async with asyncio.timeout(30):
             while True:
                 if len(client.frames) > silent_from:
                     break
                 await asyncio.sleep(0.01)
-        resumed_after = client.frames[silent_from].arrival - restarted_at
-        assert resumed_after < 1.0, f"audio resumed {resumed_after:.2f} s after the restart"
+        # ... on the restored flow: the restarted relay made none, so the audio did not wait
+        # for the client's next ICE consent check to bind it again.
+        metrics = fleet.relay.metrics()
+        assert metrics is not None and metrics["hark_relay_flows_created_total"] == 0
         await hears_a_reply(client)
     finally:
         await client.close()
