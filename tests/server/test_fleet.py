@@ -19,7 +19,8 @@ from hark.bench.webrtc import CallClient
 from tests.redis_server import RedisServer
 from tests.servers import HarkProcess
 
-pytestmark = pytest.mark.slow  # real processes, and real time: heartbeats expire, drains wait
+# real processes, and real time: heartbeats expire, drains wait
+pytestmark = [pytest.mark.slow, pytest.mark.realtime]
 
 API_KEY = "sk-fleet-test-owner-0123456789"
 OTHER_KEY = "sk-fleet-test-stranger-98765"
@@ -27,6 +28,9 @@ ENV = {"HARK_API_KEYS": f"{API_KEY},{OTHER_KEY}"}
 FAKE = ["--engines", "fake", "--drain-timeout", "3", "--log-level", "info"]
 WORKER = "X-Hark-Worker"
 VIA = "X-Hark-Via"
+# Fresh connections to ``--workers 2`` until the kernel hands one to a given worker: a bound
+# on a hang, not a number of tries, since a worker still starting, or busy, takes none.
+ANOTHER_WORKER_S = 60.0
 
 
 def bearer(key: str) -> dict[str, str]:
@@ -68,34 +72,44 @@ async def mint(http: aiohttp.ClientSession, url: str, key: str = API_KEY) -> tup
 
 
 async def models_on(
-    http: aiohttp.ClientSession, url: str, key: str, worker: str | None, tries: int = 400
+    http: aiohttp.ClientSession, url: str, key: str, worker: str | None
 ) -> tuple[int, str]:
     """``GET /v1/models`` with ``key``, retried on fresh connections until ``worker``
     answers (any worker when None); the status and the worker."""
-    for _ in range(tries):
-        async with http.get(url + "/v1/models", headers=bearer(key)) as response:
-            await response.read()
-            if worker is None or response.headers[WORKER] == worker:
-                return response.status, response.headers[WORKER]
-    raise AssertionError(f"worker {worker} never answered in {tries} connections")
+    try:
+        async with asyncio.timeout(ANOTHER_WORKER_S):
+            while True:
+                async with http.get(url + "/v1/models", headers=bearer(key)) as response:
+                    await response.read()
+                    if worker is None or response.headers[WORKER] == worker:
+                        return response.status, response.headers[WORKER]
+    except TimeoutError:
+        raise AssertionError(f"worker {worker} never answered in {ANOTHER_WORKER_S:g} s") from None
 
 
 @contextlib.asynccontextmanager
 async def connected_to_another(url: str, worker: str) -> AsyncIterator[aiohttp.ClientSession]:
     """A client whose one kept-alive connection reached a worker other than ``worker``."""
-    for _ in range(400):
-        client = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1))
-        async with client.get(url + "/healthz") as response:
-            await response.read()
-            answered = response.headers[WORKER]
-        if answered != worker:
-            try:
-                yield client
-            finally:
-                await client.close()
-            return
+
+    async def reached() -> aiohttp.ClientSession:
+        while True:
+            client = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1))
+            async with client.get(url + "/healthz") as response:
+                await response.read()
+                answered = response.headers[WORKER]
+            if answered != worker:
+                return client
+            await client.close()
+
+    try:
+        async with asyncio.timeout(ANOTHER_WORKER_S):
+            client = await reached()
+    except TimeoutError:
+        raise AssertionError("no connection reached another worker") from None
+    try:
+        yield client
+    finally:
         await client.close()
-    raise AssertionError("no connection reached another worker")
 
 
 async def worker_at(http: aiohttp.ClientSession, url: str) -> str:
@@ -160,11 +174,11 @@ async def test_keys_minted_on_one_worker_work_on_the_other(
 ) -> None:
     with HarkProcess([*FAKE, "--workers", "2"], tmp_path / "hark.log", env=ENV) as hark:
         minted: dict[str, str] = {}
-        for _ in range(400):
-            value, worker = await mint(http, hark.url)
-            minted.setdefault(worker, value)
-            if len(minted) == 2:
-                break
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(ANOTHER_WORKER_S):
+                while len(minted) < 2:
+                    value, worker = await mint(http, hark.url)
+                    minted.setdefault(worker, value)
         assert len(minted) == 2, "the kernel never handed a connection to the second worker"
         (first, key_of_first), (second, key_of_second) = minted.items()
         assert await models_on(http, hark.url, key_of_first, second) == (200, second)
@@ -184,16 +198,18 @@ async def test_sideband_and_hangup_reach_the_call_through_the_other_worker(
         assert owner is not None
         # A sideband socket through whichever worker the kernel picks; keep the first one
         # that another worker took in (it says so in its handshake's X-Hark-Worker).
-        for _ in range(200):
-            ws = await http.ws_connect(
-                hark.url.replace("http", "ws") + f"/v1/realtime?call_id={client.call_id}",
-                headers=bearer(API_KEY),
-            )
-            if ws._response.headers[WORKER] != owner:
-                break
-            await ws.close()
-        else:
-            raise AssertionError("no sideband connection reached the other worker")
+        try:
+            async with asyncio.timeout(ANOTHER_WORKER_S):
+                while True:
+                    ws = await http.ws_connect(
+                        hark.url.replace("http", "ws") + f"/v1/realtime?call_id={client.call_id}",
+                        headers=bearer(API_KEY),
+                    )
+                    if ws._response.headers[WORKER] != owner:
+                        break
+                    await ws.close()
+        except TimeoutError:
+            raise AssertionError("no sideband connection reached the other worker") from None
 
         receive = receiver(ws)
 
