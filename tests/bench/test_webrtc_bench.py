@@ -194,7 +194,13 @@ async def test_cheap_calls_log_what_the_server_sends(server_url: str, prompt: No
     try:
         assert await group.add(2, 0) == 0
         group.open_window()
-        await asyncio.sleep(1.0)
+        # Until every call has had some of the server's packets (50 a second), however long
+        # a busy machine takes to send them.
+        async with asyncio.timeout(LIVENESS_S):
+            while True:
+                if all(len(call.arrivals) >= 10 for call in group.calls):
+                    break
+                await asyncio.sleep(0.05)
         # Nothing awaits between the copy and the window: both see the same packets.
         seen = [list(call.arrivals) for call in group.calls]
         window = group.close_window()
@@ -227,8 +233,10 @@ async def test_capacity_with_client_processes(server_url: str, prompt: None) -> 
     assert step.calls == 3 and step.setup_failures == 0 and carried == 3
     assert sorted(c.calls for c in step.clients) == [1, 2]
     assert step.frames > 0 and step.p99_lateness_ms >= step.p50_lateness_ms >= 0
-    # A window is a whole talk cycle: the sampled call heard a reply and silence.
-    assert 0 < step.audible_share < 1
+    # The sampled call was decoded (a share, not NaN). Whether its window caught a reply
+    # depends on how fast the server answered: a figure, which
+    # test_a_window_is_computed_from_the_packets_that_arrived checks on fixed packets.
+    assert 0 <= step.audible_share <= 1
     report = WebRtcReport(url=server_url, capacity=steps, capacity_calls=carried)
     summary = format_summary(report)
     assert "capacity: 3 simultaneous calls" in summary
