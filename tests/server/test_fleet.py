@@ -19,8 +19,7 @@ from hark.bench.webrtc import CallClient
 from tests.redis_server import RedisServer
 from tests.servers import HarkProcess
 
-# real processes, and real time: heartbeats expire, drains wait
-pytestmark = [pytest.mark.slow, pytest.mark.realtime]
+pytestmark = pytest.mark.slow  # real processes, and real time: heartbeats expire, drains wait
 
 API_KEY = "sk-fleet-test-owner-0123456789"
 OTHER_KEY = "sk-fleet-test-stranger-98765"
