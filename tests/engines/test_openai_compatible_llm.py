@@ -369,21 +369,41 @@ async def test_unreachable_endpoint(make_llm: Callable[..., OpenAICompatibleLlm]
 async def test_retries_until_the_server_is_up(
     make_llm: Callable[..., OpenAICompatibleLlm],
 ) -> None:
-    port = free_port()
+    # The server's socket is bound but not listening, so the first attempt is refused; it
+    # listens the moment that attempt's failure is logged, so the retry finds it up however
+    # long the machine then takes to start serving (the connection waits in the backlog).
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
     llm = make_llm(f"http://127.0.0.1:{port}/v1", api_key=KEY)
     fake = FakeServer()
-    late = TestServer(fake.app, host="127.0.0.1", port=port)
+    refused = asyncio.Event()
+
+    class ListenOnRetry(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "retrying" in record.getMessage() and not refused.is_set():
+                sock.listen()
+                refused.set()
 
     async def start_late() -> None:
-        await asyncio.sleep(0.1)
-        await late.start_server()
+        await refused.wait()
+        await web.SockSite(runner, sock).start()
 
+    handler = ListenOnRetry(logging.WARNING)
+    engine_logger = logging.getLogger("hark.engines.llm.openai_compatible")
+    engine_logger.addHandler(handler)
+    runner = web.AppRunner(fake.app)
+    await runner.setup()
     starting = asyncio.create_task(start_late())
     try:
         events = await collect(llm.generate(say("hello")))
-    finally:
         await starting
-        await late.close()
+    finally:
+        engine_logger.removeHandler(handler)
+        starting.cancel()
+        await runner.cleanup()
+        sock.close()
+    assert refused.is_set()
     assert isinstance(events[-1], Finished) and len(fake.requests) == 1
 
 
