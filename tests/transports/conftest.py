@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 
 from hark.bench.webrtc import CallClient
 from hark.config import Settings
+from hark.engines.fake import FakeLlm
 from hark.engines.registry import Engines
 from hark.server.app import CALLS
 from hark.transports.webrtc.calls import Calls
@@ -21,6 +23,9 @@ from tests.server.conftest import RunningServer, serving, wait_ready
 
 API_KEY = "sk-test-webrtc-owner-0123456789"
 OTHER_KEY = "sk-test-webrtc-stranger-987654"
+# FakeLlm's reply five times over: 12 s of FakeTts speech (0.4 s a word), so that a cut made
+# once 600 ms of it has been heard lands inside it however long a busy machine takes.
+LONG_REPLY = " ".join(["The capital of France is Paris."] * 5)
 
 
 class Listener:
@@ -84,6 +89,13 @@ async def start_rtc_server() -> AsyncIterator[StartRtcServer]:
 async def rtc_server(start_rtc_server: StartRtcServer) -> RtcServer:
     """A server on the fake engines (real VAD) with two API keys."""
     return await start_rtc_server()
+
+
+@pytest.fixture
+async def long_reply_server(start_rtc_server: StartRtcServer) -> RtcServer:
+    """``rtc_server``, with a fake LLM that says ``LONG_REPLY``."""
+    engines = engines_sharing_turn(Settings(engines="fake"))
+    return await start_rtc_server(dataclasses.replace(engines, llm=FakeLlm(LONG_REPLY)))
 
 
 @pytest.fixture

@@ -13,15 +13,13 @@ from hark.bench.webrtc import AUDIBLE_RMS, CallClient, ReceivedFrame
 from hark.transports.webrtc.playout import FRAME_SAMPLES, PLAYOUT_RATE
 from tests.e2e.conftest import speech, transcribe, words
 
-from .conftest import API_KEY, RtcServer, StartRtcServer, collect, of_type, until
+from .conftest import API_KEY, LONG_REPLY, RtcServer, StartRtcServer, collect, of_type, until
 
 pytestmark = pytest.mark.slow
 
 MakeClient = Callable[..., CallClient]
 QUESTION = "What is the capital of France?"
 INTERRUPTION = "Wait, stop, I have another question."
-# FakeLlm's reply, spoken by FakeTts at 0.4 s a word.
-REPLY = "The capital of France is Paris."
 
 
 async def connect(http: aiohttp.ClientSession, server: RtcServer, client: CallClient) -> None:
@@ -89,10 +87,10 @@ async def test_the_microphone_follows_a_change_of_input_format(
 
 
 async def test_barge_in_cuts_the_reply_where_the_item_is_truncated(
-    http: aiohttp.ClientSession, rtc_server: RtcServer, clients: MakeClient
+    http: aiohttp.ClientSession, long_reply_server: RtcServer, clients: MakeClient
 ) -> None:
     client = clients(keep_audio=True)
-    await connect(http, rtc_server, client)
+    await connect(http, long_reply_server, client)
     say(client, "q1", await speech(QUESTION))
     interruption = await speech(INTERRUPTION)
     events = await collect(client, "output_audio_buffer.started", limit_s=60)
@@ -109,7 +107,7 @@ async def test_barge_in_cuts_the_reply_where_the_item_is_truncated(
     (truncated,) = of_type(events, "conversation.item.truncated")
     assert truncated["item_id"] == item["id"]
     end_ms = truncated["audio_end_ms"]
-    assert 600 <= end_ms < 400 * len(REPLY.split())
+    assert 600 <= end_ms < 400 * len(LONG_REPLY.split())
 
     # What came over the track: one run of the reply, cut where the server said it was.
     # The next reply (to the interruption) only starts once the interruption is over.
@@ -131,7 +129,7 @@ async def test_barge_in_cuts_the_reply_where_the_item_is_truncated(
     content = (await client.next_event("conversation.item.retrieved"))["item"]["content"][0]
     assert len(base64.b64decode(content["audio"])) == end_ms * 24 * 2
     kept = content["transcript"].split()
-    assert kept == REPLY.split()[: len(kept)]
+    assert kept == LONG_REPLY.split()[: len(kept)]
     assert abs(len(kept) - sent_ms / 400) <= 1
 
 
