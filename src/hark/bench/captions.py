@@ -100,7 +100,9 @@ class CaptionsBenchConfig:
     ``url``: the server's WebSocket root, or ``None`` to start ``hark serve`` (with
     ``engines`` when given); ``server_pid``: the server's process for its CPU time (known
     when the bench starts it); ``lengths_s``: the monologues' lengths; ``repeat``: how many
-    times each speaker says each; ``v2v``: whether to measure the replies too.
+    times each speaker says each; ``v2v``: whether to measure the replies too; ``captions``:
+    whether to measure the captions (without, only the replies: a 5 s and a 40 s turn's V2V
+    compared, the lengths taken in turn).
     """
 
     url: str | None = None
@@ -116,6 +118,7 @@ class CaptionsBenchConfig:
     sentences: tuple[str, ...] = MONOLOGUE
     baseline_s: float = 5.0
     v2v: bool = True
+    captions: bool = True
     seed: int = 0
     turn_timeout_s: float = 60.0
     cache_dir: Path | None = None
@@ -133,6 +136,7 @@ class CaptionsBenchConfig:
             "engines": self.engines,
             "baseline_s": self.baseline_s,
             "v2v": self.v2v,
+            "captions": self.captions,
             "seed": self.seed,
             "chunk_ms": CHUNK_S * 1000,
             "sentence_gap_ms": SENTENCE_GAP_S * 1000,
@@ -320,7 +324,7 @@ async def run_captions_bench(
             for index in range(config.speakers)
         ]
         baseline = await _idle_cores(config.server_pid, config.baseline_s)
-        for length in config.lengths_s:
+        for length in config.lengths_s if config.captions else ():
             for _ in range(config.repeat):
                 before, wall = _server_cpu(config.server_pid), time.perf_counter()
                 turns = await asyncio.gather(*(s.caption(said[length], length) for s in speakers))
@@ -335,15 +339,17 @@ async def run_captions_bench(
             if progress is not None:
                 progress(f"captions of {length:g} s: {len(speakers) * config.repeat} turns")
     if config.v2v:
-        for length in config.lengths_s:
-            for _ in range(config.repeat):
-                replies.extend(
-                    await asyncio.gather(
-                        *(_reply(i, config, said[length], length) for i in range(config.speakers))
-                    )
+        # The lengths in turn, not each length's repeats together: a machine whose load drifts
+        # during the run then weighs on every length alike.
+        for round_ in range(config.repeat):
+            for length in config.lengths_s:
+                heard = await asyncio.gather(
+                    *(_reply(i, config, said[length], length) for i in range(config.speakers))
                 )
-            if progress is not None:
-                progress(f"replies to {length:g} s: {config.speakers * config.repeat} turns")
+                replies.extend(heard)
+                if progress is not None:
+                    v2v = ", ".join(f"{r.v2v_ms:.0f}" if r.v2v_ms else r.status for r in heard)
+                    progress(f"reply {round_ + 1} to {length:g} s: V2V {v2v} ms")
     return CaptionsReport(
         config=config,
         captions=captions,
@@ -667,6 +673,11 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-v2v", action="store_true", help="skip the turns with replies (no V2V figures)"
     )
+    parser.add_argument(
+        "--no-captions",
+        action="store_true",
+        help="only the turns with replies: V2V per length, the lengths taken in turn",
+    )
     add_api_key_option(parser)
     parser.add_argument(
         "--model", default="gpt-realtime", help="model name to ask for (default gpt-realtime)"
@@ -698,6 +709,7 @@ def command(options: dict[str, Any]) -> int:
             sentences=sentences,
             baseline_s=options["baseline_s"],
             v2v=not options["no_v2v"],
+            captions=not options["no_captions"],
             seed=options["seed"],
         )
         with contextlib.ExitStack() as stack:

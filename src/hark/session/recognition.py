@@ -218,11 +218,15 @@ class Recognition:
         stream.stepped_ms = end_ms
         stream.caption = self._step(stream, "caption", end_ms, peek, rate, Urgency.CAPTION)
 
-    def recognise_pause(self, pause: Pause, end_ms: float, peek: Peek, rate: int) -> None:
+    def recognise_pause(
+        self, pause: Pause, end_ms: float, peek: Peek, rate: int, *, decides: bool = False
+    ) -> None:
         """Recognise the turn up to ``end_ms``, in its pause, while the pause is waited out;
         no new caption step starts until the speaker goes on. The caption step in flight (if
         any) goes on: on a loaded machine it has waited its turn, and a pause every sentence
-        would otherwise cancel every caption."""
+        would otherwise cancel every caption. ``decides``: the words decide whether the turn
+        ends (``semantic_vad``), so the step goes before captions (``Urgency.DECISION``);
+        otherwise it is speculation, after them."""
         stream = self._live
         if stream is None:
             # Only a turn being spoken pauses: nothing to recognise.
@@ -231,7 +235,13 @@ class Recognition:
         stream.pause = pause
         stream.pause_rest = None
         pause.asr_request = self._step(
-            stream, "pause", end_ms, peek, rate, Urgency.SPECULATION, pause
+            stream,
+            "pause",
+            end_ms,
+            peek,
+            rate,
+            Urgency.DECISION if decides else Urgency.SPECULATION,
+            pause,
         )
 
     def forget(self, pause: Pause) -> None:
