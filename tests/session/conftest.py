@@ -113,8 +113,6 @@ class Driver:
         # unanswered, recorded with the other actions).
         self.asr_text: str | None = None
         self.turn_score: float | None = None
-        # Whether a speculative reply reads its prompt at once (reported as it starts).
-        self.reads_at_once = True
         self._speculations: dict[str, Generate] = {}
         self.session.start()
         self.pump()
@@ -140,8 +138,6 @@ class Driver:
                 elif isinstance(item, Speculate):
                     self.actions.append(item)
                     self._speculations[item.key] = item.generate
-                    if self.reads_at_once:
-                        self.session.on_speculation_answering(item.key, now=self.now)
                 elif isinstance(item, DiscardSpeculation):
                     self.actions.append(item)
                     self._speculations.pop(item.key, None)

@@ -39,7 +39,6 @@ from hark.session.actions import (
     PlayAudio,
     Recognise,
     ScoreTurn,
-    Speculate,
     Transcribe,
 )
 from hark.session.core import Session
@@ -286,7 +285,6 @@ class SessionMachine(RuleBasedStateMachine):
         self.transcribe: list[str] = []
         self.recognise: list[Recognise] = []
         self.scores: list[str] = []
-        self.speculations: list[str] = []
         self.generating: dict[str, int] = {}
         self.playing: dict[str, int] = {}
         # What the client was told.
@@ -344,8 +342,6 @@ class SessionMachine(RuleBasedStateMachine):
                 self.recognise.append(out)
             elif isinstance(out, ScoreTurn):
                 self.scores.append(out.key)
-            elif isinstance(out, Speculate):
-                self.speculations.append(out.key)
             elif isinstance(out, Generate):
                 self.generating[out.response_id] = out.output_rate
             elif isinstance(out, AdoptSpeculation):
@@ -548,20 +544,15 @@ class SessionMachine(RuleBasedStateMachine):
             self.recognise = [r for r in self.recognise if r.request_id != request_id]
         self.collect()
 
-    @precondition(lambda self: bool(self.scores or self.speculations))
+    @precondition(lambda self: bool(self.scores))
     @rule(data=st.data(), probability=st.floats(0, 1))
     def turn_models_answer(self, data: st.DataObject, probability: float) -> None:
-        """The end-of-turn model scores a pause, or a speculative reply reads its prompt."""
-        score = data.draw(st.booleans())
-        if self.scores and (score or not self.speculations):
-            key = self.scores.pop(data.draw(st.integers(0, len(self.scores) - 1)))
-            if data.draw(st.booleans()):
-                self.session.on_turn_score(key, probability, now=self.now)
-            else:
-                self.session.on_turn_score_failed(key, now=self.now)
-        elif self.speculations:
-            key = self.speculations.pop(0)
-            self.session.on_speculation_answering(key, now=self.now)
+        """The end-of-turn model scores a pause, or fails to."""
+        key = self.scores.pop(data.draw(st.integers(0, len(self.scores) - 1)))
+        if data.draw(st.booleans()):
+            self.session.on_turn_score(key, probability, now=self.now)
+        else:
+            self.session.on_turn_score_failed(key, now=self.now)
         self.collect()
 
     @rule(

@@ -15,10 +15,9 @@ import numpy.typing as npt
 from hark.config import Settings
 from hark.engines.asr import RecognitionRequest, TimedTranscript, Urgency
 from hark.engines.asr.scheduler import AsrScheduler
-from hark.engines.fake import FakeAsr, FakeLlm
-from hark.engines.llm import ChatMessage, GenerationRequest, LlmEvent
+from hark.engines.fake import FakeAsr
 from hark.engines.registry import build_engines
-from hark.session.actions import Generate, ScoreTurn, Speculate
+from hark.session.actions import ScoreTurn
 from hark.session.runner import SessionRunner
 
 
@@ -69,42 +68,6 @@ async def test_text_turn_through_the_engines() -> None:
 
     await asyncio.wait_for(until_done(), 10)
     assert "".join(texts) == "The capital of France is Paris."
-    await runner.close()
-
-
-async def test_the_runner_reports_when_the_speculated_reply_has_read_its_prompt() -> None:
-    engines = build_engines(Settings(engines="fake"))
-    prompt_read = asyncio.Event()
-
-    class ReadingLlm(FakeLlm):
-        async def generate(self, request: GenerationRequest) -> AsyncIterator[LlmEvent]:
-            await prompt_read.wait()
-            async for event in super().generate(request):
-                yield event
-
-    engines.llm = ReadingLlm()
-    runner = SessionRunner(engines, model="m")
-    reported: list[str] = []
-    answering = asyncio.Event()
-
-    def on_speculation_answering(key: str, *, now: float) -> None:
-        reported.append(key)
-        answering.set()
-
-    runner.session.on_speculation_answering = on_speculation_answering  # type: ignore[method-assign]
-    await runner.start()
-    request = GenerationRequest(messages=(ChatMessage("user", "What is the capital of France?"),))
-    generate = Generate(
-        response_id="", request=request, audio=False, voice="alloy", speed=1.0, output_rate=24000
-    )
-    runner._speculate(Speculate("item_1#1", generate))
-    for _ in range(5):
-        await asyncio.sleep(0)
-    # Still reading its prompt: the core's verdict may wait (up to its own deadline).
-    assert reported == []
-    prompt_read.set()
-    await asyncio.wait_for(answering.wait(), 5)
-    assert reported == ["item_1#1"]
     await runner.close()
 
 

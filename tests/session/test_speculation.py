@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from hark.engines.asr import Urgency
 from hark.session.actions import (
     AdoptSpeculation,
@@ -12,8 +14,7 @@ from hark.session.actions import (
     ScoreTurn,
     Speculate,
 )
-from hark.session.speculation import SCORE_AFTER_READ_MAX_S, UNKNOWN_TURN_SCORE
-from hark.session.turn_policy import silence_for
+from hark.session.turn_policy import SILENCE_TIMER_MS, silence_for, unjudged_silence_ms
 
 from .conftest import Driver, silence, timed, voiced
 
@@ -72,54 +73,117 @@ def test_a_turn_that_differs_from_the_speculation_gets_a_fresh_generation(
     assert dataclasses.replace(generate, response_id="") != speculate.generate
 
 
-def test_the_verdict_waits_for_the_speculated_reply_to_read_its_prompt(driver: Driver) -> None:
+def stopped_at(driver: Driver) -> list[int]:
+    """Where the turns ended so far (``speech_stopped``'s ``audio_end_ms``)."""
+    return [
+        e["audio_end_ms"] for e in driver.events if e["type"] == "input_audio_buffer.speech_stopped"
+    ]
+
+
+def test_the_verdict_is_asked_before_the_reply_is_speculated(driver: Driver) -> None:
     semantic(driver)
-    driver.reads_at_once = False
     driver.asr_text = "What is the capital of France?"
-    driver.turn_score = 0.95
     driver.append(voiced(800))
     driver.append(silence(64))
-    (speculate,) = driver.take(Speculate)
-    assert not driver.take(ScoreTurn)
-    driver.session.on_speculation_answering(speculate.key, now=driver.now)
-    driver.pump()
+    # The verdict decides when the turn ends; the reply is only speculative until then: the
+    # verdict goes out first, and is not held back for the reply to read its prompt.
+    kinds = [type(a) for a in driver.actions if isinstance(a, ScoreTurn | Speculate)]
+    assert kinds == [ScoreTurn, Speculate]
     (score,) = driver.take(ScoreTurn)
+    (speculate,) = driver.take(Speculate)
     assert score.key == speculate.key
-
-
-def test_the_verdict_waits_for_the_speculated_reply_only_so_long(driver: Driver) -> None:
-    semantic(driver)
-    driver.reads_at_once = False
-    driver.asr_text = "What is the capital of France?"
-    driver.turn_score = 0.95
-    driver.append(voiced(800))
-    driver.append(silence(32))
-    driver.take(Speculate)
-    asked_at = driver.now
-    deadline = driver.session.next_deadline()
-    assert deadline == asked_at + SCORE_AFTER_READ_MAX_S
-    driver.session.handle_timer(deadline - 0.001)
-    driver.pump()
-    assert not driver.take(ScoreTurn)
-    driver.session.handle_timer(deadline)
-    driver.pump()
-    assert len(driver.take(ScoreTurn)) == 1
+    # No timer waits on the reply.
     assert driver.session.next_deadline() == driver.session.expires_at
 
 
-def test_a_failed_verdict_waits_as_for_an_utterance_that_may_be_over(driver: Driver) -> None:
+def test_the_pause_that_decides_goes_before_captions(driver: Driver) -> None:
+    driver.asr_text = "What is the capital of France?"
+    driver.append(voiced(800))
+    driver.append(silence(200))
+    # server_vad: the pause's recognition is only speculation, after everybody's captions.
+    assert [s.request.urgency for s in driver.steps(Urgency.SPECULATION)] == [Urgency.SPECULATION]
+    driver.append(silence(600))
+    semantic(driver)
+    driver.append(voiced(800))
+    driver.append(silence(64))
+    # semantic_vad: its words decide whether the turn ends; only a listener's words go first.
+    assert len(driver.steps(Urgency.DECISION)) == 1
+    assert Urgency.ANSWER < Urgency.DECISION < Urgency.CAPTION < Urgency.SPECULATION
+
+
+def test_an_unjudged_pause_ends_no_later_than_the_silence_timer(driver: Driver) -> None:
+    semantic(driver)
+    driver.asr_text = "What is the capital of France?"
+    # The end-of-turn model is too busy to answer: the verdict never comes.
+    driver.append(voiced(800))
+    driver.append(silence(SILENCE_TIMER_MS - 64))
+    (score,) = driver.take(ScoreTurn)
+    assert stopped_at(driver) == []
+    driver.append(silence(160))
+    # As server_vad's default would: 500 ms of silence after the voice (a VAD chunk's grain).
+    (end,) = stopped_at(driver)
+    assert 800 + SILENCE_TIMER_MS <= end < 800 + SILENCE_TIMER_MS + 64
+    # The verdict that comes after the turn ended changes nothing.
+    driver.session.on_turn_score(score.key, 0.01, now=driver.now)
+    driver.pump()
+    driver.append(silence(2000))
+    assert len(stopped_at(driver)) == 1
+
+
+@pytest.mark.parametrize(
+    ("eagerness", "fallback_ms"), [("high", 500), ("auto", 500), ("medium", 500), ("low", 1265)]
+)
+def test_the_fallback_for_each_eagerness(driver: Driver, eagerness: str, fallback_ms: int) -> None:
+    assert unjudged_silence_ms(eagerness) == fallback_ms
+    semantic(driver, eagerness)
+    driver.asr_text = "I would like to"
+    driver.append(voiced(800))
+    driver.append(silence(fallback_ms - 64))
+    assert stopped_at(driver) == []
+    driver.append(silence(96))
+    assert len(stopped_at(driver)) == 1
+
+
+def test_a_verdict_before_the_timer_may_wait_longer(driver: Driver) -> None:
+    semantic(driver)
+    driver.asr_text = "My phone number is four one five"
+    driver.append(voiced(800))
+    driver.append(silence(200))
+    (score,) = driver.take(ScoreTurn)
+    # Judged unfinished while the timer still ran: the pause may last what the verdict says.
+    driver.session.on_turn_score(score.key, 0.1, now=driver.now)
+    driver.pump()
+    driver.append(silence(silence_for(0.1, "auto") - 200 - 64))
+    assert stopped_at(driver) == []
+    driver.append(silence(96))
+    assert len(stopped_at(driver)) == 1
+
+
+def test_a_failed_verdict_ends_the_pause_as_an_unjudged_one(driver: Driver) -> None:
     semantic(driver)
     driver.asr_text = "What is the capital of France?"
     driver.append(voiced(800))
     driver.append(silence(32))
     (score,) = driver.take(ScoreTurn)
-    pause_ms = silence_for(UNKNOWN_TURN_SCORE, "auto")
     driver.session.on_turn_score_failed(score.key, now=driver.now)
     driver.pump()
-    driver.append(silence(pause_ms - 96))
-    assert "input_audio_buffer.speech_stopped" not in driver.types()
+    driver.append(silence(SILENCE_TIMER_MS - 96))
+    assert stopped_at(driver) == []
     driver.append(silence(96))
-    assert "input_audio_buffer.speech_stopped" in driver.types()
+    assert len(stopped_at(driver)) == 1
+
+
+def test_a_verdict_asking_less_than_has_passed_ends_the_turn_at_once(driver: Driver) -> None:
+    semantic(driver, "low")
+    driver.asr_text = "What is the capital of France?"
+    driver.append(voiced(800))
+    driver.append(silence(700))
+    (score,) = driver.take(ScoreTurn)
+    assert stopped_at(driver) == []
+    # Low eagerness waits 1.3 s unjudged; a verdict of 0.9 (wait 350 ms) is long passed.
+    driver.session.on_turn_score(score.key, 0.9, now=driver.now)
+    driver.pump()
+    assert len(stopped_at(driver)) == 1
 
 
 def test_speculation_is_discarded_when_the_user_goes_on(driver: Driver) -> None:
@@ -188,7 +252,7 @@ def test_semantic_vad_ends_a_complete_utterance_quickly(driver: Driver) -> None:
 def silence_until_recognition(driver: Driver) -> int:
     """Append silence 32 ms at a time until the pause is sent to recognition; how much."""
     waited = 0
-    while not driver.steps(Urgency.SPECULATION):
+    while not driver.steps(Urgency.SPECULATION, Urgency.DECISION):
         driver.append(silence(32))
         waited += 32
         assert waited < 2000

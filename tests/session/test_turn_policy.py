@@ -15,11 +15,13 @@ from hark.session.turn_policy import (
     MAX_SILENCE_MS,
     MIN_SILENCE_MS,
     SEMANTIC_SPECULATE_AFTER_MS,
+    SILENCE_TIMER_MS,
     SPECULATE_AFTER_MS,
     SemanticVadPolicy,
     ServerVadPolicy,
     silence_for,
     turn_policy,
+    unjudged_silence_ms,
 )
 
 
@@ -41,14 +43,15 @@ def test_server_vad_is_its_config_and_a_fixed_window() -> None:
     assert policy.silence_after(0.0) == policy.silence_after(1.0) == 650
 
 
-def test_semantic_vad_waits_the_most_until_judged() -> None:
+def test_semantic_vad_waits_no_longer_than_the_silence_timer_until_judged() -> None:
     policy = turn_policy(SemanticVad(eagerness="high", interrupt_response=False))
     assert isinstance(policy, SemanticVadPolicy)
-    assert policy.silence_ms == MAX_SILENCE_MS["high"]
+    assert policy.silence_ms == SILENCE_TIMER_MS == ServerVad().silence_duration_ms
     assert policy.scores_turns and not policy.interrupt_response
     assert policy.speculate_after_ms == SEMANTIC_SPECULATE_AFTER_MS
     assert policy.idle_timeout_ms is None
     assert policy.silence_after(0.9) == silence_for(0.9, "high") < policy.silence_ms
+    assert policy.silence_after(0.2) > policy.silence_ms
 
 
 def test_no_turn_detection_no_policy() -> None:
@@ -88,3 +91,11 @@ def test_likely_complete_ends_fast_and_unlikely_outlasts_a_long_pause() -> None:
     assert silence_for(END_FAST_PROBABILITY, "auto") <= 320
     assert survives_mid_sentence_pause(0.4)
     assert not survives_mid_sentence_pause(0.5)
+
+
+def test_an_unjudged_pause_waits_the_timer_or_low_eagerness_a_neutral_verdict() -> None:
+    for eagerness in ("high", "medium", "auto"):
+        assert unjudged_silence_ms(eagerness) == SILENCE_TIMER_MS
+    assert unjudged_silence_ms("low") == silence_for(0.5, "low") < MAX_SILENCE_MS["low"]
+    with pytest.raises(ValueError, match="eagerness"):
+        unjudged_silence_ms("eager")

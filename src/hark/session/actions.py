@@ -94,8 +94,7 @@ class Prefill:
 class Speculate:
     """Start the engines on a reply the user has not asked for yet, holding what they make.
 
-    Report ``on_speculation_answering(key)`` once it has read its prompt (its first output)
-    or ended. ``AdoptSpeculation`` turns the held work into a response; ``DiscardSpeculation``
+    ``AdoptSpeculation`` turns the held work into a response; ``DiscardSpeculation``
     throws it away unseen. One runs at a time: the core discards one before the next.
     """
 

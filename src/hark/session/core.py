@@ -50,7 +50,7 @@ from hark.session.playout_state import PlayoutState
 from hark.session.rate_limits import RateLimits, RateWindow
 from hark.session.recognition import Recognition
 from hark.session.response_lifecycle import ResponseLifecycle, voice_name
-from hark.session.speculation import UNKNOWN_TURN_SCORE, Speculation
+from hark.session.speculation import Speculation
 from hark.session.turn_taking import TurnTaking
 
 MiB = 1024 * 1024
@@ -234,7 +234,6 @@ class Session:
         """The driver's timer fired at wall time ``now`` (UNIX seconds): act on every deadline
         that has passed (see ``next_deadline``)."""
         if self._at(now):
-            self._speculation.handle_timer(now)
             self._turns.handle_timer(now)
 
     def next_deadline(self) -> float | None:
@@ -242,8 +241,8 @@ class Session:
         other input comes first; None when nothing waits on the clock."""
         if self._closed:
             return None
-        deadlines = (self._speculation.deadline(), self._turns.idle_deadline)
-        return min([self.expires_at, *(d for d in deadlines if d is not None)])
+        idle = self._turns.idle_deadline
+        return self.expires_at if idle is None else min(self.expires_at, idle)
 
     def end(self, error: ProtocolError, reason: str, *, now: float) -> None:
         """End the session for ``reason``: running responses are cancelled, the client gets
@@ -525,11 +524,6 @@ class Session:
 
     # ----------------------------------------------------------------- speculation
 
-    def on_speculation_answering(self, key: str, *, now: float) -> None:
-        """The speculative reply ``key`` has read its prompt (its first output) or ended."""
-        if self._at(now):
-            self._speculation.answering(key)
-
     def on_turn_score(self, key: str, probability: float, *, now: float) -> None:
         """How complete the utterance of the pause ``key`` sounds (semantic_vad)."""
         if self._at(now):
@@ -537,7 +531,8 @@ class Session:
 
     def on_turn_score_failed(self, key: str, *, now: float) -> None:
         """The end-of-turn model failed on the pause ``key``."""
-        self.on_turn_score(key, UNKNOWN_TURN_SCORE, now=now)
+        if self._at(now):
+            self._turns.on_turn_score_failed(key)
 
     # ----------------------------------------------------------------- recognition results
 
@@ -559,7 +554,7 @@ class Session:
             return
         paused = self._recognition.recognised(request_id, transcript)
         if paused is not None:
-            self._turns.pause_recognised(*paused, now)
+            self._turns.pause_recognised(*paused)
         self._turns.recognise_turn()
 
     def on_transcription_failed(self, request_id: str, message: str, *, now: float) -> None:

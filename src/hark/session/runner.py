@@ -750,8 +750,7 @@ class SessionRunner:
         self._discard_speculation()
         # A shared LLM serves the replies people wait for first.
         action.generate.request.urgency.speculative = True
-        key = action.key
-        sink = _HeldSink(self._now, lambda: self._call(self.session.on_speculation_answering, key))
+        sink = _HeldSink(self._now)
         task = asyncio.create_task(
             self._run_generation(action.generate, sink), name=f"speculate {action.key}"
         )
@@ -914,13 +913,10 @@ class _CoreSink:
 class _HeldSink:
     """A speculative reply's results, held unseen until the reply is adopted."""
 
-    def __init__(self, now: Callable[[], float], on_answering: Callable[[], None]) -> None:
-        """``on_answering`` is called once, when the LLM has read the prompt (its first
-        output) or the reply has ended."""
+    def __init__(self, now: Callable[[], float]) -> None:
         self._now = now
         self.started = now()
         self.marks: dict[str, float] = {}
-        self._on_answering: Callable[[], None] | None = on_answering
         self._held: list[tuple[str, tuple[Any, ...]]] = []
         self._live: _CoreSink | None = None
 
@@ -932,9 +928,6 @@ class _HeldSink:
             getattr(live, name)(*args)
 
     def _pass(self, name: str, *args: Any) -> None:
-        if self._on_answering is not None:
-            on_answering, self._on_answering = self._on_answering, None
-            on_answering()
         if self._live is not None:
             getattr(self._live, name)(*args)
         else:

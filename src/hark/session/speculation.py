@@ -5,7 +5,8 @@ During a pause the turn so far is recognised, and a reply to it is started and h
 (``Speculate``); if the turn ends with the same words, the held reply becomes the response
 (``AdoptSpeculation``), and if the user goes on it is thrown away (``DiscardSpeculation``).
 With ``semantic_vad`` the pause's words are also judged by the end-of-turn model
-(``ScoreTurn``), and that verdict waits a little for the speculated reply to read its prompt.
+(``ScoreTurn``) as soon as they are known: the verdict decides when the turn ends, the reply
+is only speculative until then, so the verdict is not held back for the reply.
 """
 
 from __future__ import annotations
@@ -13,23 +14,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from hark.session.actions import (
-    AdoptSpeculation,
-    DiscardSpeculation,
-    Generate,
-    ScoreTurn,
-    Speculate,
-)
+from hark.session.actions import AdoptSpeculation, DiscardSpeculation, Generate, Speculate
 from hark.session.outbox import Outbox
-
-# semantic_vad's end-of-turn verdict waits at most this long (wall time) for the reply
-# speculated on the same words to have read its prompt (about 85 ms on two cores for a short
-# question): the reply, not the verdict, is what the user waits for, and the verdict still
-# comes well before its audio.
-SCORE_AFTER_READ_MAX_S = 0.2
-# The end-of-turn probability assumed when scoring fails: wait as for an utterance that may
-# well be over.
-UNKNOWN_TURN_SCORE = 0.5
 
 
 @dataclass(slots=True)
@@ -40,12 +26,8 @@ class Pause:
     start_ms: float
     asr_request: str | None = None
     transcript: str | None = None
-    # The speculative reply started on ``transcript``, and whether it has read its prompt.
+    # The speculative reply started on ``transcript``.
     speculation: Generate | None = None
-    answering: bool = False
-    # The end-of-turn verdict held back until the speculative reply answers or ``score_due``.
-    score: ScoreTurn | None = None
-    score_due: float | None = None
 
 
 class Speculation:
@@ -102,37 +84,3 @@ class Speculation:
             return True
         self._outbox.act(DiscardSpeculation(speculated.key))
         return False
-
-    def judge(self, pause: Pause, score: ScoreTurn, now: float) -> None:
-        """Ask for the verdict on the pause's words, once its speculative reply (if any) has
-        read its prompt, or ``SCORE_AFTER_READ_MAX_S`` after ``now``."""
-        if pause.speculation is not None and not pause.answering:
-            # The reply speculated on the same words reads its prompt first, on every core
-            # if no other model computes (hark.engines.activity).
-            pause.score = score
-            pause.score_due = now + SCORE_AFTER_READ_MAX_S
-        else:
-            self._outbox.act(score)
-
-    def _release_score(self, pause: Pause) -> None:
-        if pause.score is not None:
-            self._outbox.act(pause.score)
-            pause.score = pause.score_due = None
-
-    def answering(self, key: str) -> None:
-        """The speculative reply ``key`` has read its prompt or ended."""
-        pause = self.pause
-        if pause is not None and pause.key == key:
-            pause.answering = True
-            self._release_score(pause)
-
-    def handle_timer(self, now: float) -> None:
-        """A held verdict whose wait is over goes out."""
-        pause = self.pause
-        if pause is not None and pause.score_due is not None and now >= pause.score_due:
-            self._release_score(pause)
-
-    def deadline(self) -> float | None:
-        """When a held verdict must go out, if one is held."""
-        pause = self.pause
-        return pause.score_due if pause is not None else None

@@ -21,6 +21,8 @@ from hark.protocol.session_config import SemanticVad, ServerVad, TurnDetection
 
 # The longest semantic_vad waits in a pause, by eagerness (OpenAI's figures).
 MAX_SILENCE_MS = {"low": 8000, "medium": 4000, "high": 2000, "auto": 4000}
+# server_vad's default silence_duration_ms: the plain silence timer semantic_vad must beat.
+SILENCE_TIMER_MS = 500
 # The shortest: an utterance that is clearly complete still gets this much silence, about the
 # gap between turns in human conversation.
 MIN_SILENCE_MS = 200
@@ -32,6 +34,25 @@ END_FAST_PROBABILITY = 0.85
 # transcript.
 SPECULATE_AFTER_MS = 96
 SEMANTIC_SPECULATE_AFTER_MS = 32
+
+
+def unjudged_silence_ms(eagerness: str) -> int:
+    """The silence that ends a ``semantic_vad`` pause whose verdict has not come (yet, or
+    because the end-of-turn model failed).
+
+    The verdict is what lets a pause be longer or shorter than the silence timer. Without one
+    nothing is known that the timer does not know, so with eagerness auto, medium and high the
+    pause ends where ``server_vad``'s default would end it, ``SILENCE_TIMER_MS``: on a host too
+    busy to recognise and judge a pause in time, ``semantic_vad`` is never slower than the
+    timer. Eagerness low asked for the speaker to take their time: there an unjudged pause
+    waits what a neutral verdict (probability 0.5) asks for, about 1.3 s, not its 8 s cap.
+    A verdict that comes later still sets the wait, whether shorter or longer.
+    """
+    if eagerness == "low":
+        return silence_for(0.5, eagerness)
+    if eagerness not in MAX_SILENCE_MS:
+        raise ValueError(f"unknown eagerness {eagerness!r}")
+    return SILENCE_TIMER_MS
 
 
 def silence_for(probability: float, eagerness: str) -> int:
@@ -60,7 +81,8 @@ class TurnPolicy(ABC):
     threshold: float
     #: Audio kept before the detected start of speech.
     prefix_padding_ms: int
-    #: The silence that ends a turn until a judgement (if any) says otherwise.
+    #: The silence that ends a turn until a judgement (if any) says otherwise (and after a
+    #: judgement failed).
     silence_ms: int
     #: How long a pause lasts before it is recognised and a reply speculated on.
     speculate_after_ms: int
@@ -103,8 +125,8 @@ class SemanticVadPolicy(TurnPolicy):
         self.eagerness = config.eagerness
         self.threshold = 0.5
         self.prefix_padding_ms = 300
-        # Until the end-of-turn model has judged the pause, wait as long as allowed.
-        self.silence_ms = MAX_SILENCE_MS[config.eagerness]
+        # Until the end-of-turn model has judged the pause: no longer than the silence timer.
+        self.silence_ms = unjudged_silence_ms(config.eagerness)
         self.speculate_after_ms = SEMANTIC_SPECULATE_AFTER_MS
         self.create_response = config.create_response
         self.interrupt_response = config.interrupt_response

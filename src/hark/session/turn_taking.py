@@ -338,19 +338,23 @@ class TurnTaking:
     def _recognise_pause(self, pause: Pause) -> None:
         """Recognise the turn so far while the pause is waited out: up to where the VAD has
         heard, since a word's last sounds are often quieter than its threshold."""
-        self._recognition.recognise_pause(pause, self._vad_now_ms, self._buffer.peek, self.rate)
+        # With semantic_vad these words decide whether the turn ends: they go before captions.
+        decides = self._policy is not None and self._policy.scores_turns
+        self._recognition.recognise_pause(
+            pause, self._vad_now_ms, self._buffer.peek, self.rate, decides=decides
+        )
 
-    def pause_recognised(self, pause: Pause, transcript: str, now: float) -> None:
-        """Recognition heard ``transcript`` in ``pause`` (at wall time ``now``): if the turn
-        is still in that pause, a reply is speculated on the words and, with a policy that
-        scores turns, the end-of-turn model asked how complete they sound."""
+    def pause_recognised(self, pause: Pause, transcript: str) -> None:
+        """Recognition heard ``transcript`` in ``pause``: if the turn is still in that pause,
+        with a policy that scores turns the end-of-turn model is asked how complete the words
+        sound, and a reply is speculated on them. The verdict goes first, and is not held
+        back for the reply: it decides when the turn ends, the reply is only speculative."""
         if pause is not self._speculation.pause:
             return
         pause.transcript = transcript
-        self._speculate_reply(pause)
         if self._policy is not None and self._policy.scores_turns:
-            score = ScoreTurn(pause.key, transcript, self._last_assistant_text())
-            self._speculation.judge(pause, score, now)
+            self._outbox.act(ScoreTurn(pause.key, transcript, self._last_assistant_text()))
+        self._speculate_reply(pause)
 
     def _speculate_reply(self, pause: Pause) -> None:
         """Start the reply the turn would get if it ended now; it stays unseen until it does."""
@@ -390,6 +394,17 @@ class TurnTaking:
         if not policy.scores_turns:
             return
         self._detector.silence_ms = policy.silence_after(probability)
+        decision = self._detector.check(self._vad_now_ms)
+        if decision is not None:
+            self._on_turn_event(decision)
+
+    def on_turn_score_failed(self, key: str) -> None:
+        """The end-of-turn model failed on the pause ``key``: the pause ends as an unjudged
+        one does (``TurnPolicy.silence_ms``), which it may already have passed."""
+        pause = self._speculation.pause
+        if pause is None or pause.key != key or self._detector is None:
+            return
+        self._detector.silence_ms = self._detector.default_silence_ms
         decision = self._detector.check(self._vad_now_ms)
         if decision is not None:
             self._on_turn_event(decision)

@@ -79,10 +79,13 @@ class Urgency(IntEnum):
 
     # Somebody waits for these words: a turn has ended, an item or a file is transcribed.
     ANSWER = 0
+    # A pause whose words decide whether the turn ends (semantic_vad judges them): the
+    # answer waits for the decision, so it goes before anybody's captions.
+    DECISION = 1
     # Live captions of a turn still being spoken.
-    CAPTION = 1
+    CAPTION = 2
     # A pause that may or may not end the turn: useful only if it does.
-    SPECULATION = 2
+    SPECULATION = 3
 
 
 @dataclass(frozen=True, slots=True)
