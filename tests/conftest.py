@@ -59,6 +59,34 @@ def engines_sharing_turn(settings: Settings) -> Engines:
     return dataclasses.replace(build_engines(settings), turn=shared_end_of_turn())
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--realtime",
+        choices=("only", "skip"),
+        default=None,
+        help="run only the tests marked realtime, or all but them (scripts/test runs the rest "
+        "in parallel first, then these alone); the default runs both",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``--realtime only|skip``: keep only the realtime tests, or only the others. This
+    narrows whatever ``-m``, ``-k`` and paths chose, so that scripts/test can hand a caller's
+    own selection to both of its phases."""
+    which = config.getoption("--realtime")
+    if which is None:
+        return
+    want = which == "only"
+    kept: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        realtime = item.get_closest_marker("realtime") is not None
+        (kept if realtime == want else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _close_shared_end_of_turn() -> Iterator[None]:
     yield

@@ -25,6 +25,8 @@ from hark.bench.spoken_questions import RATE, cache_path, last_voiced_sample, wr
 from hark.bench.word_alignment import Delta, align, caption_lags, word_arrivals, words
 from tests.speech import spoken
 
+pytestmark = pytest.mark.realtime
+
 # --- words, alignment, word error rate ------------------------------------------------------
 
 

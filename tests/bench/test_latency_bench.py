@@ -30,6 +30,8 @@ from hark.bench.spoken_questions import QUESTIONS, RATE, last_voiced_sample, spo
 from hark.observability.turn_timing import STAGES
 from tests.servers import hark_serve
 
+pytestmark = pytest.mark.realtime
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 

@@ -24,6 +24,8 @@ from hark.config import Settings
 from hark.server.app import create_app, make_runner
 from tests.conftest import engines_sharing_turn
 
+pytestmark = pytest.mark.realtime
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 

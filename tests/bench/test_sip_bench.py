@@ -25,6 +25,8 @@ from hark.bench.sip import (
 from hark.cli import build_parser
 from tests.transports.sip.conftest import SECRET, SipServer, free_sip_port, sip_serve
 
+pytestmark = pytest.mark.realtime
+
 
 def packets(arrivals_ms: list[float], *, ssrc: int = 7, first_ts: int = 0) -> list[Received]:
     """One stream's packets, 20 ms of timestamps apart, arriving at ``arrivals_ms``."""

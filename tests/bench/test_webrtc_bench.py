@@ -48,6 +48,8 @@ from hark.server.app import create_app, make_runner
 from tests.conftest import engines_sharing_turn
 from tests.speech import spoken
 
+pytestmark = pytest.mark.realtime
+
 # Bounds a hang, never speed.
 LIVENESS_S = 30
 

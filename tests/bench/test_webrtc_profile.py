@@ -24,6 +24,8 @@ from hark.bench.webrtc_profile import (
     thread_cpu_seconds,
 )
 
+pytestmark = pytest.mark.realtime
+
 MAIN = ";".join(
     (
         "0x7f01 (libc.so.6)",

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from playwright.async_api import Browser, async_playwright
 
-from tests.e2e.conftest import ARTIFACTS, speech
+from tests.e2e.conftest import artifact, speech
 from tests.servers import hark_serve
 
 API_KEY = "sk-hark-browser-test-key"
@@ -37,8 +37,7 @@ class HarkServer:
 @pytest.fixture(scope="session")
 def hark_server() -> Iterator[HarkServer]:
     """`hark serve --demo` on the embedded models with one API key, ready before use."""
-    ARTIFACTS.mkdir(exist_ok=True)
-    log = ARTIFACTS / "browser-server.log"
+    log = artifact("browser-server.log")
     with hark_serve(["--demo"], log, env={"HARK_API_KEYS": API_KEY}) as port:
         yield HarkServer(f"http://127.0.0.1:{port}", log)
 

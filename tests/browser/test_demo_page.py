@@ -11,7 +11,7 @@ from tests.e2e.conftest import ARTIFACTS, words
 
 from .conftest import HarkServer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.realtime]
 
 SCREENSHOT = ARTIFACTS / "demo-page.png"
 # Generous: a loaded 2-core machine, and a fake microphone that may need its second round.

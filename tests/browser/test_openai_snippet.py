@@ -19,7 +19,7 @@ from tests.e2e.conftest import transcribe, words
 
 from .conftest import API_KEY, HarkServer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.realtime]
 
 SNIPPET = Path(__file__).with_name("openai_snippet.html")
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.realtime
+
 # Runs inside the namespace: bring loopback up, start the server, wait for /readyz to say
 # "ready" or "failed", print what it said, stop the server.
 DRIVER = textwrap.dedent(

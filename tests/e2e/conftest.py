@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -20,6 +21,15 @@ from tests.speech import spoken
 
 API_KEY = "sk-hark-e2e-test-key"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
+
+
+def artifact(name: str) -> Path:
+    """``ARTIFACTS / name`` (the folder made); under pytest-xdist one per worker
+    (``e2e-server.gw1.log``), so that servers started side by side never share a log."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    path = ARTIFACTS / name
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    return path.with_name(f"{path.stem}.{worker}{path.suffix}") if worker else path
 
 
 @dataclass(frozen=True)
@@ -46,8 +56,7 @@ class Server:
 @pytest.fixture(scope="session")
 def server() -> Iterator[Server]:
     """`hark serve` with the embedded models, ready (``/readyz`` 200) before tests use it."""
-    ARTIFACTS.mkdir(exist_ok=True)
-    log = ARTIFACTS / "e2e-server.log"
+    log = artifact("e2e-server.log")
     with hark_serve([], log, env={"HARK_API_KEYS": API_KEY}) as port:
         yield Server("127.0.0.1", port, log)
 
@@ -55,9 +64,8 @@ def server() -> Iterator[Server]:
 @contextlib.contextmanager
 def fake_hark(log_name: str) -> Iterator[Server]:
     """`hark serve --engines fake` (a real server and Silero VAD, scripted ASR, LLM and TTS),
-    ready, its output in ``ARTIFACTS / log_name``."""
-    ARTIFACTS.mkdir(exist_ok=True)
-    log = ARTIFACTS / log_name
+    ready, its output in ``artifact(log_name)``."""
+    log = artifact(log_name)
     with hark_serve(["--engines", "fake"], log, env={"HARK_API_KEYS": API_KEY}) as port:
         yield Server("127.0.0.1", port, log)
 

@@ -32,7 +32,7 @@ from agents.realtime.model_inputs import RealtimeModelSendRawMessage
 
 from .conftest import API_KEY, Server, fake_hark, speech, words
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.realtime]
 
 RATE = 24000
 CHUNK = RATE // 50

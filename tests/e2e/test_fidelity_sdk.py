@@ -16,7 +16,7 @@ import pytest
 
 from .conftest import Server, events_until, fake_hark, of_type, speech
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.realtime]
 
 
 @pytest.fixture(scope="module")

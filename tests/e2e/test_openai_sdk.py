@@ -17,7 +17,7 @@ from openai.types.realtime import (
 
 from .conftest import Server, events_until, speech, stream_realtime, transcribe, words
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.realtime]
 
 MODEL = "gpt-realtime"
 

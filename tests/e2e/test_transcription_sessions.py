@@ -17,7 +17,7 @@ from openai.types.realtime import (
 
 from .conftest import API_KEY, Server, events_until, speech, stream_realtime, words
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.realtime]
 
 TRANSCRIPTION = {"intent": "transcription"}
 LONG = "Could you tell me what the capital of France is, and how many people live there?"

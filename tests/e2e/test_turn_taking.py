@@ -15,7 +15,7 @@ import pytest
 
 from .conftest import Server, speech, words
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.realtime]
 
 RATE = 24000
 # Bounds a hang, never speed.

@@ -28,7 +28,8 @@ from tests.netns import bridged_hosts
 from tests.redis_server import redis_on
 from tests.servers import HarkProcess
 
-pytestmark = pytest.mark.slow  # real processes on real (virtual) hosts, in real time
+# real processes on real (virtual) hosts, in real time
+pytestmark = [pytest.mark.slow, pytest.mark.realtime]
 
 API_KEY = "sk-edge-owner-0123456789abcdef"
 SECRET = "fleet-secret-of-the-edge-test-0123456789"

@@ -19,7 +19,8 @@ from hark.bench.webrtc import CallClient
 from tests.redis_server import RedisServer
 from tests.servers import HarkProcess
 
-pytestmark = pytest.mark.slow  # real processes, and real time: heartbeats expire, drains wait
+# real processes, and real time: heartbeats expire, drains wait
+pytestmark = [pytest.mark.slow, pytest.mark.realtime]
 
 API_KEY = "sk-fleet-test-owner-0123456789"
 OTHER_KEY = "sk-fleet-test-stranger-98765"

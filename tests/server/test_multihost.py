@@ -19,7 +19,8 @@ from tests.netns import Lan, bridged_hosts
 from tests.redis_server import redis_on
 from tests.servers import HarkProcess
 
-pytestmark = pytest.mark.slow  # real processes on real (virtual) hosts, in real time
+# real processes on real (virtual) hosts, in real time
+pytestmark = [pytest.mark.slow, pytest.mark.realtime]
 
 API_KEY = "sk-multihost-owner-0123456789"
 WORKER = "X-Hark-Worker"

@@ -25,7 +25,7 @@ import pytest
 from hark.session.runner import BACKLOG_EXCEEDED, MAX_BACKLOG_BYTES
 from tests.servers import HarkProcess
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.realtime]
 
 HEADERS = {"Authorization": "Bearer any"}
 # Label order differs between the single-process and the multiprocess exposition.

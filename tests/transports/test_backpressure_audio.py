@@ -13,6 +13,7 @@ from typing import Any
 
 import aiohttp
 import numpy as np
+import pytest
 
 from hark.audio.g711 import ulaw_encode
 from hark.config import Settings
@@ -32,6 +33,8 @@ from tests.transports.sip.test_media import (  # noqa: F401 (fixtures)
     tone,
 )
 from tests.transports.test_input_audio import opus_packets
+
+pytestmark = pytest.mark.realtime
 
 HEADERS = {"Authorization": "Bearer any"}
 

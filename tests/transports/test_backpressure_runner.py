@@ -18,6 +18,8 @@ from hark.session.runner import (
     SessionRunner,
 )
 
+pytestmark = pytest.mark.realtime
+
 
 @pytest.fixture
 async def engines() -> Any:

@@ -19,6 +19,8 @@ from hark.transports.websocket import websocket_response
 from tests.transports.conftest import until
 from tests.transports.test_backpressure import NonReader
 
+pytestmark = pytest.mark.realtime
+
 
 @pytest.fixture
 async def served() -> AsyncIterator[tuple[str, Sidebands]]:

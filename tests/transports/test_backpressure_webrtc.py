@@ -19,6 +19,8 @@ from hark.session.runner import BACKLOG_EXCEEDED
 from .conftest import API_KEY, RtcServer, until
 from .test_backpressure_audio import count
 
+pytestmark = pytest.mark.realtime
+
 
 def stop_reading(client: CallClient, monkeypatch: pytest.MonkeyPatch) -> None:
     """The caller's SCTP drops the data the server sends, unacknowledged, as a peer that

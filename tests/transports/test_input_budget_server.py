@@ -15,7 +15,7 @@ import pytest
 
 from tests.servers import hark_serve
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.realtime]
 
 HEADERS = {"Authorization": "Bearer any"}
 THROTTLED = re.compile(r'^hark_input_throttled_seconds_total\{transport="websocket"\} (\S+)$', re.M)

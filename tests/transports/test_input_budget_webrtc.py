@@ -16,7 +16,7 @@ from hark.server.app import METRICS
 
 from .conftest import API_KEY, RtcServer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.realtime]
 
 THROTTLED = re.compile(r'^hark_input_throttled_seconds_total\{transport="webrtc"\} (\S+)$', re.M)
 BATCH = 4000

@@ -18,7 +18,7 @@ from hark.bench.webrtc import CallClient
 
 from .conftest import API_KEY, bearer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.realtime]
 
 CALLS = 100
 WARMUP_CALLS = 10

@@ -15,7 +15,7 @@ from tests.e2e.conftest import speech, transcribe, words
 
 from .conftest import API_KEY, LONG_REPLY, RtcServer, StartRtcServer, collect, of_type, until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.realtime]
 
 MakeClient = Callable[..., CallClient]
 QUESTION = "What is the capital of France?"

@@ -20,7 +20,7 @@ from tests.servers import HarkProcess
 from tests.speech import RATE, spoken
 from tests.transports.sip.conftest import SipServer, free_sip_port, sip_server_args
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.realtime]
 
 PHONE_RATE = 8000
 QUESTION = "What is the capital of France?"

@@ -29,6 +29,8 @@ from tests.transports.sip.conftest import (
     sip_serve,
 )
 
+pytestmark = pytest.mark.realtime
+
 # Bounds a hang, never speed.
 LIVENESS_S = 30.0
 

@@ -13,6 +13,8 @@ import pytest
 from hark.transports.sip.user_agent import IncomingCall, UserAgentServer
 from tests.transports.sip.test_user_agent import ANSWER
 
+pytestmark = pytest.mark.realtime
+
 CALLS = 20
 
 
