@@ -2,6 +2,12 @@
 UV_VERSION=0.13.9
 export UV_LINK_MODE=copy
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
+# The first install compiles llama.cpp for llama-cpp-python. hark loads only libllama and
+# libggml, so leave out what llama-cpp-python builds besides: the multimodal library (mtmd,
+# LLAVA_BUILD) and llama.cpp's common library (llama-cpp-lean.cmake says how). That is three
+# fifths of the compile. CMAKE_ARGS of your own (e.g. -DGGML_CUDA=on) are kept. A wheel that
+# uv has already built is reused as it is, whatever these say.
+export CMAKE_ARGS="${CMAKE_ARGS:+$CMAKE_ARGS }-DLLAVA_BUILD=OFF -DCMAKE_PROJECT_llama.cpp_INCLUDE=$(printf %q "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/llama-cpp-lean.cmake")"
 
 ensure_uv() {
   if ! command -v uv >/dev/null 2>&1 || [ "$(uv --version | cut -d' ' -f2)" != "$UV_VERSION" ]; then
