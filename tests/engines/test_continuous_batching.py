@@ -283,20 +283,29 @@ async def test_cancelling_one_generation_leaves_the_others_alone(
     )
 
 
-async def test_a_cancelled_generation_frees_its_sequence() -> None:
+async def test_a_cancelled_generation_frees_its_sequence(monkeypatch: pytest.MonkeyPatch) -> None:
     # Two sequences: the third request can only start once a running one has left.
     engine = LlamaCppLlm(sequences=2)
     try:
         await engine.warmup()
+        gate = DecodeGate(monkeypatch)
+        gate.close()
         cancelled, running, third = Timed(), Timed(), Timed()
         doomed = asyncio.create_task(cancelled.run(engine.generate(greedy(STORY, 300))))
         busy = asyncio.create_task(
             running.run(engine.generate(greedy(STORY, 300, "You tell stories.")))
         )
-        await asyncio.wait_for(cancelled.started.wait(), 30)
-        await asyncio.wait_for(running.started.wait(), 30)
+        # A decode at a time until both stories have begun: the second then has nearly all
+        # of its 300 tokens still to tell, however fast the scheduler's thread ran.
+        await gate.arrived(2)
+        await gate.held()
+        while not (cancelled.started.is_set() and running.started.is_set()):
+            await gate.step()
         doomed.cancel()
-        events = await third.run(engine.generate(greedy(QUESTIONS[0])))
+        asked = asyncio.create_task(third.run(engine.generate(greedy(QUESTIONS[0]))))
+        await gate.arrived(3)
+        gate.open()
+        events = await asked
         assert text_of(events) == "The capital of France is Paris."
         # The third reply was done while the other 300-token story was still being told.
         assert not busy.done()
