@@ -183,10 +183,11 @@ async def test_events_for_a_peer_that_stops_reading_queue_and_all_arrive_in_orde
         # buffer, so the server's sender must refuse and the rest wait in the queue.
         await ws.send_str(json.dumps({"burst": 512, "size": 64 * 1024}))
         session = stub_sessions[0]
-        for _ in range(100):
-            if session.refused:
-                break
-            await asyncio.sleep(0.02)
+        async with asyncio.timeout(30):
+            while True:
+                if session.refused:
+                    break
+                await asyncio.sleep(0.02)
         assert session.refused and session.sent_now
         received = [(await next_json(ws))["n"] for _ in range(512)]
         assert received == list(range(512))
