@@ -54,6 +54,8 @@ class Call:
         self._frames: deque[str] = deque()
         self._asks_next = False
         self._voiced_chunk: int | None = None
+        # The last question's voiced chunk, until its speech_stopped is timed.
+        self._stop_due: int | None = None
         self._expect_at: int | None = None
         self._stopped_at: float | None = None
         # A question counts as expected once this much silence followed its last word.
@@ -75,7 +77,7 @@ class Call:
 
     def _ask(self) -> None:
         question = self.rng.choice(self.script.questions)
-        self._voiced_chunk = self.count + question.last_voiced_chunk
+        self._voiced_chunk = self._stop_due = self.count + question.last_voiced_chunk
         self._expect_at = self._voiced_chunk + self._settle
         self._frames.extend(question.frames)
         self._frames.extend(self._silence(self.rng.uniform(*self.config.pause_s)))
@@ -127,11 +129,14 @@ class Call:
                 sent = self._sent_at(math.ceil(end_ms / self.script.chunk_ms) - 1)
                 if sent is not None:
                     results.vad_lag.append((at - self.started, (at - sent) * 1000))
+                self._time_speech_end(end_ms, at)
         elif kind == "response.done":
             status = str(event.get("response", {}).get("status", "unknown"))
             results.responses[status] += 1
             if status == "failed":
                 self.fail("response_failed")
+        elif kind == "conversation.item.input_audio_transcription.completed":
+            results.transcripts += 1
         elif kind == "hark.turn_timings":
             for key, values in (("e2a_ms", results.server_e2a), ("v2v_ms", results.server_v2v)):
                 value = event.get(key)
@@ -141,6 +146,20 @@ class Call:
             code = str(event.get("error", {}).get("code") or "none")
             results.errors[code] += 1
             self.fail(f"error:{code}")
+
+    def _time_speech_end(self, end_ms: object, at: float) -> None:
+        """The question's end of speech, timed by the first ``speech_stopped`` whose audio
+        reaches past its last voiced chunk (a pause inside the question ends earlier)."""
+        chunk = self._stop_due
+        if chunk is None or not isinstance(end_ms, int | float):
+            return
+        if end_ms < chunk * self.script.chunk_ms:
+            return
+        self._stop_due = None
+        sent = self._sent_at(chunk)
+        if sent is not None:
+            lag = (at - sent) * 1000 - self.config.silence_ms
+            self.results.speech_end_lag.append((at - self.started, lag))
 
     def _first_audio(self, at: float) -> None:
         assert self._stopped_at is not None

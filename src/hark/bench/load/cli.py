@@ -49,6 +49,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--sample", type=parse_duration, default=5.0, metavar="S",
         help="read the server's /metrics this often (default 5s)",
     )  # fmt: skip
+    parser.add_argument(
+        "--transcribe", action="store_true",
+        help="turn input_audio_transcription on: every turn is transcribed as it is spoken",
+    )  # fmt: skip
+    parser.add_argument(
+        "--server-pid", type=int, default=None, metavar="PID",
+        help="the local server's process: report its CPU time per session-second after the ramp",
+    )  # fmt: skip
     add_api_key_option(parser)
     parser.add_argument("--model", default="gpt-realtime", help="model name to ask for")
     parser.add_argument("--seed", type=int, default=0, help="seed of the callers' behaviour")
@@ -75,6 +83,8 @@ def command(options: dict[str, Any]) -> int:
         model=options["model"],
         sample_s=options["sample"],
         seed=options["seed"],
+        transcribe=options["transcribe"],
+        server_pid=options["server_pid"],
     )
     try:
         ServerUrl.parse(config.url)

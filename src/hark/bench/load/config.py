@@ -31,6 +31,10 @@ class LoadConfig:
     model: str = "gpt-realtime"
     sample_s: float = 5.0
     seed: int = 0
+    # Input transcription on (``whisper-1``): recognition runs on every turn as it is spoken.
+    transcribe: bool = False
+    # The server's process, when local: its CPU time per session-second after the ramp.
+    server_pid: int | None = None
     connect_timeout_s: float = 15.0
     cache_dir: Path | None = None
 
@@ -59,6 +63,7 @@ class LoadConfig:
             "model": self.model,
             "sample_s": self.sample_s,
             "seed": self.seed,
+            "transcribe": self.transcribe,
         }
 
 

@@ -19,11 +19,13 @@ from hark.bench.load.results import Results
 from hark.bench.load.script import Script, build_script
 from hark.bench.load.server_metrics import Sample, parse_metrics, server_figures
 from hark.bench.load.summary import build_report
-from hark.bench.report import ServerUrl, percentiles
+from hark.bench.report import ServerUrl, cpu_seconds_if_running, load_average, percentiles
 from hark.bench.spoken_questions import RATE, spoken_questions
 
 # Callers are spread over this many send phases within a chunk, as unsynchronised people are.
 _PHASES = 20
+# The server's CPU is read this long before the callers hang up, so that hanging up is not in it.
+_CPU_MARGIN_S = 0.5
 
 
 class LoadGenerator:
@@ -43,6 +45,8 @@ class LoadGenerator:
         self.samples: list[Sample] = []
         self.timeline: list[dict[str, Any]] = []
         self._marks = (0, 0)
+        self.server_cpu: dict[str, Any] | None = None
+        self.load: dict[str, float | None] = {"before": load_average()}
 
     async def run(self) -> None:
         """Ramp the callers up, keep them talking for the duration, then hang up."""
@@ -57,6 +61,8 @@ class LoadGenerator:
                 for phase in range(_PHASES)
             ]
             background.append(asyncio.create_task(self._sampler(http), name="sampler"))
+            if self.config.server_pid is not None:
+                background.append(asyncio.create_task(self._measure_cpu(), name="cpu"))
             callers = [
                 asyncio.create_task(self._caller(http, index), name=f"caller-{index}")
                 for index in range(self.config.sessions)
@@ -68,6 +74,7 @@ class LoadGenerator:
                     task.cancel()
                 await asyncio.gather(*callers, *background, return_exceptions=True)
             await self._sample(http)
+        self.load["after"] = load_average()
 
     def report(self) -> dict[str, Any]:
         """The run as JSON (see ``build_report``)."""
@@ -77,7 +84,27 @@ class LoadGenerator:
             samples=self.samples,
             timeline=self.timeline,
             metrics_url=self.metrics_url,
+            server_cpu=self.server_cpu,
+            load=self.load,
         )
+
+    async def _measure_cpu(self) -> None:
+        """The server's CPU per session-second while all callers talk (after the ramp)."""
+        pid = self.config.server_pid
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(self.started + self.config.ramp_s - time.monotonic())
+        first, since = cpu_seconds_if_running(pid), loop.time()
+        await asyncio.sleep(self.end - _CPU_MARGIN_S - time.monotonic())
+        last, wall = cpu_seconds_if_running(pid), loop.time() - since
+        if first is None or last is None or wall <= 0:
+            return
+        used = last - first
+        self.server_cpu = {
+            "seconds": round(used, 2),
+            "wall_s": round(wall, 1),
+            "cores": round(used / wall, 3),
+            "ms_per_session_second": round(1000 * used / (wall * self.config.sessions), 3),
+        }
 
     async def _ticker(self, phase: int) -> None:
         """Send the next chunk of every call in this phase, once per chunk, on time."""
@@ -170,23 +197,24 @@ class LoadGenerator:
             call.closed.set()
 
     def _session_update(self) -> dict[str, Any]:
+        audio_in: dict[str, Any] = {
+            "format": {"type": "audio/pcm", "rate": RATE},
+            "turn_detection": {
+                "type": "server_vad",
+                "silence_duration_ms": self.config.silence_ms,
+                "create_response": True,
+                "interrupt_response": True,
+            },
+        }
+        if self.config.transcribe:
+            audio_in["transcription"] = {"model": "whisper-1"}
         return {
             "type": "session.update",
             "session": {
                 "type": "realtime",
                 "output_modalities": ["audio"],
                 "include": ["hark.turn_timings"],
-                "audio": {
-                    "input": {
-                        "format": {"type": "audio/pcm", "rate": RATE},
-                        "turn_detection": {
-                            "type": "server_vad",
-                            "silence_duration_ms": self.config.silence_ms,
-                            "create_response": True,
-                            "interrupt_response": True,
-                        },
-                    }
-                },
+                "audio": {"input": audio_in},
             },
         }
 

@@ -27,10 +27,12 @@ class Results:
     missed_turns: int = 0
     # (seconds since the start, ms): the timeline needs to know when.
     vad_lag: list[tuple[float, float]] = field(default_factory=list)
+    speech_end_lag: list[tuple[float, float]] = field(default_factory=list)
     e2a: list[tuple[float, float]] = field(default_factory=list)
     v2v: list[float] = field(default_factory=list)
     server_e2a: list[float] = field(default_factory=list)
     server_v2v: list[float] = field(default_factory=list)
+    transcripts: int = 0
     active: int = 0
     send_lag_max: float = 0.0
     # A histogram rather than a list: a long run sends millions of chunks.

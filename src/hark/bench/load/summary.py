@@ -27,6 +27,8 @@ def build_report(
     samples: Sequence[Sample],
     timeline: list[dict[str, Any]],
     metrics_url: str,
+    server_cpu: Mapping[str, Any] | None = None,
+    load: Mapping[str, float | None] | None = None,
 ) -> dict[str, Any]:
     """The run as JSON: parameters, client figures, server figures, the timeline."""
     good = [s for s in samples if s.values is not None]
@@ -57,11 +59,14 @@ def build_report(
                 }
     elif samples:
         server["error"] = samples[-1].error
+    if server_cpu is not None:
+        server["cpu"] = dict(server_cpu)
     failed_calls = sum(results.failures.values())
     return {
         "benchmark": "load",
         "hark_version": __version__,
         "parameters": config.parameters(),
+        "load_average_1m": dict(load or {}),
         "client": {
             "calls_started": results.calls_started,
             "calls_completed": results.calls_completed,
@@ -74,6 +79,8 @@ def build_report(
             "missed_turns": results.missed_turns,
             "responses": dict(results.responses),
             "vad_decision_lag_ms": _distribution([lag for _, lag in results.vad_lag]),
+            "speech_end_lag_ms": _distribution([lag for _, lag in results.speech_end_lag]),
+            "transcripts": results.transcripts,
             "e2a_ms": _distribution([e2a for _, e2a in results.e2a]),
             "v2v_ms": _distribution(results.v2v),
             "server_e2a_ms": _distribution(results.server_e2a),
@@ -114,8 +121,10 @@ def format_summary(report: Mapping[str, Any]) -> str:
         f"turns: {c['questions']} questions asked, {c['turns_expected']} due, "
         f"{c['turns_detected']} detected, {c['missed_turns']} missed; responses {c['responses']}",
         f"VAD decision lag: {dist(c['vad_decision_lag_ms'])}",
+        f"speech end lag:   {dist(c['speech_end_lag_ms'])}",
         f"E2A (client):     {dist(c['e2a_ms'])}",
         f"V2V (client):     {dist(c['v2v_ms'])}",
+        *([f"transcripts completed: {c['transcripts']}"] if p.get("transcribe") else []),
         f"generator send lag: p50 {c['send_lag_ms']['p50']}  p99 {c['send_lag_ms']['p99']}  "
         f"max {c['send_lag_ms']['max']} ms",
     ]
@@ -142,5 +151,13 @@ def format_summary(report: Mapping[str, Any]) -> str:
                 )
     elif "error" in s:
         lines.append(f"server /metrics unavailable: {s['error']}")
+    cpu = s.get("cpu")
+    if cpu:
+        lines.append(
+            f"server CPU after the ramp: {cpu['cores']} cores, "
+            f"{cpu['ms_per_session_second']} ms per session-second"
+        )
+    load = report.get("load_average_1m", {})
+    lines.append(f"load average (1 min): {load.get('before')} before, {load.get('after')} after")
     lines.append("PASS" if passed(report) else "FAIL")
     return "\n".join(lines)
