@@ -3,7 +3,8 @@
 A model that sessions call once per audio chunk (Silero VAD: a 32 ms chunk each) spends most
 of a single-row call on fixed overhead. ``BatchedSileroVad`` gathers the chunks that sessions
 push within a short window and runs them through the model as one batch in its own thread. A
-batch leaves when it is full or when its oldest chunk has waited ``max_wait_ms``, whichever
+batch leaves when it is full or when its oldest chunk has waited ``max_wait_ms`` since it
+could run (a stream's next chunk can run once the one before it is answered), whichever
 comes first, so no chunk waits on a slow or silent session; and at once when, at the recent
 rate of arrivals, too few others would join it in time, so that a lightly loaded process adds
 no wait at all. The deadline is kept by the batcher's thread, not by the event loop, so a busy
@@ -129,6 +130,9 @@ class _Chunk:
     samples: npt.NDArray[Any]
     epoch: int
     enqueued: float
+    # When it could first run: when it was pushed, or when the chunk before it in its stream
+    # was answered. A batch waits for others from then on (see ``_next_batch``).
+    ready: float
     # Older chunks of the stream dropped from its full queue, answered just before this one:
     # those of its epoch, and those of earlier epochs (answered as such: stale to the stream).
     dropped_before: int = 0
@@ -150,8 +154,8 @@ class BatchedSileroVad:
     The streams' recurrent states, Silero contexts and resampler histories live in shared
     arrays, a row per stream, so a batch gathers and scatters them in one step each.
     A batch leaves when it holds ``max_batch`` streams, when its oldest chunk has waited
-    ``max_wait_ms``, or at once when at the recent rate of arrivals nobody else would join it
-    in time. The model runs as matrix products over the whole batch
+    ``max_wait_ms`` since it could run, or at once when at the recent rate of arrivals nobody
+    else would join it in time. The model runs as matrix products over the whole batch
     (:mod:`hark.engines.vad.silero_gemm`, about twice as fast per row as ONNX Runtime at
     batches of 32 and more), on the batcher's thread alone: numpy's BLAS is held to one
     thread, since a pool of spinning BLAS threads would take cores from the other models.
@@ -356,7 +360,7 @@ class BatchedSileroVad:
         delay = self.health.restarted(exc)
         with self._cond:
             batch, self._in_flight = self._in_flight, []
-            self._finish_batch([stream for stream, _ in batch])
+            self._finish_batch([stream for stream, _ in batch], time.monotonic())
             if self._closed:
                 self._thread = None
             else:
@@ -364,13 +368,15 @@ class BatchedSileroVad:
         if batch:
             _deliver_results(batch, Missed(health.describe(exc)))
 
-    def _finish_batch(self, streams: list[BatchedSileroVadStream]) -> None:
-        """The batch of ``streams`` is answered (holding the lock): they may run again."""
+    def _finish_batch(self, streams: list[BatchedSileroVadStream], now: float) -> None:
+        """The batch of ``streams`` was answered at ``now`` (holding the lock): they may run
+        again."""
         for stream in streams:
             stream.running = False
             if stream.closed:
                 self._free_rows.append(stream.row)
             elif stream.queue:
+                stream.queue[0].ready = now
                 self._ready.append(stream)
             else:
                 stream.scheduled = False
@@ -402,7 +408,7 @@ class BatchedSileroVad:
             finished = time.monotonic()
             with self._cond:
                 self._in_flight = []
-                self._finish_batch(streams)
+                self._finish_batch(streams, finished)
             _deliver_results(batch, answers)
             if self._observer is not None:
                 oldest = min(chunk.enqueued for _, chunk in batch)
@@ -416,7 +422,12 @@ class BatchedSileroVad:
         while not self._ready and not self._closed:
             self._cond.wait()
         if self._ready:
-            deadline = self._ready[0].queue[0].enqueued + self.max_wait_s
+            # Counted from when the oldest chunk could run, not from when it was pushed: a
+            # 100 ms append pushes three chunks at once, and the second and third, overdue
+            # by then, would otherwise send every batch after the first off at once with
+            # only the few streams of the same appends (batches of ten at 150 sessions,
+            # where Silero costs twice what it does per row at fifty).
+            deadline = self._ready[0].queue[0].ready + self.max_wait_s
             while len(self._ready) < self.max_batch and not self._closed:
                 remaining = self._arrivals.worth_waiting(deadline, VAD_WORTH_WAITING_ROWS)
                 if remaining is None:
@@ -553,7 +564,8 @@ class BatchedSileroVadStream:
         if len(array) != self._length_checked:
             chunk_resampler(chunk_rate(len(array)), self._engine.sample_rate)
             self._length_checked = len(array)
-        self._engine._push(self, _Chunk(array, epoch, time.monotonic()))
+        now = time.monotonic()
+        self._engine._push(self, _Chunk(array, epoch, now, now))
 
     def deliver_ready(self) -> None:
         """Hand out now, in order, every result that is ready for the streams of this stream's
@@ -591,6 +603,7 @@ def _drop_oldest(queue: deque[_Chunk]) -> None:
     """Drop the oldest of at least two chunks; the next one answers for it with a miss."""
     dropped = queue.popleft()
     head = queue[0]
+    head.ready = dropped.ready
     head.stale_dropped_before += dropped.stale_dropped_before
     if dropped.epoch == head.epoch:
         head.dropped_before += dropped.dropped_before + 1
