@@ -5,10 +5,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import pytest
 
+from hark.audio.resample import resample
 from hark.engines.asr import TimedSegment, TimedTranscript, TimedWord, Urgency
 from hark.session.actions import CancelRecognition, Generate, Prefill, Recognise, Speculate
+from hark.session.recognition import _TurnAudio
 
 from .conftest import ASR_RATE, Driver, silence, voiced
 
@@ -422,3 +426,27 @@ def test_no_read_ahead_for_turns_that_get_no_reply(driver: Driver) -> None:
     prefills = speak_long(driver, 9000, words)
     assert any(e["type"] == DELTA for e in driver.events)
     assert not [p for p in prefills if p.request.open_turn]
+
+
+@pytest.mark.parametrize("rate", [8000, 16000, 24000, 44100, 48000])
+def test_the_turn_is_resampled_once_and_each_window_is_as_if_resampled_whole(rate: int) -> None:
+    rng = np.random.default_rng(5)
+    pcm = (3000 * np.sin(np.cumsum(rng.uniform(0.01, 0.3, 5 * rate)))).astype(np.int16)
+    start_ms = 300.0
+
+    def peek(first: float, last: float) -> npt.NDArray[np.int16]:
+        index = round((first - start_ms) * rate / 1000)
+        return pcm[max(0, index) : round((last - start_ms) * rate / 1000)].copy()
+
+    turn = _TurnAudio(start_ms, rate, ASR_RATE)
+    # Caption steps, a pause step ending before the last caption's end, a window moved on.
+    for window_ms, end_ms in [(0, 400), (0, 1000), (0, 1600), (0, 1550), (1000, 2900)]:
+        heard = turn.read(peek, start_ms + window_ms, start_ms + end_ms)
+        whole = resample(
+            peek(start_ms + window_ms, start_ms + end_ms).astype(np.float32) / 32768, rate, ASR_RATE
+        )
+        assert len(heard) == len(whole)
+        # The same but at the window's edges, where the turn's own audio beyond them is heard
+        # instead of the silence a window resampled alone assumes.
+        edge = round(0.01 * ASR_RATE)
+        assert np.abs(heard[edge:-edge] - whole[edge:-edge]).max() < 1e-5

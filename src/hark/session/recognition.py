@@ -24,7 +24,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from hark.audio.resample import resample
+from hark.audio.resample import StreamResampler, resample
 from hark.engines.asr import RecognitionRequest, TimedTranscript, TimedWord, Urgency
 from hark.protocol import server_events as se
 from hark.protocol.session_config import Transcription
@@ -43,6 +43,10 @@ _UNKNOWN_LOGPROB = 0.0
 _MAX_WINDOW_MS = 30_000
 # A probability the decoder rounded to zero still has a finite log.
 _SMALLEST_P = 1e-12
+# A window's end not yet released by the turn's stream resampler is resampled on its own from
+# this much earlier, where the edge of that resampling has died away.
+_SEAM_GUARD_S = 0.04
+_INT16_SCALE = np.float32(1 / 32768)
 # The turn's committed words are offered to the LLM (``on_words``) each time they reach this
 # much further into the turn: often enough that little is left to read when it ends, seldom
 # enough that the reading costs little.
@@ -60,6 +64,84 @@ class _Step:
     # False when the window stops short of the audio asked for (longer than the engine
     # hears): the step catches up, and another is needed for the rest.
     whole: bool = True
+
+
+class _TurnAudio:
+    """The turn being spoken at the ASR's rate, resampled once as its steps ask for more.
+
+    Each caption step decodes the turn from its window's start: resampling that window again
+    at every step cost more of the server's CPU than the VAD's own share of a session (a
+    fifth at 150 sessions sending 100 ms appends). A stream resampler takes each stretch of
+    the input once. It holds back its last few dozen milliseconds (over a hundred from 8 kHz),
+    which each read resamples on its own from a little before, so that a window ends where it
+    is asked to, as the window resampled whole would.
+    """
+
+    def __init__(self, start_ms: float, rate: int, asr_rate: int) -> None:
+        """``start_ms``: the turn's first sample on the session clock; ``rate``: the input's."""
+        self.start_ms = start_ms
+        self.rate = rate
+        self._asr_rate = asr_rate
+        # Input and output sample counts that span the same time exactly.
+        common = math.gcd(rate, asr_rate)
+        self._in_step, self._out_step = rate // common, asr_rate // common
+        self._guard = math.ceil(_SEAM_GUARD_S * asr_rate / self._out_step)
+        self._resampler = StreamResampler(rate, asr_rate)
+        # Input samples fed to the resampler, from the turn's start.
+        self._fed = 0
+        # The output released so far: self._out[:self._released - self._base], where
+        # self._base is the turn's output index of self._out[0] (the window's start only
+        # moves on, so what is before it is let go).
+        self._out = np.empty(2 * asr_rate, np.float32)
+        self._base = 0
+        self._released = 0
+
+    def _ms(self, sample: int) -> float:
+        return self.start_ms + sample * 1000 / self.rate
+
+    def read(self, peek: Peek, start_ms: float, end_ms: float) -> npt.NDArray[np.float32]:
+        """The turn's audio in ``[start_ms, end_ms)`` at the ASR's rate, as float32 in [-1, 1]
+        (a new array); ``peek`` reads the input there."""
+        in_first = max(0, round((start_ms - self.start_ms) * self.rate / 1000))
+        in_end = round((end_ms - self.start_ms) * self.rate / 1000)
+        if in_end > self._fed:
+            pcm = peek(self._ms(self._fed), self._ms(in_end))
+            self._fed += len(pcm)
+            self._keep(self._resampler.process(pcm.astype(np.float32) * _INT16_SCALE))
+        out_first = round(in_first * self._asr_rate / self.rate)
+        self._let_go(out_first)
+        # The seam, where the one-shot end takes over: on a whole span of both rates.
+        seam = min(self._released, round(in_end * self._asr_rate / self.rate))
+        seam -= seam % self._out_step
+        span = seam // self._out_step
+        if seam <= out_first or span < self._guard:
+            # Little or nothing released: the window resampled whole.
+            whole = peek(self._ms(in_first), self._ms(in_end)).astype(np.float32)
+            return resample(whole * _INT16_SCALE, self.rate, self._asr_rate)
+        lead = (span - self._guard) * self._in_step
+        tail = peek(self._ms(lead), self._ms(in_end)).astype(np.float32) * _INT16_SCALE
+        ending = resample(tail, self.rate, self._asr_rate)[self._guard * self._out_step :]
+        released = self._out[out_first - self._base : seam - self._base]
+        return np.concatenate((released, ending))
+
+    def _keep(self, out: npt.NDArray[np.float32]) -> None:
+        held = self._released - self._base
+        if held + len(out) > len(self._out):
+            grown = np.empty(max(2 * len(self._out), held + len(out)), np.float32)
+            grown[:held] = self._out[:held]
+            self._out = grown
+        self._out[held : held + len(out)] = out
+        self._released += len(out)
+
+    def _let_go(self, before: int) -> None:
+        """Forget the output before the turn's output index ``before`` once it is a good
+        share of what is kept."""
+        drop = min(before, self._released) - self._base
+        if drop <= self._asr_rate or 2 * drop < self._released - self._base:
+            return
+        held = self._released - self._base
+        self._out[: held - drop] = self._out[drop:held]
+        self._base += drop
 
 
 @dataclass(slots=True)
@@ -93,6 +175,8 @@ class _Stream:
     end_ms: float = 0.0
     rate: int = 0
     requests: set[str] = field(default_factory=set)
+    # The turn's audio as the ASR hears it, while it is being spoken.
+    audio: _TurnAudio | None = None
 
 
 class Recognition:
@@ -273,11 +357,17 @@ class Recognition:
         stream.steps += 1
         request_id = f"{stream.item_id}:{kind}{stream.steps}"
         context = [transcription.prompt if transcription else None, policy.prompt()]
+        if stream.part is None:
+            if stream.audio is None or stream.audio.rate != rate:
+                stream.audio = _TurnAudio(stream.start_ms, rate, self._asr_rate)
+            audio = stream.audio.read(peek, start_ms, end_ms)
+        else:
+            audio = self._audio(peek(start_ms, end_ms), rate)
         self._outbox.act(
             Recognise(
                 request_id,
                 RecognitionRequest(
-                    audio=self._audio(peek(start_ms, end_ms), rate),
+                    audio=audio,
                     prompt=" ".join(c for c in context if c) or None,
                     language=transcription.language if transcription else None,
                     urgency=urgency,
@@ -325,6 +415,7 @@ class Recognition:
         assert part.audio is not None
         audio = part.audio
         stream.part = part
+        stream.audio = None
         stream.seconds = len(audio) / part.rate
         stream.end_ms = start_ms + len(audio) * 1000 / part.rate
         stream.rate = part.rate
