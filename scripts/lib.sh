@@ -14,3 +14,12 @@ ensure_uv() {
     python3 -m pip install --quiet --disable-pip-version-check "uv==$UV_VERSION"
   fi
 }
+
+# uv keeps the wheels it built from an sdist (llama-cpp-python's) under that download of the
+# sdist, and fetches the sdist again once its cached copy is no longer fresh: llama.cpp is
+# then compiled again though nothing changed (seen here: a fresh clone, an hour and a half
+# after the last build, compiled it anew). So install from uv's cache alone when it holds
+# everything the lock names, and ask the index only when it does not.
+uv_sync() {
+  uv sync --offline --quiet "$@" 2>/dev/null || uv sync "$@"
+}
