@@ -924,7 +924,7 @@ class _HeldSink:
         """Hand everything held to the real response, then forward live."""
         self._live = live
         held, self._held = self._held, []
-        for name, args in held:
+        for name, args in _joined_audio(held):
             getattr(live, name)(*args)
 
     def _pass(self, name: str, *args: Any) -> None:
@@ -968,3 +968,24 @@ class _HeldSink:
         self, message: str, code: str = "engine_error", error_type: str = "server_error"
     ) -> None:
         self._pass("failed", message, code, error_type)
+
+
+def _joined_audio(held: list[tuple[str, tuple[Any, ...]]]) -> list[tuple[str, tuple[Any, ...]]]:
+    """``held`` with each clause's audio as one piece: the chunks after a clause's first carry
+    no transcript, so the joined audio speaks the same words from the same sample. A reply
+    held until the turn ends is two to three seconds in 100 ms chunks, each of which would
+    be an input of the core, an event and a write (a tenth of the event loop's time at 150
+    callers)."""
+    joined: list[tuple[str, tuple[Any, ...]]] = []
+    run: list[npt.NDArray[np.int16]] = []
+    for name, args in held:
+        if name == "audio" and not args[1] and run:
+            run.append(args[0])
+            continue
+        if len(run) > 1:
+            joined[-1] = ("audio", (np.concatenate(run), joined[-1][1][1]))
+        run = [args[0]] if name == "audio" else []
+        joined.append((name, args))
+    if len(run) > 1:
+        joined[-1] = ("audio", (np.concatenate(run), joined[-1][1][1]))
+    return joined
