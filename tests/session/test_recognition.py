@@ -443,7 +443,9 @@ def test_the_turn_is_resampled_once_and_each_window_is_as_if_resampled_whole(rat
     for window_ms, end_ms in [(0, 400), (0, 1000), (0, 1600), (0, 1550), (1000, 2900)]:
         heard = turn.read(peek, start_ms + window_ms, start_ms + end_ms)
         whole = resample(
-            peek(start_ms + window_ms, start_ms + end_ms).astype(np.float32) / 32768, rate, ASR_RATE
+            peek(start_ms + window_ms, start_ms + end_ms).astype(np.float32) / np.float32(32768),
+            rate,
+            ASR_RATE,
         )
         assert len(heard) == len(whole)
         # The same but at the window's edges, where the turn's own audio beyond them is heard
