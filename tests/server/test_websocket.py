@@ -54,6 +54,9 @@ class StubSession:
     async def start(self) -> None:
         self.events.put_nowait(json.dumps({"type": "session.created"}))
 
+    def catch_up(self) -> None:
+        pass
+
     def receive_text(self, text: str) -> None:
         self.texts.append(text)
         self.from_parser.append(asyncio.current_task() is None)

@@ -449,6 +449,9 @@ class Recorded:
     async def start(self) -> None:
         return None
 
+    def catch_up(self) -> None:
+        return None
+
     def receive_text(self, text: str) -> None:
         self.received.append(text)
 

@@ -264,6 +264,13 @@ class SessionRunner:
         self._flush()
         log.info("session %s started (%s)", self.id, self.transport)
 
+    def catch_up(self) -> None:
+        """Hand out the VAD results ready for this loop's sessions (this one's and the
+        others'), as ``receive_text`` does first; a transport that charges a session for the
+        time its input takes calls this before it starts the clock."""
+        if not self._closed:
+            self._vad_stream.deliver_ready()
+
     def receive_text(self, text: str) -> None:
         """One client text frame (a JSON event). Never raises.
 

@@ -519,6 +519,10 @@ class DialectSession:
         """Begin the session."""
         await self.session.start()
 
+    def catch_up(self) -> None:
+        """Hand out the engine results that are ready (see the session's)."""
+        self.session.catch_up()
+
     def receive_text(self, text: str) -> None:
         """One client text frame, translated; never raises."""
         self.session.receive_text(self.dialect.incoming(text))

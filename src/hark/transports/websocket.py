@@ -56,6 +56,12 @@ class RealtimeSession(Protocol):
         """Begin the session (queues ``session.created``)."""
         ...
 
+    def catch_up(self) -> None:
+        """Hand out the engine results ready for this loop's sessions (any of them) before
+        this session's next input is handled, so that its input budget is not charged for
+        them."""
+        ...
+
     def receive_text(self, text: str) -> None:
         """One client text frame; never raises."""
         ...
@@ -295,6 +301,10 @@ async def run_session(
 
     def on_text(text: str) -> None:
         heard.at = loop.time()
+        # Other sessions' VAD results handed out first would be charged to this one: a batch's
+        # turn ends (commits, responses) took its input past the quantum, and its reading
+        # was paused until the loop's next pass for work that was not its own.
+        session.catch_up()
         start = clock()
         session.receive_text(text)
         charge(start)
@@ -314,6 +324,7 @@ async def run_session(
             switching = None
         async for msg in ws:
             heard.at = loop.time()
+            session.catch_up()
             start = clock()
             if msg.type is WSMsgType.TEXT:
                 session.receive_text(msg.data)

@@ -311,6 +311,8 @@ class Call:
         self._gate = gate
 
     def _on_message(self, message: str | bytes) -> None:
+        # Other sessions' VAD results, handed out first, are not this call's input.
+        self.runner.catch_up()
         start = time.perf_counter()
         if isinstance(message, str):
             self.runner.receive_text(self._dialect.incoming(message))
