@@ -45,7 +45,11 @@ async def converse(server: Server, segments: list[np.ndarray], tail_ms: int) -> 
                 "audio": {
                     "input": {
                         "transcription": {"model": "whisper-1", "language": "en"},
-                        "turn_detection": {"type": "semantic_vad", "eagerness": "auto"},
+                        # Eagerness low: a pause the end-of-turn model has not judged (yet)
+                        # ends after about 1.3 s (hark.session.turn_policy), so what these
+                        # tests read is the model's verdict, whenever it comes, never how
+                        # fast the machine produced it.
+                        "turn_detection": {"type": "semantic_vad", "eagerness": "low"},
                     }
                 },
             }
@@ -78,11 +82,11 @@ async def test_a_complete_question_ends_the_turn_without_waiting_for_the_cap(
     server: Server,
 ) -> None:
     question = await speech("What is the capital of France?")
-    # semantic_vad auto waits up to 4 s of silence for an utterance that sounds unfinished.
-    # The audio stops 1.2 s after the question (which ends in 300 ms of silence), far short
-    # of that cap, and the session's clock stops with it: the turn can only end if the
-    # end-of-turn model judged the question complete, however long it took to say so.
-    tail_ms = 1200
+    # The question ends in about 0.5 s of silence; the audio stops 0.5 s later, short of the
+    # 1.3 s an unjudged pause waits with eagerness low, and the session's clock stops with
+    # it: the turn can only end if the end-of-turn model judged the question complete,
+    # however long it took to say so.
+    tail_ms = 500
     events = await converse(server, [question], tail_ms=tail_ms)
     (stopped,) = [e for e in events if e.type == "input_audio_buffer.speech_stopped"]
     sent_ms = len(question) * 1000 / RATE + tail_ms
@@ -92,11 +96,13 @@ async def test_a_complete_question_ends_the_turn_without_waiting_for_the_cap(
 async def test_a_pause_mid_sentence_does_not_end_the_turn(server: Server) -> None:
     first = await speech("My phone number is four one five,")
     second = await speech("five five five, one two three four.")
-    pause = np.zeros(RATE * 12 // 10, np.int16)
-    events = await converse(server, [first, pause, second], tail_ms=5000)
+    # The two halves' own silences make a pause of about 0.9 s: longer than server_vad's
+    # 500 ms, shorter than the 1.3 s an unjudged pause waits with eagerness low. The turn
+    # can end there only if the end-of-turn model judged the first half complete.
+    events = await converse(server, [first, second], tail_ms=5000)
     stopped = [e for e in events if e.type == "input_audio_buffer.speech_stopped"]
     assert len(stopped) == 1
-    second_end = (len(first) + len(pause)) * 1000 / RATE + last_voiced_ms(second)
+    second_end = len(first) * 1000 / RATE + last_voiced_ms(second)
     assert stopped[0].audio_end_ms > second_end
     (heard,) = [
         e for e in events if e.type == "conversation.item.input_audio_transcription.completed"
