@@ -54,8 +54,9 @@ STORY = "Write a long story about a dragon."
 # Batch-invariant greedy replies (see the module doc).
 EXACT: dict[str, Any] = {"flash_attention": True}
 
-# Every test here loads SmolLM2.
-pytestmark = pytest.mark.slow
+# Every test here loads SmolLM2. Its batches use every core, and its waits for a generation
+# to start assume nothing else computes: another test beside it timed one out.
+pytestmark = [pytest.mark.slow, pytest.mark.realtime]
 
 
 @pytest.fixture
