@@ -4,6 +4,7 @@ waits for another."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -194,6 +195,41 @@ async def test_other_rates_are_resampled_in_the_batch(
     assert got.max() > 0.9 and got[:5].max() < 0.1
 
 
+async def test_the_rows_of_one_push_are_answered_together_as_if_pushed_one_by_one(
+    batched: BatchedSileroVad, question: npt.NDArray[np.float32]
+) -> None:
+    audio = signals(question)[0]
+    one_by_one = await pushed(batched, audio)
+    rows = np.array(chunks_of(audio))
+    listener = Listener(len(rows))
+    # Which turn of the loop each answer came in: answers handed out together share one.
+    turn = 0
+    turns: list[int] = []
+
+    def answered(probability: float, epoch: int) -> None:
+        turns.append(turn)
+        listener(probability, epoch)
+
+    async def count_turns() -> None:
+        nonlocal turn
+        while True:
+            turn += 1
+            await asyncio.sleep(0)
+
+    counting = asyncio.create_task(count_turns())
+    stream = batched.open_stream(answered)
+    for start in range(0, len(rows), 3):
+        stream.push(rows[start : start + 3], 0)
+        await asyncio.sleep(0.05)
+    await asyncio.wait_for(listener.done.wait(), LIVENESS_S)
+    counting.cancel()
+    stream.close()
+    assert_probabilities_close(listener.probabilities, one_by_one)
+    # Each push of three rows came back whole (the last push may hold fewer).
+    sizes = list(collections.Counter(turns).values())
+    assert all(size % 3 == 0 for size in sizes[:-1]), sizes
+
+
 def test_the_resampler_keeps_the_speech_band() -> None:
     resampler = chunk_resampler(24000)
     t = np.arange(768 * 60) / 24000
@@ -306,7 +342,7 @@ async def test_a_chunk_of_no_supported_rate_is_refused(batched: BatchedSileroVad
     with pytest.raises(ValueError, match="3125 Hz"):
         stream.push(np.zeros(100, dtype=np.float32), 0)
     with pytest.raises(ValueError):
-        stream.push(np.zeros((2, 512), dtype=np.float32), 0)
+        stream.push(np.zeros((2, 2, 512), dtype=np.float32), 0)
     with pytest.raises(ValueError):
         # A float64 chunk is what a caller without types could pass; it must be refused.
         untyped: Any = np.zeros(512, dtype=np.float64)

@@ -123,8 +123,9 @@ class Driver:
         while out := self.session.drain():
             for item in out:
                 if isinstance(item, AnalyzeSpeech):
-                    self.vad_chunk_sizes.add(len(item.chunk))
-                    self.session.on_vad(energy_probability(item.chunk), item.epoch, now=self.now)
+                    for chunk in item.chunks:
+                        self.vad_chunk_sizes.add(len(chunk))
+                        self.session.on_vad(energy_probability(chunk), item.epoch, now=self.now)
                 elif isinstance(item, Transcribe) and self.asr_text is not None:
                     self.actions.append(item)
                     seconds = len(item.audio) / self.asr_rate

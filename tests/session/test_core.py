@@ -916,7 +916,7 @@ def test_vad_chunks_are_the_appended_audio_whatever_the_append_sizes(sizes: list
             session.receive(append, now=0.0)
             # Kept as handed out, not copied: a chunk the VAD may still be reading must never
             # be written again.
-            chunks += [a.chunk for a in session.drain() if isinstance(a, AnalyzeSpeech)]
+            chunks += [c for a in session.drain() if isinstance(a, AnalyzeSpeech) for c in a.chunks]
     # 32 ms chunks at 24 kHz, cut from the audio in order, the last partial one held back.
     everything = np.concatenate(sent)
     assert all(len(chunk) == 768 for chunk in chunks)

@@ -335,7 +335,7 @@ class SessionMachine(RuleBasedStateMachine):
             if isinstance(out, ServerEvent):
                 self.check_event(out)
             elif isinstance(out, AnalyzeSpeech):
-                self.vad.append(out.epoch)
+                self.vad.extend([out.epoch] * len(out.chunks))
             elif isinstance(out, Transcribe):
                 self.transcribe.append(out.request_id)
             elif isinstance(out, Recognise):

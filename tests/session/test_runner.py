@@ -120,7 +120,7 @@ class HeldVad:
             self.vad, self.on_result = vad, on_result
 
         def push(self, chunk: npt.NDArray[np.int16] | npt.NDArray[np.float32], epoch: int) -> None:
-            self.vad.ready.append((self.on_result, epoch))
+            self.vad.ready += [(self.on_result, epoch)] * (len(chunk) if chunk.ndim == 2 else 1)
 
         def deliver_ready(self) -> None:
             ready, self.vad.ready = self.vad.ready, []

@@ -41,7 +41,7 @@ class SilentVad:
         return None
 
     def push(self, chunk: npt.NDArray[np.int16] | npt.NDArray[np.float32], epoch: int) -> None:
-        self.pushed.append(epoch)
+        self.pushed += [epoch] * (len(chunk) if chunk.ndim == 2 else 1)
 
     def deliver_ready(self) -> None:
         return None

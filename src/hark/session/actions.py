@@ -17,15 +17,16 @@ from hark.engines.llm import GenerationRequest
 
 
 class AnalyzeSpeech(NamedTuple):
-    """Run the VAD on one chunk (``VadEngine.chunk_ms``) of input audio (int16 at the input
-    rate); answer with ``Session.on_vad(probability, epoch)`` in order.
+    """Run the VAD on the chunks (``VadEngine.chunk_ms`` each) of input audio one append
+    completed (int16 at the input rate, one chunk a row); answer each with
+    ``Session.on_vad(probability, epoch)``, in order.
 
     A new ``epoch`` means the VAD stream must start from fresh state. A named tuple rather
-    than a frozen dataclass like the other actions: a session makes about thirty a second,
-    and a tuple is built in a third of the time.
+    than a frozen dataclass like the other actions: a session makes tens a second, and a
+    tuple is built in a third of the time.
     """
 
-    chunk: npt.NDArray[np.int16]
+    chunks: npt.NDArray[np.int16]
     epoch: int
 
 

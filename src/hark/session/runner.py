@@ -133,13 +133,13 @@ class _Arrivals:
         """Runs waiting."""
         return len(self._runs)
 
-    def add(self, arrived: float) -> None:
-        """One more chunk, pushed after all that wait."""
+    def add(self, arrived: float, chunks: int) -> None:
+        """``chunks`` more, pushed after all that wait."""
         runs = self._runs
         if runs and (runs[-1][0] == arrived or len(runs) >= self._max_runs):
-            runs[-1][1] += 1
+            runs[-1][1] += chunks
         else:
-            runs.append([arrived, 1])
+            runs.append([arrived, chunks])
 
     def pop(self) -> float | None:
         """The oldest chunk's arrival, which stops waiting; None when none waits."""
@@ -413,12 +413,12 @@ class SessionRunner:
             # Audio for the VAD first: it is most of what the core asks for.
             if type(out) is AnalyzeSpeech:
                 try:
-                    self._vad_stream.push(out.chunk, out.epoch)
+                    self._vad_stream.push(out.chunks, out.epoch)
                 except Exception:
                     # The core slices the chunks itself: a bug, or the engine is shutting down.
                     log.exception("session %s: VAD refused a chunk", self.id)
                 else:
-                    self._vad_waiting.add(arrived)
+                    self._vad_waiting.add(arrived, len(out.chunks))
             elif isinstance(out, se.ServerEvent):
                 self._observe(out)
                 self.metrics.server_event(out)

@@ -43,8 +43,8 @@ class VadFeed:
             self._filled = end
             return
         # The chunks it completes are cut from one new array, written once and handed out
-        # as rows: a 100 ms append completes three, and a copy and an array per chunk cost
-        # more than the VAD's own share of them.
+        # whole, a chunk a row: a 100 ms append completes three, and a copy, an array and an
+        # action per chunk cost more than the VAD's own share of them.
         count = end // size
         used = count * size - filled
         chunks = np.empty((count, size), np.int16)
@@ -54,10 +54,7 @@ class VadFeed:
         rest = end - count * size
         self._pending[:rest] = pcm[used:]
         self._filled = rest
-        act = self._outbox.act
-        epoch = self.epoch
-        for chunk in chunks:
-            act(AnalyzeSpeech(chunk, epoch))
+        self._outbox.act(AnalyzeSpeech(chunks, self.epoch))
 
     def answered(self) -> tuple[float, float]:
         """The VAD answered its oldest chunk of this epoch: where it starts and ends (ms)."""

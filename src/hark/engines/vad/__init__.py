@@ -22,7 +22,9 @@ class VadStream(Protocol):
     """One session's audio on a VAD engine."""
 
     def push(self, chunk: npt.NDArray[np.int16] | npt.NDArray[np.float32], epoch: int) -> None:
-        """Queue the next 32 ms chunk (int16, or float32 in [-1, 1]) at the input rate.
+        """Queue the next 32 ms chunk (int16, or float32 in [-1, 1]) at the input rate, or the
+        next several as the rows of a 2-D array (each answered in turn, as if pushed one by
+        one; their answers may come together, once the last is ready).
 
         A chunk whose ``epoch`` differs from the previous chunk's starts from fresh model
         state. Raises ``ValueError`` when the chunk is not 32 ms at a supported rate.

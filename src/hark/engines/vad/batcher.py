@@ -133,6 +133,8 @@ class _Chunk:
     # When it could first run: when it was pushed, or when the chunk before it in its stream
     # was answered. A batch waits for others from then on (see ``_next_batch``).
     ready: float
+    # Pushed with later chunks (the rows of one push): its answer waits for theirs.
+    more: bool = False
     # Older chunks of the stream dropped from its full queue, answered just before this one:
     # those of its epoch, and those of earlier epochs (answered as such: stale to the stream).
     dropped_before: int = 0
@@ -294,7 +296,7 @@ class BatchedSileroVad:
 
     # Called by streams, on their loop.
 
-    def _push(self, stream: BatchedSileroVadStream, chunk: _Chunk) -> None:
+    def _push(self, stream: BatchedSileroVadStream, chunks: list[_Chunk]) -> None:
         # The condition's lock itself: entering the condition is a Python call per chunk.
         with self._lock:
             if self._closed:
@@ -302,10 +304,10 @@ class BatchedSileroVad:
             if stream.closed:
                 return
             queue = stream.queue
-            queue.append(chunk)
-            if len(queue) > self.max_queued:
+            queue.extend(chunks)
+            while len(queue) > self.max_queued:
                 _drop_oldest(queue)
-            self._arrivals.count()
+            self._arrivals.count(len(chunks))
             if not stream.scheduled:
                 stream.scheduled = True
                 self._ready.append(stream)
@@ -517,6 +519,7 @@ class BatchedSileroVadStream:
         "_length_checked",
         "closed",
         "epoch",
+        "held",
         "mailbox",
         "on_missed",
         "on_result",
@@ -548,24 +551,41 @@ class BatchedSileroVadStream:
         self.closed = False
         self.epoch: int | None = None
         self.rate = 0
+        # Answers (or misses) held, with their epochs, until the last chunk of their push is
+        # answered too; only the batcher's thread touches them.
+        self.held: list[tuple[float | Missed, int]] = []
 
     def push(self, chunk: npt.NDArray[np.int16] | npt.NDArray[np.float32], epoch: int) -> None:
-        """Queue one 32 ms chunk (int16, or float32 in [-1, 1]) at any supported rate.
+        """Queue one 32 ms chunk (int16, or float32 in [-1, 1]) at any supported rate, or
+        several as the rows of a 2-D array, whose answers come back together once the last
+        is ready.
+
+        A session sees a 100 ms append's three chunks answered at once: its work on them
+        then runs back to back, on objects still in the processor's cache, instead of once
+        per batch among two hundred other sessions' (and their answers are late by a batch or
+        two at most, as the last of them would be anyway).
 
         Raises ``ValueError`` for a chunk that is not 32 ms of mono audio at a rate the VAD
         can resample (8, 16, 24 or 48 kHz, among others).
         """
         array = chunk if type(chunk) is np.ndarray else np.asarray(chunk)
         # dtype.char: 'h' is int16, 'f' float32 (cheaper than comparing dtypes).
-        if array.ndim != 1 or array.dtype.char not in ("h", "f"):
+        if array.ndim not in (1, 2) or array.dtype.char not in ("h", "f"):
             raise ValueError(
                 f"a VAD chunk is mono int16 or float32 audio, got {array.dtype} {array.shape}"
             )
-        if len(array) != self._length_checked:
-            chunk_resampler(chunk_rate(len(array)), self._engine.sample_rate)
-            self._length_checked = len(array)
+        length = array.shape[-1]
+        if length != self._length_checked:
+            chunk_resampler(chunk_rate(length), self._engine.sample_rate)
+            self._length_checked = length
         now = time.monotonic()
-        self._engine._push(self, _Chunk(array, epoch, now, now))
+        if array.ndim == 1:
+            self._engine._push(self, [_Chunk(array, epoch, now, now)])
+            return
+        last = len(array) - 1
+        self._engine._push(
+            self, [_Chunk(row, epoch, now, now, index < last) for index, row in enumerate(array)]
+        )
 
     def deliver_ready(self) -> None:
         """Hand out now, in order, every result that is ready for the streams of this stream's
@@ -587,13 +607,19 @@ def _deliver_results(
     results = [answers] * len(batch) if isinstance(answers, Missed) else answers.tolist()
     mailboxes: set[Mailbox] = set()
     for (stream, chunk), answer in zip(batch, results, strict=True):
-        mailbox = stream.mailbox
+        held = stream.held
         # Any earlier epoch is stale to the stream: each still gets its place in the order.
         for _ in range(chunk.stale_dropped_before):
-            mailbox.post(stream, DROPPED, chunk.epoch - 1)
+            held.append((DROPPED, chunk.epoch - 1))
         for _ in range(chunk.dropped_before):
-            mailbox.post(stream, DROPPED, chunk.epoch)
-        mailbox.post(stream, answer, chunk.epoch)
+            held.append((DROPPED, chunk.epoch))
+        held.append((answer, chunk.epoch))
+        if chunk.more:
+            continue
+        mailbox = stream.mailbox
+        for probability, epoch in held:
+            mailbox.post(stream, probability, epoch)
+        held.clear()
         mailboxes.add(mailbox)
     for mailbox in mailboxes:
         mailbox.wake()
