@@ -93,6 +93,7 @@ def make_gate(
     throttled: list[float],
     cost: float,
     quantum: float = 0.005,
+    full_quantum: float | None = None,
 ) -> tuple[InputGate[int], FakeLoop]:
     gate: InputGate[int]
     loop = FakeLoop(clock)
@@ -112,6 +113,7 @@ def make_gate(
         clock=clock,
         loop=cast(asyncio.AbstractEventLoop, loop),
         quantum=quantum,
+        full_quantum=quantum if full_quantum is None else full_quantum,
     )
     return gate, loop
 
@@ -204,6 +206,37 @@ async def test_a_pass_past_its_quantum_holds_the_rest_for_the_next_pass() -> Non
         loop.fire()
     assert connection.delivered == list(range(20))
     assert connection.reading
+    gate.close()
+
+
+async def test_a_connection_with_a_full_budget_gets_the_longer_quantum() -> None:
+    clock = FakeClock()
+    connection = Connection()
+    throttled: list[float] = []
+    gate, loop = make_gate(clock, connection, throttled, cost=0.002, full_quantum=0.02)
+
+    def read(items: range) -> None:
+        gate.new_pass()
+        for item in items:
+            if gate.holding:
+                gate.hold(item)
+            else:
+                start = clock()
+                connection.delivered.append(item)
+                clock.now += 0.002
+                gate.spent(start)
+
+    # A client that sends no faster than it is served: its whole read (16 ms) goes through.
+    read(range(8))
+    assert connection.delivered == list(range(8))
+    assert connection.reading
+    # At once again: the bucket has not refilled, so the 5 ms quantum holds the rest.
+    read(range(8, 28))
+    assert connection.delivered == list(range(11))
+    assert not connection.reading
+    while gate.holding:
+        loop.fire()
+    assert connection.delivered == list(range(28))
     gate.close()
 
 

@@ -14,6 +14,9 @@ order, and once the bucket has refilled they are delivered first and reading res
 client within its budget is also paused after ``QUANTUM_SECONDS`` in one pass of the loop,
 until the next pass: a full bucket would otherwise let each flooder spend a whole read's
 worth of events (up to the burst) in every pass, and every other session wait that long.
+A connection whose bucket is full when a pass starts gets ``FULL_QUANTUM_SECONDS`` in it
+instead: it is one that sends no faster than it is served, however many of its frames a
+busy loop finds waiting.
 """
 
 from __future__ import annotations
@@ -41,6 +44,13 @@ RESUME_SECONDS = 0.01
 # passes: with 5 ms a normal session's turns took 270 ms (p50) beside eight of them, with
 # 1 ms 57 ms (docs/fuzzing.md, "A flood"); a session streaming 20 ms appends never reaches it.
 QUANTUM_SECONDS = 0.001
+# ... and the most for a connection whose bucket was full when the pass began. A real-time
+# client's bucket is always full (it spends a few ms a second and gets 100), but behind a
+# loop that takes 100 ms a pass its next read holds five 20 ms appends, which with their
+# turn's work pass 1 ms: paused until the next pass, each such client's input came a pass
+# later still, and at 150 callers with 20 ms appends 42 % of the loop's time went into
+# frames handed over late by the gate. A flooder's bucket is never full after its first pass.
+FULL_QUANTUM_SECONDS = 0.01
 
 T = TypeVar("T")
 
@@ -72,6 +82,10 @@ class InputBudget:
     def tokens(self) -> float:
         """The balance at the last charge (seconds; negative when overdrawn)."""
         return self._tokens
+
+    def full(self, now: float) -> bool:
+        """Whether the bucket has refilled to its burst by ``now``."""
+        return self._tokens + (now - self._at) * self.share >= self.burst
 
     def spend(self, seconds: float, now: float) -> float:
         """Charge ``seconds`` of handling at time ``now``; 0.0 to go on reading, else how
@@ -109,6 +123,7 @@ class InputGate(Generic[T]):
         clock: Callable[[], float] = time.perf_counter,
         loop: asyncio.AbstractEventLoop | None = None,
         quantum: float = QUANTUM_SECONDS,
+        full_quantum: float = FULL_QUANTUM_SECONDS,
     ) -> None:
         self._budget = budget
         self._pause_reading = pause_reading
@@ -116,8 +131,10 @@ class InputGate(Generic[T]):
         self._deliver = deliver
         self._throttled = throttled
         self._quantum = quantum
-        # Time spent on input in this pass of the loop.
+        self._full_quantum = full_quantum
+        # Time spent on input in this pass of the loop, and what it may spend.
         self._pass = 0.0
+        self._allowed = quantum
         self.clock = clock
         self._loop = loop or asyncio.get_running_loop()
         # Input parsed from the chunk being read when the budget ran dry: at most one read's
@@ -142,6 +159,7 @@ class InputGate(Generic[T]):
     def new_pass(self) -> None:
         """The loop came back to this connection: its quantum starts again."""
         self._pass = 0.0
+        self._allowed = self._full_quantum if self._budget.full(self.clock()) else self._quantum
 
     def spent(self, start: float) -> None:
         """An input was handled from ``start`` until now: charge it, pausing if dry (or
@@ -154,7 +172,7 @@ class InputGate(Generic[T]):
             return
         if wait > 0.0:
             self._pause(wait)
-        elif self._pass > self._quantum:
+        elif self._pass > self._allowed:
             self._pause(0.0)
 
     def hold(self, item: T) -> None:
@@ -186,7 +204,7 @@ class InputGate(Generic[T]):
 
     def _refilled(self) -> None:
         self._timer = None
-        self._pass = 0.0
+        self.new_pass()
         held = self._held
         while held and self._timer is None and not self._closed:
             self._deliver(held.popleft())
