@@ -55,6 +55,10 @@ VAD_MAX_WAIT_MS = 10.0
 # ... but only while at least this many more chunks are expected before the deadline, so
 # that a process with a few sessions (4 of them send 125 chunks a second) never waits.
 VAD_WORTH_WAITING_ROWS = 8.0
+# A chunk pushed this many waits ago is behind: its batch waits for nobody. A stream's next
+# chunk waits for others from when it could run (``_next_batch``), and without this a VAD
+# that fell behind would still wait that long before every batch, never catching up.
+VAD_BEHIND_WAITS = 5
 DEFAULT_MAX_BATCH = 256
 # Chunks a stream may have waiting: 262 s of audio, what one maximal append (15 MiB of base64,
 # 245 s at 24 kHz) pushes at once, so that a client sending a recording faster than real time
@@ -429,7 +433,11 @@ class BatchedSileroVad:
             # by then, would otherwise send every batch after the first off at once with
             # only the few streams of the same appends (batches of ten at 150 sessions,
             # where Silero costs twice what it does per row at fifty).
-            deadline = self._ready[0].queue[0].ready + self.max_wait_s
+            head = self._ready[0].queue[0]
+            deadline = min(
+                head.ready + self.max_wait_s,
+                head.enqueued + VAD_BEHIND_WAITS * self.max_wait_s,
+            )
             while len(self._ready) < self.max_batch and not self._closed:
                 remaining = self._arrivals.worth_waiting(deadline, VAD_WORTH_WAITING_ROWS)
                 if remaining is None:
