@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from hark.engines.asr import TimedSegment, TimedTranscript, TimedWord
@@ -247,3 +249,36 @@ def test_a_hypothesis_that_loops_back_is_cut_where_it_does() -> None:
         ("a", 11.3, 11.5),
     )
     assert text_of(policy.finish(looping, 0.0)) == "subscription."
+
+
+def test_a_long_turn_whose_steps_fall_behind_decodes_a_short_window_at_its_end() -> None:
+    """A host too busy to keep up: each step comes 2.5 s of audio after the last and no two
+    hypotheses agree. However long the turn, no step (the turn's last included) decodes
+    much more than a short turn's audio."""
+    policy = LocalAgreement()
+    end, longest = 0.0, 0.0
+    for step in range(16):
+        end += 2.5
+        start = policy.window_start
+        longest = max(longest, end - start)
+        words = [f"w{step}x{i}" for i in range(int((end - start) / 0.3))]
+        policy.hypothesis(hypothesis(" ".join(words), window_start=start, start=start), start, end)
+    assert end == 40.0
+    # The window at the turn's end, and every step's, against a 5 s turn's 5 s.
+    assert end - policy.window_start <= 10.0
+    assert longest <= 10.5
+    committed = policy.committed
+    assert all(a.end <= b.start + 1e-9 for a, b in itertools.pairwise(committed))
+
+
+def test_a_long_stretch_without_words_moves_the_window_on() -> None:
+    """Hypotheses of silence or noise hold no words to commit: the window still moves on."""
+    policy = LocalAgreement()
+    end = 0.0
+    for _ in range(12):
+        end += 2.5
+        start = policy.window_start
+        empty = TimedTranscript((), "en", end - start, ())
+        policy.hypothesis(empty, start, end)
+        assert end - policy.window_start <= HARD_LIMIT_S + 2.5
+    assert not policy.committed

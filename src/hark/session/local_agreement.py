@@ -56,9 +56,12 @@ TRIM_AFTER_S = 4.0
 # The committed words the window keeps: heard again, they tie the new hypothesis to the
 # committed text (``tail``), and a word cut at the window's start is one already committed.
 OVERLAP_S = 1.0
-# Whisper hears at most 30 s: past this, with nothing committed (hypotheses that never
-# settle), the words that end well before the window's end are committed as they stand.
-HARD_LIMIT_S = 26.0
+# Past this, with nothing committed (hypotheses that never settle, or too few of them: a busy
+# host whose steps fall behind real time), the words that end well before the window's end
+# are committed as they stand. It bounds the audio any step decodes, the last of a turn
+# included, so a 40 s turn's end costs what a short one's does on a host that cannot keep
+# up (at 26 s, Whisper's own limit less a margin, such a turn's end decoded 25 s and more).
+HARD_LIMIT_S = 8.0
 _HARD_MARGIN_S = 2.0
 # A word of a new hypothesis that starts this close before the end of the committed words
 # is taken as new (word times are approximate); one that starts earlier was committed.
@@ -181,6 +184,13 @@ class LocalAgreement:
             commit += forced
             self._tails = [old[len(forced) :] for old in self._tails]
         self._trim(window_end)
+        if window_end - self.window_start > HARD_LIMIT_S:
+            # No words there to commit (silence, noise): the window still moves on, to where
+            # the words not yet committed begin, or short of the margin.
+            rest = self._tails[-1] if self._tails else []
+            start = min(window_end - _HARD_MARGIN_S, rest[0].start if rest else window_end)
+            if start > self.window_start:
+                self._move_start(start)
         return commit
 
     def finish(self, transcript: TimedTranscript, window_start: float) -> list[TimedWord]:
