@@ -138,6 +138,10 @@ class Settings:
     llm_token_timeout: float = 15.0
     tts_clause_timeout: float = 30.0
     asr_timeout: float = 60.0
+    # Where a client may point the server beyond the public internet (``hark.tools.egress``):
+    # networks (CIDRs, addresses) and host names (``*.`` for a domain) an MCP ``server_url``
+    # may reach though they are loopback, private or link-local.
+    egress_allow: tuple[str, ...] = ()
 
     @property
     def llm_model_name(self) -> str:
@@ -147,6 +151,8 @@ class Settings:
 
 _DEFAULTS = Settings()
 _FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
+# Lists of names: comma-separated in the environment and on the command line.
+_LIST_OPTIONS = ("egress_allow",)
 # The file cannot name another file, so config_file is not an option there.
 _FILE_OPTIONS = frozenset(_FIELDS) - {"config_file"}
 
@@ -188,7 +194,7 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
         raw = env.get(env_var(name))
         if raw is None or raw == "":
             continue
-        if name in ("api_keys", "llm_url"):
+        if name in ("api_keys", "llm_url", *_LIST_OPTIONS):
             values[name] = tuple(k.strip() for k in raw.split(",") if k.strip())
         else:
             values[name] = raw
@@ -298,6 +304,7 @@ def _validate(values: dict[str, Any]) -> Settings:
     _validate_fleet(values)
     _validate_relay(values)
     _validate_sip(values)
+    _validate_access_lists(values)
     otel = values.get("otel_endpoint")
     if otel and urlsplit(otel).scheme not in ("http", "https"):
         raise ConfigError(f"otel_endpoint must be an http(s) URL, not {otel!r}")
@@ -477,6 +484,23 @@ def _validate_sip(values: dict[str, Any]) -> None:
             parse_session_config(parsed)
         except ProtocolError as exc:
             raise ConfigError(f"sip_session: {exc.message}") from None
+
+
+def _validate_access_lists(values: dict[str, Any]) -> None:
+    """The allow-lists: a list of strings (or one comma-separated string), each well formed."""
+    from hark.tools.egress import EgressPolicy, EgressPolicyError
+
+    for name in _LIST_OPTIONS:
+        raw = values.get(name, ())
+        if isinstance(raw, str):
+            raw = tuple(item.strip() for item in raw.split(",") if item.strip())
+        if not isinstance(raw, (tuple, list)) or not all(isinstance(i, str) for i in raw):
+            raise ConfigError(f"{name} must be a list of strings")
+        values[name] = tuple(raw)
+    try:
+        EgressPolicy.parse(values["egress_allow"])
+    except EgressPolicyError as exc:
+        raise ConfigError(f"egress_allow: {exc}") from None
 
 
 def _validate_rtp_ports(values: dict[str, Any]) -> None:

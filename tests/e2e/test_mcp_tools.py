@@ -3,10 +3,15 @@ when ``tool_choice`` is ``required``), the official `openai` SDK as the client, 
 servers built with the official `mcp` SDK (streamable HTTP) that this test runs on loopback:
 listing, a call and its result, approval both ways, a tool that fails, a server that is down
 or goes down, and a header the server checks. Credentials never reach hark's log.
+
+The MCP servers listen on 127.0.0.2, the one address hark's egress policy is told to allow
+(``--egress-allow``): every other loopback, private or link-local address stays refused.
 """
 
 from __future__ import annotations
 
+import asyncio
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -24,10 +29,11 @@ from openai.types.realtime.realtime_server_event import RealtimeServerEvent
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from hark.session.actions import McpServer
+from hark.tools.egress import EgressPolicy
 from hark.tools.mcp_client import McpCallFailed, McpClients
-from tests.servers import free_port
+from tests.servers import free_port, hark_serve
 
-from .conftest import Server, events_until, fake_hark, of_type
+from .conftest import API_KEY, Server, artifact, events_until, of_type
 
 pytestmark = pytest.mark.slow
 
@@ -39,6 +45,8 @@ FAKE_REPLY = "The capital of France is Paris."
 # a busy machine; the slow tool never answers.
 PATIENCE_S = 5.0
 SDK_EVENT = pydantic.TypeAdapter(RealtimeServerEvent)
+# Where the test's MCP servers listen, and all hark may reach beyond the public internet.
+ALLOWED_HOST = "127.0.0.2"
 
 
 def town() -> MCPServer:
@@ -91,25 +99,26 @@ class RequireKey:
 class McpHttpServer:
     """An MCP server on a loopback port, served by uvicorn in a thread."""
 
+    host: str
     port: int
     server: uvicorn.Server
     thread: threading.Thread
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/mcp"
+        return f"http://{self.host}:{self.port}/mcp"
 
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
 
 
-def serve_mcp() -> McpHttpServer:
+def serve_mcp(host: str = ALLOWED_HOST) -> McpHttpServer:
     port = free_port()
-    app = RequireKey(town().streamable_http_app(host="127.0.0.1"), TOWN_KEY)
+    app = RequireKey(town().streamable_http_app(host=host), TOWN_KEY)
     config = uvicorn.Config(
         app,
-        host="127.0.0.1",
+        host=host,
         port=port,
         log_level="warning",
         lifespan="on",
@@ -122,7 +131,7 @@ def serve_mcp() -> McpHttpServer:
     while not server.started:
         assert thread.is_alive() and time.monotonic() < deadline, "the MCP server did not start"
         time.sleep(0.05)
-    return McpHttpServer(port, server, thread)
+    return McpHttpServer(host, port, server, thread)
 
 
 @pytest.fixture
@@ -134,8 +143,12 @@ def mcp_server() -> Iterator[McpHttpServer]:
 
 @pytest.fixture(scope="module")
 def fake_server() -> Iterator[Server]:
-    """`hark serve --engines fake`: real Silero VAD, the fake ASR, LLM and TTS."""
-    with fake_hark("e2e-mcp-server.log") as server:
+    """`hark serve --engines fake` (real Silero VAD, the fake ASR, LLM and TTS) that may
+    reach ``ALLOWED_HOST``."""
+    log = artifact("e2e-mcp-server.log")
+    args = ["--engines", "fake", "--egress-allow", ALLOWED_HOST]
+    with hark_serve(args, log, env={"HARK_API_KEYS": API_KEY}) as port:
+        server = Server("127.0.0.1", port, log)
         yield server
     text = server.log.read_text()
     assert TOKEN not in text and TOWN_KEY not in text, "an MCP credential reached hark's log"
@@ -294,7 +307,7 @@ async def test_a_server_that_checks_a_header_refuses_the_wrong_one(
 async def test_a_server_that_is_down_fails_its_list_and_the_session_goes_on(
     fake_server: Server,
 ) -> None:
-    tool = mcp_tool(f"http://127.0.0.1:{free_port()}/mcp")
+    tool = mcp_tool(f"http://{ALLOWED_HOST}:{free_port()}/mcp")
     async with fake_server.client().realtime.connect(model=MODEL) as conn:
         listing = await configure(conn, tool)
         assert [e.type for e in listing[1:]] == [
@@ -327,10 +340,68 @@ async def test_a_server_that_goes_down_fails_the_call_and_the_model_goes_on(
     assert events[-1].response.output[-1].type == "message"
 
 
+async def test_addresses_the_operator_did_not_allow_are_refused(fake_server: Server) -> None:
+    # A real MCP server on 127.0.0.1, reachable (by a name too) but not allowed.
+    running = serve_mcp("127.0.0.1")
+    try:
+        for url in (
+            running.url,
+            f"http://localhost:{running.port}/mcp",
+            f"http://[::ffff:127.0.0.1]:{running.port}/mcp",
+            f"http://10.1.2.3:{running.port}/mcp",
+            "http://169.254.169.254/mcp",
+        ):
+            async with fake_server.client().realtime.connect(model=MODEL) as conn:
+                listing = await configure(conn, mcp_tool(url))
+                assert "mcp_list_tools.failed" in [e.type for e in listing], url
+                assert listing[-1].item.tools == []
+                (error,) = [e for e in await collect(conn, "error") if e.type == "error"]
+                assert error.error.type == "invalid_request_error"
+                assert error.error.code == "mcp_list_tools_failed"
+                assert "Error retrieving tool list from MCP server: 'town'" in error.error.message
+                assert (
+                    "not allowed" in error.error.message and "--egress-allow" in error.error.message
+                )
+                # The session goes on, without the server's tools.
+                events = await respond(conn)
+                assert events[-1].response.status == "completed", url
+    finally:
+        running.stop()
+
+
+async def test_a_name_is_checked_again_on_every_connection(
+    mcp_server: McpHttpServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DNS rebinding: a name that answered an allowed address, then a refused one."""
+    answer = [ALLOWED_HOST]
+    loop = asyncio.get_running_loop()
+    resolve = loop.getaddrinfo
+
+    async def getaddrinfo(host: str, port: int, **options: Any) -> list[Any]:
+        if host != "mcp.rebinding.example":
+            return await resolve(host, port, **options)
+        return [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (answer[0], port))]
+
+    monkeypatch.setattr(loop, "getaddrinfo", getaddrinfo)
+    clients = McpClients(timeout_s=PATIENCE_S, policy=EgressPolicy.parse([ALLOWED_HOST]))
+    url = f"http://mcp.rebinding.example:{mcp_server.port}/mcp"
+    server = McpServer("town", url, headers={"X-Town-Key": TOWN_KEY})
+    assert "get_weather" in [t.name for t in await clients.connection(server).list_tools()]
+    # The name now points at 127.0.0.1 (where a server of the operator's could listen): the
+    # next connection is refused before it is made.
+    answer[0] = "127.0.0.1"
+    await clients.close("town")
+    with pytest.raises(McpCallFailed) as refused:
+        await clients.connection(server).list_tools()
+    assert (refused.value.error.type, refused.value.error.code) == ("http_error", 403)
+    assert "mcp.rebinding.example resolves only to addresses" in refused.value.error.message
+    await clients.close_all()
+
+
 async def test_the_client_gives_up_on_a_slow_tool_and_closes_with_the_session(
     mcp_server: McpHttpServer,
 ) -> None:
-    clients = McpClients(timeout_s=PATIENCE_S)
+    clients = McpClients(timeout_s=PATIENCE_S, policy=EgressPolicy.parse([ALLOWED_HOST]))
     server = McpServer("town", mcp_server.url, headers={"X-Town-Key": TOWN_KEY})
     connection = clients.connection(server)
     assert clients.connection(server) is connection

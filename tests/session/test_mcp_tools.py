@@ -194,6 +194,25 @@ def test_a_server_that_cannot_be_listed_offers_nothing_and_the_session_goes_on(
     assert generate.request.tools == ()
 
 
+def test_why_a_list_failed_reaches_the_client_as_an_error(driver: Driver) -> None:
+    text_session(driver, mcp_tool())
+    (action,) = driver.take(ListMcpTools)
+    why = wire.McpCallError(
+        type="http_error", code=403, message="The MCP server's address is not allowed."
+    )
+    driver.session.on_mcp_list_failed(action.item_id, why, now=driver.now)
+    failed = driver.pump()
+    assert driver.types(failed) == ["mcp_list_tools.failed", "conversation.item.done", "error"]
+    assert failed[2]["error"] == {
+        "type": "invalid_request_error",
+        "code": "mcp_list_tools_failed",
+        "message": "Error retrieving tool list from MCP server: 'town'. The MCP server's "
+        "address is not allowed.",
+        "param": None,
+        "event_id": None,
+    }
+
+
 def test_listed_tools_reach_the_llm_as_functions(driver: Driver) -> None:
     listed(driver, WEATHER, BOOK)
     driver.send({"type": "response.create"})

@@ -65,6 +65,7 @@ from hark.server.state import (
 )
 from hark.server.webhooks import WebhookSender
 from hark.session.core import SESSION_LIMIT_S
+from hark.tools import egress
 from hark.transports.sip.phone_call import PhoneCall
 from hark.transports.sip.service import SipHooks, SipService
 from hark.transports.sip.transaction import Timers
@@ -127,6 +128,8 @@ def create_app(
     loopback. The engines stay the caller's to close.
     """
     check_bind_policy(settings.host, settings.api_keys)
+    # Validated with the settings: it parses.
+    egress.configure(egress.EgressPolicy.parse(settings.egress_allow))
     app = web.Application(middlewares=[authentication])
     app[SETTINGS] = settings
     app[ENGINES] = engines

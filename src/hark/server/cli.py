@@ -178,6 +178,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "The demo hands a 60-second key to anyone who can load the page: with --demo on a "
         "reachable address, anyone who reaches the server can use it",
     )
+    parser.add_argument(
+        "--egress-allow",
+        default=None,
+        metavar="CIDR|HOST[,...]",
+        help="networks and host names (*.domain for all under it) a client may point the "
+        "server at though they are not public, e.g. an MCP server_url on 10.0.0.0/8 "
+        "(default: public addresses only)",
+    )
     fleet = parser.add_argument_group("fleet")
     fleet.add_argument(
         "--redis-url",

@@ -170,7 +170,7 @@ class McpServer:
 @dataclass(frozen=True, slots=True)
 class ListMcpTools:
     """List an MCP server's tools; answer with ``on_mcp_tools_listed(item_id, tools)``, or
-    ``on_mcp_list_failed(item_id)`` when the server cannot be listed."""
+    ``on_mcp_list_failed(item_id, error)`` when the server cannot be listed."""
 
     item_id: str
     server: McpServer

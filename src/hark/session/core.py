@@ -722,10 +722,13 @@ class Session:
         if self._at(now):
             self._mcp.listed(item_id, tools)
 
-    def on_mcp_list_failed(self, item_id: str, *, now: float) -> None:
-        """An MCP server could not be listed: it offers no tools, the session goes on."""
+    def on_mcp_list_failed(
+        self, item_id: str, error: wire.McpCallError | None = None, *, now: float
+    ) -> None:
+        """An MCP server could not be listed (why: ``error``): it offers no tools, the session
+        goes on."""
         if self._at(now):
-            self._mcp.list_failed(item_id)
+            self._mcp.list_failed(item_id, error)
 
     def on_mcp_call_done(self, response_id: str, item_id: str, output: str, *, now: float) -> None:
         """An MCP call (``CallMcpTool``) returned ``output``."""

@@ -105,13 +105,29 @@ class McpTools:
         self.item_done(server.item)
         self._tools_changed()
 
-    def list_failed(self, item_id: str) -> None:
-        """The server could not be listed: it offers no tools."""
+    def list_failed(self, item_id: str, error: wire.McpCallError | None = None) -> None:
+        """The server could not be listed: it offers no tools. ``error``, when known, also
+        goes to the client as an ``error`` event (why: down, refused by the egress policy…),
+        as OpenAI reports a list that failed."""
         server = self._server_listing(item_id)
         if server is None:
             return
         self._outbox.emit(se.McpListToolsFailed(item_id=item_id))
         self.item_done(server.item)
+        if error is not None:
+            label = server.config.server_label
+            self._outbox.emit(
+                se.Error(
+                    error=se.ErrorDetail(
+                        type="invalid_request_error",
+                        code="mcp_list_tools_failed",
+                        message=f"Error retrieving tool list from MCP server: '{label}'. "
+                        f"{error.message}",
+                        param=None,
+                        event_id=None,
+                    )
+                )
+            )
 
     def _server_listing(self, item_id: str) -> _Server | None:
         # A result for a server since removed or replaced is for nobody.

@@ -814,7 +814,7 @@ class SessionRunner:
             log.warning(
                 "session %s: MCP server %s not listed: %s", self.id, action.server.label, exc
             )
-            self._call(self.session.on_mcp_list_failed, action.item_id)
+            self._call(self.session.on_mcp_list_failed, action.item_id, exc.error)
             return
         self._call(self.session.on_mcp_tools_listed, action.item_id, tools)
 

@@ -8,7 +8,9 @@ task use the session it opened. A server that is down, refuses or stalls fails t
 or call; the next one connects again.
 
 The server's headers and authorization are secrets: they go to the server and nowhere else,
-never into a log line or an error message.
+never into a log line or an error message. Every connection goes through the egress policy
+(``hark.tools.egress``): a ``server_url`` on loopback, a private network or cloud metadata
+fails with a 403 ``http_error`` unless the operator allowed it.
 """
 
 from __future__ import annotations
@@ -16,13 +18,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 
+import httpcore2
 import httpx2
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import (
     CONNECTION_CLOSED,
@@ -34,6 +36,7 @@ from mcp_types import (
 
 from hark.protocol import items as wire
 from hark.session.actions import McpServer
+from hark.tools import egress
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +45,8 @@ DEFAULT_TIMEOUT_S = 30.0
 # How a gateway reports an upstream it could not reach, or that did not answer in time.
 BAD_GATEWAY = 502
 GATEWAY_TIMEOUT = 504
+# How a refusal by the egress policy is reported: the server may not go there.
+FORBIDDEN = 403
 
 
 class McpCallFailed(Exception):
@@ -55,14 +60,24 @@ class McpCallFailed(Exception):
 class McpConnection:
     """One session's connection to one MCP server."""
 
-    def __init__(self, server: McpServer, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        server: McpServer,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        policy: egress.EgressPolicy | None = None,
+    ) -> None:
+        """``policy``: where connections may go (None: the process's, ``egress.current()``,
+        read at each connection)."""
         self.server = server
         self._timeout_s = timeout_s
+        self._policy = policy
         self._task: asyncio.Task[None] | None = None
         self._ready: asyncio.Future[ClientSession] | None = None
         self._closing = asyncio.Event()
         # The last HTTP error status the server answered, for http_error's code.
         self._status: int | None = None
+        # The egress policy's refusal of the last connection, whatever the SDK made of it.
+        self._refused: egress.EgressRefused | None = None
 
     async def list_tools(self) -> list[wire.McpTool]:
         """The server's tools, every page of them. Raises McpCallFailed."""
@@ -126,6 +141,7 @@ class McpConnection:
             self._ready.add_done_callback(_read_error)
             self._closing = asyncio.Event()
             self._status = None
+            self._refused = None
             self._task = asyncio.create_task(
                 self._run(self._ready, self._closing), name=f"mcp {self.server.label}"
             )
@@ -137,7 +153,15 @@ class McpConnection:
         headers = dict(self.server.headers)
         if self.server.authorization:
             headers["Authorization"] = f"Bearer {self.server.authorization}"
-        http = create_mcp_http_client(headers=headers, timeout=httpx2.Timeout(self._timeout_s))
+        policy = self._policy if self._policy is not None else egress.current()
+        backend = _PolicedBackend(policy, on_refused=self._refuse)
+        # As the SDK's own client (create_mcp_http_client): redirects are the SDK's to follow,
+        # within the server's origin; every connection, a redirect's too, is policed.
+        http = httpx2.AsyncClient(
+            headers=headers,
+            timeout=httpx2.Timeout(self._timeout_s),
+            transport=_policed_transport(backend),
+        )
         http.event_hooks["response"].append(self._saw)
         try:
             async with (
@@ -158,6 +182,9 @@ class McpConnection:
                 "MCP server %s: connection ended (%s)", self.server.label, type(_leaf(exc)).__name__
             )
 
+    def _refuse(self, refusal: egress.EgressRefused) -> None:
+        self._refused = refusal
+
     async def _saw(self, response: httpx2.Response) -> None:
         if response.status_code >= 400:
             self._status = response.status_code
@@ -167,6 +194,14 @@ class McpConnection:
         exc = _leaf(exc)
         if isinstance(exc, McpCallFailed):
             return exc.error
+        refused = exc if isinstance(exc, egress.EgressRefused) else self._refused
+        if refused is not None:
+            return wire.McpCallError(
+                type="http_error",
+                code=FORBIDDEN,
+                message=f"The MCP server's address is not allowed: {refused} An operator "
+                "can allow it with --egress-allow.",
+            )
         if isinstance(exc, TimeoutError | httpx2.TimeoutException):
             return wire.McpCallError(
                 type="http_error",
@@ -196,8 +231,12 @@ class McpConnection:
 class McpClients:
     """A session's MCP connections, by server label."""
 
-    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self, timeout_s: float = DEFAULT_TIMEOUT_S, policy: egress.EgressPolicy | None = None
+    ) -> None:
+        """``policy``: where connections may go (None: the process's egress policy)."""
         self._timeout_s = timeout_s
+        self._policy = policy
         self._connections: dict[str, McpConnection] = {}
 
     def connection(self, server: McpServer) -> McpConnection:
@@ -208,7 +247,7 @@ class McpClients:
             return current
         if current is not None:
             asyncio.get_running_loop().create_task(current.close())
-        self._connections[server.label] = McpConnection(server, self._timeout_s)
+        self._connections[server.label] = McpConnection(server, self._timeout_s, self._policy)
         return self._connections[server.label]
 
     async def close(self, label: str) -> None:
@@ -221,6 +260,81 @@ class McpClients:
         """Close every connection (the session ends)."""
         connections, self._connections = list(self._connections.values()), {}
         await asyncio.gather(*(c.close() for c in connections), return_exceptions=True)
+
+
+class _PolicedBackend(httpcore2.AsyncNetworkBackend):
+    """An httpcore network backend that connects only where ``policy`` allows: it resolves
+    the host itself and connects to an address it checked, trying each in turn, on every
+    connection (so a rebound name is checked again).
+
+    ``on_refused`` is told of each refusal (the connection reports it whatever the SDK
+    wraps the error in).
+    """
+
+    def __init__(
+        self,
+        policy: egress.EgressPolicy,
+        on_refused: Callable[[egress.EgressRefused], None] | None = None,
+    ) -> None:
+        self._policy = policy
+        self._on_refused = on_refused
+        self._inner = httpcore2.AnyIOBackend()
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,  # noqa: ASYNC109 (httpcore's interface)
+        local_address: str | None = None,
+        socket_options: Iterable[httpcore2.SOCKET_OPTION] | None = None,
+    ) -> httpcore2.AsyncNetworkStream:
+        """A TCP connection to an allowed address of ``host`` (TLS then names ``host``)."""
+        try:
+            async with asyncio.timeout(timeout):
+                addresses = await self._policy.addresses(host, port)
+        except egress.EgressRefused as exc:
+            if self._on_refused is not None:
+                self._on_refused(exc)
+            raise
+        except TimeoutError as exc:
+            raise httpcore2.ConnectTimeout(f"resolving {host} timed out") from exc
+        except OSError as exc:
+            raise httpcore2.ConnectError(str(exc)) from exc
+        failure: Exception | None = None
+        for address in addresses:
+            try:
+                return await self._inner.connect_tcp(
+                    address, port, timeout, local_address, socket_options
+                )
+            except (httpcore2.ConnectError, httpcore2.ConnectTimeout) as exc:
+                failure = exc
+        assert failure is not None
+        raise failure
+
+    async def connect_unix_socket(
+        self,
+        path: str,
+        timeout: float | None = None,  # noqa: ASYNC109 (httpcore's interface)
+        socket_options: Iterable[httpcore2.SOCKET_OPTION] | None = None,
+    ) -> httpcore2.AsyncNetworkStream:
+        """Never: a client cannot name a local socket."""
+        raise egress.EgressRefused("Unix sockets are not reachable.")
+
+    async def sleep(self, seconds: float) -> None:
+        """As the default backend sleeps."""
+        await self._inner.sleep(seconds)
+
+
+def _policed_transport(backend: _PolicedBackend) -> httpx2.AsyncHTTPTransport:
+    """An httpx transport whose every connection goes through ``backend``. A client given a
+    transport uses no proxy of the environment, which would connect past the check."""
+    transport = httpx2.AsyncHTTPTransport()
+    # httpx takes no network backend, httpcore's pool does: the pool httpx made is replaced
+    # by the same pool on the policed backend (httpx2 and httpcore2 are pinned in uv.lock).
+    transport._pool = httpcore2.AsyncConnectionPool(
+        ssl_context=httpx2.create_ssl_context(), network_backend=backend
+    )
+    return transport
 
 
 def _read_error(future: asyncio.Future[ClientSession]) -> None:
