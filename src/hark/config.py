@@ -142,6 +142,10 @@ class Settings:
     # networks (CIDRs, addresses) and host names (``*.`` for a domain) an MCP ``server_url``
     # may reach though they are loopback, private or link-local.
     egress_allow: tuple[str, ...] = ()
+    # A server without API keys answers only requests for a loopback ``Host`` from pages of
+    # its own origin (or none); these open it to more Host names and page origins.
+    allowed_hosts: tuple[str, ...] = ()
+    allowed_origins: tuple[str, ...] = ()
 
     @property
     def llm_model_name(self) -> str:
@@ -152,7 +156,7 @@ class Settings:
 _DEFAULTS = Settings()
 _FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
 # Lists of names: comma-separated in the environment and on the command line.
-_LIST_OPTIONS = ("egress_allow",)
+_LIST_OPTIONS = ("egress_allow", "allowed_hosts", "allowed_origins")
 # The file cannot name another file, so config_file is not an option there.
 _FILE_OPTIONS = frozenset(_FIELDS) - {"config_file"}
 
@@ -501,6 +505,12 @@ def _validate_access_lists(values: dict[str, Any]) -> None:
         EgressPolicy.parse(values["egress_allow"])
     except EgressPolicyError as exc:
         raise ConfigError(f"egress_allow: {exc}") from None
+    for origin in values["allowed_origins"]:
+        parts = urlsplit(origin)
+        if parts.scheme not in ("http", "https") or not parts.netloc or parts.path not in ("", "/"):
+            raise ConfigError(
+                f"allowed_origins holds origins such as https://app.example.com, not {origin!r}"
+            )
 
 
 def _validate_rtp_ports(values: dict[str, Any]) -> None:

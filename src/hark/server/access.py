@@ -4,6 +4,13 @@ The middleware authenticates before any handler runs and attaches the caller's
 ``Principal`` to the request (``principal(request)``). A route that declares nothing needs
 a key, so a new route is closed until it says otherwise. Requests that match no route
 pass through untouched, to get aiohttp's own 404 or 405.
+
+A server without API keys (open mode, on loopback only) takes any key, so what keeps a web
+page out is the browser: a page of another origin sends its ``Origin``, and a page that
+reached loopback through DNS rebinding sends its own host name as ``Host``. In open mode
+every request must name a loopback ``Host`` and, when it has an ``Origin``, come from this
+server's own origin, unless the operator allowed that host or origin (``allowed_hosts``,
+``allowed_origins``).
 """
 
 from __future__ import annotations
@@ -13,13 +20,14 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
+from urllib.parse import urlsplit
 
 from aiohttp import web
 
 from hark.cluster.store import ClusterUnavailableError
-from hark.server.auth import Principal, bearer_key, subprotocol_key
+from hark.server.auth import Principal, bearer_key, is_loopback_host, subprotocol_key
 from hark.server.errors import cluster_unavailable, error_response
-from hark.server.state import AUTHENTICATOR
+from hark.server.state import AUTHENTICATOR, SETTINGS
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +90,14 @@ def principal(request: web.Request) -> Principal:
 async def authentication(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
-    """Check the caller against the matched route's ``Access`` before the route runs."""
+    """Check the caller against the matched route's ``Access`` before the route runs (in
+    open mode, its ``Host`` and ``Origin`` first)."""
+    if request.app[AUTHENTICATOR].open:
+        refusal = local_only_refusal(request)
+        if refusal is not None:
+            message, code = refusal
+            logger.info("refused a request to %s in open mode: %s", request.path, code)
+            return error_response(403, message, code=code)
     match = request.match_info
     if match.http_exception is not None:
         return await handler(request)
@@ -115,6 +130,52 @@ async def _authenticate(request: web.Request, access: Access) -> Principal | web
     if found.ephemeral is not None and not access.ephemeral:
         return error_response(403, access.ephemeral_refusal, code="insufficient_permissions")
     return found
+
+
+def local_only_refusal(request: web.Request) -> tuple[str, str] | None:
+    """Why an open server may not answer ``request`` (a message and a code): a ``Host`` that
+    is not loopback, or an ``Origin`` that is not this server's. None: it may."""
+    settings = request.app[SETTINGS]
+    # Without a Host header aiohttp names the address the request came in on.
+    host = request.host.lower()
+    name = _hostname(host)
+    allowed_hosts = {h.lower() for h in settings.allowed_hosts}
+    if not (is_loopback_host(name) or host in allowed_hosts or name in allowed_hosts):
+        return (
+            f"This server has no API keys and answers only requests for a loopback host, not "
+            f"{host[:100]!r}. Set HARK_API_KEYS to serve other hosts, or allow this one with "
+            "--allowed-hosts.",
+            "forbidden_host",
+        )
+    origin = request.headers.get("Origin")
+    if origin is None:
+        return None
+    origin = origin.strip().lower().rstrip("/")
+    allowed_origins = {o.lower().rstrip("/") for o in settings.allowed_origins}
+    if _netloc(origin) == host or origin in allowed_origins:
+        return None
+    return (
+        f"This server has no API keys and answers only pages of its own origin, not "
+        f"{origin[:100]!r}. Set HARK_API_KEYS to serve other pages, or allow this origin "
+        "with --allowed-origins.",
+        "forbidden_origin",
+    )
+
+
+def _hostname(host: str) -> str:
+    """The name in a ``Host`` value (``[::1]:8000`` → ``::1``); empty when malformed."""
+    try:
+        return urlsplit("//" + host).hostname or ""
+    except ValueError:
+        return ""
+
+
+def _netloc(origin: str) -> str | None:
+    try:
+        parts = urlsplit(origin)
+    except ValueError:
+        return None
+    return parts.netloc if parts.scheme in ("http", "https") else None
 
 
 def _is_loopback(remote: str | None) -> bool:

@@ -186,6 +186,18 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "server at though they are not public, e.g. an MCP server_url on 10.0.0.0/8 "
         "(default: public addresses only)",
     )
+    parser.add_argument(
+        "--allowed-hosts",
+        default=None,
+        metavar="HOST[,...]",
+        help="without API keys, Host names answered besides loopback ones (default: none)",
+    )
+    parser.add_argument(
+        "--allowed-origins",
+        default=None,
+        metavar="ORIGIN[,...]",
+        help="without API keys, page origins answered besides the server's own (default: none)",
+    )
     fleet = parser.add_argument_group("fleet")
     fleet.add_argument(
         "--redis-url",

@@ -66,22 +66,20 @@ def demo_enabled(settings: Settings) -> bool:
 class DemoPage:
     """The demo's routes; ``enabled`` False leaves ``/`` saying how to turn it on.
 
-    ``check_host``: refuse key requests whose ``Host`` is not a loopback name, so a foreign
-    site cannot reach a loopback server through DNS rebinding. Off when the operator asked for
-    the demo explicitly, since a reverse proxy may then forward any public name.
+    On a server without API keys, DNS rebinding (a foreign site's name pointed at loopback)
+    is refused for every route alike, the demo's included (``hark.server.access``).
     """
 
-    def __init__(self, authenticator: Authenticator, *, enabled: bool, check_host: bool) -> None:
+    def __init__(self, authenticator: Authenticator, *, enabled: bool) -> None:
         self.authenticator = authenticator
         self.enabled = enabled
-        self.check_host = check_host
         self._ids = IdGenerator()
         self._minted: collections.deque[float] = collections.deque()
 
     @classmethod
     def for_settings(cls, authenticator: Authenticator, settings: Settings) -> DemoPage:
         """The demo as ``settings`` configure it (see ``demo_enabled``)."""
-        return cls(authenticator, enabled=demo_enabled(settings), check_host=settings.demo is None)
+        return cls(authenticator, enabled=demo_enabled(settings))
 
     def routes(self) -> list[web.RouteDef]:
         """``GET /``, ``GET /demo/{name}`` and ``POST /demo/client_secret``."""
@@ -153,6 +151,4 @@ class DemoPage:
         # Browsers send Origin with every POST; another site's page must not get a key.
         if origin is not None and urlsplit(origin).netloc.lower() != request.host.lower():
             return "Demo keys are only for the demo page served by this server."
-        if self.check_host and not is_loopback_host(urlsplit("//" + request.host).hostname or ""):
-            return "Demo keys are only handed out to pages loaded from a loopback address."
         return None
