@@ -66,7 +66,13 @@ KEY = Access()
 WEBSOCKET_KEY = Access(subprotocol=True)
 
 
-def api_key_only(refusal: str, *, loopback_open: bool = False) -> Access:
+# What an ephemeral key is for, as OpenAI documents it: opening a Realtime session or call.
+EPHEMERAL_SCOPE = (
+    "Ephemeral keys can only open Realtime sessions and calls; use an API key for this endpoint."
+)
+
+
+def api_key_only(refusal: str = EPHEMERAL_SCOPE, *, loopback_open: bool = False) -> Access:
     """A real API key: an ephemeral key is refused (403) with ``refusal``."""
     return Access(ephemeral=False, ephemeral_refusal=refusal, loopback_open=loopback_open)
 

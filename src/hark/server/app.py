@@ -319,6 +319,7 @@ def _load(app: web.Application) -> Load:
 
 def _call_ended(app: web.Application, call: Call) -> None:
     state = app[STATE]
+    state.opened_by_ephemeral.pop(call.id, None)
     state.session_ended.set()
     state.spawn(app[NODE].forget_call(call.id), f"forget {call.id}")
     state.spawn(app[LIMITS].close_session(call.owner), f"release {call.id}")

@@ -8,6 +8,10 @@ to it.
 A SIP call belongs to no key while it rings: any real API key of the server may accept or
 reject it (as OpenAI lets the project that owns the trunk), and the key that accepts it owns
 it from then on. A call answered without a webhook stays everyone's (any real key).
+
+An ephemeral key opens calls, and controls no call but the one it opened: it may hang that
+one up and attach its sideband; accept, reject and refer, and every other call, need the
+API key.
 """
 
 from __future__ import annotations
@@ -155,6 +159,9 @@ async def _answer_call(request: web.Request, body: bytes) -> tuple[web.Response,
     except BaseException:
         await asyncio.shield(limits.close_session(caller.owner))
         raise
+    if caller.ephemeral is not None and calls.get(call.id) is not None:
+        # Forgotten when the call ends (hark.server.app).
+        state.opened_by_ephemeral[call.id] = caller.ephemeral.digest
     await request.app[NODE].register_call(call.id, caller.owner)
     logger.info("call %s opened for %s (model %r)", call.id, caller.owner, model)
     response = web.Response(
@@ -351,7 +358,7 @@ async def reject_call(request: web.Request) -> web.Response:
     return web.Response(status=200)
 
 
-@requires(KEY)
+@requires(api_key_only("Ephemeral keys cannot transfer calls."))
 async def refer_call(request: web.Request) -> web.Response:
     """Transfer an answered SIP call to ``target_uri`` (``tel:`` or ``sip:``) with a REFER;
     answers once the transfer's outcome is known."""
@@ -522,7 +529,11 @@ async def _find_call(
     if call is None and sip is not None:
         call = sip.get(call_id)
     if call is not None:
-        return _check_owner(call.id, call.owner, caller) or call
+        return (
+            _check_owner(call.id, call.owner, caller)
+            or _check_ephemeral(request, call.id, caller)
+            or call
+        )
     node = request.app[NODE]
     if is_forwarded(request):
         return not_found
@@ -538,6 +549,22 @@ async def _find_call(
         logger.warning("cannot look up call %s: %s", call_id[:100], exc)
         return cluster_unavailable()
     return not_found if worker is None else worker
+
+
+def _check_ephemeral(request: web.Request, call_id: str, caller: Principal) -> web.Response | None:
+    """An ephemeral key reaches only the call it opened (checked where the call lives: a
+    request for a call elsewhere is forwarded there with its key)."""
+    if caller.ephemeral is None:
+        return None
+    if request.app[STATE].opened_by_ephemeral.get(call_id) == caller.ephemeral.digest:
+        return None
+    logger.info("refused access to call %s for an ephemeral key of %s", call_id, caller.owner)
+    return error_response(
+        403,
+        "An ephemeral key can only reach the call it opened; use an API key.",
+        type="invalid_request_error",
+        code="insufficient_permissions",
+    )
 
 
 def _check_owner(call_id: str, owner: str, caller: Principal) -> web.Response | None:

@@ -21,7 +21,7 @@ from hark.audio.files import CONTENT_TYPES, SpeechEncoder, speech_encoder
 from hark.audio.resample import StreamResampler
 from hark.protocol.errors import ProtocolError
 from hark.protocol.speech import SpeechRequest, parse_speech_request
-from hark.server.access import KEY, principal, requires
+from hark.server.access import api_key_only, principal, requires
 from hark.server.admission import admit_request
 from hark.server.bodies import read_limited
 from hark.server.errors import engine_failed, engines_failed, invalid_request
@@ -40,7 +40,7 @@ def routes() -> list[web.RouteDef]:
     return [web.post("/v1/audio/speech", create_speech)]
 
 
-@requires(KEY)
+@requires(api_key_only())
 async def create_speech(request: web.Request) -> web.StreamResponse:
     """Speak the body's ``input`` in its ``voice`` and ``speed``, streamed as it is made."""
     try:

@@ -35,7 +35,7 @@ from hark.protocol.transcriptions import (
     Word,
     parse_transcription_form,
 )
-from hark.server.access import KEY, principal, requires
+from hark.server.access import api_key_only, principal, requires
 from hark.server.admission import admit_request
 from hark.server.bodies import read_limited
 from hark.server.errors import (
@@ -73,7 +73,7 @@ class _Upload:
     file: bytes
 
 
-@requires(KEY)
+@requires(api_key_only())
 async def create_transcription(request: web.Request) -> web.StreamResponse:
     """Transcribe the uploaded ``file``; the answer's shape follows ``response_format``."""
     length = request.content_length
