@@ -146,6 +146,12 @@ class Settings:
     # its own origin (or none); these open it to more Host names and page origins.
     allowed_hosts: tuple[str, ...] = ()
     allowed_origins: tuple[str, ...] = ()
+    # Abuse limits of one worker: sessions and calls at once (WebSocket, WebRTC, SIP), open
+    # HTTP connections, and how long a connection may sit idle, or take to send a request's
+    # headers, before it is closed (seconds).
+    max_sessions: int = 1000
+    max_connections: int = 4096
+    http_idle_timeout: float = 75.0
 
     @property
     def llm_model_name(self) -> str:
@@ -309,6 +315,9 @@ def _validate(values: dict[str, Any]) -> Settings:
     _validate_relay(values)
     _validate_sip(values)
     _validate_access_lists(values)
+    for name in ("max_sessions", "max_connections"):
+        _positive_number(values, name, int)
+    _positive_number(values, "http_idle_timeout", float)
     otel = values.get("otel_endpoint")
     if otel and urlsplit(otel).scheme not in ("http", "https"):
         raise ConfigError(f"otel_endpoint must be an http(s) URL, not {otel!r}")

@@ -1,4 +1,5 @@
-"""GET /metrics: a Prometheus scrape, open to loopback peers, keyed for everyone else."""
+"""GET /metrics: a Prometheus scrape, with an API key (loopback peers too: a reverse proxy or
+a sidecar is one); a server without keys asks for none."""
 
 from __future__ import annotations
 
@@ -43,11 +44,14 @@ async def wait_ready(http: aiohttp.ClientSession, url: str) -> None:
     raise AssertionError("the server never became ready")
 
 
-async def test_a_loopback_scrape_needs_no_key(server: tuple[web.Application, str]) -> None:
+async def test_a_loopback_scrape_needs_a_key_too(server: tuple[web.Application, str]) -> None:
     _, url = server
     async with aiohttp.ClientSession() as http:
         await wait_ready(http, url)
         async with http.get(url + "/metrics") as response:
+            assert response.status == 401
+        headers = {"Authorization": f"Bearer {API_KEY}"}
+        async with http.get(url + "/metrics", headers=headers) as response:
             assert response.status == 200
             assert response.headers["Content-Type"].startswith("text/plain; version=")
             body = await response.text()
@@ -101,3 +105,22 @@ async def test_the_app_exposes_its_metrics_object(server: tuple[web.Application,
     session.started()
     assert b'hark_sessions_active{transport="websocket"} 1.0' in app[METRICS].exposition()
     session.ended("client_closed")
+
+
+async def test_a_server_without_keys_asks_for_none() -> None:
+    engines = engines_sharing_turn(Settings(engines="fake", rtc_port=0))
+    app = create_app(Settings(engines="fake", rtc_port=0), engines)
+    runner = make_runner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    try:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"http://{host}:{port}/metrics") as response,
+        ):
+            assert response.status == 200
+    finally:
+        await runner.cleanup()
+        await engines.aclose()

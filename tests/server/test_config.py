@@ -195,3 +195,42 @@ def test_a_bad_audio_url_is_refused_and_not_echoed(name: str) -> None:
     with pytest.raises(ConfigError, match=f"{name} must be an http") as refused:
         load_settings({name: "ftp://user:sk-secret@gpu/v1"}, env={})
     assert "sk-secret" not in str(refused.value)
+
+
+def test_the_allow_lists_from_every_source(tmp_path: Path) -> None:
+    config = write(tmp_path, 'egress_allow = ["10.0.0.0/8", "mcp.internal"]\n')
+    assert load_settings({"config_file": str(config)}).egress_allow == (
+        "10.0.0.0/8",
+        "mcp.internal",
+    )
+    env = {"HARK_EGRESS_ALLOW": "127.0.0.2, *.svc.local", "HARK_ALLOWED_HOSTS": "voice.lan"}
+    settings = load_settings({"allowed_origins": "http://app.lan:3000,https://x.example"}, env=env)
+    assert settings.egress_allow == ("127.0.0.2", "*.svc.local")
+    assert settings.allowed_hosts == ("voice.lan",)
+    assert settings.allowed_origins == ("http://app.lan:3000", "https://x.example")
+    assert Settings().egress_allow == Settings().allowed_hosts == Settings().allowed_origins == ()
+
+
+@pytest.mark.parametrize(
+    ("cli", "message"),
+    [
+        ({"egress_allow": "10.0.0.0/33"}, "egress_allow"),
+        ({"egress_allow": "http://10.0.0.1/"}, "egress_allow"),
+        ({"allowed_origins": "app.lan"}, "allowed_origins"),
+        ({"allowed_origins": "https://app.lan/page"}, "allowed_origins"),
+        ({"max_sessions": "0"}, "max_sessions"),
+        ({"max_connections": "-1"}, "max_connections"),
+        ({"http_idle_timeout": "soon"}, "http_idle_timeout"),
+    ],
+)
+def test_bad_limits_and_allow_lists_are_refused(cli: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_settings(cli, env={})
+
+
+def test_the_abuse_limits_are_on_by_default() -> None:
+    settings = load_settings({}, env={"HARK_MAX_SESSIONS": "10", "HARK_HTTP_IDLE_TIMEOUT": "5"})
+    assert (settings.max_sessions, settings.http_idle_timeout) == (10, 5.0)
+    defaults = Settings()
+    assert (defaults.max_sessions, defaults.max_connections) == (1000, 4096)
+    assert defaults.http_idle_timeout == 75.0

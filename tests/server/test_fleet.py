@@ -289,7 +289,7 @@ async def test_a_call_on_one_server_is_reached_through_another(
             assert response.headers[WORKER] == owner
             assert response.headers[VIA] == await worker_at(http, other_url)
         # The other server counted what it passed on.
-        async with http.get(other_url + "/metrics") as response:
+        async with http.get(other_url + "/metrics", headers=bearer(API_KEY)) as response:
             exposition = await response.text()
         for kind in ("sideband", "hangup"):
             assert f'hark_forwarded_requests_total{{kind="{kind}",outcome="ok"}} 1.0' in exposition

@@ -146,8 +146,8 @@ async def test_a_dead_vad_thread_is_counted_in_metrics_and_ready_once_its_succes
                 "engines": {"vad": {"code": "engine_thread_died", "error": "ThreadKiller"}},
             },
         )
-        # The server's own metrics (loopback reads them without a key) counted the restart.
-        async with http.get(server.url + "/metrics") as response:
+        # The server's own metrics counted the restart.
+        async with http.get(server.url + "/metrics", headers=bearer(API_KEY)) as response:
             exposition = await response.text()
         assert 'hark_engine_thread_restarts_total{engine="vad"} 1.0' in exposition
 

@@ -14,6 +14,7 @@ import openai
 import pytest
 from openai.types.webhooks import RealtimeCallIncomingWebhookEvent
 
+from hark.config import ConfigError, load_settings
 from hark.server.webhooks import (
     Delivery,
     WebhookSecretError,
@@ -61,9 +62,18 @@ def test_the_sdk_unwraps_a_signed_incoming_call_event() -> None:
 def test_a_whsec_secret_must_be_base64() -> None:
     with pytest.raises(WebhookSecretError):
         secret_key("whsec_not base64!")
-    with pytest.raises(WebhookSecretError):
-        secret_key("")
-    assert secret_key("plain") == b"plain"
+    plain = "s" * 24  # the shortest taken
+    assert secret_key(plain) == plain.encode()
+
+
+@pytest.mark.parametrize(
+    "secret", ["", "x", "k" * 23, "whsec_" + base64.b64encode(b"k" * 23).decode()]
+)
+def test_a_short_secret_is_refused(secret: str) -> None:
+    with pytest.raises(WebhookSecretError, match="at least 24"):
+        secret_key(secret)
+    with pytest.raises(ConfigError, match="sip_webhook_secret"):
+        load_settings({"sip_webhook_secret": secret})
 
 
 async def test_a_failing_receiver_gets_the_event_again_with_backoff() -> None:

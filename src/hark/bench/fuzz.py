@@ -615,7 +615,7 @@ class FuzzRun:
 
     async def _sample_memory(self, http: aiohttp.ClientSession) -> None:
         try:
-            async with http.get(self.metrics_url) as response:
+            async with http.get(self.metrics_url, headers=self.headers) as response:
                 if response.status != 200:
                     return
                 values = parse_metrics(await response.text())

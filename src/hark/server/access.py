@@ -15,7 +15,6 @@ server's own origin, unless the operator allowed that host or origin (``allowed_
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -48,13 +47,13 @@ class Access:
     ``key``: a key is needed at all. ``subprotocol``: the key may come as the browser's
     WebSocket subprotocol instead of the ``Authorization`` header. ``ephemeral``: ephemeral
     keys are accepted; if not, they are refused with ``ephemeral_refusal``.
-    ``loopback_open``: peers on loopback need no key.
+    ``keyless_when_open``: a server without API keys (on loopback only) asks for no key.
     """
 
     key: bool = True
     subprotocol: bool = False
     ephemeral: bool = True
-    loopback_open: bool = False
+    keyless_when_open: bool = False
     ephemeral_refusal: str = "Ephemeral keys cannot use this endpoint; use an API key."
 
 
@@ -72,9 +71,9 @@ EPHEMERAL_SCOPE = (
 )
 
 
-def api_key_only(refusal: str = EPHEMERAL_SCOPE, *, loopback_open: bool = False) -> Access:
+def api_key_only(refusal: str = EPHEMERAL_SCOPE, *, keyless_when_open: bool = False) -> Access:
     """A real API key: an ephemeral key is refused (403) with ``refusal``."""
-    return Access(ephemeral=False, ephemeral_refusal=refusal, loopback_open=loopback_open)
+    return Access(ephemeral=False, ephemeral_refusal=refusal, keyless_when_open=keyless_when_open)
 
 
 def requires(access: Access) -> Callable[[_Handler], _Handler]:
@@ -108,7 +107,7 @@ async def authentication(
     if match.http_exception is not None:
         return await handler(request)
     access: Access = getattr(match.handler, _ATTRIBUTE, KEY)
-    if not access.key or (access.loopback_open and _is_loopback(request.remote)):
+    if not access.key or (access.keyless_when_open and request.app[AUTHENTICATOR].open):
         return await handler(request)
     found = await _authenticate(request, access)
     if isinstance(found, web.Response):
@@ -182,12 +181,3 @@ def _netloc(origin: str) -> str | None:
     except ValueError:
         return None
     return parts.netloc if parts.scheme in ("http", "https") else None
-
-
-def _is_loopback(remote: str | None) -> bool:
-    if remote is None:
-        return False
-    try:
-        return ipaddress.ip_address(remote).is_loopback
-    except ValueError:
-        return False

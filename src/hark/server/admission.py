@@ -1,4 +1,5 @@
-"""Counting new sessions and calls against their key's limits, fleet-wide."""
+"""Counting new sessions and calls against this worker's cap (``max_sessions``) and their
+key's limits, fleet-wide."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from aiohttp import web
 
 from hark.cluster.limits import FleetLimits
 from hark.cluster.store import ClusterUnavailableError
-from hark.server.errors import cluster_unavailable, rate_limited
+from hark.server.errors import cluster_unavailable, error_response, rate_limited
+from hark.server.state import LIMITS, SETTINGS, STATE
 
 logger = logging.getLogger(__name__)
 
@@ -24,20 +26,53 @@ async def admit_request(limits: FleetLimits, owner: str) -> web.Response | None:
     return None if refusal is None else rate_limited(refusal)
 
 
-async def admit_session(limits: FleetLimits, owner: str) -> web.Response | None:
-    """Count a new session or call of ``owner`` against its limits; the refusal, or None.
+async def admit_session(app: web.Application, owner: str) -> web.Response | None:
+    """Count a new session or call of ``owner`` against the worker's cap and the key's
+    limits; the refusal, or None.
 
-    A session admitted here must be released with ``limits.close_session`` when it ends.
+    A session admitted here must be released with ``release_session`` when it ends.
     """
+    state = app[STATE]
+    most = app[SETTINGS].max_sessions
+    if state.admitted >= most:
+        logger.warning("refused a session: this worker runs %d, its cap", state.admitted)
+        return error_response(
+            503,
+            "This server is running as many sessions as it may; try again shortly.",
+            type="server_error",
+            code="server_at_capacity",
+        )
+    # Taken before the store is asked, so that sessions admitted meanwhile count.
+    state.admitted += 1
+    limits = app[LIMITS]
     try:
         refusal = await limits.admit_request(owner)
-        if refusal is not None:
-            return rate_limited(refusal)
-        refusal = await limits.open_session(owner)
+        if refusal is None:
+            refusal = await limits.open_session(owner)
+            if refusal is None:
+                return None
+        response = rate_limited(refusal)
     except ClusterUnavailableError as exc:
         logger.warning("could not check the limits of %s: %s", owner, exc)
-        return cluster_unavailable()
-    return None if refusal is None else rate_limited(refusal)
+        response = cluster_unavailable()
+    except BaseException:
+        state.admitted -= 1
+        raise
+    state.admitted -= 1
+    return response
+
+
+async def release_session(app: web.Application, owner: str) -> None:
+    """A session ``admit_session`` admitted has ended."""
+    app[STATE].admitted -= 1
+    await app[LIMITS].close_session(owner)
+
+
+def release_in_background(app: web.Application, owner: str, name: str) -> None:
+    """``release_session``, from code that cannot wait (a call's end callback)."""
+    state = app[STATE]
+    state.admitted -= 1
+    state.spawn(app[LIMITS].close_session(owner), name)
 
 
 def usage_counter(limits: FleetLimits, owner: str) -> Callable[[int], None] | None:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from aiohttp import WSCloseCode, web
 from aiohttp.abc import AbstractAccessLogger
+from aiohttp.web_protocol import RequestHandler
 
 from hark.cluster import open_store
 from hark.cluster.forwarding import WORKER_HEADER, Forwarder
@@ -35,7 +36,7 @@ from hark.observability.tracing import TurnTracer
 from hark.protocol.session_config import parse_session_config
 from hark.server import cors
 from hark.server.access import authentication
-from hark.server.admission import admit_session, usage_counter
+from hark.server.admission import admit_session, release_in_background, usage_counter
 from hark.server.auth import Authenticator, check_bind_policy
 from hark.server.demo import DEMO_KEY_SECONDS, DemoPage
 from hark.server.routes import (
@@ -202,7 +203,7 @@ def _sip_service(
     state, limits = app[STATE], app[LIMITS]
 
     async def admit(owner: str) -> bool:
-        return await admit_session(limits, owner) is None
+        return await admit_session(app, owner) is None
 
     hooks = SipHooks(
         register=lambda call_id, owner: app[NODE].register_call(call_id, owner),
@@ -322,7 +323,7 @@ def _call_ended(app: web.Application, call: Call) -> None:
     state.opened_by_ephemeral.pop(call.id, None)
     state.session_ended.set()
     state.spawn(app[NODE].forget_call(call.id), f"forget {call.id}")
-    state.spawn(app[LIMITS].close_session(call.owner), f"release {call.id}")
+    release_in_background(app, call.owner, f"release {call.id}")
 
 
 def _phone_call_ended(app: web.Application, call: PhoneCall) -> None:
@@ -330,7 +331,7 @@ def _phone_call_ended(app: web.Application, call: PhoneCall) -> None:
     state.session_ended.set()
     state.spawn(app[NODE].forget_call(call.id), f"forget {call.id}")
     if call.admitted:
-        state.spawn(app[LIMITS].close_session(call.owner), f"release {call.id}")
+        release_in_background(app, call.owner, f"release {call.id}")
 
 
 def _calls_running(app: web.Application) -> int:
@@ -393,10 +394,48 @@ async def end_sessions(app: web.Application) -> None:
 
 
 def make_runner(app: web.Application) -> web.AppRunner:
-    """An ``AppRunner`` with hark's access log (which never records credentials)."""
-    return web.AppRunner(
-        app, access_log_class=AccessLogger, shutdown_timeout=SHUTDOWN_TIMEOUT_SECONDS
+    """An ``AppRunner`` with hark's access log (which never records credentials) and the
+    connection limits of the app's settings: ``http_idle_timeout`` (aiohttp's keep-alive
+    timer, which also runs from the moment a connection opens until a request's headers
+    are in, so it bounds a slow sender too) and ``max_connections``."""
+    settings = app[SETTINGS]
+    return _Runner(
+        app,
+        access_log_class=AccessLogger,
+        shutdown_timeout=SHUTDOWN_TIMEOUT_SECONDS,
+        keepalive_timeout=settings.http_idle_timeout,
     )
+
+
+class _Runner(web.AppRunner):
+    """The app's runner, whose server closes connections beyond ``max_connections``."""
+
+    async def setup(self) -> None:
+        """As ``AppRunner.setup``, then the cap on the server it made."""
+        await super().setup()
+        assert self.server is not None
+        _limit_connections(self.server, self.app[SETTINGS].max_connections)
+
+
+def _limit_connections(server: web.Server, most: int) -> None:
+    """Close each connection accepted while ``most`` are open (it gets no answer), logging
+    once each time the server fills up."""
+    accept = server.connection_made
+    full = False
+
+    def connection_made(handler: RequestHandler, transport: asyncio.Transport) -> None:
+        nonlocal full
+        accept(handler, transport)
+        if len(server.connections) <= most:
+            full = False
+            return
+        if not full:
+            logger.warning("%d HTTP connections are open; closing new ones", most)
+            full = True
+        transport.close()
+
+    # aiohttp's Server takes no limit of its own: its accounting hook is wrapped instead.
+    server.connection_made = connection_made  # type: ignore[method-assign]
 
 
 class AccessLogger(AbstractAccessLogger):

@@ -198,6 +198,28 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         metavar="ORIGIN[,...]",
         help="without API keys, page origins answered besides the server's own (default: none)",
     )
+    parser.add_argument(
+        "--max-sessions",
+        type=int,
+        default=None,
+        metavar="N",
+        help="sessions and calls one worker runs at once; more get 503 (default 1000)",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=None,
+        metavar="N",
+        help="open HTTP connections per worker; more are closed at once (default 4096)",
+    )
+    parser.add_argument(
+        "--http-idle-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="an HTTP connection idle this long, or this slow to send a request's headers, is "
+        "closed (default 75)",
+    )
     fleet = parser.add_argument_group("fleet")
     fleet.add_argument(
         "--redis-url",

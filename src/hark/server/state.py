@@ -46,6 +46,8 @@ class ServerState:
     session_ended: asyncio.Event = field(default_factory=asyncio.Event)
     # Store updates made in the background when calls end.
     background: set[asyncio.Task[None]] = field(default_factory=set)
+    # Sessions and calls admitted here and not yet ended (``max_sessions`` caps them).
+    admitted: int = 0
     # The calls here that an ephemeral key opened, and that key's digest: the one call that
     # key may hang up or attach a sideband to.
     opened_by_ephemeral: dict[str, bytes] = field(default_factory=dict)

@@ -31,6 +31,8 @@ from hark.session.ids import IdGenerator
 logger = logging.getLogger(__name__)
 
 SECRET_PREFIX = "whsec_"
+# The shortest signing key taken: a shorter one could be guessed (OpenAI's are 32 bytes).
+MIN_SECRET_BYTES = 24
 INCOMING_CALL_EVENT = "realtime.call.incoming"
 # Attempts per event: the first try and the retries after it.
 DEFAULT_MAX_ATTEMPTS = 6
@@ -52,17 +54,22 @@ class WebhookSecretError(ValueError):
 
 def secret_key(secret: str) -> bytes:
     """The HMAC key of ``secret``: the base64-decoded rest of a ``whsec_`` secret, or the
-    secret's own bytes (as the SDK reads it). Raises ``WebhookSecretError``."""
-    if not secret:
-        raise WebhookSecretError("the webhook secret is empty")
+    secret's own bytes (as the SDK reads it), at least ``MIN_SECRET_BYTES`` long. Raises
+    ``WebhookSecretError``."""
     if not secret.startswith(SECRET_PREFIX):
-        return secret.encode()
-    try:
-        key = base64.b64decode(secret[len(SECRET_PREFIX) :], validate=True)
-    except binascii.Error:
-        raise WebhookSecretError("a whsec_ webhook secret must be base64 after whsec_") from None
-    if not key:
-        raise WebhookSecretError("the webhook secret is empty")
+        key = secret.encode()
+    else:
+        try:
+            key = base64.b64decode(secret[len(SECRET_PREFIX) :], validate=True)
+        except binascii.Error:
+            raise WebhookSecretError(
+                "a whsec_ webhook secret must be base64 after whsec_"
+            ) from None
+    if len(key) < MIN_SECRET_BYTES:
+        raise WebhookSecretError(
+            f"the webhook secret holds {len(key)} bytes; it needs at least {MIN_SECRET_BYTES} "
+            "(whsec_ and 32 random bytes in base64, as OpenAI's)"
+        )
     return key
 
 

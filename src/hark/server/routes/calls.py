@@ -33,7 +33,7 @@ from hark.cluster.store import ClusterUnavailableError, WorkerInfo
 from hark.protocol.errors import ProtocolError
 from hark.protocol.session_config import parse_session_config
 from hark.server.access import KEY, api_key_only, principal, requires
-from hark.server.admission import admit_session, usage_counter
+from hark.server.admission import admit_session, release_session, usage_counter
 from hark.server.auth import Principal, offered_subprotocols
 from hark.server.bodies import decode_text, read_limited
 from hark.server.errors import (
@@ -67,6 +67,8 @@ logger = logging.getLogger(__name__)
 MAX_SESSION_PART_BYTES = 256 * 1024
 # A multipart offer: both parts and the multipart framing around them.
 MAX_OFFER_BODY_BYTES = MAX_OFFER_BYTES + MAX_SESSION_PART_BYTES + 16 * 1024
+# A multipart offer's parts: ``sdp`` and ``session``, and room for a client's extras.
+MAX_OFFER_PARTS = 8
 # The reject and refer bodies: one small field each.
 MAX_CONTROL_BODY_BYTES = 16 * 1024
 # The beta dialect's WebRTC endpoint: its calls' data channels speak the beta dialect.
@@ -139,7 +141,7 @@ async def _answer_call(request: web.Request, body: bytes) -> tuple[web.Response,
     if not await state.engines_ready():
         return engines_failed(), None
     limits = request.app[LIMITS]
-    refusal = await admit_session(limits, caller.owner)
+    refusal = await admit_session(request.app, caller.owner)
     if refusal is not None:
         return refusal, None
     model = request.query.get("model") or (config.model if config is not None else None)
@@ -154,10 +156,10 @@ async def _answer_call(request: web.Request, body: bytes) -> tuple[web.Response,
             beta=request.path == BETA_CALLS_PATH or is_beta(request.headers),
         )
     except OfferError as exc:
-        await limits.close_session(caller.owner)
+        await release_session(request.app, caller.owner)
         return error_response(400, str(exc), param="sdp", code="invalid_offer"), None
     except BaseException:
-        await asyncio.shield(limits.close_session(caller.owner))
+        await asyncio.shield(release_session(request.app, caller.owner))
         raise
     if caller.ephemeral is not None and calls.get(call.id) is not None:
         # Forgotten when the call ends (hark.server.app).
@@ -232,6 +234,10 @@ def parse_offer(content_type: str, body: bytes) -> tuple[str, dict[str, Any] | N
         raise ProtocolError("The multipart body could not be parsed.", code="invalid_body")
     sdp: str | None = None
     session: dict[str, Any] | None = None
+    if len(message.get_payload()) > MAX_OFFER_PARTS:
+        raise ProtocolError(
+            f"The form has more than {MAX_OFFER_PARTS} parts.", code="too_many_parts"
+        )
     for part in message.iter_parts():
         if not isinstance(part, Message) or part.is_multipart():
             raise ProtocolError("Nested multipart bodies are not supported.", code="invalid_body")
@@ -301,13 +307,12 @@ async def accept_call(request: web.Request) -> web.Response:
         return _wrong_state(call, "accepted")
     if not await request.app[STATE].engines_ready():
         return engines_failed()
-    limits = request.app[LIMITS]
-    refusal = await admit_session(limits, caller.owner)
+    refusal = await admit_session(request.app, caller.owner)
     if refusal is not None:
         return refusal
     if call.state != "pending":
         # Another accept or the caller's CANCEL won while the limits were checked.
-        await limits.close_session(caller.owner)
+        await release_session(request.app, caller.owner)
         return _wrong_state(call, "accepted")
     # From here on, the call's end releases the session it counts as.
     call.admitted = True

@@ -50,9 +50,10 @@ async def readyz(request: web.Request) -> web.Response:
     return web.json_response(body, status=200 if status == "ready" else 503)
 
 
-@requires(api_key_only("Ephemeral keys cannot read metrics.", loopback_open=True))
+@requires(api_key_only("Ephemeral keys cannot read metrics.", keyless_when_open=True))
 async def metrics(request: web.Request) -> web.Response:
-    """Prometheus scrape: open to loopback peers, others need an API key (not ephemeral)."""
+    """Prometheus scrape with an API key (not ephemeral); a server without keys asks for
+    none. A loopback peer is no exception: a reverse proxy or a sidecar is one."""
     # Reading every worker's files in multiprocess mode is blocking file I/O.
     body = await asyncio.to_thread(request.app[METRICS].exposition)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})

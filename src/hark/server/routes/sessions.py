@@ -9,7 +9,7 @@ from aiohttp import WSCloseCode, web
 
 from hark.protocol.session_config import transcription_defaults
 from hark.server.access import WEBSOCKET_KEY, principal, requires
-from hark.server.admission import admit_session, usage_counter
+from hark.server.admission import admit_session, release_session, usage_counter
 from hark.server.auth import offered_subprotocols
 from hark.server.errors import draining, engines_failed, error_response
 from hark.server.routes.calls import attach_sideband
@@ -64,7 +64,7 @@ async def realtime_websocket(request: web.Request) -> web.StreamResponse:
     if state.draining:
         return draining()
     limits = request.app[LIMITS]
-    refusal = await admit_session(limits, caller.owner)
+    refusal = await admit_session(request.app, caller.owner)
     if refusal is not None:
         return refusal
     try:
@@ -100,5 +100,5 @@ async def realtime_websocket(request: web.Request) -> web.StreamResponse:
             state.websockets.discard(ws)
             logger.info("session closed for %s", caller.owner)
     finally:
-        await limits.close_session(caller.owner)
+        await release_session(request.app, caller.owner)
     return ws

@@ -55,6 +55,9 @@ MAX_FILE_BYTES = 25 * 1024 * 1024
 MAX_FIELDS_BYTES = 64 * 1024
 # Decoded audio is float32: a heavily compressed 25 MB file could otherwise expand to GBs.
 MAX_AUDIO_S = 30 * 60
+# The form's parts: the file and a dozen fields, a few of them repeated (``include[]``); an
+# empty part costs its headers' parsing and nothing of the fields' byte limit.
+MAX_PARTS = 64
 _TIMED_FORMATS = frozenset({"verbose_json", "srt", "vtt"})
 # Text fields the SDKs send as ``name[]``, one per value.
 _LIST_FIELDS = frozenset({"timestamp_granularities", "include"})
@@ -154,7 +157,11 @@ async def _read_parts(request: web.Request) -> tuple[dict[str, str | list[str]],
     file: bytes | None = None
     fields_bytes = 0
     reader = await request.multipart()
+    parts = 0
     async for part in reader:
+        parts += 1
+        if parts > MAX_PARTS:
+            raise ProtocolError(f"The form has more than {MAX_PARTS} parts.", code="too_many_parts")
         if not isinstance(part, BodyPartReader):
             raise ProtocolError("Nested multipart bodies are not supported.", code="invalid_body")
         name = part.name or ""
