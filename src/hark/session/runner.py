@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import secrets
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -26,7 +27,7 @@ import numpy.typing as npt
 from hark.engines.llm import Finished, takes_images
 from hark.engines.llm.truncation import ContextOverflow
 from hark.engines.registry import Engines
-from hark.engines.stage_timeouts import limit
+from hark.engines.stage_timeouts import StageTimeoutError, limit
 from hark.engines.tts import installed_voices
 from hark.observability.metrics import Metrics
 from hark.observability.session_metrics import SessionMetrics
@@ -693,9 +694,9 @@ class SessionRunner:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.exception("session %s: transcription %s failed", self.id, action.request_id)
+            message = self._engine_failed(f"transcription {action.request_id}", exc)
             self._recognitions.pop(action.request_id, None)
-            self._call(self.session.on_transcription_failed, action.request_id, str(exc))
+            self._call(self.session.on_transcription_failed, action.request_id, message)
             return
         self._recognitions.pop(action.request_id, None)
         self._call(self.session.on_transcription_done, action.request_id, text.strip(), seconds)
@@ -724,9 +725,9 @@ class SessionRunner:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.exception("session %s: recognition %s failed", self.id, action.request_id)
+            message = self._engine_failed(f"recognition {action.request_id}", exc)
             self._recognitions.pop(action.request_id, None)
-            self._call(self.session.on_transcription_failed, action.request_id, str(exc))
+            self._call(self.session.on_transcription_failed, action.request_id, message)
             return
         self._recognitions.pop(action.request_id, None)
         self._call(self.session.on_recognised, action.request_id, transcript)
@@ -796,6 +797,17 @@ class SessionRunner:
             speculation.sink.adopt, _CoreSink(self, action.response_id)
         )
 
+    def _engine_failed(self, what: str, exc: Exception) -> str:
+        """Log an engine's failure at ``what``; what the client is told of it. A stage's
+        timeout names the stage; any other error only gets an id, which the log line
+        carries: an engine's error may name internal URLs and hosts."""
+        if isinstance(exc, StageTimeoutError):
+            log.warning("session %s: %s failed: %s", self.id, what, exc)
+            return str(exc)
+        error_id = "err_" + secrets.token_hex(6)
+        log.error("session %s: %s failed (%s)", self.id, what, error_id, exc_info=exc)
+        return f"The server's engine failed ({error_id}); its log has the details."
+
     def _mcp_clients(self) -> McpClients:
         if self._mcp is None:
             # Imported on first use: most sessions never reach an MCP server.
@@ -855,8 +867,7 @@ class SessionRunner:
             log.info("session %s: a response failed: %s", self.id, exc)
             sink.failed(str(exc), "context_length_exceeded", "invalid_request_error")
         except Exception as exc:
-            log.exception("session %s: a response failed", self.id)
-            sink.failed(str(exc))
+            sink.failed(self._engine_failed(f"response {action.response_id}", exc))
         finally:
             # A response's next round (after MCP calls) may run under the same id already.
             running = self._generations.get(action.response_id)
