@@ -28,6 +28,7 @@ from hark.engines.llm import (
     GenerationRequest,
     LlmEvent,
     TextDelta,
+    ToolChoice,
     Urgency,
 )
 from hark.engines.llm.continuous_batching import BatchScheduler
@@ -35,6 +36,7 @@ from hark.engines.llm.llama_cpp import LlamaCppLlm
 
 from .test_llama_cpp_llm import (
     ORDER,
+    WEATHER,
     ask,
     check,
     collect,
@@ -479,3 +481,36 @@ async def test_a_lone_prompt_is_read_on_every_core_only_while_nothing_else_compu
         assert set_threads == []
     finally:
         await engine.aclose()
+
+
+async def test_a_forced_call_is_announced_once_its_prompt_is_read(
+    llm: LlamaCppLlm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing of a forced call comes while its prompt is being read: its first event is the
+    first token's, so the first token's time limit (not the shorter one between tokens)
+    covers the prompt."""
+    request = ask(
+        "What's the weather like in Paris?",
+        tools=(WEATHER,),
+        tool_choice=ToolChoice("function", "get_weather"),
+        temperature=0.0,
+    )
+    gate = DecodeGate(monkeypatch)
+    gate.close()
+    stream = llm.generate(request)
+
+    async def first_event() -> LlmEvent:
+        return await anext(stream)
+
+    first = asyncio.create_task(first_event())
+    # Held at the prompt's first decode: the call must not have been announced (what the
+    # scheduler thread posted before the decode has reached the loop by the time the gate
+    # says it is held; a few passes of the loop let the stream's reader see it).
+    await gate.held()
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not first.done()
+    gate.open()
+    events = [await first, *[event async for event in stream]]
+    name, arguments = single_call(events)
+    assert name == "get_weather" and arguments["city"] == "Paris"

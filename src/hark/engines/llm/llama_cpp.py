@@ -178,14 +178,24 @@ class _Reply:
 
 
 class _Arguments(_Reply):
-    """The JSON arguments of call ``call_id``, streamed until the object closes."""
+    """The JSON arguments of call ``call_id`` to ``name``, streamed until the object closes.
 
-    def __init__(self, emit: _Emit, usage: Usage, call_id: str) -> None:
+    The call is announced with the model's first piece, not when it is planned: until then
+    the prompt is being read, which the first token's time limit covers (announced at once,
+    a long prompt on a busy host ran into the shorter limit between tokens).
+    """
+
+    def __init__(self, emit: _Emit, usage: Usage, call_id: str, name: str) -> None:
         super().__init__(emit, usage)
         self.call_id = call_id
+        self.name = name
+        self.started = False
         self.scanner = _ArgumentsScanner()
 
     def feed(self, piece: str) -> bool:
+        if not self.started:
+            self.started = True
+            self.emit(ToolCallStarted(self.call_id, self.name))
         if delta := self.scanner.feed(piece):
             self.emit(ToolCallArgumentsDelta(self.call_id, delta))
         if self.scanner.done:
@@ -213,9 +223,9 @@ class _RequiredCall(_Reply):
         header = next((h for h in self.headers if self.written.startswith(h)), None)
         if header is None:
             return False
-        call_id = new_call_id()
-        self.emit(ToolCallStarted(call_id, self.headers[header]))
-        self.arguments = _Arguments(self.emit, self.usage, call_id)
+        self.arguments = _Arguments(self.emit, self.usage, new_call_id(), self.headers[header])
+        # Announced now, with its name, though no argument is written yet.
+        self.arguments.feed("")
         rest = self.written[len(header) :]
         return bool(rest) and self.arguments.feed(rest)
 
@@ -380,8 +390,7 @@ class _Generation(Job):
                 raise ValueError(f"tool_choice names an unknown function {choice.name!r}")
             prefix = TOOL_CALL_OPEN + "\n" + tool_call_header(tool.name)
             grammar = arguments_gbnf(tool.parameters)
-            call_id = new_call_id()
-            reply = _Arguments(self.emit, usage, call_id)
+            reply = _Arguments(self.emit, usage, new_call_id(), tool.name)
         elif choice.mode == "required":
             if not request.tools:
                 raise ValueError("tool_choice is required but the request has no tools")
@@ -395,10 +404,7 @@ class _Generation(Job):
         tokens, max_tokens = self.engine.prompt(model, request, tools, prefix)
         engine = self.engine
         temperature = engine.temperature if request.temperature is None else request.temperature
-        plan = Plan(tokens, reply, max_tokens, temperature, grammar, usage)
-        if isinstance(reply, _Arguments):
-            self.emit(ToolCallStarted(reply.call_id, str(choice.name)))
-        return plan
+        return Plan(tokens, reply, max_tokens, temperature, grammar, usage)
 
 
 class _Prefill(Job):
