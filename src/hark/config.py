@@ -14,8 +14,11 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from hark.transports.sip.trunk import InboundTrunk
 
 EngineSet = Literal["embedded", "fake"]
 
@@ -131,6 +134,16 @@ class Settings:
     # SIP's T1 (RFC 3261 §17.1.1.1), the round-trip estimate all transaction timers scale
     # with; smaller only on a closed network.
     sip_t1_ms: float = 500.0
+    # Who may call (``hark.transports.sip.trunk``): a list of tables (``[[sip_trunks]]`` in
+    # the file) or that list in JSON; none: every caller, which the settings allow only on
+    # a loopback SIP address or behind a webhook. Passwords: kept out of repr.
+    sip_trunks: tuple[InboundTrunk, ...] = field(default=(), repr=False)
+    # New INVITEs a second per source address (bursts of twice that); beyond: 503.
+    sip_invite_rate: float = 10.0
+    # Calls ringing or answered at once on this worker; beyond: 503.
+    sip_max_calls: int = 500
+    # Seconds without RTP from the caller after which an answered call is hung up.
+    sip_rtp_timeout: float = 60.0
     # Seconds an engine stage may wait before that response or transcription fails as
     # stalled (``hark.engines.stage_timeouts``): the LLM's first token and each gap between
     # tokens, one clause of speech, one transcription.
@@ -482,6 +495,10 @@ def _validate_sip(values: dict[str, Any]) -> None:
             raise ConfigError(f"sip_webhook_secret: {exc}") from None
     _positive_number(values, "sip_accept_timeout", float)
     _positive_number(values, "sip_t1_ms", float)
+    _positive_number(values, "sip_invite_rate", float)
+    _positive_number(values, "sip_max_calls", int)
+    _positive_number(values, "sip_rtp_timeout", float)
+    _validate_sip_exposure(values)
     session = values.get("sip_session")
     if session is not None:
         try:
@@ -497,6 +514,40 @@ def _validate_sip(values: dict[str, Any]) -> None:
             parse_session_config(parsed)
         except ProtocolError as exc:
             raise ConfigError(f"sip_session: {exc.message}") from None
+
+
+def _validate_sip_exposure(values: dict[str, Any]) -> None:
+    """Parse the trunks; refuse SIP off loopback that nothing stands in front of."""
+    from hark.transports.sip.trunk import TrunkError, parse_trunks
+
+    try:
+        values["sip_trunks"] = parse_trunks(values.get("sip_trunks"))
+    except TrunkError as exc:
+        raise ConfigError(str(exc)) from None
+    host = values.get("host", _DEFAULTS.host)
+    sip_host = values.get("sip_host") or host
+    if not values["sip"] or _is_loopback(sip_host) or values["sip_trunks"]:
+        return
+    if values.get("sip_webhook_url") or (not values.get("api_keys") and not _is_loopback(host)):
+        # A webhook decides every call; an HTTP API open beyond loopback is refused first.
+        return
+    # SIP has no API key: whoever reaches the port would talk to the LLM on our account.
+    raise ConfigError(
+        f"refusing SIP on {sip_host!r} with neither sip_trunks nor sip_webhook_url: anyone "
+        "who can reach the port could call. Configure an inbound trunk (HARK_SIP_TRUNKS, "
+        "or [[sip_trunks]] in the --config file), a webhook (--sip-webhook-url), "
+        "--sip-host 127.0.0.1, or --no-sip."
+    )
+
+
+def _is_loopback(host: str) -> bool:
+    name = host.strip().strip("[]").lower()
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 def _validate_access_lists(values: dict[str, Any]) -> None:

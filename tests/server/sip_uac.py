@@ -247,6 +247,10 @@ class Uac:
             f"CSeq: {self.cseq} ACK\r\n"
             "Content-Length: 0\r\n"
         )
+        # Its microphone starts, as a phone's does: the server sends RTP only to where the
+        # caller's comes from, once it has come.
+        silence = struct.pack("!BBHII", 0x80, 0, 999, 999 * 160, 0x1234) + b"\xff" * 160
+        self.rtp.sendto(silence, self.server_rtp())
 
     def _ack_error(self, response: SipMessage) -> None:
         # A non-2xx's ACK belongs to the INVITE's transaction: same branch, same URI.

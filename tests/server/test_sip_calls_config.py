@@ -96,3 +96,80 @@ def test_with_several_workers_only_the_first_answers_sip() -> None:
     settings = from_cli("--workers", "3", "--sip-port", "5070")
     assert [worker_settings(settings, i).sip for i in range(3)] == [True, False, False]
     assert worker_settings(from_cli("--no-sip"), 0).sip is False
+
+
+TRUNK = '[{"name": "pbx", "addresses": ["203.0.113.0/24"], "username": "u", "password": "pw7"}]'
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("--sip-host", "0.0.0.0"),
+        ("--sip-host", "192.0.2.10"),
+        # SIP follows an HTTP address opened with keys.
+        ("--host", "0.0.0.0"),
+        ("--host", "::", "--sip-host", "::"),
+    ],
+)
+def test_sip_beyond_loopback_with_nobody_to_decide_is_refused(argv: tuple[str, ...]) -> None:
+    env = {"HARK_API_KEYS": "sk-test"}
+    with pytest.raises(ConfigError, match=r"refusing SIP on .* sip_trunks nor sip_webhook_url"):
+        from_cli(*argv, env=env)
+    # A trunk, a webhook, loopback or no SIP at all: it starts.
+    assert from_cli(*argv, env={**env, "HARK_SIP_TRUNKS": TRUNK}).sip_trunks
+    hooked = {**env, "HARK_SIP_WEBHOOK_SECRET": SECRET}
+    assert from_cli(*argv, "--sip-webhook-url", "https://b.example/hook", env=hooked).sip
+    assert from_cli(*argv, "--no-sip", env=env).sip is False
+    assert from_cli("--host", "0.0.0.0", "--sip-host", "127.0.0.1", env=env).sip
+
+
+def test_the_serve_command_refuses_an_open_sip_port(capsys: pytest.CaptureFixture[str]) -> None:
+    from hark.cli import main
+
+    assert main(["serve", "--sip-host", "0.0.0.0", "--engines", "fake"]) == 2
+    assert "refusing SIP on '0.0.0.0'" in capsys.readouterr().err
+
+
+def test_trunks_come_from_the_file_environment_or_command_line(tmp_path: Any) -> None:
+    config = tmp_path / "hark.toml"
+    config.write_text(
+        '[[sip_trunks]]\nname = "pbx"\naddresses = ["203.0.113.0/24"]\ntrusted = true\n'
+        "[[sip_trunks]]\n"
+        'name = "office"\nusername = "alice"\npassword = "hunter2"\nnumbers = ["+15550100"]\n'
+    )
+    settings = from_cli("--config", str(config))
+    pbx, office = settings.sip_trunks
+    assert (pbx.name, pbx.trusted, [str(n) for n in pbx.networks]) == (
+        "pbx",
+        True,
+        ["203.0.113.0/24"],
+    )
+    assert (office.username, office.numbers, office.networks) == ("alice", {"+15550100"}, ())
+    assert "hunter2" not in repr(settings)
+    (trunk,) = from_cli(env={"HARK_SIP_TRUNKS": TRUNK}).sip_trunks
+    assert trunk.name == "pbx" and trunk.password == "pw7"
+    (trunk,) = from_cli("--sip-trunks", TRUNK).sip_trunks
+    assert trunk.username == "u"
+    settings = from_cli(
+        "--sip-invite-rate", "2.5", "--sip-max-calls", "7", "--sip-rtp-timeout", "30"
+    )
+    assert (settings.sip_invite_rate, settings.sip_max_calls, settings.sip_rtp_timeout) == (
+        2.5,
+        7,
+        30.0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"HARK_SIP_TRUNKS": '[{"name": "x"}]'}, "needs addresses or a username"),
+        ({"HARK_SIP_TRUNKS": "[{"}, "JSON"),
+        ({"HARK_SIP_INVITE_RATE": "0"}, "sip_invite_rate"),
+        ({"HARK_SIP_MAX_CALLS": "1.5"}, "sip_max_calls"),
+        ({"HARK_SIP_RTP_TIMEOUT": "-1"}, "sip_rtp_timeout"),
+    ],
+)
+def test_bad_trunks_and_limits_are_refused(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        from_cli(env=env)

@@ -246,6 +246,10 @@ def _sip_service(
         timers=Timers(t1=settings.sip_t1_ms / 1000),
         session_limit_s=session_limit_s,
         metrics=app[METRICS],
+        trunks=settings.sip_trunks,
+        invite_rate=settings.sip_invite_rate,
+        max_calls=settings.sip_max_calls,
+        rtp_timeout_s=settings.sip_rtp_timeout,
     )
 
 

@@ -354,6 +354,38 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="the session config of calls answered without a webhook (default: the server's "
         "default session)",
     )
+    sip.add_argument(
+        "--sip-trunks",
+        default=None,
+        metavar="JSON",
+        help="who may call: a JSON list of inbound trunks, each with addresses (CIDRs), "
+        "username and password (digest), numbers and trusted, e.g. "
+        '\'[{"name": "pbx", "addresses": ["203.0.113.0/24"]}]\' (default: none, every caller; '
+        "allowed only on a loopback --sip-host or with --sip-webhook-url). Prefer "
+        "HARK_SIP_TRUNKS or [[sip_trunks]] in the --config file: arguments are visible",
+    )
+    sip.add_argument(
+        "--sip-invite-rate",
+        type=float,
+        default=None,
+        metavar="PER_SECOND",
+        help="new INVITEs a second from one address, bursts of twice that; more get 503 "
+        "(default 10)",
+    )
+    sip.add_argument(
+        "--sip-max-calls",
+        type=int,
+        default=None,
+        metavar="N",
+        help="SIP calls ringing or answered at once; more get 503 (default 500)",
+    )
+    sip.add_argument(
+        "--sip-rtp-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="hang up an answered call after this long without RTP from the caller (default 60)",
+    )
 
 
 def command(options: dict[str, object]) -> int:

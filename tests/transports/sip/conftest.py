@@ -108,9 +108,18 @@ class SippRun:
 
 
 def sipp_command(
-    scenario: str, sip_port: int, workdir: Path, *, transport: str, timeout_s: float, service: str
+    scenario: str,
+    sip_port: int,
+    workdir: Path,
+    *,
+    transport: str,
+    timeout_s: float,
+    service: str,
+    local_ip: str = "127.0.0.1",
+    extra: tuple[str, ...] = (),
 ) -> tuple[list[str], Path, Path]:
-    """SIPp's command line for one call, and where its message and error logs will be."""
+    """SIPp's command line for one call, and where its message and error logs will be;
+    SIPp signals and streams from ``local_ip`` (any 127/8 address)."""
     workdir.mkdir(parents=True, exist_ok=True)
     shutil.copy(QUESTION, workdir / QUESTION.name)
     name = f"{scenario}-{transport}-{random.randrange(1 << 30)}"
@@ -130,11 +139,11 @@ def sipp_command(
         "-l",
         "1",
         "-i",
-        "127.0.0.1",
+        local_ip,
         "-p",
         str(free_sip_port()),
         "-mi",
-        "127.0.0.1",
+        local_ip,
         "-mp",
         str(free_media_port()),
         "-nostdin",
@@ -147,6 +156,7 @@ def sipp_command(
         "-timeout",
         f"{int(timeout_s)}s",
         "-timeout_error",
+        *extra,
     ]
     return command, messages, errors
 
@@ -163,15 +173,25 @@ async def run_sipp(
     transport: str = "u1",
     timeout_s: float = LIVENESS_S,
     service: str = "hark",
+    local_ip: str = "127.0.0.1",
+    extra: tuple[str, ...] = (),
 ) -> SippRun:
     """Place one call with ``scenarios/<scenario>.xml`` at hark's SIP port on loopback.
 
     ``transport`` is SIPp's ``-t``: ``u1`` (UDP) or ``t1`` (TCP). SIPp runs in ``workdir``
     (with a copy of ``question.ulaw``, which ``uac_rtp.xml`` streams) and leaves its logs
-    there.
+    there; it calls from ``local_ip``, with ``extra`` options (``-au``/``-ap``: digest
+    credentials).
     """
     command, messages, errors = sipp_command(
-        scenario, sip_port, workdir, transport=transport, timeout_s=timeout_s, service=service
+        scenario,
+        sip_port,
+        workdir,
+        transport=transport,
+        timeout_s=timeout_s,
+        service=service,
+        local_ip=local_ip,
+        extra=extra,
     )
     process = await asyncio.create_subprocess_exec(
         *command,
@@ -236,6 +256,10 @@ def sip_server_args(sip_port: int, *extra: str, fake_engines: bool = True) -> li
         # within a second of the stop rather than waited for.
         "--drain-timeout",
         "1",
+        # The tests place many calls (and fuzz) from one address; the per-source rate limit
+        # has tests of its own. Callers on loopback need no trunk: SIP listens on loopback.
+        "--sip-invite-rate",
+        "1000",
         *extra,
     ]
 

@@ -1,4 +1,9 @@
-"""``RtpSession`` on loopback against a test phone: a UDP socket that sends and records RTP."""
+"""``RtpSession`` on loopback against a test phone: a UDP socket that sends and records RTP.
+
+Most tests are about pacing and playout and use a session of a trusted trunk (it sends to
+the SDP's address at once); the latching tests use untrusted ones, with strangers on other
+127/8 addresses.
+"""
 
 from __future__ import annotations
 
@@ -67,11 +72,14 @@ class Phone(asyncio.DatagramProtocol):
             + "\r\n"
         )
 
+    ssrc = 0x5EED
+
     def send(
         self, media: RtpSession, payload: bytes, timestamp: int, payload_type: int = 0
     ) -> None:
         assert self.transport is not None
-        packet = RtpPacket(payload_type, next(self.sequence) % 65536, timestamp, 0x5EED, payload)
+        sequence = next(self.sequence) % 65536
+        packet = RtpPacket(payload_type, sequence, timestamp, self.ssrc, payload)
         self.transport.sendto(packet.pack(), (HOST, media.local_port))
 
     def payloads(self, after: int = 0) -> list[RtpPacket]:
@@ -79,12 +87,13 @@ class Phone(asyncio.DatagramProtocol):
 
 
 @pytest.fixture
-async def phones() -> AsyncIterator[Callable[[], asyncio.Future[Phone]]]:
+async def phones() -> AsyncIterator[Callable[..., asyncio.Future[Phone]]]:
+    """Makes test phones, on ``HOST`` or on another loopback address."""
     made: list[Phone] = []
 
-    async def make() -> Phone:
+    async def make(host: str = HOST) -> Phone:
         loop = asyncio.get_running_loop()
-        transport, phone = await loop.create_datagram_endpoint(Phone, local_addr=(HOST, 0))
+        transport, phone = await loop.create_datagram_endpoint(Phone, local_addr=(host, 0))
         phone.transport = transport
         made.append(phone)
         return phone
@@ -97,7 +106,15 @@ async def phones() -> AsyncIterator[Callable[[], asyncio.Future[Phone]]]:
 
 @pytest.fixture
 async def media() -> AsyncIterator[RtpSession]:
-    session = await RtpSession.open(bind_host=HOST)
+    session = await RtpSession.open(bind_host=HOST, trusted=True)
+    yield session
+    await session.close()
+
+
+@pytest.fixture
+async def strict() -> AsyncIterator[RtpSession]:
+    """An untrusted call's session whose SIP peer is ``HOST``."""
+    session = await RtpSession.open(bind_host=HOST, peer_ip=HOST)
     yield session
     await session.close()
 
@@ -291,30 +308,148 @@ async def test_an_offer_without_g711_is_refused(
         media.negotiate(phone.offer(formats="9 101"), HOST)
 
 
-async def test_packets_go_to_the_sdp_address_until_they_follow_the_callers_rtp(
-    phones: Callable[[], asyncio.Future[Phone]], media: RtpSession
+async def test_nothing_goes_to_the_sdp_address_before_the_callers_rtp(
+    phones: Callable[..., asyncio.Future[Phone]], strict: RtpSession
 ) -> None:
-    phone_a, phone_b, phone_c, phone_d = [await phones() for _ in range(4)]
-    media.negotiate(phone_a.offer(), HOST)
-    Caller().start(media)
-    await until(lambda: len(phone_a.rtp) >= 2)
-    # The caller's RTP comes from elsewhere (NAT): answer it there at once.
-    phone_b.send(media, ULAW_SILENCE, 0)
-    await until(lambda: len(phone_b.rtp) >= 2)
-    # A single packet from a stranger moves nothing.
-    phone_d.send(media, ULAW_SILENCE, 0)
-    count_b = len(phone_b.rtp)
-    await until(lambda: len(phone_b.rtp) >= count_b + 2)
-    assert not phone_d.rtp
-    # The caller's NAT binding changes: three packets in a row from the new address.
-    for n in range(3):
-        phone_c.send(media, ULAW_SILENCE, 160 * n)
-        await asyncio.sleep(0.02)
-    await until(lambda: len(phone_c.rtp) >= 2)
-    count_a, count_b = len(phone_a.rtp), len(phone_b.rtp)
-    await until(lambda: len(phone_c.rtp) >= 6)
-    assert (len(phone_a.rtp), len(phone_d.rtp)) == (count_a, 0)
-    assert len(phone_b.rtp) == count_b
+    # The SDP names a third party; the caller's RTP comes from the SIP peer's address.
+    third, caller_phone = await phones("127.0.0.3"), await phones()
+    strict.negotiate(third.offer(address="127.0.0.3"), HOST)
+    caller = Caller()
+    caller.start(strict)
+    ticks = len(strict.stats.send_lateness_ms)
+    await until(lambda: len(strict.stats.send_lateness_ms) >= ticks + 25)
+    assert third.rtp == [] and caller_phone.rtp == []
+    assert strict.stats.packets_sent == 0
+    caller_phone.send(strict, ULAW_SILENCE, 0)
+    assert caller_phone.transport is not None
+    report = rtcp.pack_compound(rtcp.ReceiverReport(ssrc=0x5EED, blocks=()))
+    caller_phone.transport.sendto(report, (HOST, strict.local_port))
+    await until(lambda: len(caller_phone.rtp) >= 3)
+    assert third.rtp == [] and third.rtcp == []
+    await strict.close()
+    # Even the RTCP BYE goes only to the caller (where its own RTCP came from).
+    await until(lambda: bool(caller_phone.rtcp))
+    assert third.rtcp == []
+
+
+async def test_a_stranger_mid_call_is_neither_answered_nor_heard(
+    phones: Callable[..., asyncio.Future[Phone]], strict: RtpSession
+) -> None:
+    phone, caller = await phones(), Caller()
+    stranger = await phones("127.0.0.2")
+    stranger.ssrc = 0xBAD
+    strict.negotiate(phone.offer(), HOST)
+    caller.start(strict)
+    talking = asyncio.create_task(talk(phone, strict, tone(8000, 1.5)))
+    try:
+        await until(lambda: len(phone.rtp) >= 5)
+        ignored = strict.stats.ignored
+        # Three packets in a row (the old rule for a move), then a key press and speech.
+        for n in range(3):
+            stranger.send(strict, ulaw_encode(tone(8000, 0.02, hz=2000)), 160 * n)
+        for duration in (160, 320, 480):
+            event = TelephoneEvent(7, duration == 480, 10, duration).pack()
+            stranger.send(strict, event, 8000, payload_type=101)
+        await talk(stranger, strict, tone(8000, 0.3, hz=2000), start_ts=16000)
+        await talking
+    finally:
+        talking.cancel()
+    await until(lambda: caller.samples >= SESSION_RATE * 1.2)
+    assert stranger.rtp == [] and stranger.rtcp == []
+    assert caller.digits == []
+    assert strict.stats.ignored >= ignored + 3 + 3 + 15
+    # What the session heard is the caller's 440 Hz, not the stranger's 2 kHz.
+    heard = np.concatenate(caller.audio)
+    assert abs(dominant_hz(heard, SESSION_RATE) - 440) < 5
+    spectrum = np.abs(np.fft.rfft(heard.astype(np.float64)))
+    hz = np.fft.rfftfreq(len(heard), 1 / SESSION_RATE)
+    assert spectrum[np.abs(hz - 2000) < 20].max() < spectrum.max() / 30
+
+
+async def test_the_latch_follows_the_callers_own_stream_to_a_new_port(
+    phones: Callable[..., asyncio.Future[Phone]], strict: RtpSession
+) -> None:
+    old, new = await phones(), await phones("127.0.0.2")
+    strict.negotiate(old.offer(), HOST)
+    Caller().start(strict)
+    old.send(strict, ULAW_SILENCE, 0)
+    await until(lambda: len(old.rtp) >= 2)
+    # The caller's NAT binding changes: its stream goes on (same SSRC, next sequence
+    # number) from another address, which takes the packets at once.
+    new.sequence = old.sequence
+    new.send(strict, ULAW_SILENCE, 160)
+    await until(lambda: len(new.rtp) >= 2)
+    count = len(old.rtp)
+    await until(lambda: len(new.rtp) >= 6)
+    assert len(old.rtp) <= count + 1
+
+
+async def test_a_new_source_takes_over_only_once_the_caller_fell_silent(
+    phones: Callable[..., asyncio.Future[Phone]],
+    strict: RtpSession,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("hark.transports.sip.media.RELATCH_SILENCE_S", 0.3)
+    caller_phone, other = await phones(), await phones("127.0.0.2")
+    other.ssrc = 0x0DD
+    strict.negotiate(caller_phone.offer(), HOST)
+    Caller().start(strict)
+    caller_phone.send(strict, ULAW_SILENCE, 0)
+    await until(lambda: len(caller_phone.rtp) >= 2)
+    # The caller stops; once it has been silent long enough, a stream that passes the
+    # first-packets test (three in a row of one SSRC) takes over.
+    ticks = len(strict.stats.send_lateness_ms)
+    await until(lambda: len(strict.stats.send_lateness_ms) >= ticks + 25)
+    await talk(other, strict, tone(8000, 0.1))
+    await until(lambda: len(other.rtp) >= 2)
+
+
+async def test_a_first_source_elsewhere_must_send_a_run_of_one_stream(
+    phones: Callable[..., asyncio.Future[Phone]], strict: RtpSession
+) -> None:
+    # The SDP and SIP say 127.0.0.1; the RTP comes from another address (a NAT that maps
+    # media elsewhere): it latches, but only after three in a row of one stream.
+    announced, elsewhere = await phones(), await phones("127.0.0.2")
+    strict.negotiate(announced.offer(), HOST)
+    Caller().start(strict)
+    for ssrc in (1, 2):
+        elsewhere.ssrc = ssrc
+        elsewhere.send(strict, ULAW_SILENCE, 0)
+    ticks = len(strict.stats.send_lateness_ms)
+    await until(lambda: len(strict.stats.send_lateness_ms) >= ticks + 10)
+    assert elsewhere.rtp == [] and strict.stats.ignored == 2
+    await talk(elsewhere, strict, tone(8000, 0.06))
+    await until(lambda: len(elsewhere.rtp) >= 2)
+    assert announced.rtp == []
+
+
+async def test_silence_from_the_caller_ends_the_call_but_a_hold_does_not(
+    phones: Callable[..., asyncio.Future[Phone]], strict: RtpSession
+) -> None:
+    phone = await phones()
+    strict.negotiate(phone.offer(), HOST)
+    inactive: list[float] = []
+    loop = asyncio.get_running_loop()
+    strict.start(
+        input_rate=lambda: SESSION_RATE,
+        on_audio=lambda _: None,
+        on_dtmf=lambda _: None,
+        listener=Listener(),
+        rtp_timeout=0.3,
+        on_inactive=lambda: inactive.append(loop.time()),
+    )
+    # On hold (the caller sends nothing, by design), the timeout does not run out.
+    strict.negotiate(phone.offer("a=inactive"), HOST)
+    ticks = len(strict.stats.send_lateness_ms)
+    await until(lambda: len(strict.stats.send_lateness_ms) >= ticks + 30)
+    assert inactive == []
+    strict.negotiate(phone.offer(), HOST)
+    await talk(phone, strict, tone(8000, 0.1))
+    await until(lambda: bool(inactive))
+    # Once: the call is ending.
+    ticks = len(strict.stats.send_lateness_ms)
+    await until(lambda: len(strict.stats.send_lateness_ms) >= ticks + 25)
+    assert len(inactive) == 1
 
 
 async def test_close_says_bye_in_rtcp_with_a_report_of_what_was_received(
@@ -348,7 +483,8 @@ async def test_close_says_bye_in_rtcp_with_a_report_of_what_was_received(
 async def test_rtcp_goes_to_the_offered_rtcp_port_before_the_phone_sends_any(
     phones: Callable[[], asyncio.Future[Phone]],
 ) -> None:
-    media = await RtpSession.open(bind_host=HOST)
+    # A trusted trunk's: an untrusted call sends nothing before the phone does.
+    media = await RtpSession.open(bind_host=HOST, trusted=True)
     phone, rtcp_port = await phones(), await phones()
     media.negotiate(phone.offer(f"a=rtcp:{rtcp_port.port}"), HOST)
     await media.close()
@@ -419,7 +555,7 @@ async def test_calls_on_one_pacer_share_its_ticker_and_leave_it_when_closed(
 ) -> None:
     ticker = PlayoutTicker(0.02)
     pacer = RtpPacer(ticker)
-    calls = [await RtpSession.open(bind_host=HOST, pacer=pacer) for _ in range(3)]
+    calls = [await RtpSession.open(bind_host=HOST, pacer=pacer, trusted=True) for _ in range(3)]
     try:
         callers = [await started(phones, media) for media in calls]
         assert len(pacer) == 3 and len(ticker) == 1

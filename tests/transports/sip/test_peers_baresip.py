@@ -6,6 +6,7 @@ engines, and on the embedded models Whisper's hearing of the reply names the rig
 from __future__ import annotations
 
 import asyncio
+import json
 import wave
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ from hark.audio.resample import resample
 from tests.e2e.conftest import transcribe, words
 from tests.servers import HarkProcess
 from tests.speech import RATE, spoken
-from tests.transports.sip.conftest import SipServer, free_sip_port, sip_server_args
+from tests.transports.sip.conftest import SipServer, free_sip_port, sip_serve, sip_server_args
 
 pytestmark = [pytest.mark.slow, pytest.mark.realtime]
 
@@ -29,10 +30,12 @@ AUDIBLE_RMS = 200.0
 
 @dataclass
 class Softphone:
-    """A baresip configured in its own directory: one account, PCMU/PCMA, a WAV file as the
-    microphone, ALSA's null device as the speaker, and sndfile recording both directions."""
+    """A baresip configured in its own directory: one account (with a digest password, if
+    given), PCMU/PCMA, a WAV file as the microphone, ALSA's null device as the speaker, and
+    sndfile recording both directions."""
 
     home: Path
+    password: str | None = None
 
     def configure(self, microphone: npt.NDArray[np.int16]) -> None:
         """Write the configuration, the account and the microphone's WAV (8 kHz)."""
@@ -65,8 +68,9 @@ class Softphone:
                 ]
             )
         )
+        auth = f";auth_pass={self.password}" if self.password is not None else ""
         (self.home / "accounts").write_text(
-            "<sip:phone@127.0.0.1>;regint=0;audio_codecs=PCMU,PCMA\n"
+            f"<sip:phone@127.0.0.1>{auth};regint=0;audio_codecs=PCMU,PCMA\n"
         )
 
     async def call(self, uri: str, seconds: int) -> str:
@@ -132,6 +136,24 @@ async def test_a_softphone_hears_the_reply_on_the_fake_engines(
     assert audible_seconds(heard[: PHONE_RATE * 2]) == 0, "audio before the question was over"
     assert "terminated" in output
     assert sip_server.alive()
+
+
+async def test_a_softphone_calls_through_its_trunk_with_its_password(tmp_path: Path) -> None:
+    password = "correct-horse-battery-staple"
+    trunk = {"name": "desk", "addresses": ["127.0.0.1/32"], "username": "phone"}
+    env = {"HARK_SIP_TRUNKS": json.dumps([{**trunk, "password": password}])}
+    with sip_serve(tmp_path / "hark.log", env=env) as server:
+        uri = f"sip:hark@127.0.0.1:{server.sip_port}"
+        stranger = Softphone(tmp_path / "stranger")
+        stranger.configure(question(QUESTION, silence_after_s=3))
+        output = await stranger.call(uri, seconds=3)
+        assert "Call established" not in output, output[-3000:]
+        phone = Softphone(tmp_path / "baresip", password=password)
+        phone.configure(question(QUESTION, silence_after_s=10))
+        output = await phone.call(uri, seconds=9)
+        assert "Call established" in output, output[-3000:]
+        assert audible_seconds(phone.heard()) >= 1.5, output[-3000:]
+        assert server.alive()
 
 
 async def test_a_softphone_asks_a_spoken_question_and_hears_the_answer(tmp_path: Path) -> None:

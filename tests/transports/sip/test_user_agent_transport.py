@@ -152,3 +152,31 @@ async def test_a_message_to_a_tcp_peer_without_connection_opens_one(
     finally:
         server.close()
         await server.wait_closed()
+
+
+async def test_one_address_cannot_take_every_connection(
+    inbox: Inbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(transport_module, "MAX_CONNECTIONS_PER_SOURCE", 2)
+    t = SipTransport(inbox, host="127.0.0.1", port=0, max_connections=10)
+    await t.start()
+    writers = []
+    try:
+        for _ in range(2):
+            _, writer = await asyncio.open_connection(
+                "127.0.0.1", t.port, local_addr=("127.0.0.1", 0)
+            )
+            writers.append(writer)
+        reader, writer = await asyncio.open_connection("127.0.0.1", t.port)
+        writers.append(writer)
+        assert await _closed_by_server(reader)
+        # Another address still gets in, and is heard.
+        _, other = await asyncio.open_connection("127.0.0.1", t.port, local_addr=("127.0.0.2", 0))
+        writers.append(other)
+        other.write(BARESIP_OPTIONS)
+        _, flow = await inbox.get()
+        assert flow.remote[0] == "127.0.0.2"
+    finally:
+        for writer in writers:
+            writer.close()
+        await t.stop()

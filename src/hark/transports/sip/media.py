@@ -20,10 +20,21 @@ over the gap. For each frame sent the session sends one RTP packet (the next pla
 or, when nothing plays, a silence packet encoded once per codec) and hands the caller's
 next frame out of the jitter buffer to ``on_audio``.
 
-Symmetric RTP with latching: packets go to the address in the SDP until the caller's RTP
-arrives, then to where it comes from (a phone behind NAT cannot know its public address).
-Three packets in a row from a new address with a negotiated payload type move the latch
-there; anything else from an address other than the latched one is ignored.
+Symmetric RTP with strict latching (Asterisk's ``strictrtp``): packets go only to where the
+caller's RTP comes from (a phone behind NAT cannot know its public address), learned from
+the caller's first packets, and nothing is sent before then, so an INVITE cannot aim our
+RTP at a third party by naming it in its SDP. Only a ``trusted`` session (a trunk whose
+SBC sends from where its SDP says) sends to the SDP's address until then. The first packet
+with a negotiated payload type latches at once when it comes from the SDP's address or the
+SIP peer's (``peer_ip``); from any other address, ``RELATCH_PACKETS`` packets in a row of
+one SSRC with consecutive sequence numbers are needed. Once latched the latch moves only
+for a packet that continues the caller's stream (its SSRC, a sequence number at most
+``RELATCH_MAX_GAP`` ahead: a NAT binding that changed), or, once the caller has been
+silent for ``RELATCH_SILENCE_S``, for a new source that passes the same test as a first
+one. Anything else from another address is dropped: not heard, not a digit, not answered.
+RTCP is taken only from the latched host. A session ``start``ed with ``rtp_timeout`` calls
+``on_inactive`` when the caller has sent nothing for that long while the call is neither
+held nor on hold (Asterisk's ``rtp_timeout``, FreeSWITCH's ``media_timeout``).
 
 Hold: an offer that stops listening (``sendonly``, ``inactive``, ``c=0.0.0.0``) stops the
 packets and pauses the playout, so what the caller does not hear is not counted as played;
@@ -54,7 +65,14 @@ from hark.transports.playout import Playout, PlayoutListener
 from hark.transports.sip import rtcp
 from hark.transports.sip.dtmf import DtmfError, DtmfReceiver
 from hark.transports.sip.jitter import JitterBuffer
-from hark.transports.sip.rtp import ReceptionStats, RtpError, RtpPacket, RtpSender, is_rtcp
+from hark.transports.sip.rtp import (
+    ReceptionStats,
+    RtpError,
+    RtpPacket,
+    RtpSender,
+    is_rtcp,
+    seq_diff,
+)
 from hark.transports.sip.sdp import (
     HOLD_ADDRESSES,
     Answerer,
@@ -73,6 +91,8 @@ FRAME_SAMPLES = RATE * FRAME_MS // 1000
 FRAME_SECONDS = FRAME_MS / 1000
 MAX_LAG = 0.1
 RELATCH_PACKETS = 3
+RELATCH_MAX_GAP = 100
+RELATCH_SILENCE_S = 5.0
 _CLOCK_SLACK = 0.001
 # Ticks whose lateness is kept for the percentiles: the last minute of a call.
 _LATENESS_KEPT = 3000
@@ -190,8 +210,13 @@ class RtpSession:
         transport: asyncio.DatagramTransport,
         protocol: _Protocol,
         pacer: RtpPacer | None = None,
+        *,
+        trusted: bool = False,
+        peer_ip: str | None = None,
     ) -> None:
         self._transport = transport
+        self._trusted = trusted
+        self._peer_ip = peer_ip
         self._pacer = pacer if pacer is not None else RtpPacer()
         protocol.session = self
         self._loop = asyncio.get_running_loop()
@@ -207,10 +232,20 @@ class RtpSession:
         self._playout = Playout(RATE, frame_ms=FRAME_MS, clock=self._loop.time)
         self._resampler: StreamResampler | None = None
         self._sdp_remote: tuple[str, int] | None = None
+        # Where packets go before the caller's arrive: the SDP's address, trusted only.
+        self._fallback: tuple[str, int] | None = None
+        self._fallback_rtcp: tuple[str, int] | None = None
+        # Addresses whose first packet latches at once: the SDP's and the SIP peer's.
+        self._expected: frozenset[str] = frozenset()
         self._latched: tuple[str, int] | None = None
         self._candidate: tuple[str, int] | None = None
+        self._candidate_ssrc = 0
+        self._candidate_seq = 0
         self._candidate_count = 0
         self._rtcp_latched: tuple[str, int] | None = None
+        self._heard_at = self._loop.time()
+        self._rtp_timeout = math.inf
+        self._on_inactive: Callable[[], None] | None = None
         self._report_timer = rtcp.ReportTimer(self._loop.time())
         self._their_sr: tuple[int, float] | None = None
         self._sent_at_report = 0
@@ -238,10 +273,18 @@ class RtpSession:
 
     @classmethod
     async def open(
-        cls, *, bind_host: str, ports: range | None = None, pacer: RtpPacer | None = None
+        cls,
+        *,
+        bind_host: str,
+        ports: range | None = None,
+        pacer: RtpPacer | None = None,
+        trusted: bool = False,
+        peer_ip: str | None = None,
     ) -> RtpSession:
         """A session on its own UDP socket: a free even port of ``ports`` (None: ephemeral),
         paced by ``pacer`` (the worker's, shared by its calls; None: one of its own).
+        ``peer_ip`` is the SIP peer's address; ``trusted`` sends to the SDP's address before
+        the caller's RTP arrives (see the module's docstring).
 
         ``OSError`` when every port of the range is taken.
         """
@@ -262,7 +305,7 @@ class RtpSession:
                 if exc.errno not in (errno.EADDRINUSE, errno.EACCES):
                     raise
                 continue
-            return cls(transport, protocol, pacer)
+            return cls(transport, protocol, pacer, trusted=trusted, peer_ip=peer_ip)
         raise OSError(f"no free RTP port in {ports}")
 
     # ------------------------------------------------------------------ negotiation
@@ -288,6 +331,13 @@ class RtpSession:
             self._latched = None
             self._candidate = None
             self._rtcp_latched = None
+            self._expected = frozenset(
+                ip for ip in (agreed.remote[0], self._peer_ip) if ip is not None
+            )
+            if self._trusted:
+                self._fallback, self._fallback_rtcp = agreed.remote, agreed.remote_rtcp
+        # A new offer is a sign of life: the inactivity timeout starts again.
+        self._heard_at = self._loop.time()
         if previous is not None and previous.sending and not agreed.sending:
             self._sender.pause()
         if previous is not None and previous.receiving and not agreed.receiving:
@@ -303,11 +353,15 @@ class RtpSession:
         on_dtmf: Callable[[str], None],
         listener: PlayoutListener,
         metrics: SessionMetrics | None = None,
+        rtp_timeout: float | None = None,
+        on_inactive: Callable[[], None] | None = None,
     ) -> None:
         """Start the 20 ms ticks: caller audio to ``on_audio``, digits to ``on_dtmf``, RTP out.
 
         ``metrics`` (the session's) counts the caller's packets that came too late for their
-        place in the jitter buffer, and audio it dropped (full, or skipped to catch up)."""
+        place in the jitter buffer, and audio it dropped (full, or skipped to catch up).
+        ``on_inactive`` is called once when no RTP has come from the caller for
+        ``rtp_timeout`` seconds of an active call (None: never)."""
         if self._agreed is None:
             raise RuntimeError("negotiate an offer before starting the media")
         if self._running or self._closed:
@@ -317,6 +371,9 @@ class RtpSession:
         self._on_dtmf = on_dtmf
         if metrics is not None:
             self._metrics = metrics
+        if rtp_timeout is not None and on_inactive is not None:
+            self._rtp_timeout, self._on_inactive = rtp_timeout, on_inactive
+        self._heard_at = self._loop.time()
         self._playout.attach(listener)
         self._running = True
         self._pacer.add(self)
@@ -341,6 +398,8 @@ class RtpSession:
         if self._running:
             self._pacer.remove(self)
             self._running = False
+        # The callback is the call's: held here it would tie the call to its media in a cycle.
+        self._on_inactive = None
         if self._agreed is not None:
             try:
                 self._send_report(bye=True)
@@ -407,6 +466,25 @@ class RtpSession:
                 self._send_report()
         except Exception:
             logger.exception("rtp: sending failed")
+        if now - self._heard_at > self._rtp_timeout:
+            self._inactive()
+
+    def _inactive(self) -> None:
+        agreed = self._agreed
+        if agreed is None or not (agreed.sending and agreed.receiving):
+            # Held, or holding: silence is expected; the timeout starts again on resume.
+            self._heard_at = self._loop.time()
+            return
+        on_inactive, self._on_inactive = self._on_inactive, None
+        self._rtp_timeout = math.inf
+        if on_inactive is not None:
+            logger.info(
+                "rtp: nothing from the caller for %.0f s", self._loop.time() - self._heard_at
+            )
+            try:
+                on_inactive()
+            except Exception:
+                logger.exception("rtp: on_inactive failed")
 
     def _pass_input(self) -> None:
         """Hand the caller's frames to ``on_audio``, one per frame sent (the second pass)."""
@@ -440,13 +518,14 @@ class RtpSession:
 
     def _send_frame(self) -> None:
         agreed = self._agreed
-        if agreed is not None and agreed.sending:
+        target = self._latched or self._fallback
+        if agreed is not None and agreed.sending and target is not None:
             frame = self._playout.next_frame()
             if frame is self._playout.silence:
                 payload = _silence_payload(agreed.codec.name)
             else:
                 payload = self._encode(frame)
-            self._transport.sendto(self._sender.packet(payload), self._latched or agreed.remote)
+            self._transport.sendto(self._sender.packet(payload), target)
         self._sender.advance(FRAME_SAMPLES)
 
     def _send_report(self, *, bye: bool = False) -> None:
@@ -491,11 +570,19 @@ class RtpSession:
         ]
         if bye:
             packets.append(rtcp.Bye((sender.ssrc,)))
+        latched = self._latched
+        target: tuple[str, int] | None
         if agreed.rtcp_mux:
-            target = self._latched or agreed.remote
+            target = latched or self._fallback
+        elif self._rtcp_latched is not None:
+            target = self._rtcp_latched
+        elif latched is not None:
+            # The offered RTCP port, on the host the caller's RTP comes from.
+            target = (latched[0], agreed.remote_rtcp[1])
         else:
-            target = self._rtcp_latched or agreed.remote_rtcp
-        self._transport.sendto(rtcp.pack_compound(*packets), target)
+            target = self._fallback_rtcp
+        if target is not None:
+            self._transport.sendto(rtcp.pack_compound(*packets), target)
 
     # ------------------------------------------------------------------ receiving
 
@@ -511,13 +598,17 @@ class RtpSession:
         except RtpError:
             self._ignored += 1
             return
+        now = self._loop.time()
+        if addr == self._latched:
+            # Any packet of the caller's (comfort noise too) shows it is still there.
+            self._heard_at = now
+        elif not self._latch(addr, packet, now):
+            self._ignored += 1
+            return
         events = agreed.telephone_event
         if packet.payload_type != agreed.codec.payload_type and (
             events is None or packet.payload_type != events.payload_type
         ):
-            self._ignored += 1
-            return
-        if not self._latch(addr):
             self._ignored += 1
             return
         self._received += 1
@@ -525,7 +616,6 @@ class RtpSession:
         if not self._running or not agreed.receiving:
             # Before start (early media) and on hold the caller's audio goes nowhere.
             return
-        now = self._loop.time()
         if self._reception.ssrc is not None and packet.ssrc != self._reception.ssrc:
             self._jitter.reset()
             self._dtmf = DtmfReceiver()
@@ -536,21 +626,45 @@ class RtpSession:
             return
         self._jitter.put(packet.timestamp, self._decode(packet.payload), now)
 
-    def _latch(self, addr: tuple[str, int]) -> bool:
-        """Whether a packet from ``addr`` is the caller's, moving the latch when it has moved."""
-        if self._latched is None or addr == self._latched:
-            self._latched = addr
-            self._candidate = None
-            return True
-        if addr == self._candidate:
+    def _latch(self, addr: tuple[str, int], packet: RtpPacket, now: float) -> bool:
+        """Whether a packet from ``addr``, not the latched address, is the caller's: it
+        latches, or moves the latch, by the rules of the module's docstring."""
+        agreed = self._agreed
+        assert agreed is not None
+        events = agreed.telephone_event
+        if packet.payload_type != agreed.codec.payload_type and (
+            events is None or packet.payload_type != events.payload_type
+        ):
+            return False
+        latched, reception = self._latched, self._reception
+        if latched is None:
+            if addr[0] not in self._expected and not self._on_probation(addr, packet):
+                return False
+        elif not (
+            packet.ssrc == reception.ssrc
+            and 0 < seq_diff(packet.sequence, reception.max_seq) <= RELATCH_MAX_GAP
+        ) and not (now - self._heard_at >= RELATCH_SILENCE_S and self._on_probation(addr, packet)):
+            return False
+        if latched is not None:
+            logger.info("rtp: caller moved from %s to %s", latched, addr)
+        if latched is None or addr[0] != latched[0]:
+            self._rtcp_latched = None
+        self._latched, self._candidate, self._heard_at = addr, None, now
+        return True
+
+    def _on_probation(self, addr: tuple[str, int], packet: RtpPacket) -> bool:
+        """Count a packet of a would-be source: True once it has sent ``RELATCH_PACKETS`` in
+        a row of one SSRC with consecutive sequence numbers."""
+        if (
+            addr == self._candidate
+            and packet.ssrc == self._candidate_ssrc
+            and seq_diff(packet.sequence, self._candidate_seq) == 1
+        ):
             self._candidate_count += 1
         else:
-            self._candidate, self._candidate_count = addr, 1
-        if self._candidate_count < RELATCH_PACKETS:
-            return False
-        logger.info("rtp: caller moved from %s to %s", self._latched, addr)
-        self._latched, self._candidate = addr, None
-        return True
+            self._candidate, self._candidate_ssrc, self._candidate_count = addr, packet.ssrc, 1
+        self._candidate_seq = packet.sequence
+        return self._candidate_count >= RELATCH_PACKETS
 
     def _receive_dtmf(self, packet: RtpPacket) -> None:
         try:
@@ -568,9 +682,12 @@ class RtpSession:
         except rtcp.RtcpError:
             self._ignored += 1
             return
-        if self._latched is None or addr[0] == self._latched[0]:
-            # Reports go back where the caller's come from, but only from the caller's host.
-            self._rtcp_latched = addr
+        if self._latched is None or addr[0] != self._latched[0]:
+            # Only the caller's host is heard (and answered) in RTCP.
+            self._ignored += 1
+            return
+        # Reports go back where the caller's come from.
+        self._rtcp_latched = addr
         now = self._loop.time()
         for packet in packets:
             if isinstance(packet, rtcp.SenderReport):

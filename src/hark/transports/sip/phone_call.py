@@ -15,9 +15,14 @@ for right after accept would lose its first syllable. Audio the session makes be
 waits in the playout, which starts its clock with the first frame it sends; from then on
 RTP leaves every 20 ms, silence included, which keeps NAT bindings open.
 
+The RTP session sends only to where the caller's RTP comes from (``media.py``), unless the
+inbound trunk that admitted the call is trusted, and ends the call when the caller's RTP
+stops for ``rtp_timeout_s``.
+
 A call ends on hang-up (the API), BYE or CANCEL from the phone, a transfer that
-completed, the end of its session, and server shutdown; ending releases the session, the
-media and the sidebands, and sends BYE when the phone has not hung up itself.
+completed, the end of its session, silence on the RTP port, and server shutdown; ending
+releases the session, the media and the sidebands, and sends BYE when the phone has not
+hung up itself.
 """
 
 from __future__ import annotations
@@ -61,7 +66,8 @@ class PhoneCall:
     ``owner`` is the key that accepted it (``""`` while pending: any real key of the server
     may accept or reject it, as OpenAI lets the project that owns the trunk); ``runner``
     exists once accepted. ``pacer`` paces the RTP of the worker's calls (None: one of the
-    call's own). ``on_closed`` is called once, at the end of ``close``.
+    call's own). ``on_closed`` is called once, at the end of ``close``. ``rtp_timeout_s``:
+    the call ends (BYE) when the caller's RTP stops for that long (None: never).
     """
 
     def __init__(
@@ -74,6 +80,7 @@ class PhoneCall:
         rtp_ports: range | None,
         pacer: RtpPacer | None = None,
         on_closed: Callable[[PhoneCall], None] | None = None,
+        rtp_timeout_s: float | None = None,
     ) -> None:
         self.id = call_id
         self.incoming = incoming
@@ -90,6 +97,7 @@ class PhoneCall:
         self._rtp_ports = rtp_ports
         self._pacer = pacer
         self._on_closed = on_closed
+        self._rtp_timeout_s = rtp_timeout_s
         self._sidebands = Sidebands(call_id)
         self._pending: deque[str] = deque(maxlen=MAX_PENDING_EVENTS)
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -119,8 +127,13 @@ class PhoneCall:
         self.settled.set()
         self.owner = owner
         try:
+            trunk = self.incoming.trunk
             media = await RtpSession.open(
-                bind_host=self._bind_host, ports=self._rtp_ports, pacer=self._pacer
+                bind_host=self._bind_host,
+                ports=self._rtp_ports,
+                pacer=self._pacer,
+                trusted=trunk is not None and trunk.trusted,
+                peer_ip=self.incoming.remote[0],
             )
             if self._closing:
                 # The caller hung up (CANCEL) while the port was being opened.
@@ -165,7 +178,13 @@ class PhoneCall:
             on_dtmf=runner.receive_dtmf,
             listener=runner,
             metrics=runner.metrics,
+            rtp_timeout=self._rtp_timeout_s,
+            on_inactive=self._on_rtp_inactive,
         )
+
+    def _on_rtp_inactive(self) -> None:
+        if not self._closing:
+            self._spawn(self.close("no RTP from the caller"), "close")
 
     def reject(self, status: int = 603) -> None:
         """Decline the ringing call with ``status``; raises ``CallStateError``."""

@@ -8,6 +8,11 @@ neither accepted nor rejected within ``accept_timeout_s``, or whose webhook coul
 delivered at all, is rejected (480). Without a webhook every call is answered at once with
 the default session, so that a PBX can dial hark with nothing else running.
 
+Who may call: the ``InviteAdmission`` in front of the user agent (``admission.py``) rate-limits
+new INVITEs per source address and, when ``trunks`` are configured, admits only their
+sources and credentials; at most ``max_calls`` calls ring or talk at once (one more gets
+503). The settings refuse SIP on a non-loopback address with neither trunks nor a webhook.
+
 Each call has an RTP port of its own, taken from ``rtp_ports``; the RTP of all of them is
 paced by one ``RtpPacer``. The worker's calls count toward its load and its owners' session
 limits like WebRTC calls; the server's drain and shutdown end them with BYE.
@@ -16,7 +21,6 @@ limits like WebRTC calls; the server's drain and shutdown end them with BYE.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import ssl
 import time
@@ -31,9 +35,11 @@ from hark.server.webhooks import WebhookSender, incoming_call_event
 from hark.session.core import SESSION_LIMIT_S
 from hark.session.ids import IdGenerator
 from hark.session.runner import SessionRunner
+from hark.transports.sip.admission import DEFAULT_RATE, InviteAdmission
 from hark.transports.sip.media import RtpPacer, RtpSession
 from hark.transports.sip.phone_call import PhoneCall
 from hark.transports.sip.transaction import RFC_TIMERS, Timers
+from hark.transports.sip.trunk import InboundTrunk
 from hark.transports.sip.user_agent import IncomingCall, UserAgentServer
 
 logger = logging.getLogger(__name__)
@@ -41,7 +47,9 @@ logger = logging.getLogger(__name__)
 CALL_ID_PREFIX = "rtc"
 DEFAULT_ACCEPT_TIMEOUT_S = 30.0
 # Calls at once on this worker, ringing or answered; one more is turned away with 503.
-MAX_CALLS = 10_000
+DEFAULT_MAX_CALLS = 100
+# Seconds without RTP from the caller after which an answered call is hung up.
+DEFAULT_RTP_TIMEOUT_S = 60.0
 # The status of a call nobody accepted in time, or whose webhook went nowhere.
 NOT_ACCEPTED_STATUS = 480
 # The status of a call turned away because the server cannot take it (draining, full).
@@ -86,6 +94,8 @@ class SipService:
         accept_timeout_s: float = DEFAULT_ACCEPT_TIMEOUT_S,
         session_limit_s: float = SESSION_LIMIT_S,
         metrics: Metrics | None = None,
+        max_calls: int = DEFAULT_MAX_CALLS,
+        rtp_timeout_s: float | None = DEFAULT_RTP_TIMEOUT_S,
     ) -> None:
         """``server`` must be made with ``on_invite=service.on_invite`` (see ``create``)."""
         self.engines = engines
@@ -100,6 +110,8 @@ class SipService:
         self.accept_timeout_s = accept_timeout_s
         self.session_limit_s = session_limit_s
         self.metrics = metrics
+        self.max_calls = max_calls
+        self.rtp_timeout_s = rtp_timeout_s
         self.started = False
         self._calls: dict[str, PhoneCall] = {}
         # One 20 ms wake-up for the RTP of every call rather than one per call.
@@ -119,10 +131,13 @@ class SipService:
         tls_port: int | None = None,
         ssl_context: ssl.SSLContext | None = None,
         timers: Timers = RFC_TIMERS,
+        trunks: tuple[InboundTrunk, ...] = (),
+        invite_rate: float = DEFAULT_RATE,
         **options: Any,
     ) -> SipService:
         """A service with its ``UserAgentServer`` on ``host:port`` (not started yet), its
-        transactions on ``timers``."""
+        transactions on ``timers``, new INVITEs admitted by ``trunks`` (none: all) at
+        ``invite_rate`` a second per source address."""
         service: SipService
 
         def on_invite(incoming: IncomingCall) -> None:
@@ -136,6 +151,7 @@ class SipService:
             tls_port=tls_port,
             ssl_context=ssl_context,
             timers=timers,
+            admission=InviteAdmission(trunks, rate=invite_rate),
         )
         service = cls(engines, server, hooks, bind_host=host, advertise_ip=advertise_ip, **options)
         return service
@@ -144,21 +160,16 @@ class SipService:
         """Listen for calls; raises ``OSError`` when the SIP port cannot be bound."""
         await self.server.start()
         self.started = True
+        admission = self.server.admission
+        trunks = admission.trunks if admission is not None else ()
         logger.info(
-            "SIP listening on %s port %d (UDP, TCP%s); %s",
+            "SIP listening on %s port %d (UDP, TCP%s); calls from %s; %s",
             self.bind_host,
             self.server.port,
             f", TLS {self.server.tls_port}" if self.server.tls_port else "",
+            f"trunks {', '.join(t.name for t in trunks)}" if trunks else "any address",
             "calls raise a webhook" if self.webhook else "calls are answered at once",
         )
-        if self.webhook is None and not _is_loopback(self.bind_host):
-            # SIP has no API key: without a backend to ask, whoever reaches the port talks.
-            logger.warning(
-                "SIP answers every call that reaches %s port %d without asking anyone; "
-                "set --sip-webhook-url, firewall the port to your trunk, or --no-sip",
-                self.bind_host,
-                self.server.port,
-            )
 
     async def stop(self) -> None:
         """End every call and stop listening."""
@@ -193,7 +204,7 @@ class SipService:
 
     def on_invite(self, incoming: IncomingCall) -> None:
         """A new INVITE (the stack has sent 100 Trying)."""
-        if not self.hooks.accepting() or len(self._calls) >= MAX_CALLS:
+        if not self.hooks.accepting() or len(self._calls) >= self.max_calls:
             logger.info("SIP call %s turned away: not taking calls", incoming.sip_call_id[:100])
             incoming.reject(UNAVAILABLE_STATUS)
             return
@@ -205,6 +216,7 @@ class SipService:
             rtp_ports=self.rtp_ports,
             pacer=self.pacer,
             on_closed=self._forget,
+            rtp_timeout_s=self.rtp_timeout_s,
         )
         self._calls[call.id] = call
         call.ring()
@@ -294,10 +306,3 @@ class SipService:
         task = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"

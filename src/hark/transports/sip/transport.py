@@ -10,10 +10,15 @@ UDP to the top Via's ``received`` address and ``rport`` port (RFC 3581), which
 ``stamp_received`` writes into the request from the datagram's source. That is what gets
 replies through NATs and proxies that rewrite nothing.
 
-Bounds: ``max_connections`` open connections (more are closed at once), 64 KiB per message
-being framed, ``MAX_WRITE_BUFFER`` bytes waiting to be written to a peer that does not read
-(beyond it the connection is closed), and ``MAX_PENDING`` messages waiting for an outgoing
-connection to open.
+Bounds: ``max_connections`` open connections, ``MAX_CONNECTIONS_PER_SOURCE`` of them from
+one address (more are closed at once), 64 KiB per message being framed,
+``MAX_WRITE_BUFFER`` bytes waiting to be written to a peer that does not read (beyond it
+the connection is closed), and ``MAX_PENDING`` messages waiting for an outgoing connection
+to open. A connection must complete its first message within ``FIRST_MESSAGE_TIMEOUT``;
+after that, one on which nothing has arrived (messages or CRLF keep-alives) for
+``IDLE_TIMEOUT`` is closed unless the user agent still uses it (``in_use``: a call or a
+transaction on it), so that one message cannot hold a slot for ever (Kamailio's
+``tcp_connection_lifetime``).
 """
 
 from __future__ import annotations
@@ -34,11 +39,14 @@ from hark.transports.sip.message import Request, SipParseError, StreamFramer, Vi
 logger = logging.getLogger(__name__)
 
 MAX_CONNECTIONS = 1024
+# One address cannot take every slot.
+MAX_CONNECTIONS_PER_SOURCE = 256
 MAX_WRITE_BUFFER = 256 * 1024
 MAX_PENDING = 32
 # A connection that has not completed one message by then is closed: it holds a slot of
 # max_connections and a buffer. Once it has, it stays (a call may be silent for hours).
 FIRST_MESSAGE_TIMEOUT = 32.0
+IDLE_TIMEOUT = 120.0
 DEFAULT_PORT = 5060
 # Room for bursts of many calls' signalling: the kernel's default is a few hundred packets.
 SOCKET_BUFFER_BYTES = 1024 * 1024
@@ -127,6 +135,8 @@ class _Stream(asyncio.Protocol):
         self._framer = StreamFramer()
         self._transport: asyncio.Transport | None = None
         self._first_message_timer: asyncio.TimerHandle | None = None
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._heard = False
         self.flow: Flow | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -149,6 +159,21 @@ class _Stream(asyncio.Protocol):
         logger.info("sip: no message on a connection from %s, closing it", peer_ip(self.flow))
         self.close()
 
+    def _arm_idle(self) -> None:
+        self._idle_timer = asyncio.get_running_loop().call_later(
+            self._owner.idle_timeout, self._idle_check
+        )
+
+    def _idle_check(self) -> None:
+        """Close the connection if nothing came since the last check and nothing uses it."""
+        heard, self._heard = self._heard, False
+        if heard or (self.flow is not None and self._owner.in_use(self.flow)):
+            self._arm_idle()
+            return
+        logger.info("sip: closing an idle connection from %s", peer_ip(self.flow))
+        self._idle_timer = None
+        self.close()
+
     def data_received(self, data: bytes) -> None:
         if self.flow is None or self._transport is None:
             return
@@ -161,15 +186,20 @@ class _Stream(asyncio.Protocol):
             return
         if self._framer.pings != pings:
             self.write(b"\r\n")
+        if messages or self._framer.pings != pings:
+            self._heard = True
         if messages and self._first_message_timer is not None:
             self._first_message_timer.cancel()
             self._first_message_timer = None
+            self._arm_idle()
         for message in messages:
             self._owner.deliver(message, self.flow)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._first_message_timer is not None:
             self._first_message_timer.cancel()
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
         self._owner.unregister(self)
 
     def write(self, data: bytes) -> None:
@@ -189,7 +219,12 @@ class _Stream(asyncio.Protocol):
 
 
 class SipTransport:
-    """The sockets of a SIP user agent: UDP and TCP on ``port``, TLS on ``tls_port``."""
+    """The sockets of a SIP user agent: UDP and TCP on ``port``, TLS on ``tls_port``.
+
+    ``in_use`` says whether a flow still carries a call or a transaction (an idle connection
+    is kept while it does); ``idle_timeout`` is how long a connection may go without a
+    message before that is asked.
+    """
 
     def __init__(
         self,
@@ -200,6 +235,8 @@ class SipTransport:
         tls_port: int | None = None,
         ssl_context: ssl.SSLContext | None = None,
         max_connections: int = MAX_CONNECTIONS,
+        in_use: Callable[[Flow], bool] | None = None,
+        idle_timeout: float = IDLE_TIMEOUT,
     ) -> None:
         if tls_port is not None and ssl_context is None:
             raise ValueError("a TLS port needs an ssl_context")
@@ -209,6 +246,9 @@ class SipTransport:
         self.tls_port = tls_port
         self._ssl_context = ssl_context
         self._max_connections = max_connections
+        self.in_use: Callable[[Flow], bool] = in_use if in_use is not None else lambda _: False
+        self.idle_timeout = idle_timeout
+        self._per_source: dict[str, int] = {}
         self._udp: asyncio.DatagramTransport | None = None
         self._servers: list[asyncio.Server] = []
         self._connections: dict[Flow, _Stream] = {}
@@ -266,6 +306,7 @@ class SipTransport:
             await server.wait_closed()
         self._servers.clear()
         self._connections.clear()
+        self._per_source.clear()
         self._pending.clear()
 
     def deliver(self, data: bytes, flow: Flow) -> None:
@@ -278,9 +319,13 @@ class SipTransport:
     def register(self, connection: _Stream) -> bool:
         """Take in an open connection; False when at the limit (it is then closed)."""
         assert connection.flow is not None
+        source = connection.flow.remote[0]
         if len(self._connections) >= self._max_connections:
             return False
+        if self._per_source.get(source, 0) >= MAX_CONNECTIONS_PER_SOURCE:
+            return False
         self._connections[connection.flow] = connection
+        self._per_source[source] = self._per_source.get(source, 0) + 1
         for data in self._pending.pop(connection.flow, []):
             connection.write(data)
         return True
@@ -289,6 +334,16 @@ class SipTransport:
         """Forget a closed connection."""
         if connection.flow is not None and self._connections.get(connection.flow) is connection:
             del self._connections[connection.flow]
+            source = connection.flow.remote[0]
+            left = self._per_source.get(source, 1) - 1
+            if left > 0:
+                self._per_source[source] = left
+            else:
+                self._per_source.pop(source, None)
+
+    def connected(self, flow: Flow) -> bool:
+        """Whether a connection of ``flow`` is open."""
+        return flow in self._connections
 
     def send(self, flow: Flow, data: bytes) -> None:
         """Send a message: a datagram, or on the flow's connection (TCP opened if need be)."""

@@ -15,11 +15,16 @@ and malformed requests (400, when Via, From, To, Call-ID and CSeq can still be r
 otherwise they are dropped). Nothing a peer sends, and nothing a callback raises, gets out
 of the message handler.
 
-In-dialog requests of ours (BYE, REFER) go to the dialog's next hop (the first
-Record-Route, else the peer's Contact) when that is an IP address, and back along the
-INVITE's own flow otherwise: when the peer's Contact is a host name (there is no DNS SRV
-here), or when the INVITE's Via showed a NAT in the way (its sent-by was not its source)
-and no proxy recorded a route, so a phone behind NAT hears its BYE where it is reachable.
+New INVITEs pass an ``InviteAdmission`` first (``admission.py``: the per-source rate
+limit, the inbound trunks, digest authentication): one it refuses is answered statelessly
+(403, 401 with a challenge, 503 with Retry-After) and never becomes a call, so a stranger
+costs no transaction, no ring and no webhook.
+
+In-dialog requests of ours (BYE, REFER) go back along the INVITE's own flow: on its
+connection (TCP, TLS) or to the address and port it came from (UDP), never to a host or
+transport the peer's Contact or Record-Route names, so that a caller cannot aim our
+requests at a third party. When the INVITE's connection has closed, the next hop's port is
+used only on the INVITE's own address and transport.
 
 A transfer (``IncomingCall.refer``) is a REFER and the implicit subscription it creates
 (RFC 3515): its outcome comes in NOTIFYs, which may still arrive after the transferee has
@@ -39,6 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from hark.transports.sip.admission import InviteAdmission
 from hark.transports.sip.dialog import Dialog, incoming_dialog_id, new_branch, new_tag
 from hark.transports.sip.message import (
     Request,
@@ -70,6 +76,7 @@ from hark.transports.sip.transport import (
     response_flow,
     stamp_received,
 )
+from hark.transports.sip.trunk import InboundTrunk
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +117,8 @@ class IncomingCall:
     """An INVITE received, and the dialog it makes once answered.
 
     ``sip_call_id``, ``headers`` (as received, in order), ``offer`` (the SDP, "" when
-    none) and ``remote`` (the INVITE's source address) describe it; ``state`` is
+    none), ``remote`` (the INVITE's source address) and ``trunk`` (the inbound trunk that
+    admitted it; None when no trunks are configured) describe it; ``state`` is
     "ringing" until answered or ended. The callbacks are set by the owner: ``on_ended``
     (BYE or CANCEL from the peer, or a timeout; not called for the owner's own ``reject``
     or ``hangup``), ``on_reoffer`` (a re-INVITE's offer → the answer SDP, or None for 488;
@@ -127,12 +135,13 @@ class IncomingCall:
         headers: list[tuple[str, str]],
         flow: Flow,
         dialog: Dialog,
-        natted: bool,
+        trunk: InboundTrunk | None = None,
     ) -> None:
         self.sip_call_id = invite.call_id
         self.headers = headers
         self.offer = invite.body.decode("utf-8", "replace")
         self.remote = flow.remote
+        self.trunk = trunk
         self.state: CallState = "ringing"
         self.on_ended: Callable[[str], None] | None = None
         self.on_reoffer: Callable[[str], str | None] | None = None
@@ -141,7 +150,6 @@ class IncomingCall:
         self._invite = entry
         self._flow = flow
         self._dialog = dialog
-        self._natted = natted
         self._hangup_after_ack = False
         self._local_sdp = ""
         self._refer: asyncio.Future[int] | None = None
@@ -275,7 +283,8 @@ class UserAgentServer:
     address put in Via and Contact (by default, the local address the peer reaches);
     ``user_agent`` the Server and User-Agent headers. An ``ssl_context`` without a
     ``tls_port`` listens for TLS on 5061. ``timers`` are the transactions' (and a REFER's
-    wait for its outcome).
+    wait for its outcome). ``admission`` decides which new INVITEs may become calls (None:
+    all of them).
     """
 
     def __init__(
@@ -289,9 +298,11 @@ class UserAgentServer:
         ssl_context: ssl.SSLContext | None = None,
         user_agent: str = "hark",
         timers: Timers = RFC_TIMERS,
+        admission: InviteAdmission | None = None,
     ) -> None:
         self._on_invite = on_invite
         self.timers = timers
+        self.admission = admission
         self._advertise_ip = advertise_ip
         self._user_agent = user_agent
         self._transport = SipTransport(
@@ -302,6 +313,7 @@ class UserAgentServer:
             if ssl_context is not None and tls_port is None
             else tls_port,
             ssl_context=ssl_context,
+            in_use=self._flow_in_use,
         )
         self._server: dict[TransactionKey, _Entry] = {}
         self._client: dict[TransactionKey, _Entry] = {}
@@ -378,15 +390,25 @@ class UserAgentServer:
         self._answer_stateless(request, flow, 400, _reason_phrase("Bad Request", problem))
 
     def _answer_stateless(
-        self, request: Request, flow: Flow, status: int, reason: str | None = None
+        self,
+        request: Request,
+        flow: Flow,
+        status: int,
+        reason: str | None = None,
+        headers: list[tuple[str, str]] | None = None,
     ) -> None:
         try:
-            self._send_stateless(request, flow, status, reason)
+            self._send_stateless(request, flow, status, reason, headers)
         except SipParseError as exc:
             logger.info("sip: dropped a request from %s (%s): %s", flow.remote[0], status, exc)
 
     def _send_stateless(
-        self, request: Request, flow: Flow, status: int, reason: str | None = None
+        self,
+        request: Request,
+        flow: Flow,
+        status: int,
+        reason: str | None = None,
+        headers: list[tuple[str, str]] | None = None,
     ) -> None:
         """Answer without a transaction (a request that cannot have one, or one too many).
 
@@ -394,7 +416,7 @@ class UserAgentServer:
         by; From, To, Call-ID and CSeq to copy) or the response would not parse itself.
         """
         via = stamp_received(request, flow)
-        response = self._response(request, status, reason=reason)
+        response = self._response(request, status, headers, reason=reason)
         for name in _MANDATORY:
             if response.get(name) is None:
                 raise SipParseError(f"missing {name}")
@@ -464,7 +486,23 @@ class UserAgentServer:
         if request.method == "OPTIONS":
             self._reply(request, flow, 200, self._capabilities())
         elif request.method == "INVITE":
-            self._new_call(request, flow, key, as_received)
+            trunk = None
+            if self.admission is not None:
+                verdict = self.admission.check(request, flow.remote[0], self._now())
+                if verdict.status is not None:
+                    # A flood is refused at debug level: its log would be the flood's size.
+                    level = logging.DEBUG if verdict.status == 503 else logging.INFO
+                    logger.log(
+                        level,
+                        "sip: INVITE from %s refused (%d): %s",
+                        flow.remote[0],
+                        verdict.status,
+                        verdict.reason,
+                    )
+                    self._answer_stateless(request, flow, verdict.status, None, verdict.headers)
+                    return
+                trunk = verdict.trunk
+            self._new_call(request, flow, key, as_received, trunk)
         else:
             self._reply(request, flow, 481)
 
@@ -511,6 +549,7 @@ class UserAgentServer:
         flow: Flow,
         key: TransactionKey,
         as_received: list[tuple[str, str]],
+        trunk: InboundTrunk | None = None,
     ) -> None:
         merge_key = (request.call_id, request.from_addr.tag or "", request.cseq.number)
         if self._merging.get(merge_key, key) != key:
@@ -525,16 +564,13 @@ class UserAgentServer:
         self._merging[merge_key] = key
         entry.tx.send_response(self._response(request, 100), self._now())
         self._pump(entry)
-        via = request.vias[0]
-        moved_port = not flow.reliable and (via.port or DEFAULT_PORT) != flow.remote[1]
-        natted = via.host != flow.remote[0] or moved_port
         dialog = Dialog.from_request(
             request,
             local_tag=new_tag(),
             local_contact=self._contact(flow),
             local_seq=random.randrange(1, 2**16),
         )
-        call = IncomingCall(self, entry, request, as_received, flow, dialog, natted)
+        call = IncomingCall(self, entry, request, as_received, flow, dialog, trunk)
         entry.call = call
         self._calls[dialog.id] = call
         try:
@@ -721,23 +757,27 @@ class UserAgentServer:
         self._pump(entry)
 
     def _next_hop_flow(self, call: IncomingCall) -> Flow:
-        dialog = call._dialog
-        if call._natted and not dialog.route_set:
-            return call._flow
+        """The INVITE's flow (see the module's docstring): its connection while open, else
+        the next hop's port on the INVITE's address when the hop is that address."""
+        flow = call._flow
+        if not flow.reliable or self._transport.connected(flow):
+            return flow
         try:
-            hop = dialog.next_hop()
-            host = str(ipaddress.ip_address(hop.host))
+            hop = call._dialog.next_hop()
+            same_host = ipaddress.ip_address(hop.host) == ipaddress.ip_address(flow.remote[0])
         except (SipParseError, ValueError):
-            return call._flow
-        protocol = _PROTOCOLS.get(hop.transport or call._flow.protocol)
-        if protocol is None:
-            return call._flow
-        same = protocol == call._flow.protocol and host == call._flow.remote[0]
-        if same and call._flow.reliable:
-            # The connection the INVITE came on is the one the peer reads (§18.1.1).
-            return call._flow
-        default = _DEFAULT_TLS_PORT if protocol == "tls" else DEFAULT_PORT
-        return Flow(protocol, (host, hop.port or default))
+            return flow
+        if not same_host or _PROTOCOLS.get(hop.transport or flow.protocol) != flow.protocol:
+            return flow
+        default = _DEFAULT_TLS_PORT if flow.protocol == "tls" else DEFAULT_PORT
+        return Flow(flow.protocol, (flow.remote[0], hop.port or default))
+
+    def _flow_in_use(self, flow: Flow) -> bool:
+        """Whether a call or a transaction still sends or expects messages on ``flow`` (an
+        idle connection that none uses is closed)."""
+        if any(call._flow == flow and call.state != "ended" for call in self._calls.values()):
+            return True
+        return any(e.flow == flow for e in (*self._server.values(), *self._client.values()))
 
     def _via(self, flow: Flow) -> Via:
         port = self.tls_port if flow.protocol == "tls" else self.port
