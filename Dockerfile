@@ -46,9 +46,12 @@ RUN apt-get update \
 COPY --from=builder /app/.venv /app/.venv
 COPY LICENSE /app/LICENSE
 # HARK_HOST rather than --host in the entrypoint, so that an IPv6-only cluster can say "::".
+# HARK_SIP=false: SIP has no API key, so the image does not answer phones unless asked
+# (-e HARK_SIP=true with HARK_SIP_TRUNKS or a webhook, and -p 5060:5060/udp).
 # HOME=/tmp: libraries that want a cache directory get a writable one on a read-only root.
 ENV PATH=/app/.venv/bin:$PATH \
     HARK_HOST=0.0.0.0 \
+    HARK_SIP=false \
     HF_HUB_OFFLINE=1 \
     PYTHONUNBUFFERED=1 \
     HOME=/tmp
