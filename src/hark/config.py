@@ -122,6 +122,8 @@ class Settings:
     sip_tls_port: int | None = None
     sip_tls_cert: str | None = None
     sip_tls_key: str | None = None
+    # A CA bundle (PEM): TLS peers must present a certificate it signed (None: any peer).
+    sip_tls_client_ca: str | None = None
     rtp_ports: tuple[int, int] | None = (10000, 20000)
     # Where ``realtime.call.incoming`` goes, signed with the secret (kept out of repr).
     # Without a URL every call is answered at once with ``sip_session`` (a JSON session
@@ -480,6 +482,11 @@ def _validate_sip(values: dict[str, Any]) -> None:
             raise ConfigError("sip_tls_port needs sip_tls_cert and sip_tls_key")
     elif values.get("sip_tls_cert") or values.get("sip_tls_key"):
         raise ConfigError("sip_tls_cert and sip_tls_key go with sip_tls_port")
+    client_ca = values.get("sip_tls_client_ca")
+    if client_ca is not None and (not isinstance(client_ca, str) or not client_ca):
+        raise ConfigError("sip_tls_client_ca must be the path of a PEM file")
+    if client_ca is not None and values.get("sip_tls_port") is None:
+        raise ConfigError("sip_tls_client_ca goes with sip_tls_port")
     _validate_rtp_ports(values)
     url, secret = values.get("sip_webhook_url"), values.get("sip_webhook_secret")
     if url is not None and not _is_http_url(url):

@@ -168,6 +168,7 @@ def test_trunks_come_from_the_file_environment_or_command_line(tmp_path: Any) ->
         ({"HARK_SIP_INVITE_RATE": "0"}, "sip_invite_rate"),
         ({"HARK_SIP_MAX_CALLS": "1.5"}, "sip_max_calls"),
         ({"HARK_SIP_RTP_TIMEOUT": "-1"}, "sip_rtp_timeout"),
+        ({"HARK_SIP_TLS_CLIENT_CA": "/etc/hark/ca.pem"}, "goes with sip_tls_port"),
     ],
 )
 def test_bad_trunks_and_limits_are_refused(env: dict[str, str], message: str) -> None:

@@ -225,8 +225,12 @@ def _sip_service(
         try:
             ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             ssl_context.load_cert_chain(settings.sip_tls_cert, settings.sip_tls_key)
+            if settings.sip_tls_client_ca:
+                # Mutual TLS: a trunk's SBC proves itself with a certificate this CA signed.
+                ssl_context.load_verify_locations(settings.sip_tls_client_ca)
+                ssl_context.verify_mode = ssl.CERT_REQUIRED
         except (OSError, ssl.SSLError) as exc:
-            state.sip_error = f"cannot load the SIP TLS certificate or key: {exc}"
+            state.sip_error = f"cannot load the SIP TLS certificate, key or client CA: {exc}"
             logger.error("SIP over TLS is unavailable: %s", state.sip_error)
             tls_port, ssl_context = None, None
     ports = settings.rtp_ports

@@ -311,6 +311,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     sip.add_argument("--sip-tls-cert", default=None, metavar="PEM", help="certificate chain")
     sip.add_argument("--sip-tls-key", default=None, metavar="PEM", help="its private key")
     sip.add_argument(
+        "--sip-tls-client-ca",
+        default=None,
+        metavar="PEM",
+        help="mutual TLS: SIP over TLS only from peers with a certificate this CA signed "
+        "(default: any peer)",
+    )
+    sip.add_argument(
         "--rtp-ports",
         default=None,
         metavar="FIRST-LAST",

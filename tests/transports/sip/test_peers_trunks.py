@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import secrets
 import socket
+import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -23,11 +25,13 @@ from tests.transports.conftest import until
 from tests.transports.sip.conftest import (
     SipServer,
     WebhookSipServer,
+    free_sip_port,
     run_sipp,
     sip_serve,
 )
 from tests.transports.sip.test_fuzz_sip import request, status_of
 from tests.transports.sip.test_peers_sipp import final_status, has, sideband
+from tests.transports.sip.test_user_agent import _self_signed
 
 pytestmark = pytest.mark.realtime
 
@@ -242,3 +246,36 @@ async def test_a_stranger_mid_call_gets_no_rtp_and_is_not_heard(
     finally:
         caller.close()
     assert server.alive()
+
+
+async def test_sip_over_tls_with_a_client_ca_takes_only_certified_peers(tmp_path: Path) -> None:
+    (tmp_path / "server").mkdir()
+    (tmp_path / "phone").mkdir()
+    cert, key = _self_signed(tmp_path / "server")
+    phone_cert, phone_key = _self_signed(tmp_path / "phone")
+    tls_port = free_sip_port()
+    tls = ("--sip-tls-port", str(tls_port), "--sip-tls-cert", str(cert), "--sip-tls-key", str(key))
+    with sip_serve(tmp_path / "hark.log", *tls, "--sip-tls-client-ca", str(phone_cert)):
+
+        async def options(certified: bool) -> bytes:
+            """OPTIONS over TLS, with or without the phone's certificate: the answer, or
+            nothing when the server ended the connection."""
+            context = ssl.create_default_context(cafile=str(cert))
+            if certified:
+                context.load_cert_chain(phone_cert, phone_key)
+            branch = secrets.token_hex(4)
+            message = request("OPTIONS", 5061, branch=branch, call_id=branch, transport="TLS")
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", tls_port, ssl=context)
+            except (ssl.SSLError, ConnectionError):
+                return b""
+            try:
+                writer.write(message.encode())
+                return await asyncio.wait_for(reader.read(65536), LIVENESS_S)
+            except (ssl.SSLError, ConnectionError):
+                return b""
+            finally:
+                writer.close()
+
+        assert status_of(await options(certified=True)) == 200
+        assert await options(certified=False) == b""
