@@ -427,7 +427,7 @@ async def test_a_turn_overtakes_a_running_prefill(
 
 
 async def test_a_full_cache_makes_generations_wait_not_fail(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Room for one of these conversations at a time, not two.
     engine = LlamaCppLlm(n_ctx=512, kv_cells=512, sequences=4, **EXACT)
@@ -437,8 +437,15 @@ async def test_a_full_cache_makes_generations_wait_not_fail(
     ]
     try:
         alone = await solo(requests, **EXACT)
+        # Both reach the scheduler before it decodes anything: on a busy machine the second
+        # came once the first had finished, whose idle cells were then simply evicted.
+        gate = DecodeGate(monkeypatch)
+        gate.close()
         with caplog.at_level(logging.INFO, logger="hark.engines.llm.continuous_batching"):
-            results = await asyncio.gather(*(collect(engine.generate(r)) for r in requests[:2]))
+            both = [asyncio.create_task(collect(engine.generate(r))) for r in requests[:2]]
+            await gate.arrived(2)
+            gate.open()
+            results = await asyncio.gather(*both)
         assert "the KV cache is full" in caplog.text
         assert all(finished(events).prompt_tokens > 300 for events in results)
         assert [text_of(events) for events in results] == alone[:2]
