@@ -8,6 +8,7 @@ the SDP's address at once); the latching tests use untrusted ones, with stranger
 from __future__ import annotations
 
 import asyncio
+import base64
 import itertools
 import random
 import time
@@ -15,6 +16,7 @@ from collections.abc import AsyncIterator, Callable
 
 import numpy as np
 import numpy.typing as npt
+import pylibsrtp
 import pytest
 
 from hark.audio.g711 import ulaw_decode, ulaw_encode
@@ -603,3 +605,52 @@ async def test_mutated_rtp_and_rtcp_are_counted_and_never_raise(
     count, samples = len(phone.rtp), caller.samples
     await talk(phone, media, tone(8000, 0.2), start_ts=10**6)
     await until(lambda: len(phone.rtp) >= count + 5 and caller.samples > samples)
+
+
+async def test_sdes_srtp_over_tls_both_ways_and_nothing_in_clear(
+    phones: Callable[..., asyncio.Future[Phone]], strict: RtpSession
+) -> None:
+    phone = await phones()
+    phone_key = bytes(range(30))
+    crypto = f"a=crypto:1 AES_CM_128_HMAC_SHA1_80 inline:{base64.b64encode(phone_key).decode()}"
+    offer = phone.offer(crypto).replace("RTP/AVP", "RTP/SAVP")
+    # Keys in clear SIP are no secret: refused unless the INVITE came over TLS.
+    with pytest.raises(SdpError, match="only over SIP over TLS"):
+        strict.negotiate(offer, HOST)
+    answer = strict.negotiate(offer, HOST, secure=True)
+    assert "m=audio" in answer and "RTP/SAVP" in answer
+    line = next(x for x in answer.splitlines() if x.startswith("a=crypto:"))
+    tag, suite, inline = line.removeprefix("a=crypto:").split()
+    assert (tag, suite) == ("1", "AES_CM_128_HMAC_SHA1_80")
+    hark_key = base64.b64decode(inline.removeprefix("inline:"))
+    assert len(hark_key) == 30 and hark_key != phone_key
+    outbound = pylibsrtp.Policy(key=phone_key, ssrc_type=pylibsrtp.Policy.SSRC_ANY_OUTBOUND)
+    inbound = pylibsrtp.Policy(key=hark_key, ssrc_type=pylibsrtp.Policy.SSRC_ANY_INBOUND)
+    to_hark, from_hark = pylibsrtp.Session(outbound), pylibsrtp.Session(inbound)
+    caller = Caller()
+    caller.start(strict)
+    assert phone.transport is not None
+    # A packet in clear is not the caller's: dropped, nothing latches.
+    phone.transport.sendto(
+        RtpPacket(0, 1, 0, 0x5EED, ULAW_SILENCE).pack(), (HOST, strict.local_port)
+    )
+    await until(lambda: strict.stats.ignored == 1)
+    assert strict.stats.packets_sent == 0
+    pcm = tone(8000, 0.4)
+    for n in range(20):
+        packet = RtpPacket(
+            0, 2 + n, n * FRAME, 0x5EED, ulaw_encode(pcm[n * FRAME : (n + 1) * FRAME])
+        )
+        phone.transport.sendto(to_hark.protect(packet.pack()), (HOST, strict.local_port))
+        await asyncio.sleep(0.02)
+    await until(lambda: caller.samples >= SESSION_RATE * 0.3)
+    assert abs(dominant_hz(np.concatenate(caller.audio), SESSION_RATE) - 440) < 5
+    # What hark sends is SRTP: it does not parse as our silence, it decrypts to it.
+    await until(lambda: len(phone.rtp) >= 3)
+    sealed = [p for p, _ in phone.rtp]
+    assert all(p.payload != ULAW_SILENCE for p in sealed)
+    clear = RtpPacket.parse(from_hark.unprotect(sealed[-1].pack()))
+    assert clear.payload == ULAW_SILENCE
+    # A re-offer may not drop to plain RTP.
+    with pytest.raises(SdpError, match="fall back"):
+        strict.negotiate(phone.offer(), HOST, secure=True)

@@ -20,6 +20,7 @@ from tests.e2e.conftest import transcribe, words
 from tests.servers import HarkProcess
 from tests.speech import RATE, spoken
 from tests.transports.sip.conftest import SipServer, free_sip_port, sip_serve, sip_server_args
+from tests.transports.sip.test_user_agent import _self_signed
 
 pytestmark = [pytest.mark.slow, pytest.mark.realtime]
 
@@ -31,11 +32,13 @@ AUDIBLE_RMS = 200.0
 @dataclass
 class Softphone:
     """A baresip configured in its own directory: one account (with a digest password, if
-    given), PCMU/PCMA, a WAV file as the microphone, ALSA's null device as the speaker, and
-    sndfile recording both directions."""
+    given; over TLS with mandatory SDES-SRTP when given the server's CA), PCMU/PCMA, a WAV
+    file as the microphone, ALSA's null device as the speaker, and sndfile recording both
+    directions."""
 
     home: Path
     password: str | None = None
+    tls_ca: Path | None = None
 
     def configure(self, microphone: npt.NDArray[np.int16]) -> None:
         """Write the configuration, the account and the microphone's WAV (8 kHz)."""
@@ -51,7 +54,8 @@ class Softphone:
                 [
                     "poll_method epoll",
                     "sip_listen 127.0.0.1:0",
-                    "sip_transports udp",
+                    "sip_transports udp" + (",tls" if self.tls_ca else ""),
+                    *([f"sip_cafile {self.tls_ca}", "module srtp.so"] if self.tls_ca else []),
                     "audio_player alsa,null",
                     "audio_alert alsa,null",
                     f"audio_source aufile,{self.home / 'microphone.wav'}",
@@ -69,8 +73,10 @@ class Softphone:
             )
         )
         auth = f";auth_pass={self.password}" if self.password is not None else ""
+        tls = ";transport=tls" if self.tls_ca else ""
+        srtp = ";mediaenc=srtp-mand" if self.tls_ca else ""
         (self.home / "accounts").write_text(
-            f"<sip:phone@127.0.0.1>{auth};regint=0;audio_codecs=PCMU,PCMA\n"
+            f"<sip:phone@127.0.0.1{tls}>{auth};regint=0;audio_codecs=PCMU,PCMA{srtp}\n"
         )
 
     async def call(self, uri: str, seconds: int) -> str:
@@ -151,6 +157,22 @@ async def test_a_softphone_calls_through_its_trunk_with_its_password(tmp_path: P
         phone = Softphone(tmp_path / "baresip", password=password)
         phone.configure(question(QUESTION, silence_after_s=10))
         output = await phone.call(uri, seconds=9)
+        assert "Call established" in output, output[-3000:]
+        assert audible_seconds(phone.heard()) >= 1.5, output[-3000:]
+        assert server.alive()
+
+
+async def test_a_softphone_over_tls_talks_srtp_and_hears_the_reply(tmp_path: Path) -> None:
+    (tmp_path / "server").mkdir()
+    cert, key = _self_signed(tmp_path / "server")
+    tls_port = free_sip_port()
+    tls = ("--sip-tls-port", str(tls_port), "--sip-tls-cert", str(cert), "--sip-tls-key", str(key))
+    with sip_serve(tmp_path / "hark.log", *tls) as server:
+        # srtp-mand: baresip offers RTP/SAVP with its key and hangs up on an answer without
+        # SRTP, so an established call is an encrypted one.
+        phone = Softphone(tmp_path / "baresip", tls_ca=cert)
+        phone.configure(question(QUESTION, silence_after_s=10))
+        output = await phone.call(f"sip:hark@127.0.0.1:{tls_port};transport=tls", seconds=9)
         assert "Call established" in output, output[-3000:]
         assert audible_seconds(phone.heard()) >= 1.5, output[-3000:]
         assert server.alive()

@@ -164,7 +164,16 @@ def test_the_origin_version_moves_only_when_the_answer_changes() -> None:
     ("text", "reason"),
     [
         (offer(media="m=audio 40000 RTP/AVP 9 18"), "no common codec"),
-        (offer(media="m=audio 40000 RTP/SAVP 0"), "RTP/SAVP"),
+        (offer(media="m=audio 40000 UDP/TLS/RTP/SAVPF 0"), "UDP/TLS/RTP/SAVPF"),
+        (offer(media="m=audio 40000 RTP/SAVP 0"), "without a=crypto"),
+        (
+            offer("a=crypto:1 F8_128_HMAC_SHA1_80 inline:AAAA", media="m=audio 40000 RTP/SAVP 0"),
+            "F8_128_HMAC_SHA1_80 is not supported",
+        ),
+        (
+            offer("a=crypto:1 AES_CM_128_HMAC_SHA1_80 inline:AAAA", media="m=audio 4 RTP/SAVP 0"),
+            "30 bytes",
+        ),
         (offer(media="m=video 40000 RTP/AVP 96"), "no audio"),
         (offer(media="m=audio 0 RTP/AVP 0"), "no audio"),
         (offer().replace("c=IN IP4 192.0.2.10\r\n", ""), "no connection"),

@@ -36,6 +36,11 @@ RTCP is taken only from the latched host. A session ``start``ed with ``rtp_timeo
 ``on_inactive`` when the caller has sent nothing for that long while the call is neither
 held nor on hold (Asterisk's ``rtp_timeout``, FreeSWITCH's ``media_timeout``).
 
+SRTP (SDES, ``sdes.py``): an offer on ``RTP/SAVP`` is taken only when ``negotiate`` is told
+the signalling is secure (TLS); then every packet both ways is SRTP or SRTCP, a packet that
+does not authenticate is dropped before anything else looks at it, and a re-offer may not
+fall back to plain RTP.
+
 Hold: an offer that stops listening (``sendonly``, ``inactive``, ``c=0.0.0.0``) stops the
 packets and pauses the playout, so what the caller does not hear is not counted as played;
 the caller's audio and DTMF are not passed on while held (music on hold is not speech).
@@ -57,6 +62,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
+import pylibsrtp
 
 from hark.audio.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
 from hark.audio.resample import StreamResampler
@@ -73,6 +79,7 @@ from hark.transports.sip.rtp import (
     is_rtcp,
     seq_diff,
 )
+from hark.transports.sip.sdes import Crypto, SrtpContext, our_crypto
 from hark.transports.sip.sdp import (
     HOLD_ADDRESSES,
     Answerer,
@@ -243,6 +250,9 @@ class RtpSession:
         self._candidate_seq = 0
         self._candidate_count = 0
         self._rtcp_latched: tuple[str, int] | None = None
+        # SDES: the offerer's key, ours, and the SRTP they make (None: plain RTP).
+        self._crypto: tuple[Crypto, Crypto] | None = None
+        self._srtp: SrtpContext | None = None
         self._heard_at = self._loop.time()
         self._rtp_timeout = math.inf
         self._on_inactive: Callable[[], None] | None = None
@@ -310,11 +320,26 @@ class RtpSession:
 
     # ------------------------------------------------------------------ negotiation
 
-    def negotiate(self, offer_sdp: str, advertise_ip: str) -> str:
-        """The SDP answer to an offer (initial or re-INVITE); ``SdpError`` when there is none."""
+    def negotiate(self, offer_sdp: str, advertise_ip: str, *, secure: bool = False) -> str:
+        """The SDP answer to an offer (initial or re-INVITE); ``SdpError`` when there is none.
+        ``secure``: the offer came over encrypted signalling (TLS), where SRTP may be keyed."""
         offer = parse_offer(offer_sdp)
         agreed = negotiate(offer)
-        answer = self._answerer.answer(offer, agreed, address=advertise_ip, port=self.local_port)
+        theirs = agreed.crypto
+        if theirs is not None and not secure:
+            raise SdpError("SRTP keys (SDES) are taken only over SIP over TLS")
+        if theirs is None and self._crypto is not None:
+            raise SdpError("a call on SRTP cannot fall back to plain RTP")
+        ours = None
+        if theirs is not None:
+            if self._crypto is not None and self._crypto[0] == theirs:
+                ours = self._crypto[1]
+            else:
+                ours = our_crypto(theirs)
+                self._crypto, self._srtp = (theirs, ours), SrtpContext(theirs, ours)
+        answer = self._answerer.answer(
+            offer, agreed, address=advertise_ip, port=self.local_port, crypto=ours
+        )
         self._apply(agreed)
         return answer
 
@@ -525,7 +550,10 @@ class RtpSession:
                 payload = _silence_payload(agreed.codec.name)
             else:
                 payload = self._encode(frame)
-            self._transport.sendto(self._sender.packet(payload), target)
+            packet = self._sender.packet(payload)
+            if self._srtp is not None:
+                packet = self._srtp.protect(packet)
+            self._transport.sendto(packet, target)
         self._sender.advance(FRAME_SAMPLES)
 
     def _send_report(self, *, bye: bool = False) -> None:
@@ -582,7 +610,10 @@ class RtpSession:
         else:
             target = self._fallback_rtcp
         if target is not None:
-            self._transport.sendto(rtcp.pack_compound(*packets), target)
+            data = rtcp.pack_compound(*packets)
+            if self._srtp is not None:
+                data = self._srtp.protect_rtcp(data)
+            self._transport.sendto(data, target)
 
     # ------------------------------------------------------------------ receiving
 
@@ -590,6 +621,13 @@ class RtpSession:
         agreed = self._agreed
         if agreed is None or self._closed:
             return
+        srtp = self._srtp
+        if srtp is not None:
+            try:
+                data = srtp.unprotect_rtcp(data) if is_rtcp(data) else srtp.unprotect(data)
+            except pylibsrtp.Error:
+                self._ignored += 1
+                return
         if is_rtcp(data):
             self._receive_rtcp(data, addr)
             return

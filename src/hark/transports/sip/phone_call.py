@@ -140,7 +140,9 @@ class PhoneCall:
                 await media.close()
                 raise CallStateError("The call ended before it could be answered.")
             self.media = media
-            answer = media.negotiate(self.incoming.offer, self._advertise_ip)
+            answer = media.negotiate(
+                self.incoming.offer, self._advertise_ip, secure=self.incoming.secure
+            )
             self.runner = runner = runner_for(media)
         except CallStateError:
             raise
@@ -271,7 +273,7 @@ class PhoneCall:
         if self.media is None:
             return None
         try:
-            return self.media.negotiate(offer, self._advertise_ip)
+            return self.media.negotiate(offer, self._advertise_ip, secure=self.incoming.secure)
         except SdpError as exc:
             logger.info("call %s: re-INVITE refused: %s", self.id, exc)
             return None

@@ -12,6 +12,9 @@ the SIP layer turns into 488 Not Acceptable Here.
 
 RTCP shares the RTP port: the answer says ``a=rtcp-mux`` when offered, and otherwise
 ``a=rtcp:`` with the RTP port (RFC 3605), so one socket per call carries both.
+
+SRTP: an offer on ``RTP/SAVP`` (or ``SAVPF``) must carry an ``a=crypto`` line we take
+(``sdes.py``); the answer mirrors the profile and gives ours.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Literal
 
+from hark.transports.sip.sdes import SECURE_PROFILES, Crypto, SdesError, choose
+
 Direction = Literal["sendrecv", "sendonly", "recvonly", "inactive"]
 _DIRECTIONS: tuple[Direction, ...] = ("sendrecv", "sendonly", "recvonly", "inactive")
 _MIRROR: dict[Direction, Direction] = {
@@ -29,7 +34,7 @@ _MIRROR: dict[Direction, Direction] = {
     "recvonly": "sendonly",
     "inactive": "inactive",
 }
-_RTP_PROFILES = ("RTP/AVP", "RTP/AVPF")
+_RTP_PROFILES = ("RTP/AVP", "RTP/AVPF", *SECURE_PROFILES)
 # The static payload types (RFC 3551) an offer may use without an rtpmap.
 _STATIC = {0: ("PCMU", 8000), 8: ("PCMA", 8000)}
 SUPPORTED = ("PCMU", "PCMA")
@@ -89,6 +94,8 @@ class AudioOffer:
     rtcp_port: int | None
     media: tuple[MediaLine, ...]
     audio_index: int
+    # The a=crypto values of an SRTP (SAVP) offer; None for plain RTP.
+    crypto: tuple[str, ...] | None = None
 
     @property
     def held(self) -> bool:
@@ -107,6 +114,8 @@ class Negotiated:
     remote_rtcp: tuple[str, int]
     rtcp_mux: bool
     held: bool = False
+    # The offerer's SRTP key (SDES); None for plain RTP.
+    crypto: Crypto | None = None
 
     @property
     def sending(self) -> bool:
@@ -233,7 +242,7 @@ def parse_offer(text: str) -> AudioOffer:
         if line is None or line.media != "audio" or line.port == 0:
             continue
         if line.proto not in _RTP_PROFILES:
-            raise SdpError(f"audio over {line.proto} is not supported (plain RTP/AVP only)")
+            raise SdpError(f"audio over {line.proto} is not supported (RTP/AVP or RTP/SAVP)")
         address = section.connection or session.connection
         if address is None:
             raise SdpError("no connection address for the audio stream")
@@ -251,6 +260,9 @@ def parse_offer(text: str) -> AudioOffer:
             rtcp_port=_int(rtcp.split()[0], "rtcp port") if rtcp else None,
             media=media,
             audio_index=index,
+            crypto=tuple(v for n, v in attributes if n == "crypto")
+            if line.proto in SECURE_PROFILES
+            else None,
         )
     raise SdpError("no audio stream offered")
 
@@ -274,6 +286,12 @@ def negotiate(offer: AudioOffer) -> Negotiated:
         None,
     )
     rtcp_port = offer.port if offer.rtcp_mux else offer.rtcp_port or offer.port + 1
+    crypto = None
+    if offer.crypto is not None:
+        try:
+            crypto = choose(list(offer.crypto))
+        except SdesError as exc:
+            raise SdpError(f"SRTP: {exc}") from None
     return Negotiated(
         codec=Codec(codec.payload_type, codec.name.upper(), codec.clock_rate),
         telephone_event=events,
@@ -282,6 +300,7 @@ def negotiate(offer: AudioOffer) -> Negotiated:
         remote_rtcp=(offer.address, rtcp_port),
         rtcp_mux=offer.rtcp_mux,
         held=offer.held,
+        crypto=crypto,
     )
 
 
@@ -295,8 +314,17 @@ class Answerer:
         self.version = self._session_id
         self._last: str | None = None
 
-    def answer(self, offer: AudioOffer, agreed: Negotiated, *, address: str, port: int) -> str:
-        """The answer to ``offer`` with ``agreed``'s codec, our media at ``address:port``."""
+    def answer(
+        self,
+        offer: AudioOffer,
+        agreed: Negotiated,
+        *,
+        address: str,
+        port: int,
+        crypto: Crypto | None = None,
+    ) -> str:
+        """The answer to ``offer`` with ``agreed``'s codec, our media at ``address:port``
+        (and our SRTP key, ``crypto``, for an SRTP offer)."""
         family = "IP6" if ipaddress.ip_address(address).version == 6 else "IP4"
         lines = [f"s={self._session_name}", f"c=IN {family} {address}", "t=0 0"]
         for index, line in enumerate(offer.media):
@@ -314,6 +342,8 @@ class Answerer:
                 lines.append(f"a=fmtp:{agreed.telephone_event.payload_type} {events}")
             lines.append("a=ptime:20")
             lines.append("a=rtcp-mux" if agreed.rtcp_mux else f"a=rtcp:{port}")
+            if crypto is not None:
+                lines.append(f"a=crypto:{crypto.attribute()}")
             lines.append(f"a={agreed.direction}")
         body = "\r\n".join(lines) + "\r\n"
         if self._last is not None and body != self._last:

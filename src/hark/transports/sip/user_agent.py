@@ -159,6 +159,11 @@ class IncomingCall:
         # Set when the peer acknowledges the answer: its media path is up from then on.
         self.acked = asyncio.Event()
 
+    @property
+    def secure(self) -> bool:
+        """Whether the INVITE came over TLS (where SRTP keys may travel in its SDP)."""
+        return self._flow.protocol == "tls"
+
     def ringing(self) -> None:
         """Send 180 Ringing (nothing once answered or ended)."""
         if self.state == "ringing":
