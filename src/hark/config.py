@@ -106,8 +106,9 @@ class Settings:
     key_max_sessions: int | None = None
     key_requests_per_minute: int | None = None
     key_tokens_per_minute: int | None = None
-    # Behind ``hark relay``: its public ``IP:PORT`` (put in the answers' candidates) and the
-    # secret the routing hints are signed with (shared with the relay; kept out of repr).
+    # Behind ``hark relay``: its public ``IP:PORT`` (put in the answers' candidates). The
+    # fleet secret signs the routing hints and seals the records in Redis (needed with
+    # ``redis_url``; the same on every worker and relay; kept out of repr).
     relay_address: str | None = None
     fleet_secret: str | None = field(default=None, repr=False)
     # SIP (phones): the user agent server, off with ``sip = false``. ``sip_host`` None: the
@@ -431,6 +432,13 @@ def _validate_fleet(values: dict[str, Any]) -> None:
     if redis_url and urlsplit(redis_url).scheme not in ("redis", "rediss", "unix"):
         # The URL may hold a password: name the option, not the value.
         raise ConfigError("redis_url must be a redis://, rediss:// or unix:// URL")
+    if redis_url and not values.get("fleet_secret"):
+        # A record in Redis is believed only if it is signed with the fleet's secret: a
+        # fleet without one would take whatever anyone who reaches Redis writes.
+        raise ConfigError(
+            "redis_url needs fleet_secret (HARK_FLEET_SECRET, the same on every worker and "
+            "relay): the fleet's records in Redis are signed and encrypted with it"
+        )
     advertise = values.get("advertise_url")
     if advertise:
         parts = urlsplit(advertise)

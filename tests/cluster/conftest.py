@@ -20,6 +20,7 @@ from tests.redis_server import RedisServer
 # How long a test waits for Redis to expire a key by its own clock before failing; the TTLs
 # involved are a millisecond to a second.
 EXPIRY_GUARD_S = 15.0
+FLEET_SECRET = "fleet-secret-of-the-cluster-tests-0123"
 
 
 class Clock:
@@ -57,7 +58,7 @@ class Backend:
         if self.redis is None:
             store = EmbeddedStore(self.tmp_path, clock=self.clock)
         else:
-            store = RedisStore(self.redis.url, prefix=self.prefix)
+            store = RedisStore(self.redis.url, FLEET_SECRET, prefix=self.prefix)
         await store.start()
         self.stores.append(store)
         return store

@@ -143,6 +143,20 @@ def test_open_store_without_redis_is_embedded_in_the_run_dir(tmp_path: Path) -> 
         open_store(None, None)
 
 
+async def test_the_store_file_is_this_users_alone(tmp_path: Path) -> None:
+    # Its trust is the file system: another user of the machine reads and writes nothing.
+    store = open_store(None, tmp_path / "run")
+    await store.start()
+    try:
+        files = sorted((tmp_path / "run").glob("cluster.sqlite3*"))
+        assert files
+        for file in files:
+            assert file.stat().st_mode & 0o777 == 0o600, file
+        assert (tmp_path / "run").stat().st_mode & 0o777 == 0o700
+    finally:
+        await store.aclose()
+
+
 def _sqlite(run_dir: Path) -> contextlib.closing[sqlite3.Connection]:
     """A plain connection to the store's file (autocommit), as another process has."""
     return contextlib.closing(

@@ -18,6 +18,7 @@ from tests.cluster.conftest import EXPIRY_GUARD_S
 from tests.redis_server import RedisServer
 
 PASSWORD = "s3cret-Pa55word"
+SECRET = "fleet-secret-of-the-redis-tests-0123"
 W1 = WorkerInfo(id="w1", url="http://w1.internal:8000")
 
 
@@ -46,7 +47,7 @@ async def test_a_stopped_redis_fails_every_call_and_a_restarted_one_serves_again
     tmp_path: Path,
 ) -> None:
     with RedisServer(tmp_path, password=PASSWORD) as server:
-        store = RedisStore(server.url)
+        store = RedisStore(server.url, SECRET)
         await store.start()
         await store.heartbeat(W1, 60)
         assert PASSWORD not in store.description
@@ -72,7 +73,7 @@ async def test_a_redis_restarted_under_pooled_connections_serves_the_next_call(
     tmp_path: Path,
 ) -> None:
     with RedisServer(tmp_path) as server:
-        store = RedisStore(server.url)
+        store = RedisStore(server.url, SECRET)
         await store.start()
         # Several connections in the pool, all of which the restart cuts.
         await asyncio.gather(*(store.add_usage("o", "requests", 1, 0) for _ in range(5)))
@@ -90,14 +91,14 @@ async def test_a_redis_that_never_answers_times_out(tmp_path: Path) -> None:
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)
-        store = RedisStore(f"redis://127.0.0.1:{silent.getsockname()[1]}/0")
+        store = RedisStore(f"redis://127.0.0.1:{silent.getsockname()[1]}/0", SECRET)
         with pytest.raises(ClusterUnavailableError, match="Timeout"):
             await store.start()
         await store.aclose()
 
 
 def test_the_client_has_short_timeouts() -> None:
-    store = RedisStore("redis://127.0.0.1:1/0")
+    store = RedisStore("redis://127.0.0.1:1/0", SECRET)
     kwargs = store.client.connection_pool.connection_kwargs
     assert kwargs["socket_connect_timeout"] == CONNECT_TIMEOUT_S == 1.0
     assert kwargs["socket_timeout"] == OPERATION_TIMEOUT_S == 2.0
@@ -106,7 +107,7 @@ def test_the_client_has_short_timeouts() -> None:
 async def test_a_wrong_password_is_unavailable_and_never_shown(tmp_path: Path) -> None:
     with RedisServer(tmp_path, password=PASSWORD) as server:
         wrong = "wr0ng-" + PASSWORD
-        store = RedisStore(f"redis://user:{wrong}@127.0.0.1:{server.port}/0")
+        store = RedisStore(f"redis://user:{wrong}@127.0.0.1:{server.port}/0", SECRET)
         with pytest.raises(ClusterUnavailableError) as failed:
             await store.start()
         assert wrong not in str(failed.value)
@@ -125,14 +126,14 @@ async def test_a_wrong_password_is_unavailable_and_never_shown(tmp_path: Path) -
     ],
 )
 def test_the_description_never_holds_the_password(url: str, description: str) -> None:
-    store = open_store(url, None)
+    store = open_store(url, None, SECRET)
     assert isinstance(store, RedisStore)
     assert store.description == description
 
 
 def test_a_bad_redis_url_fails_without_its_password() -> None:
     with pytest.raises(ValueError) as failed:
-        RedisStore("http://:pw-1@10.0.0.5:6379/0")
+        RedisStore("http://:pw-1@10.0.0.5:6379/0", SECRET)
     assert "pw-1" not in str(failed.value)
 
 
@@ -141,7 +142,7 @@ async def test_redis_expires_keys_heartbeats_and_usage_by_itself(
 ) -> None:
     """Nothing is left behind for a caller to clean: every key the store writes for a
     minted key, a heartbeat or a usage window carries a TTL."""
-    store = RedisStore(redis_server.url, prefix="ttl-test:")
+    store = RedisStore(redis_server.url, SECRET, prefix="ttl-test:")
     await store.start()
     client = store.client
     now = time.time()
@@ -150,7 +151,8 @@ async def test_redis_expires_keys_heartbeats_and_usage_by_itself(
     await store.heartbeat(W1, 600)
     await store.add_usage("o", "tokens", 10, now, window_s=60)
 
-    key_ttl = await client.pttl("ttl-test:key:" + "ab" * 32)
+    [key] = [k async for k in client.scan_iter(match="ttl-test:key:*")]
+    key_ttl = await client.pttl(key)
     assert 0 < key_ttl <= 30_000
     assert 0 < await client.pttl("ttl-test:worker:w1") <= 600_000
     [usage_key] = [k async for k in client.scan_iter(match="ttl-test:usage:*")]

@@ -43,7 +43,7 @@ class Fleet:
 
     async def start(self) -> None:
         """Open the fleet's store."""
-        self.store = RedisStore(self.url, prefix=self.prefix)
+        self.store = RedisStore(self.url, SECRET, prefix=self.prefix)
         await self.store.start()
 
     async def worker(self, worker_id: str) -> UdpMux:
@@ -69,7 +69,7 @@ class Fleet:
 
     async def relay(self, port: int = 0, idle_s: float = 30.0) -> Relay:
         """A started relay on 127.0.0.1:``port`` reading this fleet's registry."""
-        store = RedisStore(self.url, prefix=self.prefix)
+        store = RedisStore(self.url, SECRET, prefix=self.prefix)
         self.stores.append(store)
         relay = Relay(
             RelayConfig(listen=("127.0.0.1", port), fleet_secret=SECRET, idle_s=idle_s),

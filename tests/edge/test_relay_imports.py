@@ -57,7 +57,7 @@ def worker(tmp_path: Path) -> Iterator[tuple[str, socket.socket]]:
         host, port = media.getsockname()
 
         async def register() -> None:
-            store = RedisStore(redis.url)
+            store = RedisStore(redis.url, SECRET)
             info = WorkerInfo(
                 id=WORKER_ID, url="http://127.0.0.1:1", media_address=f"{host}:{port}"
             )

@@ -24,7 +24,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.realtime]
 
 API_KEY = "sk-fleet-test-owner-0123456789"
 OTHER_KEY = "sk-fleet-test-stranger-98765"
-ENV = {"HARK_API_KEYS": f"{API_KEY},{OTHER_KEY}"}
+# The secret the fleet's records in Redis are sealed with (needed with --redis-url).
+ENV = {
+    "HARK_API_KEYS": f"{API_KEY},{OTHER_KEY}",
+    "HARK_FLEET_SECRET": "fleet-secret-of-the-fleet-tests-0123",
+}
 FAKE = ["--engines", "fake", "--drain-timeout", "3", "--log-level", "info"]
 WORKER = "X-Hark-Worker"
 VIA = "X-Hark-Via"

@@ -23,6 +23,7 @@ from tests.servers import HarkProcess
 pytestmark = [pytest.mark.slow, pytest.mark.realtime]
 
 API_KEY = "sk-multihost-owner-0123456789"
+FLEET_SECRET = "fleet-secret-of-the-multihost-test-0123"
 WORKER = "X-Hark-Worker"
 VIA = "X-Hark-Via"
 
@@ -56,8 +57,12 @@ def bearer(key: str) -> dict[str, str]:
 async def test_two_hosts_are_one_service(
     lan: Lan, redis_on_lan: str, tmp_path: Path, http: aiohttp.ClientSession
 ) -> None:
-    args = ["--engines", "fake", "--drain-timeout", "3"]
-    env = {"HARK_API_KEYS": API_KEY, "HARK_REDIS_URL": redis_on_lan}
+    args = ["--engines", "fake", "--no-sip", "--drain-timeout", "3"]
+    env = {
+        "HARK_API_KEYS": API_KEY,
+        "HARK_REDIS_URL": redis_on_lan,
+        "HARK_FLEET_SECRET": FLEET_SECRET,
+    }
     (ns1, ip1), (ns2, ip2) = lan.hosts
     one = HarkProcess(args, tmp_path / "h1.log", env=env, host=ip1, netns=ns1, port=8000)
     two = HarkProcess(args, tmp_path / "h2.log", env=env, host=ip2, netns=ns2, port=8000)
@@ -128,4 +133,4 @@ async def test_two_hosts_are_one_service(
     for log in (tmp_path / "h1.log", tmp_path / "h2.log"):
         text = log.read_text()
         assert "worker wrk_" in text
-        assert password not in text and API_KEY not in text
+        assert password not in text and API_KEY not in text and FLEET_SECRET not in text

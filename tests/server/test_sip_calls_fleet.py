@@ -35,7 +35,11 @@ def redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
 async def test_the_sdk_controls_a_call_through_another_server(
     tmp_path: Path, redis: RedisServer
 ) -> None:
-    env = {"HARK_API_KEYS": API_KEY, "HARK_SIP_WEBHOOK_SECRET": SECRET}
+    env = {
+        "HARK_API_KEYS": API_KEY,
+        "HARK_SIP_WEBHOOK_SECRET": SECRET,
+        "HARK_FLEET_SECRET": "fleet-secret-of-the-sip-fleet-tests-0123",
+    }
     fleet = ["--engines", "fake", "--rtp-ports", "0", "--redis-url", redis.url]
     with (
         webhook_receiver() as receiver,

@@ -211,14 +211,14 @@ def until_forwarded(hark: list[str], env: dict[str, str], redis_url: str) -> Tim
         flow_key = f"{FLOW_KEY_PREFIX}{_address(client)}"
 
         async def register() -> None:
-            store = RedisStore(redis_url)
+            store = RedisStore(redis_url, secret)
             try:
                 await store.heartbeat(info, LIMIT_S)
             finally:
                 await store.aclose()
 
         async def forget() -> None:
-            store = RedisStore(redis_url)
+            store = RedisStore(redis_url, secret)
             try:
                 await store.remove_worker(worker_id)
                 await store.client.delete(flow_key)

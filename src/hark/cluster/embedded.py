@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
@@ -117,7 +118,10 @@ class EmbeddedStore(ClusterStore):
     # ------------------------------------------------------------------ plumbing
 
     def _connect(self) -> sqlite3.Connection:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # The file is the store's only protection: readable and writable by this user
+        # alone (SQLite gives its -wal and -shm files the same mode).
+        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
         # Autocommit (isolation_level=None): transactions are the explicit BEGIN IMMEDIATE
         # blocks below, never ones the sqlite3 module opens on its own. ``timeout`` is
         # SQLite's busy_timeout.

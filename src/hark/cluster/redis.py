@@ -1,14 +1,18 @@
 """The Redis cluster store (``--redis-url``): the shared state of a fleet of hosts.
 
-Keys, under a prefix (``hark:``):
+Keys, under a prefix (``hark:``), sealed with the fleet secret (``hark.cluster.seal``: a
+record that does not verify is ignored, as if it were not there):
 
-- ``key:<digest>``: an ephemeral key's record, a hash ``{r: record, e: expires_at}`` expiring
-  at ``expires_at`` (``PEXPIREAT``); ``e`` is kept so that ``get_key`` refuses a key past the
-  caller's ``now`` even while Redis's own clock lags;
-- ``call:<id>``: a hash ``{owner, worker_id, created_at}``, listed in ``worker-calls:<worker>``;
-- ``worker:<id>``: the worker's ``WorkerInfo`` as JSON, with the heartbeat's TTL (``PX``), so
-  Redis's clock alone decides liveness and hosts whose clocks drift still agree; ``workers``
-  is the set of ids known, where ``sweep`` finds those whose key has expired;
+- ``key:<name>``: an ephemeral key's record under the keyed hash of its digest, a hash
+  ``{r: encrypted record, e: expires_at}`` expiring at ``expires_at`` (``PEXPIREAT``); ``e``
+  is kept so that ``get_key`` refuses a key past the caller's ``now`` even while Redis's own
+  clock lags, and the encryption is bound to it;
+- ``call:<id>``: a hash ``{owner, worker_id, created_at, mac}``, listed in
+  ``worker-calls:<worker>``;
+- ``worker:<id>``: the worker's signature (``SIGNATURE_CHARS`` hex digits) then its
+  ``WorkerInfo`` as JSON, with the heartbeat's TTL (``PX``), so Redis's clock alone decides
+  liveness and hosts whose clocks drift still agree; ``workers`` is the set of ids known,
+  where ``sweep`` finds those whose key has expired;
 - ``sessions:<owner>``: a hash of open sessions per worker id, with ``worker-owners:<worker>``
   the owners a worker holds counts for (so a dead worker's counts can be removed);
 - ``usage:<kind>:<window length>:<window start>:<owner>``: a fixed-window counter
@@ -27,6 +31,7 @@ back. Nothing here ever prints the URL's password.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -37,6 +42,7 @@ import redis.exceptions
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from hark.cluster.seal import SIGNATURE_CHARS, Seal
 from hark.cluster.store import (
     CallRecord,
     ClusterStore,
@@ -44,6 +50,8 @@ from hark.cluster.store import (
     UsageKind,
     WorkerInfo,
 )
+
+logger = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 1.0
 OPERATION_TIMEOUT_S = 2.0
@@ -53,21 +61,23 @@ DEFAULT_PREFIX = "hark:"
 # password, protected mode) leaves the shared state out of reach the same way.
 _UNAVAILABLE = (redis.exceptions.RedisError, OSError)
 
-# ARGV: prefix, call id, owner, worker id, created_at
+# ARGV: prefix, call id, owner, worker id, created_at, mac
 _PUT_CALL = """
 local p, id = ARGV[1], ARGV[2]
 local key = p .. 'call:' .. id
 local old = redis.call('HGET', key, 'worker_id')
 if old then redis.call('SREM', p .. 'worker-calls:' .. old, id) end
-redis.call('HSET', key, 'owner', ARGV[3], 'worker_id', ARGV[4], 'created_at', ARGV[5])
+redis.call('HSET', key, 'owner', ARGV[3], 'worker_id', ARGV[4], 'created_at', ARGV[5],
+  'mac', ARGV[6])
 redis.call('SADD', p .. 'worker-calls:' .. ARGV[4], id)
 """
 
-# ARGV: prefix, call id. Returns {owner, worker_id, created_at}, or nil when the call is
-# unknown or its worker's heartbeat has expired.
+# ARGV: prefix, call id. Returns {owner, worker_id, created_at, mac}, or nil when the call
+# is unknown or its worker's heartbeat has expired.
 _GET_CALL = """
 local p = ARGV[1]
-local call = redis.call('HMGET', p .. 'call:' .. ARGV[2], 'owner', 'worker_id', 'created_at')
+local call = redis.call('HMGET', p .. 'call:' .. ARGV[2], 'owner', 'worker_id', 'created_at',
+  'mac')
 if not call[2] then return nil end
 if redis.call('EXISTS', p .. 'worker:' .. call[2]) == 0 then return nil end
 return call
@@ -146,10 +156,14 @@ end
 
 class RedisStore(ClusterStore):
     """The cluster store in the Redis at ``url`` (``redis://[:password@]host:port/db``,
-    ``rediss://`` for TLS, ``unix:///path?db=N``), every key under ``prefix``."""
+    ``rediss://`` for TLS, ``unix:///path?db=N``), every key under ``prefix``, its records
+    sealed with ``fleet_secret`` (never logged)."""
 
-    def __init__(self, url: str, *, prefix: str = DEFAULT_PREFIX) -> None:
+    def __init__(self, url: str, fleet_secret: str, *, prefix: str = DEFAULT_PREFIX) -> None:
         self._description, self._secrets = _describe(url)
+        if not fleet_secret:
+            raise ValueError("the Redis store needs the fleet secret (HARK_FLEET_SECRET)")
+        self._seal = Seal(fleet_secret)
         self._prefix = prefix
         # One retry, on connection errors only: a pooled connection that died with a
         # restarted Redis is replaced at once instead of failing the caller; a Redis that
@@ -222,29 +236,44 @@ class RedisStore(ClusterStore):
     # ------------------------------------------------------------------ ephemeral keys
 
     async def put_key(self, digest: str, record: bytes, expires_at: float) -> None:
-        """Store ``record`` under ``digest``, expiring at ``expires_at``."""
-        key = self._key("key", digest)
+        """Store ``record`` (encrypted) under the keyed hash of ``digest``, expiring at
+        ``expires_at``."""
+        name = self._seal.name(digest)
+        key = self._key("key", name)
+        expires = repr(expires_at)
+        sealed = self._seal.encrypt(record, "key", name, expires)
         async with self._errors(), self._redis.pipeline(transaction=True) as pipe:
-            pipe.hset(key, mapping={"r": record, "e": repr(expires_at)})
+            pipe.hset(key, mapping={"r": sealed, "e": expires})
             pipe.pexpireat(key, int(expires_at * 1000))
             await pipe.execute()
 
     async def get_key(self, digest: str, now: float) -> bytes | None:
-        """The record under ``digest`` unless unknown or expired at ``now``."""
+        """The record under ``digest`` unless unknown, expired at ``now``, or not sealed
+        by this fleet."""
+        name = self._seal.name(digest)
         async with self._errors():
-            record, expires_at = await self._redis.hmget(self._key("key", digest), ["r", "e"])
-        if record is None or expires_at is None or float(expires_at) <= now:
+            sealed, expires_at = await self._redis.hmget(self._key("key", name), ["r", "e"])
+        if sealed is None or expires_at is None:
             return None
-        return record if isinstance(record, bytes) else record.encode()
+        expires = _text(expires_at)
+        try:
+            if float(expires) <= now:
+                return None
+        except ValueError:
+            return None
+        record = self._seal.decrypt(_bytes(sealed), "key", name, expires)
+        if record is None:
+            logger.warning("ignored a key record in Redis that this fleet did not write")
+        return record
 
     # ------------------------------------------------------------------ calls
 
     async def put_call(self, call: CallRecord) -> None:
         """Record ``call``, replacing (and moving) any record with its id."""
+        created_at = repr(call.created_at)
+        mac = self._seal.sign("call", call.id, call.owner, call.worker_id, created_at)
         async with self._errors():
-            await self._script(
-                self._put_call, call.id, call.owner, call.worker_id, repr(call.created_at)
-            )
+            await self._script(self._put_call, call.id, call.owner, call.worker_id, created_at, mac)
 
     async def get_call(self, call_id: str) -> CallRecord | None:
         """The call, unless unknown or its worker's heartbeat key has expired."""
@@ -252,7 +281,12 @@ class RedisStore(ClusterStore):
             found = await self._script(self._get_call, call_id)
         if found is None:
             return None
-        owner, worker_id, created_at = found
+        owner, worker_id, created_at, mac = found
+        if None in (owner, created_at, mac) or not self._seal.verify(
+            mac, "call", call_id, owner, worker_id, created_at
+        ):
+            logger.warning("ignored a call record in Redis that this fleet did not write")
+            return None
         return CallRecord(
             id=call_id,
             owner=owner.decode(),
@@ -268,18 +302,20 @@ class RedisStore(ClusterStore):
     # ------------------------------------------------------------------ workers
 
     async def heartbeat(self, worker: WorkerInfo, ttl_s: float) -> None:
-        """Write ``worker`` with a TTL of ``ttl_s`` (Redis's clock) and list its id."""
+        """Write ``worker``, signed, with a TTL of ``ttl_s`` (Redis's clock) and list its id."""
+        info = msgspec.json.encode(worker)
+        signature = self._seal.sign("worker", worker.id, info).encode("ascii")
         async with self._errors(), self._redis.pipeline(transaction=True) as pipe:
             pipe.set(
                 self._key("worker", worker.id),
-                msgspec.json.encode(worker),
+                signature + info,
                 px=max(1, round(ttl_s * 1000)),
             )
             pipe.sadd(self._key("workers"), worker.id)
             await pipe.execute()
 
     async def workers(self, now: float) -> list[WorkerInfo]:
-        """Workers whose heartbeat key is live, ordered by id.
+        """Workers whose heartbeat key is live and signed by this fleet, ordered by id.
 
         Liveness is Redis's TTL, by Redis's clock; ``now`` is not needed to decide it.
         """
@@ -288,7 +324,27 @@ class RedisStore(ClusterStore):
             if not ids:
                 return []
             infos = await self._redis.mget([self._key("worker", i) for i in ids])
-        return [msgspec.json.decode(info, type=WorkerInfo) for info in infos if info is not None]
+        found = []
+        for worker_id, value in zip(ids, infos, strict=True):
+            if value is None:
+                continue
+            worker = self._open_worker(worker_id, _bytes(value))
+            if worker is None:
+                logger.warning("ignored a worker entry in Redis that this fleet did not write")
+            else:
+                found.append(worker)
+        return found
+
+    def _open_worker(self, worker_id: str, value: bytes) -> WorkerInfo | None:
+        """The registry entry ``value`` of ``worker_id`` if this fleet signed it."""
+        signature, info = value[:SIGNATURE_CHARS], value[SIGNATURE_CHARS:]
+        if not self._seal.verify(signature, "worker", worker_id, info):
+            return None
+        try:
+            worker = msgspec.json.decode(info, type=WorkerInfo)
+        except msgspec.DecodeError:
+            return None
+        return worker if worker.id == worker_id else None
 
     async def remove_worker(self, worker_id: str) -> None:
         """Drop ``worker_id`` with its calls and session counts."""
@@ -346,6 +402,10 @@ class RedisStore(ClusterStore):
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def _bytes(value: bytes | str) -> bytes:
+    return value if isinstance(value, bytes) else value.encode()
 
 
 def _describe(url: str) -> tuple[str, list[str]]:

@@ -5,7 +5,8 @@ shared by the ``--workers`` of one machine; nothing to install) and ``RedisStore
 (``--redis-url``, shared by a fleet of hosts). What lives here:
 
 - ephemeral keys, stored under the SHA-256 digest of the key (never the key itself), with
-  their expiry: valid on every worker until they expire, refused everywhere after;
+  their expiry: valid on every worker until they expire, refused everywhere after (Redis,
+  shared over the network, keeps them sealed with the fleet secret: ``hark.cluster.seal``);
 - calls: call id → owner (a key's stable hash) and the worker that owns the call's media;
 - the worker registry: what each worker advertises (internal URL, media address, zone) and
   its load, refreshed by heartbeats that expire;

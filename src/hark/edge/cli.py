@@ -99,7 +99,8 @@ def command(options: dict[str, object]) -> int:
         )
         metrics = options.get("metrics_listen")
         metrics_address = parse_address(str(metrics)) if metrics else None
-        RedisStore(str(redis_url))  # a malformed URL fails here, before any process starts
+        # A malformed URL fails here, before any process starts.
+        RedisStore(str(redis_url), str(secret))
     except ValueError as exc:
         print(f"hark relay: {exc}", file=sys.stderr)
         return 2

@@ -102,7 +102,7 @@ def _forwarding_process(config: RelayConfig, redis_url: str, row: np.ndarray) ->
 
 
 async def _forward(config: RelayConfig, redis_url: str, counters: Counters) -> None:
-    store = RedisStore(redis_url)
+    store = RedisStore(redis_url, config.fleet_secret)
     relay = Relay(config, Registry(store), FlowMirror(store.client, config.idle_s), counters)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)

@@ -297,7 +297,7 @@ def set_advertised_port(app: web.Application, port: int) -> None:
 
 def _open_store(app: web.Application, settings: Settings) -> ClusterStore:
     if settings.redis_url:
-        return open_store(settings.redis_url, None)
+        return open_store(settings.redis_url, None, settings.fleet_secret)
     if settings.run_dir:
         return open_store(None, Path(settings.run_dir))
     # One process alone: a private store, removed with the app.

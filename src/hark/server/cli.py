@@ -274,7 +274,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--fleet-secret",
         default=None,
         metavar="SECRET",
-        help="the relay's routing-hint secret (prefer HARK_FLEET_SECRET: arguments are visible)",
+        help="the fleet's secret, the same on every worker and relay: it signs routing hints "
+        "and the records in Redis; needed with --redis-url (prefer HARK_FLEET_SECRET: "
+        "arguments are visible)",
     )
     sip = parser.add_argument_group("SIP (phones)")
     sip.add_argument(
