@@ -13,6 +13,7 @@ import pytest
 from hark.cluster.redis import RedisStore
 from hark.cluster.store import WorkerInfo
 from hark.edge.relay import FlowMirror, Registry, Relay, RelayConfig
+from hark.edge.relay_hello import HelloChecker
 from hark.edge.route_hint import RouteSigner
 from hark.transports.webrtc.udp_mux import UdpMux
 from tests.redis_server import RedisServer
@@ -47,13 +48,15 @@ class Fleet:
         await self.store.start()
 
     async def worker(self, worker_id: str) -> UdpMux:
-        """A started mux of a worker registered with its media address, signing hints."""
+        """A started mux of a worker registered with its media address, signing hints and
+        taking frames from the relays that say hello."""
         assert self.store is not None
         mux = UdpMux(
             "127.0.0.1",
             0,
             relay=("127.0.0.1", 3478),
             signer=RouteSigner(SECRET, worker_id),
+            hellos=HelloChecker(SECRET, worker_id),
         )
         await mux.start()
         self.muxes.append(mux)
@@ -67,14 +70,15 @@ class Fleet:
         info = WorkerInfo(id=worker_id, url="http://127.0.0.1:1", media_address=f"{host}:{port}")
         await self.store.heartbeat(info, 60)
 
-    async def relay(self, port: int = 0, idle_s: float = 30.0) -> Relay:
-        """A started relay on 127.0.0.1:``port`` reading this fleet's registry."""
+    async def relay(self, port: int = 0, idle_s: float = 30.0, **limits: Any) -> Relay:
+        """A started relay on 127.0.0.1:``port`` reading this fleet's registry (``limits``:
+        more ``RelayConfig`` fields)."""
         store = RedisStore(self.url, SECRET, prefix=self.prefix)
         self.stores.append(store)
         relay = Relay(
-            RelayConfig(listen=("127.0.0.1", port), fleet_secret=SECRET, idle_s=idle_s),
+            RelayConfig(listen=("127.0.0.1", port), fleet_secret=SECRET, idle_s=idle_s, **limits),
             Registry(store),
-            FlowMirror(store.client, idle_s, prefix=self.prefix + "relay-flow:"),
+            FlowMirror(store.client, idle_s, SECRET, prefix=self.prefix + "relay-flow:"),
         )
         await relay.start()
         self.relays.append(relay)

@@ -117,9 +117,11 @@ async def test_a_worker_cannot_send_to_another_workers_client(
     client.sendto(binding_request(f"{ufrag}:c"), relay.address)
     await until(lambda: relay.counters["flows"] == 1)
     # Worker b learns of the client only by a frame it fakes (as if relayed) ...
+    relay_source = ("127.0.0.1", relay.internal_address[1])
+    await until(lambda: relay_source in mux_b.relays)
     mux_b.receive(
         framing.encode_header(client.getsockname()) + binding_request(f"{endpoint_b.ufrag}:c"),
-        relay.internal_address,
+        relay_source,
     )
     endpoint_b.sendto(b"\x17spray", client.getsockname())
     await until(lambda: relay.counters["drop_wrong_worker"] == 1)
@@ -163,6 +165,30 @@ async def test_a_second_relay_takes_over_a_flow_it_never_saw(
     client.sendto(b"\x17two", second.address)
     await until(lambda: len(a.received) == 2)
     assert a.received[1][0] == b"\x17two"
+
+
+async def test_a_flow_written_into_redis_by_hand_is_not_taken(
+    fleet: Fleet, clients: list[socket.socket]
+) -> None:
+    mux = await fleet.worker("wrk_00000000000a")
+    relay = await fleet.relay()
+    a = Recorder()
+    mux.open(mux.new_ufrag(), a)
+    assert fleet.store is not None
+    client = clients[0]
+    host, port = client.getsockname()
+    worker_host, worker_port = mux.advertised
+    # A flow for the client to a live worker, as the mirror held it before it was signed.
+    await fleet.store.client.set(
+        f"{fleet.prefix}relay-flow:{host}:{port}", f"wrk_00000000000a {worker_host}:{worker_port}"
+    )
+    client.sendto(b"\x17one", relay.address)
+    await until(lambda: relay.counters["lookups"] == 1)
+    await until(lambda: not relay._pending)
+    client.sendto(b"\x17two", relay.address)
+    await until(lambda: relay.counters["drop_unknown_flow"] == 2)
+    assert relay.counters["flows_restored"] == 0
+    assert a.received == []
 
 
 async def test_flows_expire_when_idle_and_end_with_their_worker(

@@ -150,7 +150,7 @@ def fleet(
     logs = tmp_path_factory.mktemp("edge-logs")
     relay = RelayProcess(hosts, redis_url, logs / "relay.log")
     relay.start()
-    args = ["--engines", "fake", "--relay-address", f"{relay.ip}:{RELAY_PORT}"]
+    args = ["--engines", "fake", "--no-sip", "--relay-address", f"{relay.ip}:{RELAY_PORT}"]
     env = {"HARK_API_KEYS": API_KEY, "HARK_REDIS_URL": redis_url, "HARK_FLEET_SECRET": SECRET}
     workers = [
         HarkProcess(args, logs / f"{ns}.log", env=env, host=ip, netns=ns, port=8000)

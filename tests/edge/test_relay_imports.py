@@ -20,6 +20,7 @@ from aioice import stun
 
 from hark.cluster.redis import RedisStore
 from hark.cluster.store import WorkerInfo
+from hark.edge import framing
 from hark.edge.route_hint import RouteSigner
 from tests.modules import HEAVY, MODULES_DIR_ENV, among, ask, children, probed
 from tests.redis_server import running_redis
@@ -98,7 +99,10 @@ def test_the_relay_and_its_forwarding_processes_load_nothing_of_the_rest(
             with udp_socket() as client:
                 client.sendto(bytes(request), ("127.0.0.1", relay_port))
             while select.select([media], [], [], 0.01)[0]:
-                senders.add(media.recvfrom(4096)[1])
+                data, sender = media.recvfrom(4096)
+                # A client's datagram, not the relay's hello.
+                if data[1] == framing.IPV4:
+                    senders.add(sender)
         forwarding = children(relay.pid)
         assert len(forwarding) == FORWARDING_PROCESSES
         loaded = ask(tmp_path, [relay.pid, *forwarding])

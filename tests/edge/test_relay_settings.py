@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hark.config import ConfigError, load_settings
+from hark.edge.route_hint import HINT_LENGTH
 from hark.transports.webrtc.udp_mux import UdpMux, behind_relay
 
 SECRET = "fleet-secret-for-the-edge-tests-0123"
@@ -38,4 +39,5 @@ def test_a_mux_behind_a_relay_signs_its_ufrags_and_advertises_the_relay() -> Non
     behind_relay(mux, "203.0.113.5:3478", SECRET, "wrk_0123456789ab")
     assert mux.relay == ("203.0.113.5", 3478)
     assert mux.signer is not None and mux.signer.worker_id == "wrk_0123456789ab"
-    assert len(mux.new_ufrag()) == 32
+    assert mux.hellos is not None
+    assert len(mux.new_ufrag()) == HINT_LENGTH

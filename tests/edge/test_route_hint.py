@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import base64
+import time
 
 import pytest
 from aioice.ice import validate_username
 
-from hark.edge.route_hint import HINT_LENGTH, HintError, Route, RouteSigner, RouteVerifier
+from hark.edge.route_hint import (
+    HINT_LENGTH,
+    HINT_TTL_S,
+    HintError,
+    Route,
+    RouteSigner,
+    RouteVerifier,
+)
 
 SECRET = "fleet-secret-for-tests-0123456789"
 WORKER = "wrk_0123456789ab"
@@ -19,7 +27,21 @@ def test_a_signed_ufrag_names_its_worker_and_is_a_valid_ice_ufrag() -> None:
     validate_username(ufrag)
     assert len(ufrag) == HINT_LENGTH
     assert signer.ufrag() != ufrag
-    assert RouteVerifier(SECRET).verify(ufrag) == Route(worker_id=WORKER)
+    route = RouteVerifier(SECRET).verify(ufrag)
+    assert isinstance(route, Route) and route.worker_id == WORKER
+
+
+def test_a_hint_carries_its_expiry_and_the_mac_covers_it() -> None:
+    signed_at = 1_800_000_000.5
+    ufrag = RouteSigner(SECRET, WORKER, clock=lambda: signed_at).ufrag()
+    assert RouteVerifier(SECRET).verify(ufrag) == Route(WORKER, int(signed_at) + HINT_TTL_S)
+    # Pushing the expiry back (byte 12 is its last) breaks the MAC.
+    token = bytearray(base64.b64decode(ufrag))
+    token[12] ^= 1
+    forged = base64.b64encode(bytes(token)).decode()
+    assert RouteVerifier(SECRET).verify(forged) is HintError.BAD_MAC
+    fresh = RouteVerifier(SECRET).verify(RouteSigner(SECRET, WORKER).ufrag())
+    assert isinstance(fresh, Route) and fresh.expires_at > time.time()
 
 
 def test_a_hint_rewritten_for_another_worker_is_refused() -> None:
@@ -39,6 +61,7 @@ def test_a_hint_signed_with_another_secret_is_of_another_fleet() -> None:
     [
         "hark0123456789ab",  # a worker without a fleet secret
         "A" * HINT_LENGTH,  # base64, but version 0
+        "AQ" + "A" * (HINT_LENGTH - 2),  # version 1: no expiry
         "!" * HINT_LENGTH,
         "",
     ],

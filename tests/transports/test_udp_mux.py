@@ -11,6 +11,7 @@ import pytest
 from aioice import stun
 
 from hark.edge import framing
+from hark.edge.relay_hello import HelloChecker, HelloSigner
 from hark.edge.route_hint import Route, RouteSigner, RouteVerifier
 from hark.edge.stun import stun_request_username
 from hark.transports.webrtc.udp_mux import (
@@ -179,11 +180,13 @@ async def test_behind_a_relay_calls_advertise_it_and_answer_through_it(
     client_socket: socket.socket,
 ) -> None:
     relay_address = ("192.0.2.7", 3478)
+    secret, worker_id = "fleet-secret-for-tests-0123456789", "wrk_00000000beef"
     mux = UdpMux(
         "127.0.0.1",
         0,
         relay=relay_address,
-        signer=RouteSigner("fleet-secret-for-tests-0123456789", "wrk_00000000beef"),
+        signer=RouteSigner(secret, worker_id),
+        hellos=HelloChecker(secret, worker_id),
     )
     await mux.start()
     try:
@@ -191,10 +194,14 @@ async def test_behind_a_relay_calls_advertise_it_and_answer_through_it(
         ufrag = mux.new_ufrag()
         endpoint = mux.open(ufrag, a)
         assert endpoint.get_extra_info("sockname") == relay_address
-        assert RouteVerifier("fleet-secret-for-tests-0123456789").verify(ufrag) == Route(
-            "wrk_00000000beef"
-        )
-        # The test's socket plays the relay: it wraps what a client at 198.51.100.9 sent.
+        route = RouteVerifier(secret).verify(ufrag)
+        assert isinstance(route, Route) and route.worker_id == worker_id
+        # The test's socket plays the relay: it says hello, then wraps what a client at
+        # 198.51.100.9 sent.
+        hello = HelloSigner(secret).hello(worker_id)
+        assert hello is not None
+        client_socket.sendto(hello, mux.advertised)
+        await until(lambda: mux.relays == [client_socket.getsockname()])
         client = ("198.51.100.9", 50000)
         request = binding_request(f"{ufrag}:client")
         client_socket.sendto(framing.encode_header(client) + request, mux.advertised)

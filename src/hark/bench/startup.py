@@ -194,6 +194,13 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def _forwarded(worker: socket.socket) -> bool:
+    """Whether the datagram waiting at ``worker`` is one the relay forwarded (not a hello)."""
+    from hark.edge import framing
+
+    return worker.recv(2048)[1:2] != bytes((framing.CONTROL,))
+
+
 def until_forwarded(hark: list[str], env: dict[str, str], redis_url: str) -> Timing:
     """Start ``hark relay`` until it forwards a client's first datagram to a worker."""
     from aioice import stun
@@ -236,7 +243,8 @@ def until_forwarded(hark: list[str], env: dict[str, str], redis_url: str) -> Tim
             with _started(argv, relay_env) as relay:
                 while True:
                     client.sendto(datagram, ("127.0.0.1", relay_port))
-                    if select.select([worker], [], [], POLL_S)[0]:
+                    # The relay's hello comes first; the client's datagram is what counts.
+                    if select.select([worker], [], [], POLL_S)[0] and _forwarded(worker):
                         return relay.timing()
                     relay.check()
         finally:

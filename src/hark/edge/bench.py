@@ -189,9 +189,11 @@ def _relay_process(conn: Connection, worker: Address, cpu: int) -> None:
                 internal=("127.0.0.1", 0),
                 fleet_secret=SECRET,
                 reuse_port=False,
+                # Every client of the bench is one source (loopback): no flood to limit.
+                source_flow_burst=1_000_000,
             ),
             _FixedRegistry({WORKER_ID: worker}),
-            FlowMirror(None, 30.0),
+            FlowMirror(None, 30.0, SECRET),
             Counters(),
         )
         await relay.start()
@@ -209,7 +211,8 @@ def _relay_process(conn: Connection, worker: Address, cpu: int) -> None:
 
 
 def _echo_process(conn: Connection, cpus: set[int]) -> None:
-    """Send every framed datagram back where it came from (it names its client)."""
+    """Send every framed datagram back where it came from (it names its client); the
+    relay's hellos are for a worker to read, not to echo."""
     os.sched_setaffinity(0, cpus)
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
@@ -220,13 +223,14 @@ def _echo_process(conn: Connection, cpus: set[int]) -> None:
     while True:
         select.select([fd], [], [])
         while count := batch.receive(fd):
+            rows = np.flatnonzero(batch.data[:count, 1] != framing.CONTROL)
             batch.prepare(
-                count,
-                batch.name_addresses[:count],
-                batch.data_addresses[:count],
-                batch.lengths[:count],
+                rows.size,
+                batch.name_addresses[rows],
+                batch.data_addresses[rows],
+                batch.lengths[rows],
             )
-            batch.send(fd, count)
+            batch.send(fd, rows.size)
 
 
 def _client_socket() -> socket.socket:

@@ -14,6 +14,7 @@ import os
 import sys
 
 from hark.cli import configure_logging
+from hark.edge.flow_admission import SOURCE_FLOW_BURST, SOURCE_FLOWS_PER_S
 from hark.edge.route_hint import MIN_SECRET_BYTES
 
 DEFAULT_LISTEN = "0.0.0.0:3478"
@@ -64,6 +65,20 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="forget a flow after this long without a datagram from its client (default 30)",
     )
     parser.add_argument(
+        "--source-flow-rate",
+        type=float,
+        default=SOURCE_FLOWS_PER_S,
+        metavar="PER_SECOND",
+        help=f"new flows one source IP may make per second (default {SOURCE_FLOWS_PER_S:g})",
+    )
+    parser.add_argument(
+        "--source-flow-burst",
+        type=int,
+        default=SOURCE_FLOW_BURST,
+        metavar="N",
+        help=f"new flows one source IP may make at once (default {SOURCE_FLOW_BURST})",
+    )
+    parser.add_argument(
         "--log-level", default="info", choices=("debug", "info", "warning", "error")
     )
 
@@ -91,11 +106,17 @@ def command(options: dict[str, object]) -> int:
         workers = int(str(options["workers"]))
         if workers < 1:
             raise ValueError("--workers must be at least 1")
+        rate = float(str(options["source_flow_rate"]))
+        burst = int(str(options["source_flow_burst"]))
+        if rate <= 0 or burst < 1:
+            raise ValueError("--source-flow-rate must be positive, --source-flow-burst 1 or more")
         config = RelayConfig(
             listen=parse_address(str(options["listen"])),
             internal=parse_address(str(options["internal"])),
             fleet_secret=str(secret),
             idle_s=float(str(options["flow_idle"])),
+            source_flows_per_s=rate,
+            source_flow_burst=burst,
         )
         metrics = options.get("metrics_listen")
         metrics_address = parse_address(str(metrics)) if metrics else None

@@ -7,7 +7,9 @@ header that names the client::
     0xFE | 6 | client port (2, big-endian) | client IPv6 (16)        20 bytes
 
 Both directions use it: relay → worker, "this came from the client at ..."; worker →
-relay, "send this to the client at ...". The first byte is outside every range RFC 7983
+relay, "send this to the client at ...". A family byte of 0 (``CONTROL``) is a message of
+the relay's own: its hello (``hark.edge.relay_hello``), by which a worker learns which
+addresses may send it framed datagrams at all. The first byte is outside every range RFC 7983
 assigns (STUN 0-3, DTLS 20-63, RTP/RTCP 128-191), so a worker's shared port can tell
 relayed datagrams from direct ones by their first byte.
 
@@ -24,6 +26,7 @@ import ipaddress
 import struct
 
 MAGIC = 0xFE
+CONTROL = 0
 IPV4 = 4
 IPV6 = 6
 HEADER_V4 = 8

@@ -5,7 +5,10 @@ Client → worker: a batch is read from the public socket (``recvmmsg``); datagr
 known clients get the framing header written in place before them and go to their
 worker's media address in one ``sendmmsg``. A STUN binding request is read on the slow
 path: its USERNAME's server ufrag must carry a hint signed with the fleet secret naming a
-live worker of the registry, and then the client's address is (re)bound to that worker.
+live worker of the registry. A request of a flow that exists, to the same worker, is
+forwarded (the call's consent checks, however old its hint). Otherwise the hint must be
+fresh (``route_hint.HINT_TTL_S``) and the new flow within the limits per source and per
+hint (``flow_admission``), and then the client's address is (re)bound to that worker.
 This is how the first packet of a call finds its worker, and how an ICE restart or a new
 call from a reused address moves it. Anything else from an unknown address is dropped, once
 it is clear that no other relay of the fleet knows it (a look-up in the mirrored table).
@@ -16,8 +19,10 @@ belongs to the worker that sent them, so the relay cannot be used to spray packe
 arbitrary addresses.
 
 The control plane runs on the same asyncio loop, between batches: the registry of workers
-(polled), the flow mirror in Redis (written when a flow is made, its TTL refreshed while it
-is active, read at start-up and on a miss), and expiry of idle flows.
+(polled), a signed hello to each of them from the internal socket (``relay_hello``: a
+worker takes framed datagrams only from addresses that said one), the flow mirror in Redis
+(written when a flow is made, its TTL refreshed while it is active, read at start-up and on
+a miss), and expiry of idle flows and stale hints.
 """
 
 from __future__ import annotations
@@ -36,10 +41,20 @@ import numpy.typing as npt
 import redis.asyncio
 import redis.exceptions
 
+from hark.cluster.seal import Seal
 from hark.cluster.store import ClusterStore, ClusterUnavailableError
 from hark.edge import framing
+from hark.edge.flow_admission import (
+    HINT_EXHAUSTED,
+    RATE_LIMITED,
+    SOURCE_FLOW_BURST,
+    SOURCE_FLOWS_PER_S,
+    TOO_MANY_HINTS,
+    FlowAdmission,
+)
 from hark.edge.flows import Address, FlowTable, parse_address
 from hark.edge.mmsg import Batch, key_address, sockaddr_key
+from hark.edge.relay_hello import HELLO_INTERVAL_S, HelloSigner
 from hark.edge.route_hint import HintError, RouteVerifier
 from hark.edge.stun import stun_request_username
 
@@ -83,6 +98,10 @@ DROP_REASONS = (
     HintError.MALFORMED.value,
     HintError.OTHER_FLEET.value,
     HintError.BAD_MAC.value,
+    "expired_hint",
+    RATE_LIMITED,
+    HINT_EXHAUSTED,
+    TOO_MANY_HINTS,
     "unknown_worker",
     "table_full",
     "bad_frame",
@@ -123,13 +142,17 @@ class Counters:
 
 @dataclass(frozen=True, slots=True)
 class RelayConfig:
-    """What one relay process needs. ``fleet_secret`` is never logged."""
+    """What one relay process needs. ``fleet_secret`` is never logged.
+    ``source_flows_per_s`` and ``source_flow_burst`` bound the new flows of one source IP
+    (``flow_admission``)."""
 
     listen: Address
     fleet_secret: str
     internal: Address = ("0.0.0.0", 0)
     idle_s: float = FLOW_IDLE_S
     reuse_port: bool = True
+    source_flows_per_s: float = SOURCE_FLOWS_PER_S
+    source_flow_burst: int = SOURCE_FLOW_BURST
 
     def __repr__(self) -> str:
         return f"RelayConfig(listen={self.listen}, internal={self.internal}, idle_s={self.idle_s})"
@@ -161,16 +184,44 @@ class Registry:
 
 
 class FlowMirror:
-    """The flow table in Redis: ``hark:relay-flow:<ip>:<port>`` → ``<worker id> <ip>:<port>``,
-    expiring when no relay has refreshed it for the idle time. Failures are logged and
-    forgotten: forwarding never waits for Redis."""
+    """The flow table in Redis: ``hark:relay-flow:<ip>:<port>`` → ``<worker id> <ip>:<port>
+    <signature>``, expiring when no relay has refreshed it for the idle time. The signature
+    (the fleet secret's, ``hark.cluster.seal``) covers the client and the worker: a flow
+    written into Redis by anyone else is not taken, so it cannot make a flow that no fresh
+    hint made. Failures are logged and forgotten: forwarding never waits for Redis."""
 
     def __init__(
-        self, client: redis.asyncio.Redis | None, idle_s: float, prefix: str = FLOW_KEY_PREFIX
+        self,
+        client: redis.asyncio.Redis | None,
+        idle_s: float,
+        fleet_secret: str,
+        prefix: str = FLOW_KEY_PREFIX,
     ) -> None:
         self.client = client
         self.idle_s = idle_s
         self.prefix = prefix
+        self._seal = Seal(fleet_secret)
+
+    def __repr__(self) -> str:
+        return f"FlowMirror(prefix={self.prefix!r})"
+
+    def _value(self, client: Address, worker_id: str, worker: Address) -> str:
+        address = f"{worker[0]}:{worker[1]}"
+        signature = self._seal.sign("relay-flow", f"{client[0]}:{client[1]}", worker_id, address)
+        return f"{worker_id} {address} {signature}"
+
+    def _parse(self, client: Address, value: bytes | str) -> tuple[str, Address] | None:
+        """The worker of a mirrored flow, if this fleet wrote it."""
+        text = value.decode() if isinstance(value, bytes) else value
+        worker_id, _, rest = text.partition(" ")
+        address, _, signature = rest.partition(" ")
+        client_text = f"{client[0]}:{client[1]}"
+        if not self._seal.verify(signature, "relay-flow", client_text, worker_id, address):
+            return None
+        try:
+            return worker_id, parse_address(address)
+        except ValueError:
+            return None
 
     def _key(self, client: Address) -> str:
         return f"{self.prefix}{client[0]}:{client[1]}"
@@ -183,7 +234,7 @@ class FlowMirror:
         with self._quiet("write"):
             async with self.client.pipeline(transaction=False) as pipe:
                 for client, worker_id, worker in flows:
-                    pipe.set(self._key(client), f"{worker_id} {worker[0]}:{worker[1]}", ex=ttl)
+                    pipe.set(self._key(client), self._value(client, worker_id, worker), ex=ttl)
                 await pipe.execute()
 
     async def touch(self, clients: list[Address]) -> None:
@@ -203,7 +254,7 @@ class FlowMirror:
             return None
         with self._quiet("read"):
             value = await self.client.get(self._key(client))
-            return None if value is None else _parse_flow_value(value)
+            return None if value is None else self._parse(client, value)
         return None
 
     async def read_all(self) -> list[tuple[Address, str, Address]]:
@@ -216,10 +267,10 @@ class FlowMirror:
             for start in range(0, len(keys), 1000):
                 chunk = keys[start : start + 1000]
                 for key, value in zip(chunk, await self.client.mget(chunk), strict=True):
-                    parsed = None if value is None else _parse_flow_value(value)
                     text = key.decode() if isinstance(key, bytes) else key
                     with contextlib.suppress(ValueError):
                         client = parse_address(text[len(self.prefix) :])
+                        parsed = None if value is None else self._parse(client, value)
                         if parsed is not None:
                             found.append((client, *parsed))
         return found
@@ -230,15 +281,6 @@ class FlowMirror:
             yield
         except (redis.exceptions.RedisError, OSError) as exc:
             logger.warning("flow mirror %s failed: %s", what, type(exc).__name__)
-
-
-def _parse_flow_value(value: bytes | str) -> tuple[str, Address] | None:
-    text = value.decode() if isinstance(value, bytes) else value
-    worker_id, _, address = text.partition(" ")
-    try:
-        return worker_id, parse_address(address)
-    except ValueError:
-        return None
 
 
 def open_socket(address: Address, *, reuse_port: bool) -> socket.socket:
@@ -269,6 +311,8 @@ class Relay:
         self.counters = counters or Counters()
         self.table = FlowTable()
         self._verifier = RouteVerifier(config.fleet_secret)
+        self._hellos = HelloSigner(config.fleet_secret)
+        self._admission = FlowAdmission(config.source_flows_per_s, config.source_flow_burst)
         self._public: socket.socket | None = None
         self._internal: socket.socket | None = None
         self._rx = Batch(BATCH, headroom=framing.HEADER_V4)
@@ -304,6 +348,8 @@ class Relay:
         self._public = open_socket(self.config.listen, reuse_port=self.config.reuse_port)
         self._internal = open_socket(self.config.internal, reuse_port=False)
         await self.registry.refresh()
+        # Before the first client's datagram: the workers take frames from this socket then.
+        self._say_hello()
         restored = 0
         now = time.monotonic()
         for client, worker_id, worker in await self.mirror.read_all():
@@ -322,6 +368,7 @@ class Relay:
             (self._expire(), "expiry"),
             (self._write_flows(), "mirror writes"),
             (self._look_up(), "mirror look-ups"),
+            (self._greet(), "hellos"),
         ):
             self._tasks.append(asyncio.create_task(job, name=f"hark-relay-{name}"))
         logger.info(
@@ -443,9 +490,20 @@ class Relay:
             self.counters.add("drop_unknown_flow")
             self._want_lookup(key, client, now)
             return None
-        route = self._verifier.verify(username.partition(":")[0])
+        hint = username.partition(":")[0]
+        route = self._verifier.verify(hint)
         if isinstance(route, HintError):
             self.counters.add(f"drop_{route.value}")
+            return None
+        existing = self.table.flows.get(key)
+        if existing is not None and existing.worker_id == route.worker_id:
+            # The call's own checks: its flow goes on whatever the hint's age.
+            existing.seen = now
+            return existing.pointer
+        if route.expires_at < time.time():
+            self.counters.add("drop_expired_hint")
+            # Perhaps a flow another relay made while the hint was fresh.
+            self._want_lookup(key, client, now)
             return None
         worker = self.registry.workers.get(route.worker_id)
         if worker is None:
@@ -454,13 +512,10 @@ class Relay:
             self.counters.add("drop_unknown_worker")
             self._registry_wanted.set()
             return None
-        existing = self.table.flows.get(key)
-        if existing is not None and (existing.worker_id, existing.worker) == (
-            route.worker_id,
-            worker,
-        ):
-            existing.seen = now
-            return self._pointer(worker)
+        refused = self._admission.admit(client[0], hint, route.expires_at, key, now)
+        if refused is not None:
+            self.counters.add(f"drop_{refused}")
+            return None
         if self.table.put(client, route.worker_id, worker, now) is None:
             self.counters.add("drop_table_full")
             return None
@@ -619,6 +674,8 @@ class Relay:
             self._registry_wanted.clear()
             if not await self.registry.refresh():
                 continue
+            # A worker new in the registry hears from this relay before its first flow.
+            self._say_hello()
             live = self.registry.workers
             gone = {
                 key
@@ -630,9 +687,28 @@ class Relay:
                 self.counters.add("flows_worker_gone", len(gone))
                 self.counters.set("flows", len(self.table))
 
+    async def _greet(self) -> None:
+        # On a timer of its own, from the last registry read: a store that is down or slow
+        # does not make the workers stop taking this relay's datagrams.
+        while True:
+            await asyncio.sleep(HELLO_INTERVAL_S)
+            self._say_hello()
+
+    def _say_hello(self) -> None:
+        """Send every worker of the registry a hello from the internal socket."""
+        if self._internal is None:
+            return
+        for worker_id, address in self.registry.workers.items():
+            hello = self._hellos.hello(worker_id)
+            if hello is None:
+                continue
+            with contextlib.suppress(OSError):
+                self._internal.sendto(hello, socket.MSG_DONTWAIT, address)
+
     async def _expire(self) -> None:
         while True:
             await asyncio.sleep(EXPIRY_INTERVAL_S)
+            self._admission.prune(time.time())
             expired = self.table.expire(time.monotonic(), self.config.idle_s)
             if expired:
                 self.counters.add("flows_expired", expired)

@@ -1,21 +1,28 @@
-"""The routing hint in a server ICE ufrag: which worker of which fleet issued an answer.
+"""The routing hint in a server ICE ufrag: which worker of which fleet issued an answer,
+and until when it may start new flows.
 
 A worker behind the relay hands out server ufrags that are a signed token, base64 with the
-standard alphabet (whose 64 characters are exactly ICE's ``ice-char``), 32 characters::
+standard alphabet (whose 64 characters are exactly ICE's ``ice-char``), 36 characters::
 
-    version (1) | fleet tag (2) | worker (6) | nonce (6) | MAC (9)      = 24 bytes
+    version (1) | fleet tag (2) | worker (6) | expires (4) | nonce (5) | MAC (9)   = 27 bytes
 
 - *fleet tag*: the first bytes of ``HMAC(secret, "hark fleet tag")``. It names the fleet
   (the set of hosts sharing the secret) without revealing the secret, so a relay can tell a
   hint of another fleet, or of a rotated secret, from a forged one.
 - *worker*: the 6 bytes of the worker's id (``wrk_`` + 12 hex digits).
+- *expires*: Unix seconds (big-endian), ``HINT_TTL_S`` after the answer. A relay makes no
+  new flow from a hint past it: the hint of one old answer cannot make flows forever. The
+  flows it made while it was fresh go on (the call's consent checks carry it all call
+  long); a call that needs a new one later (a changed address) makes an ICE restart,
+  whose answer carries a fresh hint.
 - *nonce*: random, so that every ufrag is distinct (it is what made a ufrag unique before).
-- *MAC*: ``HMAC-SHA256(secret, "hark route v1" | the 15 bytes before it)`` cut to 72 bits.
+- *MAC*: ``HMAC-SHA256(secret, "hark route v2" | the 18 bytes before it)`` cut to 72 bits.
 
-The MAC covers the nonce, so each hint is good for the one answer that carried it: a
-client cannot write a hint for a worker that never answered it, nor reuse one hint to name
-another worker. Forging one takes about 2**72 tries, each a packet the relay drops and
-counts. The fleet secret (``--fleet-secret`` / ``HARK_FLEET_SECRET``) is never logged.
+The MAC covers the nonce and the expiry, so each hint is good for the one answer that
+carried it, until its time: a client cannot write a hint for a worker that never answered
+it, reuse one hint to name another worker, or push its expiry back. Forging one takes about
+2**72 tries, each a packet the relay drops and counts. The fleet secret
+(``--fleet-secret`` / ``HARK_FLEET_SECRET``) is never logged.
 
 ``RouteSigner`` is the worker's side, ``RouteVerifier`` the relay's; both are here so that
 the two agree by construction.
@@ -29,16 +36,21 @@ import hashlib
 import hmac
 import re
 import secrets
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
-HINT_VERSION = 1
-HINT_LENGTH = 32
-_TOKEN_BYTES = 24
-_SIGNED_BYTES = 15
+HINT_VERSION = 2
+HINT_LENGTH = 36
+# How long after its answer a hint may start flows: room for a client that applies the
+# answer late and for clocks of the fleet's hosts a little apart.
+HINT_TTL_S = 120
+_TOKEN_BYTES = 27
+_SIGNED_BYTES = 18
 _MAC_BYTES = 9
 _WORKER_ID = re.compile(r"^wrk_([0-9a-f]{12})$")
-_MAC_LABEL = b"hark route v1"
+_MAC_LABEL = b"hark route v2"
 _TAG_LABEL = b"hark fleet tag"
 # A secret shorter than this is guessable offline from one captured hint.
 MIN_SECRET_BYTES = 16
@@ -54,9 +66,11 @@ class HintError(Enum):
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    """What a verified hint says: the worker that issued the answer."""
+    """What a verified hint says: the worker that issued the answer, and until when (Unix
+    seconds) the hint may start new flows."""
 
     worker_id: str
+    expires_at: int
 
 
 def _check_secret(secret: str) -> bytes:
@@ -75,22 +89,28 @@ def _mac(key: bytes, signed: bytes) -> bytes:
 
 
 class RouteSigner:
-    """Makes the server ufrags of one worker: ``RouteSigner(secret, worker_id).ufrag()``."""
+    """Makes the server ufrags of one worker: ``RouteSigner(secret, worker_id).ufrag()``.
 
-    def __init__(self, secret: str, worker_id: str) -> None:
+    ``clock`` gives Unix seconds (the tests hand in an old one to make stale hints)."""
+
+    def __init__(
+        self, secret: str, worker_id: str, *, clock: Callable[[], float] = time.time
+    ) -> None:
         match = _WORKER_ID.match(worker_id)
         if match is None:
             raise ValueError(f"a worker id is wrk_ and 12 hex digits, not {worker_id!r}")
         self._key = _check_secret(secret)
         self._prefix = bytes([HINT_VERSION]) + _fleet_tag(self._key) + bytes.fromhex(match[1])
         self.worker_id = worker_id
+        self._clock = clock
 
     def __repr__(self) -> str:
         return f"RouteSigner(worker_id={self.worker_id!r})"
 
     def ufrag(self) -> str:
         """A fresh server ufrag naming this worker, good for one answer."""
-        signed = self._prefix + secrets.token_bytes(6)
+        expires = int(self._clock()) + HINT_TTL_S
+        signed = self._prefix + expires.to_bytes(4, "big") + secrets.token_bytes(5)
         return base64.b64encode(signed + _mac(self._key, signed)).decode("ascii")
 
 
@@ -119,4 +139,6 @@ class RouteVerifier:
         signed, mac = token[:_SIGNED_BYTES], token[_SIGNED_BYTES:]
         if not hmac.compare_digest(mac, _mac(self._key, signed)):
             return HintError.BAD_MAC
-        return Route(worker_id="wrk_" + token[3:9].hex())
+        return Route(
+            worker_id="wrk_" + token[3:9].hex(), expires_at=int.from_bytes(token[9:13], "big")
+        )

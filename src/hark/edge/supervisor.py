@@ -103,7 +103,8 @@ def _forwarding_process(config: RelayConfig, redis_url: str, row: np.ndarray) ->
 
 async def _forward(config: RelayConfig, redis_url: str, counters: Counters) -> None:
     store = RedisStore(redis_url, config.fleet_secret)
-    relay = Relay(config, Registry(store), FlowMirror(store.client, config.idle_s), counters)
+    mirror = FlowMirror(store.client, config.idle_s, config.fleet_secret)
+    relay = Relay(config, Registry(store), mirror, counters)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     await relay.start()

@@ -21,9 +21,13 @@ relay verifies before it forwards a client's first Binding request here.
 Behind a relay (``relay`` given), the candidates carry the relay's public address, and the
 relay's datagrams come wrapped in a header naming the client (``hark.edge.framing``): they
 are routed as if they came from the client itself, and what is sent to that client goes
-back through the relay it came by. Nothing is sent straight to a client that was never heard
-through a relay: the worker is not meant to be reachable, and its own checks towards the
-offer's candidates would otherwise leak its address (or find a path around the relay).
+back through the relay it came by. Such a header speaks for any client, so it is taken only
+from the addresses of relays that said a signed hello lately (``hark.edge.relay_hello``,
+checked with ``hellos``): one dict look-up per framed datagram; framed datagrams from
+anywhere else are dropped (``dropped_unrelayed``). Nothing is sent straight to a client
+that was never heard through a relay: the worker is not meant to be reachable, and its own
+checks towards the offer's candidates would otherwise leak its address (or find a path
+around the relay).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import string
 from typing import Any
 
 from hark.edge import framing
+from hark.edge.relay_hello import HELLO_TTL_S, HelloChecker
 from hark.edge.route_hint import RouteSigner
 from hark.edge.stun import stun_request_username
 
@@ -159,7 +164,8 @@ class UdpMux:
     address clients or relays reach this port at (default: ``host``, or for a wildcard bind
     the first address of this machine); ``route_hint`` starts every ufrag this mux hands
     out, unless ``signer`` is set (then ufrags are signed hints for a relay). ``relay`` is
-    the relay's public address, put in the candidates instead of this port's.
+    the relay's public address, put in the candidates instead of this port's; ``hellos``
+    checks the relays' hellos (without it no framed datagram is taken).
     """
 
     def __init__(
@@ -171,6 +177,7 @@ class UdpMux:
         route_hint: str = DEFAULT_ROUTE_HINT,
         relay: Address | None = None,
         signer: RouteSigner | None = None,
+        hellos: HelloChecker | None = None,
     ) -> None:
         check_route_hint(route_hint)
         self.host = host
@@ -178,13 +185,19 @@ class UdpMux:
         self.route_hint = route_hint
         self.relay = relay
         self.signer = signer
+        self.hellos = hellos
         self._advertise_ip = advertise_ip
         self._transport: asyncio.DatagramTransport | None = None
         self._by_ufrag: dict[str, MuxEndpoint] = {}
         self._by_address: dict[Address, MuxEndpoint] = {}
         # Client address → the relay socket its datagrams last came through.
         self._relayed: dict[Address, Address] = {}
+        # The relays' sending addresses, and until when (monotonic) each is trusted.
+        self._relays: dict[Address, float] = {}
+        self._relay_pruning: asyncio.TimerHandle | None = None
         self.dropped = 0
+        # Framed datagrams from addresses that are no relay's (counted in ``dropped`` too).
+        self.dropped_unrelayed = 0
 
     async def start(self) -> None:
         """Bind the socket; raises ``OSError`` if the port cannot be bound."""
@@ -281,9 +294,9 @@ class UdpMux:
     def receive(self, data: bytes, addr: Address) -> None:
         """Route one datagram that arrived on the socket, unwrapping a relay's."""
         if data and data[0] == framing.MAGIC and self.relay is not None:
-            decoded = framing.decode(data)
+            decoded = framing.decode(data) if addr in self._relays else None
             if decoded is None:
-                self.dropped += 1
+                self._not_relayed(data, addr)
                 return
             client, inner = decoded
             endpoint = self.route(inner, client)
@@ -291,6 +304,40 @@ class UdpMux:
                 self._relayed[client] = addr
             return
         self.route(data, addr)
+
+    def _not_relayed(self, data: bytes, addr: Address) -> None:
+        """A framed datagram that names no client, or from an address no relay said hello
+        from lately: a relay's hello, or dropped."""
+        if self.hellos is not None and self.hellos.check(data):
+            if addr not in self._relays:
+                logger.info("a relay sends from %s:%d", *addr)
+            self._trust_relay(addr)
+            return
+        self.dropped += 1
+        if addr not in self._relays:
+            self.dropped_unrelayed += 1
+
+    def _trust_relay(self, addr: Address) -> None:
+        loop = asyncio.get_running_loop()
+        self._relays[addr] = loop.time() + HELLO_TTL_S
+        if self._relay_pruning is None:
+            self._relay_pruning = loop.call_later(HELLO_TTL_S, self._prune_relays)
+
+    def _prune_relays(self) -> None:
+        """Stop trusting relays that have not said hello for ``HELLO_TTL_S``."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for addr in [a for a, until in self._relays.items() if until <= now]:
+            del self._relays[addr]
+            logger.info("the relay at %s:%d went quiet", *addr)
+        self._relay_pruning = (
+            loop.call_later(HELLO_TTL_S, self._prune_relays) if self._relays else None
+        )
+
+    @property
+    def relays(self) -> list[Address]:
+        """The addresses framed datagrams are taken from now."""
+        return list(self._relays)
 
     def route(self, data: bytes, addr: Address) -> MuxEndpoint | None:
         """Deliver one datagram from ``addr`` to the endpoint it belongs to (returned), or
@@ -323,6 +370,9 @@ class UdpMux:
     async def close(self) -> None:
         """Close the socket; endpoints still open receive nothing more."""
         transport, self._transport = self._transport, None
+        if self._relay_pruning is not None:
+            self._relay_pruning.cancel()
+            self._relay_pruning = None
         if transport is not None:
             transport.close()
             # Let the loop run the transport's close callbacks (the socket is closed then).
@@ -349,10 +399,12 @@ def _default_advertise_ip(host: str) -> str:
 def behind_relay(
     mux: UdpMux, relay_address: str | None, fleet_secret: str | None, worker_id: str
 ) -> None:
-    """Set ``mux`` up for a fleet: hints signed for ``worker_id`` when there is a fleet
-    secret, and candidates carrying ``relay_address`` (``IP:PORT``) when there is a relay."""
+    """Set ``mux`` up for a fleet: hints signed for ``worker_id`` and the relays' hellos
+    checked when there is a fleet secret, and candidates carrying ``relay_address``
+    (``IP:PORT``) when there is a relay."""
     if fleet_secret:
         mux.signer = RouteSigner(fleet_secret, worker_id)
+        mux.hellos = HelloChecker(fleet_secret, worker_id)
     if relay_address:
         host, _, port = relay_address.rpartition(":")
         mux.relay = (host, int(port))
