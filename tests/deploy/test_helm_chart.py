@@ -32,6 +32,11 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "defaults": {},
     "external-redis": {"redis": {"enabled": False, "url": "redis://redis.internal:6380/2"}},
     "redis-url-secret": {"redis": {"enabled": False, "urlSecret": "fleet-redis"}},
+    "redis-tls": {"redis": {"tls": {"enabled": True, "secret": "redis-cert"}}},
+    "existing-fleet-secrets": {
+        "fleetSecret": {"existingSecret": "fleet", "existingSecretKey": "secret"},
+        "redis": {"auth": {"existingSecret": "redis-auth", "existingSecretKey": "password"}},
+    },
     "vllm": {"vllm": {"enabled": True}, "llm": {"urls": ["http://backup-llm:8001/v1"]}},
     "remote-llm": {"llm": {"urls": ["http://gpu-box:8001/v1"], "model": "qwen2.5-7b"}},
     "hpa-sessions": {"autoscaling": {"sessions": {"enabled": True}}},
@@ -78,6 +83,8 @@ KEPT_SECRETS = {
     "HARK_API_KEYS": "sk-kept-one,sk-kept-two",
     "HARK_REDIS_URL": "rediss://:password@redis.example:6380/0",
     "HARK_LLM_API_KEY": "sk-llm",
+    "HARK_FLEET_SECRET": "a-fleet-secret-kept-outside-the-chart",
+    "REDIS_PASSWORD": "kept-redis-password",
 }
 
 
@@ -261,12 +268,57 @@ def test_redis_in_the_chart_is_what_the_workers_use() -> None:
     assert redis["spec"]["replicas"] == 1
     args = _container(redis)["args"]
     assert args[args.index("--maxmemory-policy") + 1] == "noeviction"
-    # Only the workers may reach a Redis without a password.
+    # Redis asks for the password the workers send, which the chart made and keeps.
+    assert args[args.index("--requirepass") + 1] == "$(REDIS_PASSWORD)"
+    env = {var["name"]: var for var in _container(redis)["env"]}
+    worker_env = {var["name"]: var for var in _container(_worker(r))["env"]}
+    assert env["REDIS_PASSWORD"]["valueFrom"] == worker_env["REDIS_PASSWORD"]["valueFrom"]
+    password = _secret_value(r, "REDIS_PASSWORD", "hark-fleet", "redis-password")
+    assert len(password) >= 32 and url.password == password
+    assert url.scheme == "redis"
+    # And only the workers may reach it.
     policy = r.one("NetworkPolicy", "redis")
     assert _pods_selected(r, policy["spec"]["podSelector"]["matchLabels"]) == [redis]
     (rule,) = policy["spec"]["ingress"]
     (source,) = rule["from"]
     assert _pods_selected(r, source["podSelector"]["matchLabels"]) == [_worker(r)]
+
+
+def test_redis_speaks_tls_when_asked_and_the_workers_check_its_certificate() -> None:
+    r = render(VARIANTS["redis-tls"])
+    url = urlsplit(worker_settings(r).redis_url or "")
+    assert url.scheme == "rediss" and url.password
+    ca = dict(p.split("=", 1) for p in url.query.split("&"))["ssl_ca_certs"]
+    worker = _container(_worker(r))
+    (mount,) = [m for m in worker["volumeMounts"] if ca.startswith(m["mountPath"] + "/")]
+    (volume,) = [
+        v for v in _worker(r)["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"]
+    ]
+    assert volume["secret"]["secretName"] == "redis-cert"
+    redis = r.one("Deployment", "redis")
+    args = _container(redis)["args"]
+    assert args[args.index("--port") + 1] == "0"
+    assert int(args[args.index("--tls-port") + 1]) == url.port
+    with pytest.raises(HelmRenderError, match=r"redis\.tls\.secret"):
+        render({"redis": {"tls": {"enabled": True}}})
+
+
+def test_the_fleet_secret_is_made_once_or_taken_from_a_secret() -> None:
+    made = worker_settings(render())
+    assert made.fleet_secret is not None and len(made.fleet_secret) >= 32
+    r = render(VARIANTS["existing-fleet-secrets"])
+    kept = worker_settings(r)
+    assert kept.fleet_secret == KEPT_SECRETS["HARK_FLEET_SECRET"]
+    assert urlsplit(kept.redis_url or "").password == KEPT_SECRETS["REDIS_PASSWORD"]
+    # Nothing made for what the user keeps.
+    assert [s["metadata"]["name"] for s in r.all("Secret")] == ["hark-api-keys"]
+    refs = {
+        v["name"]: v["valueFrom"]["secretKeyRef"]
+        for v in _container(_worker(r))["env"]
+        if "secretKeyRef" in v.get("valueFrom", {})
+    }
+    assert refs["HARK_FLEET_SECRET"] == {"name": "fleet", "key": "secret"}
+    assert refs["REDIS_PASSWORD"] == {"name": "redis-auth", "key": "password"}
 
 
 def test_an_external_redis_replaces_the_charts() -> None:
@@ -318,7 +370,7 @@ def test_api_keys_come_from_the_chosen_secret() -> None:
     (key,) = made.api_keys
     assert key.startswith("sk-hark-") and len(key) >= 40
     r = render(VARIANTS["existing-keys"])
-    assert r.all("Secret") == []
+    assert [s["metadata"]["name"] for s in r.all("Secret")] == ["hark-fleet"]
     (ref,) = [
         v["valueFrom"]["secretKeyRef"]
         for v in _container(_worker(r))["env"]

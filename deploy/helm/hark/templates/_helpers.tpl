@@ -54,6 +54,30 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- if .Values.apiKeys.existingSecret }}{{ .Values.apiKeys.existingSecretKey }}{{ else }}api-keys{{ end }}
 {{- end }}
 
+{{/* The Secret the chart makes for the fleet: the fleet secret and Redis's password
+(each unless an existing Secret is named for it). */}}
+{{- define "hark.fleetSecretName" -}}
+{{- printf "%s-fleet" (include "hark.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The Secret and key holding HARK_FLEET_SECRET. */}}
+{{- define "hark.fleetSecret" -}}
+{{- default (include "hark.fleetSecretName" .) .Values.fleetSecret.existingSecret }}
+{{- end }}
+
+{{- define "hark.fleetSecretKey" -}}
+{{- if .Values.fleetSecret.existingSecret }}{{ .Values.fleetSecret.existingSecretKey }}{{ else }}fleet-secret{{ end }}
+{{- end }}
+
+{{/* The Secret and key holding the chart's Redis's password. */}}
+{{- define "hark.redisPasswordSecret" -}}
+{{- default (include "hark.fleetSecretName" .) .Values.redis.auth.existingSecret }}
+{{- end }}
+
+{{- define "hark.redisPasswordKey" -}}
+{{- if .Values.redis.auth.existingSecret }}{{ .Values.redis.auth.existingSecretKey }}{{ else }}redis-password{{ end }}
+{{- end }}
+
 {{- define "hark.redisName" -}}
 {{- printf "%s-redis" (include "hark.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
@@ -93,6 +117,9 @@ sleep, the whole drain, then up to 15 s of shutdown (closing sessions, the store
 {{- define "hark.validate" -}}
 {{- if and (not .Values.redis.enabled) (not .Values.redis.url) (not .Values.redis.urlSecret) }}
 {{- fail "redis.enabled is false: set redis.url or redis.urlSecret (workers of a fleet must share one store)" }}
+{{- end }}
+{{- if and .Values.redis.enabled .Values.redis.tls.enabled (not .Values.redis.tls.secret) }}
+{{- fail "redis.tls.enabled: name the Secret with tls.crt, tls.key and ca.crt in redis.tls.secret" }}
 {{- end }}
 {{- if and (include "hark.llmUrls" .) (not (include "hark.llmModel" .)) }}
 {{- fail "llm.urls is set: llm.model must name the remote model" }}
