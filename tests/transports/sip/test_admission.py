@@ -78,8 +78,8 @@ def answer(
     )
 
 
-def gate(trunks: object, **options: float) -> InviteAdmission:
-    return InviteAdmission(parse_trunks(trunks), rate=options.pop("rate", 100.0), **options)
+def gate(trunks: object, rate: float = 100.0, burst: float | None = None) -> InviteAdmission:
+    return InviteAdmission(parse_trunks(trunks), rate=rate, burst=burst)
 
 
 def test_without_trunks_every_caller_is_admitted_under_no_trunk() -> None:

@@ -232,8 +232,7 @@ async def test_a_stranger_mid_call_gets_no_rtp_and_is_not_heard(
                 # Then the caller presses 5; once it is heard, the 7 would have been.
                 for duration in (160, 320, 480, 480):
                     press = TelephoneEvent(5, duration == 480, 10, duration).pack()
-                    packet = caller.sender.packet(press, payload_type=101)
-                    caller._rtp.sendto(packet, target)
+                    caller._rtp.sendto(caller.sender.packet(press, payload_type=101), target)
                 await events.until(has("input_audio_buffer.dtmf_event_received"))
                 received = len(caller.received)
                 await until(lambda: len(caller.received) >= received + 10, LIVENESS_S)
