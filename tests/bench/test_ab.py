@@ -139,6 +139,9 @@ def test_an_older_server_gets_only_the_options_it_lists() -> None:
     assert known_arguments(arguments, "--port PORT --engines") == arguments[:6]
     sip = serve_arguments(BENCHES["sip"], 8000, 5070)
     assert "--no-sip" not in sip and sip[sip.index("--sip-port") + 1] == "5070"
+    # A server from before the INVITE rate limit is started without it.
+    assert known_arguments(sip, "--rtc-port --sip-port") == sip[: sip.index("--sip-invite-rate")]
+    assert known_arguments(sip, "--rtc-port --sip-invite-rate") == sip
 
 
 def test_quick_runs_are_short_and_full_runs_are_the_documented_commands() -> None:
