@@ -541,9 +541,9 @@ def _validate_sip_exposure(values: dict[str, Any]) -> None:
         raise ConfigError(str(exc)) from None
     host = values.get("host", _DEFAULTS.host)
     sip_host = values.get("sip_host") or host
-    if not values["sip"] or _is_loopback(sip_host) or values["sip_trunks"]:
+    if not values["sip"] or is_loopback_host(sip_host) or values["sip_trunks"]:
         return
-    if values.get("sip_webhook_url") or (not values.get("api_keys") and not _is_loopback(host)):
+    if values.get("sip_webhook_url") or (not values.get("api_keys") and not is_loopback_host(host)):
         # A webhook decides every call; an HTTP API open beyond loopback is refused first.
         return
     # SIP has no API key: whoever reaches the port would talk to the LLM on our account.
@@ -555,13 +555,15 @@ def _validate_sip_exposure(values: dict[str, Any]) -> None:
     )
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback_host(host: str) -> bool:
+    """Whether ``host`` only ever reaches this machine (127.0.0.0/8, ::1, ``localhost``)."""
     name = host.strip().strip("[]").lower()
     if name == "localhost":
         return True
     try:
         return ipaddress.ip_address(name).is_loopback
     except ValueError:
+        # Any other host name may resolve to a public address.
         return False
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from hark.cluster import open_store
 from hark.cluster.store import ClusterStore
+from hark.config import is_loopback_host
 from hark.protocol.session_config import parse_session_config
 from hark.server.auth import (
     Authenticator,
@@ -19,7 +20,6 @@ from hark.server.auth import (
     Principal,
     bearer_key,
     check_bind_policy,
-    is_loopback_host,
     owner_of,
     subprotocol_key,
 )

@@ -24,7 +24,8 @@ from urllib.parse import urlsplit
 from aiohttp import web
 
 from hark.cluster.store import ClusterUnavailableError
-from hark.server.auth import Principal, bearer_key, is_loopback_host, subprotocol_key
+from hark.config import is_loopback_host
+from hark.server.auth import Principal, bearer_key, subprotocol_key
 from hark.server.errors import cluster_unavailable, error_response
 from hark.server.state import AUTHENTICATOR, SETTINGS
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import ipaddress
 import logging
 import secrets
 import time
@@ -22,6 +21,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from hark.cluster.store import ClusterStore
+from hark.config import is_loopback_host
 from hark.protocol.client_secrets import MAX_EXPIRY_SECONDS, MIN_EXPIRY_SECONDS
 from hark.protocol.session_config import SessionConfig
 
@@ -35,18 +35,6 @@ MAX_CACHED_KEYS = 10_000
 
 class InsecureBindError(RuntimeError):
     """No API keys are configured and the server would listen beyond loopback."""
-
-
-def is_loopback_host(host: str) -> bool:
-    """Whether ``host`` only ever reaches this machine (127.0.0.0/8, ::1, ``localhost``)."""
-    name = host.strip().strip("[]").lower()
-    if name == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        # Any other host name may resolve to a public address.
-        return False
 
 
 def check_bind_policy(host: str, api_keys: Iterable[str]) -> None:

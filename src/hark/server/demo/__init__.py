@@ -18,11 +18,11 @@ from urllib.parse import urlsplit
 from aiohttp import web
 
 from hark.cluster.store import ClusterUnavailableError
-from hark.config import Settings
+from hark.config import Settings, is_loopback_host
 from hark.protocol.client_secrets import encode_client_secret
 from hark.protocol.session_config import parse_session_config
 from hark.server.access import PUBLIC, requires
-from hark.server.auth import Authenticator, Principal, is_loopback_host
+from hark.server.auth import Authenticator, Principal
 from hark.server.errors import cluster_unavailable, error_response
 from hark.session.ids import IdGenerator
 
