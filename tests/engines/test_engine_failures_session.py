@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import pydantic
+from openai.types.realtime.realtime_server_event import RealtimeServerEvent
 
 from hark.config import Settings
 from hark.engines.asr import RecognitionRequest, TimedTranscript
@@ -31,6 +33,7 @@ from hark.session.runner import SessionRunner
 
 from .test_engine_failures import LIVENESS_S, FlakyVadModel
 
+SDK_EVENT = pydantic.TypeAdapter(RealtimeServerEvent)
 # Small, so that a stalled stage fails at once; the engines that do not stall answer in
 # microseconds.
 SHORT = StageTimeouts(llm_first_token=0.3, llm_token_gap=0.3, tts_clause=0.3, asr_request=0.3)
@@ -268,6 +271,14 @@ async def test_a_stalled_asr_fails_that_transcription_naming_the_stage_and_the_n
         send(runner, {"type": "input_audio_buffer.commit"})
         failed = await events.until(is_type("conversation.item.input_audio_transcription.failed"))
         assert failed["error"]["message"].startswith("ASR request timed out")
+        # No null fields: the JS agents SDK's schema takes each as an optional string and
+        # drops the event for a null (issue 28, point 8); the official SDK reads it.
+        assert failed["error"] == {
+            "type": "server_error",
+            "code": "transcription_failed",
+            "message": failed["error"]["message"],
+        }
+        SDK_EVENT.validate_python(failed)
 
         asr.stall = False
         append(runner, 1.0, level=3000)

@@ -112,11 +112,18 @@ class InputTranscriptionCompleted(
 class InputTranscriptionFailed(
     ServerEvent, tag="conversation.item.input_audio_transcription.failed"
 ):
-    """Transcription of the user's audio failed."""
+    """Transcription of the user's audio failed.
+
+    The error's fields that are null (``param``, mostly) are left out: the JS agents SDK's
+    schema of this event takes each as an optional string, and a null drops the event.
+    """
 
     item_id: str
     content_index: int
     error: dict[str, Any]
+
+    def __post_init__(self) -> None:
+        self.error = {name: value for name, value in self.error.items() if value is not None}
 
 
 class SpeechStarted(ServerEvent, tag="input_audio_buffer.speech_started"):

@@ -3,7 +3,7 @@
 The middleware authenticates before any handler runs and attaches the caller's
 ``Principal`` to the request (``principal(request)``). A route that declares nothing needs
 a key, so a new route is closed until it says otherwise. Requests that match no route
-pass through untouched, to get aiohttp's own 404 or 405.
+pass through unauthenticated, to get the JSON 404 or 405 of ``errors.route_errors``.
 
 A server without API keys (open mode, on loopback only) takes any key, so what keeps a web
 page out is the browser: a page of another origin sends its ``Origin``, and a page that

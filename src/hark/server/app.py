@@ -39,6 +39,7 @@ from hark.server.access import authentication
 from hark.server.admission import admit_session, release_in_background, usage_counter
 from hark.server.auth import Authenticator, check_bind_policy
 from hark.server.demo import DEMO_KEY_SECONDS, DemoPage
+from hark.server.errors import route_errors
 from hark.server.routes import (
     beta_sessions,
     calls,
@@ -131,7 +132,8 @@ def create_app(
     check_bind_policy(settings.host, settings.api_keys)
     # Validated with the settings: it parses.
     egress.configure(egress.EgressPolicy.parse(settings.egress_allow))
-    app = web.Application(middlewares=[authentication])
+    # Inside authentication: open mode's Host check answers unmatched requests too.
+    app = web.Application(middlewares=[authentication, route_errors])
     app[SETTINGS] = settings
     app[ENGINES] = engines
     app[STATE] = ServerState()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from aiohttp import web
 
 from hark.protocol.errors import ProtocolError
@@ -21,6 +23,30 @@ def error_response(
     if status == 401:
         response.headers["WWW-Authenticate"] = "Bearer"
     return response
+
+
+@web.middleware
+async def route_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Answer a path no route serves, or a method its route does not take, as OpenAI does:
+    404 ``Invalid URL (GET /path)`` and 405 ``Invalid method for URL (GET /path)`` in the
+    JSON error shape, never aiohttp's plain-text pages (SDKs parse the body as JSON)."""
+    unmatched = request.match_info.http_exception
+    if unmatched is None:
+        try:
+            return await handler(request)
+        except (web.HTTPNotFound, web.HTTPMethodNotAllowed) as raised:
+            unmatched = raised
+    where = f"{request.method} {request.path}"
+    if isinstance(unmatched, web.HTTPMethodNotAllowed):
+        response = error_response(405, f"Invalid method for URL ({where})")
+        response.headers["Allow"] = ", ".join(sorted(unmatched.allowed_methods))
+        return response
+    if unmatched.status == 404:
+        return error_response(404, f"Invalid URL ({where})")
+    # aiohttp's router answers only 404 and 405; anything else it raises is its own to send.
+    raise unmatched
 
 
 def invalid_request(exc: ProtocolError, status: int = 400) -> web.Response:
