@@ -229,6 +229,25 @@ def test_listed_tools_reach_the_llm_as_functions(driver: Driver) -> None:
     assert [t.name for t in generate.request.tools] == ["lookup"]
 
 
+def test_a_tool_without_a_description_is_listed_with_an_empty_one(driver: Driver) -> None:
+    # The JS agents SDK's schema of a listing requires a string description and drops the
+    # whole event for a null (issue 28, point 4). The MCP client passes on the server's
+    # None; a client's own listing item may hold a null too.
+    text_session(driver, mcp_tool())
+    (action,) = driver.take(ListMcpTools)
+    bare = wire.McpTool(name="book_table", input_schema={"type": "object"}, description=None)
+    driver.session.on_mcp_tools_listed(action.item_id, [WEATHER, bare], now=driver.now)
+    (_, done) = driver.pump()
+    assert [t["description"] for t in done["item"]["tools"]] == ["The weather in a city.", ""]
+    own = {
+        "type": "mcp_list_tools",
+        "server_label": "shop",
+        "tools": [{"name": "price", "input_schema": {}, "description": None}],
+    }
+    (added, *_) = driver.send({"type": "conversation.item.create", "item": own})
+    assert added["item"]["tools"][0]["description"] == ""
+
+
 def test_a_response_during_the_listing_goes_on_without_its_tools(driver: Driver) -> None:
     # A reply is not held up by a slow server (a listing may take its whole timeout): it
     # has the tools listed so far, and a client that needs them waits for

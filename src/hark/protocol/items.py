@@ -94,12 +94,21 @@ class FunctionCallOutputItem(_Item, tag="function_call_output"):
 
 
 class McpTool(Struct, forbid_unknown_fields=True, kw_only=True):
-    """A tool an MCP server offers."""
+    """A tool an MCP server offers.
+
+    A tool without a description has ``""``, never ``null``: the JS agents SDK's schema of
+    a listing requires a string and drops the whole event otherwise (the SDK's types allow
+    either).
+    """
 
     name: str
     input_schema: Any
-    description: str | None = None
+    description: str | None = ""
     annotations: Any = None
+
+    def __post_init__(self) -> None:
+        if self.description is None:
+            self.description = ""
 
 
 class McpListToolsItem(_Item, tag="mcp_list_tools"):
