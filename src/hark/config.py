@@ -156,7 +156,8 @@ class Settings:
     asr_timeout: float = 60.0
     # Where a client may point the server beyond the public internet (``hark.tools.egress``):
     # networks (CIDRs, addresses) and host names (``*.`` for a domain) an MCP ``server_url``
-    # may reach though they are loopback, private or link-local.
+    # may reach though they are loopback, private or link-local; the networks also admit a
+    # WebRTC offer's candidates there to the server's ICE checks.
     egress_allow: tuple[str, ...] = ()
     # A server without API keys answers only requests for a loopback ``Host`` from pages of
     # its own origin (or none); these open it to more Host names and page origins.

@@ -183,8 +183,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="CIDR|HOST[,...]",
         help="networks and host names (*.domain for all under it) a client may point the "
-        "server at though they are not public, e.g. an MCP server_url on 10.0.0.0/8 "
-        "(default: public addresses only)",
+        "server at though they are not public, e.g. an MCP server_url on 10.0.0.0/8; the "
+        "networks also open ICE checks to a WebRTC offer's candidates there (default: "
+        "public addresses only, and candidates on the server's own kind of network)",
     )
     parser.add_argument(
         "--allowed-hosts",

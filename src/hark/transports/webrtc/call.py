@@ -35,10 +35,12 @@ from aiortc import (
 )
 
 from hark.session.runner import BACKLOG_EXCEEDED, MAX_BACKLOG_BYTES, SessionRunner
+from hark.tools import egress
 from hark.transports.beta import Dialect
 from hark.transports.input_budget import InputBudget, InputGate
 from hark.transports.sideband import Sidebands
 from hark.transports.ticker import PlayoutTicker
+from hark.transports.webrtc.candidates import CandidatePolicy
 from hark.transports.webrtc.ice import use_shared_port
 from hark.transports.webrtc.input_audio import InputAudio
 from hark.transports.webrtc.playout import PlayoutTrack
@@ -124,10 +126,14 @@ class Call:
     async def negotiate(self, offer: str, mux: UdpMux) -> str:
         """Answer ``offer`` with ICE on ``mux``; returns the SDP answer.
 
-        Raises ``OfferError`` when the offer cannot be answered (the call is closed then).
+        The server checks only the offer's candidates that are within policy for the
+        address its candidate carries, with the process's egress allow-list
+        (``hark.transports.webrtc.candidates``). Raises ``OfferError`` when the offer
+        cannot be answered (the call is closed then).
         """
         try:
-            offer, kinds = check_offer(offer)
+            policy = CandidatePolicy.serving_at(mux.candidate[0], egress.current())
+            offer, kinds = check_offer(offer, policy)
             if "audio" in kinds:
                 # Made before the offer is applied, so that it takes the offer's first audio
                 # section with Opus only: the playout track sends Opus packets.

@@ -9,28 +9,31 @@ from __future__ import annotations
 
 from aiortc import sdp
 
+from hark.transports.webrtc.candidates import CandidatePolicy, TooManyCandidates
+
 # A browser's offer with audio and a data channel is about 5 KB.
 MAX_OFFER_BYTES = 64 * 1024
-_MDNS_SUFFIX = ".local"
 
 
 class OfferError(ValueError):
     """The offer is not one hark can answer; the message says why."""
 
 
-def check_offer(text: str) -> tuple[str, list[str]]:
+def check_offer(text: str, candidates: CandidatePolicy) -> tuple[str, list[str]]:
     """Validate an offer; returns it ready for ``setRemoteDescription`` and its media kinds.
 
-    mDNS host candidates (``….local``, what browsers send by default) are removed:
-    resolving them would need multicast, and the client's own connectivity checks reveal
-    its address anyway (as a peer-reflexive candidate). Audio must offer Opus. Raises
-    ``OfferError``.
+    Its ICE candidates are screened by ``candidates`` (``hark.transports.webrtc.candidates``:
+    too many is an error; those outside policy, mDNS names among them, are removed). Audio
+    must offer Opus. Raises ``OfferError``.
     """
     if len(text.encode("utf-8", "surrogatepass")) > MAX_OFFER_BYTES:
         raise OfferError(f"The SDP offer is larger than {MAX_OFFER_BYTES} bytes.")
     if not text.lstrip().startswith("v=0"):
         raise OfferError("The request body is not an SDP offer (it must start with 'v=0').")
-    text = strip_mdns_candidates(text)
+    try:
+        text = candidates.screen(text)
+    except TooManyCandidates as exc:
+        raise OfferError(str(exc)) from None
     try:
         description = sdp.SessionDescription.parse(text)
     except Exception as exc:
@@ -50,21 +53,6 @@ def check_offer(text: str) -> tuple[str, list[str]]:
         ):
             raise OfferError("The SDP offer's audio must include the Opus codec.")
     return text, kinds
-
-
-def strip_mdns_candidates(text: str) -> str:
-    """``text`` without the ``a=candidate`` lines whose address is an mDNS name."""
-    lines = text.splitlines(keepends=True)
-    kept = [line for line in lines if not _is_mdns_candidate(line)]
-    return "".join(kept)
-
-
-def _is_mdns_candidate(line: str) -> bool:
-    if not line.startswith("a=candidate:"):
-        return False
-    fields = line.split()
-    # a=candidate:foundation component transport priority ADDRESS port typ …
-    return len(fields) > 4 and fields[4].lower().endswith(_MDNS_SUFFIX)
 
 
 def _reason(exc: Exception) -> str:
