@@ -156,7 +156,6 @@ def test_the_same_server_again_is_not_listed_again_and_a_changed_one_is(driver: 
 @pytest.mark.parametrize(
     ("tool", "param", "code"),
     [
-        (mcp_tool(connector_id="connector_gmail"), "session.tools[0].connector_id", None),
         (mcp_tool(server_url=None), "session.tools[0].server_url", "missing_required_parameter"),
         (mcp_tool(server_url="ftp://x/mcp"), "session.tools[0].server_url", "invalid_value"),
         (mcp_tool(server_label="a b"), "session.tools[0].server_label", None),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -54,11 +53,8 @@ class ResponseParams(ConfigStruct):
     reasoning: Any = None
 
 
-def parse_response_params(
-    data: dict[str, Any] | None, voices: Collection[str] | None = None
-) -> ResponseParams:
-    """Validate ``response.create``'s ``response`` object; errors name ``response.…``.
-    ``voices``: the installed voices a custom ``{"id": …}`` voice may name (any when None)."""
+def parse_response_params(data: dict[str, Any] | None) -> ResponseParams:
+    """Validate ``response.create``'s ``response`` object; errors name ``response.…``."""
     try:
         params = msgspec.convert(data or {}, ResponseParams)
     except msgspec.ValidationError as exc:
@@ -78,5 +74,5 @@ def parse_response_params(
         raise ProtocolError("metadata holds at most 16 keys.", param="response.metadata")
     check_no_prompt(params.prompt, "response.prompt")
     if params.audio and params.audio.output and params.audio.output.voice is not None:
-        check_voice(params.audio.output.voice, "response.audio.output.voice", voices)
+        check_voice(params.audio.output.voice, "response.audio.output.voice")
     return params

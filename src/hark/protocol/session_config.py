@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -87,7 +86,9 @@ class AudioInput(ConfigStruct):
 
 
 class VoiceId(ConfigStruct):
-    """A custom voice reference: on hark, the name of an installed voice of the TTS engine."""
+    """A custom voice reference. Any id is accepted and echoed, as OpenAI takes the ids of
+    the account's custom voices: one naming an installed voice of the TTS engine (Piper: the
+    model's or a speaker's name) speaks with it, any other with the default voice."""
 
     id: str
 
@@ -108,20 +109,10 @@ OPENAI_VOICES = (
 )
 
 
-def check_voice(voice: str | VoiceId, param: str, installed: Collection[str] | None) -> None:
-    """Refuse a voice as OpenAI does (``invalid_value`` naming ``param``): a name must be one
-    of OpenAI's, a custom ``{"id": …}`` one of the ``installed`` voices (any when None: the
-    engine passes names to a server that knows its own)."""
-    if isinstance(voice, VoiceId):
-        if installed is not None and voice.id not in installed:
-            choices = ", ".join(f"'{name}'" for name in installed) or "none"
-            raise ProtocolError(
-                f"Invalid value: '{voice.id[:100]}'. No such voice is installed; the installed "
-                f"voices are: {choices}.",
-                param=f"{param}.id",
-                code="invalid_value",
-            )
-    elif voice not in OPENAI_VOICES:
+def check_voice(voice: str | VoiceId, param: str) -> None:
+    """Refuse a voice name as OpenAI does (``invalid_value`` naming ``param``): a name must be
+    one of OpenAI's; a custom ``{"id": …}`` voice may be any."""
+    if isinstance(voice, str) and voice not in OPENAI_VOICES:
         choices = ", ".join(f"'{name}'" for name in OPENAI_VOICES[:-1])
         raise ProtocolError(
             f"Invalid value: '{voice[:100]}'. Supported values are: {choices}, and "
@@ -198,6 +189,11 @@ class McpToolDef(ConfigStruct, tag="mcp", tag_field="type"):
     # None asks for approval of every call, as OpenAI does by default.
     require_approval: Literal["always", "never"] | McpApprovalFilter | None = None
     server_description: str | None = None
+    # hark has no tool search: a deferred server's tools are listed and offered up front,
+    # which is what a search would find.
+    defer_loading: bool | None = None
+    # Without "direct" the model may not call the tools itself; hark has no other caller.
+    allowed_callers: list[Literal["direct", "programmatic"]] | None = None
 
 
 ToolDef = FunctionToolDef | McpToolDef
@@ -316,12 +312,16 @@ def parse_session_config(
     *,
     base: SessionConfig | None = None,
     param_prefix: str = "session",
-    voices: Collection[str] | None = None,
+    refused: list[ProtocolError] | None = None,
 ) -> SessionConfig:
     """Validate a (partial) session object and apply it over ``base`` (defaults when None).
 
-    ``voices``: the installed voices a custom ``{"id": …}`` voice may name (any when None).
-    Raises ProtocolError naming the offending parameter, e.g. ``session.audio.output.speed``.
+    What OpenAI would refuse raises ProtocolError naming the offending parameter, e.g.
+    ``session.audio.output.speed``, and nothing of the update applies. What OpenAI accepts
+    and hark cannot honour (an MCP server reached by ``connector_id`` or ``tunnel_id``, a
+    stored prompt) is set aside with an error of its own while the rest applies: the errors
+    go to ``refused``, or, when it is None (an HTTP request, whose answer holds one error),
+    the first is raised.
     """
     if not isinstance(data, dict):
         raise ProtocolError(
@@ -345,8 +345,8 @@ def parse_session_config(
         except msgspec.ValidationError as exc:
             raise from_validation_error(exc, param_prefix) from None
         base = base or transcription_defaults()
-    current = msgspec.to_builtins(base if base is not None else SessionConfig())
-    merged = _merge(current, data, ())
+    base = base if base is not None else SessionConfig()
+    merged = _merge(msgspec.to_builtins(base), data, ())
     try:
         config = msgspec.convert(merged, SessionConfig)
     except msgspec.ValidationError as exc:
@@ -356,8 +356,7 @@ def parse_session_config(
             "output_modalities must be exactly one of ['audio'] or ['text'].",
             param=f"{param_prefix}.output_modalities",
         )
-    check_no_prompt(config.prompt, f"{param_prefix}.prompt")
-    check_voice(config.audio.output.voice, f"{param_prefix}.audio.output.voice", voices)
+    check_voice(config.audio.output.voice, f"{param_prefix}.audio.output.voice")
     names = [tool.name for tool in config.tools if isinstance(tool, FunctionToolDef)]
     if len(set(names)) != len(names):
         raise ProtocolError("Tool names must be unique.", param=f"{param_prefix}.tools")
@@ -376,11 +375,69 @@ def parse_session_config(
             "not in tools.",
             param=f"{param_prefix}.tool_choice.server_label",
         )
+    config, errors = _set_aside(config, base, param_prefix)
+    if errors and refused is None:
+        raise errors[0]
+    if refused is not None:
+        refused.extend(errors)
     return config
 
 
+def _set_aside(
+    config: SessionConfig, base: SessionConfig, param: str
+) -> tuple[SessionConfig, list[ProtocolError]]:
+    """``config`` without what hark cannot honour, and an error for each part left out."""
+    errors: list[ProtocolError] = []
+    tools: list[ToolDef] = []
+    for index, tool in enumerate(config.tools):
+        unreachable = next(
+            (n for n in ("connector_id", "tunnel_id") if getattr(tool, n, None) is not None), None
+        )
+        if not isinstance(tool, McpToolDef) or unreachable is None:
+            tools.append(tool)
+            continue
+        errors.append(
+            ProtocolError(
+                f"'{unreachable}' is not supported: hark has no connectors or tunnels, so the "
+                f"MCP server '{tool.server_label}' was left out and the rest of the update "
+                "applied; give the server's 'server_url' to use it.",
+                param=f"{param}.tools[{index}].{unreachable}",
+                code="unsupported_parameter",
+            )
+        )
+    choice = config.tool_choice
+    if isinstance(choice, ToolChoiceMcp) and not any(
+        isinstance(t, McpToolDef) and t.server_label == choice.server_label for t in tools
+    ):
+        errors.append(
+            ProtocolError(
+                f"tool_choice names the MCP server '{choice.server_label}', which was left "
+                "out; tool_choice is 'auto'.",
+                param=f"{param}.tool_choice.server_label",
+                code="unsupported_parameter",
+            )
+        )
+        choice = "auto"
+    prompt = config.prompt
+    if prompt is not None and prompt != base.prompt:
+        errors.append(
+            ProtocolError(
+                "Stored prompts are not supported: hark has no prompt store, so the prompt was "
+                "left out and the rest of the update applied. Send the prompt's text as "
+                "instructions instead.",
+                param=f"{param}.prompt",
+                code="unsupported_parameter",
+            )
+        )
+        prompt = base.prompt
+    if errors:
+        config = msgspec.structs.replace(config, tools=tools, tool_choice=choice, prompt=prompt)
+    return config, errors
+
+
 def _check_mcp_tools(tools: list[ToolDef], param: str) -> None:
-    """What the type alone cannot say: one server per label, reached by ``server_url``."""
+    """What the type alone cannot say: one server per label, and one reached by URL has an
+    http(s) URL. A server named by ``connector_id`` or ``tunnel_id`` is set aside later."""
     labels: set[str] = set()
     for index, tool in enumerate(tools):
         if not isinstance(tool, McpToolDef):
@@ -392,17 +449,11 @@ def _check_mcp_tools(tools: list[ToolDef], param: str) -> None:
                 param=f"{where}.server_label",
             )
         labels.add(tool.server_label)
-        for name in ("connector_id", "tunnel_id"):
-            if getattr(tool, name) is not None:
-                raise ProtocolError(
-                    f"'{name}' is not supported: hark has no connectors or tunnels; "
-                    "give the MCP server's 'server_url'.",
-                    param=f"{where}.{name}",
-                    code="unsupported_parameter",
-                )
+        if tool.connector_id is not None or tool.tunnel_id is not None:
+            continue
         if not tool.server_url:
             raise ProtocolError(
-                "An MCP tool needs a 'server_url'.",
+                "An MCP tool needs one of 'server_url', 'connector_id' or 'tunnel_id'.",
                 param=f"{where}.server_url",
                 code="missing_required_parameter",
             )

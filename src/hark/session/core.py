@@ -108,8 +108,8 @@ class Session:
         ``plays_audio``: the transport plays reply audio itself (WebRTC, SIP), so audio
         leaves as PlayAudio actions instead of ``response.output_audio.delta`` events.
         ``audio_retention_s``: how many seconds of the latest conversation audio items keep;
-        older items keep only their words. ``voices``: the TTS engine's installed voices, which
-        a custom ``{"id": …}`` voice must name (any when None). ``takes_images``: whether the
+        older items keep only their words. ``voices``: the TTS engine's installed voices, no
+        longer consulted (any custom ``{"id": …}`` voice is taken). ``takes_images``: whether the
         LLM reads images; when not, items with images are refused."""
         self.ids = ids or IdGenerator()
         self.id = session_id or self.ids.new("sess")
@@ -127,7 +127,6 @@ class Session:
         self._client_items: dict[str, int] = {}
         self._client_items_bytes = 0
         self._plays_audio = plays_audio
-        self._voices = voices
         self._takes_images = takes_images
         self._playout = PlayoutState(self._outbox, self.conversation)
         # The parts call back into the session through a weak proxy: strong references would
@@ -313,7 +312,7 @@ class Session:
                 "invalid_event",
             )
         elif isinstance(event, ce.SessionUpdate):
-            self._update_session(event.session)
+            self._update_session(event.session, event.event_id)
         elif isinstance(event, ce.InputAudioBufferCommit):
             self._turns.commit()
         elif isinstance(event, ce.InputAudioBufferClear):
@@ -328,7 +327,7 @@ class Session:
         elif isinstance(event, ce.ConversationItemDelete):
             self._delete(event.item_id)
         elif isinstance(event, ce.ResponseCreate):
-            self._create_response(parse_response_params(event.response, self._voices))
+            self._create_response(parse_response_params(event.response))
         elif isinstance(event, ce.ResponseCancel):
             self._responses.cancel(event.response_id)
         elif isinstance(event, ce.OutputAudioBufferClear):
@@ -340,10 +339,14 @@ class Session:
                 )
             self._playout.clear(requested=True)
 
-    def _update_session(self, update: dict[str, Any]) -> None:
+    def _update_session(self, update: dict[str, Any], event_id: str | None) -> None:
         # Any model name is taken and echoed: clients (the agents SDK among them) send their
         # own default, and hark serves the model it has whatever the session is called.
-        self._apply_config(parse_session_config(update, base=self.config, voices=self._voices))
+        # What hark cannot honour is set aside with an error each; the rest applies.
+        refused: list[ProtocolError] = []
+        self._apply_config(parse_session_config(update, base=self.config, refused=refused))
+        for error in refused:
+            self._outbox.error(error, event_id)
         self._outbox.emit(se.SessionUpdated(session=self._session_dict()))
         # MCP servers the update adds are listed after it, as OpenAI does.
         self._mcp.configure(self.config.tools)

@@ -151,10 +151,15 @@ class McpTools:
 
     def offered(self, taken: set[str]) -> dict[str, tuple[McpTarget, wire.McpTool]]:
         """The listed tools by the name the LLM sees: the tool's own, or, where a function
-        or another server's tool has it already, ``<server_label>__<name>``."""
+        or another server's tool has it already, ``<server_label>__<name>``. A server whose
+        ``allowed_callers`` leaves out ``direct`` offers none."""
         names: dict[str, tuple[McpTarget, wire.McpTool]] = {}
         used = set(taken)
         for label, server in self._servers.items():
+            callers = server.config.allowed_callers
+            if callers is not None and "direct" not in callers:
+                # Tools only code may call: hark runs no code that calls tools.
+                continue
             for tool in server.tools:
                 name = tool.name if tool.name not in used else f"{label}__{tool.name}"
                 if name in used:
