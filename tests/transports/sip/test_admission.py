@@ -17,14 +17,20 @@ STRANGER = "198.51.100.66"
 URI = "sip:+15550100@hark.example.com"
 
 
-def invite(uri: str = URI, *, to: str | None = None, authorization: str | None = None) -> Request:
+def invite(
+    uri: str = URI,
+    *,
+    to: str | None = None,
+    authorization: str | None = None,
+    method: str = "INVITE",
+) -> Request:
     lines = [
-        f"INVITE {uri} SIP/2.0",
+        f"{method} {uri} SIP/2.0",
         "Via: SIP/2.0/UDP 203.0.113.9:5060;branch=z9hG4bKabc",
         "From: <sip:pbx@203.0.113.9>;tag=1",
         f"To: <{to or uri}>",
         "Call-ID: c1",
-        "CSeq: 1 INVITE",
+        f"CSeq: 1 {method}",
         "Contact: <sip:pbx@203.0.113.9>",
         *([f"Authorization: {authorization}"] if authorization else []),
         "Content-Length: 0",
@@ -54,8 +60,10 @@ def answer(
     uri: str = URI,
     nc: str = "00000001",
     qop: bool = True,
+    method: str = "INVITE",
 ) -> str:
-    """The Authorization a phone sends for ``challenge`` (a WWW-Authenticate value)."""
+    """The Authorization a phone sends for ``challenge`` (a WWW-Authenticate value) on a
+    request of ``method``."""
     params = challenge_params(challenge)
     algorithm = params["algorithm"]
 
@@ -64,7 +72,7 @@ def answer(
         return hashlib.new(name, text.encode()).hexdigest()
 
     ha1 = digest(f"{username}:{params['realm']}:{password}")
-    ha2 = digest(f"INVITE:{uri}")
+    ha2 = digest(f"{method}:{uri}")
     cnonce = "0a4f113b"
     if qop:
         response = digest(f"{ha1}:{params['nonce']}:{nc}:{cnonce}:auth:{ha2}")
@@ -191,6 +199,39 @@ def test_invites_beyond_the_rate_of_one_source_get_503_with_retry_after() -> Non
     assert admission.check(invite(), PBX, 0.0).status is None
     assert admission.check(invite(), STRANGER, 1.0).status is None
     assert admission.check(invite(), STRANGER, 1.0).status == 503
+
+
+def options(uri: str = URI, *, authorization: str | None = None) -> Request:
+    return invite(uri, authorization=authorization, method="OPTIONS")
+
+
+def test_options_from_a_source_no_trunk_covers_are_refused_and_numbers_not_asked() -> None:
+    admission = gate([{"name": "pbx", "addresses": [PBX], "numbers": ["+15550199"]}])
+    assert admission.check(options(), STRANGER, 0.0).status == 403
+    # A trunk's keepalive dials no number: the trunk's address is enough.
+    verdict = admission.check(options("sip:hark@hark.example.com"), PBX, 0.0)
+    assert verdict.status is None and verdict.trunk is not None
+    assert admission.check(invite("sip:hark@hark.example.com"), PBX, 0.0).status == 403
+
+
+def test_options_are_challenged_as_an_invite_is() -> None:
+    admission = gate([{"name": "office", "username": "alice", "password": "s3cret"}])
+    challenged = admission.check(options(), STRANGER, 0.0)
+    assert challenged.status == 401
+    (challenge,) = [v for _, v in challenged.headers]
+    # The answer covers the method: one computed for an INVITE does not pass.
+    wrong_method = answer(challenge, username="alice", password="s3cret")
+    assert admission.check(options(authorization=wrong_method), STRANGER, 1.0).status == 403
+    good = answer(challenge, username="alice", password="s3cret", nc="2", method="OPTIONS")
+    assert admission.check(options(authorization=good), STRANGER, 1.0).status is None
+
+
+def test_options_and_invites_share_a_sources_rate() -> None:
+    admission = gate([], rate=1.0, burst=2.0)
+    assert admission.check(options(), STRANGER, 0.0).status is None
+    assert admission.check(invite(), STRANGER, 0.0).status is None
+    assert admission.check(options(), STRANGER, 0.0).status == 503
+    assert admission.check(invite(), STRANGER, 0.0).status == 503
 
 
 @pytest.mark.parametrize(

@@ -60,6 +60,17 @@ async def test_a_caller_from_an_unlisted_address_is_refused(tmp_path: Path, tran
         # The listed address still gets through.
         run = await run_sipp("uac_rtp", server.sip_port, tmp_path, transport=transport)
         assert run.ok, run.describe()
+        # A scanner's OPTIONS from the unlisted address learns no capabilities; the trunk's
+        # keepalive is answered.
+        probe = await run_sipp(
+            "options", server.sip_port, tmp_path, transport=transport, local_ip="127.0.0.2"
+        )
+        assert probe.ok, probe.describe()
+        (refused,) = probe.received()
+        assert refused.startswith("SIP/2.0 403") and "Allow:" not in refused, probe.describe()
+        keepalive = await run_sipp("options", server.sip_port, tmp_path, transport=transport)
+        assert keepalive.ok, keepalive.describe()
+        assert keepalive.received()[0].startswith("SIP/2.0 200"), keepalive.describe()
 
 
 async def test_a_caller_without_credentials_is_challenged_and_never_rings(tmp_path: Path) -> None:

@@ -132,6 +132,59 @@ async def test_a_flood_of_invites_from_one_address_gets_503() -> None:
             await phone.close()
 
 
+async def test_options_from_an_unlisted_address_get_403_and_no_capabilities() -> None:
+    async with gated('[{"name": "pbx", "addresses": ["127.0.0.1/32"]}]') as harness:
+        stranger = await udp_peer("127.0.0.2", harness.uas.port)
+        try:
+            stranger.send(dialog_on(stranger, "127.0.0.2").request("OPTIONS"))
+            refused = await stranger.response(403, "OPTIONS")
+            assert refused.get_all("Allow") == [] and refused.get("Accept") is None
+        finally:
+            await stranger.close()
+        listed = await Peer.open("udp", harness.uas.port)
+        try:
+            listed.send(Dialog(listed).request("OPTIONS"))
+            ok = await listed.response(200, "OPTIONS")
+            assert "INVITE" in ok.get_all("Allow")
+        finally:
+            await listed.close()
+
+
+async def test_options_are_challenged_as_invites_are() -> None:
+    trunks = '[{"name": "office", "username": "alice", "password": "s3cret"}]'
+    async with gated(trunks) as harness:
+        phone = await Peer.open("udp", harness.uas.port)
+        try:
+            dialog = Dialog(phone)
+            phone.send(dialog.request("OPTIONS"))
+            challenge = await phone.response(401, "OPTIONS")
+            assert challenge.get_all("Allow") == []
+            (offered,) = challenge.get_all("WWW-Authenticate")
+            dialog.cseq += 1
+            right = answer(offered, username="alice", password="s3cret", uri=URI, method="OPTIONS")
+            phone.send(dialog.request("OPTIONS", headers=(("Authorization", right),)))
+            ok = await phone.response(200, "OPTIONS")
+            assert "INVITE" in ok.get_all("Allow")
+        finally:
+            await phone.close()
+
+
+async def test_options_and_invites_share_one_rate_per_source() -> None:
+    async with gated("[]", rate=0.01, burst=1.0) as harness:
+        phone = await Peer.open("udp", harness.uas.port)
+        try:
+            phone.send(Dialog(phone).request("OPTIONS"))
+            await phone.response(200, "OPTIONS")
+            phone.send(Dialog(phone).request("OPTIONS"))
+            busy = await phone.response(503, "OPTIONS")
+            assert int(busy.get("Retry-After") or 0) >= 1
+            phone.send(Dialog(phone).invite())
+            await phone.response(503, "INVITE")
+            assert harness.calls.empty()
+        finally:
+            await phone.close()
+
+
 class _Listener(asyncio.Protocol):
     """A TCP port that counts the connections it is offered."""
 

@@ -1,7 +1,9 @@
 """Whether a new INVITE may ring: the per-source rate limit, then the inbound trunks.
 
 Every INVITE that would start a call (not a retransmission, not a re-INVITE) is looked at
-here before anything else happens to it: no 100 Trying, no ring, no webhook. In order:
+here before anything else happens to it: no 100 Trying, no ring, no webhook. An OPTIONS
+outside a dialog is judged the same way, but for the dialled numbers (it dials none), and
+is answered only once admitted. In order:
 
 1. **Rate**: each source address has a token bucket of ``rate`` INVITEs a second, bursts of
    ``burst``; beyond it the INVITE is answered 503 with ``Retry-After`` (Kamailio's
@@ -73,20 +75,22 @@ class InviteAdmission:
         self._buckets: OrderedDict[str, _Bucket] = OrderedDict()
 
     def check(self, request: Request, source_ip: str, now: float) -> Verdict:
-        """The verdict on a new INVITE from ``source_ip``."""
+        """The verdict on a new INVITE (or an out-of-dialog OPTIONS) from ``source_ip``."""
         wait = self._take(source_ip, now)
         if wait is not None:
             retry = str(max(1, math.ceil(wait)))
-            return Verdict(503, headers=[("Retry-After", retry)], reason="INVITE rate exceeded")
+            return Verdict(
+                503, headers=[("Retry-After", retry)], reason="the per-source rate exceeded"
+            )
         if not self.trunks:
             return Verdict(None)
         covering = [t for t in self.trunks if t.covers(source_ip)]
         if not covering:
             return Verdict(403, reason="no trunk takes calls from this address")
-        numbers = _dialled(request)
+        numbers = _dialled(request) if request.method == "INVITE" else None
         open_trunks = [t for t in covering if not t.needs_digest]
         for trunk in open_trunks:
-            if trunk.may_call(*numbers):
+            if numbers is None or trunk.may_call(*numbers):
                 return Verdict(None, trunk)
         by_user = {t.username: t for t in covering if t.needs_digest}
         if not by_user:
@@ -105,7 +109,7 @@ class InviteAdmission:
         if result.outcome == "stale":
             headers = self.digest.challenge(source_ip, now, stale=True)
             return Verdict(401, headers=headers, reason="stale nonce")
-        if not chosen.may_call(*numbers):
+        if numbers is not None and not chosen.may_call(*numbers):
             return Verdict(403, reason=f"trunk {chosen.name!r} may not call this number")
         return Verdict(None, chosen)
 

@@ -7,7 +7,8 @@ new INVITE becomes an ``IncomingCall`` handed to ``on_invite`` after 100 Trying;
 rings, answers, rejects, transfers (REFER) and hangs up through it, and hears of the peer's
 BYE, CANCEL, re-INVITE and INFO through its callbacks.
 
-What the server answers by itself: OPTIONS (200 with Allow and Accept), CANCEL (200, and
+What the server answers by itself: OPTIONS (200 with Allow and Accept, once admitted as a
+new INVITE would be), CANCEL (200, and
 487 to the INVITE it cancels), requests for dialogs it does not know (481), methods it
 knows but does not take (405 with Allow) or does not know (501), Require'd extensions
 (420), URI schemes other than sip/sips/tel (416), merged requests of a forking proxy (482),
@@ -18,7 +19,10 @@ of the message handler.
 New INVITEs pass an ``InviteAdmission`` first (``admission.py``: the per-source rate
 limit, the inbound trunks, digest authentication): one it refuses is answered statelessly
 (403, 401 with a challenge, 503 with Retry-After) and never becomes a call, so a stranger
-costs no transaction, no ring and no webhook.
+costs no transaction, no ring and no webhook. An OPTIONS outside a dialog passes the same
+gate (less the dialled numbers), as Asterisk challenges OPTIONS as it does INVITE: a
+scanner's OPTIONS from an address no trunk lists learns no capabilities, and OPTIONS
+share the per-source rate limit.
 
 In-dialog requests of ours (BYE, REFER) go back along the INVITE's own flow: on its
 connection (TCP, TLS) or to the address and port it came from (UDP), never to a host or
@@ -488,28 +492,31 @@ class UserAgentServer:
         key: TransactionKey,
         as_received: list[tuple[str, str]],
     ) -> None:
+        if request.method not in ("OPTIONS", "INVITE"):
+            self._reply(request, flow, 481)
+            return
+        trunk = None
+        if self.admission is not None:
+            verdict = self.admission.check(request, flow.remote[0], self._now())
+            if verdict.status is not None:
+                # A flood, and a scanner's OPTIONS, are refused at debug level: their log
+                # would be as large as they are.
+                quiet = verdict.status == 503 or request.method == "OPTIONS"
+                logger.log(
+                    logging.DEBUG if quiet else logging.INFO,
+                    "sip: %s from %s refused (%d): %s",
+                    request.method,
+                    flow.remote[0],
+                    verdict.status,
+                    verdict.reason,
+                )
+                self._answer_stateless(request, flow, verdict.status, None, verdict.headers)
+                return
+            trunk = verdict.trunk
         if request.method == "OPTIONS":
             self._reply(request, flow, 200, self._capabilities())
-        elif request.method == "INVITE":
-            trunk = None
-            if self.admission is not None:
-                verdict = self.admission.check(request, flow.remote[0], self._now())
-                if verdict.status is not None:
-                    # A flood is refused at debug level: its log would be the flood's size.
-                    level = logging.DEBUG if verdict.status == 503 else logging.INFO
-                    logger.log(
-                        level,
-                        "sip: INVITE from %s refused (%d): %s",
-                        flow.remote[0],
-                        verdict.status,
-                        verdict.reason,
-                    )
-                    self._answer_stateless(request, flow, verdict.status, None, verdict.headers)
-                    return
-                trunk = verdict.trunk
-            self._new_call(request, flow, key, as_received, trunk)
         else:
-            self._reply(request, flow, 481)
+            self._new_call(request, flow, key, as_received, trunk)
 
     def _in_dialog(self, request: Request, flow: Flow) -> None:
         call = self._calls.get(incoming_dialog_id(request))
