@@ -169,6 +169,9 @@ class Settings:
     max_sessions: int = 1000
     max_connections: int = 4096
     http_idle_timeout: float = 75.0
+    # The stored prompts a session's ``prompt {id, version, variables}`` names
+    # (``hark.protocol.prompts``): a directory read when the server starts (None: none).
+    prompts: str | None = None
 
     @property
     def llm_model_name(self) -> str:
@@ -298,6 +301,7 @@ def _validate(values: dict[str, Any]) -> Settings:
         "sip_webhook_url",
         "sip_webhook_secret",
         "sip_session",
+        "prompts",
     ):
         if name in values and not isinstance(values[name], str):
             raise ConfigError(f"{name} must be a string")
@@ -332,6 +336,7 @@ def _validate(values: dict[str, Any]) -> Settings:
     _validate_relay(values)
     _validate_sip(values)
     _validate_access_lists(values)
+    _validate_prompts(values)
     for name in ("max_sessions", "max_connections"):
         _positive_number(values, name, int)
     _positive_number(values, "http_idle_timeout", float)
@@ -530,6 +535,20 @@ def _validate_sip(values: dict[str, Any]) -> None:
             parse_session_config(parsed)
         except ProtocolError as exc:
             raise ConfigError(f"sip_session: {exc.message}") from None
+
+
+def _validate_prompts(values: dict[str, Any]) -> None:
+    """The prompt store must load, and its tools and voices be ones a session takes."""
+    directory = values.get("prompts")
+    if directory is None:
+        return
+    from hark.protocol.prompts import PromptStore, PromptStoreError
+    from hark.protocol.session_config import check_prompt_store
+
+    try:
+        check_prompt_store(PromptStore.load(directory))
+    except PromptStoreError as exc:
+        raise ConfigError(f"prompts: {exc}") from None
 
 
 def _validate_sip_exposure(values: dict[str, Any]) -> None:

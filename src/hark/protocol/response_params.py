@@ -9,6 +9,7 @@ from msgspec import Meta
 
 from hark.protocol.errors import ProtocolError, from_validation_error
 from hark.protocol.items import ResponseInputItem
+from hark.protocol.prompts import PromptReference
 from hark.protocol.session_config import (
     AudioFormat,
     ConfigStruct,
@@ -16,8 +17,8 @@ from hark.protocol.session_config import (
     MaxOutputTokens,
     ToolChoiceConfig,
     VoiceId,
-    check_no_prompt,
     check_voice,
+    with_prompt,
 )
 
 
@@ -48,13 +49,21 @@ class ResponseParams(ConfigStruct):
     audio: ResponseAudio | None = None
     metadata: dict[str, str] | None = None
     temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | None = None
-    prompt: Any = None
+    # Its fields are applied when the response is created: instructions, voice, and its
+    # tools (with the response's own) as the response's tools.
+    prompt: PromptReference | None = None
     parallel_tool_calls: bool | None = None
     reasoning: Any = None
 
 
 def parse_response_params(data: dict[str, Any] | None) -> ResponseParams:
-    """Validate ``response.create``'s ``response`` object; errors name ``response.…``."""
+    """Validate ``response.create``'s ``response`` object; errors name ``response.…``.
+    A ``prompt`` that cannot be resolved refuses the response."""
+    if data and data.get("prompt") is not None:
+        refused: list[ProtocolError] = []
+        data = with_prompt(data, [], "response", refused)
+        if refused:
+            raise refused[0]
     try:
         params = msgspec.convert(data or {}, ResponseParams)
     except msgspec.ValidationError as exc:
@@ -72,7 +81,6 @@ def parse_response_params(data: dict[str, Any] | None) -> ResponseParams:
         )
     if params.metadata is not None and len(params.metadata) > 16:
         raise ProtocolError("metadata holds at most 16 keys.", param="response.metadata")
-    check_no_prompt(params.prompt, "response.prompt")
     if params.audio and params.audio.output and params.audio.output.voice is not None:
         check_voice(params.audio.output.voice, "response.audio.output.voice")
     return params

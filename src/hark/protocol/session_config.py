@@ -7,7 +7,9 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta, Struct, field
 
+from hark.protocol import prompts
 from hark.protocol.errors import ProtocolError, from_validation_error
+from hark.protocol.prompts import PromptReference, PromptStore, PromptStoreError
 
 DEFAULT_INSTRUCTIONS = (
     "You are a helpful voice assistant. Answer in one short, plain sentence that reads well aloud."
@@ -119,17 +121,6 @@ def check_voice(voice: str | VoiceId, param: str) -> None:
             f"'{OPENAI_VOICES[-1]}'.",
             param=param,
             code="invalid_value",
-        )
-
-
-def check_no_prompt(prompt: object, param: str) -> None:
-    """Refuse a stored prompt reference: hark keeps no prompts to look one up in."""
-    if prompt is not None:
-        raise ProtocolError(
-            "Stored prompts are not supported: hark has no prompt store. Send the prompt's "
-            "text as instructions instead.",
-            param=param,
-            code="unsupported_parameter",
         )
 
 
@@ -251,7 +242,8 @@ class SessionConfig(ConfigStruct):
     tracing: Any = None
     # hark.turn_timings: a ``hark.turn_timings`` event with stage timings after each response.
     include: list[Include] | None = None
-    prompt: Any = None
+    # The stored prompt the session was last given (its fields applied then).
+    prompt: PromptReference | None = None
     parallel_tool_calls: bool | None = None
     reasoning: Any = None
 
@@ -346,6 +338,9 @@ def parse_session_config(
             raise from_validation_error(exc, param_prefix) from None
         base = base or transcription_defaults()
     base = base if base is not None else SessionConfig()
+    errors: list[ProtocolError] = []
+    if data.get("prompt") is not None:
+        data = with_prompt(data, msgspec.to_builtins(base.tools), param_prefix, errors)
     merged = _merge(msgspec.to_builtins(base), data, ())
     try:
         config = msgspec.convert(merged, SessionConfig)
@@ -375,7 +370,7 @@ def parse_session_config(
             "not in tools.",
             param=f"{param_prefix}.tool_choice.server_label",
         )
-    config, errors = _set_aside(config, base, param_prefix)
+    config = _set_aside(config, param_prefix, errors)
     if errors and refused is None:
         raise errors[0]
     if refused is not None:
@@ -383,11 +378,75 @@ def parse_session_config(
     return config
 
 
-def _set_aside(
-    config: SessionConfig, base: SessionConfig, param: str
-) -> tuple[SessionConfig, list[ProtocolError]]:
-    """``config`` without what hark cannot honour, and an error for each part left out."""
-    errors: list[ProtocolError] = []
+def with_prompt(
+    data: dict[str, Any], tools: list[Any], param: str, errors: list[ProtocolError]
+) -> dict[str, Any]:
+    """``data`` (a session update, or ``response.create``'s response) with the fields of
+    the stored prompt it names, as OpenAI applies a prompt: fields ``data`` sets itself win
+    (non-empty ``instructions``, ``audio.output.voice``, a tool of the same name); the
+    prompt's tools come first, before ``data``'s or, when it has none, ``tools``. A prompt
+    that cannot be resolved is left out, its error added to ``errors``."""
+    try:
+        reference = msgspec.convert(data["prompt"], PromptReference)
+    except msgspec.ValidationError as exc:
+        raise from_validation_error(exc, f"{param}.prompt") from None
+    store = prompts.current()
+    try:
+        if store is None:
+            raise ProtocolError(
+                "Stored prompts are not available: this server has no prompt store (start "
+                "it with --prompts DIR).",
+                param=f"{param}.prompt",
+                code="unsupported_parameter",
+            )
+        resolved = store.resolve(reference, f"{param}.prompt")
+    except ProtocolError as exc:
+        errors.append(exc)
+        return {name: value for name, value in data.items() if name != "prompt"}
+    data = dict(data)
+    if resolved.instructions is not None and not data.get("instructions"):
+        # The agents SDKs send an agent's missing instructions as "" beside its prompt.
+        data["instructions"] = resolved.instructions
+    if resolved.tools:
+        own = data["tools"] if isinstance(data.get("tools"), list) else tools
+        named = {_tool_key(t) for t in own}
+        data["tools"] = [t for t in resolved.tools if _tool_key(t) not in named] + own
+    if resolved.voice is not None:
+        # A malformed audio or output object is left for validation to name.
+        audio = data.get("audio", {})
+        output = audio.get("output", {}) if isinstance(audio, dict) else None
+        if isinstance(output, dict) and output.get("voice") is None:
+            data["audio"] = {**audio, "output": {**output, "voice": resolved.voice}}
+    return data
+
+
+def _tool_key(tool: object) -> object:
+    """What makes two tools the same tool: a function's name, an MCP server's label."""
+    if not isinstance(tool, dict):
+        return id(tool)
+    return (
+        tool.get("type"),
+        tool.get("server_label") if tool.get("type") == "mcp" else tool.get("name"),
+    )
+
+
+def check_prompt_store(store: PromptStore) -> None:
+    """Check every stored prompt's tools and voice as a session would take them; raises
+    ``PromptStoreError`` naming the file (at start-up, not when a client names it)."""
+    for prompt in store:
+        fields: dict[str, Any] = {}
+        if prompt.tools is not None:
+            fields["tools"] = prompt.tools
+        if prompt.voice is not None:
+            fields["audio"] = {"output": {"voice": prompt.voice}}
+        try:
+            parse_session_config(fields, param_prefix="prompt")
+        except ProtocolError as exc:
+            raise PromptStoreError(f"{prompt.path}: {exc.message}") from None
+
+
+def _set_aside(config: SessionConfig, param: str, errors: list[ProtocolError]) -> SessionConfig:
+    """``config`` without what hark cannot honour, an error in ``errors`` for each part."""
     tools: list[ToolDef] = []
     for index, tool in enumerate(config.tools):
         unreachable = next(
@@ -405,6 +464,8 @@ def _set_aside(
                 code="unsupported_parameter",
             )
         )
+    if len(tools) == len(config.tools):
+        return config
     choice = config.tool_choice
     if isinstance(choice, ToolChoiceMcp) and not any(
         isinstance(t, McpToolDef) and t.server_label == choice.server_label for t in tools
@@ -418,21 +479,7 @@ def _set_aside(
             )
         )
         choice = "auto"
-    prompt = config.prompt
-    if prompt is not None and prompt != base.prompt:
-        errors.append(
-            ProtocolError(
-                "Stored prompts are not supported: hark has no prompt store, so the prompt was "
-                "left out and the rest of the update applied. Send the prompt's text as "
-                "instructions instead.",
-                param=f"{param}.prompt",
-                code="unsupported_parameter",
-            )
-        )
-        prompt = base.prompt
-    if errors:
-        config = msgspec.structs.replace(config, tools=tools, tool_choice=choice, prompt=prompt)
-    return config, errors
+    return msgspec.structs.replace(config, tools=tools, tool_choice=choice)
 
 
 def _check_mcp_tools(tools: list[ToolDef], param: str) -> None:

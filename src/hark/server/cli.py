@@ -188,6 +188,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "public addresses only, and candidates on the server's own kind of network)",
     )
     parser.add_argument(
+        "--prompts",
+        default=None,
+        metavar="DIR",
+        help="stored prompts a session may name as prompt {id, version, variables}: "
+        "DIR/<id>.json or .txt, or DIR/<id>/<version>.json or .txt (default: none)",
+    )
+    parser.add_argument(
         "--allowed-hosts",
         default=None,
         metavar="HOST[,...]",
