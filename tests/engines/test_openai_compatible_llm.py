@@ -4,6 +4,7 @@ chat-completions chunks in OpenAI's wire format."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import socket
@@ -254,6 +255,8 @@ async def test_tool_calls_split_across_chunks(
     ]
     body = fake.requests[0]
     assert body["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
+    # Parallel calls are the backend's default unless the session turned them off.
+    assert "parallel_tool_calls" not in body
     assert body["tools"] == [
         {
             "type": "function",
@@ -264,6 +267,17 @@ async def test_tool_calls_split_across_chunks(
             },
         }
     ]
+
+
+async def test_parallel_tool_calls_false_reaches_the_backend(
+    server: tuple[FakeServer, str], make_llm: Callable[..., OpenAICompatibleLlm]
+) -> None:
+    # Issue 28, point 6: the backend is asked for one call at a time (the session also drops
+    # any call after the first, for backends that ignore the flag).
+    fake, url = server
+    request = dataclasses.replace(say("tool", tools=(WEATHER,)), parallel_tool_calls=False)
+    await collect(make_llm(url, api_key=KEY).generate(request))
+    assert fake.requests[0]["parallel_tool_calls"] is False
 
 
 async def test_request_body_maps_the_conversation(

@@ -96,6 +96,10 @@ class Response:
     function_called: bool = False
     # LLM runs after the first, each reading the MCP results before it.
     rounds: int = 0
+    # False: at most one tool call per LLM run (``parallel_tool_calls``).
+    parallel_tool_calls: bool = True
+    # The LLM run going on has called a tool.
+    round_called: bool = False
     # The LLM's token counts over all rounds.
     tokens: Finished = field(default_factory=lambda: Finished("stop"))
 
@@ -267,6 +271,11 @@ class ResponseLifecycle:
             tool_choice=params.tool_choice or cfg.tool_choice,
             temperature=params.temperature if params.temperature is not None else cfg.temperature,
             inputs=inputs,
+            parallel_tool_calls=(
+                cfg.parallel_tool_calls is not False
+                if params.parallel_tool_calls is None
+                else params.parallel_tool_calls
+            ),
         )
 
     def resume_waiting(self) -> None:
@@ -303,6 +312,7 @@ class ResponseLifecycle:
             # Out of band, the MCP calls made so far are in the response's output only.
             entries = [*entries, *response.output]
         response.generating = True
+        response.round_called = False
         generate = self.generate_action(response, entries)
         if not (response.in_band and first and self._speculation.adopt(generate)):
             self._outbox.act(generate)
@@ -338,6 +348,7 @@ class ResponseLifecycle:
             max_tokens=None if max_tokens == "inf" else max_tokens,
             temperature=response.temperature,
             truncation=engine_truncation(self._config().truncation),
+            parallel_tool_calls=response.parallel_tool_calls,
         )
         return Generate(
             response_id=response.id,
@@ -524,8 +535,11 @@ class ResponseLifecycle:
     def tool_call_started(self, response_id: str, call_id: str, name: str) -> None:
         """The LLM began a function call."""
         response = self.responses.get(response_id)
-        if response is None:
+        if response is None or (response.round_called and not response.parallel_tool_calls):
+            # Calls after the first of a run, with parallel_tool_calls false, are dropped
+            # (their arguments and end with them): the model asked for one at a time.
             return
+        response.round_called = True
         self._close_message(response, "completed")
         target = response.mcp_names.get(name)
         if target is not None:

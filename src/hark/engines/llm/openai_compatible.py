@@ -272,6 +272,8 @@ class OpenAICompatibleLlm:
         if request.tools:
             body["tools"] = [tool_to_openai(t) for t in request.tools]
             body["tool_choice"] = tool_choice_to_openai(request.tool_choice)
+            if not request.parallel_tool_calls:
+                body["parallel_tool_calls"] = False
         return body | (extra_body or {})
 
     def reply_reserve(self, request: GenerationRequest, context: int) -> int:
