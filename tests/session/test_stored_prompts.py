@@ -121,11 +121,17 @@ def test_a_prompt_that_cannot_be_resolved_is_an_error_and_the_rest_applies(
         assert events[0]["error"]["event_id"] == "evt_3"
         assert events[1]["session"]["instructions"] == "Be brief."
         assert events[1]["session"]["prompt"] is None
-    # A malformed reference is refused whole, as OpenAI would.
-    events = update(driver, instructions="Be long.", prompt={"version": "1"})
-    assert driver.types(events) == ["error"]
-    assert events[0]["error"]["param"] == "session.prompt.id"
-    assert driver.session.config.instructions == "Be brief."
+    # A malformed reference, or malformed fields beside a good one, refuse the whole
+    # update, as OpenAI would.
+    for session, param in (
+        ({"prompt": {"version": "1"}}, "session.prompt.id"),
+        ({"prompt": prompt("2", hotel="Ritz"), "tools": {"name": "x"}}, "session.tools"),
+        ({"prompt": prompt("2", hotel="Ritz"), "audio": "loud"}, "session.audio"),
+    ):
+        events = update(driver, instructions="Be long.", **session)
+        assert driver.types(events) == ["error"]
+        assert events[0]["error"]["param"] == param
+        assert driver.session.config.instructions == "Be brief."
 
 
 def test_without_a_store_a_prompt_is_an_error_and_the_rest_applies() -> None:

@@ -407,8 +407,9 @@ def with_prompt(
     if resolved.instructions is not None and not data.get("instructions"):
         # The agents SDKs send an agent's missing instructions as "" beside its prompt.
         data["instructions"] = resolved.instructions
-    if resolved.tools:
-        own = data["tools"] if isinstance(data.get("tools"), list) else tools
+    own = data.get("tools", tools)
+    # Malformed tools are left for validation to name.
+    if resolved.tools and isinstance(own, list):
         named = {_tool_key(t) for t in own}
         data["tools"] = [t for t in resolved.tools if _tool_key(t) not in named] + own
     if resolved.voice is not None:
