@@ -70,6 +70,9 @@ class Settings:
     asr_api_key: str | None = field(default=None, repr=False)
     # Piper: a voice's .onnx path; openai: the remote model's name.
     tts_model: str | None = None
+    # Which installed voice speaks for a voice a client names that the TTS lacks (an OpenAI
+    # custom voice id above all): (id, voice) pairs (``hark.engines.tts.voice_map``).
+    voice_map: tuple[tuple[str, str], ...] = ()
     tts_url: str | None = None
     tts_api_key: str | None = field(default=None, repr=False)
     api_keys: tuple[str, ...] = field(default=(), repr=False)
@@ -94,6 +97,14 @@ class Settings:
     redis_url: str | None = field(default=None, repr=False)
     # How other workers reach this one over HTTP (None: http://<host>:<port>).
     advertise_url: str | None = None
+    # TLS on the hop between workers (``hark.cluster.hop_tls``): this worker's certificate
+    # chain and key and the fleet's CA (PEM files, all three or none). With them the worker
+    # takes hops on a TLS listener on ``hop_port`` (0: any free port; the registry carries
+    # it) and forwards only over TLS.
+    hop_tls_cert: str | None = None
+    hop_tls_key: str | None = None
+    hop_tls_ca: str | None = None
+    hop_port: int = 0
     # This worker's zone: placement prefers workers of the caller's worker's zone.
     zone: str = ""
     # On SIGTERM: how long running sessions may go on before they are ended.
@@ -337,6 +348,7 @@ def _validate(values: dict[str, Any]) -> Settings:
     _validate_sip(values)
     _validate_access_lists(values)
     _validate_prompts(values)
+    _validate_voice_map(values)
     for name in ("max_sessions", "max_connections"):
         _positive_number(values, name, int)
     _positive_number(values, "http_idle_timeout", float)
@@ -450,6 +462,14 @@ def _validate_fleet(values: dict[str, Any]) -> None:
         parts = urlsplit(advertise)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ConfigError(f"advertise_url must be an http(s) URL, not {advertise!r}")
+    _validate_port(values, "hop_port")
+    hop_tls = ("hop_tls_cert", "hop_tls_key", "hop_tls_ca")
+    for name in hop_tls:
+        if values.get(name) is not None and not isinstance(values[name], str):
+            raise ConfigError(f"{name} must be the path of a PEM file")
+    given = [name for name in hop_tls if values.get(name)]
+    if given and len(given) != len(hop_tls):
+        raise ConfigError("hop_tls_cert, hop_tls_key and hop_tls_ca go together")
     _positive_number(values, "drain_timeout", float)
     for name in ("key_max_sessions", "key_requests_per_minute", "key_tokens_per_minute"):
         _positive_number(values, name, int)
@@ -549,6 +569,20 @@ def _validate_prompts(values: dict[str, Any]) -> None:
         check_prompt_store(PromptStore.load(directory))
     except PromptStoreError as exc:
         raise ConfigError(f"prompts: {exc}") from None
+
+
+def _validate_voice_map(values: dict[str, Any]) -> None:
+    """``ID=VOICE`` pairs (a string or, in the file, a table); the voices are checked against
+    the TTS engine's when it is built."""
+    raw = values.get("voice_map")
+    if raw is None or isinstance(raw, tuple):
+        return
+    from hark.engines.tts.voice_map import VoiceMapError, parse_voice_map
+
+    try:
+        values["voice_map"] = parse_voice_map(raw)
+    except VoiceMapError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _validate_sip_exposure(values: dict[str, Any]) -> None:

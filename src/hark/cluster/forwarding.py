@@ -8,12 +8,18 @@ valid on every worker, and no fleet secret is needed for the hop. A forwarded re
 carries ``FORWARDED_HEADER`` and is never forwarded again, so a stale registry cannot make
 requests go round in circles; a client that sets the header itself only gets the answer of
 the worker it reached.
+
+The hop is plain HTTP to the URL in the signed registry, unless the fleet has a hop CA
+(``hark.cluster.hop_tls``): then it goes only over TLS, to ``https`` URLs, both ends
+proving a certificate the CA signed, and a worker that advertises plain HTTP is not
+forwarded to at all.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Mapping
 
 import aiohttp
@@ -58,10 +64,15 @@ def is_forwarded(request: web.Request) -> bool:
 
 
 class Forwarder:
-    """Passes requests to other workers over a pool of keep-alive connections."""
+    """Passes requests to other workers over a pool of keep-alive connections.
 
-    def __init__(self, worker_id: str) -> None:
+    ``tls``: the hop's client context (``HopTls.client``); with it, requests go only to
+    ``https`` URLs, over it.
+    """
+
+    def __init__(self, worker_id: str, tls: ssl.SSLContext | None = None) -> None:
         self.worker_id = worker_id
+        self.tls = tls
         self._session: aiohttp.ClientSession | None = None
 
     def _client(self) -> aiohttp.ClientSession:
@@ -72,8 +83,20 @@ class Forwarder:
                 ),
                 # The hop must not pick up proxies from the environment.
                 trust_env=False,
+                connector=aiohttp.TCPConnector(ssl=self.tls if self.tls is not None else True),
             )
         return self._session
+
+    def _url(self, target: WorkerInfo, request: web.Request) -> URL:
+        """Where ``request`` goes on ``target``; raises ``ForwardError`` for a plain URL when
+        the hop must be TLS (the client's key would cross in clear)."""
+        url = _target_url(target, request)
+        if self.tls is not None and url.scheme != "https":
+            raise ForwardError(
+                f"worker {target.id} advertises a plain {url.scheme} URL; this fleet's hops "
+                "go over TLS only (--hop-tls-ca)"
+            )
+        return url
 
     async def aclose(self) -> None:
         """Close the connection pool."""
@@ -91,7 +114,7 @@ class Forwarder:
 
         Raises ``ForwardError`` when ``target`` cannot be reached or does not answer.
         """
-        url = _target_url(target, request)
+        url = self._url(target, request)
         try:
             async with self._client().request(
                 request.method, url, data=body, headers=self._headers(request)
@@ -117,9 +140,10 @@ class Forwarder:
             for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",")
             if p.strip()
         ]
+        url = self._url(target, request)
         try:
             upstream = await self._client().ws_connect(
-                _target_url(target, request),
+                url,
                 headers=self._headers(request),
                 protocols=offered,
                 max_msg_size=MAX_MESSAGE_BYTES,

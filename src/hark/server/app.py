@@ -26,6 +26,7 @@ from aiohttp.web_protocol import RequestHandler
 
 from hark.cluster import open_store
 from hark.cluster.forwarding import WORKER_HEADER, Forwarder
+from hark.cluster.hop_tls import HopTls, hop_url
 from hark.cluster.limits import FleetLimits
 from hark.cluster.node import ClusterNode, Load
 from hark.cluster.store import ClusterStore, ClusterUnavailableError
@@ -57,6 +58,7 @@ from hark.server.state import (
     CALLS,
     ENGINES,
     FORWARDER,
+    HOP_TLS,
     LIMITS,
     METRICS,
     NODE,
@@ -129,7 +131,8 @@ def create_app(
     ``session_limit_s`` is the session limit of WebSockets and calls alike (OpenAI's 60
     minutes; tests shorten it).
     Raises ``InsecureBindError`` when no API keys are configured and ``settings.host`` is not
-    loopback. The engines stay the caller's to close.
+    loopback, ``HopTlsError`` when the hop's certificate, key or CA cannot be loaded. The
+    engines stay the caller's to close.
     """
     check_bind_policy(settings.host, settings.api_keys)
     # Validated with the settings: it parses.
@@ -141,6 +144,10 @@ def create_app(
     app[SETTINGS] = settings
     app[ENGINES] = engines
     app[STATE] = ServerState()
+    hop_tls = None
+    if settings.hop_tls_cert and settings.hop_tls_key and settings.hop_tls_ca:
+        hop_tls = HopTls.load(settings.hop_tls_cert, settings.hop_tls_key, settings.hop_tls_ca)
+        app[HOP_TLS] = hop_tls
     if store is None:
         store = _open_store(app, settings)
     app[AUTHENTICATOR] = Authenticator(settings.api_keys, store)
@@ -155,7 +162,7 @@ def create_app(
         load=lambda: _load(app),
     )
     behind_relay(mux, settings.relay_address, settings.fleet_secret, app[NODE].id)
-    app[FORWARDER] = Forwarder(app[NODE].id)
+    app[FORWARDER] = Forwarder(app[NODE].id, tls=hop_tls.client if hop_tls else None)
     app[LIMITS] = FleetLimits(
         store,
         app[NODE].id,
@@ -292,6 +299,12 @@ def advertise_url(settings: Settings, port: int | None = None) -> str:
     if ":" in host:
         host = f"[{host}]"
     return f"http://{host}:{settings.port if port is None else port}"
+
+
+def set_hop_port(app: web.Application, port: int) -> None:
+    """The worker's TLS hop listener is bound on ``port``: other workers reach it there, at
+    the host ``--advertise-url`` (or the bound host) names."""
+    app[NODE].url = hop_url(advertise_url(app[SETTINGS]), port)
 
 
 def set_advertised_port(app: web.Application, port: int) -> None:

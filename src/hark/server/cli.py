@@ -188,6 +188,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "public addresses only, and candidates on the server's own kind of network)",
     )
     parser.add_argument(
+        "--voice-map",
+        default=None,
+        metavar="ID=VOICE[,...]",
+        help="which installed voice speaks for a voice the TTS lacks, e.g. an OpenAI custom "
+        "voice id: voice_68ad2a=en_US-joe-medium (default: the engine's default voice)",
+    )
+    parser.add_argument(
         "--prompts",
         default=None,
         metavar="DIR",
@@ -242,6 +249,28 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="URL",
         help="how other workers reach this one (default http://<host>:<port>)",
+    )
+    fleet.add_argument(
+        "--hop-tls-cert",
+        default=None,
+        metavar="PEM",
+        help="TLS between workers: this worker's certificate chain, signed by --hop-tls-ca; "
+        "hops then come to a TLS listener and are forwarded over TLS only",
+    )
+    fleet.add_argument("--hop-tls-key", default=None, metavar="PEM", help="its private key")
+    fleet.add_argument(
+        "--hop-tls-ca",
+        default=None,
+        metavar="PEM",
+        help="the fleet's CA: workers' hop certificates must be signed by it (both ways)",
+    )
+    fleet.add_argument(
+        "--hop-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="the TLS hop listener's port (default 0: any free port, advertised in the "
+        "registry; with --workers, worker i takes PORT + i)",
     )
     fleet.add_argument("--zone", default=None, metavar="NAME", help="this worker's zone")
     fleet.add_argument(
@@ -461,15 +490,18 @@ async def _serve_until(
 ) -> int:
     from aiohttp import web
 
+    from hark.cluster.hop_tls import HopTlsError
     from hark.observability.tracing import TracingUnavailableError
     from hark.server.app import (
         create_app,
         drain_app,
         make_runner,
         set_advertised_port,
+        set_hop_port,
         webrtc_startup_error,
     )
     from hark.server.auth import InsecureBindError
+    from hark.server.state import HOP_TLS, NODE
 
     try:
         chosen = ", ".join(f"{kind}: {name}" for kind, name in engine_names(settings).items())
@@ -480,7 +512,7 @@ async def _serve_until(
     try:
         try:
             app = create_app(settings, engines)
-        except (InsecureBindError, TracingUnavailableError) as exc:
+        except (InsecureBindError, TracingUnavailableError, HopTlsError) as exc:
             logger.error("%s", exc)
             return EXIT_USAGE
         runner = make_runner(app)
@@ -495,11 +527,12 @@ async def _serve_until(
                 if sock is None
                 else web.SockSite(runner, sock)
             )
+            hop_tls = app.get(HOP_TLS)
             try:
                 await site.start()
                 if sock is None:
                     set_advertised_port(app, runner.addresses[0][1])
-                else:
+                elif hop_tls is None:
                     # The workers of `--workers` share the public port, so other workers
                     # reach each one on a port of its own.
                     await web.TCPSite(runner, settings.host, 0).start()
@@ -507,8 +540,26 @@ async def _serve_until(
             except OSError as exc:
                 logger.error("cannot listen on %s port %d: %s", settings.host, settings.port, exc)
                 return 1
+            public = list(runner.addresses)
+            if hop_tls is not None:
+                # Other workers reach this one on its TLS hop listener alone.
+                hop_site = web.TCPSite(
+                    runner, settings.host, settings.hop_port, ssl_context=hop_tls.server
+                )
+                try:
+                    await hop_site.start()
+                except OSError as exc:
+                    logger.error(
+                        "cannot listen for worker hops on %s port %d: %s",
+                        settings.host,
+                        settings.hop_port,
+                        exc,
+                    )
+                    return 1
+                set_hop_port(app, runner.addresses[-1][1])
+                logger.info("worker hops over TLS at %s", app[NODE].url)
             settled = asyncio.create_task(_settle_heap_when_warm(app), name="hark-settle-heap")
-            for host, port, *_ in runner.addresses:
+            for host, port, *_ in public:
                 logger.info(
                     "hark %s listening on http://%s:%d (%s; model %s)",
                     __version__,

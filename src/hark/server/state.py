@@ -11,6 +11,7 @@ from typing import Any, Literal
 from aiohttp import web
 
 from hark.cluster.forwarding import Forwarder
+from hark.cluster.hop_tls import HopTls
 from hark.cluster.limits import FleetLimits
 from hark.cluster.node import ClusterNode
 from hark.config import Settings
@@ -76,6 +77,8 @@ SIP = web.AppKey("sip", SipService)
 METRICS = web.AppKey("metrics", Metrics)
 NODE = web.AppKey("node", ClusterNode)
 FORWARDER = web.AppKey("forwarder", Forwarder)
+# TLS on the worker-to-worker hop, present when the fleet has a hop CA.
+HOP_TLS = web.AppKey("hop_tls", HopTls)
 LIMITS = web.AppKey("limits", FleetLimits)
 # How long a session may last, in seconds.
 SESSION_LIMIT = web.AppKey("session_limit", float)

@@ -109,12 +109,17 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 
 def worker_settings(settings: Settings, index: int) -> Settings:
-    """Worker ``index``'s settings: one process each, a WebRTC UDP port of its own, and SIP
-    on the first worker only (a trunk points at one address; the accept, reject, refer and
-    hangup requests reach that worker from any other)."""
+    """Worker ``index``'s settings: one process each, a WebRTC UDP port and a TLS hop port
+    of its own, and SIP on the first worker only (a trunk points at one address; the
+    accept, reject, refer and hangup requests reach that worker from any other)."""
     rtc_port = settings.rtc_port + index if settings.rtc_port else 0
+    hop_port = settings.hop_port + index if settings.hop_port else 0
     return dataclasses.replace(
-        settings, workers=1, rtc_port=rtc_port, sip=settings.sip and index == 0
+        settings,
+        workers=1,
+        rtc_port=rtc_port,
+        hop_port=hop_port,
+        sip=settings.sip and index == 0,
     )
 
 
