@@ -49,6 +49,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "long-drain": {"hark": {"drainTimeoutSeconds": 900, "preStopSleepSeconds": 10}},
     "limits": {"hark": {"keyMaxSessions": 10, "keyTokensPerMinute": 50000}},
     "workers": {"hark": {"workers": 3}},
+    "hop-tls": {"hopTls": {"enabled": True, "secret": "hop-cert"}, "hark": {"workers": 3}},
     "no-policies": {
         "networkPolicy": {"enabled": False},
         "podDisruptionBudget": {"enabled": False},
@@ -301,6 +302,24 @@ def test_redis_speaks_tls_when_asked_and_the_workers_check_its_certificate() -> 
     assert int(args[args.index("--tls-port") + 1]) == url.port
     with pytest.raises(HelmRenderError, match=r"redis\.tls\.secret"):
         render({"redis": {"tls": {"enabled": True}}})
+
+
+def test_workers_hop_over_tls_when_asked_each_process_on_its_port() -> None:
+    assert worker_settings(render()).hop_tls_cert is None
+    r = render(VARIANTS["hop-tls"])
+    settings = worker_settings(r)
+    files = [settings.hop_tls_cert, settings.hop_tls_key, settings.hop_tls_ca]
+    worker = _container(_worker(r))
+    (mount,) = [m for m in worker["volumeMounts"] if m["name"] == "hop-tls"]
+    assert all(f and f.startswith(mount["mountPath"] + "/") for f in files)
+    (volume,) = [
+        v for v in _worker(r)["spec"]["template"]["spec"]["volumes"] if v["name"] == "hop-tls"
+    ]
+    assert volume["secret"]["secretName"] == "hop-cert"
+    hop_ports = [_port(worker, name)["containerPort"] for name in ("hop", "hop-1", "hop-2")]
+    assert hop_ports == [process_settings(settings, i).hop_port for i in range(3)]
+    with pytest.raises(HelmRenderError, match=r"hopTls\.secret"):
+        render({"hopTls": {"enabled": True}})
 
 
 def test_the_fleet_secret_is_made_once_or_taken_from_a_secret() -> None:
