@@ -191,6 +191,16 @@ def _openai_tts(settings: Settings) -> TtsEngine:
     )
 
 
+def _mapped_voices(tts: TtsEngine, settings: Settings) -> TtsEngine:
+    """``tts`` behind the operator's ``--voice-map``, whose voices it must have."""
+    from hark.engines.tts.voice_map import MappedVoices, VoiceMapError
+
+    try:
+        return MappedVoices(tts, dict(settings.voice_map))
+    except VoiceMapError as exc:
+        raise EngineUnavailableError(str(exc)) from exc
+
+
 def _fake_tts(settings: Settings) -> TtsEngine:
     from hark.engines.fake import FakeTts
 
@@ -262,11 +272,14 @@ def build_engines(settings: Settings) -> Engines:
 
     names = engine_names(settings)
     try:
+        tts = TTS_ENGINES[names["tts"]](settings)
+        if settings.voice_map:
+            tts = _mapped_voices(tts, settings)
         return Engines(
             vad=VAD_ENGINES[names["vad"]](settings),
             asr=ASR_ENGINES[names["asr"]](settings),
             llm=LLM_ENGINES[names["llm"]](settings),
-            tts=TTS_ENGINES[names["tts"]](settings),
+            tts=tts,
             # Real with every engine set, like the VAD: turn-taking is what fakes test.
             turn=LlamaCppEndOfTurn(),
             timeouts=StageTimeouts(
