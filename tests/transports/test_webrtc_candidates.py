@@ -302,3 +302,10 @@ async def test_an_offer_with_too_many_candidates_is_400(
     assert len(server.calls) == 0
     status, text = await post_offer(http, server, with_candidates(offer, lines))
     assert status == 201, text
+
+
+def test_a_server_address_that_is_no_ip_address_checks_public_candidates_only() -> None:
+    policy = CandidatePolicy.serving_at("media.example.com")
+    assert policy.allows(ipaddress.ip_address("8.8.8.8"))
+    assert not policy.allows(ipaddress.ip_address("127.0.0.1"))
+    assert not policy.allows(ipaddress.ip_address("10.1.2.3"))

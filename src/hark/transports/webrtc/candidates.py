@@ -71,18 +71,23 @@ def network_kind(address: IPAddress) -> str | None:
 class CandidatePolicy:
     """Which candidate addresses a server reached at ``server`` sends checks to.
 
-    ``server`` is the address clients reach the server at (the one its candidate carries);
-    ``allow`` is the operator's egress allow-list (only its networks apply: a candidate
-    names an address, not a host).
+    ``server`` is the address clients reach the server at (the one its candidate carries;
+    None when that is no IP address: then only public candidates qualify); ``allow`` is the
+    operator's egress allow-list (only its networks apply: a candidate names an address,
+    not a host).
     """
 
-    server: IPAddress
+    server: IPAddress | None
     allow: EgressPolicy = field(default_factory=EgressPolicy)
 
     @classmethod
     def serving_at(cls, server: str, allow: EgressPolicy | None = None) -> CandidatePolicy:
         """The policy of a server whose candidate carries the address ``server``."""
-        return cls(ipaddress.ip_address(server), allow or EgressPolicy())
+        try:
+            address: IPAddress | None = ipaddress.ip_address(server)
+        except ValueError:
+            address = None
+        return cls(address, allow or EgressPolicy())
 
     def allows(self, address: IPAddress) -> bool:
         """Whether the server may send connectivity checks to ``address``."""
@@ -91,7 +96,7 @@ class CandidatePolicy:
             return True
         if self.allow.refusal(address) is None:
             return True
-        return kind is not None and kind == network_kind(self.server)
+        return kind is not None and self.server is not None and kind == network_kind(self.server)
 
     def screen(self, text: str) -> str:
         """``text`` (an SDP offer) with only the candidate lines this policy keeps, and no
