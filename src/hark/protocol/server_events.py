@@ -338,12 +338,17 @@ class McpListToolsFailed(ServerEvent, tag="mcp_list_tools.failed"):
 
 
 class ResponseMcpCallArgumentsDelta(ServerEvent, tag="response.mcp_call_arguments.delta"):
-    """A piece of an MCP call's JSON arguments."""
+    """A piece of an MCP call's JSON arguments.
+
+    ``obfuscation`` is OpenAI's padding against guessing a delta from its size; hark sends
+    an empty one, since the JS agents SDK's schema of this event requires the field.
+    """
 
     response_id: str
     item_id: str
     output_index: int
     delta: str
+    obfuscation: str = ""
 
 
 class ResponseMcpCallArgumentsDone(ServerEvent, tag="response.mcp_call_arguments.done"):
