@@ -12,6 +12,7 @@ from typing import Any
 
 import openai
 import pytest
+from agents import function_tool
 from agents.realtime import RealtimeAgent, RealtimeSessionModelSettings
 
 from tests.servers import hark_serve
@@ -95,15 +96,24 @@ async def test_a_client_secret_carries_a_stored_prompt(prompt_server: Server) ->
         assert created.session.instructions == session.instructions
 
 
+@function_tool
+async def opening_hours(day: str) -> str:
+    """The restaurant's opening hours on a day."""
+    return "Noon to midnight."
+
+
 async def test_the_agents_sdk_runs_an_agent_with_a_stored_prompt(prompt_server: Server) -> None:
-    agent = RealtimeAgent(name="Concierge", prompt=concierge("1"))
+    # The SDK sends the agent's empty instructions, its tools and the prompt in one update.
+    agent = RealtimeAgent(name="Concierge", prompt=concierge("2"), tools=[opening_hours])
     async with conversation(prompt_server, agent, RealtimeSessionModelSettings()) as (
         _,
         recorder,
         microphone,
     ):
         updated = await recorder.wait_for("session.updated", 0)
-        assert updated["session"]["instructions"].startswith("You are the concierge of the Ritz.")
+        session = updated["session"]
+        assert session["instructions"].startswith("Night shift. You are the concierge of the Ritz.")
+        assert [t["name"] for t in session["tools"]] == ["book_table", "opening_hours"]
         mark = recorder.mark()
         microphone.say(await speech("What is the capital of France?"))
         done = await recorder.wait_for("response.done", mark)
