@@ -97,8 +97,8 @@ class McpTool(Struct, forbid_unknown_fields=True, kw_only=True):
     """A tool an MCP server offers.
 
     A tool without a description has ``""``, never ``null``: the JS agents SDK's schema of
-    a listing requires a string and drops the whole event otherwise (the SDK's types allow
-    either).
+    a listing requires a string, and reads an event that breaks it as an unknown one (the
+    Python SDK's types allow either).
     """
 
     name: str

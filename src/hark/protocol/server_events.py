@@ -115,7 +115,8 @@ class InputTranscriptionFailed(
     """Transcription of the user's audio failed.
 
     The error's fields that are null (``param``, mostly) are left out: the JS agents SDK's
-    schema of this event takes each as an optional string, and a null drops the event.
+    schema of this event takes each as an optional string, and reads the event as an
+    unknown one when one is null.
     """
 
     item_id: str
