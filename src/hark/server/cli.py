@@ -415,8 +415,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         metavar="PER_SECOND",
-        help="new INVITEs (and out-of-dialog OPTIONS) a second from one address, bursts of "
-        "twice that; more get 503 (default 10)",
+        help="new INVITEs (and other out-of-dialog requests) a second from one address, "
+        "bursts of twice that; more get 503 (default 10)",
     )
     sip.add_argument(
         "--sip-max-calls",

@@ -132,13 +132,17 @@ async def test_a_flood_of_invites_from_one_address_gets_503() -> None:
             await phone.close()
 
 
-async def test_options_from_an_unlisted_address_get_403_and_no_capabilities() -> None:
+async def test_an_unlisted_address_learns_no_methods_or_capabilities() -> None:
     async with gated('[{"name": "pbx", "addresses": ["127.0.0.1/32"]}]') as harness:
         stranger = await udp_peer("127.0.0.2", harness.uas.port)
         try:
             stranger.send(dialog_on(stranger, "127.0.0.2").request("OPTIONS"))
             refused = await stranger.response(403, "OPTIONS")
             assert refused.get_all("Allow") == [] and refused.get("Accept") is None
+            # A method hark does not take would be answered 405 with Allow.
+            stranger.send(dialog_on(stranger, "127.0.0.2").request("REGISTER"))
+            refused = await stranger.response(403, "REGISTER")
+            assert refused.get_all("Allow") == []
         finally:
             await stranger.close()
         listed = await Peer.open("udp", harness.uas.port)
@@ -146,6 +150,9 @@ async def test_options_from_an_unlisted_address_get_403_and_no_capabilities() ->
             listed.send(Dialog(listed).request("OPTIONS"))
             ok = await listed.response(200, "OPTIONS")
             assert "INVITE" in ok.get_all("Allow")
+            listed.send(Dialog(listed).request("REGISTER"))
+            not_allowed = await listed.response(405, "REGISTER")
+            assert "INVITE" in not_allowed.get_all("Allow")
         finally:
             await listed.close()
 

@@ -1,9 +1,9 @@
 """Whether a new INVITE may ring: the per-source rate limit, then the inbound trunks.
 
 Every INVITE that would start a call (not a retransmission, not a re-INVITE) is looked at
-here before anything else happens to it: no 100 Trying, no ring, no webhook. An OPTIONS
-outside a dialog is judged the same way, but for the dialled numbers (it dials none), and
-is answered only once admitted. In order:
+here before anything else happens to it: no 100 Trying, no ring, no webhook. Any other
+request outside a dialog (OPTIONS, REGISTER, MESSAGE…) is judged the same way, but for the
+dialled numbers (it dials none), and is answered only once admitted. In order:
 
 1. **Rate**: each source address has a token bucket of ``rate`` INVITEs a second, bursts of
    ``burst``; beyond it the INVITE is answered 503 with ``Retry-After`` (Kamailio's
@@ -75,7 +75,7 @@ class InviteAdmission:
         self._buckets: OrderedDict[str, _Bucket] = OrderedDict()
 
     def check(self, request: Request, source_ip: str, now: float) -> Verdict:
-        """The verdict on a new INVITE (or an out-of-dialog OPTIONS) from ``source_ip``."""
+        """The verdict on a new INVITE (or another out-of-dialog request) from ``source_ip``."""
         wait = self._take(source_ip, now)
         if wait is not None:
             retry = str(max(1, math.ceil(wait)))

@@ -7,8 +7,7 @@ new INVITE becomes an ``IncomingCall`` handed to ``on_invite`` after 100 Trying;
 rings, answers, rejects, transfers (REFER) and hangs up through it, and hears of the peer's
 BYE, CANCEL, re-INVITE and INFO through its callbacks.
 
-What the server answers by itself: OPTIONS (200 with Allow and Accept, once admitted as a
-new INVITE would be), CANCEL (200, and
+What the server answers by itself: OPTIONS (200 with Allow and Accept), CANCEL (200, and
 487 to the INVITE it cancels), requests for dialogs it does not know (481), methods it
 knows but does not take (405 with Allow) or does not know (501), Require'd extensions
 (420), URI schemes other than sip/sips/tel (416), merged requests of a forking proxy (482),
@@ -19,10 +18,11 @@ of the message handler.
 New INVITEs pass an ``InviteAdmission`` first (``admission.py``: the per-source rate
 limit, the inbound trunks, digest authentication): one it refuses is answered statelessly
 (403, 401 with a challenge, 503 with Retry-After) and never becomes a call, so a stranger
-costs no transaction, no ring and no webhook. An OPTIONS outside a dialog passes the same
-gate (less the dialled numbers), as Asterisk challenges OPTIONS as it does INVITE: a
-scanner's OPTIONS from an address no trunk lists learns no capabilities, and OPTIONS
-share the per-source rate limit.
+costs no transaction, no ring and no webhook. Every other request outside a dialog (OPTIONS,
+and methods answered 405 or 501) passes the same gate first, less the dialled numbers, as
+Asterisk challenges OPTIONS as it does INVITE and Kamailio's ``pike`` counts every request:
+a scanner at an address no trunk lists learns no methods or capabilities, and all of a
+source's requests share its rate.
 
 In-dialog requests of ours (BYE, REFER) go back along the INVITE's own flow: on its
 connection (TCP, TLS) or to the address and port it came from (UDP), never to a host or
@@ -48,7 +48,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from hark.transports.sip.admission import InviteAdmission
+from hark.transports.sip.admission import InviteAdmission, Verdict
 from hark.transports.sip.dialog import Dialog, incoming_dialog_id, new_branch, new_tag
 from hark.transports.sip.message import (
     Request,
@@ -462,6 +462,14 @@ class UserAgentServer:
         if request.method == "CANCEL":
             self._on_cancel(request, flow, key)
             return
+        trunk = None
+        if not request.to_addr.tag and self.admission is not None:
+            # Before anything that answers: a stranger's 405 would list our methods too.
+            verdict = self.admission.check(request, flow.remote[0], self._now())
+            if verdict.status is not None:
+                self._refuse(request, flow, verdict)
+                return
+            trunk = verdict.trunk
         status = self._precheck(request)
         if status is not None:
             self._reply(request, flow, *status)
@@ -469,7 +477,23 @@ class UserAgentServer:
         if request.to_addr.tag:
             self._in_dialog(request, flow)
         else:
-            self._out_of_dialog(request, flow, key, as_received)
+            self._out_of_dialog(request, flow, key, as_received, trunk)
+
+    def _refuse(self, request: Request, flow: Flow, verdict: Verdict) -> None:
+        """Answer a request the admission refused, statelessly."""
+        assert verdict.status is not None
+        # Only a call's refusal is worth a line at info: a flood's, or a scanner's probes,
+        # would make a log as large as they are.
+        quiet = verdict.status == 503 or request.method != "INVITE"
+        logger.log(
+            logging.DEBUG if quiet else logging.INFO,
+            "sip: %s from %s refused (%d): %s",
+            request.method,
+            flow.remote[0],
+            verdict.status,
+            verdict.reason,
+        )
+        self._answer_stateless(request, flow, verdict.status, None, verdict.headers)
 
     def _precheck(self, request: Request) -> tuple[int, list[tuple[str, str]]] | None:
         """A status to refuse the request with before it is looked at further, or None."""
@@ -491,32 +515,14 @@ class UserAgentServer:
         flow: Flow,
         key: TransactionKey,
         as_received: list[tuple[str, str]],
+        trunk: InboundTrunk | None,
     ) -> None:
-        if request.method not in ("OPTIONS", "INVITE"):
-            self._reply(request, flow, 481)
-            return
-        trunk = None
-        if self.admission is not None:
-            verdict = self.admission.check(request, flow.remote[0], self._now())
-            if verdict.status is not None:
-                # A flood, and a scanner's OPTIONS, are refused at debug level: their log
-                # would be as large as they are.
-                quiet = verdict.status == 503 or request.method == "OPTIONS"
-                logger.log(
-                    logging.DEBUG if quiet else logging.INFO,
-                    "sip: %s from %s refused (%d): %s",
-                    request.method,
-                    flow.remote[0],
-                    verdict.status,
-                    verdict.reason,
-                )
-                self._answer_stateless(request, flow, verdict.status, None, verdict.headers)
-                return
-            trunk = verdict.trunk
         if request.method == "OPTIONS":
             self._reply(request, flow, 200, self._capabilities())
-        else:
+        elif request.method == "INVITE":
             self._new_call(request, flow, key, as_received, trunk)
+        else:
+            self._reply(request, flow, 481)
 
     def _in_dialog(self, request: Request, flow: Flow) -> None:
         call = self._calls.get(incoming_dialog_id(request))
