@@ -12,12 +12,13 @@ from typing import Any
 import aiohttp
 import pytest
 
-from hark.bench.webrtc import CallClient
+from hark.bench.webrtc import AUDIBLE_RMS, CallClient, ReceivedFrame
 from hark.config import Settings
 from hark.engines.fake import FakeLlm
 from hark.engines.registry import Engines
 from hark.server.app import CALLS
 from hark.transports.webrtc.calls import Calls
+from hark.transports.webrtc.playout import FRAME_SAMPLES
 from tests.conftest import engines_sharing_turn
 from tests.server.conftest import RunningServer, serving, wait_ready
 
@@ -26,6 +27,9 @@ OTHER_KEY = "sk-test-webrtc-stranger-987654"
 # FakeLlm's reply five times over: 12 s of FakeTts speech (0.4 s a word), so that a cut made
 # once 600 ms of it has been heard lands inside it however long a busy machine takes.
 LONG_REPLY = " ".join(["The capital of France is Paris."] * 5)
+# A second of the track: after a reply cut short, a second of silence shows that it did not
+# go on, and a reply is told from the next by a gap at least this long.
+REPLY_GAP_FRAMES = 50
 
 
 class Listener:
@@ -145,3 +149,28 @@ async def collect(client: CallClient, last: str, limit_s: float = 30) -> list[di
 def of_type(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     """The events of one type."""
     return [e for e in events if e["type"] == kind]
+
+
+def first_reply(frames: list[ReceivedFrame]) -> list[ReceivedFrame]:
+    """The audible frames of the first reply on the track: in timestamp order, up to the first
+    second of the track's clock without any.
+
+    What a reply cut short sent is how many frames it filled, not the span of their
+    timestamps: a stall of the server's loop skips frames, and their timestamps with them (a
+    frame's timestamp is its time on the track's clock), so a busy machine made the span of
+    a 3520 ms reply read 3740 ms. And the reply is told from the next one by the track's
+    clock, not by when the next one's ``output_audio_buffer.started`` came over the data
+    channel: a busy client reads its media and its data channel each at its own pace.
+    """
+    heard = sorted((f for f in frames if f.rms > AUDIBLE_RMS), key=lambda f: f.pts)
+    reply = heard[:1]
+    for frame in heard[1:]:
+        if frame.pts - reply[-1].pts > REPLY_GAP_FRAMES * FRAME_SAMPLES:
+            break
+        reply.append(frame)
+    return reply
+
+
+def track_past(frames: list[ReceivedFrame], reply: list[ReceivedFrame]) -> bool:
+    """The client has the track up to a second past the end of ``reply``."""
+    return bool(reply) and frames[-1].pts > reply[-1].pts + REPLY_GAP_FRAMES * FRAME_SAMPLES
