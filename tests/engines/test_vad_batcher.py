@@ -17,7 +17,7 @@ import soxr
 
 from hark.engines import ObservableEngine
 from hark.engines.llm.failover import BackendObserver
-from hark.engines.vad import VadEngine, silero_gemm
+from hark.engines.vad import Outcomes, VadEngine, silero_gemm
 from hark.engines.vad.batcher import (
     VAD_WORTH_WAITING_ROWS,
     ArrivalRate,
@@ -26,6 +26,7 @@ from hark.engines.vad.batcher import (
     BatcherClosedError,
     BatchObserver,
 )
+from hark.engines.vad.delivery import DROPPED
 from hark.engines.vad.resample import chunk_resampler
 from hark.engines.vad.silero import (
     CHUNK_SAMPLES,
@@ -228,6 +229,39 @@ async def test_the_rows_of_one_push_are_answered_together_as_if_pushed_one_by_on
     # Each push of three rows came back whole (the last push may hold fewer).
     sizes = list(collections.Counter(turns).values())
     assert all(size % 3 == 0 for size in sizes[:-1]), sizes
+
+
+async def test_a_push_can_be_answered_in_one_call_with_the_misses_before_it(
+    question: npt.NDArray[np.float32],
+) -> None:
+    # A queue of two: of a push of five rows, the first three are dropped as it is queued
+    # (under the batcher's lock, so its thread takes none before), and their misses come
+    # first, in the same call as the two answers.
+    engine = BatchedSileroVad(max_batch=64, max_wait_ms=20, max_queued=2)
+    await engine.warmup()
+    rows = np.array(chunks_of(signals(question)[0]))[:8]
+    one_by_one = await pushed(engine, rows[3:5].reshape(-1))
+    calls: list[Outcomes] = []
+    done = asyncio.Event()
+
+    def outcomes(answers: Outcomes) -> None:
+        assert threading.current_thread() is threading.main_thread()
+        calls.append(list(answers))
+        done.set()
+
+    def single(*args: object) -> None:
+        raise AssertionError("answers went one by one to a stream that takes them together")
+
+    stream = engine.open_stream(single, single, on_outcomes=outcomes)
+    stream.push(rows[:5], 4)
+    await asyncio.wait_for(done.wait(), LIVENESS_S)
+    stream.close()
+    await engine.aclose()
+    (answers,) = calls
+    assert [epoch for _, epoch in answers] == [4] * 5
+    assert answers[:3] == [(DROPPED, 4)] * 3
+    assert all(isinstance(p, float) for p, _ in answers[3:])
+    assert_probabilities_close([p for p, _ in answers[3:] if isinstance(p, float)], one_by_one)
 
 
 def test_the_resampler_keeps_the_speech_band() -> None:

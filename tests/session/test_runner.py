@@ -109,6 +109,8 @@ class HeldVad:
         self,
         on_result: Callable[[float, int], None],
         on_missed: Callable[[int, str | None], None] | None = None,
+        *,
+        on_outcomes: object = None,
     ) -> HeldVad.Stream:
         return HeldVad.Stream(self, on_result)
 

@@ -33,6 +33,8 @@ class SilentVad:
         self,
         on_result: Callable[[float, int], None],
         on_missed: Callable[[int, str | None], None] | None = None,
+        *,
+        on_outcomes: object = None,
     ) -> SilentVad:
         self.on_result = on_result
         return self

@@ -29,6 +29,7 @@ from hark.engines.llm.truncation import ContextOverflow
 from hark.engines.registry import Engines
 from hark.engines.stage_timeouts import StageTimeoutError, limit
 from hark.engines.tts import installed_voices
+from hark.engines.vad import Missed, Outcomes
 from hark.observability.metrics import Metrics
 from hark.observability.session_metrics import SessionMetrics
 from hark.observability.turn_timing import TurnTimings
@@ -222,7 +223,9 @@ class SessionRunner:
         self._vad_waiting = _Arrivals(MAX_VAD_WAITING_RUNS)
         # When the audio behind the VAD result being handled now arrived.
         self._vad_arrived = 0.0
-        self._vad_stream = engines.vad.open_stream(self._on_vad, self._on_vad_missed)
+        self._vad_stream = engines.vad.open_stream(
+            self._on_vad, self._on_vad_missed, on_outcomes=self._on_vad_outcomes
+        )
         # Seconds of audio in the ASR requests running (``MAX_TRANSCRIBING_S``).
         self._transcribing_s = 0.0
         self._generations: dict[str, asyncio.Task[None]] = {}
@@ -613,6 +616,36 @@ class SessionRunner:
             self.session.on_vad(probability, epoch, now=self._clock())
         except Exception:
             self._internal_error()
+        self._flush()
+
+    def _on_vad_outcomes(self, outcomes: Outcomes) -> None:
+        """The VAD's answers for the oldest chunks pushed and not yet answered: those of one
+        push (three for a 100 ms append), and a miss for each chunk dropped before them.
+
+        What they make the core do is carried out once for all of them: flushing the core
+        after each answer cost as much again as the answer itself.
+        """
+        if self._closed:
+            return
+        now = self._now()
+        clock = self._clock()
+        session = self.session
+        waiting = self._vad_waiting
+        for probability, epoch in outcomes:
+            arrived = waiting.pop()
+            try:
+                if isinstance(probability, Missed):
+                    if probability.error is None:
+                        self.metrics.vad_chunk_dropped()
+                    session.on_vad_missed(epoch, probability.error, now=clock)
+                else:
+                    if arrived is None:
+                        arrived = now
+                    self.metrics.vad_chunk(arrived, now)
+                    self._vad_arrived = arrived
+                    session.on_vad(probability, epoch, now=clock)
+            except Exception:
+                self._internal_error()
         self._flush()
 
     def _on_vad_missed(self, epoch: int, error: str | None) -> None:

@@ -13,9 +13,22 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from hark.engines.vad.delivery import Missed
 from hark.engines.vad.resample import CHUNK_MS, UnsupportedRateError, chunk_samples
 
-__all__ = ["CHUNK_MS", "UnsupportedRateError", "VadEngine", "VadStream", "chunk_samples"]
+__all__ = [
+    "CHUNK_MS",
+    "Missed",
+    "Outcomes",
+    "UnsupportedRateError",
+    "VadEngine",
+    "VadStream",
+    "chunk_samples",
+]
+
+# The answers of one push, in order: each chunk's probability, or a ``Missed`` in its place,
+# with the epoch it was pushed under.
+Outcomes = list[tuple[float | Missed, int]]
 
 
 class VadStream(Protocol):
@@ -52,11 +65,18 @@ class VadEngine(Protocol):
         self,
         on_result: Callable[[float, int], None],
         on_missed: Callable[[int, str | None], None] | None = None,
+        *,
+        on_outcomes: Callable[[Outcomes], None] | None = None,
     ) -> VadStream:
         """A stream with fresh state; ``on_result(probability, epoch)`` gets every chunk's
         answer, in order, on the event loop that opened it. A chunk the engine could not
         answer gets ``on_missed(epoch, error)`` in its place instead: ``error`` says why the
-        model failed, or is None when the chunk was dropped because the engine fell behind."""
+        model failed, or is None when the chunk was dropped because the engine fell behind.
+
+        An engine that hands out a push's answers together may give them all to
+        ``on_outcomes`` in one call instead (when it is given), so that what they make the
+        session do is carried out once for the push rather than once a chunk; an engine that
+        does not calls ``on_result`` and ``on_missed``."""
         ...
 
     async def warmup(self) -> None:

@@ -35,7 +35,7 @@ import numpy.typing as npt
 from threadpoolctl import threadpool_limits
 
 from hark.engines import health
-from hark.engines.vad import silero_gemm
+from hark.engines.vad import Outcomes, silero_gemm
 from hark.engines.vad.delivery import DROPPED, Mailbox, Missed
 from hark.engines.vad.resample import CHUNK_MS, chunk_rate, chunk_resampler, chunk_samples
 from hark.engines.vad.silero import (
@@ -235,9 +235,12 @@ class BatchedSileroVad:
         self,
         on_result: Callable[[float, int], None],
         on_missed: Callable[[int, str | None], None] | None = None,
+        *,
+        on_outcomes: Callable[[Outcomes], None] | None = None,
     ) -> BatchedSileroVadStream:
         """A new stream with fresh state; results go to ``on_result`` on the current loop, and
-        chunks without one to ``on_missed`` (see ``VadEngine.open_stream``)."""
+        chunks without one to ``on_missed``, or each push's to ``on_outcomes`` together when
+        it is given (see ``VadEngine.open_stream``)."""
         loop = asyncio.get_running_loop()
         with self._cond:
             if self._closed:
@@ -251,7 +254,9 @@ class BatchedSileroVad:
             if mailbox is None:
                 mailbox = self._mailboxes[loop] = Mailbox(loop)
             mailbox.streams += 1
-        return BatchedSileroVadStream(self, row, on_result, on_missed or _ignore_miss, mailbox)
+        return BatchedSileroVadStream(
+            self, row, on_result, on_missed or _ignore_miss, on_outcomes, mailbox
+        )
 
     async def warmup(self) -> None:
         """Load the model and run one silent chunk through the batcher."""
@@ -332,6 +337,7 @@ class BatchedSileroVad:
             # The callback holds the session; a closed stream must not keep it alive.
             stream.on_result = _ignore
             stream.on_missed = _ignore_miss
+            stream.on_outcomes = None
             mailbox = stream.mailbox
             mailbox.streams -= 1
             if not mailbox.streams and self._mailboxes.get(mailbox.loop) is mailbox:
@@ -530,6 +536,7 @@ class BatchedSileroVadStream:
         "held",
         "mailbox",
         "on_missed",
+        "on_outcomes",
         "on_result",
         "queue",
         "rate",
@@ -544,6 +551,7 @@ class BatchedSileroVadStream:
         row: int,
         on_result: Callable[[float, int], None],
         on_missed: Callable[[int, str | None], None],
+        on_outcomes: Callable[[Outcomes], None] | None,
         mailbox: Mailbox,
     ) -> None:
         self._engine = engine
@@ -553,6 +561,7 @@ class BatchedSileroVadStream:
         self.row = row
         self.on_result = on_result
         self.on_missed = on_missed
+        self.on_outcomes = on_outcomes
         self.queue: deque[_Chunk] = deque()
         self.scheduled = False  # waiting in the ready queue or running
         self.running = False
@@ -561,7 +570,7 @@ class BatchedSileroVadStream:
         self.rate = 0
         # Answers (or misses) held, with their epochs, until the last chunk of their push is
         # answered too; only the batcher's thread touches them.
-        self.held: list[tuple[float | Missed, int]] = []
+        self.held: Outcomes = []
 
     def push(self, chunk: npt.NDArray[np.int16] | npt.NDArray[np.float32], epoch: int) -> None:
         """Queue one 32 ms chunk (int16, or float32 in [-1, 1]) at any supported rate, or
@@ -595,6 +604,20 @@ class BatchedSileroVadStream:
             self, [_Chunk(row, epoch, now, now, index < last) for index, row in enumerate(array)]
         )
 
+    def take(self, outcomes: Outcomes) -> None:
+        """On the loop: the answers of one push, to ``on_outcomes`` at once, or one by one."""
+        if self.on_outcomes is not None:
+            self.on_outcomes(outcomes)
+            return
+        for probability, epoch in outcomes:
+            try:
+                if isinstance(probability, Missed):
+                    self.on_missed(epoch, probability.error)
+                else:
+                    self.on_result(probability, epoch)
+            except Exception:
+                _log.exception("a VAD result handler failed")
+
     def deliver_ready(self) -> None:
         """Hand out now, in order, every result that is ready for the streams of this stream's
         loop (this session's and the others'). Call it on that loop, before handling input."""
@@ -625,9 +648,9 @@ def _deliver_results(
         if chunk.more:
             continue
         mailbox = stream.mailbox
-        for probability, epoch in held:
-            mailbox.post(stream, probability, epoch)
-        held.clear()
+        # Handed over whole: the loop reads it while this thread holds the next push's.
+        mailbox.post(stream, held)
+        stream.held = []
         mailboxes.add(mailbox)
     for mailbox in mailboxes:
         mailbox.wake()

@@ -45,12 +45,9 @@ class Recipient(Protocol):
         """A closed stream is given nothing more."""
         ...
 
-    def on_result(self, probability: float, epoch: int) -> None:
-        """One result, in the order the stream's chunks were pushed."""
-        ...
-
-    def on_missed(self, epoch: int, error: str | None) -> None:
-        """No result for the next chunk (see :class:`Missed`), in the same order."""
+    def take(self, outcomes: list[tuple[float | Missed, int]]) -> None:
+        """The answers of one push (a probability, or a :class:`Missed` in a chunk's place,
+        each with its epoch), in the order the stream's chunks were pushed."""
         ...
 
 
@@ -64,19 +61,20 @@ class Mailbox:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        # No cap of its own: it holds one result per chunk its streams pushed and the model
-        # has run since the loop last handed them out, and a stream's chunks come in real time.
-        self.results: deque[tuple[Recipient, float | Missed, int]] = deque()
+        # No cap of its own: it holds one entry per push its streams made whose chunks the
+        # model has run since the loop last handed them out, and a stream's chunks come in
+        # real time.
+        self.results: deque[tuple[Recipient, list[tuple[float | Missed, int]]]] = deque()
         self.streams = 0
         # A wake-up callback is queued on the loop and has not started. The thread appends
         # before it reads this, and the callback clears it before it empties the deque, so a
         # result is never left behind with no wake-up coming.
         self.woken = False
 
-    def post(self, recipient: Recipient, probability: float | Missed, epoch: int) -> None:
-        """From the model's thread: one result (or a miss) for ``recipient``; :meth:`wake` the
-        loop after the batch's last."""
-        self.results.append((recipient, probability, epoch))
+    def post(self, recipient: Recipient, outcomes: list[tuple[float | Missed, int]]) -> None:
+        """From the model's thread: the answers of one of ``recipient``'s pushes (handed over:
+        the thread keeps no reference); :meth:`wake` the loop after the batch's last."""
+        self.results.append((recipient, outcomes))
 
     def wake(self) -> None:
         """From the model's thread: make sure the loop will hand out what was posted."""
@@ -95,13 +93,10 @@ class Mailbox:
         """On the loop: hand out every result here, oldest first."""
         results = self.results
         while results:
-            recipient, probability, epoch = results.popleft()
+            recipient, outcomes = results.popleft()
             if recipient.closed:
                 continue
             try:
-                if isinstance(probability, Missed):
-                    recipient.on_missed(epoch, probability.error)
-                else:
-                    recipient.on_result(probability, epoch)
+                recipient.take(outcomes)
             except Exception:
                 _log.exception("a VAD result handler failed")
