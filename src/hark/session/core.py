@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import weakref
 from collections import deque
-from collections.abc import Collection
 from typing import Any, NamedTuple
 
 import msgspec
@@ -100,7 +99,6 @@ class Session:
         rate_limits: RateLimits | None = None,
         plays_audio: bool = False,
         audio_retention_s: float = AUDIO_RETENTION_S,
-        voices: Collection[str] | None = None,
         takes_images: bool = True,
     ) -> None:
         """``vad_chunk_ms``: the audio in each of the VAD's chunks (``VadEngine.chunk_ms``);
@@ -108,9 +106,8 @@ class Session:
         ``plays_audio``: the transport plays reply audio itself (WebRTC, SIP), so audio
         leaves as PlayAudio actions instead of ``response.output_audio.delta`` events.
         ``audio_retention_s``: how many seconds of the latest conversation audio items keep;
-        older items keep only their words. ``voices``: the TTS engine's installed voices, no
-        longer consulted (any custom ``{"id": …}`` voice is taken). ``takes_images``: whether the
-        LLM reads images; when not, items with images are refused."""
+        older items keep only their words. ``takes_images``: whether the LLM reads images; when
+        not, items with images are refused."""
         self.ids = ids or IdGenerator()
         self.id = session_id or self.ids.new("sess")
         base = config or SessionConfig()

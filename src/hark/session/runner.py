@@ -28,7 +28,6 @@ from hark.engines.llm import Finished, takes_images
 from hark.engines.llm.truncation import ContextOverflow
 from hark.engines.registry import Engines
 from hark.engines.stage_timeouts import StageTimeoutError, limit
-from hark.engines.tts import installed_voices
 from hark.engines.vad import Missed, Outcomes
 from hark.observability.metrics import Metrics
 from hark.observability.session_metrics import SessionMetrics
@@ -202,7 +201,6 @@ class SessionRunner:
             plays_audio=player is not None,
             vad_chunk_ms=engines.vad.chunk_ms,
             asr_rate=engines.asr.sample_rate,
-            voices=installed_voices(engines.tts),
             takes_images=takes_images(engines.llm),
         )
         self.metrics = (
