@@ -33,12 +33,16 @@ MakeClient = Callable[..., CallClient]
 
 
 async def connected(http: aiohttp.ClientSession, server: RtcServer, client: CallClient) -> Call:
-    """Connect ``client``; the server's side of the call, once its audio path runs."""
+    """Connect ``client``; the server's side of the call, once its audio path runs.
+
+    The waits bound hangs, never speed: ten calls set up at once (ICE, DTLS and SCTP in
+    Python, server and clients in one process) take tens of seconds beside a CPU hog.
+    """
     await client.connect(http, server.url, api_key=API_KEY)
-    await client.next_event("session.created")
+    await client.next_event("session.created", 120.0)
     call = server.calls.get(client.call_id or "")
     assert call is not None
-    await until(lambda: call.audio is not None)
+    await until(lambda: call.audio is not None, 120.0)
     return call
 
 
