@@ -26,7 +26,7 @@ from hark.engines.asr.whisper import WhisperAsr
 from hark.engines.health import EngineThreadCrashedError
 from hark.engines.scheduler import DueFirstScheduler
 from hark.engines.stage_timeouts import StageTimeoutError, limit
-from hark.engines.vad import silero_gemm
+from hark.engines.vad import Missed, Outcomes, silero_gemm
 from hark.engines.vad.batcher import BatchedSileroVad, BatchObserver
 from hark.engines.vad.silero import CHUNK_SAMPLES, SAMPLE_RATE, model_path
 from hark.observability.metrics import Metrics
@@ -88,12 +88,13 @@ class Answers:
         self.answers: list[tuple[float | str | None, int]] = []
         self._changed = asyncio.Event()
 
-    def result(self, probability: float, epoch: int) -> None:
-        self.answers.append((probability, epoch))
-        self._changed.set()
-
-    def missed(self, epoch: int, error: str | None) -> None:
-        self.answers.append((f"missed: {error}" if error is not None else None, epoch))
+    def __call__(self, outcomes: Outcomes) -> None:
+        for answer, epoch in outcomes:
+            if isinstance(answer, Missed):
+                error = answer.error
+                self.answers.append((f"missed: {error}" if error is not None else None, epoch))
+            else:
+                self.answers.append((answer, epoch))
         self._changed.set()
 
     async def count(self, n: int) -> list[tuple[float | str | None, int]]:
@@ -126,7 +127,7 @@ async def test_a_failed_vad_batch_answers_each_chunk_with_its_error_until_a_batc
 ) -> None:
     engine, model = flaky
     first, second = Answers(), Answers()
-    streams = [engine.open_stream(a.result, a.missed) for a in (first, second)]
+    streams = [engine.open_stream(a) for a in (first, second)]
     model.failing.set()
     for stream in streams:
         stream.push(silence(), 0)
@@ -149,7 +150,7 @@ async def test_a_stream_the_vad_falls_behind_on_drops_its_oldest_chunks_as_misse
 ) -> None:
     engine, model = flaky
     answers = Answers()
-    stream = engine.open_stream(answers.result, answers.missed)
+    stream = engine.open_stream(answers)
     model.gate = threading.Event()
     model.entered.clear()
     stream.push(silence(), 0)
@@ -184,7 +185,7 @@ async def test_a_vad_thread_killed_by_its_work_is_started_again_and_serves(
     metrics = Metrics()
     health.watch(metrics)
     answers = Answers()
-    stream = engine.open_stream(answers.result, answers.missed)
+    stream = engine.open_stream(answers)
     model.kill_next.set()
     stream.push(silence(), 0)
     assert await answers.count(1) == [("missed: ThreadKiller: killed by the test", 0)]
@@ -323,7 +324,7 @@ async def test_a_vad_thread_that_dies_after_answering_is_started_again(
     metrics = BrokenMetrics()
     engine.observe(metrics)
     answers = Answers()
-    stream = engine.open_stream(answers.result, answers.missed)
+    stream = engine.open_stream(answers)
     stream.push(silence(), 0)
     assert isinstance((await answers.count(1))[0][0], float)
 

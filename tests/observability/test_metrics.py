@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from hark.engines.vad import Outcomes
 from hark.engines.vad.batcher import BatchedSileroVad
 from hark.observability.loop_lag import monitor_loop_lag
 from hark.observability.metrics import Metrics
@@ -221,8 +222,8 @@ async def test_batchers_report_their_batches() -> None:
     done = asyncio.Event()
     results: list[float] = []
 
-    def heard(probability: float, epoch: int) -> None:
-        results.append(probability)
+    def heard(outcomes: Outcomes) -> None:
+        results.extend(p for p, _ in outcomes if isinstance(p, float))
         if len(results) == 20:
             done.set()
 

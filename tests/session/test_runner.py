@@ -17,6 +17,7 @@ from hark.engines.asr import RecognitionRequest, TimedTranscript, Urgency
 from hark.engines.asr.scheduler import AsrScheduler
 from hark.engines.fake import FakeAsr
 from hark.engines.registry import build_engines
+from hark.engines.vad import Outcomes
 from hark.session.actions import ScoreTurn
 from hark.session.runner import SessionRunner
 
@@ -103,31 +104,26 @@ class HeldVad:
     chunk_ms = 32
 
     def __init__(self) -> None:
-        self.ready: list[tuple[Callable[[float, int], None], int]] = []
+        self.ready: list[tuple[Callable[[Outcomes], None], Outcomes]] = []
 
-    def open_stream(
-        self,
-        on_result: Callable[[float, int], None],
-        on_missed: Callable[[int, str | None], None] | None = None,
-        *,
-        on_outcomes: object = None,
-    ) -> HeldVad.Stream:
-        return HeldVad.Stream(self, on_result)
+    def open_stream(self, on_outcomes: Callable[[Outcomes], None]) -> HeldVad.Stream:
+        return HeldVad.Stream(self, on_outcomes)
 
     async def warmup(self) -> None:
         return None
 
     class Stream:
-        def __init__(self, vad: HeldVad, on_result: Callable[[float, int], None]) -> None:
-            self.vad, self.on_result = vad, on_result
+        def __init__(self, vad: HeldVad, on_outcomes: Callable[[Outcomes], None]) -> None:
+            self.vad, self.on_outcomes = vad, on_outcomes
 
         def push(self, chunk: npt.NDArray[np.int16] | npt.NDArray[np.float32], epoch: int) -> None:
-            self.vad.ready += [(self.on_result, epoch)] * (len(chunk) if chunk.ndim == 2 else 1)
+            answers: Outcomes = [(1.0, epoch)] * (len(chunk) if chunk.ndim == 2 else 1)
+            self.vad.ready.append((self.on_outcomes, answers))
 
         def deliver_ready(self) -> None:
             ready, self.vad.ready = self.vad.ready, []
-            for on_result, epoch in ready:
-                on_result(1.0, epoch)
+            for on_outcomes, answers in ready:
+                on_outcomes(answers)
 
         def close(self) -> None:
             pass
@@ -154,7 +150,7 @@ async def test_ready_vad_results_go_before_the_next_input() -> None:
         await runner.start()
     speaker.receive_text(append(200))
     # 200 ms of speech answered, but nothing handed out: no speech_started yet.
-    assert len(vad.ready) == 6
+    assert sum(len(answers) for _, answers in vad.ready) == 6
     queued = take_queued(speaker)
     assert queued == ["session.created"]
     # Any session's next input hands out what is ready first, to whichever session it is.

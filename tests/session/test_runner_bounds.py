@@ -16,6 +16,7 @@ from hark.config import Settings
 from hark.engines.asr import RecognitionRequest, TimedTranscript
 from hark.engines.fake import FakeAsr
 from hark.engines.registry import build_engines
+from hark.engines.vad import Outcomes
 from hark.session import runner as runner_module
 from hark.session.runner import MAX_VAD_WAITING_RUNS, SessionRunner
 
@@ -27,16 +28,10 @@ class SilentVad:
 
     def __init__(self) -> None:
         self.pushed: list[int] = []
-        self.on_result: Callable[[float, int], None] | None = None
+        self.on_outcomes: Callable[[Outcomes], None] | None = None
 
-    def open_stream(
-        self,
-        on_result: Callable[[float, int], None],
-        on_missed: Callable[[int, str | None], None] | None = None,
-        *,
-        on_outcomes: object = None,
-    ) -> SilentVad:
-        self.on_result = on_result
+    def open_stream(self, on_outcomes: Callable[[Outcomes], None]) -> SilentVad:
+        self.on_outcomes = on_outcomes
         return self
 
     async def warmup(self) -> None:
@@ -71,9 +66,9 @@ async def test_a_vad_that_stops_answering_leaves_a_bounded_record_of_the_chunks_
     assert len(runner._vad_waiting) == MAX_VAD_WAITING_RUNS
     # The VAD answers at last: every answer takes its own chunk's place, in order, the ones
     # past the bound with the newest run's arrival, and none is left over or missing.
-    assert vad.on_result is not None
+    assert vad.on_outcomes is not None
     for epoch in vad.pushed:
-        vad.on_result(0.0, epoch)
+        vad.on_outcomes([(0.0, epoch)])
     assert len(runner._vad_waiting) == 0
     expected = [100.0 + i // 2 + 1 for i in range(2 * MAX_VAD_WAITING_RUNS)]
     assert arrivals[: len(expected)] == expected

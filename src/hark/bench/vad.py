@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hark.bench.report import add_json_option, publish
-from hark.engines.vad import silero_gemm
+from hark.engines.vad import Outcomes, silero_gemm
 from hark.engines.vad.batcher import VAD_MAX_WAIT_MS, BatchedSileroVad, BatchedSileroVadStream
 from hark.engines.vad.silero import (
     CHUNK_SAMPLES,
@@ -202,5 +202,5 @@ async def _pushed_cost(engine: BatchedSileroVad, streams: int, seconds: float) -
     return (time.process_time() - cpu) * 1000 / max(1, sum(counts))
 
 
-def _ignore_result(then: Callable[[int], None], index: int, probability: float, epoch: int) -> None:
+def _ignore_result(then: Callable[[int], None], index: int, outcomes: Outcomes) -> None:
     then(index)

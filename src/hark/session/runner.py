@@ -221,9 +221,7 @@ class SessionRunner:
         self._vad_waiting = _Arrivals(MAX_VAD_WAITING_RUNS)
         # When the audio behind the VAD result being handled now arrived.
         self._vad_arrived = 0.0
-        self._vad_stream = engines.vad.open_stream(
-            self._on_vad, self._on_vad_missed, on_outcomes=self._on_vad_outcomes
-        )
+        self._vad_stream = engines.vad.open_stream(self._on_vad_outcomes)
         # Seconds of audio in the ASR requests running (``MAX_TRANSCRIBING_S``).
         self._transcribing_s = 0.0
         self._generations: dict[str, asyncio.Task[None]] = {}
@@ -597,25 +595,6 @@ class SessionRunner:
 
     # ------------------------------------------------------------------ engine work
 
-    def _on_vad(self, probability: float, epoch: int) -> None:
-        """The VAD's answer for the oldest chunk pushed and not yet answered.
-
-        About thirty a second per session: ``_call`` inlined.
-        """
-        if self._closed:
-            return
-        now = self._now()
-        arrived = self._vad_waiting.pop()
-        if arrived is None:
-            arrived = now
-        self.metrics.vad_chunk(arrived, now)
-        self._vad_arrived = arrived
-        try:
-            self.session.on_vad(probability, epoch, now=self._clock())
-        except Exception:
-            self._internal_error()
-        self._flush()
-
     def _on_vad_outcomes(self, outcomes: Outcomes) -> None:
         """The VAD's answers for the oldest chunks pushed and not yet answered: those of one
         push (three for a 100 ms append), and a miss for each chunk dropped before them.
@@ -645,16 +624,6 @@ class SessionRunner:
             except Exception:
                 self._internal_error()
         self._flush()
-
-    def _on_vad_missed(self, epoch: int, error: str | None) -> None:
-        """No VAD answer for the oldest chunk pushed and not yet answered: dropped because the
-        VAD fell behind (``error`` None), or the VAD failed."""
-        if self._closed:
-            return
-        self._vad_waiting.pop()
-        if error is None:
-            self.metrics.vad_chunk_dropped()
-        self._call(self.session.on_vad_missed, epoch, error)
 
     def _arm_timer(self) -> None:
         """Set the one timer for the core's next deadline (wall time)."""

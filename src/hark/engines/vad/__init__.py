@@ -1,7 +1,7 @@
 """Voice activity detection: a speech probability for every 32 ms of a session's audio.
 
-Sessions push chunks at their input rate and carry on; the engine answers each chunk, in
-order, through the stream's ``on_result`` callback on the session's event loop. The engine
+Sessions push chunks at their input rate and carry on; the engine answers each push, in
+order, through the stream's ``on_outcomes`` callback on the session's event loop. The engine
 resamples to the model's rate itself, so that it can do so for many sessions at once.
 """
 
@@ -47,7 +47,8 @@ class VadStream(Protocol):
     def deliver_ready(self) -> None:
         """Hand out at once the results the engine has ready for this stream's loop, which
         would otherwise wait for a callback behind whatever the loop has queued. Called on
-        that loop at the start of a session's input handling, where any ``on_result`` may run.
+        that loop at the start of a session's input handling, where any ``on_outcomes`` may
+        run.
         """
         ...
 
@@ -61,22 +62,13 @@ class VadEngine(Protocol):
 
     chunk_ms: int
 
-    def open_stream(
-        self,
-        on_result: Callable[[float, int], None],
-        on_missed: Callable[[int, str | None], None] | None = None,
-        *,
-        on_outcomes: Callable[[Outcomes], None] | None = None,
-    ) -> VadStream:
-        """A stream with fresh state; ``on_result(probability, epoch)`` gets every chunk's
-        answer, in order, on the event loop that opened it. A chunk the engine could not
-        answer gets ``on_missed(epoch, error)`` in its place instead: ``error`` says why the
-        model failed, or is None when the chunk was dropped because the engine fell behind.
-
-        An engine that hands out a push's answers together may give them all to
-        ``on_outcomes`` in one call instead (when it is given), so that what they make the
-        session do is carried out once for the push rather than once a chunk; an engine that
-        does not calls ``on_result`` and ``on_missed``."""
+    def open_stream(self, on_outcomes: Callable[[Outcomes], None]) -> VadStream:
+        """A stream with fresh state; ``on_outcomes`` gets the answers of every push, in order
+        and together in one call, on the event loop that opened the stream: each chunk's
+        probability, or a ``Missed`` in its place when the engine could not answer it (its
+        ``error`` says why the model failed, or is None when the chunk was dropped because
+        the engine fell behind). One call a push lets what the answers make the session do
+        be carried out once for the push rather than once a chunk."""
         ...
 
     async def warmup(self) -> None:

@@ -154,7 +154,7 @@ class BatchedSileroVad:
     A stream's later chunks wait for the next batch, since each depends on the state the one
     before leaves; the thread takes them without a round trip through the event loop. The
     probabilities come back on the stream's event loop, one wake-up per batch for all of
-    them, through each stream's ``on_result``; or sooner, when a session handling input calls
+    them, through each stream's ``on_outcomes``; or sooner, when a session handling input calls
     ``deliver_ready`` first (see :mod:`hark.engines.vad.delivery`).
 
     The streams' recurrent states, Silero contexts and resampler histories live in shared
@@ -231,16 +231,9 @@ class BatchedSileroVad:
         """Streams with a chunk waiting for a batch (not counting the batch running now)."""
         return len(self._ready)
 
-    def open_stream(
-        self,
-        on_result: Callable[[float, int], None],
-        on_missed: Callable[[int, str | None], None] | None = None,
-        *,
-        on_outcomes: Callable[[Outcomes], None] | None = None,
-    ) -> BatchedSileroVadStream:
-        """A new stream with fresh state; results go to ``on_result`` on the current loop, and
-        chunks without one to ``on_missed``, or each push's to ``on_outcomes`` together when
-        it is given (see ``VadEngine.open_stream``)."""
+    def open_stream(self, on_outcomes: Callable[[Outcomes], None]) -> BatchedSileroVadStream:
+        """A new stream with fresh state; each push's answers go to ``on_outcomes`` together,
+        on the current loop (see ``VadEngine.open_stream``)."""
         loop = asyncio.get_running_loop()
         with self._cond:
             if self._closed:
@@ -254,9 +247,7 @@ class BatchedSileroVad:
             if mailbox is None:
                 mailbox = self._mailboxes[loop] = Mailbox(loop)
             mailbox.streams += 1
-        return BatchedSileroVadStream(
-            self, row, on_result, on_missed or _ignore_miss, on_outcomes, mailbox
-        )
+        return BatchedSileroVadStream(self, row, on_outcomes, mailbox)
 
     async def warmup(self) -> None:
         """Load the model and run one silent chunk through the batcher."""
@@ -267,15 +258,16 @@ class BatchedSileroVad:
         """Run one silent chunk through the batcher; raises if the model fails on it."""
         done: asyncio.Future[float] = asyncio.get_running_loop().create_future()
 
-        def result(probability: float, epoch: int) -> None:
-            if not done.done():
+        def answered(outcomes: Outcomes) -> None:
+            probability, _ = outcomes[-1]
+            if done.done():
+                return
+            if isinstance(probability, Missed):
+                done.set_exception(RuntimeError(f"the VAD failed: {probability.error}"))
+            else:
                 done.set_result(probability)
 
-        def missed(epoch: int, error: str | None) -> None:
-            if not done.done():
-                done.set_exception(RuntimeError(f"the VAD failed: {error}"))
-
-        stream = self.open_stream(result, missed)
+        stream = self.open_stream(answered)
         try:
             stream.push(np.zeros(self._chunk, dtype=np.int16), 0)
             return await done
@@ -335,9 +327,7 @@ class BatchedSileroVad:
             stream.closed = True
             stream.queue.clear()
             # The callback holds the session; a closed stream must not keep it alive.
-            stream.on_result = _ignore
-            stream.on_missed = _ignore_miss
-            stream.on_outcomes = None
+            stream.on_outcomes = _ignore
             mailbox = stream.mailbox
             mailbox.streams -= 1
             if not mailbox.streams and self._mailboxes.get(mailbox.loop) is mailbox:
@@ -523,8 +513,8 @@ class BatchedSileroVad:
 class BatchedSileroVadStream:
     """One session's stream of ``BatchedSileroVad``: push chunks, results come back in order.
 
-    ``on_result(probability, epoch)`` is called on the loop that opened the stream, once per
-    pushed chunk and in order, until the stream is closed. A chunk with a new ``epoch``
+    ``on_outcomes`` is called on the loop that opened the stream with the answers of each
+    push, in order, until the stream is closed. A chunk with a new ``epoch``
     starts from fresh state, as does a change of sample rate.
     """
 
@@ -535,9 +525,7 @@ class BatchedSileroVadStream:
         "epoch",
         "held",
         "mailbox",
-        "on_missed",
         "on_outcomes",
-        "on_result",
         "queue",
         "rate",
         "row",
@@ -549,9 +537,7 @@ class BatchedSileroVadStream:
         self,
         engine: BatchedSileroVad,
         row: int,
-        on_result: Callable[[float, int], None],
-        on_missed: Callable[[int, str | None], None],
-        on_outcomes: Callable[[Outcomes], None] | None,
+        on_outcomes: Callable[[Outcomes], None],
         mailbox: Mailbox,
     ) -> None:
         self._engine = engine
@@ -559,8 +545,6 @@ class BatchedSileroVadStream:
         # A chunk length whose rate the resampler is known to support.
         self._length_checked = 0
         self.row = row
-        self.on_result = on_result
-        self.on_missed = on_missed
         self.on_outcomes = on_outcomes
         self.queue: deque[_Chunk] = deque()
         self.scheduled = False  # waiting in the ready queue or running
@@ -605,18 +589,9 @@ class BatchedSileroVadStream:
         )
 
     def take(self, outcomes: Outcomes) -> None:
-        """On the loop: the answers of one push, to ``on_outcomes`` at once, or one by one."""
-        if self.on_outcomes is not None:
-            self.on_outcomes(outcomes)
-            return
-        for probability, epoch in outcomes:
-            try:
-                if isinstance(probability, Missed):
-                    self.on_missed(epoch, probability.error)
-                else:
-                    self.on_result(probability, epoch)
-            except Exception:
-                _log.exception("a VAD result handler failed")
+        """On the loop: the answers of one push, to ``on_outcomes`` (the mailbox logs what
+        it raises and goes on to the next stream)."""
+        self.on_outcomes(outcomes)
 
     def deliver_ready(self) -> None:
         """Hand out now, in order, every result that is ready for the streams of this stream's
@@ -668,11 +643,7 @@ def _drop_oldest(queue: deque[_Chunk]) -> None:
         head.stale_dropped_before += dropped.dropped_before + 1
 
 
-def _ignore(probability: float, epoch: int) -> None:
-    pass
-
-
-def _ignore_miss(epoch: int, error: str | None) -> None:
+def _ignore(outcomes: Outcomes) -> None:
     pass
 
 
