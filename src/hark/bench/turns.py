@@ -1,0 +1,1069 @@
+"""``hark bench turns``: how often turn detection cuts people off, and how long it leaves
+dead air, for each ``semantic_vad`` eagerness and for ``server_vad`` at several silences.
+
+The fixtures are user turns from ``turns_fixtures.toml``: complete turns, and turns with
+mid-utterance pauses (numbers read in groups, spelled addresses, lists, "um", trailing
+conjunctions), said by several voices at several speaking rates over several noise levels,
+each labelled from the spec with where the turn really ends (the last voiced sample of its
+last segment). The audio is synthesised once and cached (Piper, espeak-ng); noise is added
+from a generator seeded by the fixture's name.
+
+Each fixture runs through the session core (:class:`hark.session.core.Session`) on the
+sample clock, faster than real time, with the models the server embeds: Silero VAD (batched,
+as the server runs it) for every setting, and for ``semantic_vad`` Whisper for the pause's
+words and the end-of-turn model (:mod:`hark.engines.turn.llama_cpp`) for its verdict. A
+result comes back to the session once the sample clock has moved on by the time the model
+took (``measured``, the default: what the machine does for one caller) or by a fixed delay
+(deterministic). Recognition at the turn's end (after ``speech_stopped``) decides nothing
+and is not run; nor is any for ``server_vad``, whose decisions do not read words.
+
+Scored per fixture, from the ``input_audio_buffer.speech_stopped`` events:
+
+- a **false cut-off**: a ``speech_stopped`` before the labelled end of the turn;
+- the **dead air**: from the labelled end to the first ``speech_stopped`` after it.
+
+Per setting: the false cut-off rate (turns cut at least once, of all turns), the dead air's
+p50, p95 and mean, and the curve of all settings (dead air against false cut-offs, with its
+Pareto frontier). The operating point at a false cut-off budget (5 % by default) is the
+setting of least dead air within it, as LiveKit's eot-bench reports "latency at 5 % false
+cut-offs" (their figure is the mean; both are given). The verdicts the end-of-turn model gave
+on what Whisper heard are also scored as :mod:`hark.engines.turn.evaluation` scores text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import heapq
+import itertools
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+import wave
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from hark.bench.monologues import first_voiced_sample
+from hark.bench.report import BenchError, add_json_option, percentile, publish
+from hark.bench.spoken_questions import RATE, default_cache_dir, last_voiced_sample, write_question
+
+SPEC_PATH = Path(__file__).with_name("turns_fixtures.toml")
+EAGERNESS = ("low", "medium", "high", "auto")
+SILENCES_MS = (200, 300, 400, 500, 600, 800, 1000, 1200, 1600, 2000)
+BUDGET = 0.05
+# The client's frames: 20 ms, as WebRTC and most SDKs send them.
+FRAME_MS = 20
+# A stop this soon after a labelled pause ends is still that pause's (the VAD answers per
+# 32 ms chunk, and hears speech resume a chunk or two late).
+PAUSE_GRACE_MS = 100
+# Rows of one VAD push: the batcher holds a bounded queue per stream.
+_VAD_PUSH_ROWS = 8
+# Bump when the synthesis changes, so that old cache entries are not used.
+_CACHE_VERSION = "1"
+_ESPEAK_WPM = 175
+
+Detector = Literal["semantic_vad", "server_vad"]
+
+
+# ---------------------------------------------------------------------------- the spec
+
+
+@dataclass(frozen=True, slots=True)
+class Voice:
+    """A voice of the spec: ``engine`` piper (hark's bundled voice, or the ``.onnx`` file
+    ``id``) or espeak-ng (``id`` an espeak-ng voice name such as ``en-us+f3``)."""
+
+    name: str
+    engine: Literal["piper", "espeak-ng"]
+    id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """A turn of the spec: ``segments`` said one after another with ``pauses_ms`` of silence
+    between them; it ends with the last segment."""
+
+    id: str
+    kind: str
+    segments: tuple[str, ...]
+    pauses_ms: tuple[int, ...] = ()
+    context: str | None = None
+
+    @property
+    def paused(self) -> bool:
+        """Whether the turn has mid-utterance pauses."""
+        return bool(self.pauses_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    """The fixture spec: voices, turns, rates, noise levels and the silence around turns."""
+
+    voices: tuple[Voice, ...]
+    turns: tuple[Turn, ...]
+    rates: tuple[float, ...]
+    snr_db: tuple[float, ...]
+    lead_ms: int
+    tail_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class FixtureSpec:
+    """One turn said by one voice at one rate over one noise level."""
+
+    turn: Turn
+    voice: Voice
+    rate: float
+    snr_db: float
+
+    @property
+    def name(self) -> str:
+        """A name that says all of it, e.g. ``card/piper-joe/x0.85/20dB``."""
+        noise = "clean" if math.isinf(self.snr_db) else f"{self.snr_db:g}dB"
+        return f"{self.turn.id}/{self.voice.name}/x{self.rate:g}/{noise}"
+
+
+def load_spec(path: Path = SPEC_PATH) -> Spec:
+    """The spec at ``path``; raises ``ValueError`` naming what is malformed."""
+    with path.open("rb") as file:
+        raw = tomllib.load(file)
+    voices = tuple(_voice(v) for v in raw.get("voice", []))
+    turns = tuple(_turn(t) for t in raw.get("turn", []))
+    rates = tuple(float(r) for r in raw.get("rates", [1.0]))
+    snr_db = tuple(float(s) for s in raw.get("snr_db", [math.inf]))
+    lead_ms, tail_ms = int(raw.get("lead_ms", 500)), int(raw.get("tail_ms", 9000))
+    if not voices or not turns:
+        raise ValueError(f"{path}: needs at least one [[voice]] and one [[turn]]")
+    for kind, names in (("voice", [v.name for v in voices]), ("turn", [t.id for t in turns])):
+        if len(set(names)) != len(names):
+            raise ValueError(f"{path}: {kind} names must be unique")
+    if not rates or min(rates) <= 0:
+        raise ValueError(f"{path}: rates must be positive")
+    if not snr_db or any(math.isnan(s) for s in snr_db):
+        raise ValueError(f"{path}: snr_db must be numbers (inf for clean)")
+    if lead_ms < 0 or tail_ms <= 0:
+        raise ValueError(f"{path}: lead_ms must be at least 0 and tail_ms above 0")
+    return Spec(voices, turns, rates, snr_db, lead_ms, tail_ms)
+
+
+def _voice(raw: Mapping[str, Any]) -> Voice:
+    engine = raw.get("engine")
+    name = raw.get("name")
+    if engine not in ("piper", "espeak-ng") or not isinstance(name, str) or not name:
+        raise ValueError(f"a voice needs a name and engine piper or espeak-ng: {dict(raw)}")
+    voice_id = raw.get("id")
+    if engine == "espeak-ng" and not isinstance(voice_id, str):
+        raise ValueError(f"espeak-ng voice {name!r} needs an id (an espeak-ng voice name)")
+    return Voice(name, engine, voice_id)
+
+
+def _turn(raw: Mapping[str, Any]) -> Turn:
+    turn_id = raw.get("id")
+    segments = raw.get("segments")
+    pauses = raw.get("pauses_ms", [])
+    if not isinstance(turn_id, str) or not turn_id or "/" in turn_id:
+        raise ValueError(f"a turn needs an id without '/': {dict(raw)}")
+    if (
+        not isinstance(segments, list)
+        or not segments
+        or not all(isinstance(s, str) and s.strip() for s in segments)
+    ):
+        raise ValueError(f"turn {turn_id!r}: segments must be a list of texts")
+    if not isinstance(pauses, list) or len(pauses) != len(segments) - 1:
+        raise ValueError(f"turn {turn_id!r}: one pause (pauses_ms) between each two segments")
+    if not all(isinstance(p, int) and p > 0 for p in pauses):
+        raise ValueError(f"turn {turn_id!r}: pauses are positive milliseconds")
+    context = raw.get("context")
+    if context is not None and not isinstance(context, str):
+        raise ValueError(f"turn {turn_id!r}: context is the assistant's message, a text")
+    kind = str(raw.get("kind", "paused" if pauses else "complete"))
+    return Turn(turn_id, kind, tuple(segments), tuple(pauses), context)
+
+
+def fixture_specs(
+    spec: Spec, voices: Sequence[str] | None = None, turns: Sequence[str] | None = None
+) -> list[FixtureSpec]:
+    """Every turn by every voice, the rate and noise level rotating (see the spec file);
+    ``voices`` and ``turns`` keep only those named (the rotation stays that of the whole
+    spec, so a fixture is the same whichever others are run)."""
+    for wanted, known in (
+        (voices, {v.name for v in spec.voices}),
+        (turns, {t.id for t in spec.turns}),
+    ):
+        unknown = set(wanted or ()) - known
+        if unknown:
+            raise BenchError(f"not in the spec: {', '.join(sorted(unknown))}")
+    result = []
+    for t, turn in enumerate(spec.turns):
+        if turns is not None and turn.id not in turns:
+            continue
+        for v, voice in enumerate(spec.voices):
+            if voices is not None and voice.name not in voices:
+                continue
+            rate = spec.rates[(t + v) % len(spec.rates)]
+            snr = spec.snr_db[(t + 2 * v) % len(spec.snr_db)]
+            result.append(FixtureSpec(turn, voice, rate, snr))
+    return result
+
+
+# ---------------------------------------------------------------------------- labels and scores
+
+
+@dataclass(frozen=True, slots=True)
+class Labels:
+    """Where a fixture's turn really ends, and its mid-utterance pauses (start, end), in ms
+    from the fixture's start."""
+
+    end_ms: float
+    pauses: tuple[tuple[float, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What a detector did on one fixture.
+
+    ``early_stops``: its ``speech_stopped`` times before the labelled end (each a false
+    cut-off); ``cut_pauses``: the labelled pauses they fell in; ``dead_air_ms``: labelled end
+    to the first stop after it, None when none came (``missed``).
+    """
+
+    early_stops: tuple[float, ...]
+    cut_pauses: tuple[int, ...]
+    dead_air_ms: float | None
+
+    @property
+    def cut(self) -> bool:
+        """Whether the turn was cut off at least once."""
+        return bool(self.early_stops)
+
+
+def score(labels: Labels, stops: Sequence[float]) -> Outcome:
+    """Score one fixture's ``speech_stopped`` times (ms) against its labels."""
+    early = tuple(s for s in stops if s < labels.end_ms)
+    late = [s for s in stops if s >= labels.end_ms]
+    cut_pauses = tuple(
+        index
+        for index, (start, end) in enumerate(labels.pauses)
+        if any(start <= s <= end + PAUSE_GRACE_MS for s in early)
+    )
+    dead_air = min(late) - labels.end_ms if late else None
+    return Outcome(early, cut_pauses, dead_air)
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """A setting's figures over all fixtures: one point of the operating curve.
+
+    ``false_cutoff_rate``: turns cut off at least once, of all turns. ``paused_cutoff_rate``:
+    the same among turns with mid-utterance pauses; ``pause_cut_rate``: labelled pauses cut
+    at, of all labelled pauses. Dead air in ms over every turn; a turn whose end never came
+    (``missed``) counts as ``missed_as_ms``, a lower bound.
+    """
+
+    setting: str
+    turns: int
+    false_cutoffs: int
+    false_cutoff_rate: float
+    paused_turns: int
+    paused_cutoff_rate: float | None
+    pause_cut_rate: float | None
+    dead_air_p50_ms: float
+    dead_air_p95_ms: float
+    dead_air_mean_ms: float
+    missed: int
+
+    def to_json(self) -> dict[str, Any]:
+        """The point as the report writes it."""
+        return {
+            "setting": self.setting,
+            "turns": self.turns,
+            "false_cutoffs": self.false_cutoffs,
+            "false_cutoff_rate": round(self.false_cutoff_rate, 4),
+            "paused_turns": self.paused_turns,
+            "paused_cutoff_rate": _round(self.paused_cutoff_rate, 4),
+            "pause_cut_rate": _round(self.pause_cut_rate, 4),
+            "dead_air_ms": {
+                "p50": round(self.dead_air_p50_ms, 1),
+                "p95": round(self.dead_air_p95_ms, 1),
+                "mean": round(self.dead_air_mean_ms, 1),
+            },
+            "missed": self.missed,
+        }
+
+
+def summarise(
+    setting: str,
+    outcomes: Sequence[Outcome],
+    pauses: Sequence[int],
+    missed_as_ms: float,
+) -> Point:
+    """The point of ``setting`` from its fixtures' outcomes; ``pauses[i]`` is how many
+    labelled pauses fixture ``i`` has."""
+    if not outcomes or len(outcomes) != len(pauses):
+        raise ValueError("one pause count per outcome, and at least one outcome")
+    cut = sum(o.cut for o in outcomes)
+    paused = [o for o, n in zip(outcomes, pauses, strict=True) if n]
+    labelled = sum(pauses)
+    dead = [o.dead_air_ms if o.dead_air_ms is not None else missed_as_ms for o in outcomes]
+    return Point(
+        setting=setting,
+        turns=len(outcomes),
+        false_cutoffs=cut,
+        false_cutoff_rate=cut / len(outcomes),
+        paused_turns=len(paused),
+        paused_cutoff_rate=sum(o.cut for o in paused) / len(paused) if paused else None,
+        pause_cut_rate=sum(len(o.cut_pauses) for o in outcomes) / labelled if labelled else None,
+        dead_air_p50_ms=percentile(dead, 50),
+        dead_air_p95_ms=percentile(dead, 95),
+        dead_air_mean_ms=statistics.fmean(dead),
+        missed=sum(o.dead_air_ms is None for o in outcomes),
+    )
+
+
+def operating_point(points: Sequence[Point], budget: float = BUDGET) -> Point | None:
+    """The point of least dead air (p50, then mean) whose false cut-off rate is within
+    ``budget``; None when no point is."""
+    within = [p for p in points if p.false_cutoff_rate <= budget + 1e-12]
+    if not within:
+        return None
+    return min(within, key=lambda p: (p.dead_air_p50_ms, p.dead_air_mean_ms, p.false_cutoff_rate))
+
+
+def frontier(points: Sequence[Point]) -> list[Point]:
+    """The Pareto frontier of dead air (p50) against false cut-offs: the points no other
+    point beats on both (or equals on one and beats on the other), fewest cut-offs first."""
+    kept = []
+    for p in points:
+        dominated = any(
+            q is not p
+            and q.false_cutoff_rate <= p.false_cutoff_rate
+            and q.dead_air_p50_ms <= p.dead_air_p50_ms
+            and (q.false_cutoff_rate < p.false_cutoff_rate or q.dead_air_p50_ms < p.dead_air_p50_ms)
+            for q in points
+        )
+        if not dominated:
+            kept.append(p)
+    return sorted(kept, key=lambda p: (p.false_cutoff_rate, p.dead_air_p50_ms))
+
+
+# ---------------------------------------------------------------------------- fixtures
+
+
+@dataclass(frozen=True)
+class Fixture:
+    """A fixture's audio (24 kHz int16) and its labels."""
+
+    spec: FixtureSpec
+    pcm: npt.NDArray[np.int16]
+    labels: Labels
+
+    @property
+    def name(self) -> str:
+        """The fixture spec's name."""
+        return self.spec.name
+
+
+class Synthesiser:
+    """Speaks segments with the spec's voices, caching each as a 24 kHz WAV file."""
+
+    def __init__(self, cache_dir: Path | None = None) -> None:
+        self.cache_dir = (cache_dir or default_cache_dir()) / "turns"
+        self._piper: dict[str | None, Any] = {}
+
+    async def segment(self, text: str, voice: Voice, rate: float) -> npt.NDArray[np.int16]:
+        """``text`` said by ``voice`` at ``rate``, trimmed to its voiced samples."""
+        key = f"{_CACHE_VERSION}\n{voice.engine}\n{voice.id}\n{rate:g}\n{text}"
+        path = self.cache_dir / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.wav"
+        pcm = _read_wav(path)
+        if pcm is None:
+            if voice.engine == "piper":
+                pcm = await self._piper_say(text, voice, rate)
+            else:
+                pcm = await asyncio.to_thread(_espeak_say, text, voice, rate)
+            write_question(path, pcm)
+        first = first_voiced_sample(pcm, RATE)
+        last = last_voiced_sample(pcm, RATE)
+        if last < first:
+            raise BenchError(f"{voice.name} said nothing for {text!r}")
+        return pcm[first : last + 1]
+
+    async def _piper_say(self, text: str, voice: Voice, rate: float) -> npt.NDArray[np.int16]:
+        from hark.audio.resample import resample
+
+        tts = self._piper.get(voice.id)
+        if tts is None:
+            from hark.engines.tts.piper import PiperTts
+
+            tts = self._piper[voice.id] = PiperTts(model_path=voice.id)
+        chunks = [chunk async for chunk in tts.synthesize(text, speed=rate)]
+        if not chunks:
+            raise BenchError(f"Piper produced no audio for {text!r}")
+        out: npt.NDArray[np.int16] = resample(np.concatenate(chunks), tts.sample_rate, RATE)
+        return out
+
+    async def fixture(self, spec: FixtureSpec, lead_ms: int, tail_ms: int) -> Fixture:
+        """The fixture's audio: its segments joined by their pauses, with the lead and tail
+        of silence, and noise over all of it; labelled from the spec."""
+        parts: list[npt.NDArray[np.int16]] = [_silence(lead_ms)]
+        pauses = []
+        at = len(parts[0])
+        for index, text in enumerate(spec.turn.segments):
+            if index:
+                gap = _silence(spec.turn.pauses_ms[index - 1])
+                pauses.append((at * 1000 / RATE, (at + len(gap)) * 1000 / RATE))
+                parts.append(gap)
+                at += len(gap)
+            speech = await self.segment(text, spec.voice, spec.rate)
+            parts.append(speech)
+            at += len(speech)
+        end_ms = at * 1000 / RATE
+        parts.append(_silence(tail_ms))
+        clean = np.concatenate(parts)
+        pcm = add_noise(clean, spec.snr_db, seed=spec.name)
+        return Fixture(spec, pcm, Labels(end_ms, tuple(pauses)))
+
+
+def _silence(ms: float) -> npt.NDArray[np.int16]:
+    return np.zeros(round(ms * RATE / 1000), np.int16)
+
+
+def _espeak_say(text: str, voice: Voice, rate: float) -> npt.NDArray[np.int16]:
+    from hark.audio.resample import resample
+
+    binary = shutil.which("espeak-ng")
+    if binary is None:
+        raise BenchError(
+            f"voice {voice.name} needs espeak-ng (apt-get install espeak-ng), or leave it out "
+            "with --voices"
+        )
+    assert voice.id is not None
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "say.wav"
+        wpm = str(round(_ESPEAK_WPM * rate))
+        subprocess.run(
+            [binary, "-v", voice.id, "-s", wpm, "-w", str(out), text],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        with wave.open(str(out), "rb") as wav:
+            source_rate = wav.getframerate()
+            frames = wav.readframes(wav.getnframes())
+    pcm = np.frombuffer(frames, dtype="<i2").astype(np.int16)
+    resampled: npt.NDArray[np.int16] = resample(pcm, source_rate, RATE)
+    return resampled
+
+
+def _read_wav(path: Path) -> npt.NDArray[np.int16] | None:
+    try:
+        with wave.open(str(path), "rb") as wav:
+            if (wav.getnchannels(), wav.getsampwidth(), wav.getframerate()) != (1, 2, RATE):
+                return None
+            frames = wav.readframes(wav.getnframes())
+    except (OSError, EOFError, wave.Error):
+        return None
+    pcm = np.frombuffer(frames, dtype="<i2").astype(np.int16)
+    return pcm if pcm.size else None
+
+
+def add_noise(pcm: npt.NDArray[np.int16], snr_db: float, seed: str) -> npt.NDArray[np.int16]:
+    """``pcm`` with pink noise at ``snr_db`` below its voiced frames' power (inf: unchanged);
+    the noise comes from a generator seeded by ``seed``, so the same name gets the same."""
+    if math.isinf(snr_db):
+        return pcm
+    rng = np.random.default_rng(int.from_bytes(hashlib.sha256(seed.encode()).digest()[:8]))
+    spectrum = np.fft.rfft(rng.standard_normal(len(pcm)))
+    # 1/f power: each bin's amplitude falls with the square root of its frequency.
+    spectrum[1:] /= np.sqrt(np.arange(1, len(spectrum)))
+    spectrum[0] = 0
+    noise = np.fft.irfft(spectrum, len(pcm))
+    signal = pcm.astype(np.float64)
+    frame = RATE // 100
+    frames = signal[: len(signal) // frame * frame].reshape(-1, frame)
+    power = np.mean(frames**2, axis=1)
+    voiced = power[power >= power.max() * 10 ** (-40 / 10)]
+    target = float(np.mean(voiced)) / 10 ** (snr_db / 10)
+    noise *= math.sqrt(target / float(np.mean(noise**2)))
+    return np.clip(np.round(signal + noise), -32768, 32767).astype(np.int16)
+
+
+# ---------------------------------------------------------------------------- settings and runs
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """A turn detection to run: ``semantic_vad`` at an eagerness, or ``server_vad`` with a
+    silence duration."""
+
+    detector: Detector
+    eagerness: str | None = None
+    silence_ms: int | None = None
+
+    @property
+    def name(self) -> str:
+        """``semantic_vad auto``, ``server_vad 500ms``."""
+        if self.detector == "semantic_vad":
+            return f"semantic_vad {self.eagerness}"
+        return f"server_vad {self.silence_ms}ms"
+
+    def turn_detection(self) -> dict[str, Any]:
+        """The session's ``turn_detection``: no responses, only the turns."""
+        common = {"create_response": False, "interrupt_response": False}
+        if self.detector == "semantic_vad":
+            return {"type": "semantic_vad", "eagerness": self.eagerness, **common}
+        return {"type": "server_vad", "silence_duration_ms": self.silence_ms, **common}
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """One judgement of a pause: what Whisper heard, the model's probability, and when (ms on
+    the fixture's clock) it was asked and answered."""
+
+    transcript: str
+    context: str | None
+    probability: float
+    asked_ms: float
+    answered_ms: float
+
+
+@dataclass
+class Run:
+    """What the session did on one fixture with one setting."""
+
+    starts: list[float] = field(default_factory=list)
+    stops: list[float] = field(default_factory=list)
+    verdicts: list[Verdict] = field(default_factory=list)
+
+
+class Engines:
+    """The embedded models, loaded once, with each answer kept for the same question.
+
+    ``asr_delay_ms``/``eot_delay_ms``: how long after being asked an answer reaches the
+    session on the sample clock; None takes the time the model took (measured once per
+    distinct question).
+    """
+
+    def __init__(self, asr_delay_ms: float | None, eot_delay_ms: float | None) -> None:
+        from hark.engines.vad.batcher import BatchedSileroVad
+
+        self.vad = BatchedSileroVad()
+        self.asr_delay_ms = asr_delay_ms
+        self.eot_delay_ms = eot_delay_ms
+        self._asr: Any = None
+        self._turn: Any = None
+        self._vad_answers: dict[str, list[float]] = {}
+        self._heard: dict[str, tuple[Any, float]] = {}
+        self._judged: dict[tuple[str, str | None], tuple[float, float]] = {}
+        self.asr_ms: list[float] = []
+        self.eot_ms: list[float] = []
+
+    async def load(self, semantic: bool) -> None:
+        """Load the VAD and, for ``semantic_vad``, Whisper and the end-of-turn model."""
+        await self.vad.warmup()
+        if semantic:
+            from hark.engines.asr.whisper import WhisperAsr
+            from hark.engines.turn.llama_cpp import LlamaCppEndOfTurn
+
+            self._asr = WhisperAsr()
+            self._turn = LlamaCppEndOfTurn()
+            await self._asr.warmup()
+            await self._turn.warmup()
+
+    async def aclose(self) -> None:
+        """Free the models."""
+        await self.vad.aclose()
+        if self._asr is not None:
+            self._asr.close()
+        if self._turn is not None:
+            await self._turn.aclose()
+
+    @property
+    def asr_rate(self) -> int:
+        """The rate recognition takes."""
+        return 16000 if self._asr is None else int(self._asr.sample_rate)
+
+    async def vad_answers(self, fixture: Fixture, chunk: int) -> list[float]:
+        """Silero's probability for each ``chunk`` samples of the fixture, from a fresh
+        stream: what the session's VAD feed would get, since every run feeds the same audio."""
+        known = self._vad_answers.get(fixture.name)
+        if known is not None:
+            return known
+        rows = fixture.pcm[: len(fixture.pcm) // chunk * chunk].reshape(-1, chunk)
+        answers: list[float] = []
+        loop = asyncio.get_running_loop()
+        waiting: asyncio.Future[list[Any]] = loop.create_future()
+
+        def answered(outcomes: list[Any]) -> None:
+            if not waiting.done():
+                waiting.set_result(outcomes)
+
+        stream = self.vad.open_stream(answered)
+        try:
+            for first in range(0, len(rows), _VAD_PUSH_ROWS):
+                waiting = loop.create_future()
+                stream.push(rows[first : first + _VAD_PUSH_ROWS], 0)
+                for outcome, _ in await waiting:
+                    if not isinstance(outcome, float):
+                        raise BenchError(f"the VAD missed a chunk of {fixture.name}: {outcome}")
+                    answers.append(outcome)
+        finally:
+            stream.close()
+        self._vad_answers[fixture.name] = answers
+        return answers
+
+    async def recognise(self, request: Any) -> tuple[Any, float]:
+        """Whisper's words for a step, and the delay they reach the session after."""
+        digest = hashlib.sha256(request.audio.tobytes())
+        digest.update(f"\n{request.prompt}\n{request.language}".encode())
+        key = digest.hexdigest()
+        if key not in self._heard:
+            started = time.perf_counter()
+            transcript = await self._asr.recognise(request)
+            took = (time.perf_counter() - started) * 1000
+            self.asr_ms.append(took)
+            self._heard[key] = (transcript, took)
+        transcript, took = self._heard[key]
+        return transcript, took if self.asr_delay_ms is None else self.asr_delay_ms
+
+    async def judge(self, transcript: str, context: str | None) -> tuple[float, float]:
+        """The end-of-turn model's probability, and the delay it reaches the session after."""
+        key = (transcript, context)
+        if key not in self._judged:
+            started = time.perf_counter()
+            probability = float(await self._turn.probability(transcript, context=context))
+            took = (time.perf_counter() - started) * 1000
+            self.eot_ms.append(took)
+            self._judged[key] = (probability, took)
+        probability, took = self._judged[key]
+        return probability, took if self.eot_delay_ms is None else self.eot_delay_ms
+
+
+async def run_fixture(fixture: Fixture, setting: Setting, engines: Engines) -> Run:
+    """Play ``fixture`` into a session with ``setting``'s turn detection, 20 ms at a time on
+    the sample clock, answering its actions with ``engines``; stops once the turn has
+    ended after its labelled end."""
+    from hark.engines.vad import CHUNK_MS, chunk_samples
+    from hark.protocol import server_events as se
+    from hark.session.actions import AnalyzeSpeech, CancelRecognition, Recognise, ScoreTurn
+    from hark.session.core import Session
+    from hark.session.ids import IdGenerator
+
+    chunk = chunk_samples(RATE)
+    answers = await engines.vad_answers(fixture, chunk)
+    session = Session(
+        model="gpt-realtime",
+        ids=IdGenerator(seed=0),
+        vad_chunk_ms=CHUNK_MS,
+        asr_rate=engines.asr_rate,
+    )
+    session.start()
+    run = Run()
+    clock = 0.0
+    answered = 0
+    order = itertools.count()
+    # Results on their way back: (due on the sample clock, order, request id, deliver).
+    pending: list[tuple[float, int, str, Callable[[], None]]] = []
+    semantic = setting.detector == "semantic_vad"
+
+    async def handle() -> None:
+        nonlocal answered
+        outputs = session.drain()
+        while outputs:
+            for out in outputs:
+                if type(out) is AnalyzeSpeech:
+                    for _ in range(len(out.chunks)):
+                        if answered >= len(answers):
+                            raise BenchError(f"{fixture.name}: more VAD chunks than the audio")
+                        session.on_vad(answers[answered], out.epoch, now=clock / 1000)
+                        answered += 1
+                elif isinstance(out, se.SpeechStarted):
+                    run.starts.append(float(out.audio_start_ms))
+                elif isinstance(out, se.SpeechStopped):
+                    run.stops.append(float(out.audio_end_ms))
+                elif isinstance(out, se.Error):
+                    raise BenchError(f"{fixture.name}: the session said {out.error}")
+                elif semantic and isinstance(out, Recognise) and ":final" not in out.request_id:
+                    await recognise(out)
+                elif isinstance(out, CancelRecognition):
+                    pending[:] = [p for p in pending if p[2] != out.request_id]
+                    heapq.heapify(pending)
+                elif semantic and isinstance(out, ScoreTurn):
+                    await judge(out)
+            outputs = session.drain()
+
+    async def recognise(action: Any) -> None:
+        transcript, delay = await engines.recognise(action.request)
+        heapq.heappush(
+            pending,
+            (
+                clock + delay,
+                next(order),
+                action.request_id,
+                lambda: session.on_recognised(action.request_id, transcript, now=clock / 1000),
+            ),
+        )
+
+    async def judge(action: Any) -> None:
+        probability, delay = await engines.judge(action.transcript, action.context)
+        asked = clock
+        run.verdicts.append(
+            Verdict(action.transcript, action.context, probability, asked, asked + delay)
+        )
+        heapq.heappush(
+            pending,
+            (
+                clock + delay,
+                next(order),
+                action.key,
+                lambda: session.on_turn_score(action.key, probability, now=clock / 1000),
+            ),
+        )
+
+    update = {
+        "type": "session.update",
+        "session": {
+            "type": "realtime",
+            "output_modalities": ["text"],
+            "audio": {
+                "input": {
+                    "transcription": {"model": "whisper-1", "language": "en"},
+                    "turn_detection": setting.turn_detection(),
+                }
+            },
+        },
+    }
+    session.receive(json.dumps(update), now=0.0)
+    context = fixture.spec.turn.context
+    if context is not None:
+        item = {
+            "type": "message",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": context}],
+        }
+        session.receive(json.dumps({"type": "conversation.item.create", "item": item}), now=0.0)
+    await handle()
+    frame = RATE * FRAME_MS // 1000
+    end = fixture.labels.end_ms
+    for offset in range(0, len(fixture.pcm), frame):
+        clock = offset * 1000 / RATE
+        while pending and pending[0][0] <= clock:
+            heapq.heappop(pending)[3]()
+            await handle()
+        if any(stop >= end for stop in run.stops):
+            break
+        session.append_audio(fixture.pcm[offset : offset + frame], now=clock / 1000)
+        clock = (offset + frame) * 1000 / RATE
+        await handle()
+    return run
+
+
+# ---------------------------------------------------------------------------- the benchmark
+
+
+def settings(eagerness: Sequence[str], silences_ms: Sequence[int]) -> list[Setting]:
+    """The settings to run: each eagerness, then each silence."""
+    return [Setting("semantic_vad", eagerness=e) for e in eagerness] + [
+        Setting("server_vad", silence_ms=s) for s in silences_ms
+    ]
+
+
+async def measure(
+    fixtures: Sequence[FixtureSpec],
+    to_run: Sequence[Setting],
+    *,
+    lead_ms: int,
+    tail_ms: int,
+    budget: float = BUDGET,
+    asr_delay_ms: float | None = None,
+    eot_delay_ms: float | None = None,
+    cache_dir: Path | None = None,
+    synthesiser: Synthesiser | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Synthesise the fixtures (with ``synthesiser``, by default one caching in
+    ``cache_dir``), run every setting over them and build the report."""
+    if not fixtures or not to_run:
+        raise BenchError("nothing to run: no fixtures or no settings")
+    load_before = os.getloadavg()
+    synthesiser = synthesiser or Synthesiser(cache_dir)
+    made = [await synthesiser.fixture(f, lead_ms, tail_ms) for f in fixtures]
+    engines = Engines(asr_delay_ms, eot_delay_ms)
+    started = time.perf_counter()
+    points: list[Point] = []
+    rows: list[dict[str, Any]] = []
+    verdicts: list[tuple[Fixture, Verdict]] = []
+    try:
+        await engines.load(any(s.detector == "semantic_vad" for s in to_run))
+        for setting in to_run:
+            outcomes = []
+            for fixture in made:
+                run = await run_fixture(fixture, setting, engines)
+                outcome = score(fixture.labels, run.stops)
+                outcomes.append(outcome)
+                verdicts.extend((fixture, v) for v in run.verdicts)
+                rows.append(_row(fixture, setting, run, outcome))
+            pauses = [len(f.labels.pauses) for f in made]
+            point = summarise(setting.name, outcomes, pauses, float(tail_ms))
+            points.append(point)
+            if progress is not None:
+                progress(_point_line(point))
+    finally:
+        await engines.aclose()
+    load_after = os.getloadavg()
+    report: dict[str, Any] = {
+        "benchmark": "turns",
+        "spec": SPEC_PATH.name,
+        "fixtures": len(made),
+        "paused_fixtures": sum(bool(f.labels.pauses) for f in made),
+        "voices": sorted({f.voice.name for f in fixtures}),
+        "budget": budget,
+        "delays": {
+            "asr_ms": "measured" if asr_delay_ms is None else asr_delay_ms,
+            "eot_ms": "measured" if eot_delay_ms is None else eot_delay_ms,
+        },
+        "model_ms": {
+            "asr": _spread(engines.asr_ms),
+            "eot": _spread(engines.eot_ms),
+        },
+        "load_average": {
+            "before": [round(x, 2) for x in load_before],
+            "after": [round(x, 2) for x in load_after],
+        },
+        "cpus": os.cpu_count(),
+        "run_s": round(time.perf_counter() - started, 1),
+        "points": [p.to_json() for p in points],
+        "frontier": [p.setting for p in frontier(points)],
+        "operating_points": {},
+        "fixture_runs": rows,
+    }
+    for detector in ("semantic_vad", "server_vad"):
+        family = [p for p in points if p.setting.startswith(detector)]
+        best = operating_point(family, budget) if family else None
+        if family:
+            report["operating_points"][detector] = None if best is None else best.to_json()
+    everyone = operating_point(points, budget)
+    report["operating_points"]["any"] = None if everyone is None else everyone.to_json()
+    if verdicts:
+        report["verdicts"] = await _verdict_figures(verdicts)
+    return report
+
+
+async def _verdict_figures(verdicts: Sequence[tuple[Fixture, Verdict]]) -> dict[str, Any]:
+    """The model's verdicts on what Whisper heard, scored as the text evaluation scores
+    them: a pause before the labelled end is an incomplete utterance, one after it complete."""
+    from hark.engines.turn.evaluation import Example, evaluate
+
+    recorded: dict[tuple[str, str | None], float] = {}
+    examples: dict[tuple[str, str | None, bool], Example] = {}
+    for fixture, verdict in verdicts:
+        complete = verdict.asked_ms >= fixture.labels.end_ms
+        recorded[(verdict.transcript, verdict.context)] = verdict.probability
+        key = (verdict.transcript, verdict.context, complete)
+        examples.setdefault(key, Example(verdict.transcript, complete, "bench", verdict.context))
+    figures: dict[str, Any] = {"distinct": len(examples)}
+    for eagerness in EAGERNESS:
+        result = await evaluate(_Recorded(recorded), list(examples.values()), eagerness=eagerness)
+        figures[eagerness] = {
+            "accuracy": round(result.accuracy, 3),
+            "complete_ended_fast": round(result.fast_complete_rate, 3),
+            "incomplete_cut_fast": round(result.false_cut_rate, 3),
+            "incomplete_cut_by_a_1200ms_pause": round(result.pause_cut_rate, 3),
+        }
+    return figures
+
+
+class _Recorded:
+    """An end-of-turn engine that answers with the probabilities the bench recorded."""
+
+    def __init__(self, recorded: Mapping[tuple[str, str | None], float]) -> None:
+        self._recorded = recorded
+
+    async def probability(self, transcript: str, *, context: str | None = None) -> float:
+        return self._recorded[(transcript, context)]
+
+    async def warmup(self) -> None:
+        return None
+
+
+def _row(fixture: Fixture, setting: Setting, run: Run, outcome: Outcome) -> dict[str, Any]:
+    return {
+        "fixture": fixture.name,
+        "kind": fixture.spec.turn.kind,
+        "setting": setting.name,
+        "end_ms": round(fixture.labels.end_ms, 1),
+        "pauses_ms": [[round(a, 1), round(b, 1)] for a, b in fixture.labels.pauses],
+        "stops_ms": run.stops,
+        "false_cutoff": outcome.cut,
+        "dead_air_ms": _round(outcome.dead_air_ms, 1),
+        "verdicts": [
+            {
+                "heard": v.transcript,
+                "p": round(v.probability, 3),
+                "asked_ms": round(v.asked_ms, 1),
+                "answered_ms": round(v.answered_ms, 1),
+            }
+            for v in run.verdicts
+        ],
+    }
+
+
+def _spread(values: Sequence[float]) -> dict[str, Any]:
+    if not values:
+        return {"calls": 0}
+    return {
+        "calls": len(values),
+        "p50": round(percentile(values, 50), 1),
+        "p95": round(percentile(values, 95), 1),
+    }
+
+
+def _round(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _point_line(point: Mapping[str, Any] | Point) -> str:
+    p = point.to_json() if isinstance(point, Point) else point
+    dead = p["dead_air_ms"]
+    missed = f"  missed {p['missed']}" if p["missed"] else ""
+    return (
+        f"{p['setting']:<22} {100 * p['false_cutoff_rate']:>6.1f} %"
+        f" {dead['p50']:>8.0f} {dead['p95']:>8.0f} {dead['mean']:>8.0f}{missed}"
+    )
+
+
+def summary(report: Mapping[str, Any]) -> str:
+    """The curve and the operating points, for people."""
+    delays = report["delays"]
+    lines = [
+        f"Turn-taking on {report['fixtures']} fixtures ({report['paused_fixtures']} with "
+        f"mid-utterance pauses), voices {', '.join(report['voices'])}; model answers delayed "
+        f"by ASR {delays['asr_ms']} / end-of-turn {delays['eot_ms']} ms; load average "
+        f"{report['load_average']['before'][0]} → {report['load_average']['after'][0]} on "
+        f"{report['cpus']} CPUs",
+        f"{'setting':<22} {'cut-offs':>8} {'dead air p50':>12} {'p95':>8} {'mean':>8}  (ms)",
+    ]
+    lines += [_point_line(p) for p in report["points"]]
+    lines.append(f"Pareto frontier: {', '.join(report['frontier'])}")
+    budget = 100 * report["budget"]
+    for detector, point in report["operating_points"].items():
+        if point is None:
+            lines.append(f"at ≤ {budget:g} % false cut-offs, {detector}: no setting")
+        else:
+            dead = point["dead_air_ms"]
+            lines.append(
+                f"at ≤ {budget:g} % false cut-offs, {detector}: {point['setting']}, dead air "
+                f"p50 {dead['p50']:.0f} ms, mean {dead['mean']:.0f} ms "
+                f"({100 * point['false_cutoff_rate']:.1f} % cut off)"
+            )
+    for name, spread in report["model_ms"].items():
+        if spread["calls"]:
+            lines.append(
+                f"{name} per call: p50 {spread['p50']:.0f} ms, p95 {spread['p95']:.0f} ms "
+                f"({spread['calls']} distinct calls)"
+            )
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- the command
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    """The options of ``hark bench turns``."""
+    parser.add_argument(
+        "--eagerness",
+        default=",".join(EAGERNESS),
+        metavar="LIST",
+        help="semantic_vad eagerness values to run, comma-separated (default all; '' none)",
+    )
+    parser.add_argument(
+        "--silences",
+        default=",".join(map(str, SILENCES_MS)),
+        metavar="LIST",
+        help="server_vad silence durations in ms, comma-separated ('' none)",
+    )
+    parser.add_argument(
+        "--voices", default=None, metavar="LIST", help="only these voices of the spec"
+    )
+    parser.add_argument("--turns", default=None, metavar="LIST", help="only these turns (ids)")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=BUDGET,
+        help=f"the false cut-off rate of the operating point (default {BUDGET})",
+    )
+    for name, what in (("asr", "Whisper's"), ("eot", "the end-of-turn model's")):
+        parser.add_argument(
+            f"--{name}-delay-ms",
+            default="measured",
+            metavar="MS",
+            help=f"how late {what} answers reach the session on the sample clock: 'measured' "
+            "(the time the model took, default) or fixed milliseconds (deterministic)",
+        )
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="where synthesised segments are kept (default ~/.cache/hark/bench)",
+    )
+    add_json_option(parser)
+
+
+def command(options: dict[str, Any]) -> int:
+    """Run the benchmark, print a summary and optionally write the JSON report."""
+    try:
+        spec = load_spec()
+        eagerness = _names(options["eagerness"]) or []
+        unknown = set(eagerness) - set(EAGERNESS)
+        if unknown:
+            raise BenchError(f"unknown eagerness: {', '.join(sorted(unknown))}")
+        silences = [int(s) for s in _names(options["silences"]) or []]
+        if any(s <= 0 for s in silences):
+            raise BenchError("silences are positive milliseconds")
+        delays = [_delay(options[f"{n}_delay_ms"]) for n in ("asr", "eot")]
+        fixtures = fixture_specs(spec, _names(options["voices"]), _names(options["turns"]))
+        report = asyncio.run(
+            measure(
+                fixtures,
+                settings(eagerness, silences),
+                lead_ms=spec.lead_ms,
+                tail_ms=spec.tail_ms,
+                budget=float(options["budget"]),
+                asr_delay_ms=delays[0],
+                eot_delay_ms=delays[1],
+                cache_dir=options["cache_dir"],
+                progress=lambda line: print(line, file=sys.stderr, flush=True),
+            )
+        )
+    except (BenchError, ValueError) as error:
+        print(f"hark bench turns: {error}", file=sys.stderr)
+        return 2
+    publish(summary(report), report, options["json"])
+    return 0
+
+
+def _names(value: str | None) -> list[str] | None:
+    if value is None:
+        return None
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _delay(value: str) -> float | None:
+    if value == "measured":
+        return None
+    delay = float(value)
+    if delay < 0 or math.isnan(delay):
+        raise BenchError(f"a delay is 'measured' or milliseconds at least 0, not {value!r}")
+    return delay
