@@ -196,7 +196,7 @@ async def respond(conn: Any, **response: Any) -> list[Any]:
     return await collect(conn, "response.done")
 
 
-async def test_tools_are_listed_called_and_the_model_goes_on_with_the_result(
+async def test_tools_are_listed_called_and_the_next_response_reads_the_result(
     fake_server: Server, mcp_server: McpHttpServer
 ) -> None:
     tool = mcp_tool(mcp_server.url, allowed_tools={"read_only": True})
@@ -217,8 +217,12 @@ async def test_tools_are_listed_called_and_the_model_goes_on_with_the_result(
         assert listing[2].item_id == listing[3].item_id == listed.id
 
         events = await respond(conn, tool_choice="required")
+        # As with OpenAI, the response that called ends with the call (issue 28, point 1);
+        # the client asks for the answer, as the JS agents SDK does after every MCP call.
+        answered = await respond(conn)
+    assert not of_type([*events, *answered], "error")
     types = [e.type for e in events]
-    (added, _) = of_type(events, "response.output_item.added")
+    (added,) = of_type(events, "response.output_item.added")
     assert added.item.type == "mcp_call" and added.item.name == "get_weather"
     deltas = of_type(events, "response.mcp_call_arguments.delta")
     (arguments,) = of_type(events, "response.mcp_call_arguments.done")
@@ -228,11 +232,19 @@ async def test_tools_are_listed_called_and_the_model_goes_on_with_the_result(
     # The server ran the tool, and saw the session's authorization as a bearer token.
     assert done.item.output == f"Sunny in example; called with Bearer {TOKEN}"
     assert done.item.error is None
-    # The model went on in the same response, with the result.
+    assert types[-4:] == [
+        "response.mcp_call.completed",
+        "response.output_item.done",
+        "conversation.item.done",
+        "response.done",
+    ]
     response = events[-1].response
     assert response.status == "completed"
-    assert [o.type for o in response.output] == ["mcp_call", "message"]
-    (text,) = of_type(events, "response.output_text.done")
+    assert [o.type for o in response.output] == ["mcp_call"]
+    assert not of_type(events, "response.output_text.done")
+    # One answer, in the next response.
+    assert [o.type for o in answered[-1].response.output] == ["message"]
+    (text,) = of_type(answered, "response.output_text.done")
     assert text.text == FAKE_REPLY
 
 
@@ -281,13 +293,14 @@ async def test_a_tool_that_fails_fails_its_call_and_the_model_goes_on(
     async with fake_server.client().realtime.connect(model=MODEL) as conn:
         await configure(conn, tool)
         events = await respond(conn, tool_choice="required")
+        answered = await respond(conn)
     assert of_type(events, "response.mcp_call.failed")
     assert not of_type(events, "response.mcp_call.completed")
     (call,) = [o for o in events[-1].response.output if o.type == "mcp_call"]
     assert call.error.type == "tool_execution_error"
     assert call.output is None
     assert events[-1].response.status == "completed"
-    assert events[-1].response.output[-1].type == "message"
+    assert [o.type for o in answered[-1].response.output] == ["message"]
 
 
 async def test_a_server_that_checks_a_header_refuses_the_wrong_one(
@@ -330,6 +343,7 @@ async def test_a_server_that_goes_down_fails_the_call_and_the_model_goes_on(
             await configure(conn, tool)
             running.stop()
             events = await respond(conn, tool_choice="required")
+            answered = await respond(conn)
     finally:
         running.stop()
     assert of_type(events, "response.mcp_call.failed")
@@ -337,7 +351,7 @@ async def test_a_server_that_goes_down_fails_the_call_and_the_model_goes_on(
     assert call.error.type == "http_error", call.error
     assert call.error.code == 502
     assert events[-1].response.status == "completed"
-    assert events[-1].response.output[-1].type == "message"
+    assert [o.type for o in answered[-1].response.output] == ["message"]
 
 
 async def test_addresses_the_operator_did_not_allow_are_refused(fake_server: Server) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pydantic
 import pytest
 from openai.types.realtime.realtime_server_event import RealtimeServerEvent
@@ -22,7 +23,6 @@ from hark.session.actions import (
     Generate,
     ListMcpTools,
 )
-from hark.session.response_lifecycle import MAX_MCP_ROUNDS
 
 from .conftest import Driver
 
@@ -320,9 +320,10 @@ def test_tool_choice_must_name_a_server_of_the_session(driver: Driver) -> None:
     assert driver.take(Generate) == []
 
 
-def test_a_call_runs_on_the_server_and_the_response_goes_on_with_its_result(
-    driver: Driver,
-) -> None:
+def test_a_call_runs_on_the_server_and_ends_the_response(driver: Driver) -> None:
+    # As OpenAI runs MCP turns (issue 28, point 1): the response that calls ends once the
+    # call is done, and the client's next response.create reads the result (the JS agents
+    # SDK sends one after every MCP call; a response that went on would answer twice).
     listed(driver, WEATHER)
     driver.send({"type": "response.create", "response": {"tool_choice": "required"}})
     (generate,) = driver.take(Generate)
@@ -349,8 +350,8 @@ def test_a_call_runs_on_the_server_and_the_response_goes_on_with_its_result(
     assert (action.response_id, action.item_id) == (generate.response_id, item_id)
     assert (action.name, action.arguments) == ("get_weather", '{"city": "Paris"}')
     assert action.server.label == "town"
-    # The LLM's round is over, the call is not: no response.done, no new round yet.
-    assert driver.take(Generate) == []
+    # The LLM is done, the call is not: the response waits for it.
+    assert driver.types()[-1] == "response.mcp_call.in_progress"
 
     driver.session.on_mcp_call_done(generate.response_id, item_id, "Sunny, 21 C", now=driver.now)
     done = driver.pump()
@@ -358,28 +359,36 @@ def test_a_call_runs_on_the_server_and_the_response_goes_on_with_its_result(
         "response.mcp_call.completed",
         "response.output_item.done",
         "conversation.item.done",
+        "response.done",
     ]
     assert done[1]["item"]["output"] == "Sunny, 21 C"
+    assert driver.take(Generate) == []
+    response = done[-1]["response"]
+    assert response["status"] == "completed"
+    assert [o["type"] for o in response["output"]] == ["mcp_call"]
+    assert response["output"][0]["output"] == "Sunny, 21 C"
+    assert response["usage"]["input_tokens"] == 30
+    assert response["usage"]["output_tokens"] == 5
+
+    # The client asks for the answer, as the JS agents SDK does on the call's item.done.
+    created = driver.send({"type": "response.create"})
+    assert driver.types(created)[0] == "response.created"
     (again,) = driver.take(Generate)
-    assert again.response_id == generate.response_id
-    # The model reads its call and the result, and may answer without another call.
+    assert again.response_id != generate.response_id
     assert again.request.tool_choice.mode == "auto"
     messages = again.request.messages
     assert messages[-2].tool_calls[0].name == "get_weather"
     assert (messages[-1].role, messages[-1].content) == ("tool", "Sunny, 21 C")
-
     end = answer(driver, again, "It is sunny.")
-    (response_done,) = [e for e in end if e["type"] == "response.done"]
-    response = response_done["response"]
-    assert response["status"] == "completed"
-    assert [o["type"] for o in response["output"]] == ["mcp_call", "message"]
-    assert response["output"][0]["output"] == "Sunny, 21 C"
-    # Tokens of both rounds.
-    assert response["usage"]["input_tokens"] == 70
-    assert response["usage"]["output_tokens"] == 8
+    assert [o["type"] for o in end[-1]["response"]["output"]] == ["message"]
+    assert "error" not in driver.types()
 
 
-def test_a_result_before_the_round_ends_waits_for_it(driver: Driver) -> None:
+def test_a_result_before_the_llm_is_done_is_announced_with_the_response_end(
+    driver: Driver,
+) -> None:
+    # A client that asks for the next response when it sees the result finds the response
+    # done by then: nothing comes between the result and response.done.
     listed(driver, WEATHER)
     driver.send({"type": "response.create"})
     (generate,) = driver.take(Generate)
@@ -389,14 +398,24 @@ def test_a_result_before_the_round_ends_waits_for_it(driver: Driver) -> None:
     driver.pump()
     (action,) = driver.take(CallMcpTool)
     driver.session.on_mcp_call_done(rid, action.item_id, "ok", now=driver.now)
-    driver.pump()
-    assert driver.take(Generate) == []
+    assert driver.pump() == []
     driver.session.on_generation_finished(rid, Finished("tool_calls"), now=driver.now)
-    driver.pump()
-    assert [g.response_id for g in driver.take(Generate)] == [rid]
+    end = driver.pump()
+    assert driver.types(end) == [
+        "response.mcp_call.completed",
+        "response.output_item.done",
+        "conversation.item.done",
+        "response.done",
+    ]
+    assert end[1]["item"]["output"] == "ok"
+    assert driver.take(Generate) == []
+    driver.send({"type": "response.create"})
+    assert len(driver.take(Generate)) == 1
 
 
-def test_a_failed_call_carries_its_error_and_the_model_goes_on(driver: Driver) -> None:
+def test_a_failed_call_carries_its_error_and_the_next_response_reads_it(
+    driver: Driver,
+) -> None:
     listed(driver, WEATHER)
     driver.send({"type": "response.create"})
     (generate,) = driver.take(Generate)
@@ -405,14 +424,50 @@ def test_a_failed_call_carries_its_error_and_the_model_goes_on(driver: Driver) -
     error = wire.McpCallError(type="http_error", code=502, message="connection refused")
     driver.session.on_mcp_call_failed(generate.response_id, action.item_id, error, now=driver.now)
     failed = driver.pump()
-    assert driver.types(failed)[:2] == ["response.mcp_call.failed", "response.output_item.done"]
+    assert driver.types(failed) == [
+        "response.mcp_call.failed",
+        "response.output_item.done",
+        "conversation.item.done",
+        "response.done",
+    ]
     item = failed[1]["item"]
     assert item["error"] == {"type": "http_error", "message": "connection refused", "code": 502}
     assert item["output"] is None
+    assert failed[-1]["response"]["status"] == "completed"
+    driver.send({"type": "response.create"})
     (again,) = driver.take(Generate)
     assert again.request.messages[-1].content == "error: connection refused"
     end = answer(driver, again, "The weather service is down.")
     assert end[-1]["response"]["status"] == "completed"
+
+
+def test_an_audio_response_that_calls_ends_with_its_words_and_the_call(driver: Driver) -> None:
+    # What was said before the call is the response's message; the answer after the call is
+    # the next response's.
+    driver.send(
+        {
+            "type": "session.update",
+            "session": {
+                "audio": {"input": {"turn_detection": None}},
+                "tools": [mcp_tool()],
+            },
+        }
+    )
+    (action,) = driver.take(ListMcpTools)
+    driver.session.on_mcp_tools_listed(action.item_id, [WEATHER], now=driver.now)
+    driver.pump()
+    driver.send({"type": "response.create"})
+    (generate,) = driver.take(Generate)
+    rid = generate.response_id
+    driver.session.on_audio(rid, np.zeros(2400, np.int16), "Let me look. ", now=driver.now)
+    call(driver, generate, "get_weather", "{}")
+    (mcp_call,) = driver.take(CallMcpTool)
+    driver.session.on_mcp_call_done(rid, mcp_call.item_id, "Rain", now=driver.now)
+    end = driver.pump()
+    response = end[-1]["response"]
+    assert [o["type"] for o in response["output"]] == ["message", "mcp_call"]
+    assert response["output"][0]["content"][0]["transcript"] == "Let me look. "
+    assert response["usage"]["output_token_details"]["audio_tokens"] == 2
 
 
 def test_a_call_that_needs_approval_ends_the_turn_with_a_request(driver: Driver) -> None:
@@ -530,7 +585,7 @@ def test_approval_filters(driver: Driver) -> None:
         for action in driver.take(CallMcpTool):
             driver.session.on_mcp_call_done(action.response_id, action.item_id, "", now=driver.now)
             driver.pump()
-            answer(driver, driver.take(Generate)[0], "Done.")
+        assert driver.types()[-1] == "response.done"
 
 
 def test_an_approval_response_must_answer_a_request(driver: Driver) -> None:
@@ -554,27 +609,40 @@ def test_cancelling_a_response_abandons_its_call(driver: Driver) -> None:
     assert driver.take(Generate) == []
 
 
-def test_a_model_that_keeps_calling_is_made_to_answer(driver: Driver) -> None:
-    listed(driver, WEATHER)
+def test_a_raw_clients_response_create_after_each_result_gets_one_answer(
+    driver: Driver,
+) -> None:
+    # The raw client's loop that failed with conversation_already_has_active_response: on
+    # each call's result it asks for a response, which is accepted and answers once.
+    driver.send(
+        {
+            "type": "session.update",
+            "session": {
+                "output_modalities": ["text"],
+                "audio": {"input": {"turn_detection": None}},
+                "tools": [mcp_tool()],
+                "tool_choice": "required",
+            },
+        }
+    )
+    (action,) = driver.take(ListMcpTools)
+    driver.session.on_mcp_tools_listed(action.item_id, [WEATHER], now=driver.now)
+    driver.pump()
     driver.send({"type": "response.create"})
-    (generate,) = driver.take(Generate)
-    choices = []
-    while generate.request.tool_choice.mode != "none":
-        choices.append(generate.request.tool_choice.mode)
+    for _ in range(3):
+        (generate,) = driver.take(Generate)
         call(driver, generate, "get_weather", "{}")
         (action,) = driver.take(CallMcpTool)
         driver.session.on_mcp_call_done(action.response_id, action.item_id, "ok", now=driver.now)
-        driver.pump()
-        (generate,) = driver.take(Generate)
-    assert choices == ["auto"] * MAX_MCP_ROUNDS
-    # Told to call nothing, it calls all the same: the result is kept, and the response ends.
-    call(driver, generate, "get_weather", "{}")
-    (action,) = driver.take(CallMcpTool)
-    driver.session.on_mcp_call_done(action.response_id, action.item_id, "ok", now=driver.now)
-    end = driver.pump()
-    assert driver.take(Generate) == []
-    assert end[-1]["type"] == "response.done"
-    assert end[-1]["response"]["status"] == "completed"
+        assert driver.pump()[-1]["type"] == "response.done"
+        assert driver.take(Generate) == []
+        driver.send({"type": "response.create", "response": {"tool_choice": "auto"}})
+    (generate,) = driver.take(Generate)
+    end = answer(driver, generate, "Done.")
+    assert [o["type"] for o in end[-1]["response"]["output"]] == ["message"]
+    assert driver.types().count("response.created") == 4
+    assert driver.types().count("response.done") == 4
+    assert "error" not in driver.types()
 
 
 def test_a_function_call_beside_an_mcp_call_ends_the_response_for_the_client(

@@ -46,9 +46,6 @@ from hark.session.playout_state import PlayoutState
 from hark.session.rate_limits import RateWindow
 from hark.session.speculation import Speculation
 
-# How many times a response goes back to the LLM with MCP results; the last time it may call
-# no more tools, so a model that keeps calling them still answers.
-MAX_MCP_ROUNDS = 8
 # The ``CallMcpTool`` response id of calls run when the user approves them, outside any
 # response (no response is named so: response ids start with ``resp_``).
 APPROVED_CALLS = "approved"
@@ -90,17 +87,19 @@ class Response:
     # MCP calls whose arguments are still streaming (by call id), and those running (item ids).
     mcp_calls: dict[str, Entry] = field(default_factory=dict)
     mcp_running: set[str] = field(default_factory=set)
-    # An MCP call finished since the LLM last ran: it goes on with the result.
-    mcp_called: bool = False
-    # The LLM called a function: the client answers it, so the response ends after this round.
-    function_called: bool = False
-    # LLM runs after the first, each reading the MCP results before it.
-    rounds: int = 0
+    # Results of MCP calls that returned while the LLM was still running, announced when it
+    # is done: (item id, output, error).
+    mcp_results: list[tuple[str, str | None, wire.McpCallError | None]] = field(
+        default_factory=list
+    )
+    # The LLM was asked for the response (once: the response ends when that run and its MCP
+    # calls are done).
+    started: bool = False
     # False: at most one tool call per LLM run (``parallel_tool_calls``).
     parallel_tool_calls: bool = True
-    # The LLM run going on has called a tool.
-    round_called: bool = False
-    # The LLM's token counts over all rounds.
+    # The LLM has called a tool.
+    called: bool = False
+    # The LLM's token counts.
     tokens: Finished = field(default_factory=lambda: Finished("stop"))
 
     @property
@@ -281,14 +280,14 @@ class ResponseLifecycle:
     def resume_waiting(self) -> None:
         """Words the responses may be waiting for became known: start those that can."""
         for response in list(self.responses.values()):
-            if not response.generating:
+            if not response.started:
                 self._start_generation(response)
 
     def words_failed(self, entry: Entry, message: str) -> None:
         """Recognising ``entry``'s audio failed: the responses waiting for its words fail (one
         started already read the conversation without it)."""
         for response in list(self.responses.values()):
-            if response.generating or not any(e is entry for e in self._entries_of(response)):
+            if response.started or not any(e is entry for e in self._entries_of(response)):
                 continue
             self.failed(
                 response.id,
@@ -302,28 +301,21 @@ class ResponseLifecycle:
 
     def _start_generation(self, response: Response) -> None:
         entries = self._entries_of(response)
-        if response.mcp_running or any(e.pending_recognition() for e in entries):
+        if response.started or any(e.pending_recognition() for e in entries):
             return
-        first = not response.rounds and not response.mcp_called
-        if response.in_band and first and self._approved_calls:
+        if response.in_band and self._approved_calls:
             # The calls the user approved are still running: the LLM reads their results.
             return
-        if not response.in_band and not first:
-            # Out of band, the MCP calls made so far are in the response's output only.
-            entries = [*entries, *response.output]
+        response.started = True
         response.generating = True
-        response.round_called = False
         generate = self.generate_action(response, entries)
-        if not (response.in_band and first and self._speculation.adopt(generate)):
+        if not (response.in_band and self._speculation.adopt(generate)):
             self._outbox.act(generate)
 
     def generate_action(self, response: Response, entries: list[Entry]) -> Generate:
         """The engine work for ``response`` over ``entries``: the same for a speculative reply
         and the real one, so that one can become the other."""
         choice = response.tool_choice
-        if response.rounds and choice != "none":
-            # The model has called a tool already: it may go on without another.
-            choice = "auto" if response.rounds < MAX_MCP_ROUNDS else "none"
         max_tokens = response.max_output_tokens
         tools = [
             FunctionTool(name=t.name, description=t.description, parameters=t.parameters)
@@ -535,17 +527,16 @@ class ResponseLifecycle:
     def tool_call_started(self, response_id: str, call_id: str, name: str) -> None:
         """The LLM began a function call."""
         response = self.responses.get(response_id)
-        if response is None or (response.round_called and not response.parallel_tool_calls):
+        if response is None or (response.called and not response.parallel_tool_calls):
             # Calls after the first of a run, with parallel_tool_calls false, are dropped
             # (their arguments and end with them): the model asked for one at a time.
             return
-        response.round_called = True
+        response.called = True
         self._close_message(response, "completed")
         target = response.mcp_names.get(name)
         if target is not None:
             self._mcp_call_started(response, call_id, target)
             return
-        response.function_called = True
         entry = Entry(
             id=self._ids.new("item"),
             type="function_call",
@@ -716,50 +707,53 @@ class ResponseLifecycle:
         output: str | None = None,
         error: wire.McpCallError | None = None,
     ) -> None:
-        """An MCP call returned ``output``, or failed with ``error``; the response goes on
-        once its calls are done and the LLM has finished."""
+        """An MCP call returned ``output``, or failed with ``error``. The result is announced
+        at once, or, while the LLM is still running, when it is done: a client asks for the
+        next response when it sees the result, and ``response.done`` must come first."""
         if response_id == APPROVED_CALLS:
             self._approved_call_done(item_id, output, error)
             return
         response = self.responses.get(response_id)
         if response is None or item_id not in response.mcp_running:
             return
+        if response.generating:
+            response.mcp_results.append((item_id, output, error))
+            return
+        self._announce_result(response, item_id, output, error)
+        self._go_on(response)
+
+    def _announce_result(
+        self,
+        response: Response,
+        item_id: str,
+        output: str | None,
+        error: wire.McpCallError | None,
+    ) -> None:
         response.mcp_running.discard(item_id)
         entry = next(e for e in response.output if e.id == item_id)
         index = response.output.index(entry)
         self._mcp_result(entry, index, output, error)
         self._finish_item(response, entry, index)
-        response.mcp_called = True
-        self._go_on(response)
 
     def _go_on(self, response: Response) -> None:
-        """The LLM's round or an MCP call ended: the next round reads the MCP results, or
-        the response is done."""
+        """The LLM's run or an MCP call ended: once both are, the response is done. It does
+        not go on with the calls' results: as with OpenAI, the client's next
+        ``response.create`` reads them (the JS agents SDK sends one after every MCP call,
+        and a response that went on would answer twice)."""
         if response.generating or response.mcp_running:
-            return
-        if response.mcp_called and not response.function_called:
-            if response.rounds >= MAX_MCP_ROUNDS:
-                self._complete(response)
-                return
-            response.mcp_called = False
-            response.rounds += 1
-            self._start_generation(response)
             return
         self._complete(response)
 
     def finished(self, response_id: str, finished: Finished) -> None:
-        """The LLM is done with a round of a response (and TTS with its words)."""
+        """The LLM is done with a response (and TTS with its words)."""
         response = self.responses.get(response_id)
         if response is None:
             return
         response.generating = False
-        total = response.tokens
-        response.tokens = Finished(
-            finished.reason,
-            prompt_tokens=total.prompt_tokens + finished.prompt_tokens,
-            completion_tokens=total.completion_tokens + finished.completion_tokens,
-            cached_tokens=total.cached_tokens + finished.cached_tokens,
-        )
+        response.tokens = finished
+        for item_id, output, error in response.mcp_results:
+            self._announce_result(response, item_id, output, error)
+        response.mcp_results.clear()
         if finished.reason == "length":
             self._complete(response)
         else:
