@@ -26,6 +26,8 @@ ENGINE_SETS: tuple[EngineSet, ...] = ("embedded", "fake")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 DEFAULT_EMBEDDED_LLM_MODEL = "smollm2-135m"
 ENV_PREFIX = "HARK_"
+# The shapes of ``redis_url`` (``hark.cluster.redis_url`` reads them whole).
+REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel")
 CONFIG_ENV_VAR = "HARK_CONFIG"
 # The options that limit how long an engine stage may wait (seconds).
 STAGE_TIMEOUT_OPTIONS = (
@@ -95,6 +97,9 @@ class Settings:
     # an embedded store shared by the ``--workers`` of this machine, in ``run_dir``). Kept out
     # of repr: a Redis URL may carry a password.
     redis_url: str | None = field(default=None, repr=False)
+    # Redis's password, for a URL that holds none (``HARK_REDIS_PASSWORD``, from a secret
+    # store, needs no URL encoding).
+    redis_password: str | None = field(default=None, repr=False)
     # How other workers reach this one over HTTP (None: http://<host>:<port>).
     advertise_url: str | None = None
     # TLS on the hop between workers (``hark.cluster.hop_tls``): this worker's certificate
@@ -300,6 +305,7 @@ def _validate(values: dict[str, Any]) -> Settings:
         "rtc_advertise_ip",
         "otel_endpoint",
         "redis_url",
+        "redis_password",
         "advertise_url",
         "zone",
         "run_dir",
@@ -447,9 +453,21 @@ def _positive_number(values: dict[str, Any], name: str, kind: type[int] | type[f
 
 def _validate_fleet(values: dict[str, Any]) -> None:
     redis_url = values.get("redis_url")
-    if redis_url and urlsplit(redis_url).scheme not in ("redis", "rediss", "unix"):
+    if redis_url and urlsplit(redis_url).scheme not in REDIS_SCHEMES:
         # The URL may hold a password: name the option, not the value.
-        raise ConfigError("redis_url must be a redis://, rediss:// or unix:// URL")
+        raise ConfigError(
+            "redis_url must be a redis://, rediss://, unix://, redis+sentinel:// or "
+            "rediss+sentinel:// URL"
+        )
+    if values.get("redis_password"):
+        if not redis_url:
+            raise ConfigError("redis_password is the password of redis_url: set redis_url too")
+        parts = urlsplit(redis_url)
+        if parts.password or "password=" in parts.query:
+            raise ConfigError(
+                "the Redis password is given twice, in redis_url and in redis_password "
+                "(HARK_REDIS_PASSWORD): give it once"
+            )
     if redis_url and not values.get("fleet_secret"):
         # A record in Redis is believed only if it is signed with the fleet's secret: a
         # fleet without one would take whatever anyone who reaches Redis writes.

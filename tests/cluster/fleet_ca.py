@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime
+import ipaddress
+from collections.abc import Sequence
 from pathlib import Path
 
 from cryptography import x509
@@ -13,6 +15,13 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 def _name(common_name: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+def _general_name(address: str) -> x509.GeneralName:
+    try:
+        return x509.IPAddress(ipaddress.ip_address(address))
+    except ValueError:
+        return x509.DNSName(address)
 
 
 def _write_key(key: ec.EllipticCurvePrivateKey, path: Path) -> None:
@@ -63,15 +72,21 @@ class FleetCa:
         self.cert = directory / "ca.pem"
         self.cert.write_bytes(self._certificate.public_bytes(serialization.Encoding.PEM))
 
-    def issue(self, name: str) -> tuple[Path, Path]:
+    def issue(self, name: str, addresses: Sequence[str] = ()) -> tuple[Path, Path]:
         """A worker certificate (server and client use) for ``name``, and its key. It names
-        no address: the hop checks the chain, not the name."""
+        no address unless ``addresses`` (IP addresses or DNS names) are given: the hop
+        checks the chain, not the name; a client of a TLS Redis checks both."""
         key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.UTC)
         ca_public = self._key.public_key()
+        builder = x509.CertificateBuilder()
+        if addresses:
+            builder = builder.add_extension(
+                x509.SubjectAlternativeName([_general_name(a) for a in addresses]),
+                critical=False,
+            )
         certificate = (
-            x509.CertificateBuilder()
-            .subject_name(_name(name))
+            builder.subject_name(_name(name))
             .issuer_name(self._certificate.subject)
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())

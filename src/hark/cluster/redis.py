@@ -25,7 +25,10 @@ Redis Cluster.
 
 A dead Redis fails fast (``CONNECT_TIMEOUT_S``, ``OPERATION_TIMEOUT_S``) with
 ``ClusterUnavailableError``; the client reconnects by itself on the next call once Redis is
-back. Nothing here ever prints the URL's password.
+back. Behind Sentinel (``redis+sentinel://``, ``hark.cluster.redis_url``) a new connection
+asks a Sentinel where the master is, and a connection still on a master that was demoted
+is dropped at its first write (Redis answers ``READONLY``) and the call retried once on the
+new one. Nothing here ever prints the URL's password.
 """
 
 from __future__ import annotations
@@ -34,14 +37,15 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
 
 import msgspec
 import redis.asyncio
+import redis.asyncio.sentinel
 import redis.exceptions
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from hark.cluster.redis_url import RedisTarget, parse_redis_url
 from hark.cluster.seal import SIGNATURE_CHARS, Seal
 from hark.cluster.store import (
     CallRecord,
@@ -155,29 +159,21 @@ end
 
 
 class RedisStore(ClusterStore):
-    """The cluster store in the Redis at ``url`` (``redis://[:password@]host:port/db``,
-    ``rediss://`` for TLS, ``unix:///path?db=N``), every key under ``prefix``, its records
-    sealed with ``fleet_secret`` (never logged)."""
+    """The cluster store in the Redis at ``url`` (any shape of ``hark.cluster.redis_url``:
+    ``redis://[[user]:password@]host:port/db``, ``rediss://`` for TLS, ``unix:///path?db=N``,
+    ``redis+sentinel://host:26379,host2:26379/mymaster``), every key under ``prefix``, its
+    records sealed with ``fleet_secret`` (never logged)."""
 
     def __init__(self, url: str, fleet_secret: str, *, prefix: str = DEFAULT_PREFIX) -> None:
-        self._description, self._secrets = _describe(url)
+        target = parse_redis_url(url)
+        self._description, self._secrets = target.description, target.secrets
         if not fleet_secret:
             raise ValueError("the Redis store needs the fleet secret (HARK_FLEET_SECRET)")
         self._seal = Seal(fleet_secret)
         self._prefix = prefix
-        # One retry, on connection errors only: a pooled connection that died with a
-        # restarted Redis is replaced at once instead of failing the caller; a Redis that
-        # does not answer is not waited for twice.
-        retry = Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,))
         try:
-            self._redis: redis.asyncio.Redis = redis.asyncio.Redis.from_url(
-                url,
-                socket_connect_timeout=CONNECT_TIMEOUT_S,
-                socket_timeout=OPERATION_TIMEOUT_S,
-                retry=retry,
-                decode_responses=False,
-            )
-        except ValueError as exc:
+            self._redis, self._sentinel = _client(target)
+        except (TypeError, ValueError) as exc:
             raise ValueError(f"bad Redis URL {self._description}: {self._scrub(exc)}") from None
         self._put_call = self._redis.register_script(_PUT_CALL)
         self._get_call = self._redis.register_script(_GET_CALL)
@@ -208,6 +204,8 @@ class RedisStore(ClusterStore):
         if not self._closed:
             self._closed = True
             await self._redis.aclose()
+            if self._sentinel is not None:
+                await self._sentinel.aclose()
 
     # ------------------------------------------------------------------ plumbing
 
@@ -215,6 +213,12 @@ class RedisStore(ClusterStore):
     async def _errors(self) -> AsyncIterator[None]:
         try:
             yield
+        except redis.asyncio.sentinel.MasterNotFoundError:
+            # redis-py's message lists every Sentinel client whole; this says what it means.
+            raise ClusterUnavailableError(
+                f"Redis at {self._description} is unavailable: no Sentinel answered with a "
+                "master that is up (the Sentinels are unreachable, or a failover is under way)"
+            ) from None
         except _UNAVAILABLE as exc:
             # Not chained: the cause is summarised in the message, already scrubbed.
             raise ClusterUnavailableError(
@@ -408,23 +412,30 @@ def _bytes(value: bytes | str) -> bytes:
     return value if isinstance(value, bytes) else value.encode()
 
 
-def _describe(url: str) -> tuple[str, list[str]]:
-    """The URL as logs may show it (no password, no query), and the secrets it holds."""
-    parts = urlsplit(url)
-    secrets: list[str] = []
-    if parts.password:
-        secrets += [parts.password, unquote(parts.password)]
-    for name, values in parse_qs(parts.query).items():
-        if "pass" in name.lower():
-            secrets += values
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    try:
-        port = f":{parts.port}" if parts.port else ""
-    except ValueError:
-        port = ""
-    user = f"{parts.username}@" if parts.username else ""
-    description = f"{parts.scheme}://{user}{host}{port}{parts.path}"
-    # Longest first, so that no part of a longer secret is left after a shorter one is gone.
-    return description, sorted({s for s in secrets if s}, key=len, reverse=True)
+def _client(
+    target: RedisTarget,
+) -> tuple[redis.asyncio.Redis, redis.asyncio.sentinel.Sentinel | None]:
+    """A client of the Redis ``target`` names, with the Sentinel client that finds its master
+    (None for a single Redis). Nothing is connected yet."""
+    # One retry, on connection errors only: a pooled connection that died with a restarted
+    # Redis (or that Sentinel's failover left on a demoted master) is replaced at once
+    # instead of failing the caller; a Redis that does not answer is not waited for twice.
+    retry = Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,))
+    common: dict[str, Any] = {
+        "socket_connect_timeout": CONNECT_TIMEOUT_S,
+        "socket_timeout": OPERATION_TIMEOUT_S,
+        "retry": retry,
+    }
+    connection = {**target.connection, **common, "decode_responses": False}
+    if not target.uses_sentinel:
+        path = connection.pop("path", None)
+        if path is not None:
+            return redis.asyncio.Redis(unix_socket_path=path, **connection), None
+        return redis.asyncio.Redis(ssl=target.tls, **connection), None
+    sentinel = redis.asyncio.sentinel.Sentinel(
+        list(target.sentinels),
+        sentinel_kwargs={**target.sentinel_connection, **common},
+        ssl=target.tls,
+        **connection,
+    )
+    return sentinel.master_for(target.master), sentinel

@@ -88,6 +88,7 @@ def command(options: dict[str, object]) -> int:
     # What forwarding needs (NumPy, redis) is imported only now, by this command alone: the
     # parser, ``hark relay --help`` and ``hark``'s other commands go without it.
     from hark.cluster.redis import RedisStore
+    from hark.cluster.redis_url import with_password
     from hark.edge.flows import parse_address
     from hark.edge.relay import RelayConfig
     from hark.edge.supervisor import supervise
@@ -98,6 +99,8 @@ def command(options: dict[str, object]) -> int:
     try:
         if not redis_url:
             raise ValueError("the relay needs --redis-url (or HARK_REDIS_URL)")
+        # The workers' way to give Redis's password apart from the URL works here too.
+        redis_url = with_password(str(redis_url), os.environ.get("HARK_REDIS_PASSWORD"))
         if not secret or len(str(secret).encode()) < MIN_SECRET_BYTES:
             raise ValueError(
                 f"the relay needs a fleet secret of at least {MIN_SECRET_BYTES} bytes "

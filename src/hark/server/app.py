@@ -316,7 +316,12 @@ def set_advertised_port(app: web.Application, port: int) -> None:
 
 def _open_store(app: web.Application, settings: Settings) -> ClusterStore:
     if settings.redis_url:
-        return open_store(settings.redis_url, None, settings.fleet_secret)
+        return open_store(
+            settings.redis_url,
+            None,
+            settings.fleet_secret,
+            redis_password=settings.redis_password,
+        )
     if settings.run_dir:
         return open_store(None, Path(settings.run_dir))
     # One process alone: a private store, removed with the app.

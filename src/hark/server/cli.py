@@ -240,9 +240,17 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--redis-url",
         default=None,
         metavar="URL",
-        help="Redis shared by every worker of every host (redis://host:6379/0; prefer "
+        help="Redis shared by every worker of every host: redis://host:6379/0, rediss:// for "
+        "TLS, or redis+sentinel://host:26379,host2:26379/mymaster behind Sentinel (prefer "
         "HARK_REDIS_URL when it holds a password). Default: an embedded store shared by the "
         "--workers of this machine",
+    )
+    fleet.add_argument(
+        "--redis-password",
+        default=None,
+        metavar="PASSWORD",
+        help="Redis's password, for a --redis-url that holds none (prefer "
+        "HARK_REDIS_PASSWORD: arguments are visible)",
     )
     fleet.add_argument(
         "--advertise-url",
