@@ -154,10 +154,112 @@ def unknown_fields(value: Any, type_name: str, path: str = "") -> list[str]:
     return errors
 
 
+# The Prometheus operator's kinds (monitoring.coreos.com/v1), which the client has no models
+# for: the fields of their CRDs the chart may use, with their types ("str", "int", "map":
+# any string map, a dict: an object with those fields, a one-item list: a list of them).
+# Written from the operator's API reference; a field not listed is an error, as for the
+# client's models.
+_SELECTOR = {
+    "matchLabels": "map",
+    "matchExpressions": [{"key": "str", "operator": "str", "values": ["str"]}],
+}
+_METADATA = {"name": "str", "namespace": "str", "labels": "map", "annotations": "map"}
+_MONITORING: dict[str, dict[str, Any]] = {
+    "PodMonitor": {
+        "apiVersion": "str",
+        "kind": "str",
+        "metadata": _METADATA,
+        "spec": {
+            "jobLabel": "str",
+            "namespaceSelector": {"any": "bool", "matchNames": ["str"]},
+            "selector": _SELECTOR,
+            "podMetricsEndpoints": [
+                {
+                    "port": "str",
+                    "path": "str",
+                    "scheme": "str",
+                    "interval": "str",
+                    "scrapeTimeout": "str",
+                    "authorization": {
+                        "type": "str",
+                        "credentials": {"name": "str", "key": "str", "optional": "bool"},
+                    },
+                }
+            ],
+        },
+    },
+    "PrometheusRule": {
+        "apiVersion": "str",
+        "kind": "str",
+        "metadata": _METADATA,
+        "spec": {
+            "groups": [
+                {
+                    "name": "str",
+                    "interval": "str",
+                    "rules": [
+                        {
+                            "alert": "str",
+                            "record": "str",
+                            "expr": "str",
+                            "for": "str",
+                            "labels": "map",
+                            "annotations": "map",
+                        }
+                    ],
+                }
+            ]
+        },
+    },
+}
+_REQUIRED = {"PodMonitor": ("spec.selector", "spec.podMetricsEndpoints"), "PrometheusRule": ()}
+
+
+def _schema_errors(value: Any, schema: Any, path: str) -> list[str]:
+    if isinstance(schema, list):
+        if not isinstance(value, list):
+            return [f"{path}: expected a list"]
+        return [
+            e for i, v in enumerate(value) for e in _schema_errors(v, schema[0], f"{path}[{i}]")
+        ]
+    if isinstance(schema, dict):
+        if not isinstance(value, dict):
+            return [f"{path}: expected an object"]
+        errors = [f"{path}.{k}: not a field" for k in value if k not in schema]
+        return errors + [
+            e
+            for k, v in value.items()
+            if k in schema
+            for e in _schema_errors(v, schema[k], f"{path}.{k}")
+        ]
+    if schema == "map":
+        ok = isinstance(value, dict) and all(isinstance(v, str) for v in value.values())
+        return [] if ok else [f"{path}: expected a map of strings"]
+    expected = {"str": str, "int": int, "bool": bool}[schema]
+    ok = isinstance(value, expected) and (schema == "bool" or not isinstance(value, bool))
+    return [] if ok else [f"{path}: expected {schema}, got {value!r}"]
+
+
+def _check_monitoring(obj: dict[str, Any], where: str) -> list[str]:
+    kind = obj["kind"]
+    if obj["apiVersion"] != "monitoring.coreos.com/v1" or kind not in _MONITORING:
+        return [f"{where}: no such kind {obj['apiVersion']} {kind}"]
+    errors = _schema_errors(obj, _MONITORING[kind], where)
+    for required in _REQUIRED[kind]:
+        value: Any = obj
+        for part in required.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        if not value:
+            errors.append(f"{where}: {required} is required")
+    return errors
+
+
 def check_object(obj: dict[str, Any]) -> list[str]:
     """What is wrong with ``obj`` as a Kubernetes object; empty when nothing is."""
-    name = model_class(obj["apiVersion"], obj["kind"])
     where = f"{obj['kind']}/{obj.get('metadata', {}).get('name')}"
+    if obj["apiVersion"].startswith("monitoring.coreos.com/"):
+        return _check_monitoring(obj, where)
+    name = model_class(obj["apiVersion"], obj["kind"])
     errors = unknown_fields(obj, name, where)
     if not errors:
         try:
