@@ -856,9 +856,47 @@ async def measure(
             report["operating_points"][detector] = None if best is None else best.to_json()
     everyone = operating_point(points, budget)
     report["operating_points"]["any"] = None if everyone is None else everyone.to_json()
+    report["by"] = breakdown(rows)
     if verdicts:
         report["verdicts"] = await _verdict_figures(verdicts)
     return report
+
+
+def breakdown(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """For each setting, the false cut-off rate and the dead air p50 of the fixtures of each
+    voice, each kind of turn, each rate and each noise level."""
+    groups: dict[str, dict[str, dict[str, list[Mapping[str, Any]]]]] = {}
+    for row in rows:
+        _, voice, rate, noise = row["fixture"].split("/")
+        by = groups.setdefault(row["setting"], {})
+        for name, value in (
+            ("voice", voice),
+            ("kind", row["kind"]),
+            ("rate", rate),
+            ("noise", noise),
+        ):
+            by.setdefault(name, {}).setdefault(value, []).append(row)
+    return {
+        setting: {
+            name: {
+                value: {
+                    "fixtures": len(members),
+                    "false_cutoff_rate": round(
+                        sum(bool(m["false_cutoff"]) for m in members) / len(members), 3
+                    ),
+                    "dead_air_p50_ms": _round(
+                        percentile([m["dead_air_ms"] for m in members], 50)
+                        if all(m["dead_air_ms"] is not None for m in members)
+                        else None,
+                        1,
+                    ),
+                }
+                for value, members in sorted(values.items())
+            }
+            for name, values in by.items()
+        }
+        for setting, by in groups.items()
+    }
 
 
 async def _verdict_figures(verdicts: Sequence[tuple[Fixture, Verdict]]) -> dict[str, Any]:
