@@ -25,10 +25,11 @@ Redis Cluster.
 
 A dead Redis fails fast (``CONNECT_TIMEOUT_S``, ``OPERATION_TIMEOUT_S``) with
 ``ClusterUnavailableError``; the client reconnects by itself on the next call once Redis is
-back. Behind Sentinel (``redis+sentinel://``, ``hark.cluster.redis_url``) a new connection
-asks a Sentinel where the master is, and a connection still on a master that was demoted
-is dropped at its first write (Redis answers ``READONLY``) and the call retried once on the
-new one. Nothing here ever prints the URL's password.
+back. A connection still on a master that a failover demoted is dropped at its first write
+(Redis answers ``READONLY``) and the call retried once on a new connection: behind Sentinel
+(``redis+sentinel://``, ``hark.cluster.redis_url``) a new connection asks a Sentinel where
+the master is; a managed Redis's endpoint resolves to its new primary. Nothing here ever
+prints the URL's password.
 """
 
 from __future__ import annotations
@@ -417,10 +418,16 @@ def _client(
 ) -> tuple[redis.asyncio.Redis, redis.asyncio.sentinel.Sentinel | None]:
     """A client of the Redis ``target`` names, with the Sentinel client that finds its master
     (None for a single Redis). Nothing is connected yet."""
-    # One retry, on connection errors only: a pooled connection that died with a restarted
-    # Redis (or that Sentinel's failover left on a demoted master) is replaced at once
-    # instead of failing the caller; a Redis that does not answer is not waited for twice.
-    retry = Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,))
+    # One retry, on a connection that died with a restarted Redis, or that a failover left on
+    # a demoted master (READONLY: the write did nothing; behind Sentinel redis-py turns it
+    # into a connection error itself): the connection is replaced at once, on the new master
+    # (the one Sentinel names, or the one a managed Redis's name now resolves to), instead of
+    # failing the caller. A Redis that does not answer is not waited for twice.
+    retry = Retry(
+        NoBackoff(),
+        1,
+        supported_errors=(redis.exceptions.ConnectionError, redis.exceptions.ReadOnlyError),
+    )
     common: dict[str, Any] = {
         "socket_connect_timeout": CONNECT_TIMEOUT_S,
         "socket_timeout": OPERATION_TIMEOUT_S,
