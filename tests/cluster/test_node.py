@@ -216,3 +216,21 @@ async def test_calls_are_found_here_first_and_in_the_store_for_others(
         assert await other.find_call("rtc_here") is None
     finally:
         await other_store.aclose()
+
+
+async def test_a_worker_the_store_forgot_writes_its_calls_back_at_its_next_beat(
+    store: EmbeddedStore,
+) -> None:
+    """The store lost the worker's entry and calls (a failover to a replica that let the
+    entry expire, and another worker's sweep): the next heartbeat finds it forgotten and
+    writes the calls back then, not at the next periodic resync."""
+    # Its heartbeat turns taken by hand, without the task (which could take one between).
+    node = ClusterNode(store, url="http://self.invalid:8000")
+    await node.tick()
+    await node.register_call("rtc_kept", "owner-a")
+    await node.tick()
+    await store.remove_worker(node.id)
+    assert await store.get_call("rtc_kept") is None
+    await node.tick()
+    found = await store.get_call("rtc_kept")
+    assert found is not None and found.worker_id == node.id

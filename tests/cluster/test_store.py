@@ -122,7 +122,9 @@ async def test_a_worker_whose_heartbeat_expires_disappears_and_is_swept(
     backend: Backend,
 ) -> None:
     dying, living = await backend.open(), await backend.open()
-    await dying.heartbeat(worker("w-dying"), backend.short_ttl)
+    # A heartbeat says whether the worker was registered until then: not at its first.
+    assert not await dying.heartbeat(worker("w-dying"), LONG_TTL_S)
+    assert await dying.heartbeat(worker("w-dying"), backend.short_ttl)
     await living.heartbeat(worker("w-living"), LONG_TTL_S)
     await dying.put_call(call("rtc_dying", "w-dying"))
     await living.put_call(call("rtc_living", "w-living"))
@@ -145,8 +147,9 @@ async def test_a_worker_whose_heartbeat_expires_disappears_and_is_swept(
     assert sorted(swept) == [0, 1]
     assert await living.sweep(now) == 0
 
-    # Swept, not merely hidden: were the worker id to beat again, nothing of it is left.
-    await dying.heartbeat(worker("w-dying"), LONG_TTL_S)
+    # Swept, not merely hidden: were the worker id to beat again, nothing of it is left,
+    # and its heartbeat says the store had forgotten it.
+    assert not await dying.heartbeat(worker("w-dying"), LONG_TTL_S)
     assert await living.get_call("rtc_dying") is None
     assert await living.sessions_of("owner-a") == 1
     assert await living.get_call("rtc_living") == call("rtc_living", "w-living")
@@ -231,7 +234,9 @@ async def test_a_dead_workers_sessions_stop_counting_against_the_limit(
     backend: Backend,
 ) -> None:
     dying, living = await backend.open(), await backend.open()
-    await dying.heartbeat(worker("w-dying"), backend.short_ttl)
+    # A heartbeat says whether the worker was registered until then: not at its first.
+    assert not await dying.heartbeat(worker("w-dying"), LONG_TTL_S)
+    assert await dying.heartbeat(worker("w-dying"), backend.short_ttl)
     await living.heartbeat(worker("w-living"), LONG_TTL_S)
     assert await dying.acquire_session("owner-a", "w-dying", 2)
     assert await dying.acquire_session("owner-a", "w-dying", 2)

@@ -233,15 +233,24 @@ class EmbeddedStore(ClusterStore):
 
     # ------------------------------------------------------------------ workers
 
-    async def heartbeat(self, worker: WorkerInfo, ttl_s: float) -> None:
-        """Register or refresh ``worker`` until ``ttl_s`` from the store's clock."""
+    async def heartbeat(self, worker: WorkerInfo, ttl_s: float) -> bool:
+        """Register or refresh ``worker`` until ``ttl_s`` from the store's clock; whether
+        it was registered and live until now."""
         info = msgspec.json.encode(worker)
-        await self._call(
-            lambda db: db.execute(
-                "INSERT OR REPLACE INTO workers (id, info, expires_at) VALUES (?, ?, ?)",
-                (worker.id, info, self._clock() + ttl_s),
-            )
-        )
+
+        def beat(db: sqlite3.Connection) -> bool:
+            now = self._clock()
+            with _immediate(db):
+                live = db.execute(
+                    "SELECT 1 FROM workers WHERE id = ? AND expires_at > ?", (worker.id, now)
+                ).fetchone()
+                db.execute(
+                    "INSERT OR REPLACE INTO workers (id, info, expires_at) VALUES (?, ?, ?)",
+                    (worker.id, info, now + ttl_s),
+                )
+            return live is not None
+
+        return await self._call(beat)
 
     async def workers(self, now: float) -> list[WorkerInfo]:
         """Workers whose heartbeat is live at ``now``, ordered by id."""

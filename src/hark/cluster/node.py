@@ -5,8 +5,9 @@ A worker registers with a heartbeat every ``HEARTBEAT_INTERVAL_S`` that expires 
 ``HEARTBEAT_TTL_S``: a worker killed without a word disappears from placement within a few
 seconds, and every worker sweeps what the dead one left (its calls, its session counts).
 When the store cannot be reached the worker keeps serving what it has (its calls are found
-locally first) and keeps beating; once the store answers again the worker writes its calls
-back, so a store that restarted empty learns them again within one resync.
+locally first) and keeps beating; once the store answers again, or a heartbeat finds that
+the store had forgotten the worker (a restart, a failover, a sweep while its entry had
+expired), the worker writes its calls back at once.
 """
 
 from __future__ import annotations
@@ -124,6 +125,8 @@ class ClusterNode:
         self._calls: dict[str, CallRecord] = {}
         self._placements: deque[Placement] = deque(maxlen=MAX_REMEMBERED_PLACEMENTS)
         self._task: asyncio.Task[None] | None = None
+        # When the heartbeat task next writes the calls back, and next sweeps (monotonic).
+        self._next_resync = self._next_sweep = 0.0
         self._cpu_mark = (time.monotonic(), time.process_time())
         self._cpu = 0.0
         # Whether the last store operation of the heartbeat succeeded.
@@ -153,37 +156,48 @@ class ClusterNode:
         await self.store.aclose()
 
     async def _run(self) -> None:
-        next_sweep = next_resync = 0.0
         while True:
             await asyncio.sleep(HEARTBEAT_INTERVAL_S)
-            now = time.monotonic()
-            try:
-                was_available = self.store_available
-                await self.beat()
-                if not was_available or now >= next_resync:
-                    await self._resync()
-                    next_resync = now + RESYNC_INTERVAL_S
-                if now >= next_sweep:
-                    swept = await self.store.sweep(self._clock())
-                    if swept:
-                        logger.info("swept %d worker(s) whose heartbeat expired", swept)
-                    next_sweep = now + SWEEP_INTERVAL_S
-            except ClusterUnavailableError as exc:
-                self._store_failed(exc)
-            except Exception:
-                logger.exception("cluster heartbeat failed")
+            await self.tick()
+
+    async def tick(self) -> None:
+        """One turn of the heartbeat task: beat, write the calls back when due or when the
+        store may have lost them, sweep when due. Never raises."""
+        now = time.monotonic()
+        try:
+            was_available = self.store_available
+            registered = await self.beat()
+            # The store may have lost this worker's calls: it was down, or it forgot the
+            # worker (a restart, a failover to a replica that let the entry expire, another
+            # worker's sweep meanwhile).
+            if not was_available or not registered or now >= self._next_resync:
+                await self._resync()
+                self._next_resync = now + RESYNC_INTERVAL_S
+            if now >= self._next_sweep:
+                swept = await self.store.sweep(self._clock())
+                if swept:
+                    logger.info("swept %d worker(s) whose heartbeat expired", swept)
+                self._next_sweep = now + SWEEP_INTERVAL_S
+        except ClusterUnavailableError as exc:
+            self._store_failed(exc)
+        except Exception:
+            logger.exception("cluster heartbeat failed")
 
     def _store_failed(self, exc: ClusterUnavailableError) -> None:
         if self.store_available:
             logger.error("the cluster store is unavailable (%s); running sessions go on", exc)
         self.store_available = False
 
-    async def beat(self) -> None:
-        """Write this worker's registry entry once (the heartbeat task does it periodically)."""
-        await self.store.heartbeat(self.info(), HEARTBEAT_TTL_S)
+    async def beat(self) -> bool:
+        """Write this worker's registry entry once (the heartbeat task does it periodically);
+        whether the store still had it."""
+        registered = await self.store.heartbeat(self.info(), HEARTBEAT_TTL_S)
         if not self.store_available:
             logger.info("the cluster store is back")
+        elif not registered and self._next_resync:
+            logger.warning("the cluster store had forgotten this worker; it registers again")
         self.store_available = True
+        return registered
 
     async def _resync(self) -> None:
         for record in list(self._calls.values()):

@@ -306,18 +306,18 @@ class RedisStore(ClusterStore):
 
     # ------------------------------------------------------------------ workers
 
-    async def heartbeat(self, worker: WorkerInfo, ttl_s: float) -> None:
-        """Write ``worker``, signed, with a TTL of ``ttl_s`` (Redis's clock) and list its id."""
+    async def heartbeat(self, worker: WorkerInfo, ttl_s: float) -> bool:
+        """Write ``worker``, signed, with a TTL of ``ttl_s`` (Redis's clock) and list its id;
+        whether its entry was there until now (in the same round trip)."""
         info = msgspec.json.encode(worker)
         signature = self._seal.sign("worker", worker.id, info).encode("ascii")
+        key = self._key("worker", worker.id)
         async with self._errors(), self._redis.pipeline(transaction=True) as pipe:
-            pipe.set(
-                self._key("worker", worker.id),
-                signature + info,
-                px=max(1, round(ttl_s * 1000)),
-            )
+            pipe.exists(key)
+            pipe.set(key, signature + info, px=max(1, round(ttl_s * 1000)))
             pipe.sadd(self._key("workers"), worker.id)
-            await pipe.execute()
+            existed, _, _ = await pipe.execute()
+        return bool(existed)
 
     async def workers(self, now: float) -> list[WorkerInfo]:
         """Workers whose heartbeat key is live and signed by this fleet, ordered by id.

@@ -112,8 +112,11 @@ class ClusterStore(ABC):
     # ------------------------------------------------------------------ workers
 
     @abstractmethod
-    async def heartbeat(self, worker: WorkerInfo, ttl_s: float) -> None:
-        """Register or refresh ``worker``; it disappears ``ttl_s`` after its last heartbeat."""
+    async def heartbeat(self, worker: WorkerInfo, ttl_s: float) -> bool:
+        """Register or refresh ``worker``; it disappears ``ttl_s`` after its last heartbeat.
+        True if it was registered and live until now; False on its first heartbeat and
+        whenever its entry had gone (expired, swept, or lost with the store's data): its
+        calls may have gone with it, and the worker writes them again."""
 
     @abstractmethod
     async def workers(self, now: float) -> list[WorkerInfo]:
