@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 if TYPE_CHECKING:
     from hark.transports.sip.trunk import InboundTrunk
@@ -88,6 +88,9 @@ class Settings:
     workers: int = 1
     # The rate the VAD model hears: 16000, or 8000 for about half its CPU per session.
     vad_rate: int = 16000
+    # WebRTC and SIP calls take the reply's echo out of the caller's audio before the VAD
+    # hears it (``hark.transports.echo``); WebSocket sessions have none (the client plays).
+    echo_cancellation: bool = True
     # An OTLP/HTTP collector that gets a trace per turn (None: no traces).
     otel_endpoint: str | None = None
     # The browser demo at / (it hands short-lived keys to whoever loads it). None: on only
@@ -349,6 +352,9 @@ def _validate(values: dict[str, Any]) -> Settings:
         _positive_number(values, name, float)
     _validate_vad_rate(values)
     _validate_flag(values, "demo")
+    _validate_flag(values, "echo_cancellation")
+    if values["echo_cancellation"] is None:
+        values["echo_cancellation"] = _DEFAULTS.echo_cancellation
     _validate_fleet(values)
     _validate_relay(values)
     _validate_sip(values)
@@ -463,7 +469,7 @@ def _validate_fleet(values: dict[str, Any]) -> None:
         if not redis_url:
             raise ConfigError("redis_password is the password of redis_url: set redis_url too")
         parts = urlsplit(redis_url)
-        if parts.password or "password=" in parts.query:
+        if parts.password or "password" in parse_qs(parts.query):
             raise ConfigError(
                 "the Redis password is given twice, in redis_url and in redis_password "
                 "(HARK_REDIS_PASSWORD): give it once"
