@@ -49,6 +49,8 @@ class Access:
     WebSocket subprotocol instead of the ``Authorization`` header. ``ephemeral``: ephemeral
     keys are accepted; if not, they are refused with ``ephemeral_refusal``.
     ``keyless_when_open``: a server without API keys (on loopback only) asks for no key.
+    ``metrics``: metrics keys (``metrics:KEY`` entries) are accepted; every other route
+    refuses them.
     """
 
     key: bool = True
@@ -56,6 +58,7 @@ class Access:
     ephemeral: bool = True
     keyless_when_open: bool = False
     ephemeral_refusal: str = "Ephemeral keys cannot use this endpoint; use an API key."
+    metrics: bool = False
 
 
 # Anyone: health checks, the demo page, CORS preflights.
@@ -75,6 +78,17 @@ EPHEMERAL_SCOPE = (
 def api_key_only(refusal: str = EPHEMERAL_SCOPE, *, keyless_when_open: bool = False) -> Access:
     """A real API key: an ephemeral key is refused (403) with ``refusal``."""
     return Access(ephemeral=False, ephemeral_refusal=refusal, keyless_when_open=keyless_when_open)
+
+
+# The Prometheus scrape: an API key or a metrics key, not an ephemeral key; none on a
+# server without API keys (on loopback only).
+METRICS_SCRAPE = Access(
+    ephemeral=False,
+    ephemeral_refusal="Ephemeral keys cannot read metrics.",
+    keyless_when_open=True,
+    metrics=True,
+)
+METRICS_ONLY_REFUSAL = "This key is a metrics key: it can only read /metrics."
 
 
 def requires(access: Access) -> Callable[[_Handler], _Handler]:
@@ -135,6 +149,9 @@ async def _authenticate(request: web.Request, access: Access) -> Principal | web
         )
     if found.ephemeral is not None and not access.ephemeral:
         return error_response(403, access.ephemeral_refusal, code="insufficient_permissions")
+    if found.metrics_only and not access.metrics:
+        logger.info("refused a metrics key on %s", request.path)
+        return error_response(403, METRICS_ONLY_REFUSAL, code="insufficient_permissions")
     return found
 
 

@@ -1,4 +1,5 @@
-"""Who may use the server: API keys, ephemeral keys (``ek_…``), and the bind policy.
+"""Who may use the server: API keys, ephemeral keys (``ek_…``), metrics keys, and the bind
+policy.
 
 Keys are compared in constant time (SHA-256 digests, against every configured key) and are
 never logged. A key's *owner* is a stable, non-reversible identity of the real API key behind
@@ -28,6 +29,9 @@ from hark.protocol.session_config import SessionConfig
 logger = logging.getLogger(__name__)
 
 EPHEMERAL_PREFIX = "ek_"
+# An API keys entry ``metrics:KEY`` admits KEY to ``/metrics`` and nothing else: the key a
+# Prometheus holds opens no session, mints no key and reaches no call.
+METRICS_KEY_PREFIX = "metrics:"
 SUBPROTOCOL_KEY_PREFIX = "openai-insecure-api-key."
 # Ephemeral keys a worker remembers having seen (each a few hundred bytes).
 MAX_CACHED_KEYS = 10_000
@@ -37,12 +41,26 @@ class InsecureBindError(RuntimeError):
     """No API keys are configured and the server would listen beyond loopback."""
 
 
+def split_keys(api_keys: Iterable[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The configured entries as (API keys, metrics keys): an entry ``metrics:KEY`` is the
+    metrics key KEY, any other entry an API key."""
+    full: list[str] = []
+    metrics: list[str] = []
+    for entry in api_keys:
+        if entry.startswith(METRICS_KEY_PREFIX):
+            metrics.append(entry.removeprefix(METRICS_KEY_PREFIX))
+        else:
+            full.append(entry)
+    return tuple(full), tuple(k for k in metrics if k)
+
+
 def check_bind_policy(host: str, api_keys: Iterable[str]) -> None:
     """Refuse an open server off loopback; warn loudly about one on loopback.
 
-    Raises ``InsecureBindError`` when no keys are configured and ``host`` is not loopback.
+    Raises ``InsecureBindError`` when no API keys are configured (metrics keys do not
+    count: they open nothing else) and ``host`` is not loopback.
     """
-    if any(True for _ in api_keys):
+    if split_keys(api_keys)[0]:
         return
     if not is_loopback_host(host):
         raise InsecureBindError(
@@ -82,10 +100,12 @@ class EphemeralKey:
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """An authenticated caller: the owning real key, and the ephemeral key used if any."""
+    """An authenticated caller: the owning real key, and the ephemeral key used if any.
+    ``metrics_only``: the key is a metrics key, good for ``/metrics`` alone."""
 
     owner: str
     ephemeral: EphemeralKey | None = None
+    metrics_only: bool = False
 
 
 class _StoredKey(msgspec.Struct, frozen=True):
@@ -110,7 +130,9 @@ class Authenticator:
     once minted, so the memory only saves store round trips and lets a key already in use
     here go on working while the store is unreachable; expiry is checked on every use.
     With no ``api_keys`` every key is accepted (the caller enforces ``check_bind_policy``),
-    except ``ek_…`` keys, which must always be live minted keys.
+    except ``ek_…`` keys, which must always be live minted keys. Entries ``metrics:KEY``
+    are metrics keys (``split_keys``): KEY authenticates as a ``metrics_only`` principal,
+    and they alone leave the server open.
     """
 
     def __init__(
@@ -120,7 +142,9 @@ class Authenticator:
         *,
         clock: Callable[[], float] = time.time,
     ):
-        self._digests = tuple(_digest(k) for k in api_keys)
+        full, metrics = split_keys(api_keys)
+        self._digests = tuple(_digest(k) for k in full)
+        self._metrics_digests = tuple(_digest(k) for k in metrics)
         self.store = store
         self._seen: OrderedDict[bytes, EphemeralKey] = OrderedDict()
         self.clock = clock
@@ -147,10 +171,14 @@ class Authenticator:
         if self.open:
             return Principal(owner=owner_of(key))
         # Compare with every key, without stopping early, so timing says nothing.
-        matched = False
+        matched = metrics = False
         for known in self._digests:
             matched |= hmac.compare_digest(digest, known)
-        return Principal(owner=owner_of(key)) if matched else None
+        for known in self._metrics_digests:
+            metrics |= hmac.compare_digest(digest, known)
+        if matched:
+            return Principal(owner=owner_of(key))
+        return Principal(owner=owner_of(key), metrics_only=True) if metrics else None
 
     async def _ephemeral(self, digest: bytes) -> EphemeralKey | None:
         now = self.clock()

@@ -35,7 +35,8 @@ EXIT_USAGE = 2
 DESCRIPTION = (
     "Run the server. Every option also reads HARK_<OPTION> from the environment (e.g. "
     "HARK_LLM_URL) and <option> from the --config file; API keys come from HARK_API_KEYS "
-    "(comma-separated) or api_keys in the file."
+    "(comma-separated) or api_keys in the file. An entry metrics:KEY makes KEY a metrics key, "
+    "which reads /metrics and nothing else."
 )
 
 

@@ -9,7 +9,7 @@ from aiohttp import web
 
 from hark.engines import health
 from hark.observability.metrics import CONTENT_TYPE
-from hark.server.access import PUBLIC, api_key_only, requires
+from hark.server.access import METRICS_SCRAPE, PUBLIC, requires
 from hark.server.state import METRICS, STATE
 
 
@@ -50,10 +50,11 @@ async def readyz(request: web.Request) -> web.Response:
     return web.json_response(body, status=200 if status == "ready" else 503)
 
 
-@requires(api_key_only("Ephemeral keys cannot read metrics.", keyless_when_open=True))
+@requires(METRICS_SCRAPE)
 async def metrics(request: web.Request) -> web.Response:
-    """Prometheus scrape with an API key (not ephemeral); a server without keys asks for
-    none. A loopback peer is no exception: a reverse proxy or a sidecar is one."""
+    """Prometheus scrape with an API key or a metrics key (not ephemeral); a server without
+    keys asks for none. A loopback peer is no exception: a reverse proxy or a sidecar is
+    one."""
     # Reading every worker's files in multiprocess mode is blocking file I/O.
     body = await asyncio.to_thread(request.app[METRICS].exposition)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
