@@ -16,6 +16,7 @@ from pathlib import Path
 from types import TracebackType
 
 import pytest
+import redis
 
 from tests.servers import free_port
 
@@ -241,3 +242,201 @@ def redis_on(host: str, workdir: Path) -> Iterator[str]:
     password: off loopback Redis wants one (its protected mode), as it should."""
     with running_redis(workdir, password=secrets.token_hex(8), host=host) as server:
         yield server.url
+
+
+class RedisWithSentinels:
+    """A master, a replica and ``count`` Sentinels watching them (quorum: a majority), all
+    real processes; a context manager. The master's and Sentinels' passwords are
+    ``password`` and ``sentinel_password``.
+
+    ``failover()`` asks a Sentinel for a failover (``SENTINEL FAILOVER``) and
+    ``kill_master()`` kills the master (SIGKILL); each returns once every Sentinel names the
+    new master. Nothing here waits a fixed time: each step polls what the servers say,
+    within ``SETTLE_S``.
+    """
+
+    SETTLE_S = 120.0
+    MASTER_NAME = "mymaster"
+
+    def __init__(
+        self,
+        workdir: Path,
+        password: str,
+        *,
+        sentinel_password: str | None = None,
+        count: int = 3,
+    ) -> None:
+        # Each may be promoted, and then its former master replicates from it: both know the
+        # password (masterauth) from the start.
+        auth = ["--masterauth", password]
+        self.password = password
+        self.sentinel_password = sentinel_password
+        self.master = RedisServer(workdir / "a", password=password, args=auth)
+        self.replica = RedisServer(
+            workdir / "b",
+            password=password,
+            args=[*auth, "--replicaof", self.master.host, str(self.master.port)],
+        )
+        self.nodes = [self.master, self.replica]
+        self.sentinels = [
+            RedisSentinel(
+                workdir / f"sentinel-{i}",
+                self.master.port,
+                master_name=self.MASTER_NAME,
+                quorum=count // 2 + 1,
+                auth_pass=password,
+                password=sentinel_password,
+            )
+            for i in range(count)
+        ]
+
+    @property
+    def url(self) -> str:
+        """``redis+sentinel://:PASSWORD@HOST:PORT,…/mymaster/0`` (with the Sentinels' own
+        password as ``?sentinel_password=``)."""
+        sentinels = ",".join(f"{s.host}:{s.port}" for s in self.sentinels)
+        query = f"?sentinel_password={self.sentinel_password}" if self.sentinel_password else ""
+        return f"redis+sentinel://:{self.password}@{sentinels}/{self.MASTER_NAME}/0{query}"
+
+    def start(self) -> None:
+        """Start every process and wait until the Sentinels know each other and the replica
+        is in sync."""
+        for server in (*self.nodes, *self.sentinels):
+            server.start()
+        self.wait_settled()
+
+    def stop(self) -> None:
+        """Stop every process."""
+        for server in (*self.sentinels, *self.nodes):
+            server.stop()
+
+    def __enter__(self) -> RedisWithSentinels:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ what they say
+
+    def _client(self, server: RedisServer) -> redis.Redis:
+        return redis.Redis(
+            host=server.host, port=server.port, password=server.password, socket_timeout=5
+        )
+
+    def _ask(self, server: RedisServer, *command: str | int) -> object:
+        with self._client(server) as client:
+            return client.execute_command(*command)
+
+    def master_port(self) -> int | None:
+        """The master's port as every Sentinel names it, or None while they disagree."""
+        ports = set()
+        for sentinel in self.sentinels:
+            try:
+                address = self._ask(
+                    sentinel, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.MASTER_NAME
+                )
+            except redis.RedisError:
+                return None
+            assert isinstance(address, list | tuple)
+            ports.add(int(address[1]))
+        return ports.pop() if len(ports) == 1 else None
+
+    def master_holds(self, *keys: str) -> bool:
+        """Whether the master the Sentinels name holds every one of ``keys``."""
+        port = self.master_port()
+        if port is None:
+            return False
+        try:
+            with self._client(self.node(port)) as client:
+                return int(client.exists(*keys)) == len(keys)
+        except redis.RedisError:
+            return False
+
+    def node(self, port: int) -> RedisServer:
+        """The data node on ``port``."""
+        return next(n for n in self.nodes if n.port == port)
+
+    def _settled(self) -> bool:
+        """Every Sentinel names the same master, sees the other Sentinels and a replica it
+        would promote; the replica has every write the master took."""
+        port = self.master_port()
+        if port is None:
+            return False
+        others = len(self.sentinels) - 1
+        for sentinel in self.sentinels:
+            with self._client(sentinel) as client:
+                master = client.sentinel_master(self.MASTER_NAME)
+                replicas = client.sentinel_slaves(self.MASTER_NAME)
+            good = [
+                r
+                for r in replicas
+                if r["master-link-status"] == "ok" and not r["is_sdown"] and not r["is_odown"]
+            ]
+            if (
+                master["num-other-sentinels"] != others
+                or not master["is_master"]
+                or master["is_sdown"]
+                or master["is_odown"]
+                or not good
+            ):
+                return False
+        with self._client(self.node(port)) as client:
+            # WAIT: the master's writes so far reached a replica (within 100 ms, else the
+            # next poll asks again; 0 would wait for ever).
+            return bool(client.info("replication")["connected_slaves"]) and client.wait(1, 100) >= 1
+
+    def wait_settled(self) -> None:
+        """Until ``_settled``; fails after ``SETTLE_S``."""
+        deadline = time.monotonic() + self.SETTLE_S
+        while True:
+            try:
+                if self._settled():
+                    return
+            except redis.RedisError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the Sentinels never settled in {self.SETTLE_S:g} s")
+            time.sleep(0.1)
+
+    # ------------------------------------------------------------------ failures
+
+    def failover(self) -> int:
+        """``SENTINEL FAILOVER`` (retried while a Sentinel refuses it: one under way, no
+        replica it would promote yet), until the Sentinels name another master, the old one
+        replicating from it; the new master's port."""
+        old = self.master_port()
+        deadline = time.monotonic() + self.SETTLE_S
+        while True:
+            try:
+                self._ask(self.sentinels[0], "SENTINEL", "FAILOVER", self.MASTER_NAME)
+                break
+            except redis.ResponseError:
+                assert time.monotonic() < deadline, "no Sentinel took the failover"
+                time.sleep(0.1)
+        return self._new_master(old, deadline)
+
+    def kill_master(self) -> int:
+        """SIGKILL the master, and wait until the Sentinels promote the replica; its port.
+        The killed one stays down, so the new master has no replica."""
+        old = self.master_port()
+        assert old is not None
+        self.node(old).kill()
+        return self._new_master(old, time.monotonic() + self.SETTLE_S, settle=False)
+
+    def _new_master(self, old: int | None, deadline: float, *, settle: bool = True) -> int:
+        while True:
+            port = self.master_port()
+            if port is not None and port != old:
+                with self._client(self.node(port)) as client:
+                    if client.info("replication")["role"] == "master":
+                        break
+            assert time.monotonic() < deadline, "the Sentinels never named a new master"
+            time.sleep(0.1)
+        if settle:
+            self.wait_settled()
+        return port
