@@ -167,7 +167,7 @@ def _port(container: dict[str, Any], name: str) -> dict[str, Any]:
 WEBHOOK_SECRET = "whsec_" + base64.b64encode(b"a webhook signing key of 32 bytes").decode()
 TRUNKS = [{"name": "pbx", "addresses": ["203.0.113.0/24"], "numbers": ["+15550100"]}]
 KEPT_SECRETS = {
-    "HARK_API_KEYS": "sk-kept-one,sk-kept-two",
+    "HARK_API_KEYS": "sk-kept-one,sk-kept-two,metrics:mk-kept-scraper",
     "HARK_REDIS_URL": "rediss://:password@redis.example:6380/0",
     "HARK_LLM_API_KEY": "sk-llm",
     "HARK_ASR_API_KEY": "sk-speech",
