@@ -54,7 +54,6 @@ _PARAMETERS: dict[str, Any] = {
     "username": str,
     "password": str,
     "client_name": str,
-    "protocol": int,
     "health_check_interval": int,
     "max_connections": int,
     "socket_keepalive": _flag,
