@@ -177,7 +177,9 @@ class RedisSentinel(RedisServer):
     """A Sentinel (``redis-server CONF --sentinel``) on a free port, watching the master at
     ``master_port`` as ``master_name``, with a quorum of ``quorum``. It calls a master down
     after a second without an answer, so that a failover in a test takes seconds.
-    ``auth_pass`` is the password of the Redis it watches; ``password`` its own."""
+    ``auth_user`` and ``auth_pass`` log it in to the Redis it watches; ``password`` is its
+    own; ``tls``
+    makes it speak TLS alone, to its clients and to that Redis."""
 
     def __init__(
         self,
@@ -187,13 +189,16 @@ class RedisSentinel(RedisServer):
         master_name: str = "mymaster",
         quorum: int = 1,
         auth_pass: str | None = None,
+        auth_user: str | None = None,
         password: str | None = None,
+        tls: RedisTls | None = None,
     ) -> None:
-        super().__init__(workdir, password=password)
+        super().__init__(workdir, password=password, tls=tls)
         self.master_port = master_port
         self.master_name = master_name
         self.quorum = quorum
         self.auth_pass = auth_pass
+        self.auth_user = auth_user
         self.config = workdir / f"sentinel-{self.port}.conf"
 
     def command(self) -> list[str]:
@@ -201,14 +206,29 @@ class RedisSentinel(RedisServer):
         rewrites it with what it learns, which a restart keeps)."""
         if not self.config.exists():
             name = self.master_name
+            if self.tls is None:
+                listen = [f"port {self.port}"]
+            else:
+                # TLS alone, to its clients and to the Redis it watches.
+                listen = [
+                    "port 0",
+                    f"tls-port {self.port}",
+                    f"tls-cert-file {self.tls.cert}",
+                    f"tls-key-file {self.tls.key}",
+                    f"tls-ca-cert-file {self.tls.ca}",
+                    "tls-auth-clients no",
+                    "tls-replication yes",
+                ]
             lines = [
-                f"port {self.port}",
+                *listen,
                 f"bind {self.host}",
                 f"dir {self.workdir}",
                 f"sentinel monitor {name} {self.host} {self.master_port} {self.quorum}",
                 f"sentinel down-after-milliseconds {name} 1000",
                 f"sentinel failover-timeout {name} 10000",
             ]
+            if self.auth_user:
+                lines.append(f"sentinel auth-user {name} {self.auth_user}")
             if self.auth_pass:
                 lines.append(f"sentinel auth-pass {name} {self.auth_pass}")
             if self.password:

@@ -15,7 +15,7 @@ from hark.cluster.redis import RedisStore
 from hark.cluster.store import ClusterUnavailableError, WorkerInfo
 from tests.cluster.fleet_ca import FleetCa
 from tests.cluster.test_redis import operations
-from tests.redis_server import RedisServer, RedisTls, running_redis
+from tests.redis_server import RedisSentinel, RedisServer, RedisTls, running_redis
 
 SECRET = "fleet-secret-of-the-redis-tls-tests-0123"
 USER = "hark"
@@ -105,3 +105,26 @@ async def test_what_cannot_log_in_is_unavailable_and_never_shows_the_password(
     assert cause in message, message
     for secret in (PASSWORD, quote(PASSWORD, safe=""), "wr0ng-"):
         assert secret not in message, message
+
+
+async def test_sentinel_over_tls_finds_the_master_over_tls(
+    tls_redis: RedisServer, ca: FleetCa, tmp_path: Path
+) -> None:
+    """``rediss+sentinel://``: a Sentinel on TLS alone names the TLS-only master; the store
+    asks it and logs in to the master as the ACL user, both over TLS."""
+    cert, key = ca.issue("sentinel", addresses=("127.0.0.1",))
+    tls = RedisTls(cert=cert, key=key, ca=ca.cert)
+    # The Sentinel logs in to the master as the ACL user too.
+    with RedisSentinel(
+        tmp_path, tls_redis.port, auth_user=USER, auth_pass=PASSWORD, tls=tls
+    ) as sentinel:
+        target = (
+            f"rediss+sentinel://{USER}:{quote(PASSWORD, safe='')}@127.0.0.1:{sentinel.port}"
+            f"/mymaster/0?ssl_ca_certs={ca.cert}"
+        )
+        store = RedisStore(target, SECRET, prefix="tls-sentinel-test:")
+        for operation in operations(store).values():
+            await operation()
+        assert await store.client.acl_whoami() == USER
+        assert (await store.client.connection_pool.get_master_address())[1] == tls_redis.port
+        await store.aclose()
