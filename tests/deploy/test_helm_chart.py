@@ -864,9 +864,8 @@ def test_each_pod_advertises_its_nodes_external_address(tmp_path: Path) -> None:
             assert config.startswith(mount["mountPath"] + "/")
             hark_env = environment(r, hark, pod_ip=NODE_IP) | {"HARK_CONFIG": str(written)}
             settings = load_settings(env=hark_env)
-            if component == "worker":
-                assert settings.rtc_advertise_ip == EXTERNAL_IP
-            else:
+            assert settings.rtc_advertise_ip == EXTERNAL_IP
+            if component == "sip":
                 assert settings.sip_advertise_ip == EXTERNAL_IP
             # A node without an ExternalIP stops the pod with a reason, not a wrong address.
             run = subprocess.run(
@@ -938,7 +937,12 @@ def test_the_sip_pods_take_their_nodes_ports() -> None:
     assert settings.sip_webhook_url == "https://backend.example/sip"
     assert settings.sip_webhook_secret == WEBHOOK_SECRET
     assert settings.sip_advertise_ip == "198.51.100.7"
+    # Browser calls placed on a SIP pod: through the relay, or at the phones' address.
     assert settings.relay_address == "203.0.113.5:3478"
+    assert settings.rtc_advertise_ip == NODE_IP
+    settings = load_settings(env=sip_environment(render(VARIANTS["sip"])))
+    assert settings.relay_address is None
+    assert settings.rtc_advertise_ip == settings.sip_advertise_ip == NODE_IP
 
 
 def test_hostnetwork_sip_pods_reach_redis_and_the_workers_from_the_nodes() -> None:
