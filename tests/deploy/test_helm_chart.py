@@ -946,9 +946,10 @@ def test_the_sip_pods_take_their_nodes_ports() -> None:
 
 
 def test_hostnetwork_sip_pods_reach_redis_and_the_workers_from_the_nodes() -> None:
-    r = render(VARIANTS["sip"])
-    (rule,) = r.one("NetworkPolicy", "redis")["spec"]["ingress"]
-    assert NODES[0] in rule["from"]
+    r = render(merged(VARIANTS["sip"], {"vllm": {"enabled": True}}))
+    for component in ("redis", "vllm"):
+        (rule,) = r.one("NetworkPolicy", component)["spec"]["ingress"]
+        assert NODES[0] in rule["from"]
     (internal,) = [
         i for i in r.one("NetworkPolicy", "worker")["spec"]["ingress"] if "ports" not in i
     ]
