@@ -38,8 +38,14 @@ ARG LLAMA_CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=
 # TLS: --build-arg EXTRA_CA_CERTS="$(cat my-proxy-ca.crt)". They are trusted in this stage
 # only; the runtime stage never downloads anything and does not get them.
 ARG EXTRA_CA_CERTS=""
+# A llama-cpp-python wheel built before, at a path the build can read (a mounted uv cache):
+# installed as it is instead of compiling llama.cpp from the lock's sdist (about 7 minutes on
+# 2 cores), and the toolchain is then not installed. scripts/container-test passes the wheel
+# `uv sync` built on the machine that runs the test; a release build leaves this empty.
+ARG LLAMA_WHEEL=""
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends build-essential cmake ca-certificates \
+    && apt-get install -y --no-install-recommends ca-certificates \
+        $([ -n "$LLAMA_WHEEL" ] || echo build-essential cmake) \
     && rm -rf /var/lib/apt/lists/* \
     && if [ -n "$EXTRA_CA_CERTS" ]; then \
         printf '%s\n' "$EXTRA_CA_CERTS" >/usr/local/share/ca-certificates/build-extra.crt; \
@@ -70,13 +76,20 @@ ARG UNUSED_PACKAGES="audiolab certifi charset-normalizer click-default-group con
 # (pyproject.toml and uv.lock only: an edit of the README must not rebuild llama.cpp.)
 COPY pyproject.toml uv.lock ./
 COPY scripts/llama-cpp-lean.cmake ./scripts/
-RUN for name in $UNUSED_PACKAGES; do set -- "$@" --no-install-package "$name"; done \
+RUN for name in $UNUSED_PACKAGES ${LLAMA_WHEEL:+llama-cpp-python}; do \
+        set -- "$@" --no-install-package "$name"; \
+    done \
     && uv sync --frozen --extra piper --no-dev --no-install-project "$@"
 COPY README.md LICENSE ./
 COPY src ./src
 # hark itself as a regular (not editable) install: the runtime stage needs only the venv.
-RUN for name in $UNUSED_PACKAGES; do set -- "$@" --no-install-package "$name"; done \
-    && uv sync --frozen --extra piper --no-dev --no-editable "$@"
+RUN for name in $UNUSED_PACKAGES ${LLAMA_WHEEL:+llama-cpp-python}; do \
+        set -- "$@" --no-install-package "$name"; \
+    done \
+    && uv sync --frozen --extra piper --no-dev --no-editable "$@" \
+    && if [ -n "$LLAMA_WHEEL" ]; then \
+        uv pip install --python /app/.venv/bin/python --no-deps --offline "$LLAMA_WHEEL"; \
+    fi
 
 FROM ${PYTHON_IMAGE} AS runtime
 # llama.cpp's CPU backend uses OpenMP; everything else the wheels need is in the base image

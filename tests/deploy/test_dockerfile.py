@@ -328,3 +328,18 @@ def test_sip_is_documented_not_exposed(stages: list[Stage]) -> None:
     first, last = DEFAULTS.rtp_ports or (0, 0)
     assert f"{DEFAULTS.sip_port}:{DEFAULTS.sip_port}/udp" in text
     assert f"{first}-{last}:{first}-{last}/udp" in text
+
+
+def test_a_prebuilt_llama_wheel_replaces_the_compile_and_the_toolchain(
+    stages: list[Stage],
+) -> None:
+    builder = stages[0]
+    assert _arg_default(builder, "LLAMA_WHEEL") == ""
+    syncs = [r for r in builder.all("RUN") if "uv sync" in r]
+    # Both syncs skip the lock's sdist when a wheel is given, and the wheel goes in after the
+    # last one (a sync would otherwise replace it with a build of the sdist).
+    assert all("${LLAMA_WHEEL:+llama-cpp-python}" in r for r in syncs)
+    last = syncs[-1]
+    assert last.index("uv sync") < last.index('--no-deps --offline "$LLAMA_WHEEL"')
+    (apt,) = [r for r in builder.all("RUN") if "build-essential" in r]
+    assert '$([ -n "$LLAMA_WHEEL" ] || echo build-essential cmake)' in apt
