@@ -1180,3 +1180,98 @@ def test_the_dashboard_filters_every_panel_and_shows_what_exists() -> None:
     # Each variable narrows the next.
     assert "$namespace" in json.dumps(variables["pod"])
     assert "$pod" in json.dumps(variables["instance"])
+
+
+def test_every_new_value_reaches_what_it_sets() -> None:
+    from hark.edge.cli import configure_parser
+
+    values = merged(
+        BASE,
+        SIP,
+        {
+            "relay": {
+                "enabled": True,
+                "publicIP": "203.0.113.5",
+                "port": 3480,
+                "metricsPort": 9500,
+                "flowIdleSeconds": 45,
+                "sourceFlowRate": 7,
+                "sourceFlowBurst": 30,
+                "logLevel": "warning",
+                "service": {
+                    "loadBalancerIP": "203.0.113.5",
+                    "loadBalancerSourceRanges": ["198.51.100.0/24"],
+                    "annotations": {"cloud.example/eip": "eip-1"},
+                },
+                "nodeSelector": {"pool": "edge"},
+                "affinity": {"nodeAffinity": {}},
+            },
+            "sip": {
+                "port": 5080,
+                "rtpPorts": "30000-30999",
+                "httpPort": 8200,
+                "rtcPort": 8600,
+                "session": json.dumps({"instructions": "Answer the phone."}),
+                "maxCalls": 40,
+                "workers": 2,
+                "nodeSelector": {"pool": "sip"},
+            },
+            "llm": {"urls": ["http://gpu-box:8001/v1"], "model": "qwen"},
+            "speech": {
+                "asrUrl": "http://gpu-box:8002/v1",
+                "asrModel": "whisper-large-v3",
+                "ttsUrl": "http://gpu-box:8003/v1",
+                "ttsModel": "kokoro",
+                "apiKeySecret": "speech",
+            },
+            "metrics": {
+                "podMonitor": {"enabled": True, "interval": "15s", "labels": {"team": "voice"}},
+                "prometheusRule": {
+                    "enabled": True,
+                    "labels": {"release": "prom"},
+                    "lateAudioPerSecond": 9,
+                    "lateVadRatio": 0.05,
+                },
+            },
+        },
+    )
+    r = render(values)
+    assert [e for obj in r.objects for e in check_object(obj)] == []
+    relay = r.one("Deployment", "relay")
+    parser = argparse.ArgumentParser()
+    configure_parser(parser)
+    options = parser.parse_args(_container(relay)["args"][1:])
+    assert (options.listen, options.metrics_listen) == ("0.0.0.0:3480", "0.0.0.0:9500")
+    assert (float(options.flow_idle), float(options.source_flow_rate)) == (45, 7)
+    assert (int(options.source_flow_burst), options.log_level) == (30, "warning")
+    assert _pod(relay)["nodeSelector"] == {"pool": "edge"}
+    assert _pod(relay)["affinity"] == {"nodeAffinity": {}}
+    service = r.one("Service", "relay")
+    assert service["spec"]["loadBalancerIP"] == "203.0.113.5"
+    assert service["spec"]["loadBalancerSourceRanges"] == ["198.51.100.0/24"]
+    assert service["metadata"]["annotations"] == {"cloud.example/eip": "eip-1"}
+    assert worker_settings(r).relay_address == "203.0.113.5:3480"
+    sip = load_settings(env=sip_environment(r))
+    assert (sip.sip_port, sip.rtp_ports, sip.port, sip.rtc_port) == (
+        5080,
+        (30000, 30999),
+        8200,
+        8600,
+    )
+    assert sip.sip_session is not None and "Answer the phone." in str(sip.sip_session)
+    assert (sip.sip_max_calls, sip.workers) == (40, 2)
+    assert _pod(_sip(r))["nodeSelector"] == {"pool": "sip"}
+    worker = worker_settings(r)
+    assert (worker.asr_model, worker.tts_model) == ("whisper-large-v3", "kokoro")
+    refs = _secret_refs(_container(_worker(r)))
+    assert (
+        refs["HARK_ASR_API_KEY"] == refs["HARK_TTS_API_KEY"] == {"name": "speech", "key": "api-key"}
+    )
+    for monitor in r.all("PodMonitor"):
+        assert monitor["metadata"]["labels"]["team"] == "voice"
+        assert monitor["spec"]["podMetricsEndpoints"][0]["interval"] == "15s"
+    rule = r.one("PrometheusRule")
+    assert rule["metadata"]["labels"]["release"] == "prom"
+    exprs = {a["alert"]: a["expr"] for g in rule["spec"]["groups"] for a in g["rules"]}
+    assert exprs["HarkLateAudio"].endswith("> 9")
+    assert exprs["HarkVadFallingBehind"].endswith("> 0.05")
