@@ -287,8 +287,9 @@ class RedisWithSentinels:
         count: int = 3,
     ) -> None:
         # Each may be promoted, and then its former master replicates from it: both know the
-        # password (masterauth) from the start.
-        auth = ["--masterauth", password]
+        # password (masterauth) from the start, and send a replica its first copy without
+        # the default 5 s wait for more replicas to share it.
+        auth = ["--masterauth", password, "--repl-diskless-sync-delay", "0"]
         self.password = password
         self.sentinel_password = sentinel_password
         self.master = RedisServer(workdir / "a", password=password, args=auth)

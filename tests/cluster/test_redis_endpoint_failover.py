@@ -75,7 +75,8 @@ async def until_replicated(primary: RedisServer) -> None:
 
 
 async def test_a_demoted_primary_behind_a_moved_endpoint_fails_no_call(tmp_path: Path) -> None:
-    auth = ["--masterauth", PASSWORD]
+    # A replica gets its first copy at once, not after the default 5 s wait for others.
+    auth = ["--masterauth", PASSWORD, "--repl-diskless-sync-delay", "0"]
     with RedisServer(tmp_path / "old", password=PASSWORD, args=auth) as old:
         replica_of_old = [*auth, "--replicaof", "127.0.0.1", str(old.port)]
         with RedisServer(tmp_path / "new", password=PASSWORD, args=replica_of_old) as new:
