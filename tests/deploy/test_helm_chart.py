@@ -1275,3 +1275,16 @@ def test_every_new_value_reaches_what_it_sets() -> None:
     exprs = {a["alert"]: a["expr"] for g in rule["spec"]["groups"] for a in g["rules"]}
     assert exprs["HarkLateAudio"].endswith("> 9")
     assert exprs["HarkVadFallingBehind"].endswith("> 0.05")
+
+
+def test_relays_check_redis_tls_as_the_workers_do() -> None:
+    r = render(merged(VARIANTS["redis-tls"], RELAY))
+    for deployment in (_worker(r), r.one("Deployment", "relay")):
+        url = urlsplit(environment(r, _container(deployment))["HARK_REDIS_URL"])
+        assert url.scheme == "rediss"
+        ca = dict(p.split("=", 1) for p in url.query.split("&"))["ssl_ca_certs"]
+        (mount,) = [
+            m for m in _container(deployment)["volumeMounts"] if ca.startswith(m["mountPath"] + "/")
+        ]
+        (volume,) = [v for v in _pod(deployment)["volumes"] if v["name"] == mount["name"]]
+        assert volume["secret"]["secretName"] == "redis-cert"
