@@ -15,6 +15,7 @@ from hark.cluster.redis import RedisStore
 from hark.cluster.store import ClusterUnavailableError, WorkerInfo
 from tests.cluster.fleet_ca import FleetCa
 from tests.cluster.test_redis import operations
+from tests.cluster.test_redis_sentinel import master_port
 from tests.redis_server import RedisSentinel, RedisServer, RedisTls, running_redis
 
 SECRET = "fleet-secret-of-the-redis-tls-tests-0123"
@@ -126,5 +127,5 @@ async def test_sentinel_over_tls_finds_the_master_over_tls(
         for operation in operations(store).values():
             await operation()
         assert await store.client.acl_whoami() == USER
-        assert (await store.client.connection_pool.get_master_address())[1] == tls_redis.port
+        assert await master_port(store) == tls_redis.port
         await store.aclose()

@@ -133,7 +133,7 @@ async def test_a_fleet_on_sentinel_keeps_keys_calls_and_placement_through_failov
             key_1, _ = await mint(http, a.url)
             key_2, _ = await mint(http, a.url)
             first = await call(http, clients, a.url)
-            assert first.worker is not None
+            assert first.worker is not None and first.call_id is not None
             owner = first.worker
             (other,) = set(workers) - {owner}
             registry = [f"hark:worker:{w}" for w in workers]
