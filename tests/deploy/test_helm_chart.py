@@ -23,12 +23,13 @@ import threading
 import time
 from pathlib import Path
 from typing import Any, ClassVar
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import pytest
 import yaml
 
 import hark
+from hark.cluster.redis_url import with_password
 from hark.config import Settings, env_var, load_settings
 from hark.server.auth import check_bind_policy
 from hark.server.workers import STOP_TIMEOUT_S
@@ -115,6 +116,13 @@ _VARIANTS: dict[str, dict[str, Any]] = {
     ),
     "sip-external-ip": merged(SIP, {"media": {"advertise": "externalIP"}}),
     "redis-acl": {"redis": {"auth": {"username": "hark"}}},
+    "redis-sentinel": {
+        "redis": {
+            "enabled": False,
+            "url": "redis+sentinel://s1:26379,s2:26379,s3:26379/mymaster",
+            "auth": {"external": True},
+        }
+    },
     "remote-speech": {
         "llm": {"urls": ["http://gpu-box:8001/v1"], "model": "qwen2.5-7b"},
         "speech": {"asrUrl": "http://gpu-box:8002/v1", "ttsUrl": "http://gpu-box:8003/v1"},
@@ -173,7 +181,8 @@ KEPT_SECRETS = {
     "HARK_ASR_API_KEY": "sk-speech",
     "HARK_TTS_API_KEY": "sk-speech",
     "HARK_FLEET_SECRET": "a-fleet-secret-kept-outside-the-chart",
-    "REDIS_PASSWORD": "kept-redis-password",
+    "REDIS_PASSWORD": "kept redis password: any characters, / @ : % too",
+    "HARK_REDIS_PASSWORD": "kept redis password: any characters, / @ : % too",
     "HARK_SIP_TRUNKS": json.dumps(TRUNKS),
     "HARK_SIP_WEBHOOK_SECRET": WEBHOOK_SECRET,
 }
@@ -411,8 +420,10 @@ def test_redis_in_the_chart_is_what_the_workers_use() -> None:
     assert args[args.index("--requirepass") + 1] == "$(REDIS_PASSWORD)"
     env = {var["name"]: var for var in _container(redis)["env"]}
     worker_env = {var["name"]: var for var in _container(_worker(r))["env"]}
-    assert env["REDIS_PASSWORD"]["valueFrom"] == worker_env["REDIS_PASSWORD"]["valueFrom"]
-    assert url.password == KEPT_SECRETS["REDIS_PASSWORD"]
+    assert env["REDIS_PASSWORD"]["valueFrom"] == worker_env["HARK_REDIS_PASSWORD"]["valueFrom"]
+    # The password goes apart from the URL, so it need not be URL-safe.
+    assert url.password is None
+    assert worker_settings(r).redis_password == KEPT_SECRETS["HARK_REDIS_PASSWORD"]
     assert url.scheme == "redis"
     # And only the workers may reach it.
     policy = r.one("NetworkPolicy", "redis")
@@ -425,7 +436,7 @@ def test_redis_in_the_chart_is_what_the_workers_use() -> None:
 def test_redis_speaks_tls_when_asked_and_the_workers_check_its_certificate() -> None:
     r = render(VARIANTS["redis-tls"])
     url = urlsplit(worker_settings(r).redis_url or "")
-    assert url.scheme == "rediss" and url.password
+    assert url.scheme == "rediss" and worker_settings(r).redis_password
     ca = dict(p.split("=", 1) for p in url.query.split("&"))["ssl_ca_certs"]
     worker = _container(_worker(r))
     (mount,) = [m for m in worker["volumeMounts"] if ca.startswith(m["mountPath"] + "/")]
@@ -532,7 +543,7 @@ def test_no_template_generates_a_value() -> None:
 SECRET_VARIABLES = (
     "HARK_API_KEYS",
     "HARK_FLEET_SECRET",
-    "REDIS_PASSWORD",
+    "HARK_REDIS_PASSWORD",
     "HARK_SIP_TRUNKS",
     "HARK_SIP_WEBHOOK_SECRET",
 )
@@ -557,15 +568,15 @@ def test_one_existing_secret_holds_every_secret() -> None:
     assert {n: sip[n] for n in SECRET_VARIABLES} == {
         "HARK_API_KEYS": {"name": KEPT, "key": "api-keys"},
         "HARK_FLEET_SECRET": {"name": KEPT, "key": "fleet-secret"},
-        "REDIS_PASSWORD": {"name": KEPT, "key": "redis-password"},
+        "HARK_REDIS_PASSWORD": {"name": KEPT, "key": "redis-password"},
         "HARK_SIP_TRUNKS": {"name": KEPT, "key": "sip-trunks"},
         "HARK_SIP_WEBHOOK_SECRET": {"name": KEPT, "key": "sip-webhook-secret"},
     }
     worker = _secret_refs(_container(_worker(r)))
     relay = _secret_refs(_container(r.one("Deployment", "relay")))
-    for name in ("HARK_API_KEYS", "HARK_FLEET_SECRET", "REDIS_PASSWORD"):
+    for name in ("HARK_API_KEYS", "HARK_FLEET_SECRET", "HARK_REDIS_PASSWORD"):
         assert worker[name] == sip[name]
-    for name in ("HARK_FLEET_SECRET", "REDIS_PASSWORD"):
+    for name in ("HARK_FLEET_SECRET", "HARK_REDIS_PASSWORD"):
         assert relay[name] == sip[name]
     (monitor,) = [m for m in r.all("PodMonitor") if m["metadata"]["name"] == "hark"]
     (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
@@ -596,7 +607,7 @@ def test_each_secret_may_name_a_secret_of_its_own() -> None:
     assert {n: refs[n] for n in SECRET_VARIABLES} == {
         "HARK_API_KEYS": {"name": "clients", "key": "keys"},
         "HARK_FLEET_SECRET": {"name": "fleet", "key": "secret"},
-        "REDIS_PASSWORD": {"name": "redis-auth", "key": "password"},
+        "HARK_REDIS_PASSWORD": {"name": "redis-auth", "key": "password"},
         "HARK_SIP_TRUNKS": {"name": "trunks", "key": "json"},
         "HARK_SIP_WEBHOOK_SECRET": {"name": "webhook", "key": "whsec"},
     }
@@ -617,7 +628,7 @@ def test_secrets_given_inline_go_into_the_charts_secret() -> None:
     settings = worker_settings(r)
     assert settings.api_keys == ("sk-inline",)
     assert settings.fleet_secret == "an-inline-fleet-secret-of-some-length"
-    assert urlsplit(settings.redis_url or "").password == "inline-redis-password"
+    assert settings.redis_password == "inline-redis-password"
     # A new value rolls the workers; the same values leave the pods as they are.
     annotation = "checksum/secret"
     before = _worker(r)["spec"]["template"]["metadata"]["annotations"][annotation]
@@ -1007,8 +1018,13 @@ def test_redis_acl_user_holds_only_harks_keys(tmp_path: Path) -> None:
     import redis
 
     r = render(VARIANTS["redis-acl"])
-    url = urlsplit(worker_settings(r).redis_url or "")
-    assert url.username == "hark" and url.password == KEPT_SECRETS["REDIS_PASSWORD"]
+    settings = worker_settings(r)
+    assert urlsplit(settings.redis_url or "").username == "hark"
+    assert settings.redis_password == KEPT_SECRETS["HARK_REDIS_PASSWORD"]
+    # What the store connects with: the URL with the password put in.
+    url = urlsplit(with_password(settings.redis_url or "", settings.redis_password))
+    assert url.password is not None
+    password = unquote(url.password)
     container = _container(r.one("Deployment", "redis"))
     env = environment(r, container)
     args = [re.sub(r"\$\((\w+)\)", lambda m: env[m[1]], a) for a in container["args"]]
@@ -1016,16 +1032,14 @@ def test_redis_acl_user_holds_only_harks_keys(tmp_path: Path) -> None:
     args[args.index("--port") + 1] = str(port)
     probe = container["readinessProbe"]["exec"]["command"]
     assert probe[probe.index("--user") + 1] == "hark"
-    assert env["REDISCLI_AUTH"] == url.password
+    assert env["REDISCLI_AUTH"] == password
     server = subprocess.Popen(
         ["redis-server", "--bind", "127.0.0.1", "--dir", str(tmp_path), *args],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     try:
-        client = redis.Redis(
-            host="127.0.0.1", port=port, username=url.username, password=url.password
-        )
+        client = redis.Redis(host="127.0.0.1", port=port, username=url.username, password=password)
         for _ in range(300):
             try:
                 client.ping()
@@ -1043,7 +1057,7 @@ def test_redis_acl_user_holds_only_harks_keys(tmp_path: Path) -> None:
             client.config_get("requirepass")
         with pytest.raises(redis.exceptions.NoPermissionError):
             client.flushall()
-        default = redis.Redis(host="127.0.0.1", port=port, password=url.password)
+        default = redis.Redis(host="127.0.0.1", port=port, password=password)
         with pytest.raises(redis.exceptions.AuthenticationError):
             default.ping()
     finally:
@@ -1288,3 +1302,16 @@ def test_relays_check_redis_tls_as_the_workers_do() -> None:
         ]
         (volume,) = [v for v in _pod(deployment)["volumes"] if v["name"] == mount["name"]]
         assert volume["secret"]["secretName"] == "redis-cert"
+
+
+def test_an_external_redis_behind_sentinel_gets_its_password_apart() -> None:
+    r = render(merged(VARIANTS["redis-sentinel"], RELAY))
+    settings = worker_settings(r)
+    assert settings.redis_url == "redis+sentinel://s1:26379,s2:26379,s3:26379/mymaster"
+    assert settings.redis_password == KEPT_SECRETS["HARK_REDIS_PASSWORD"]
+    relay = environment(r, _container(r.one("Deployment", "relay")))
+    assert relay["HARK_REDIS_URL"] == settings.redis_url
+    assert relay["HARK_REDIS_PASSWORD"] == settings.redis_password
+    assert [d["metadata"]["name"] for d in r.all("Deployment")] == ["hark", "hark-relay"]
+    # Without redis.auth.external an external URL carries its own password, if any.
+    assert worker_settings(render(VARIANTS["external-redis"])).redis_password is None

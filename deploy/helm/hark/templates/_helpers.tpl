@@ -222,7 +222,7 @@ protocol and WebRTC). At least 1. */}}
 {{- if and .Values.fleetSecret.value (lt (len .Values.fleetSecret.value) 16) }}
 {{- fail "fleetSecret.value must be at least 16 bytes long" }}
 {{- end }}
-{{- if and .Values.redis.enabled (not (include "hark.redisPasswordRef" .)) }}
+{{- if and (or .Values.redis.enabled .Values.redis.auth.external) (not (include "hark.redisPasswordRef" .)) }}
 {{- fail "no Redis password: set existingSecret (a Secret you made, key redis-password), redis.auth.existingSecret or redis.auth.password; the chart generates no secret (docs/deployment.md)" }}
 {{- end }}
 {{- if lt (int (include "hark.terminationGracePeriod" .)) (int (include "hark.minimumGracePeriod" .)) }}
@@ -258,20 +258,23 @@ protocol and WebRTC). At least 1. */}}
 {{- end }}
 {{- end }}
 
-{{/* The workers' and relays' Redis URL, as env entries: REDIS_PASSWORD (not a hark
-setting: the kubelet puts it into the URL, $(...)) and HARK_REDIS_URL. */}}
+{{/* The workers' and relays' Redis, as env entries: HARK_REDIS_URL, and the password
+apart from it (HARK_REDIS_PASSWORD, which both read), so that it need not be URL-safe. */}}
 {{- define "hark.redisEnv" -}}
-{{- if .Values.redis.enabled }}
-- name: REDIS_PASSWORD
+{{- if or .Values.redis.enabled .Values.redis.auth.external }}
+- name: HARK_REDIS_PASSWORD
   valueFrom:
     {{- include "hark.secretKeyRef" (include "hark.redisPasswordRef" .) | nindent 4 }}
-{{- $user := .Values.redis.auth.username }}
+{{- end }}
+{{- if .Values.redis.enabled }}
+{{- $user := "" }}
+{{- with .Values.redis.auth.username }}{{ $user = printf "%s@" . }}{{ end }}
 {{- if .Values.redis.tls.enabled }}
 - name: HARK_REDIS_URL
-  value: "rediss://{{ $user }}:$(REDIS_PASSWORD)@{{ include "hark.redisName" . }}:{{ .Values.redis.port }}/0?ssl_ca_certs=/etc/hark/redis-tls/ca.crt"
+  value: "rediss://{{ $user }}{{ include "hark.redisName" . }}:{{ .Values.redis.port }}/0?ssl_ca_certs=/etc/hark/redis-tls/ca.crt"
 {{- else }}
 - name: HARK_REDIS_URL
-  value: "redis://{{ $user }}:$(REDIS_PASSWORD)@{{ include "hark.redisName" . }}:{{ .Values.redis.port }}/0"
+  value: "redis://{{ $user }}{{ include "hark.redisName" . }}:{{ .Values.redis.port }}/0"
 {{- end }}
 {{- else if .Values.redis.urlSecret }}
 - name: HARK_REDIS_URL
