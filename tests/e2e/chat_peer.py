@@ -18,13 +18,16 @@ import asyncio
 import contextlib
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
-from tests.servers import free_port
+from tests.servers import free_port, hark_serve
+
+from .conftest import API_KEY
 
 MODEL = "strict-peer"
 
@@ -143,3 +146,13 @@ def running(peer: ChatPeer, host: str = "127.0.0.1") -> Iterator[str]:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=10)
         loop.close()
+
+
+@contextlib.contextmanager
+def hark_with_peer(peer: ChatPeer, log: Path, args: Sequence[str] = ()) -> Iterator[int]:
+    """`hark serve --engines fake` (real Silero VAD, scripted ASR and TTS) with ``peer`` as
+    its LLM and ``args`` besides, ready; yields its port."""
+    with running(peer) as llm_url:
+        options = ["--engines", "fake", "--llm-url", llm_url, "--llm-model", MODEL, *args]
+        with hark_serve(options, log, env={"HARK_API_KEYS": API_KEY}) as port:
+            yield port

@@ -19,10 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.servers import hark_serve
-
-from .chat_peer import MODEL as PEER_MODEL
-from .chat_peer import ChatPeer, running
+from .chat_peer import ChatPeer, hark_with_peer
 from .conftest import API_KEY, ARTIFACTS, Server, artifact, events_until, of_type
 from .test_mcp_tools import ALLOWED_HOST, TOWN_KEY, McpHttpServer, serve_mcp
 
@@ -57,22 +54,10 @@ def server(peer: ChatPeer, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     address allowed."""
     store = tmp_path_factory.mktemp("prompts")
     (store / "pmpt_concierge.txt").write_text(CONCIERGE)
-    with running(peer) as llm_url:
-        args = [
-            "--engines",
-            "fake",
-            "--llm-url",
-            llm_url,
-            "--llm-model",
-            PEER_MODEL,
-            "--egress-allow",
-            ALLOWED_HOST,
-            "--prompts",
-            str(store),
-        ]
-        log = artifact("e2e-mcp-turns-server.log")
-        with hark_serve(args, log, env={"HARK_API_KEYS": API_KEY}) as port:
-            yield Server("127.0.0.1", port, log)
+    args = ["--egress-allow", ALLOWED_HOST, "--prompts", str(store)]
+    log = artifact("e2e-mcp-turns-server.log")
+    with hark_with_peer(peer, log, args) as port:
+        yield Server("127.0.0.1", port, log)
 
 
 @pytest.fixture(scope="session")

@@ -256,12 +256,41 @@ def truncate_part(part: Part, audio_end_ms: int) -> None:
     part.transcript = "".join(words)
 
 
+# What the LLM reads in the result slot of a function call whose output has not come yet.
+PENDING_RESULT = "The result is not available yet: the call is still running."
+
+
 def chat_messages(instructions: str, entries: list[Entry]) -> list[ChatMessage]:
-    """What the LLM sees: instructions, then the items as chat messages."""
-    messages: list[ChatMessage] = []
-    if instructions:
-        messages.append(ChatMessage(role="system", content=instructions))
-    for entry in entries:
+    """What the LLM sees: instructions, then the items as chat messages.
+
+    Tool messages are placed as every OpenAI-compatible backend (and chat template) takes
+    them: right after the assistant message that made the calls, one per call, before any
+    other message. With asynchronous function calling the user may speak while a call is
+    pending: its slot holds ``PENDING_RESULT``, and an output that comes after other
+    messages (late) is read where it came, as the call made again with its result (the
+    model sees that it answered meanwhile and what the call returned at last).
+    """
+    return _Rendering(instructions, entries).messages
+
+
+class _Rendering:
+    """``chat_messages``' state: the assistant message whose calls still await their slots,
+    and late outputs to be read once those slots are filled."""
+
+    def __init__(self, instructions: str, entries: list[Entry]) -> None:
+        self.messages: list[ChatMessage] = []
+        if instructions:
+            self.messages.append(ChatMessage(role="system", content=instructions))
+        self._calls = {e.call_id: e for e in entries if e.type == "function_call"}
+        # The calls of the last assistant message, by call id, with the output that came
+        # right after them (None: none yet).
+        self._run: dict[str, str | None] = {}
+        self._late: list[Entry] = []
+        for entry in entries:
+            self._entry(entry)
+        self._close_run()
+
+    def _entry(self, entry: Entry) -> None:
         if entry.type == "mcp":
             made = entry.mcp
             # A call the model reads as its own tool call and result, once it has one.
@@ -270,36 +299,78 @@ def chat_messages(instructions: str, entries: list[Entry]) -> list[ChatMessage]:
                 if made.error is not None:
                     result = f"error: {made.error.message}"
                 tool_call = ToolCall(call_id=entry.id, name=made.name, arguments=made.arguments)
-                messages.append(ChatMessage(role="assistant", content="", tool_calls=(tool_call,)))
-                messages.append(ChatMessage(role="tool", content=result, tool_call_id=entry.id))
+                self._add(ChatMessage(role="assistant", content="", tool_calls=(tool_call,)))
+                self.messages.append(
+                    ChatMessage(role="tool", content=result, tool_call_id=entry.id)
+                )
         elif entry.type == "function_call":
             call = ToolCall(call_id=entry.call_id, name=entry.name, arguments=entry.arguments)
-            last = messages[-1] if messages else None
-            if last is not None and last.role == "assistant":
-                messages[-1] = ChatMessage(
+            last = self.messages[-1] if self.messages else None
+            if last is not None and last.role == "assistant" and (self._run or not last.tool_calls):
+                self.messages[-1] = ChatMessage(
                     role="assistant", content=last.content, tool_calls=(*last.tool_calls, call)
                 )
             else:
-                messages.append(ChatMessage(role="assistant", content="", tool_calls=(call,)))
+                self._add(ChatMessage(role="assistant", content="", tool_calls=(call,)))
+            self._run[entry.call_id] = None
         elif entry.type == "function_call_output":
-            messages.append(
-                ChatMessage(role="tool", content=entry.output, tool_call_id=entry.call_id)
-            )
+            if entry.call_id in self._run and self._run[entry.call_id] is None:
+                self._run[entry.call_id] = entry.output
+            else:
+                self._late.append(entry)
+                if not self._run:
+                    self._close_run()
         else:
             text = " ".join(t for t in (_part_text(p) for p in entry.parts) if t).strip()
             assert entry.role is not None
             if entry.role == "system":
-                messages.append(ChatMessage(role="system", content=text))
+                self._add(ChatMessage(role="system", content=text))
             elif entry.role == "user":
                 images = tuple(
                     ImagePart(url=p.image_url, detail=p.detail)
                     for p in entry.parts
                     if p.type == "input_image" and p.image_url
                 )
-                messages.append(ChatMessage(role="user", content=text, images=images))
+                self._add(ChatMessage(role="user", content=text, images=images))
             elif text:
-                messages.append(ChatMessage(role=entry.role, content=text))
-    return messages
+                self._add(ChatMessage(role=entry.role, content=text))
+
+    def _add(self, message: ChatMessage) -> None:
+        """Append ``message`` after the results of the calls before it."""
+        self._close_run()
+        self.messages.append(message)
+
+    def _close_run(self) -> None:
+        """The results of the last assistant message's calls (a placeholder for those still
+        pending), then the late outputs as calls made again with their results."""
+        for call_id, output in self._run.items():
+            content = PENDING_RESULT if output is None else output
+            self.messages.append(ChatMessage(role="tool", content=content, tool_call_id=call_id))
+        self._run.clear()
+        if not self._late:
+            return
+        again = []
+        for late in self._late:
+            made = self._calls.get(late.call_id)
+            again.append(
+                ToolCall(
+                    call_id=f"{late.call_id}_result",
+                    name=made.name if made is not None and made.name else "function",
+                    arguments=made.arguments if made is not None else "{}",
+                )
+            )
+        last = self.messages[-1] if self.messages else None
+        if last is not None and last.role == "assistant" and not last.tool_calls:
+            self.messages[-1] = ChatMessage(
+                role="assistant", content=last.content, tool_calls=tuple(again)
+            )
+        else:
+            self.messages.append(ChatMessage(role="assistant", content="", tool_calls=tuple(again)))
+        for call, late in zip(again, self._late, strict=True):
+            self.messages.append(
+                ChatMessage(role="tool", content=late.output, tool_call_id=call.call_id)
+            )
+        self._late.clear()
 
 
 def _part_text(part: Part) -> str:
