@@ -468,6 +468,16 @@ def _validate_fleet(values: dict[str, Any]) -> None:
                 "the Redis password is given twice, in redis_url and in redis_password "
                 "(HARK_REDIS_PASSWORD): give it once"
             )
+    if redis_url:
+        # The whole URL (addresses, Sentinel's master, parameters, CA files) is read now, so
+        # that a bad one stops the start with its reason and without its password. Imported
+        # here: only a fleet loads the cluster's modules.
+        from hark.cluster.redis_url import parse_redis_url
+
+        try:
+            parse_redis_url(redis_url)
+        except ValueError as exc:
+            raise ConfigError(f"redis_url: {exc}") from None
     if redis_url and not values.get("fleet_secret"):
         # A record in Redis is believed only if it is signed with the fleet's secret: a
         # fleet without one would take whatever anyone who reaches Redis writes.

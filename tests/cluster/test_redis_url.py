@@ -153,6 +153,11 @@ def test_the_settings_take_the_password_apart_and_never_show_it() -> None:
             "given twice",
         ),
         ({"HARK_REDIS_URL": "sentinel://:pw-1@s1/mymaster"}, "redis+sentinel://"),
+        ({"HARK_REDIS_URL": "redis+sentinel://:pw-1@s1:26379"}, "no master name"),
+        (
+            {"HARK_REDIS_URL": "rediss://:pw-1@redis.internal/0?ssl_ca_certs=/no/ca.pem"},
+            "ssl_ca_certs: no file /no/ca.pem",
+        ),
     ],
 )
 def test_the_settings_refuse_a_password_without_a_url_or_twice_and_unknown_schemes(
