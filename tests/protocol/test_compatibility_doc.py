@@ -20,21 +20,26 @@ import msgspec.inspect as mi
 import pydantic
 import pytest
 from openai.types.realtime.realtime_client_event import RealtimeClientEvent
+from openai.types.realtime.realtime_response_create_params import RealtimeResponseCreateParams
 from openai.types.realtime.realtime_server_event import RealtimeServerEvent
 from openai.types.realtime.realtime_session_create_request import RealtimeSessionCreateRequest
 
 import hark
 from hark.protocol import client_events as ce
 from hark.protocol import server_events as se
+from hark.protocol.response_params import ResponseParams
 from hark.protocol.session_config import SessionConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "compatibility.md"
 SRC = Path(hark.__file__).resolve().parent
 STATUSES = ("supported", "partial", "not supported")
-# Session fields are listed at the top level, and at every depth under ``audio``, where the
-# settings a voice client tunes live; other objects (tools, prompt, tracing…) are one row each.
-NESTED_SESSION_ROOTS = ("audio",)
+# Session fields and response parameters are listed at every depth, so that a field new in
+# the SDK fails a row wherever it is added (tools and MCP servers, transcription, tool_choice,
+# prompt…). Not below: the values of a mapping (``prompt.variables``, ``metadata``, an MCP
+# server's ``headers``), and the items of a response's ``input``, which are conversation items
+# (``conversation.item.create``'s row).
+NOT_NESTED = ("input",)
 
 
 @dataclass(frozen=True)
@@ -86,23 +91,30 @@ def union_types(union: object) -> set[str]:
 def _pydantic_models(annotation: object) -> list[type[pydantic.BaseModel]]:
     if isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel):
         return [annotation]
+    if typing.get_origin(annotation) is dict:
+        return []
     return [m for arg in typing.get_args(annotation) for m in _pydantic_models(arg)]
 
 
-def sdk_session_fields() -> set[str]:
-    """The SDK's session request fields, by the page's rule (see NESTED_SESSION_ROOTS)."""
+def sdk_fields(model: type[pydantic.BaseModel]) -> set[str]:
+    """The fields of an SDK request type at every depth, by the page's rule (NOT_NESTED)."""
     paths: set[str] = set()
 
     def walk(model: type[pydantic.BaseModel], prefix: str) -> None:
         for name, info in model.model_fields.items():
             path = prefix + name
             paths.add(path)
-            if path.split(".")[0] in NESTED_SESSION_ROOTS:
+            if path not in NOT_NESTED:
                 for sub in _pydantic_models(info.annotation):
                     walk(sub, path + ".")
 
-    walk(RealtimeSessionCreateRequest, "")
+    walk(model, "")
     return paths
+
+
+def sdk_session_fields() -> set[str]:
+    """The SDK's session request fields, at every depth."""
+    return sdk_fields(RealtimeSessionCreateRequest)
 
 
 def _structs(t: mi.Type) -> list[mi.StructType]:
@@ -115,8 +127,8 @@ def _structs(t: mi.Type) -> list[mi.StructType]:
     return []
 
 
-def hark_session_fields() -> set[str]:
-    """hark's SessionConfig fields by the same rule, a tagged struct's tag field included."""
+def hark_fields(model: type) -> set[str]:
+    """A hark protocol struct's fields by the same rule, a tagged struct's tag included."""
     paths: set[str] = set()
 
     def walk(struct: mi.StructType, prefix: str) -> None:
@@ -125,14 +137,19 @@ def hark_session_fields() -> set[str]:
         for field in struct.fields:
             path = prefix + field.name
             paths.add(path)
-            if path.split(".")[0] in NESTED_SESSION_ROOTS:
+            if path not in NOT_NESTED:
                 for sub in _structs(field.type):
                     walk(sub, path + ".")
 
-    info = mi.type_info(SessionConfig)
+    info = mi.type_info(model)
     assert isinstance(info, mi.StructType)
     walk(info, "")
     return paths
+
+
+def hark_session_fields() -> set[str]:
+    """hark's SessionConfig fields, at every depth."""
+    return hark_fields(SessionConfig)
 
 
 def hark_server_event_classes() -> dict[str, type[se.ServerEvent]]:
@@ -222,6 +239,38 @@ def test_session_fields_are_listed_once_and_modelled_by_hark() -> None:
                 f"session field {row.name} is '{row.status}' in the doc, "
                 "but hark's SessionConfig does not model it"
             )
+
+
+def test_response_parameters_are_listed_once_and_modelled_by_hark() -> None:
+    rows = doc_table("Response parameters")
+    modelled = hark_fields(ResponseParams)
+    check_listing(rows, sdk_fields(RealtimeResponseCreateParams) | modelled, "response parameters")
+    for row in rows:
+        if row.status != "not supported":
+            assert row.name in modelled, (
+                f"response parameter {row.name} is '{row.status}' in the doc, "
+                "but hark's ResponseParams does not model it"
+            )
+
+
+def test_nested_fields_are_checked_so_a_new_one_fails() -> None:
+    # Guards the rule: a field the SDK adds deep inside an MCP tool, a transcription or a
+    # response's audio must be a row of its own, so a page without it fails.
+    fields = sdk_session_fields()
+    assert {
+        "tools.require_approval.never.tool_names",
+        "tools.server_url",
+        "audio.input.transcription.keywords",
+        "tool_choice.server_label",
+    } <= fields
+    assert not any(f.startswith("prompt.variables.") for f in fields)
+    params = sdk_fields(RealtimeResponseCreateParams)
+    assert {"audio.output.voice", "tools.parameters", "prompt.id"} <= params
+    assert not any(f.startswith("input.") for f in params)
+    rows = doc_table("Session fields")
+    kept = [r for r in rows if r.name != "tools.server_url"]
+    with pytest.raises(AssertionError, match="missing"):
+        check_listing(kept, fields | hark_session_fields(), "session fields")
 
 
 def test_the_parser_sees_a_missing_or_repeated_row() -> None:
