@@ -469,13 +469,14 @@ def _validate_fleet(values: dict[str, Any]) -> None:
                 "(HARK_REDIS_PASSWORD): give it once"
             )
     if redis_url:
-        # The whole URL (addresses, Sentinel's master, parameters, CA files) is read now, so
-        # that a bad one stops the start with its reason and without its password. Imported
-        # here: only a fleet loads the cluster's modules.
+        # The whole URL (addresses, Sentinel's master, parameters) is read now, so that a
+        # bad one stops the start with its reason and without its password; the files it
+        # names are checked when the store is made, where they must be. Imported here: only
+        # a fleet loads the cluster's modules.
         from hark.cluster.redis_url import parse_redis_url
 
         try:
-            parse_redis_url(redis_url)
+            parse_redis_url(redis_url, check_files=False)
         except ValueError as exc:
             raise ConfigError(f"redis_url: {exc}") from None
     if redis_url and not values.get("fleet_secret"):

@@ -98,8 +98,10 @@ class RedisTarget:
         return bool(self.sentinels)
 
 
-def parse_redis_url(url: str) -> RedisTarget:
-    """Read ``url``; raises ``ValueError`` with a message that never holds its password."""
+def parse_redis_url(url: str, *, check_files: bool = True) -> RedisTarget:
+    """Read ``url``; raises ``ValueError`` with a message that never holds its password.
+    ``check_files``: whether the TLS files it names must exist here (the settings of a
+    container, read elsewhere, name files of that container)."""
     scheme, separator, rest = url.partition("://")
     if not separator or scheme not in SCHEMES:
         raise ValueError(
@@ -120,7 +122,7 @@ def parse_redis_url(url: str) -> RedisTarget:
 
     tls = scheme in ("rediss", "rediss+sentinel")
     sentinel = scheme in SENTINEL_SCHEMES
-    connection = _query(query, tls=tls, sentinel=sentinel, fail=fail)
+    connection = _query(query, tls=tls, sentinel=sentinel, fail=fail, check_files=check_files)
     # The Sentinels' own credentials, under the names redis-py gives them.
     sentinel_connection: dict[str, Any] = {
         name: connection.pop(f"sentinel_{name}")
@@ -218,7 +220,9 @@ def _secrets(raw_password: str, query: str) -> tuple[str, ...]:
     return tuple(sorted((s for s in secrets if s), key=len, reverse=True))
 
 
-def _query(query: str, *, tls: bool, sentinel: bool, fail: Any) -> dict[str, Any]:
+def _query(
+    query: str, *, tls: bool, sentinel: bool, fail: Any, check_files: bool
+) -> dict[str, Any]:
     known = {**_PARAMETERS, **_TLS_PARAMETERS, **(_SENTINEL_PARAMETERS if sentinel else {})}
     values: dict[str, Any] = {}
     for name, texts in parse_qs(query, keep_blank_values=True).items():
@@ -233,12 +237,13 @@ def _query(query: str, *, tls: bool, sentinel: bool, fail: Any) -> dict[str, Any
         except ValueError as exc:
             reason = "" if "pass" in name else f": {exc}"
             raise fail(f"bad {name}{reason}") from None
-    for name in _FILES:
-        if name in values and not Path(values[name]).is_file():
-            raise fail(f"{name}: no file {values[name]}")
-    for name in _DIRECTORIES:
-        if name in values and not Path(values[name]).is_dir():
-            raise fail(f"{name}: no directory {values[name]}")
+    if check_files:
+        for name in _FILES:
+            if name in values and not Path(values[name]).is_file():
+                raise fail(f"{name}: no file {values[name]}")
+        for name in _DIRECTORIES:
+            if name in values and not Path(values[name]).is_dir():
+                raise fail(f"{name}: no directory {values[name]}")
     return values
 
 
