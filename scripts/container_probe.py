@@ -277,19 +277,30 @@ async def main() -> int:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--sip-port", type=int, default=5060)
     parser.add_argument("--key", required=True)
-    parser.add_argument("--sigterm", required=True, help="a shell command that sends SIGTERM")
+    parser.add_argument("--sigterm", default="", help="a shell command that sends SIGTERM")
     parser.add_argument("--ready-limit", type=float, default=600)
+    parser.add_argument(
+        "--steps",
+        default="http,sip,websocket,webrtc,drain",
+        help="which probes, after the wait for /readyz (comma-separated)",
+    )
     args = parser.parse_args()
+    steps = set(args.steps.split(","))
     base = f"http://{args.host}:{args.port}"
     server = Server(args.host, args.port, Path("/dev/null"))
     try:
         async with aiohttp.ClientSession() as http:
             await wait_ready(http, base, args.ready_limit)
-            await http_strangers(http, base, args.key)
-            sip_stranger(args.host, args.sip_port)
-            await websocket_turn(server, args.key)
-            await webrtc_call(http, base, args.key)
-            await drain(http, server, base, args.key, args.sigterm)
+            if "http" in steps:
+                await http_strangers(http, base, args.key)
+            if "sip" in steps:
+                sip_stranger(args.host, args.sip_port)
+            if "websocket" in steps:
+                await websocket_turn(server, args.key)
+            if "webrtc" in steps:
+                await webrtc_call(http, base, args.key)
+            if "drain" in steps:
+                await drain(http, server, base, args.key, args.sigterm)
     except (AssertionError, TimeoutError, BenchError) as exc:
         print(f"container-probe: FAILED: {exc!r}", flush=True)
         return 1
