@@ -366,7 +366,10 @@ def test_full_audio_response_sequence(driver: Driver) -> None:
     done = driver.events[-1]["response"]
     assert done["status"] == "completed"
     assert done["output"][0]["content"][0]["transcript"] == "The capital is Paris."
-    assert done["usage"]["input_tokens"] == 20
+    # The LLM's 20 tokens of text, and the user's turn's audio as OpenAI would count it.
+    details = done["usage"]["input_token_details"]
+    assert details["text_tokens"] == 20 and details["audio_tokens"] > 0
+    assert done["usage"]["input_tokens"] == 20 + details["audio_tokens"]
     assert done["usage"]["output_token_details"]["audio_tokens"] == 16  # 800 ms / 50 ms
     audio = b"".join(
         base64.b64decode(e["delta"])

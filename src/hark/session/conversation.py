@@ -48,6 +48,8 @@ class Part:
     # The audio was let go under the session's retention budget (see Conversation.limit_audio):
     # it existed, so a truncate of it is told why it cannot be done.
     audio_dropped: bool = False
+    # How long the dropped audio was.
+    dropped_ms: int = 0
     # While a reply is spoken, ``audio`` is a view of the start of this buffer, which doubles
     # when full so that a reply of n samples costs O(n) copying, not O(n^2).
     _room: npt.NDArray[np.int16] | None = field(default=None, init=False, repr=False)
@@ -57,6 +59,10 @@ class Part:
         if self.audio is None or not self.rate:
             return 0
         return len(self.audio) * 1000 // self.rate
+
+    def audio_ms(self) -> int:
+        """Length of the part's audio in milliseconds, also once it was dropped."""
+        return self.dropped_ms if self.audio_dropped else self.duration_ms()
 
     def extend_audio(self, pcm: npt.NDArray[np.int16]) -> None:
         """Append ``pcm`` to the audio, in amortised O(len(pcm)).
@@ -89,6 +95,7 @@ class Part:
 
     def drop_audio(self) -> None:
         """Let the PCM go; the transcript and text, which the LLM reads, stay."""
+        self.dropped_ms = self.audio_ms()
         self.audio = None
         self.segments = []
         self._room = None

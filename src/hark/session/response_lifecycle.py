@@ -46,6 +46,9 @@ from hark.session.playout_state import PlayoutState
 from hark.session.rate_limits import RateWindow
 from hark.session.speculation import Speculation
 
+# The tokens an image is estimated at in ``usage`` (what the OpenAI-compatible engine
+# estimates one at for truncation).
+IMAGE_TOKENS = 800
 # The ``CallMcpTool`` response id of calls run when the user approves them, outside any
 # response (no response is named so: response ids start with ``resp_``).
 APPROVED_CALLS = "approved"
@@ -81,6 +84,9 @@ class Response:
     message: Entry | None = None
     calls: dict[str, Entry] = field(default_factory=dict)
     generating: bool = False
+    # The player dropped its audio (``output_audio_buffer.clear``): the item holds what was
+    # heard, and what the engines still make is neither played nor kept.
+    audio_cut: bool = False
     usage: se.Usage | None = None
     # The MCP tools offered to the LLM, by the name it calls them.
     mcp_names: dict[str, McpTarget] = field(default_factory=dict)
@@ -470,7 +476,7 @@ class ResponseLifecycle:
     def audio(self, response_id: str, pcm: npt.NDArray[np.int16], transcript: str) -> None:
         """Reply audio at the output rate; ``transcript`` is the text this audio starts to speak."""
         response = self.responses.get(response_id)
-        if response is None or not response.audio:
+        if response is None or not response.audio or response.audio_cut:
             return
         _, part, position = self._message(response)
         assert part.audio is not None and part.audio_format is not None
@@ -492,6 +498,13 @@ class ResponseLifecycle:
         else:
             payload = base64.b64encode(encode_audio(part.audio_format, pcm)).decode()
             self._outbox.emit(se.OutputAudioDelta(delta=payload, **position))
+
+    def audio_cleared(self, response_id: str) -> None:
+        """The player dropped the rest of a response's audio: the server stops making it
+        heard (OpenAI's ``output_audio_buffer.clear``), so the item keeps what was played."""
+        response = self.responses.get(response_id)
+        if response is not None:
+            response.audio_cut = True
 
     def _close_message(
         self, response: Response, status: Literal["completed", "incomplete"]
@@ -764,7 +777,12 @@ class ResponseLifecycle:
         audio_ms = sum(
             p.duration_ms() for e in response.output for p in e.parts if p.type == "output_audio"
         )
-        response.usage = _usage(finished, output_audio_tokens=math.ceil(audio_ms / 50))
+        read = [e for e in self._entries_of(response) if e not in response.output]
+        response.usage = _usage(
+            finished,
+            output_audio_tokens=math.ceil(audio_ms / 50),
+            input_estimate=_input_estimate(read),
+        )
         self._rates.count_tokens(response.usage.total_tokens)
         if finished.reason == "length":
             self.end_response(
@@ -879,16 +897,40 @@ def engine_truncation(truncation: SessionTruncation) -> Truncation:
     )
 
 
-def _usage(finished: Finished, output_audio_tokens: int) -> se.Usage:
-    """A response's ``usage``; its audio counts as one token per 50 ms."""
+def _input_estimate(entries: list[Entry]) -> tuple[int, int]:
+    """The audio and image tokens OpenAI would count for reading ``entries``: a user's audio
+    one token per 100 ms and the assistant's one per 50 ms (OpenAI's rates), an image
+    ``IMAGE_TOKENS``. hark's LLM reads the audio's words, counted as text; the estimate is
+    what a bill for the same conversation would say."""
+    audio = images = 0
+    for entry in entries:
+        for part in entry.parts:
+            if part.type == "input_audio":
+                audio += math.ceil(part.audio_ms() / 100)
+            elif part.type == "output_audio":
+                audio += math.ceil(part.audio_ms() / 50)
+            elif part.type == "input_image":
+                images += IMAGE_TOKENS
+    return audio, images
+
+
+def _usage(
+    finished: Finished, output_audio_tokens: int, input_estimate: tuple[int, int] = (0, 0)
+) -> se.Usage:
+    """A response's ``usage``; its audio counts as one token per 50 ms, and the audio and
+    images it read as ``input_estimate`` says (their tokens added to the input; an image's
+    taken out of the text the LLM counted, which holds it)."""
+    audio_tokens, image_tokens = input_estimate
+    text_tokens = max(0, finished.prompt_tokens - image_tokens)
+    input_tokens = text_tokens + audio_tokens + image_tokens
     return se.Usage(
-        total_tokens=finished.prompt_tokens + finished.completion_tokens + output_audio_tokens,
-        input_tokens=finished.prompt_tokens,
+        total_tokens=input_tokens + finished.completion_tokens + output_audio_tokens,
+        input_tokens=input_tokens,
         output_tokens=finished.completion_tokens + output_audio_tokens,
         input_token_details={
-            "text_tokens": finished.prompt_tokens,
-            "audio_tokens": 0,
-            "image_tokens": 0,
+            "text_tokens": text_tokens,
+            "audio_tokens": audio_tokens,
+            "image_tokens": image_tokens,
             "cached_tokens": finished.cached_tokens,
             "cached_tokens_details": {
                 "text_tokens": finished.cached_tokens,
