@@ -1,0 +1,215 @@
+"""Acoustic echo cancellation for one call: WebRTC's AEC3, the reference being what was played.
+
+The canceller is AEC3 (WebRTC's audio processing module, as Chrome runs it) through the
+``pywebrtc-audio`` wheel; this module is the only one that knows that wheel. AEC3 takes the
+signal that was played (far end, the reference) and the signal that was heard (near end, the
+microphone), 10 ms of each at a time, finds the delay between them itself (its matched
+filters search a few hundred milliseconds), models the echo path with an adaptive linear
+filter and takes what the filter leaves out with a suppressor. Its high-pass filter runs on
+the heard signal too. What it cannot do is find an echo that comes *before* its reference:
+the reference has to reach it no later than the echo.
+
+``EchoCanceller`` pairs the two streams by their sample clocks: the first sample heard is
+processed with the sample played a lead (``lead_s``) before the last one, and each one after
+with the next, so the delay AEC3 sees is the path's less that lead, and stays what it is
+however unevenly either stream arrives (a loaded server's ticks, a caller's packets in
+bursts): the played samples wait in a buffer for their heard counterparts, and the lead lets
+a frame heard just before the tick that plays its counterpart find it there. Heard
+audio that outruns the reference all the same is paired with silence, and the reference
+owes as many samples (the next ones played are dropped), so the pairing keeps to the clock.
+Two things move the pairing, rarely: a caller whose clock runs slower than ours leaves the
+reference waiting longer and longer, until it would reach AEC3 after its echo, so when even
+the least it waited over ``TRIM_WINDOW_S`` was more than ``SLACK_S`` the oldest played
+samples are dropped down to the lead; and a heard stream that starts over (a caller back
+from a gap longer than ``MAX_LEAD_S``, or owing more than ``MAX_OWED_S``) is paired afresh.
+
+Heard audio is processed in whole 10 ms frames; a chunk that is not a whole number of them
+leaves the rest for the next call (``heard`` returns only what was processed), so chunks of
+10 or 20 ms come back at once. While nothing has been played for ``IDLE_S`` (the longest echo
+path and room tail there are), heard audio passes untouched and AEC3 is not called at all.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+from pywebrtc_audio import AudioProcessor
+
+# Played audio held for pairing: past this much the heard stream is taken to have started
+# over. More than the longest gap a call's input conceals (a second) rather than skipping.
+MAX_LEAD_S = 1.5
+# How far the reference is paired behind the heard audio where the two arrive apart
+# (WebRTC): three 20 ms frames, so that either stream's frame may come in the other's phase
+# and a loaded loop's jitter besides. An echo path shorter than this (no real one is:
+# jitter buffers, codec frames, the air) would reach AEC3 before its reference.
+LEAD_S = 0.06
+# The least the reference may wait for its heard counterpart over a window before the
+# excess is dropped, down to the lead.
+SLACK_S = 0.1
+TRIM_WINDOW_S = 10.0
+# Heard audio this far ahead of the reference has started over. A stalled server loop makes
+# the caller's audio queued meanwhile arrive before the reference catches up (its ticks
+# run late); a caller's clock that runs fast gets here only after hours.
+MAX_OWED_S = 1.5
+# After the last sample of reference that was not silence, this long before the heard audio
+# is passed through unprocessed: a path delay of 300 ms, a room tail, and the margin.
+IDLE_S = 1.0
+
+
+class EchoCanceller:
+    """AEC3 over one call at ``rate`` Hz (any rate with whole 10 ms frames); ``lead_s``: 0
+    where each heard frame comes right after the frame played with it (SIP's ticks).
+
+    ``played`` hands over the reference as it is played, ``heard`` the microphone as it is
+    heard, each in chunks of any length, from one thread.
+    """
+
+    def __init__(self, rate: int, lead_s: float = LEAD_S) -> None:
+        if rate <= 0 or rate % 100:
+            raise ValueError(f"{rate} Hz has no whole 10 ms frames")
+        self.rate = rate
+        self.frame = rate // 100
+        self._apm: AudioProcessor | None = None
+        self._max_lead = int(MAX_LEAD_S * rate)
+        # The played samples not yet paired: _far[_start:_end], compacted when full.
+        self._far = np.zeros(2 * (self._max_lead + 4 * self.frame), np.int16)
+        self._start = 0
+        self._end = 0
+        # Reference samples owed: heard audio outran them and was paired with silence.
+        self._owed = 0
+        self._max_owed = int(MAX_OWED_S * rate)
+        # A heard frame's first part, waiting for the rest.
+        self._partial = np.zeros(self.frame, np.int16)
+        self._partial_len = 0
+        self._lead = int(lead_s * rate)
+        self._slack = int(SLACK_S * rate)
+        self._window = int(TRIM_WINDOW_S * rate)
+        self._window_heard = 0
+        self._window_least = self._max_lead
+        # Counted in played samples: where the last audible reference ends. The heard audio
+        # is idle while what it is paired with is more than IDLE_S past that.
+        self._played = 0
+        self._idle = int(IDLE_S * rate)
+        self._audible_until = -self._idle - self._lead - 1
+        self._started = False
+        # How often the pairing had to give way (for the tests and the bench).
+        self.underruns = 0
+        self.trims = 0
+        self.restarts = 0
+        self.frames_processed = 0
+
+    # ------------------------------------------------------------------ reference
+
+    def played(self, pcm: npt.NDArray[np.int16], *, silent: bool = False) -> None:
+        """The next samples of the reference, as they leave (``silent``: all zero, which
+        the caller knows without looking)."""
+        n = len(pcm)
+        if not n:
+            return
+        self._played += n
+        if not silent:
+            self._audible_until = self._played
+        if self._owed:
+            dropped = min(self._owed, n)
+            self._owed -= dropped
+            if dropped == n:
+                return
+            pcm = pcm[dropped:]
+            n -= dropped
+        if self._end + n > len(self._far):
+            held = self._end - self._start
+            self._far[:held] = self._far[self._start : self._end]
+            self._start, self._end = 0, held
+        if silent:
+            self._far[self._end : self._end + n] = 0
+        else:
+            self._far[self._end : self._end + n] = pcm
+        self._end += n
+        if self._end - self._start > self._max_lead + 2 * self.frame:
+            # Nothing heard for a while: only what the next heard audio may meet is kept.
+            self._start = self._end - self._max_lead - 2 * self.frame
+
+    # ------------------------------------------------------------------ microphone
+
+    def heard(self, pcm: npt.NDArray[np.int16]) -> npt.NDArray[np.int16]:
+        """The next microphone samples with the echo taken out: the whole 10 ms frames of
+        what is held and ``pcm``; the rest waits for the next call."""
+        if not self._started:
+            # The pairing starts here: the first samples heard go with the last played, the
+            # lead before them (silence where nothing was played yet).
+            self._started = True
+            keep = self._lead + len(pcm) - len(pcm) % self.frame + self._partial_len
+            held = min(self._end - self._start, keep)
+            recent = self._far[self._end - held : self._end].copy()
+            self._far[: keep - held] = 0
+            self._far[keep - held : keep] = recent
+            self._start, self._end = 0, keep
+        frame = self.frame
+        head: npt.NDArray[np.int16] | None = None
+        if self._partial_len:
+            take = min(frame - self._partial_len, len(pcm))
+            self._partial[self._partial_len : self._partial_len + take] = pcm[:take]
+            self._partial_len += take
+            pcm = pcm[take:]
+            if self._partial_len < frame:
+                return pcm[:0]
+            self._partial_len = 0
+            head = self._process(self._partial.copy())
+        whole = len(pcm) - len(pcm) % frame
+        rest = len(pcm) - whole
+        if rest:
+            self._partial[:rest] = pcm[whole:]
+            self._partial_len = rest
+        out = self._process(pcm[:whole]) if whole else pcm[:0]
+        return out if head is None else np.concatenate((head, out))
+
+    def _process(self, near: npt.NDArray[np.int16]) -> npt.NDArray[np.int16]:
+        n = len(near)
+        held = self._end - self._start
+        if held > self._max_lead:
+            # The heard stream fell behind by more than any gap it fills: it starts over, and
+            # is paired with what was played last.
+            self._start = self._end - n
+            held = n
+            self.restarts += 1
+        start = self._start
+        if held >= n:
+            far = self._far[start : start + n]
+            self._start += n
+        else:
+            # Heard audio outran the reference: silence stands in for what is not played
+            # yet, and is owed.
+            far = np.zeros(n, np.int16)
+            far[:held] = self._far[start : self._end]
+            self._start = self._end
+            self._owed += n - held
+            self.underruns += 1
+            if self._owed > self._max_owed:
+                self._owed = 0
+                self.restarts += 1
+        self._keep_slack(n)
+        paired_at = self._played - (self._end - self._start)
+        if paired_at - self._audible_until > self._idle:
+            return near
+        apm = self._apm
+        if apm is None:
+            apm = self._apm = AudioProcessor(sample_rate=self.rate, echo_cancellation=True)
+        self.frames_processed += n // self.frame
+        out: npt.NDArray[np.int16] = apm.process(
+            np.ascontiguousarray(near), np.ascontiguousarray(far)
+        )
+        return out
+
+    def _keep_slack(self, heard: int) -> None:
+        """Drop the reference's oldest samples when it has waited too long all window."""
+        held = self._end - self._start
+        if held < self._window_least:
+            self._window_least = held
+        self._window_heard += heard
+        if self._window_heard < self._window:
+            return
+        if self._window_least > self._slack:
+            self._start += self._window_least - self._lead
+            self.trims += 1
+        self._window_heard = 0
+        self._window_least = self._max_lead

@@ -1,0 +1,177 @@
+"""The echo canceller's adapter: a delayed, room-filtered copy of the reference is taken out
+by a measured margin (ERLE, on signals made here), a voice over it stays, and audio heard
+while nothing plays passes untouched."""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from hark.audio.echo import EchoCanceller
+from tests.speech import spoken
+
+REPLY = (
+    "Could you tell me what the capital of France is, and how many people live there?",
+    "Tell me a long story about a dragon and a knight.",
+    "How do I reset my password?",
+)
+BARGE_IN = "Wait, stop please."
+
+
+def room(rate: int, seed: int = 7) -> npt.NDArray[np.float64]:
+    """A room-like impulse response: a direct path, then 250 ms of exponentially decaying
+    noise (τ 30 ms, a reverberation time near 210 ms), at unit energy."""
+    rng = np.random.default_rng(seed)
+    length = rate // 4
+    ir = rng.standard_normal(length) * np.exp(-np.arange(length) / (0.03 * rate))
+    ir[0] = 2.0
+    return ir / np.sqrt(np.sum(ir**2))
+
+
+def echo_of(
+    far: npt.NDArray[np.int16], rate: int, delay_ms: int, gain_db: float
+) -> npt.NDArray[np.float64]:
+    """``far`` as a microphone hears it: late by ``delay_ms``, through the room, quieter."""
+    delay = delay_ms * rate // 1000
+    wet = np.convolve(far.astype(np.float64), room(rate))[: len(far) - delay]
+    return np.concatenate((np.zeros(delay), wet)) * 10 ** (gain_db / 20)
+
+
+def pcm(x: npt.NDArray[np.float64]) -> npt.NDArray[np.int16]:
+    return np.clip(np.rint(x), -32768, 32767).astype(np.int16)
+
+
+def through(
+    canceller: EchoCanceller,
+    far: npt.NDArray[np.int16],
+    near: npt.NDArray[np.int16],
+    chunk_ms: int = 20,
+) -> npt.NDArray[np.int16]:
+    """Play ``far`` and hear ``near`` chunk by chunk, as a call's ticks do."""
+    step = canceller.rate * chunk_ms // 1000
+    out = []
+    for i in range(0, len(near) - step + 1, step):
+        canceller.played(far[i : i + step])
+        out.append(canceller.heard(near[i : i + step]))
+    return np.concatenate(out)
+
+
+def energy(x: npt.NDArray[np.generic]) -> float:
+    return float(np.sum(x.astype(np.float64) ** 2)) + 1.0
+
+
+def reply(rate: int) -> npt.NDArray[np.int16]:
+    return np.concatenate([spoken(text, rate) for text in REPLY])
+
+
+@pytest.mark.parametrize("rate", [8000, 16000, 24000])
+@pytest.mark.parametrize(("delay_ms", "gain_db"), [(50, -6), (150, -20), (300, -6)])
+def test_a_delayed_filtered_echo_is_taken_out(rate: int, delay_ms: int, gain_db: float) -> None:
+    far = reply(rate)
+    near = pcm(echo_of(far, rate, delay_ms, gain_db))
+    # Played then heard in each step, as SIP's ticks hand them over: no lead needed.
+    out = through(EchoCanceller(rate, lead_s=0.0), far, near)
+    # Once AEC3 has found the delay and the path (the last three seconds of the reply):
+    tail = slice(len(out) - 3 * rate, len(out))
+    erle_db = 10 * np.log10(energy(near[tail]) / energy(out[tail]))
+    assert erle_db >= 25, erle_db
+
+
+def test_a_voice_over_the_echo_stays() -> None:
+    rate = 16000
+    far = reply(rate)
+    voice = spoken(BARGE_IN, rate).astype(np.float64) * 0.5
+    at = len(far) - len(voice) - rate
+    talk = np.zeros(len(far))
+    talk[at : at + len(voice)] = voice
+    echo = echo_of(far, rate, 150, -6)
+    out = through(EchoCanceller(rate, lead_s=0.0), far, pcm(echo + talk))
+    during = slice(at, at + len(voice))
+    # Most of the voice's energy comes through, and the loudness of what comes through
+    # follows the voice (10 ms by 10 ms), not the echo under it, as the input did not.
+    kept_db = 10 * np.log10(energy(out[during]) / energy(talk[during]))
+    assert kept_db >= -6, kept_db
+    follows_voice = np.corrcoef(envelope(out[during]), envelope(talk[during]))[0, 1]
+    follows_echo = np.corrcoef(envelope(out[during]), envelope(echo[during]))[0, 1]
+    before = np.corrcoef(envelope(echo[during] + talk[during]), envelope(talk[during]))[0, 1]
+    assert follows_voice >= 0.6, follows_voice
+    assert follows_voice > before, (follows_voice, before)
+    assert follows_echo < 0.3, follows_echo
+
+
+def envelope(x: npt.NDArray[np.generic], frame: int = 160) -> npt.NDArray[np.float64]:
+    """Loudness in dB, 10 ms (at 16 kHz) at a time."""
+    whole = np.asarray(x, np.float64)[: len(x) // frame * frame].reshape(-1, frame)
+    return np.asarray(10 * np.log10(np.sum(whole**2, axis=1) + 1.0))
+
+
+def test_nothing_played_leaves_the_microphone_untouched() -> None:
+    rate = 24000
+    canceller = EchoCanceller(rate)
+    near = spoken(BARGE_IN, rate)
+    silence = np.zeros(len(near), np.int16)
+    step = rate // 50
+    out = []
+    for i in range(0, len(near) - step + 1, step):
+        canceller.played(silence[i : i + step], silent=True)
+        out.append(canceller.heard(near[i : i + step]))
+    whole = len(near) // step * step
+    assert np.array_equal(np.concatenate(out), near[:whole])
+    assert canceller.frames_processed == 0
+
+
+def test_chunks_of_any_length_come_back_in_whole_frames() -> None:
+    rate = 16000
+    far = reply(rate)[: 2 * rate]
+    near = pcm(echo_of(far, rate, 100, -6))
+    canceller = EchoCanceller(rate)
+    out = through(canceller, far, near, chunk_ms=7)
+    step = rate * 7 // 1000
+    heard = len(near) // step * step
+    assert len(out) == heard - heard % canceller.frame
+    assert canceller.frames_processed == len(out) // canceller.frame
+
+
+def test_a_microphone_back_from_a_long_gap_is_paired_afresh() -> None:
+    """A caller silent for two seconds (longer than any gap its stream fills): the reference
+    played meanwhile is let go, and the echo after the gap is cancelled again."""
+    rate = 16000
+    far = reply(rate)
+    near = pcm(echo_of(far, rate, 120, -6))
+    canceller = EchoCanceller(rate, lead_s=0.0)
+    step = rate // 50
+    gap = range(rate // step, 3 * rate // step)
+    out = []
+    for k, i in enumerate(range(0, len(near) - step + 1, step)):
+        canceller.played(far[i : i + step])
+        if k not in gap:
+            out.append(canceller.heard(near[i : i + step]))
+    assert canceller.restarts == 1
+    heard = np.concatenate(out)
+    after = near[3 * rate : 3 * rate + len(heard) - rate]
+    tail = slice(len(after) - 3 * rate, len(after))
+    erle_db = 10 * np.log10(energy(after[tail]) / energy(heard[rate:][tail]))
+    assert erle_db >= 25, erle_db
+
+
+def test_with_a_lead_a_frame_heard_before_its_reference_is_played_still_pairs() -> None:
+    """WebRTC's order: the caller's frame may be heard just before the tick that plays its
+    counterpart, and a loaded loop's ticks come in bursts; the lead keeps the pairing."""
+    rate = 24000
+    far = reply(rate)
+    near = pcm(echo_of(far, rate, 150, -12))
+    canceller = EchoCanceller(rate)
+    step = rate // 50
+    out = []
+    steps = range(0, len(near) - step + 1, step)
+    for k, i in enumerate(steps):
+        out.append(canceller.heard(near[i : i + step]))
+        # Every fifth tick runs late, and plays two frames at once.
+        if k % 5 != 3:
+            canceller.played(far[i - step if k % 5 == 4 else i : i + step])
+    heard = np.concatenate(out)
+    tail = slice(len(heard) - 3 * rate, len(heard))
+    erle_db = 10 * np.log10(energy(near[tail]) / energy(heard[tail]))
+    assert erle_db >= 25, erle_db
+    assert canceller.underruns == 0
