@@ -280,6 +280,19 @@ async def test_parallel_tool_calls_false_reaches_the_backend(
     assert fake.requests[0]["parallel_tool_calls"] is False
 
 
+async def test_reasoning_effort_reaches_the_backend_only_when_set(
+    server: tuple[FakeServer, str], make_llm: Callable[..., OpenAICompatibleLlm]
+) -> None:
+    # Issue 28, point 6: a session's reasoning.effort is the reasoning model's
+    # reasoning_effort; unset, the backend's default stands.
+    fake, url = server
+    llm = make_llm(url, api_key=KEY)
+    await collect(llm.generate(dataclasses.replace(say("hi"), reasoning_effort="low")))
+    await collect(llm.generate(say("hi")))
+    assert fake.requests[0]["reasoning_effort"] == "low"
+    assert "reasoning_effort" not in fake.requests[1]
+
+
 async def test_request_body_maps_the_conversation(
     server: tuple[FakeServer, str], make_llm: Callable[..., OpenAICompatibleLlm]
 ) -> None:

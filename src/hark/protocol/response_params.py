@@ -15,6 +15,7 @@ from hark.protocol.session_config import (
     ConfigStruct,
     FunctionToolDef,
     MaxOutputTokens,
+    Reasoning,
     ToolChoiceConfig,
     VoiceId,
     check_voice,
@@ -53,7 +54,7 @@ class ResponseParams(ConfigStruct):
     # tools (with the response's own) as the response's tools.
     prompt: PromptReference | None = None
     parallel_tool_calls: bool | None = None
-    reasoning: Any = None
+    reasoning: Reasoning | None = None
 
 
 def parse_response_params(data: dict[str, Any] | None) -> ResponseParams:

@@ -225,6 +225,15 @@ class RetentionRatioTruncation(ConfigStruct, tag="retention_ratio", tag_field="t
 
 SessionTruncation = Literal["auto", "disabled"] | RetentionRatioTruncation
 
+ReasoningEffort = Literal["minimal", "low", "medium", "high", "xhigh"]
+
+
+class Reasoning(ConfigStruct):
+    """``reasoning``: how hard a reasoning model thinks; passed to an OpenAI-compatible LLM
+    as ``reasoning_effort`` (the embedded one does not reason)."""
+
+    effort: ReasoningEffort | None = None
+
 
 class SessionConfig(ConfigStruct):
     """The effective session configuration (GA shape)."""
@@ -245,7 +254,7 @@ class SessionConfig(ConfigStruct):
     # The stored prompt the session was last given (its fields applied then).
     prompt: PromptReference | None = None
     parallel_tool_calls: bool | None = None
-    reasoning: Any = None
+    reasoning: Reasoning | None = None
 
 
 TranscriptionInclude = Literal["item.input_audio_transcription.logprobs"]

@@ -30,6 +30,7 @@ from hark.protocol.response_params import ResponseParams
 from hark.protocol.session_config import (
     AudioFormat,
     FunctionToolDef,
+    Reasoning,
     SessionConfig,
     SessionTruncation,
     ToolChoiceConfig,
@@ -103,6 +104,8 @@ class Response:
     started: bool = False
     # False: at most one tool call per LLM run (``parallel_tool_calls``).
     parallel_tool_calls: bool = True
+    # ``reasoning.effort``, for a reasoning model.
+    reasoning_effort: str | None = None
     # The LLM has called a tool.
     called: bool = False
     # The LLM's token counts.
@@ -281,6 +284,7 @@ class ResponseLifecycle:
                 if params.parallel_tool_calls is None
                 else params.parallel_tool_calls
             ),
+            reasoning_effort=(params.reasoning or cfg.reasoning or Reasoning()).effort,
         )
 
     def resume_waiting(self) -> None:
@@ -347,6 +351,7 @@ class ResponseLifecycle:
             temperature=response.temperature,
             truncation=engine_truncation(self._config().truncation),
             parallel_tool_calls=response.parallel_tool_calls,
+            reasoning_effort=response.reasoning_effort,
         )
         return Generate(
             response_id=response.id,

@@ -88,6 +88,8 @@ class GenerationRequest:
     truncation: Truncation = Truncation()
     # False: the model may call at most one tool per reply (the session drops any more).
     parallel_tool_calls: bool = True
+    # For a reasoning model behind an OpenAI-compatible endpoint (``reasoning.effort``).
+    reasoning_effort: str | None = None
     # Prefills only: the last message is the user's turn still being spoken (its words so
     # far), and the next generation's user message begins with them; read it left open.
     open_turn: bool = False

@@ -274,6 +274,8 @@ class OpenAICompatibleLlm:
             body["tool_choice"] = tool_choice_to_openai(request.tool_choice)
             if not request.parallel_tool_calls:
                 body["parallel_tool_calls"] = False
+        if request.reasoning_effort is not None:
+            body["reasoning_effort"] = request.reasoning_effort
         return body | (extra_body or {})
 
     def reply_reserve(self, request: GenerationRequest, context: int) -> int:
