@@ -88,6 +88,9 @@ class Settings:
     workers: int = 1
     # The rate the VAD model hears: 16000, or 8000 for about half its CPU per session.
     vad_rate: int = 16000
+    # WebRTC and SIP calls take the reply's echo out of the caller's audio before the VAD
+    # hears it (``hark.transports.echo``); WebSocket sessions have none (the client plays).
+    echo_cancellation: bool = True
     # An OTLP/HTTP collector that gets a trace per turn (None: no traces).
     otel_endpoint: str | None = None
     # The browser demo at / (it hands short-lived keys to whoever loads it). None: on only
@@ -349,6 +352,9 @@ def _validate(values: dict[str, Any]) -> Settings:
         _positive_number(values, name, float)
     _validate_vad_rate(values)
     _validate_flag(values, "demo")
+    _validate_flag(values, "echo_cancellation")
+    if values["echo_cancellation"] is None:
+        values["echo_cancellation"] = _DEFAULTS.echo_cancellation
     _validate_fleet(values)
     _validate_relay(values)
     _validate_sip(values)

@@ -154,7 +154,13 @@ def create_app(
     app[METRICS] = metrics if metrics is not None else metrics_for(settings)
     mux = UdpMux(settings.host, settings.rtc_port, advertise_ip=settings.rtc_advertise_ip)
     app[SESSION_LIMIT] = session_limit_s
-    app[CALLS] = Calls(engines, mux, metrics=app[METRICS], session_limit_s=session_limit_s)
+    app[CALLS] = Calls(
+        engines,
+        mux,
+        metrics=app[METRICS],
+        session_limit_s=session_limit_s,
+        echo_cancellation=settings.echo_cancellation,
+    )
     app[NODE] = ClusterNode(
         store,
         url=advertise_url(settings),
@@ -267,6 +273,7 @@ def _sip_service(
         invite_rate=settings.sip_invite_rate,
         max_calls=settings.sip_max_calls,
         rtp_timeout_s=settings.sip_rtp_timeout,
+        echo_cancellation=settings.echo_cancellation,
     )
 
 

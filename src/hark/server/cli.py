@@ -166,6 +166,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="the rate the VAD model hears; 8000 costs about a quarter less (default 16000)",
     )
     parser.add_argument(
+        "--echo-cancellation",
+        choices=("on", "off"),
+        default=None,
+        help="take the reply's echo out of WebRTC and SIP callers' audio before the VAD "
+        "hears it, so that a speakerphone does not interrupt the reply (default on)",
+    )
+    parser.add_argument(
         "--otel-endpoint",
         default=None,
         metavar="URL",

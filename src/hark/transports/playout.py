@@ -128,6 +128,9 @@ class Playout:
         self._ended: deque[str] = deque(maxlen=_ENDED_MEMORY)
         self._start: float | None = None
         self.frames_sent = 0
+        # Told of every frame cut, and whether it is ``silence`` (``hark.transports.echo``'s
+        # reference); None: nobody is.
+        self.tap: Callable[[npt.NDArray[np.int16], bool], None] | None = None
         self.late_restarts = 0
         # Frames of the schedule that restarts passed over: an adapter adds them to its media
         # clock (an RTP timestamp), so that a stall is a gap there too, not a lasting delay.
@@ -185,6 +188,7 @@ class Playout:
         self._queue.clear()
         self._queued = 0
         self._listener = None
+        self.tap = None
 
     # ------------------------------------------------------------------ frames
 
@@ -213,6 +217,8 @@ class Playout:
         """
         self.frames_sent += 1
         if not self._queue:
+            if self.tap is not None:
+                self.tap(self.silence, True)
             return self.silence
         out = np.zeros(self.frame_samples, np.int16)
         filled = 0
@@ -242,6 +248,8 @@ class Playout:
                 self._listener.playout_started(response_id)
             for response_id in stopped:
                 self._listener.playout_stopped(response_id)
+        if self.tap is not None:
+            self.tap(out, out is self.silence)
         return out
 
     def _push(self, response: _Response, pcm: npt.NDArray[np.int16]) -> None:

@@ -67,6 +67,7 @@ import pylibsrtp
 from hark.audio.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
 from hark.audio.resample import StreamResampler
 from hark.observability.session_metrics import SessionMetrics
+from hark.transports.echo import CallEcho
 from hark.transports.playout import Playout, PlayoutListener
 from hark.transports.sip import rtcp
 from hark.transports.sip.dtmf import DtmfError, DtmfReceiver
@@ -262,6 +263,7 @@ class RtpSession:
         self._input_rate: Callable[[], int] | None = None
         self._on_audio: Callable[[npt.NDArray[np.int16]], None] | None = None
         self._on_dtmf: Callable[[str], None] | None = None
+        self._echo: CallEcho | None = None
         self._metrics = SessionMetrics.disabled()
         # The jitter buffer's late and dropped counts already handed to the metrics.
         self._counted_late = 0
@@ -380,13 +382,16 @@ class RtpSession:
         metrics: SessionMetrics | None = None,
         rtp_timeout: float | None = None,
         on_inactive: Callable[[], None] | None = None,
+        echo_cancellation: bool = True,
     ) -> None:
         """Start the 20 ms ticks: caller audio to ``on_audio``, digits to ``on_dtmf``, RTP out.
 
         ``metrics`` (the session's) counts the caller's packets that came too late for their
         place in the jitter buffer, and audio it dropped (full, or skipped to catch up).
         ``on_inactive`` is called once when no RTP has come from the caller for
-        ``rtp_timeout`` seconds of an active call (None: never)."""
+        ``rtp_timeout`` seconds of an active call (None: never). ``echo_cancellation``:
+        the reply's echo is taken out of the caller's audio (``hark.transports.echo``), at
+        8 kHz before it is resampled."""
         if self._agreed is None:
             raise RuntimeError("negotiate an offer before starting the media")
         if self._running or self._closed:
@@ -400,6 +405,9 @@ class RtpSession:
             self._rtp_timeout, self._on_inactive = rtp_timeout, on_inactive
         self._heard_at = self._loop.time()
         self._playout.attach(listener)
+        if echo_cancellation:
+            self._echo = CallEcho(RATE)
+            self._playout.tap = self._echo.played
         self._running = True
         self._pacer.add(self)
 
@@ -520,6 +528,8 @@ class RtpSession:
                 frame = self._jitter.get(now)
                 if frame is None or self._on_audio is None or self._input_rate is None:
                     continue
+                if self._echo is not None:
+                    frame = self._echo.heard(frame, RATE)
                 rate = self._input_rate()
                 if self._resampler is None or self._resampler.out_rate != rate:
                     self._resampler = StreamResampler(RATE, rate)

@@ -68,6 +68,7 @@ class PhoneCall:
     exists once accepted. ``pacer`` paces the RTP of the worker's calls (None: one of the
     call's own). ``on_closed`` is called once, at the end of ``close``. ``rtp_timeout_s``:
     the call ends (BYE) when the caller's RTP stops for that long (None: never).
+    ``echo_cancellation``: the reply's echo is taken out of the caller's audio.
     """
 
     def __init__(
@@ -81,6 +82,7 @@ class PhoneCall:
         pacer: RtpPacer | None = None,
         on_closed: Callable[[PhoneCall], None] | None = None,
         rtp_timeout_s: float | None = None,
+        echo_cancellation: bool = True,
     ) -> None:
         self.id = call_id
         self.incoming = incoming
@@ -98,6 +100,7 @@ class PhoneCall:
         self._pacer = pacer
         self._on_closed = on_closed
         self._rtp_timeout_s = rtp_timeout_s
+        self._echo_cancellation = echo_cancellation
         self._sidebands = Sidebands(call_id)
         self._pending: deque[str] = deque(maxlen=MAX_PENDING_EVENTS)
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -182,6 +185,7 @@ class PhoneCall:
             metrics=runner.metrics,
             rtp_timeout=self._rtp_timeout_s,
             on_inactive=self._on_rtp_inactive,
+            echo_cancellation=self._echo_cancellation,
         )
 
     def _on_rtp_inactive(self) -> None:

@@ -96,8 +96,10 @@ class SipService:
         metrics: Metrics | None = None,
         max_calls: int = DEFAULT_MAX_CALLS,
         rtp_timeout_s: float | None = DEFAULT_RTP_TIMEOUT_S,
+        echo_cancellation: bool = True,
     ) -> None:
-        """``server`` must be made with ``on_invite=service.on_invite`` (see ``create``)."""
+        """``server`` must be made with ``on_invite=service.on_invite`` (see ``create``).
+        ``echo_cancellation``: calls take the reply's echo out of the caller's audio."""
         self.engines = engines
         self.server = server
         self.hooks = hooks
@@ -112,6 +114,7 @@ class SipService:
         self.metrics = metrics
         self.max_calls = max_calls
         self.rtp_timeout_s = rtp_timeout_s
+        self.echo_cancellation = echo_cancellation
         self.started = False
         self._calls: dict[str, PhoneCall] = {}
         # One 20 ms wake-up for the RTP of every call rather than one per call.
@@ -217,6 +220,7 @@ class SipService:
             pacer=self.pacer,
             on_closed=self._forget,
             rtp_timeout_s=self.rtp_timeout_s,
+            echo_cancellation=self.echo_cancellation,
         )
         self._calls[call.id] = call
         call.ring()

@@ -24,6 +24,8 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 from aiohttp import WSCloseCode, web
 from aiortc import (
     RTCConfiguration,
@@ -37,13 +39,14 @@ from aiortc import (
 from hark.session.runner import BACKLOG_EXCEEDED, MAX_BACKLOG_BYTES, SessionRunner
 from hark.tools import egress
 from hark.transports.beta import Dialect
+from hark.transports.echo import CallEcho
 from hark.transports.input_budget import InputBudget, InputGate
 from hark.transports.sideband import Sidebands
 from hark.transports.ticker import PlayoutTicker
 from hark.transports.webrtc.candidates import CandidatePolicy
 from hark.transports.webrtc.ice import use_shared_port
 from hark.transports.webrtc.input_audio import InputAudio
-from hark.transports.webrtc.playout import PlayoutTrack
+from hark.transports.webrtc.playout import PLAYOUT_RATE, PlayoutTrack
 from hark.transports.webrtc.rtp_audio import AudioPath
 from hark.transports.webrtc.sdp import OfferError, check_offer
 from hark.transports.webrtc.udp_mux import UdpMux
@@ -90,6 +93,7 @@ class Call:
         on_closed: Callable[[Call], None] | None = None,
         setup_timeout_s: float = SETUP_TIMEOUT_SECONDS,
         dialect: Dialect | None = None,
+        echo_cancellation: bool = True,
     ) -> None:
         self.id = call_id
         self.owner = owner
@@ -101,6 +105,11 @@ class Call:
         self._ticker = ticker
         self._transceiver: RTCRtpTransceiver | None = None
         self.audio: AudioPath | None = None
+        # The reply's echo taken out of the caller's audio (``hark.transports.echo``).
+        playout = track.playout
+        self.echo = (
+            CallEcho(PLAYOUT_RATE, lambda: playout.frames_skipped) if echo_cancellation else None
+        )
         self._on_closed = on_closed
         self._setup_timeout_s = setup_timeout_s
         self._channel: RTCDataChannel | None = None
@@ -336,14 +345,20 @@ class Call:
             # Now, before aiortc starts its sender and receiver: DTLS has just made the
             # SRTP keys, and no RTP has gone through aiortc yet.
             runner = self.runner
+            sink: Callable[[npt.NDArray[np.int16]], None] = runner.receive_audio
+            echo = self.echo
+            if echo is not None:
+                self.track.playout.tap = echo.played
+
+                def sink(pcm: npt.NDArray[np.int16]) -> None:
+                    runner.receive_audio(echo.heard(pcm, runner.session.input_rate))
+
             try:
                 self.audio = AudioPath.take_over(
                     self._transceiver,
                     self.track,
                     self._ticker,
-                    InputAudio(
-                        lambda: runner.session.input_rate, runner.receive_audio, runner.metrics
-                    ),
+                    InputAudio(lambda: runner.session.input_rate, sink, runner.metrics),
                 )
             except Exception:
                 logger.exception("call %s: the audio path could not start", self.id)

@@ -42,8 +42,11 @@ class Calls:
         setup_timeout_s: float = SETUP_TIMEOUT_SECONDS,
         metrics: Metrics | None = None,
         session_limit_s: float = SESSION_LIMIT_S,
+        echo_cancellation: bool = True,
     ) -> None:
         self.engines = engines
+        # Whether calls take the reply's echo out of the caller's audio.
+        self.echo_cancellation = echo_cancellation
         self.session_limit_s = session_limit_s
         # Told of every call that ended (the cluster forgets it, limits release it).
         self.on_closed: Callable[[Call], None] | None = None
@@ -93,6 +96,7 @@ class Calls:
             on_closed=self._forget,
             setup_timeout_s=self.setup_timeout_s,
             dialect=Dialect(beta=beta),
+            echo_cancellation=self.echo_cancellation,
         )
         self._calls[call.id] = call
         self.opened += 1
