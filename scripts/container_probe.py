@@ -169,13 +169,24 @@ async def websocket_turn(server: Server, key: str) -> None:
     )
 
 
-async def webrtc_call(http: aiohttp.ClientSession, base: str, key: str) -> None:
+async def webrtc_call(
+    http: aiohttp.ClientSession, base: str, key: str, media: str | None = None
+) -> None:
     """A call over WebRTC (aiortc): the spoken question is heard, and the answer's audio is
-    what its transcript says (Whisper on this side agrees with at least half its words)."""
+    what its transcript says (Whisper on this side agrees with at least half its words).
+    ``media`` (``IP:PORT``): the one candidate the answer must offer (a relay's)."""
     started = time.monotonic()
     client = CallClient(keep_audio=True)
     try:
         await client.connect(http, base, api_key=key)
+        if media:
+            host, port = media.rsplit(":", 1)
+            candidates = [
+                line.split()[4:6]
+                for line in (client.answer or "").splitlines()
+                if line.startswith("a=candidate:")
+            ]
+            assert candidates and all(c == [host, port] for c in candidates), candidates
         await client.next_event("session.created", limit_s=60)
         client.send(
             {
@@ -213,10 +224,25 @@ async def webrtc_call(http: aiohttp.ClientSession, base: str, key: str) -> None:
         said["transcript"],
     )
     report(
-        "WebRTC call (aiortc)",
+        "WebRTC call (aiortc)" + (f", media through {media}" if media else ""),
         started,
         f"heard {heard['transcript']!r}, said {said['transcript']!r}, Whisper hears {recognised!r}",
     )
+
+
+async def relay_forwarded(http: aiohttp.ClientSession, metrics_url: str) -> None:
+    """The relay's own count says it made a flow (a client's verified STUN request)."""
+    started = time.monotonic()
+    async with http.get(metrics_url) as r:
+        assert r.status == 200, f"{metrics_url}: {r.status}"
+        text = await r.text()
+    flows = sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("hark_relay_flows_created")
+    )
+    assert flows >= 1, f"the relay made no flow:\n{text[:2000]}"
+    report("relay", started, f"hark_relay_flows_created: {flows:g}")
 
 
 async def drain(
@@ -284,6 +310,8 @@ async def main() -> int:
         default="http,sip,websocket,webrtc,drain",
         help="which probes, after the wait for /readyz (comma-separated)",
     )
+    parser.add_argument("--relay", help="the relay's IP:PORT, which every call's media must use")
+    parser.add_argument("--relay-metrics", help="the relay's /metrics URL")
     args = parser.parse_args()
     steps = set(args.steps.split(","))
     base = f"http://{args.host}:{args.port}"
@@ -298,7 +326,9 @@ async def main() -> int:
             if "websocket" in steps:
                 await websocket_turn(server, args.key)
             if "webrtc" in steps:
-                await webrtc_call(http, base, args.key)
+                await webrtc_call(http, base, args.key, args.relay)
+            if args.relay_metrics:
+                await relay_forwarded(http, args.relay_metrics)
             if "drain" in steps:
                 await drain(http, server, base, args.key, args.sigterm)
     except (AssertionError, TimeoutError, BenchError) as exc:
