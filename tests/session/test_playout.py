@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+
 from hark.engines.llm import Finished
 from hark.session.actions import ClearAudio, FinishAudio, Generate, PlayAudio
 
@@ -70,6 +72,36 @@ def test_client_clear_and_nothing_playing() -> None:
     driver.session.on_playout_cleared(generate.response_id, 1200, now=driver.now)
     # Everything had been heard: nothing to truncate.
     assert driver.types(driver.pump()) == ["output_audio_buffer.cleared"]
+
+
+def test_audio_made_after_a_clear_is_neither_played_nor_kept() -> None:
+    driver = Driver(plays_audio=True)
+    driver.append(silence(300))
+    driver.append(voiced(800))
+    driver.append(silence(700))
+    driver.transcribe_all()
+    (generate,) = driver.take(Generate)
+    driver.session.on_audio(generate.response_id, voiced(400), "Paris", now=driver.now)
+    driver.pump()
+    item_id = driver.take(PlayAudio)[0].item_id
+    driver.session.on_playout_started(generate.response_id, now=driver.now)
+    driver.send({"type": "output_audio_buffer.clear"})
+    assert [a.response_id for a in driver.take(ClearAudio)] == [generate.response_id]
+    driver.session.on_playout_cleared(generate.response_id, 300, now=driver.now)
+    assert driver.types(driver.pump()) == [
+        "conversation.item.truncated",
+        "output_audio_buffer.cleared",
+    ]
+    # The engines go on a little before they hear of it: what they make is not heard.
+    driver.session.on_audio(generate.response_id, voiced(400), " is the capital", now=driver.now)
+    driver.pump()
+    assert not driver.take(PlayAudio)
+    driver.session.on_generation_finished(generate.response_id, Finished("stop"), now=driver.now)
+    assert "response.output_audio_transcript.delta" not in driver.types(driver.pump())
+    item = driver.send({"type": "conversation.item.retrieve", "item_id": item_id})[0]["item"]
+    content = item["content"][0]
+    assert len(base64.b64decode(content["audio"])) == 300 * 24 * 2
+    assert "capital" not in content["transcript"]
 
 
 def test_websocket_sessions_refuse_output_audio_buffer_clear(driver: Driver) -> None:

@@ -778,6 +778,7 @@ class Session:
         """Playout stopped early (barge-in or a clear): the item keeps only what was heard."""
         if self._at(now):
             self._playout.cleared(response_id, played_ms)
+            self._responses.audio_cleared(response_id)
 
 
 # What a transcription session refuses: it has no responses and no output, and its
