@@ -107,6 +107,8 @@ class InputTranscriptionCompleted(
     transcript: str
     usage: dict[str, Any]
     logprobs: list[LogProb] | None = None
+    # The language heard (or the one the session fixed): ``{"code": ISO-639-1}``.
+    languages: list[dict[str, str]] | None = None
 
 
 class InputTranscriptionFailed(

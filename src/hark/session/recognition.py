@@ -177,6 +177,8 @@ class _Stream:
     requests: set[str] = field(default_factory=set)
     # The turn's audio as the ASR hears it, while it is being spoken.
     audio: _TurnAudio | None = None
+    # The language the engine last heard the turn in.
+    language: str | None = None
 
 
 class Recognition:
@@ -228,8 +230,8 @@ class Recognition:
             Transcribe(
                 request_id=request_id,
                 audio=self._audio(pcm, rate),
-                language=transcription.language if transcription else None,
-                prompt=transcription.prompt if transcription else None,
+                language=_language(transcription),
+                prompt=_hints(transcription),
             )
         )
 
@@ -356,7 +358,7 @@ class Recognition:
         transcription = self._transcription()
         stream.steps += 1
         request_id = f"{stream.item_id}:{kind}{stream.steps}"
-        context = [transcription.prompt if transcription else None, policy.prompt()]
+        context = [_hints(transcription), policy.prompt()]
         if stream.part is None:
             if stream.audio is None or stream.audio.rate != rate:
                 stream.audio = _TurnAudio(stream.start_ms, rate, self._asr_rate)
@@ -369,7 +371,7 @@ class Recognition:
                 RecognitionRequest(
                     audio=audio,
                     prompt=" ".join(c for c in context if c) or None,
-                    language=transcription.language if transcription else None,
+                    language=_language(transcription),
                     urgency=urgency,
                 ),
             )
@@ -453,6 +455,8 @@ class Recognition:
             return None
         stream, step = found
         stream.requests.discard(request_id)
+        if transcript.language:
+            stream.language = transcript.language
         policy = stream.policy
         if stream.caption == request_id:
             stream.caption = None
@@ -529,6 +533,7 @@ class Recognition:
             text_of(words),
             stream.seconds,
             _logprobs(words, first=True) if self._logprobs() else None,
+            stream.language,
         )
 
     def _pending_part(self, item_id: str) -> tuple[Entry, Part] | None:
@@ -575,10 +580,14 @@ class Recognition:
         transcript: str,
         seconds: float,
         logprobs: list[se.LogProb] | None = None,
+        heard_in: str | None = None,
     ) -> None:
+        """``heard_in``: the language the engine heard, when it said."""
         part.heard = transcript
-        if self._transcription() is not None:
+        transcription = self._transcription()
+        if transcription is not None:
             part.transcript = transcript
+            language = heard_in or _language(transcription)
             self._outbox.emit(
                 se.InputTranscriptionCompleted(
                     item_id=entry.id,
@@ -586,6 +595,7 @@ class Recognition:
                     transcript=transcript,
                     usage={"type": "duration", "seconds": round(seconds, 3)},
                     logprobs=logprobs,
+                    languages=[{"code": language}] if language else None,
                 )
             )
         self._on_heard()
@@ -644,3 +654,24 @@ def _logprobs(words: list[TimedWord], *, first: bool) -> list[se.LogProb]:
         logprob = math.log(max(p, _SMALLEST_P)) if p is not None else _UNKNOWN_LOGPROB
         entries.append(se.LogProb(token=token, logprob=logprob, bytes=list(token.encode())))
     return entries
+
+
+def _language(transcription: Transcription | None) -> str | None:
+    """The language the engine is told to hear: ``language``, else the one language
+    ``languages`` allows (with several, the engine tells which it hears)."""
+    if transcription is None:
+        return None
+    if transcription.language:
+        return transcription.language
+    languages = transcription.languages or []
+    return languages[0] if len(languages) == 1 else None
+
+
+def _hints(transcription: Transcription | None) -> str | None:
+    """What the recogniser is prompted with: the client's ``prompt``, then its ``keywords``
+    (Whisper takes the words of its prompt as likely, OpenAI's advice for ``whisper-1``)."""
+    if transcription is None:
+        return None
+    keywords = ", ".join(k for k in transcription.keywords or () if k.strip())
+    hints = [h for h in (transcription.prompt, keywords) if h]
+    return " ".join(hints) or None
