@@ -738,7 +738,7 @@ class Session:
     def on_mcp_call_failed(
         self, response_id: str, item_id: str, error: wire.McpCallError, *, now: float
     ) -> None:
-        """An MCP call failed; the model goes on with the error."""
+        """An MCP call failed; the next response reads the error."""
         if self._at(now):
             self._responses.mcp_call_done(response_id, item_id, error=error)
 
