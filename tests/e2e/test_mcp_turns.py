@@ -118,7 +118,7 @@ async def test_the_js_agents_sdk_gets_one_answer_per_question(
         stderr=asyncio.subprocess.PIPE,
     )
     try:
-        stdout, stderr = await asyncio.wait_for(node.communicate(), 120)
+        stdout, stderr = await asyncio.wait_for(node.communicate(), 300)
     finally:
         if node.returncode is None:
             node.kill()
