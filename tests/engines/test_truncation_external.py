@@ -197,14 +197,18 @@ async def test_a_refused_prompt_is_truncated_harder_and_sent_once_more(backend: 
             assert "Paris" in text_of(events)
             # The backend lists no context size: its refusal states it, and the prompt sent
             # again is shorter, with the instructions and the question kept.
-            assert recorder.statuses == [400, 200]
-            first, second = (r["messages"] for r in recorder.requests)
+            # Answered once the prompt was shorter. On a busy machine the engine may give up
+            # waiting for the first byte and send the same shortened prompt again.
+            assert recorder.statuses[0] == 400 and set(recorder.statuses[1:]) == {200}
+            first, second, *again = (r["messages"] for r in recorder.requests)
+            assert all(retried == second for retried in again)
             assert len(second) < len(first)
             assert second[0] == first[0] and second[-1] == first[-1]
             assert engine.context_tokens == N_CTX
-            # Now that the size is known, the next prompt fits at the first try.
+            # Now that the size is known, the next prompt fits at the first try: no refusal.
+            sent = len(recorder.statuses)
             await collect(engine, request())
-            assert recorder.statuses == [400, 200, 200]
+            assert recorder.statuses[sent:] and set(recorder.statuses[sent:]) == {200}
         finally:
             await engine.aclose()
 
@@ -293,6 +297,9 @@ async def test_a_session_talks_past_the_context_and_keeps_answering(
         # llama-cpp-python's server states its context nowhere: the option gives it.
         args = ["--engines", "fake", "--llm-url", url, "--llm-model", MODEL]
         args += ["--llm-context-tokens", str(SMALL_CTX)]
+        # What fails a turn here must be the context, not a starved machine's slow backend
+        # (its first token took over the default 30 s at a load average of 10-13).
+        args += ["--llm-first-token-timeout", "300", "--llm-token-timeout", "120"]
         # Started off the loop: the proxy on it answers the server's checks meanwhile.
         serving = hark_serve(args, tmp_path / "hark.log")
         port = await asyncio.to_thread(serving.__enter__)

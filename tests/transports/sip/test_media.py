@@ -218,7 +218,11 @@ async def test_played_audio_leaves_as_numbered_packets_that_decode_back_to_it(
     packets = phone.payloads()
     assert all(p.payload_type == 0 and len(p.payload) == FRAME for p in packets)
     assert all(seq_diff(b.sequence, a.sequence) == 1 for a, b in itertools.pairwise(packets))
-    assert all(ts_diff(b.timestamp, a.timestamp) == FRAME for a, b in itertools.pairwise(packets))
+    # One frame apart on the sampling clock, but where a stalled loop (a busy machine) made
+    # the pacer restart its grid: there the timestamp jumps over the gap, in whole frames.
+    gaps = [ts_diff(b.timestamp, a.timestamp) for a, b in itertools.pairwise(packets)]
+    assert all(gap >= FRAME and gap % FRAME == 0 for gap in gaps), gaps
+    assert sum(gap > FRAME for gap in gaps) <= media.stats.late_restarts
     assert not any(p.marker for p in packets[1:])
     voiced = [p.payload for p in packets if p.payload != ULAW_SILENCE]
     assert len(voiced) == 25

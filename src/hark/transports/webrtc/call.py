@@ -18,6 +18,7 @@ sideband sockets; aiortc leaks sockets, threads and memory otherwise.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections import deque
@@ -36,6 +37,8 @@ from aiortc import (
     RTCSessionDescription,
 )
 
+from hark.protocol import server_events as se
+from hark.session.ids import IdGenerator
 from hark.session.runner import BACKLOG_EXCEEDED, MAX_BACKLOG_BYTES, SessionRunner
 from hark.tools import egress
 from hark.transports.beta import Dialect
@@ -52,6 +55,10 @@ from hark.transports.webrtc.sdp import OfferError, check_offer
 from hark.transports.webrtc.udp_mux import UdpMux
 
 logger = logging.getLogger(__name__)
+# The code of the error sent in place of a server event too large for the data channel.
+EVENT_TOO_LARGE = "event_too_large"
+# Ids for the events this module makes itself.
+_ids = IdGenerator()
 
 EVENTS_CHANNEL = "oai-events"
 # ICE and DTLS take well under a second on a working path; a client that has not connected
@@ -261,7 +268,7 @@ class Call:
         if channel is None or channel.readyState != "open":
             self._pending.append(text)
             return
-        channel.send(text)
+        _send(channel, text)
         if (
             channel.bufferedAmount > MAX_CHANNEL_BACKLOG_BYTES
             and not self._closing
@@ -291,7 +298,7 @@ class Call:
     def _flush_pending(self) -> None:
         channel = self._channel
         while channel is not None and channel.readyState == "open" and self._pending:
-            channel.send(self._pending.popleft())
+            _send(channel, text=self._pending.popleft())
 
     def _on_channel_closed(self) -> None:
         if self._channel is not None:
@@ -376,6 +383,38 @@ class Call:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
+
+
+def _send(channel: RTCDataChannel, text: str) -> None:
+    """Send an event on the channel, or, when it is larger than the peer takes in one message
+    (its SDP's max-message-size, 256 KiB in Chrome and aiortc: the ``conversation.item.
+    retrieved`` of an audio item of four seconds or more, say), an ``error`` saying so in
+    its place: the client hears why, and the call's events go on."""
+    try:
+        channel.send(text)
+    except ValueError:
+        channel.send(too_large_for_channel(text))
+
+
+def too_large_for_channel(text: str) -> str:
+    """The ``error`` event sent in place of the server event ``text``, too large for the
+    call's data channel."""
+    kind = json.loads(text).get("type", "server")
+    size = len(text.encode("utf-8"))
+    error = se.Error(
+        event_id=_ids.new("event"),
+        error=se.ErrorDetail(
+            type="invalid_request_error",
+            code=EVENT_TOO_LARGE,
+            message=(
+                f"The {kind} event ({size} bytes) is larger than the data channel carries in "
+                "one message, so it was not sent. The call's sideband WebSocket carries it."
+            ),
+            param=None,
+            event_id=None,
+        ),
+    )
+    return se.encode_event(error).decode()
 
 
 def _no_reading_to_pause() -> None:
