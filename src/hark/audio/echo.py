@@ -14,9 +14,12 @@ processed with the sample played a lead (``lead_s``) before the last one, and ea
 with the next, so the delay AEC3 sees is the path's less that lead, and stays what it is
 however unevenly either stream arrives (a loaded server's ticks, a caller's packets in
 bursts): the played samples wait in a buffer for their heard counterparts, and the lead lets
-a frame heard just before the tick that plays its counterpart find it there. Heard
-audio that outruns the reference all the same is paired with silence, and the reference
-owes as many samples (the next ones played are dropped), so the pairing keeps to the clock.
+a frame heard just before the tick that plays its counterpart find it there. Heard audio
+that outruns the reference all the same (the caller's packets queued while a loaded loop
+stalled, handed over before the ticks catch up) waits for it, ``MAX_WAIT_S`` at most, and
+``played`` hands it out once its reference came; past that it is paired with silence, and
+the reference owes as many samples (the next ones played are dropped), so the pairing keeps
+to the clock.
 Two things move the pairing, rarely: a caller whose clock runs slower than ours leaves the
 reference waiting longer and longer, until it would reach AEC3 after its echo, so when even
 the least it waited over ``TRIM_WINDOW_S`` was more than ``SLACK_S`` the oldest played
@@ -25,8 +28,9 @@ from a gap longer than ``MAX_LEAD_S``, or owing more than ``MAX_OWED_S``) is pai
 
 Heard audio is processed in whole 10 ms frames; a chunk that is not a whole number of them
 leaves the rest for the next call (``heard`` returns only what was processed), so chunks of
-10 or 20 ms come back at once. While nothing has been played for ``IDLE_S`` (the longest echo
-path and room tail there are), heard audio passes untouched and AEC3 is not called at all.
+10 or 20 ms whose reference is there come back at once, without a copy. While nothing has
+been played for ``IDLE_S`` (the longest echo path and room tail there are), heard audio
+passes untouched and AEC3 is not called at all.
 """
 
 from __future__ import annotations
@@ -51,9 +55,16 @@ TRIM_WINDOW_S = 10.0
 # the caller's audio queued meanwhile arrive before the reference catches up (its ticks
 # run late); a caller's clock that runs fast gets here only after hours.
 MAX_OWED_S = 1.5
+# The longest heard audio waits for its reference (a loaded server's ticks late, the
+# caller's packets queued meanwhile) before it is paired with silence instead.
+MAX_WAIT_S = 0.3
 # After the last sample of reference that was not silence, this long before the heard audio
 # is passed through unprocessed: a path delay of 300 ms, a room tail, and the margin.
 IDLE_S = 1.0
+
+
+_NOTHING = np.zeros(0, np.int16)
+_NOTHING.flags.writeable = False
 
 
 class EchoCanceller:
@@ -78,9 +89,10 @@ class EchoCanceller:
         # Reference samples owed: heard audio outran them and was paired with silence.
         self._owed = 0
         self._max_owed = int(MAX_OWED_S * rate)
-        # A heard frame's first part, waiting for the rest.
-        self._partial = np.zeros(self.frame, np.int16)
-        self._partial_len = 0
+        # Heard audio waiting for the rest of its frame, or for its reference.
+        self._max_wait = int(MAX_WAIT_S * rate)
+        self._wait = np.zeros(self._max_wait + rate // 2, np.int16)
+        self._wait_len = 0
         self._lead = int(lead_s * rate)
         self._slack = int(SLACK_S * rate)
         self._window = int(TRIM_WINDOW_S * rate)
@@ -100,9 +112,16 @@ class EchoCanceller:
 
     # ------------------------------------------------------------------ reference
 
-    def played(self, pcm: npt.NDArray[np.int16], *, silent: bool = False) -> None:
+    def played(self, pcm: npt.NDArray[np.int16], *, silent: bool = False) -> npt.NDArray[np.int16]:
         """The next samples of the reference, as they leave (``silent``: all zero, which
-        the caller knows without looking)."""
+        the caller knows without looking). Returns the heard audio that was waiting for
+        them, its echo taken out (most often none)."""
+        self._store(pcm, silent)
+        if self._wait_len < self.frame:
+            return _NOTHING
+        return self._drain()
+
+    def _store(self, pcm: npt.NDArray[np.int16], silent: bool) -> None:
         n = len(pcm)
         if not n:
             return
@@ -133,35 +152,53 @@ class EchoCanceller:
 
     def heard(self, pcm: npt.NDArray[np.int16]) -> npt.NDArray[np.int16]:
         """The next microphone samples with the echo taken out: the whole 10 ms frames of
-        what is held and ``pcm``; the rest waits for the next call."""
+        what waits and ``pcm`` that have their reference; the rest waits for the next call
+        or for the reference (``played`` hands it out then), ``MAX_WAIT_S`` at most."""
+        frame = self.frame
+        n = len(pcm)
         if not self._started:
             # The pairing starts here: the first samples heard go with the last played, the
             # lead before them (silence where nothing was played yet).
             self._started = True
-            keep = self._lead + len(pcm) - len(pcm) % self.frame + self._partial_len
+            keep = self._lead + n - n % frame
             held = min(self._end - self._start, keep)
             recent = self._far[self._end - held : self._end].copy()
             self._far[: keep - held] = 0
             self._far[keep - held : keep] = recent
             self._start, self._end = 0, keep
+        if not self._wait_len and not n % frame and self._end - self._start >= n:
+            return self._process(pcm)
+        head = _NOTHING
+        if n > len(self._wait) - self._wait_len:
+            head = self._drain(force=True)
+        if n > len(self._wait) - self._wait_len:
+            # Longer than anything that waits: through at once, with what reference there is.
+            whole = n - n % frame
+            tail = self._process(pcm[:whole]) if whole else _NOTHING
+            self._wait[: n - whole] = pcm[whole:]
+            self._wait_len = n - whole
+            return np.concatenate((head, tail))
+        self._wait[self._wait_len : self._wait_len + n] = pcm
+        self._wait_len += n
+        out = self._drain()
+        return out if not len(head) else np.concatenate((head, out))
+
+    def _drain(self, force: bool = False) -> npt.NDArray[np.int16]:
+        """Process the whole frames waiting that have their reference (all of them when
+        ``force``d, or when they have waited ``MAX_WAIT_S``)."""
         frame = self.frame
-        head: npt.NDArray[np.int16] | None = None
-        if self._partial_len:
-            take = min(frame - self._partial_len, len(pcm))
-            self._partial[self._partial_len : self._partial_len + take] = pcm[:take]
-            self._partial_len += take
-            pcm = pcm[take:]
-            if self._partial_len < frame:
-                return pcm[:0]
-            self._partial_len = 0
-            head = self._process(self._partial.copy())
-        whole = len(pcm) - len(pcm) % frame
-        rest = len(pcm) - whole
-        if rest:
-            self._partial[:rest] = pcm[whole:]
-            self._partial_len = rest
-        out = self._process(pcm[:whole]) if whole else pcm[:0]
-        return out if head is None else np.concatenate((head, out))
+        whole = self._wait_len - self._wait_len % frame
+        held = self._end - self._start
+        ready = min(whole, held - held % frame)
+        if force or whole - ready > self._max_wait:
+            ready = whole
+        if not ready:
+            return _NOTHING
+        near = self._wait[:ready].copy()
+        left = self._wait_len - ready
+        self._wait[:left] = self._wait[ready : self._wait_len]
+        self._wait_len = left
+        return self._process(near)
 
     def _process(self, near: npt.NDArray[np.int16]) -> npt.NDArray[np.int16]:
         n = len(near)

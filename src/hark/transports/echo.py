@@ -31,12 +31,20 @@ class CallEcho:
     """One call's canceller, for a playout at ``playout_rate`` Hz; the canceller is made at
     the rate of the first audio heard, and made again if that rate changes.
 
+    Heard audio that waited for its reference is handed to ``release`` when the reference
+    is played (what ``heard`` returns goes wherever its caller sends it: the same place).
     ``skipped`` counts the frames the playout's schedule passed over after a stall (WebRTC:
     the caller's stream keeps its own clock, so the reference gets as much silence); None
     where the input skips the same frames (SIP hands out one input frame per frame sent)."""
 
-    def __init__(self, playout_rate: int, skipped: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self,
+        playout_rate: int,
+        release: Callable[[npt.NDArray[np.int16]], None],
+        skipped: Callable[[], int] | None = None,
+    ) -> None:
         self.playout_rate = playout_rate
+        self._release = release
         self._skipped = skipped
         self._skips = 0 if skipped is None else skipped()
         self.canceller: EchoCanceller | None = None
@@ -54,14 +62,19 @@ class CallEcho:
             if skips != self._skips:
                 gap = (skips - self._skips) * len(self._quiet)
                 self._skips = skips
-                canceller.played(np.zeros(gap, np.int16), silent=True)
+                self._hand_on(canceller.played(np.zeros(gap, np.int16), silent=True))
         resampler = self._resampler
         if silent:
-            canceller.played(frame if resampler is None else self._quiet, silent=True)
+            out = canceller.played(frame if resampler is None else self._quiet, silent=True)
         elif resampler is None:
-            canceller.played(frame)
+            out = canceller.played(frame)
         else:
-            canceller.played(resampler.process(frame))
+            out = canceller.played(resampler.process(frame))
+        self._hand_on(out)
+
+    def _hand_on(self, out: npt.NDArray[np.int16]) -> None:
+        if len(out):
+            self._release(out)
 
     def heard(self, pcm: npt.NDArray[np.int16], rate: int) -> npt.NDArray[np.int16]:
         """The caller's next audio at ``rate``, its echo taken out (whole 10 ms frames; see

@@ -406,7 +406,7 @@ class RtpSession:
         self._heard_at = self._loop.time()
         self._playout.attach(listener)
         if echo_cancellation:
-            self._echo = CallEcho(RATE)
+            self._echo = CallEcho(RATE, self._pass_heard)
             self._playout.tap = self._echo.played
         self._running = True
         self._pacer.add(self)
@@ -530,15 +530,21 @@ class RtpSession:
                     continue
                 if self._echo is not None:
                     frame = self._echo.heard(frame, RATE)
-                rate = self._input_rate()
-                if self._resampler is None or self._resampler.out_rate != rate:
-                    self._resampler = StreamResampler(RATE, rate)
-                pcm = self._resampler.process(frame)
-                if len(pcm):
-                    self._on_audio(pcm)
+                self._pass_heard(frame)
             self._count_losses()
         except Exception:
             logger.exception("rtp: passing the caller's audio on failed")
+
+    def _pass_heard(self, frame: npt.NDArray[np.int16]) -> None:
+        """The caller's audio at 8 kHz to ``on_audio``, at the session's input rate."""
+        if self._on_audio is None or self._input_rate is None or not len(frame):
+            return
+        rate = self._input_rate()
+        if self._resampler is None or self._resampler.out_rate != rate:
+            self._resampler = StreamResampler(RATE, rate)
+        pcm = self._resampler.process(frame)
+        if len(pcm):
+            self._on_audio(pcm)
 
     def _count_losses(self) -> None:
         """Hand what the jitter buffer dropped since the last tick to the metrics."""

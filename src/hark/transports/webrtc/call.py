@@ -115,7 +115,9 @@ class Call:
         # The reply's echo taken out of the caller's audio (``hark.transports.echo``).
         playout = track.playout
         self.echo = (
-            CallEcho(PLAYOUT_RATE, lambda: playout.frames_skipped) if echo_cancellation else None
+            CallEcho(PLAYOUT_RATE, runner.receive_audio, lambda: playout.frames_skipped)
+            if echo_cancellation
+            else None
         )
         self._on_closed = on_closed
         self._setup_timeout_s = setup_timeout_s
