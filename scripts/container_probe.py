@@ -19,6 +19,7 @@ import socket
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import numpy as np
@@ -148,7 +149,7 @@ async def websocket_turn(server: Server, key: str) -> None:
         pcm = np.concatenate((question, np.zeros(48000, np.int16)))
         sender = asyncio.create_task(stream_realtime(conn.input_audio_buffer.append, pcm))
         try:
-            events = [e async for e in events_until(conn, "response.done", 180)]
+            events: list[Any] = [e async for e in events_until(conn, "response.done", 180)]
         finally:
             sender.cancel()
             await asyncio.gather(sender, return_exceptions=True)
@@ -286,7 +287,7 @@ async def drain(
             }
         )
         await conn.response.create()
-        events = [e async for e in events_until(conn, "response.done", 120)]
+        events: list[Any] = [e async for e in events_until(conn, "response.done", 120)]
         done = events[-1].response
         assert done.status == "completed", done
         text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
