@@ -184,3 +184,36 @@ def test_with_a_lead_a_frame_heard_before_its_reference_is_played_still_pairs() 
     tail = slice(len(heard) - 3 * rate, len(heard))
     erle_db = 10 * np.log10(energy(near[tail]) / energy(heard[tail]))
     assert erle_db >= 25, erle_db
+
+
+def test_a_caller_clock_faster_than_the_reference_is_caught_up() -> None:
+    """The caller's stream gains 20 ms on ours every second (its sound card's clock,
+    concealed gaps): its audio would wait longer and longer for the reference; instead the
+    pairing gives the lead back, and the echo is still cancelled."""
+    rate = 16000
+    far = reply(rate)
+    echo = pcm(echo_of(far, rate, 150, -6))
+    step = rate // 50
+    gain = rate // 50
+    pieces, k = [], 0
+    while k < len(echo):
+        pieces += [echo[k : k + rate], np.zeros(gain, np.int16)]
+        k += rate
+    near = np.concatenate(pieces)[: len(echo)]
+    canceller = EchoCanceller(rate)
+    out = []
+    played = 0
+    for c, i in enumerate(range(0, len(near) - step + 1, step)):
+        out.append(canceller.heard(near[i : i + step]))
+        # The caller's extra 20 ms each second has no reference of its own.
+        if c % (rate // step + 1) != rate // step:
+            out.append(canceller.played(far[played : played + step]))
+            played += step
+    heard = np.concatenate(out)
+    assert canceller.catch_ups >= 1
+    assert canceller.underruns == 0
+    # Nothing is held back for long: the audio heard is out within the wait's bound.
+    assert len(heard) >= len(near) - len(near) % step - rate // 10
+    tail = slice(len(heard) - 3 * rate, len(heard))
+    erle_db = 10 * np.log10(energy(near[tail]) / energy(heard[tail]))
+    assert erle_db >= 20, erle_db

@@ -20,10 +20,12 @@ stalled, handed over before the ticks catch up) waits for it, ``MAX_WAIT_S`` at 
 ``played`` hands it out once its reference came; past that it is paired with silence, and
 the reference owes as many samples (the next ones played are dropped), so the pairing keeps
 to the clock.
-Two things move the pairing, rarely: a caller whose clock runs slower than ours leaves the
-reference waiting longer and longer, until it would reach AEC3 after its echo, so when even
-the least it waited over ``TRIM_WINDOW_S`` was more than ``SLACK_S`` the oldest played
-samples are dropped down to the lead; and a heard stream that starts over (a caller back
+The two clocks drift apart all the same (a caller's sound card against our clock, a
+loaded loop's frames), so the pairing moves, a little at a time: when even the least the
+reference waited over ``TRIM_WINDOW_S`` was more than ``SLACK_S`` (it would reach AEC3 after
+its echo before long) its oldest samples are dropped down to the lead, and when the heard
+audio waited for its reference all window long (it would soon wait for good), silence goes
+before the reference to give the lead back. A heard stream that starts over (a caller back
 from a gap longer than ``MAX_LEAD_S``, or owing more than ``MAX_OWED_S``) is paired afresh.
 
 Heard audio is processed in whole 10 ms frames; a chunk that is not a whole number of them
@@ -50,7 +52,7 @@ LEAD_S = 0.06
 # The least the reference may wait for its heard counterpart over a window before the
 # excess is dropped, down to the lead.
 SLACK_S = 0.1
-TRIM_WINDOW_S = 10.0
+TRIM_WINDOW_S = 2.0
 # Heard audio this far ahead of the reference has started over. A stalled server loop makes
 # the caller's audio queued meanwhile arrive before the reference catches up (its ticks
 # run late); a caller's clock that runs fast gets here only after hours.
@@ -98,6 +100,7 @@ class EchoCanceller:
         self._window = int(TRIM_WINDOW_S * rate)
         self._window_heard = 0
         self._window_least = self._max_lead
+        self._window_least_wait = self._max_wait
         # Counted in played samples: where the last audible reference ends. The heard audio
         # is idle while what it is paired with is more than IDLE_S past that.
         self._played = 0
@@ -107,6 +110,7 @@ class EchoCanceller:
         # How often the pairing had to give way (for the tests and the bench).
         self.underruns = 0
         self.trims = 0
+        self.catch_ups = 0
         self.restarts = 0
         self.frames_processed = 0
 
@@ -224,7 +228,7 @@ class EchoCanceller:
             if self._owed > self._max_owed:
                 self._owed = 0
                 self.restarts += 1
-        self._keep_slack(n)
+        self._keep_lead(n)
         paired_at = self._played - (self._end - self._start)
         if paired_at - self._audible_until > self._idle:
             return near
@@ -237,16 +241,29 @@ class EchoCanceller:
         )
         return out
 
-    def _keep_slack(self, heard: int) -> None:
-        """Drop the reference's oldest samples when it has waited too long all window."""
+    def _keep_lead(self, heard: int) -> None:
+        """Move the pairing when, all window long, the reference waited more than the slack
+        (drop its oldest samples, down to the lead) or the heard audio waited for it
+        (silence before the reference, to give the lead back)."""
         held = self._end - self._start
         if held < self._window_least:
             self._window_least = held
+        if self._wait_len < self._window_least_wait:
+            self._window_least_wait = self._wait_len
         self._window_heard += heard
         if self._window_heard < self._window:
             return
         if self._window_least > self._slack:
             self._start += self._window_least - self._lead
             self.trims += 1
+        waited = self._window_least_wait
+        if waited >= self.frame:
+            gap = waited - waited % self.frame + self._lead
+            kept = self._far[self._start : self._end].copy()
+            self._far[:gap] = 0
+            self._far[gap : gap + len(kept)] = kept
+            self._start, self._end = 0, gap + len(kept)
+            self.catch_ups += 1
         self._window_heard = 0
         self._window_least = self._max_lead
+        self._window_least_wait = self._max_wait
