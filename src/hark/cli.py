@@ -40,6 +40,7 @@ BENCHES = (
         "word error rate of noisy speech with and without denoising",
         "hark.bench.denoise",
     ),
+    ("echo", "self-interruptions by a call's echo, and barge-ins heard over it", "hark.bench.echo"),
     (
         "hop",
         "what the hop between two workers of a fleet adds to a call's requests",

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from hark.bench.report import BenchError
 
@@ -21,9 +21,11 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def local_server(engines: str | None, ready_s: float = 300) -> Iterator[tuple[str, int]]:
+def local_server(
+    engines: str | None, ready_s: float = 300, args: Sequence[str] = ()
+) -> Iterator[tuple[str, int]]:
     """``hark serve`` on a free loopback port: ``(its WebSocket root, its pid)`` once it is
-    ready; stopped on leaving. Its log goes to stderr."""
+    ready; stopped on leaving. ``args`` are more of its options. Its log goes to stderr."""
     port = _free_port()
     command = [
         sys.executable,
@@ -41,6 +43,7 @@ def local_server(engines: str | None, ready_s: float = 300) -> Iterator[tuple[st
     ]
     if engines is not None:
         command += ["--engines", engines]
+    command += args
     process = subprocess.Popen(command, stdout=sys.stderr)
     try:
         deadline = time.monotonic() + ready_s
