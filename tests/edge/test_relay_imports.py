@@ -1,7 +1,8 @@
 """A real ``hark relay`` loads what forwarding needs and nothing else: its parent and each
 forwarding process, asked once both processes have forwarded, hold nothing of the server,
 the engines, the benches or aiortc. That is what lets a relay that crashed forward again
-within a second of its restart (``hark bench startup``)."""
+within a second of its restart (``hark bench startup``). And a relay that is process 1, as in
+a container without an init, forwards too."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import select
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -86,23 +88,8 @@ def test_the_relay_and_its_forwarding_processes_load_nothing_of_the_rest(
     with log.open("wb") as out:
         relay = subprocess.Popen(probed(argv), env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
-        request = stun.Message(message_method=stun.Method.BINDING, message_class=stun.Class.REQUEST)
-        request.attributes["USERNAME"] = f"{RouteSigner(SECRET, WORKER_ID).ufrag()}:client"
-        # Clients at many addresses until both processes have forwarded one: the kernel
-        # spreads clients over the processes by address, and each sends to the worker from
-        # a port of its own.
-        senders: set[tuple[str, int]] = set()
-        deadline = time.monotonic() + LIMIT_S
-        while len(senders) < FORWARDING_PROCESSES:
-            assert relay.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, f"forwarded by {senders}: {log.read_text()}"
-            with udp_socket() as client:
-                client.sendto(bytes(request), ("127.0.0.1", relay_port))
-            while select.select([media], [], [], 0.01)[0]:
-                data, sender = media.recvfrom(4096)
-                # A client's datagram, not the relay's hello.
-                if data[1] == framing.IPV4:
-                    senders.add(sender)
+        # Until both processes have forwarded a client's datagram.
+        forwarded(relay, relay_port, media, FORWARDING_PROCESSES, log)
         forwarding = children(relay.pid)
         assert len(forwarding) == FORWARDING_PROCESSES
         loaded = ask(tmp_path, [relay.pid, *forwarding])
@@ -113,3 +100,52 @@ def test_the_relay_and_its_forwarding_processes_load_nothing_of_the_rest(
         # The probe reads a relay: the parent supervises, the children forward.
         assert ("hark.edge.supervisor" if pid == relay.pid else "hark.edge.relay") in modules
         assert among(modules, NOT_FOR_THE_RELAY) == [], pid
+
+
+def test_a_relay_that_is_process_one_forwards(
+    worker: tuple[str, socket.socket], tmp_path: Path
+) -> None:
+    # A PID namespace of its own makes the relay process 1, as a container's entry point with
+    # no init is: its forwarding processes' parent is then process 1 all along (they took
+    # that for the sign of a dead parent and exited, every second).
+    redis_url, media = worker
+    relay_port = free_udp_port()
+    env = {name: value for name, value in os.environ.items() if not name.startswith("HARK_")}
+    env |= {"HARK_REDIS_URL": redis_url, "HARK_FLEET_SECRET": SECRET}
+    argv = ["unshare", "--pid", "--fork", "--kill-child", sys.executable, "-m", "hark.cli"]
+    argv += ["relay", "--listen", f"127.0.0.1:{relay_port}", "--internal", "127.0.0.1:0"]
+    argv += ["--workers", "1"]
+    log = tmp_path / "relay.log"
+    with log.open("wb") as out:
+        relay = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        forwarded(relay, relay_port, media, 1, log)
+    finally:
+        # unshare passes no signal on: the relay (process 1 inside) is told itself.
+        for pid in children(relay.pid):
+            os.kill(pid, signal.SIGTERM)
+        relay.wait(LIMIT_S)
+    assert "exited" not in log.read_text()
+
+
+def forwarded(
+    relay: subprocess.Popen[bytes], port: int, media: socket.socket, processes: int, log: Path
+) -> None:
+    """Send clients' datagrams to the relay until ``processes`` of its forwarding processes
+    have each passed one on to the worker's ``media`` socket."""
+    request = stun.Message(message_method=stun.Method.BINDING, message_class=stun.Class.REQUEST)
+    request.attributes["USERNAME"] = f"{RouteSigner(SECRET, WORKER_ID).ufrag()}:client"
+    # Clients at many addresses: the kernel spreads them over the processes by address, and
+    # each process sends to the worker from a port of its own.
+    senders: set[tuple[str, int]] = set()
+    deadline = time.monotonic() + LIMIT_S
+    while len(senders) < processes:
+        assert relay.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, f"forwarded by {senders}: {log.read_text()}"
+        with udp_socket() as client:
+            client.sendto(bytes(request), ("127.0.0.1", port))
+        while select.select([media], [], [], 0.01)[0]:
+            data, sender = media.recvfrom(4096)
+            # A client's datagram, not the relay's hello.
+            if data[1] == framing.IPV4:
+                senders.add(sender)

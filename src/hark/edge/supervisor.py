@@ -46,10 +46,12 @@ def supervise(config: RelayConfig, redis_url: str, workers: int, metrics: Addres
     context = multiprocessing.get_context("fork")
     processes: list[BaseProcess | None] = [None] * workers
 
+    parent = os.getpid()
+
     def start(slot: int) -> None:
         process = context.Process(
             target=_forwarding_process,
-            args=(config, redis_url, table[slot]),
+            args=(config, redis_url, table[slot], parent),
             name=f"hark-relay-{slot}",
             daemon=True,
         )
@@ -92,10 +94,14 @@ def supervise(config: RelayConfig, redis_url: str, workers: int, metrics: Addres
     return 0
 
 
-def _forwarding_process(config: RelayConfig, redis_url: str, row: np.ndarray) -> None:
+def _forwarding_process(config: RelayConfig, redis_url: str, row: np.ndarray, parent: int) -> None:
     # A parent killed outright must not leave its children forwarding on the port.
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() == 1:
+    # Killed before the line above took effect, the parent has left this process to another
+    # (init, or a subreaper). Compared with the parent's own id, not with 1: in a container
+    # the parent is itself process 1, and a child that took 1 for an orphan's parent exited at
+    # once, again every second, and nothing was forwarded.
+    if os.getppid() != parent:
         return
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     asyncio.run(_forward(config, redis_url, Counters(row)))
