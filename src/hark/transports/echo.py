@@ -18,6 +18,7 @@ their own echo cancellation on the microphone) and the server does not know when
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import numpy as np
@@ -25,6 +26,8 @@ import numpy.typing as npt
 
 from hark.audio.echo import LEAD_S, EchoCanceller
 from hark.audio.resample import StreamResampler
+
+logger = logging.getLogger(__name__)
 
 
 class CallEcho:
@@ -48,6 +51,8 @@ class CallEcho:
         self._skipped = skipped
         self._skips = 0 if skipped is None else skipped()
         self.canceller: EchoCanceller | None = None
+        # Set once the canceller raised: the call's audio passes untouched from then on.
+        self.failed = False
         self._resampler: StreamResampler | None = None
         # A silent frame at the canceller's rate: only its length is read.
         self._quiet = np.zeros(0, np.int16)
@@ -57,6 +62,12 @@ class CallEcho:
         canceller = self.canceller
         if canceller is None:
             return
+        try:
+            self._played(canceller, frame, silent)
+        except Exception:
+            self._fail()
+
+    def _played(self, canceller: EchoCanceller, frame: npt.NDArray[np.int16], silent: bool) -> None:
         if self._skipped is not None:
             skips = self._skipped()
             if skips != self._skips:
@@ -78,7 +89,22 @@ class CallEcho:
 
     def heard(self, pcm: npt.NDArray[np.int16], rate: int) -> npt.NDArray[np.int16]:
         """The caller's next audio at ``rate``, its echo taken out (whole 10 ms frames; see
-        ``EchoCanceller.heard``)."""
+        ``EchoCanceller.heard``); as it came if the canceller failed."""
+        if self.failed:
+            return pcm
+        try:
+            return self._heard(pcm, rate)
+        except Exception:
+            self._fail()
+            return pcm
+
+    def _fail(self) -> None:
+        """The call goes on without echo cancellation (fail open: the caller is heard)."""
+        logger.exception("echo cancellation failed; the call goes on without it")
+        self.failed = True
+        self.canceller = None
+
+    def _heard(self, pcm: npt.NDArray[np.int16], rate: int) -> npt.NDArray[np.int16]:
         canceller = self.canceller
         if canceller is None or canceller.rate != rate:
             # SIP hands out a heard frame right after each frame played: no lead needed.
