@@ -88,9 +88,12 @@ class Settings:
     workers: int = 1
     # The rate the VAD model hears: 16000, or 8000 for about half its CPU per session.
     vad_rate: int = 16000
-    # WebRTC and SIP calls take the reply's echo out of the caller's audio before the VAD
-    # hears it (``hark.transports.echo``); WebSocket sessions have none (the client plays).
-    echo_cancellation: bool = True
+    # Which calls take the reply's echo out of the caller's audio before the VAD hears it
+    # (``hark.transports.echo``): "sip" (phones, whose lines and speakerphones bring it back),
+    # "on" (WebRTC calls too: a browser cancels its own echo, other peers may not; it costs a
+    # call about as much CPU again while the reply plays) or "off". WebSocket sessions have
+    # none (the client plays).
+    echo_cancellation: Literal["on", "sip", "off"] = "sip"
     # An OTLP/HTTP collector that gets a trace per turn (None: no traces).
     otel_endpoint: str | None = None
     # The browser demo at / (it hands short-lived keys to whoever loads it). None: on only
@@ -352,9 +355,7 @@ def _validate(values: dict[str, Any]) -> Settings:
         _positive_number(values, name, float)
     _validate_vad_rate(values)
     _validate_flag(values, "demo")
-    _validate_flag(values, "echo_cancellation")
-    if values["echo_cancellation"] is None:
-        values["echo_cancellation"] = _DEFAULTS.echo_cancellation
+    _validate_echo(values)
     _validate_fleet(values)
     _validate_relay(values)
     _validate_sip(values)
@@ -427,7 +428,21 @@ def _validate_vad_rate(values: dict[str, Any]) -> None:
 
 
 _TRUE = ("1", "true", "yes", "on")
+_ECHO_CHOICES = ("on", "sip", "off")
 _FALSE = ("0", "false", "no", "off")
+
+
+def _validate_echo(values: dict[str, Any]) -> None:
+    value = values.get("echo_cancellation")
+    if value is None:
+        value = _DEFAULTS.echo_cancellation
+    elif isinstance(value, bool):
+        value = "on" if value else "off"
+    elif isinstance(value, str) and value.strip().lower() in _ECHO_CHOICES:
+        value = value.strip().lower()
+    else:
+        raise ConfigError(f"echo_cancellation must be one of on, sip or off, not {value!r}")
+    values["echo_cancellation"] = value
 
 
 def _validate_flag(values: dict[str, Any], name: str) -> None:

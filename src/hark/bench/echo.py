@@ -40,15 +40,13 @@ from typing import Any
 import aiohttp
 import numpy as np
 import numpy.typing as npt
-from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
-from av import AudioFrame
 
 from hark.audio.echo import EchoCanceller
 from hark.bench.local_server import local_server
 from hark.bench.report import BenchError
 from hark.bench.spoken_questions import RATE as SPEECH_RATE
 from hark.bench.spoken_questions import spoken_questions
-from hark.bench.webrtc import AUDIBLE_RMS, CallClient, frame_to_mono
+from hark.bench.webrtc import CallClient
 from hark.transports.webrtc.opus import OpusEncoder
 from hark.transports.webrtc.playout import FRAME_SAMPLES, PLAYOUT_RATE, PlayoutTrack
 
@@ -179,22 +177,8 @@ class EchoCallClient(CallClient):
         (sender,) = self.pc.getSenders()
         sender.replaceTrack(self.mic)
 
-    async def _record(self, track: MediaStreamTrack) -> None:
-        while True:
-            try:
-                frame = await track.recv()
-            except MediaStreamError:
-                return
-            if not isinstance(frame, AudioFrame):
-                continue
-            now = time.monotonic()
-            self.receiving.set()
-            pcm = frame_to_mono(frame)
-            self.room.heard(pcm, int(frame.pts or 0))
-            rms = float(np.sqrt(np.mean(pcm.astype(np.float64) ** 2))) if len(pcm) else 0.0
-            if rms > AUDIBLE_RMS and self.first_audio_at is None:
-                self.first_audio_at = now
-                self.first_audio.set()
+    def _heard(self, pcm: npt.NDArray[np.int16], pts: int) -> None:
+        self.room.heard(pcm, pts)
 
 
 @dataclass

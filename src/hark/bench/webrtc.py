@@ -297,6 +297,7 @@ class CallClient:
             now = time.monotonic()
             self.receiving.set()
             pcm = frame_to_mono(frame)
+            self._heard(pcm, int(frame.pts or 0))
             rms = float(np.sqrt(np.mean(pcm.astype(np.float64) ** 2))) if len(pcm) else 0.0
             if rms > AUDIBLE_RMS and self.first_audio_at is None:
                 self.first_audio_at = now
@@ -304,6 +305,10 @@ class CallClient:
             self.frames.append(
                 ReceivedFrame(now, int(frame.pts or 0), rms, pcm if self.keep_audio else None)
             )
+
+    def _heard(self, pcm: npt.NDArray[np.int16], pts: int) -> None:
+        """A frame of the server's audio as it came (48 kHz mono), at ``pts`` on the track's
+        clock: for a client whose microphone hears its loudspeaker."""
 
 
 # ---------------------------------------------------------------------- setup

@@ -159,7 +159,7 @@ def create_app(
         mux,
         metrics=app[METRICS],
         session_limit_s=session_limit_s,
-        echo_cancellation=settings.echo_cancellation,
+        echo_cancellation=settings.echo_cancellation == "on",
     )
     app[NODE] = ClusterNode(
         store,
@@ -273,7 +273,7 @@ def _sip_service(
         invite_rate=settings.sip_invite_rate,
         max_calls=settings.sip_max_calls,
         rtp_timeout_s=settings.sip_rtp_timeout,
-        echo_cancellation=settings.echo_cancellation,
+        echo_cancellation=settings.echo_cancellation != "off",
     )
 
 

@@ -167,10 +167,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--echo-cancellation",
-        choices=("on", "off"),
+        choices=("on", "sip", "off"),
         default=None,
-        help="take the reply's echo out of WebRTC and SIP callers' audio before the VAD "
-        "hears it, so that a speakerphone does not interrupt the reply (default on)",
+        help="take the reply's echo out of callers' audio before the VAD hears it, so that a "
+        "speakerphone does not interrupt the reply: sip (phone calls; the default), on (WebRTC "
+        "calls too, whose browsers cancel their own echo; about as much CPU again per call "
+        "while the reply plays) or off",
     )
     parser.add_argument(
         "--otel-endpoint",
