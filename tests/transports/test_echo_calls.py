@@ -39,7 +39,7 @@ async def echo_call(
     *,
     echo_cancellation: bool,
 ) -> EchoCallClient:
-    server = await start(tts="piper", echo_cancellation=echo_cancellation)
+    server = await start(tts="piper", echo_cancellation="on" if echo_cancellation else "off")
     client = EchoCallClient(Room(DELAY_MS, GAIN_DB))
     made.append(client)
     await client.connect(http, server.url, api_key=API_KEY, session=SESSION)
