@@ -43,6 +43,7 @@ from tests.deploy.chart import (
     lint,
     render,
 )
+from tests.observability.series import known_series
 from tests.servers import free_port
 
 # What the downward API hands a worker in these tests.
@@ -1100,25 +1101,6 @@ def test_the_sessions_target_follows_the_engines_and_the_cpu() -> None:
 # -- Monitoring ------------------------------------------------------------------------------
 
 
-def _known_metrics() -> set[str]:
-    """Every series name hark's workers and relays expose."""
-    from hark.edge.metrics import _HELP as RELAY_HELP
-    from hark.observability.metrics import Metrics
-
-    names: set[str] = set()
-    for family in Metrics().registry.collect():
-        for sample in family.samples:
-            names.add(sample.name)
-        names.add(family.name)
-        if family.type == "histogram":
-            names |= {f"{family.name}_bucket", f"{family.name}_sum", f"{family.name}_count"}
-        if family.type == "counter":
-            names.add(f"{family.name}_total")
-    for name in RELAY_HELP:
-        names |= {f"hark_relay_{name}", f"hark_relay_{name}_total"}
-    return names
-
-
 _SERIES = re.compile(r"\b(hark_[a-z0-9_]+)")
 
 
@@ -1161,7 +1143,7 @@ def test_alert_rules_watch_series_that_exist() -> None:
         "HarkStoreDown",
         "HarkRelayDrops",
     }
-    known = _known_metrics()
+    known = known_series()
     for alert in alerts.values():
         for series in _SERIES.findall(alert["expr"]):
             assert series in known, f"{alert['alert']}: {series} is not a series hark exposes"
@@ -1177,7 +1159,7 @@ def test_the_dashboard_filters_every_panel_and_shows_what_exists() -> None:
     dashboard = json.loads((CHART.parents[1] / "grafana" / "hark-dashboard.json").read_text())
     variables = {v["name"]: v for v in dashboard["templating"]["list"]}
     assert {"namespace", "pod", "instance"} <= set(variables)
-    known = _known_metrics()
+    known = known_series()
     exprs = [
         (panel["title"], target["expr"])
         for panel in dashboard["panels"]
