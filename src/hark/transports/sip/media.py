@@ -432,7 +432,9 @@ class RtpSession:
             self._pacer.remove(self)
             self._running = False
         # The callback is the call's: held here it would tie the call to its media in a cycle.
+        # So is the echo canceller, whose release is this session's own method.
         self._on_inactive = None
+        self._echo = None
         if self._agreed is not None:
             try:
                 self._send_report(bye=True)
