@@ -66,12 +66,24 @@ class Endpoint:
             sink.close()
 
 
-async def until_replicated(primary: RedisServer) -> None:
-    """Until ``primary``'s writes so far reached its replica."""
-    async with redis.asyncio.Redis(port=primary.port, password=PASSWORD) as client:
+async def until_replicated(primary: RedisServer, replica: RedisServer) -> None:
+    """Until ``primary``'s writes so far reached ``replica``: the replica has processed the
+    primary's replication stream up to the offset the primary had reached. (``WAIT`` would
+    not do: it waits for the writes of the connection that sends it, and this one made
+    none, so it answered at once, and on a busy machine the promotion below lost the last
+    writes the replica had not read yet.)"""
+    async with (
+        redis.asyncio.Redis(port=primary.port, password=PASSWORD) as source,
+        redis.asyncio.Redis(port=replica.port, password=PASSWORD) as copy,
+    ):
+        written = (await source.info("replication"))["master_repl_offset"]
         deadline = time.monotonic() + SYNC_S
-        while await client.wait(1, 100) < 1:
+        while True:
+            state = await copy.info("replication")
+            if state.get("master_link_status") == "up" and state["slave_repl_offset"] >= written:
+                return
             assert time.monotonic() < deadline, "the replica never caught up"
+            await asyncio.sleep(0.05)
 
 
 async def test_a_demoted_primary_behind_a_moved_endpoint_fails_no_call(tmp_path: Path) -> None:
@@ -87,7 +99,7 @@ async def test_a_demoted_primary_behind_a_moved_endpoint_fails_no_call(tmp_path:
                 await store.put_call(CallRecord("rtc_1", "owner", "w1", now))
                 # Several pooled connections, all on the old primary.
                 await asyncio.gather(*(store.add_usage("o", "requests", 1, now) for _ in range(5)))
-                await until_replicated(old)
+                await until_replicated(old, new)
 
                 # The failover: the replica is promoted, the endpoint moves to it, the old
                 # primary becomes its replica and keeps its clients' connections.
