@@ -407,9 +407,12 @@ class RedisWithSentinels:
             ):
                 return False
         with self._client(self.node(port)) as client:
-            # WAIT: the master's writes so far reached a replica (within 100 ms, else the
-            # next poll asks again; 0 would wait for ever).
-            return bool(client.info("replication")["connected_slaves"]) and client.wait(1, 100) >= 1
+            # The master's writes so far reached a replica: a replica has acknowledged the
+            # master's offset. (Not WAIT: it waits for the writes of the connection that
+            # sends it, and this one made none, so it answers at once.)
+            state = client.info("replication")
+            acked = [state[f"slave{i}"].get("offset", -1) for i in range(state["connected_slaves"])]
+            return any(offset >= state["master_repl_offset"] for offset in acked)
 
     def wait_settled(self) -> None:
         """Until ``_settled``; fails after ``SETTLE_S``."""
