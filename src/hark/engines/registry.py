@@ -181,6 +181,21 @@ def _piper_tts(settings: Settings) -> TtsEngine:
         ) from exc
 
 
+def _hibari_tts(settings: Settings) -> TtsEngine:
+    from hark.engines.tts.hibari import HibariTts
+
+    try:
+        return HibariTts(voice=settings.tts_model)
+    except RuntimeError as exc:
+        # An optional extra, like Piper (though Apache-2.0: the core stays lean).
+        raise EngineUnavailableError(
+            f"{exc}, or pip install 'hark[hibari]'; --tts openai or --engines fake run without it"
+        ) from exc
+    except ValueError as exc:
+        # A voice hibari does not know (its message lists those it does).
+        raise EngineUnavailableError(str(exc)) from exc
+
+
 def _openai_tts(settings: Settings) -> TtsEngine:
     from hark.engines.tts.openai import DEFAULT_MODEL, OpenAITts
 
@@ -222,6 +237,7 @@ LLM_ENGINES: dict[str, Callable[[Settings], LlmEngine]] = {
 }
 TTS_ENGINES: dict[str, Callable[[Settings], TtsEngine]] = {
     "piper": _piper_tts,
+    "hibari": _hibari_tts,
     REMOTE_ENGINE: _openai_tts,
     "fake": _fake_tts,
 }

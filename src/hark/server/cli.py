@@ -109,7 +109,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--tts-model",
         default=None,
         metavar="PATH|NAME",
-        help="piper: a voice's .onnx path; openai: the model's name (default tts-1)",
+        help=(
+            "piper: a voice's .onnx path; hibari: a voice on this machine (default heart);"
+            " openai: the model's name (default tts-1)"
+        ),
     )
     parser.add_argument(
         "--tts-url",

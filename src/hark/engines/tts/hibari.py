@@ -1,0 +1,155 @@
+"""hibari text-to-speech (a small acoustic model through ONNX Runtime), one sentence at a time.
+
+hibari (``hibari-tts``, Apache-2.0) is the permissively licensed alternative to Piper: its
+phonemes come from a lexicon and a small network of its own rather than from espeak-ng, so
+an image built with it holds no GPL code. It is the optional ``hibari`` extra of hark. Its one
+bundled voice, ``heart`` (American English, 24 kHz), is the default; the package fetches
+other voices from the network on first use, which this engine never lets it do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import threading
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+from hark.engines.scheduler import DueFirstScheduler
+from hark.protocol.session_config import OPENAI_VOICES
+
+if TYPE_CHECKING:
+    from hibari import Hibari
+
+_NOT_INSTALLED = (
+    "hibari is not installed: install hark with the 'hibari' extra (uv sync --extra hibari)"
+)
+DEFAULT_VOICE = "heart"
+# hibari's sentences peak at 0.2-0.45 of full scale (0.31 typical): twice that is about as
+# loud as Piper's, which scales each sentence to 0.9, and leaves resampling its headroom.
+_GAIN = 2.0
+
+
+def local_voice_path(voice: str) -> str:
+    """The ONNX file of hibari voice ``voice``: the bundled one, or one already in hibari's
+    cache (``HIBARI_HOME``); never downloaded. Raises ``FileNotFoundError`` for a voice not
+    on this machine and ``ValueError`` for a name hibari does not know."""
+    try:
+        from hibari.voices import cache_dir, voice_path
+    except ImportError as error:
+        raise RuntimeError(_NOT_INSTALLED) from error
+    try:
+        path: str = voice_path(voice, download_missing=False)
+    except FileNotFoundError as error:
+        raise FileNotFoundError(
+            f"hibari voice {voice!r} is not on this machine and hark does not download voices:"
+            f" put its file in {cache_dir()} (HIBARI_HOME) or use the bundled {DEFAULT_VOICE!r}"
+        ) from error
+    return path
+
+
+class HibariTts:
+    """Speaks text with a hibari voice on the CPU; yields one int16 chunk per sentence.
+
+    ``voice`` is a hibari voice present on this machine (``heart``, bundled, when omitted; a
+    voice of hibari's catalogue copied into its cache beforehand also works); ``threads``
+    caps ONNX Runtime's threads per synthesis, one as for Piper. Sentences of all sessions
+    are rendered on ``workers`` threads (by default half the cores), the one whose listener
+    would run out of audio first (``slack_s``) first. The model loads on ``warmup`` or on
+    first use.
+
+    Voices: the one voice's name; OpenAI's ten names and any other name speak with it.
+    """
+
+    def __init__(
+        self, voice: str | None = None, threads: int = 1, workers: int | None = None
+    ) -> None:
+        try:
+            from hibari import SAMPLE_RATE
+        except ImportError as error:
+            raise RuntimeError(_NOT_INSTALLED) from error
+        self.voice_name = voice or DEFAULT_VOICE
+        # Checked now, so that a voice not on the machine fails at start, not on a call.
+        self._model_path = local_voice_path(self.voice_name)
+        self.sample_rate: int = SAMPLE_RATE
+        self._threads = threads
+        self._model: Hibari | None = None
+        self._load_lock = threading.Lock()
+        # A sentence is one model call of tens of milliseconds holding a core: due first, a
+        # reply's first words overtake sentences still to play.
+        self._queue = DueFirstScheduler(
+            workers or max(1, (os.cpu_count() or 2) // 2), name="hark-hibari"
+        )
+
+    def installed_voices(self) -> tuple[str, ...]:
+        """The one voice this engine speaks with."""
+        return (self.voice_name,)
+
+    def voice_map(self) -> dict[str, str]:
+        """Each of OpenAI's voice names, all spoken by the one voice."""
+        return dict.fromkeys(OPENAI_VOICES, self.voice_name)
+
+    def _load(self) -> Hibari:
+        # Several sessions may ask at once; the model, lexicons and tagger load only once.
+        with self._load_lock:
+            if self._model is None:
+                from hibari import Hibari
+
+                model = Hibari(voice=self.voice_name, model=self._model_path, threads=self._threads)
+                # The G2P and its network for words outside the lexicon load lazily, and not
+                # under a lock: loaded here, no sentence pays for them or loads them twice.
+                _ = model.g2p.oov
+                self._model = model
+            return self._model
+
+    def _render(
+        self, model: Hibari, sentence: str, speed: float, rng: np.random.Generator
+    ) -> npt.NDArray[np.int16]:
+        # A sentence beyond the model's 400 phonemes comes back in clause-sized parts.
+        parts = [
+            model.from_ids(model.ids(phonemes), speed, rng)
+            for phonemes in model.phonemize(sentence)
+        ]
+        if not parts:
+            return np.zeros(0, np.int16)
+        audio = np.concatenate(parts) * _GAIN
+        pcm: npt.NDArray[np.int16] = np.rint(np.clip(audio, -1.0, 1.0) * 32767).astype(np.int16)
+        return pcm
+
+    async def synthesize(
+        self, text: str, *, voice: str | None = None, speed: float = 1.0, slack_s: float = 0.0
+    ) -> AsyncIterator[npt.NDArray[np.int16]]:
+        """Speak ``text``; yields one int16 chunk per sentence at ``sample_rate``.
+
+        ``voice`` changes nothing: there is one. ``speed`` above 1 speaks faster.
+        ``slack_s``: how long the listener has audio for before this (see
+        :class:`hark.engines.tts.TtsEngine`); each later sentence is due when the ones
+        before it will have played. Cancelling stops before the next sentence (the one
+        being rendered, some tens of milliseconds of work, completes unseen).
+        """
+        if not text.strip():
+            return
+        if speed <= 0:
+            raise ValueError(f"speed must be positive, got {speed}")
+        model = self._model if self._model is not None else await asyncio.to_thread(self._load)
+        # One generator per reply (hibari draws its noise from it): generators are not
+        # shared between threads.
+        rng = np.random.default_rng()
+        due = time.monotonic() + max(0.0, slack_s)
+        for sentence in model.split_sentences(text):
+            audio = await self._queue.run(
+                due, functools.partial(self._render, model, sentence, speed, rng)
+            )
+            due += audio.size / self.sample_rate
+            if audio.size:
+                yield audio
+
+    async def warmup(self) -> None:
+        """Load the voice and speak once, so that the first real request is fast."""
+        async for _ in self.synthesize("Hello."):
+            pass
