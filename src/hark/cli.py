@@ -63,6 +63,7 @@ BENCHES = (
         "hark.bench.sip",
     ),
     ("startup", "how long each hark command takes from exec until it serves", "hark.bench.startup"),
+    ("tts", "how well Whisper hears each TTS engine, and its speed", "hark.bench.tts"),
     ("turns", "false cut-offs and dead air of turn detection", "hark.bench.turns"),
     ("vad", "VAD cost per session-chunk, unbatched and batched", "hark.bench.vad"),
     ("webrtc", "WebRTC call setup time and calls per core", "hark.bench.webrtc"),
