@@ -10,7 +10,7 @@ import asyncio
 import json
 import re
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from typing import Any, Literal
 
@@ -34,8 +34,9 @@ class FakeAsr:
     """Hears the same ``transcript`` in any audio, silence and empty buffers included.
 
     Timed, the transcript's words share the audio evenly, one segment per sentence; the
-    language is the one asked for, else ``en``. Recognised, every window holds the whole
-    transcript so timed, each word certain (probability 1).
+    language is the one asked for, else ``en`` (where detection is held to languages without
+    ``en``, the first of them). Recognised, every window holds the whole transcript so timed,
+    each word certain (probability 1).
     """
 
     sample_rate = 16000
@@ -94,13 +95,25 @@ class FakeAsr:
 
     async def recognise(self, request: RecognitionRequest) -> TimedTranscript:
         """What ``transcribe_timed`` hears in the window, with word times, each word certain."""
+        language = request.language or _detected(request.languages)
         timed = await self.transcribe_timed(
-            request.audio, language=request.language, prompt=request.prompt, words=True
+            request.audio, language=language, prompt=request.prompt, words=True
         )
         return replace(timed, words=tuple(replace(w, probability=1.0) for w in timed.words))
 
+    async def detect_language(
+        self, audio: npt.NDArray[np.float32], *, languages: Sequence[str] = ()
+    ) -> str | None:
+        """``en``, or the first of ``languages`` when they leave it out."""
+        return _detected(languages)
+
     async def warmup(self) -> None:
         """Nothing to load."""
+
+
+def _detected(languages: Sequence[str]) -> str:
+    codes = [code.split("-")[0].lower() for code in languages]
+    return "en" if not codes or "en" in codes else codes[0]
 
 
 class FakeLlm:

@@ -36,12 +36,15 @@ class Transcribe:
     ``on_transcription_*(request_id, …)``.
 
     ``request_id`` is the user item's id, or a key of the core's own for speculative work.
+    With ``language`` ``None`` the language is detected first (``AsrEngine.detect_language``),
+    held to ``languages`` when there are any, and the transcript is made in it.
     """
 
     request_id: str
     audio: npt.NDArray[np.float32]
     language: str | None
     prompt: str | None
+    languages: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

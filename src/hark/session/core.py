@@ -542,11 +542,17 @@ class Session:
             self._recognition.delta(request_id, delta)
 
     def on_transcription_done(
-        self, request_id: str, transcript: str, audio_seconds: float, *, now: float
+        self,
+        request_id: str,
+        transcript: str,
+        audio_seconds: float,
+        language: str | None = None,
+        *,
+        now: float,
     ) -> None:
-        """A whole transcript."""
+        """A whole transcript, and the language the engine heard it in (when it said)."""
         if self._at(now):
-            self._recognition.done(request_id, transcript, audio_seconds)
+            self._recognition.done(request_id, transcript, audio_seconds, language)
 
     def on_recognised(self, request_id: str, transcript: TimedTranscript, *, now: float) -> None:
         """A step of incremental recognition (``Recognise``) heard ``transcript``."""

@@ -232,6 +232,7 @@ class Recognition:
                 audio=self._audio(pcm, rate),
                 language=_language(transcription),
                 prompt=_hints(transcription),
+                languages=_allowed(transcription),
             )
         )
 
@@ -373,6 +374,7 @@ class Recognition:
                     prompt=" ".join(c for c in context if c) or None,
                     language=_language(transcription),
                     urgency=urgency,
+                    languages=_allowed(transcription),
                 ),
             )
         )
@@ -556,19 +558,28 @@ class Recognition:
                 )
             )
 
-    def done(self, request_id: str, transcript: str, audio_seconds: float) -> None:
-        """A whole item's transcript."""
+    def done(
+        self, request_id: str, transcript: str, audio_seconds: float, language: str | None = None
+    ) -> None:
+        """A whole item's transcript, and the language the engine heard it in if it said."""
         request = self._requests.pop(request_id, None)
         if request is None or request[1].heard is not None:
             return
         entry, part = request
-        self._heard(entry, part, transcript, audio_seconds)
+        self._heard(entry, part, transcript, audio_seconds, language)
 
-    def _heard(self, entry: Entry, part: Part, transcript: str, seconds: float) -> None:
+    def _heard(
+        self,
+        entry: Entry,
+        part: Part,
+        transcript: str,
+        seconds: float,
+        language: str | None = None,
+    ) -> None:
         """A whole item's words: the client hears of those of an item of the conversation;
         a response's own ``input`` only has them."""
         if self._in_conversation(entry):
-            self._transcribed(entry, part, transcript, seconds)
+            self._transcribed(entry, part, transcript, seconds, heard_in=language)
         else:
             part.heard = transcript
             self._on_heard()
@@ -665,6 +676,14 @@ def _language(transcription: Transcription | None) -> str | None:
         return transcription.language
     languages = transcription.languages or []
     return languages[0] if len(languages) == 1 else None
+
+
+def _allowed(transcription: Transcription | None) -> tuple[str, ...]:
+    """The languages the engine may tell between, when the session fixes none: those of
+    ``languages`` (several; none means any)."""
+    if transcription is None or _language(transcription) is not None:
+        return ()
+    return tuple(transcription.languages or ())
 
 
 def _hints(transcription: Transcription | None) -> str | None:

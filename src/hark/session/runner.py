@@ -684,10 +684,17 @@ class SessionRunner:
 
     async def _run_transcription(self, action: Transcribe, seconds: float) -> None:
         text = ""
+        heard: str | None = None
         try:
             async with limit(self.engines.timeouts.asr_request, "ASR request"):
+                if action.language is None:
+                    # Told first, so that the transcript is made in a language the session
+                    # allows, and the client hears which.
+                    heard = await self.engines.asr.detect_language(
+                        action.audio, languages=action.languages
+                    )
                 async for delta in self.engines.asr.transcribe(
-                    action.audio, language=action.language, prompt=action.prompt
+                    action.audio, language=action.language or heard, prompt=action.prompt
                 ):
                     text += delta
                     self._call(self.session.on_transcription_delta, action.request_id, delta)
@@ -699,7 +706,9 @@ class SessionRunner:
             self._call(self.session.on_transcription_failed, action.request_id, message)
             return
         self._recognitions.pop(action.request_id, None)
-        self._call(self.session.on_transcription_done, action.request_id, text.strip(), seconds)
+        self._call(
+            self.session.on_transcription_done, action.request_id, text.strip(), seconds, heard
+        )
 
     def _recognise(self, action: Recognise) -> None:
         task: asyncio.Task[None] = asyncio.create_task(

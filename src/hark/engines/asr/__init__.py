@@ -10,7 +10,7 @@ engine's scheduler in the order of its ``Urgency``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Protocol
@@ -95,13 +95,15 @@ class RecognitionRequest:
     ``audio``: mono float32 at the engine's ``sample_rate``, at most 30 s. ``prompt``: the
     text said before this audio (words already committed, after any prompt of the
     client's), which the decoder continues from. ``language``: an ISO-639-1 code, or
-    ``None`` to let the engine tell.
+    ``None`` to let the engine tell; ``languages``: with ``language`` ``None``, the codes the
+    engine may tell (the most probable of them is heard), any when empty.
     """
 
     audio: npt.NDArray[np.float32]
     prompt: str | None = None
     language: str | None = None
     urgency: Urgency = Urgency.ANSWER
+    languages: tuple[str, ...] = ()
 
 
 class AsrEngine(Protocol):
@@ -148,6 +150,17 @@ class AsrEngine(Protocol):
         Runs when the engine's scheduler reaches it by ``request.urgency``; cancelling the
         awaiting task drops the request if it still waits and abandons it if it runs. A
         ``ValueError`` refuses audio or a language the engine cannot take.
+        """
+        ...
+
+    async def detect_language(
+        self, audio: npt.NDArray[np.float32], *, languages: Sequence[str] = ()
+    ) -> str | None:
+        """The language spoken in mono float32 audio at ``sample_rate`` (its first 30 s):
+        the most probable of ``languages`` (ISO-639-1 codes; any the engine knows when
+        empty), as an ISO-639-1 code. ``None`` when the engine cannot tell before it
+        transcribes (then ``transcribe`` with no language detects it as it can), or hears no
+        speech. A ``ValueError`` refuses audio or a language the engine cannot take.
         """
         ...
 

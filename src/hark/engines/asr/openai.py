@@ -176,6 +176,13 @@ class OpenAIAsr:
             request.audio, language=request.language, prompt=request.prompt, words=True
         )
 
+    async def detect_language(
+        self, audio: npt.NDArray[np.float32], *, languages: Sequence[str] = ()
+    ) -> str | None:
+        """``None``: the transcription API tells the language only with a transcript, and
+        takes one ``language``, so detection among several cannot be held to them."""
+        return None
+
     def _fields(self, language: str | None, prompt: str, response_format: str) -> list[Field]:
         fields: list[Field] = [("model", self.model), ("response_format", response_format)]
         if language:

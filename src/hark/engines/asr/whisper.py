@@ -111,6 +111,8 @@ class _Window:
     language: str | None
     prompt: str | None
     words: bool
+    # With no language: the codes detection may choose from (any when empty).
+    languages: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)
@@ -170,7 +172,10 @@ class WhisperAsr:
 
     ``language`` of ``transcribe`` is an ISO-639-1 code (``"en"``, ``"en-US"``); ``None``
     detects it on multilingual models. An English-only model transcribes other languages
-    as English, as faster-whisper does, with a warning.
+    as English, as faster-whisper does, with a warning. Detection held to a set of languages
+    (``detect_language``, ``RecognitionRequest.languages``) takes the most probable of them
+    in Whisper's own language probabilities; an English-only model hears English whatever
+    the set.
     """
 
     sample_rate: int = SAMPLE_RATE
@@ -273,11 +278,12 @@ class WhisperAsr:
         duration = samples.size / SAMPLE_RATE
         loaded = await self._model(request.urgency)
         language = self._checked_language(loaded, request.language)
+        allowed = self._checked_languages(loaded, request.languages)
         if not _has_sound(samples):
             return TimedTranscript(segments=(), language=language, duration=duration)
         kept = _kept_frames(samples)
         heard = samples if kept is None else _compacted(samples, kept)
-        window = _Window(heard, language, request.prompt, words=True)
+        window = _Window(heard, language, request.prompt, words=True, languages=allowed)
         decoded = await self._decode(window, request.urgency)
         text = decoded.text.strip()
         if not decoded.tokens or not text:
@@ -305,6 +311,37 @@ class WhisperAsr:
         return TimedTranscript(
             segments=(segment,), language=decoded.language, duration=duration, words=timed
         )
+
+    async def detect_language(
+        self, audio: npt.NDArray[np.float32], *, languages: Sequence[str] = ()
+    ) -> str | None:
+        """The most probable of ``languages`` (any Whisper knows when empty) in the first
+        30 s of mono float32 16 kHz audio, from the encoder's output of those seconds alone
+        (the trimmed window, as ``transcribe`` encodes them) and Whisper's language token
+        probabilities. ``en`` on an English-only model, which runs nothing; ``None`` for
+        audio with no sound. Raises ``ValueError`` as ``transcribe`` does, or for a code
+        Whisper does not know.
+        """
+        samples = _checked_audio(audio)
+        loaded = await self._model(Urgency.ANSWER)
+        allowed = self._checked_languages(loaded, languages)
+        if not loaded.model.model.is_multilingual:
+            return "en"
+        head = samples[:WINDOW_SAMPLES]
+        if not _has_sound(head):
+            return None
+        return await self._call(
+            lambda: self._detect(loaded, _compact_silences(head), allowed), Urgency.ANSWER
+        )
+
+    def _detect(
+        self, loaded: _Loaded, samples: npt.NDArray[np.float32], allowed: tuple[str, ...]
+    ) -> str:
+        import ctranslate2
+
+        memory, _ = _encode_windows(loaded, [samples])
+        (ranked,) = loaded.model.model.detect_language(ctranslate2.StorageView.from_array(memory))
+        return _most_probable(ranked, allowed)
 
     async def _model(self, urgency: Urgency) -> _Loaded:
         # Loading is model work too, but once loaded a request queues its own work at once.
@@ -385,6 +422,14 @@ class WhisperAsr:
             return "en"
         return code
 
+    def _checked_languages(self, loaded: _Loaded, languages: Sequence[str]) -> tuple[str, ...]:
+        """The codes of ``languages`` as Whisper names them (each checked as ``language``
+        is); none on an English-only model, which can hear only English."""
+        codes = tuple(dict.fromkeys(self._checked_language(loaded, code) for code in languages))
+        if not loaded.model.model.is_multilingual:
+            return ()
+        return cast(tuple[str, ...], codes)
+
     def _decode_windows(self, loaded: _Loaded, windows: Sequence[_Window]) -> list[_Decoded]:
         """Encode the windows in one batch, then decode each group of equal prompt length
         in one batch, and align the words of those that asked for them."""
@@ -398,8 +443,7 @@ class WhisperAsr:
         if unknown:
             found = whisper.detect_language(ctranslate2.StorageView.from_array(memory[unknown]))
             for index, ranked in zip(unknown, found, strict=True):
-                # The top language token, e.g. "<|de|>".
-                languages[index] = ranked[0][0][2:-2]
+                languages[index] = _most_probable(ranked, windows[index].languages)
         tokenizers = {
             language: Tokenizer(
                 loaded.model.hf_tokenizer, whisper.is_multilingual, "transcribe", language
@@ -572,6 +616,13 @@ class WhisperAsr:
             initial_prompt=prompt.strip() if prompt and prompt.strip() else None,
         )
         return iter(segments), info.language
+
+
+def _most_probable(ranked: Sequence[tuple[str, float]], allowed: tuple[str, ...]) -> str:
+    """The first language of ``ranked`` (Whisper's language tokens, e.g. ``"<|de|>"``, most
+    probable first) that ``allowed`` holds, or the very first when ``allowed`` is empty."""
+    codes = [token[2:-2] for token, _ in ranked]
+    return next((code for code in codes if not allowed or code in allowed), codes[0])
 
 
 def _within(seconds: float, duration: float) -> float:
