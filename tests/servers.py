@@ -133,6 +133,22 @@ class HarkProcess:
         self.stop()
 
 
+# Stage timeouts for a server on the embedded models in tests. The defaults are for engines
+# that stalled; the embedded models on a starved test machine are only slow (a first token
+# took 19 s, and once more than 30 s, in a fresh-clone run beside a CPU hog), and the tests
+# are about what comes, not when.
+PATIENT = [
+    "--llm-first-token-timeout",
+    "300",
+    "--llm-token-timeout",
+    "120",
+    "--tts-clause-timeout",
+    "300",
+    "--asr-timeout",
+    "300",
+]
+
+
 @contextlib.contextmanager
 def hark_serve(
     args: list[str],

@@ -13,7 +13,7 @@ import pytest
 from playwright.async_api import Browser, async_playwright
 
 from tests.e2e.conftest import artifact, speech
-from tests.servers import hark_serve
+from tests.servers import PATIENT, hark_serve
 
 API_KEY = "sk-hark-browser-test-key"
 CHROMIUM = Path("/usr/bin/chromium")
@@ -38,7 +38,7 @@ class HarkServer:
 def hark_server() -> Iterator[HarkServer]:
     """`hark serve --demo` on the embedded models with one API key, ready before use."""
     log = artifact("browser-server.log")
-    with hark_serve(["--demo"], log, env={"HARK_API_KEYS": API_KEY}) as port:
+    with hark_serve(["--demo", *PATIENT], log, env={"HARK_API_KEYS": API_KEY}) as port:
         yield HarkServer(f"http://127.0.0.1:{port}", log)
 
 

@@ -16,7 +16,7 @@ import numpy.typing as npt
 import pytest
 from openai import AsyncOpenAI
 
-from tests.servers import hark_serve
+from tests.servers import PATIENT, hark_serve
 from tests.speech import spoken
 
 API_KEY = "sk-hark-e2e-test-key"
@@ -57,7 +57,7 @@ class Server:
 def server() -> Iterator[Server]:
     """`hark serve` with the embedded models, ready (``/readyz`` 200) before tests use it."""
     log = artifact("e2e-server.log")
-    with hark_serve([], log, env={"HARK_API_KEYS": API_KEY}) as port:
+    with hark_serve(PATIENT, log, env={"HARK_API_KEYS": API_KEY}) as port:
         yield Server("127.0.0.1", port, log)
 
 
