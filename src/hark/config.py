@@ -643,6 +643,20 @@ def _validate_sip_exposure(values: dict[str, Any]) -> None:
         values["sip_trunks"] = parse_trunks(values.get("sip_trunks"))
     except TrunkError as exc:
         raise ConfigError(str(exc)) from None
+    for trunk in values["sip_trunks"]:
+        if not trunk.needs_certificate:
+            continue
+        if values.get("sip_tls_port") is None:
+            raise ConfigError(
+                f"sip trunk {trunk.name!r} asks for a TLS client certificate: it needs "
+                "sip_tls_port (with sip_tls_cert and sip_tls_key)"
+            )
+        if not trunk.client_ca and not values.get("sip_tls_client_ca"):
+            raise ConfigError(
+                f"sip trunk {trunk.name!r}: tls_client_names and tls_client_fingerprints need "
+                "a CA to verify the certificate first: tls_client_ca on the trunk (a "
+                "self-signed certificate is its own CA) or sip_tls_client_ca"
+            )
     host = values.get("host", _DEFAULTS.host)
     sip_host = values.get("sip_host") or host
     if not values["sip"] or is_loopback_host(sip_host) or values["sip_trunks"]:

@@ -245,9 +245,19 @@ def _sip_service(
             ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             ssl_context.load_cert_chain(settings.sip_tls_cert, settings.sip_tls_key)
             if settings.sip_tls_client_ca:
-                # Mutual TLS: a trunk's SBC proves itself with a certificate this CA signed.
+                # Mutual TLS: every peer proves itself with a certificate this CA signed.
                 ssl_context.load_verify_locations(settings.sip_tls_client_ca)
                 ssl_context.verify_mode = ssl.CERT_REQUIRED
+            trunk_cas = sorted({t.client_ca for t in settings.sip_trunks if t.client_ca})
+            for path in trunk_cas:
+                ssl_context.load_verify_locations(path)
+            if not settings.sip_tls_client_ca and any(
+                t.needs_certificate for t in settings.sip_trunks
+            ):
+                # A certificate is asked of every peer and verified against every CA above;
+                # which trunk it opens is decided per request (trunk.py), so a peer without
+                # one still connects and is refused with a SIP 403, as other refusals are.
+                ssl_context.verify_mode = ssl.CERT_OPTIONAL
         except (OSError, ssl.SSLError) as exc:
             state.sip_error = f"cannot load the SIP TLS certificate, key or client CA: {exc}"
             logger.error("SIP over TLS is unavailable: %s", state.sip_error)

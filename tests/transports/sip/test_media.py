@@ -611,25 +611,46 @@ async def test_mutated_rtp_and_rtcp_are_counted_and_never_raise(
     await until(lambda: len(phone.rtp) >= count + 5 and caller.samples > samples)
 
 
+@pytest.mark.parametrize(
+    ("suite", "profile", "tag_bytes"),
+    [
+        ("AES_CM_128_HMAC_SHA1_80", pylibsrtp.Policy.SRTP_PROFILE_AES128_CM_SHA1_80, 10),
+        # Trunks offer the short tag too (Twilio takes both); baresip offers only _80.
+        ("AES_CM_128_HMAC_SHA1_32", pylibsrtp.Policy.SRTP_PROFILE_AES128_CM_SHA1_32, 4),
+    ],
+)
 async def test_sdes_srtp_over_tls_both_ways_and_nothing_in_clear(
-    phones: Callable[..., asyncio.Future[Phone]], strict: RtpSession
+    phones: Callable[..., asyncio.Future[Phone]],
+    strict: RtpSession,
+    suite: str,
+    profile: int,
+    tag_bytes: int,
 ) -> None:
     phone = await phones()
     phone_key = bytes(range(30))
-    crypto = f"a=crypto:1 AES_CM_128_HMAC_SHA1_80 inline:{base64.b64encode(phone_key).decode()}"
-    offer = phone.offer(crypto).replace("RTP/AVP", "RTP/SAVP")
+    inline = base64.b64encode(phone_key).decode()
+    # A suite hark does not take, listed first, is passed over for the next line.
+    offered = (
+        f"a=crypto:1 AEAD_AES_256_GCM inline:{inline}",
+        f"a=crypto:2 {suite} inline:{inline}",
+    )
+    offer = phone.offer(*offered).replace("RTP/AVP", "RTP/SAVP")
     # Keys in clear SIP are no secret: refused unless the INVITE came over TLS.
     with pytest.raises(SdpError, match="only over SIP over TLS"):
         strict.negotiate(offer, HOST)
     answer = strict.negotiate(offer, HOST, secure=True)
     assert "m=audio" in answer and "RTP/SAVP" in answer
-    line = next(x for x in answer.splitlines() if x.startswith("a=crypto:"))
-    tag, suite, inline = line.removeprefix("a=crypto:").split()
-    assert (tag, suite) == ("1", "AES_CM_128_HMAC_SHA1_80")
-    hark_key = base64.b64decode(inline.removeprefix("inline:"))
+    (line,) = [x for x in answer.splitlines() if x.startswith("a=crypto:")]
+    tag, chosen, answered = line.removeprefix("a=crypto:").split()
+    assert (tag, chosen) == ("2", suite)
+    hark_key = base64.b64decode(answered.removeprefix("inline:"))
     assert len(hark_key) == 30 and hark_key != phone_key
-    outbound = pylibsrtp.Policy(key=phone_key, ssrc_type=pylibsrtp.Policy.SSRC_ANY_OUTBOUND)
-    inbound = pylibsrtp.Policy(key=hark_key, ssrc_type=pylibsrtp.Policy.SSRC_ANY_INBOUND)
+    outbound = pylibsrtp.Policy(
+        key=phone_key, ssrc_type=pylibsrtp.Policy.SSRC_ANY_OUTBOUND, srtp_profile=profile
+    )
+    inbound = pylibsrtp.Policy(
+        key=hark_key, ssrc_type=pylibsrtp.Policy.SSRC_ANY_INBOUND, srtp_profile=profile
+    )
     to_hark, from_hark = pylibsrtp.Session(outbound), pylibsrtp.Session(inbound)
     caller = Caller()
     caller.start(strict)
@@ -655,6 +676,8 @@ async def test_sdes_srtp_over_tls_both_ways_and_nothing_in_clear(
     assert all(p.payload != ULAW_SILENCE for p in sealed)
     clear = RtpPacket.parse(from_hark.unprotect(sealed[-1].pack()))
     assert clear.payload == ULAW_SILENCE
+    # The suite's authentication tag: 80 bits or 32.
+    assert len(sealed[-1].pack()) == len(clear.pack()) + tag_bytes
     # A re-offer may not drop to plain RTP.
     with pytest.raises(SdpError, match="fall back"):
         strict.negotiate(phone.offer(), HOST, secure=True)

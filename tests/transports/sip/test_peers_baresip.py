@@ -20,6 +20,7 @@ from tests.e2e.conftest import transcribe, words
 from tests.servers import HarkProcess
 from tests.speech import RATE, spoken
 from tests.transports.sip.conftest import SipServer, free_sip_port, sip_serve, sip_server_args
+from tests.transports.sip.test_trunk_certificates import SBC, Authority
 from tests.transports.sip.test_user_agent import _self_signed
 
 pytestmark = [pytest.mark.slow, pytest.mark.realtime]
@@ -32,13 +33,15 @@ AUDIBLE_RMS = 200.0
 @dataclass
 class Softphone:
     """A baresip configured in its own directory: one account (with a digest password, if
-    given; over TLS with mandatory SDES-SRTP when given the server's CA), PCMU/PCMA, a WAV
-    file as the microphone, ALSA's null device as the speaker, and sndfile recording both
-    directions."""
+    given; over TLS with mandatory SDES-SRTP when given the server's CA, presenting
+    ``certificate``, a PEM of a client certificate and its key, when given), PCMU/PCMA, a
+    WAV file as the microphone, ALSA's null device as the speaker, and sndfile recording
+    both directions."""
 
     home: Path
     password: str | None = None
     tls_ca: Path | None = None
+    certificate: Path | None = None
 
     def configure(self, microphone: npt.NDArray[np.int16]) -> None:
         """Write the configuration, the account and the microphone's WAV (8 kHz)."""
@@ -56,6 +59,7 @@ class Softphone:
                     "sip_listen 127.0.0.1:0",
                     "sip_transports udp" + (",tls" if self.tls_ca else ""),
                     *([f"sip_cafile {self.tls_ca}", "module srtp.so"] if self.tls_ca else []),
+                    *([f"sip_certificate {self.certificate}"] if self.certificate else []),
                     "audio_player alsa,null",
                     "audio_alert alsa,null",
                     f"audio_source aufile,{self.home / 'microphone.wav'}",
@@ -173,6 +177,31 @@ async def test_a_softphone_over_tls_talks_srtp_and_hears_the_reply(tmp_path: Pat
         phone = Softphone(tmp_path / "baresip", tls_ca=cert)
         phone.configure(question(QUESTION, silence_after_s=10))
         output = await phone.call(f"sip:hark@127.0.0.1:{tls_port};transport=tls", seconds=9)
+        assert "Call established" in output, output[-3000:]
+        assert audible_seconds(phone.heard()) >= 1.5, output[-3000:]
+        assert server.alive()
+
+
+async def test_a_softphone_with_its_trunks_certificate_is_answered(tmp_path: Path) -> None:
+    (tmp_path / "server").mkdir()
+    cert, key = _self_signed(tmp_path / "server")
+    ca = Authority.make(tmp_path, "carrier-ca")
+    trunk = {"name": "carrier", "tls_client_ca": str(ca.path), "tls_client_names": [SBC]}
+    tls_port = free_sip_port()
+    tls = ("--sip-tls-port", str(tls_port), "--sip-tls-cert", str(cert), "--sip-tls-key", str(key))
+    env = {"HARK_SIP_TRUNKS": json.dumps([trunk])}
+    with sip_serve(tmp_path / "hark.log", *tls, env=env) as server:
+        uri = f"sip:hark@127.0.0.1:{tls_port};transport=tls"
+        stranger = Softphone(tmp_path / "stranger", tls_ca=cert)
+        stranger.configure(question(QUESTION, silence_after_s=3))
+        output = await stranger.call(uri, seconds=3)
+        assert "Call established" not in output, output[-3000:]
+        assert "without a client certificate" in server.log()
+        phone = Softphone(
+            tmp_path / "baresip", tls_ca=cert, certificate=ca.issue(tmp_path, dns=(SBC,))
+        )
+        phone.configure(question(QUESTION, silence_after_s=10))
+        output = await phone.call(uri, seconds=9)
         assert "Call established" in output, output[-3000:]
         assert audible_seconds(phone.heard()) >= 1.5, output[-3000:]
         assert server.alive()

@@ -9,8 +9,10 @@ dialled numbers (it dials none), and is answered only once admitted. In order:
    ``burst``; beyond it the INVITE is answered 503 with ``Retry-After`` (Kamailio's
    ``pike``). The buckets of at most ``MAX_SOURCES`` addresses are kept, the least recently
    seen dropped first.
-2. **Trunks** (``trunk.py``), when any are configured: a source no trunk covers gets 403; a
-   trunk that covers it without credentials admits it; one with credentials challenges it
+2. **Trunks** (``trunk.py``), when any are configured: a source no trunk covers gets 403,
+   and so does one whose trunks all require a TLS client certificate the request did not
+   come with (``client_certificate.py``); a trunk that covers it without credentials
+   admits it; one with credentials challenges it
    (401, ``digest.py``) and admits it once it answers with that trunk's username and
    password. Wrong credentials get 403; a stale nonce a fresh challenge. Only then are the
    dialled numbers checked (403 when the trunk may not call them), so that a stranger
@@ -28,6 +30,7 @@ import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from hark.transports.sip.client_certificate import ClientCertificate
 from hark.transports.sip.digest import DigestAuthenticator
 from hark.transports.sip.message import Request, SipParseError, SipUri
 from hark.transports.sip.trunk import InboundTrunk
@@ -74,8 +77,16 @@ class InviteAdmission:
         self.digest = digest if digest is not None else DigestAuthenticator()
         self._buckets: OrderedDict[str, _Bucket] = OrderedDict()
 
-    def check(self, request: Request, source_ip: str, now: float) -> Verdict:
-        """The verdict on a new INVITE (or another out-of-dialog request) from ``source_ip``."""
+    def check(
+        self,
+        request: Request,
+        source_ip: str,
+        now: float,
+        certificate: ClientCertificate | None = None,
+    ) -> Verdict:
+        """The verdict on a new INVITE (or another out-of-dialog request) from ``source_ip``,
+        over a TLS connection whose peer proved itself with ``certificate`` (None: none, or
+        not over TLS)."""
         wait = self._take(source_ip, now)
         if wait is not None:
             retry = str(max(1, math.ceil(wait)))
@@ -87,6 +98,12 @@ class InviteAdmission:
         covering = [t for t in self.trunks if t.covers(source_ip)]
         if not covering:
             return Verdict(403, reason="no trunk takes calls from this address")
+        covering = [t for t in covering if t.accepts(certificate)]
+        if not covering:
+            what = (
+                "without a client certificate" if certificate is None else "with this certificate"
+            )
+            return Verdict(403, reason=f"no trunk takes calls from this address {what}")
         numbers = _dialled(request) if request.method == "INVITE" else None
         open_trunks = [t for t in covering if not t.needs_digest]
         for trunk in open_trunks:

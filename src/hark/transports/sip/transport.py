@@ -19,6 +19,9 @@ after that, one on which nothing has arrived (messages or CRLF keep-alives) for
 ``IDLE_TIMEOUT`` is closed unless the user agent still uses it (``in_use``: a call or a
 transaction on it), so that one message cannot hold a slot for ever (Kamailio's
 ``tcp_connection_lifetime``).
+
+A TLS connection's client certificate, when its peer sent one (the handshake verified it),
+is read once as it opens (``peer_certificate``): the inbound trunks may ask for it.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
+from hark.transports.sip.client_certificate import ClientCertificate
 from hark.transports.sip.message import Request, SipParseError, StreamFramer, Via
 
 logger = logging.getLogger(__name__)
@@ -138,6 +142,7 @@ class _Stream(asyncio.Protocol):
         self._idle_timer: asyncio.TimerHandle | None = None
         self._heard = False
         self.flow: Flow | None = None
+        self.certificate: ClientCertificate | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's stream transports have asyncio.Transport's methods without subclassing it.
@@ -147,6 +152,12 @@ class _Stream(asyncio.Protocol):
             transport.close()
             return
         self.flow = Flow(self._protocol, (peer[0], peer[1]))
+        if self._protocol == "tls":
+            try:
+                self.certificate = ClientCertificate.of(transport.get_extra_info("ssl_object"))
+            except (ssl.SSLError, ValueError, AttributeError) as exc:
+                # Taken as no certificate: a trunk that asks for one refuses the peer.
+                logger.warning("sip: cannot read the certificate of %s: %s", peer[0], exc)
         if not self._owner.register(self):
             logger.warning("sip: too many connections, closing one from %s", peer[0])
             transport.close()
@@ -344,6 +355,12 @@ class SipTransport:
     def connected(self, flow: Flow) -> bool:
         """Whether a connection of ``flow`` is open."""
         return flow in self._connections
+
+    def peer_certificate(self, flow: Flow) -> ClientCertificate | None:
+        """The verified client certificate of a TLS flow's open connection; None for any
+        other flow, or a peer that sent none."""
+        connection = self._connections.get(flow) if flow.protocol == "tls" else None
+        return connection.certificate if connection is not None else None
 
     def send(self, flow: Flow, data: bytes) -> None:
         """Send a message: a datagram, or on the flow's connection (TCP opened if need be)."""

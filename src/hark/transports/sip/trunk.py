@@ -7,8 +7,13 @@ and whether the address in their SDP may be sent media before their RTP arrives
 (``trusted``: an SBC of a carrier that sends RTP from where it says). LiveKit's inbound
 trunks and Asterisk's ``identify`` plus ``auth`` are the model.
 
-A trunk with neither addresses nor credentials would let anyone in, so it is refused: an
-open trunk is written out as ``addresses = ["0.0.0.0/0", "::/0"]``.
+A trunk may also require the client certificate its calls arrive with over TLS
+(``client_certificate.py``): signed by its own CA (``tls_client_ca``), naming one of its
+peers (``tls_client_names``), or pinned by SHA-256 (``tls_client_fingerprints``); all that
+are given must hold, and such a trunk takes no call over UDP or TCP.
+
+A trunk with neither addresses, credentials nor a client certificate would let anyone in, so
+it is refused: an open trunk is written out as ``addresses = ["0.0.0.0/0", "::/0"]``.
 
 Trunks come from the settings as a list of tables (``[[sip_trunks]]`` in the TOML file) or
 as the same list in JSON (``HARK_SIP_TRUNKS``, ``--sip-trunks``).
@@ -22,9 +27,29 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from hark.transports.sip.client_certificate import (
+    CertificateError,
+    ClientCertificate,
+    load_authorities,
+    normalize_fingerprint,
+    normalize_name,
+)
+
 IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
-_KEYS = frozenset({"name", "addresses", "username", "password", "numbers", "trusted"})
+_KEYS = frozenset(
+    {
+        "name",
+        "addresses",
+        "username",
+        "password",
+        "numbers",
+        "trusted",
+        "tls_client_ca",
+        "tls_client_names",
+        "tls_client_fingerprints",
+    }
+)
 
 
 class TrunkError(ValueError):
@@ -35,7 +60,10 @@ class TrunkError(ValueError):
 @dataclass(frozen=True, slots=True)
 class InboundTrunk:
     """One trunk: a name for the logs, the networks it calls from, its credentials and
-    numbers (empty: any). The password is left out of ``repr``."""
+    numbers (empty: any), and what its TLS client certificate must be: signed by the CA
+    file ``client_ca`` (whose certificates' SHA-256 are ``client_authorities``), naming one
+    of ``client_names``, one of ``client_fingerprints`` (SHA-256, lowercase hex). The
+    password is left out of ``repr``."""
 
     name: str
     networks: tuple[IpNetwork, ...] = ()
@@ -43,11 +71,33 @@ class InboundTrunk:
     password: str | None = field(default=None, repr=False)
     numbers: frozenset[str] = frozenset()
     trusted: bool = False
+    client_ca: str | None = None
+    client_authorities: frozenset[bytes] = field(default=frozenset(), repr=False)
+    client_names: frozenset[str] = frozenset()
+    client_fingerprints: frozenset[str] = frozenset()
 
     @property
     def needs_digest(self) -> bool:
         """Whether its calls must answer a digest challenge."""
         return self.username is not None
+
+    @property
+    def needs_certificate(self) -> bool:
+        """Whether its calls must come over TLS with a client certificate."""
+        return bool(self.client_ca or self.client_names or self.client_fingerprints)
+
+    def accepts(self, certificate: ClientCertificate | None) -> bool:
+        """Whether a call whose TLS peer proved itself with ``certificate`` (None: not over
+        TLS, or without one) may be this trunk's."""
+        if not self.needs_certificate:
+            return True
+        if certificate is None:
+            return False
+        if self.client_authorities and not (self.client_authorities & certificate.chain):
+            return False
+        if self.client_names and not (self.client_names & certificate.names):
+            return False
+        return not self.client_fingerprints or certificate.fingerprint in self.client_fingerprints
 
     def covers(self, address: str) -> bool:
         """Whether a call from ``address`` may be this trunk's (no networks: from anywhere,
@@ -111,10 +161,27 @@ def _parse_trunk(number: int, item: object) -> InboundTrunk:
             raise TrunkError(f"sip trunk {name!r}: {key} must be a non-empty string")
         if isinstance(value, str) and ('"' in value or "\\" in value or not value.isprintable()):
             raise TrunkError(f'sip trunk {name!r}: {key} must be printable, without " or \\')
-    if not networks and username is None:
+    client_ca, authorities = item.get("tls_client_ca"), frozenset[bytes]()
+    if client_ca is not None:
+        if not isinstance(client_ca, str) or not client_ca:
+            raise TrunkError(f"sip trunk {name!r}: tls_client_ca must be the path of a PEM file")
+        try:
+            authorities = load_authorities(client_ca)
+        except CertificateError as exc:
+            raise TrunkError(f"sip trunk {name!r}: tls_client_ca: {exc}") from None
+    client_names = frozenset(normalize_name(n) for n in _strings(name, item, "tls_client_names"))
+    try:
+        fingerprints = frozenset(
+            normalize_fingerprint(f) for f in _strings(name, item, "tls_client_fingerprints")
+        )
+    except CertificateError as exc:
+        raise TrunkError(f"sip trunk {name!r}: tls_client_fingerprints: {exc}") from None
+    certified = bool(client_ca or client_names or fingerprints)
+    if not networks and username is None and not certified:
         raise TrunkError(
-            f"sip trunk {name!r} needs addresses or a username and password: a trunk with "
-            'neither would take calls from anyone (write addresses = ["0.0.0.0/0", "::/0"] '
+            f"sip trunk {name!r} needs addresses or a username and password (or a TLS client "
+            "certificate: tls_client_ca, tls_client_names, tls_client_fingerprints): a trunk "
+            'with none would take calls from anyone (write addresses = ["0.0.0.0/0", "::/0"] '
             "if that is meant)"
         )
     trusted = item.get("trusted", False)
@@ -127,6 +194,10 @@ def _parse_trunk(number: int, item: object) -> InboundTrunk:
         password=password,
         numbers=frozenset(_strings(name, item, "numbers")),
         trusted=trusted,
+        client_ca=client_ca,
+        client_authorities=authorities,
+        client_names=client_names,
+        client_fingerprints=fingerprints,
     )
 
 

@@ -16,13 +16,13 @@ otherwise they are dropped). Nothing a peer sends, and nothing a callback raises
 of the message handler.
 
 New INVITEs pass an ``InviteAdmission`` first (``admission.py``: the per-source rate
-limit, the inbound trunks, digest authentication): one it refuses is answered statelessly
-(403, 401 with a challenge, 503 with Retry-After) and never becomes a call, so a stranger
-costs no transaction, no ring and no webhook. Every other request outside a dialog (OPTIONS,
-and methods answered 405 or 501) passes the same gate first, less the dialled numbers, as
-Asterisk challenges OPTIONS as it does INVITE and Kamailio's ``pike`` counts every request:
-a scanner at an address no trunk lists learns no methods or capabilities, and all of a
-source's requests share its rate.
+limit, the inbound trunks, a trunk's TLS client certificate, digest authentication): one it
+refuses is answered statelessly (403, 401 with a challenge, 503 with Retry-After) and never
+becomes a call, so a stranger costs no transaction, no ring and no webhook. Every other
+request outside a dialog (OPTIONS, and methods answered 405 or 501) passes the same gate
+first, less the dialled numbers, as Asterisk challenges OPTIONS as it does INVITE and
+Kamailio's ``pike`` counts every request: a scanner at an address no trunk lists learns no
+methods or capabilities, and all of a source's requests share its rate.
 
 In-dialog requests of ours (BYE, REFER) go back along the INVITE's own flow: on its
 connection (TCP, TLS) or to the address and port it came from (UDP), never to a host or
@@ -465,7 +465,8 @@ class UserAgentServer:
         trunk = None
         if not request.to_addr.tag and self.admission is not None:
             # Before anything that answers: a stranger's 405 would list our methods too.
-            verdict = self.admission.check(request, flow.remote[0], self._now())
+            certificate = self._transport.peer_certificate(flow)
+            verdict = self.admission.check(request, flow.remote[0], self._now(), certificate)
             if verdict.status is not None:
                 self._refuse(request, flow, verdict)
                 return
