@@ -2,7 +2,7 @@
 # hibari).
 #
 #   docker build -t hark .            (podman: podman build --format docker -t hark .)
-#   docker build --build-arg TTS=hibari -t hark:hibari .     (the image with no GPL code)
+#   docker build --build-arg TTS=hibari -t hark:hibari .     (no Piper, no espeak-ng)
 #   docker run --rm -p 8000:8000 -p 8443:8443/udp -e HARK_API_KEYS=sk-change-me \
 #       -e HARK_RTC_ADVERTISE_IP=<this host's IP> hark
 #
@@ -16,8 +16,9 @@
 # GPL-3.0-or-later), which bundles espeak-ng (GPL-3.0-or-later) for its phonemes. That image
 # as a whole is therefore distributed under the GPL's terms; hark's own package and its core
 # dependencies stay permissive (Piper is the optional "piper" extra). With TTS=hibari the
-# voice is hibari (hibari-tts, Apache-2.0, no espeak-ng) instead, and the image holds no GPL
-# code: its licence is Apache-2.0 (with LGPL libraries, see docs/image.md).
+# voice is hibari (hibari-tts, Apache-2.0, no espeak-ng) instead. Either image also holds the
+# libx264 and libx265 (GPL-2.0-or-later) that PyAV's wheels (aiortc's codecs) bundle and link
+# into their libavcodec, so neither is free of GPL code (docs/image.md, "Licences").
 #
 # SIP is off in the image (HARK_SIP=false), so neither SIP's port (5060, UDP and TCP) nor its
 # RTP range (10000-20000/udp, --rtp-ports) is exposed. To answer phones: -e HARK_SIP=true,
@@ -136,7 +137,8 @@ LABEL org.opencontainers.image.licenses="Apache-2.0 AND GPL-3.0-or-later"
 
 FROM runtime AS tts-hibari
 ENV HARK_TTS=hibari
-LABEL org.opencontainers.image.licenses="Apache-2.0"
+# Apache-2.0 but for PyAV's libx264 and libx265 (see the top of this file).
+LABEL org.opencontainers.image.licenses="Apache-2.0 AND GPL-2.0-or-later"
 
 FROM tts-${TTS:-piper} AS image
 # Last, so that a new revision rebuilds nothing but the labels.
