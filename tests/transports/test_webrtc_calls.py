@@ -181,6 +181,12 @@ async def next_of(client: CallClient, *kinds: str) -> dict[str, Any]:
                 return event
 
 
+# Ten real-time calls in one process, server and clients, is a load: it runs with the
+# realtime tests, alone. Beside the parallel phase's other worker and a CPU hog (two busy
+# processes on two cores) every call lost its data channel after session.created: the
+# server's SCTP retransmitted its events unacknowledged (412 T3 expiries) until it aborted
+# the association, while the same calls' RTP kept arriving; beside one hog it passes.
+@pytest.mark.realtime
 async def test_ten_calls_at_once_share_one_udp_port(
     http: aiohttp.ClientSession, rtc_server: RtcServer, clients: MakeClient
 ) -> None:
