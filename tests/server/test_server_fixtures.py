@@ -24,6 +24,13 @@ def thread_names() -> Counter[str]:
     return Counter(thread.name for thread in threading.enumerate())
 
 
+def left_behind(before: Counter[str]) -> Counter[str]:
+    """The threads alive now that were not before. (Not equality with ``before``: a thread of
+    an earlier test in the same process, still ending when this one began, may end during
+    it, as a Piper engine's did in a fresh-clone run beside a CPU hog.)"""
+    return thread_names() - before
+
+
 def assert_engine_threads_started(before: Counter[str]) -> None:
     """The server's engines have threads of their own: a leak would be seen."""
     started = thread_names() - before
@@ -51,7 +58,7 @@ def test_a_stopped_server_leaves_no_thread_behind() -> None:
     # asyncio.run joins its loop's default executor before returning, so every thread that
     # is still alive afterwards is one that nothing will stop.
     asyncio.run(serve_websocket_server(before))
-    assert thread_names() == before
+    assert not left_behind(before)
 
 
 def test_a_stopped_webrtc_server_leaves_no_thread_behind() -> None:
@@ -59,4 +66,4 @@ def test_a_stopped_webrtc_server_leaves_no_thread_behind() -> None:
     asyncio.run(shared_end_of_turn().warmup())
     before = thread_names()
     asyncio.run(serve_rtc_server(before))
-    assert thread_names() == before
+    assert not left_behind(before)
