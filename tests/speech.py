@@ -47,6 +47,9 @@ SENTENCES: tuple[str, ...] = (
     # Said in two parts, with a pause between them, by the turn-taking test.
     "My phone number is four one five,",
     "five five five, one two three four.",
+    # Backchannels said over a reply (tests/transports/test_backchannel_calls.py).
+    "Uh-huh.",
+    "Yeah.",
 )
 # The benchmarks' questions, for the benchmarks' tests.
 SENTENCES += tuple(q for q in QUESTIONS if q not in SENTENCES)

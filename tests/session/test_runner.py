@@ -212,6 +212,12 @@ class RecordingPlayer:
     def clear(self, response_id: str) -> None:
         self.calls.append(("clear", response_id))
 
+    def hold(self, response_id: str) -> None:
+        self.calls.append(("hold", response_id))
+
+    def resume(self, response_id: str) -> None:
+        self.calls.append(("resume", response_id))
+
 
 async def test_the_player_is_told_when_a_response_has_no_more_audio() -> None:
     player = RecordingPlayer()

@@ -1056,11 +1056,26 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="where synthesised segments are kept (default ~/.cache/hark/bench)",
     )
+    parser.add_argument(
+        "--backchannels",
+        default=None,
+        metavar="TRANSPORTS",
+        help="instead of end-of-turn detection, measure backchannels said over a playing "
+        "reply (false barge-ins) and interruptions (stop latency) over these transports, "
+        "comma-separated: websocket, webrtc (hark.bench.backchannels)",
+    )
+    parser.add_argument(
+        "--backchannels-off",
+        action="store_true",
+        help="with --backchannels: the sessions set hark_backchannels false (the baseline)",
+    )
     add_json_option(parser)
 
 
 def command(options: dict[str, Any]) -> int:
     """Run the benchmark, print a summary and optionally write the JSON report."""
+    if options.get("backchannels"):
+        return _backchannels(options)
     try:
         spec = load_spec()
         eagerness = _names(options["eagerness"]) or []
@@ -1089,6 +1104,22 @@ def command(options: dict[str, Any]) -> int:
         print(f"hark bench turns: {error}", file=sys.stderr)
         return 2
     publish(summary(report), report, options["json"])
+    return 0
+
+
+def _backchannels(options: dict[str, Any]) -> int:
+    from hark.bench import backchannels
+
+    try:
+        report = backchannels.run(
+            _names(options["backchannels"]) or [],
+            _names(options["voices"]),
+            not options["backchannels_off"],
+        )
+    except BenchError as error:
+        print(f"hark bench turns: {error}", file=sys.stderr)
+        return 2
+    publish(backchannels.summary(report), report, options["json"])
     return 0
 
 

@@ -162,6 +162,15 @@ class InputAudioBufferTimeoutTriggered(ServerEvent, tag="input_audio_buffer.time
     item_id: str
 
 
+class HarkBackchannel(ServerEvent, tag="hark.backchannel"):
+    """hark's own (``"include": ["hark.backchannels"]``): speech while the reply played was a
+    backchannel, let pass (no turn, the reply goes on): where it was, and what was heard."""
+
+    audio_start_ms: int
+    audio_end_ms: int
+    transcript: str
+
+
 class InputAudioBufferDtmfEventReceived(ServerEvent, tag="input_audio_buffer.dtmf_event_received"):
     """SIP: a keypad press (``0``-``9``, ``*``, ``#``, ``A``-``D``) the phone sent, and when
     the server received it (UNIX seconds)."""

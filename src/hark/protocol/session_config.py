@@ -65,6 +65,9 @@ class ServerVad(ConfigStruct, tag="server_vad", tag_field="type"):
     create_response: bool = True
     interrupt_response: bool = True
     idle_timeout_ms: Annotated[int, Meta(ge=1000, le=120_000)] | None = None
+    # hark's own: a backchannel ("uh-huh", "yeah") while the reply plays does not interrupt
+    # it (``hark.session.backchannel``). None: the detection's default, off for server_vad.
+    hark_backchannels: bool | None = None
 
 
 class SemanticVad(ConfigStruct, tag="semantic_vad", tag_field="type"):
@@ -73,6 +76,8 @@ class SemanticVad(ConfigStruct, tag="semantic_vad", tag_field="type"):
     eagerness: Literal["low", "medium", "high", "auto"] = "auto"
     create_response: bool = True
     interrupt_response: bool = True
+    # hark's own, as for server_vad; None: on for semantic_vad.
+    hark_backchannels: bool | None = None
 
 
 TurnDetection = ServerVad | SemanticVad
@@ -205,7 +210,9 @@ class ToolChoiceMcp(ConfigStruct, tag="mcp", tag_field="type"):
 
 ToolChoiceMode = Literal["auto", "none", "required"]
 ToolChoiceConfig = ToolChoiceMode | ToolChoiceFunction | ToolChoiceMcp
-Include = Literal["item.input_audio_transcription.logprobs", "hark.turn_timings"]
+Include = Literal[
+    "item.input_audio_transcription.logprobs", "hark.turn_timings", "hark.backchannels"
+]
 MaxOutputTokens = Annotated[int, Meta(ge=1, le=4096)] | Literal["inf"]
 
 
@@ -249,7 +256,8 @@ class SessionConfig(ConfigStruct):
     temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | None = None
     truncation: SessionTruncation = "auto"
     tracing: Any = None
-    # hark.turn_timings: a ``hark.turn_timings`` event with stage timings after each response.
+    # hark.turn_timings: a ``hark.turn_timings`` event with stage timings after each response;
+    # hark.backchannels: a ``hark.backchannel`` event for each backchannel let pass.
     include: list[Include] | None = None
     # The stored prompt the session was last given (its fields applied then).
     prompt: PromptReference | None = None
@@ -529,6 +537,10 @@ def session_config_to_dict(
     realtime shape, or for a transcription session the transcription shape (type, input
     audio and include only)."""
     body: dict[str, Any] = msgspec.to_builtins(config)
+    turn_detection = body["audio"]["input"]["turn_detection"]
+    if turn_detection is not None and turn_detection["hark_backchannels"] is None:
+        # hark's own field appears only when a client set it: the GA shape otherwise.
+        del turn_detection["hark_backchannels"]
     for tool in body["tools"]:
         if tool["type"] == "mcp":
             # The client's credentials for the server go to the server only.

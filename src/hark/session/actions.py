@@ -158,6 +158,22 @@ class ClearAudio:
 
 
 @dataclass(frozen=True, slots=True)
+class HoldAudio:
+    """Play none of this response for now, keeping its place: silence goes out until
+    ``ResumeAudio`` (it goes on from where it stopped) or ``ClearAudio`` (what was played
+    before the hold is what was heard)."""
+
+    response_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeAudio:
+    """Play a held response again from where it was held."""
+
+    response_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class McpServer:
     """How to reach one of the session's MCP servers (``server_label`` names it).
 
@@ -241,6 +257,8 @@ Action = (
     | PlayAudio
     | FinishAudio
     | ClearAudio
+    | HoldAudio
+    | ResumeAudio
     | ListMcpTools
     | CallMcpTool
     | CloseMcpServer

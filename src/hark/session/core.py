@@ -174,6 +174,7 @@ class Session:
             self.conversation,
             config=lambda: me.config,
             vad_chunk_ms=vad_chunk_ms,
+            asr_rate=asr_rate,
             speculation=self._speculation,
             recognition=self._recognition,
             responses=self._responses,
@@ -556,7 +557,7 @@ class Session:
 
     def on_recognised(self, request_id: str, transcript: TimedTranscript, *, now: float) -> None:
         """A step of incremental recognition (``Recognise``) heard ``transcript``."""
-        if not self._at(now):
+        if not self._at(now) or self._turns.backchannel_heard(request_id, transcript):
             return
         paused = self._recognition.recognised(request_id, transcript)
         if paused is not None:
@@ -565,7 +566,7 @@ class Session:
 
     def on_transcription_failed(self, request_id: str, message: str, *, now: float) -> None:
         """Recognition failed: the LLM will see no words for that audio."""
-        if self._at(now):
+        if self._at(now) and not self._turns.backchannel_failed(request_id):
             self._recognition.failed(request_id, message)
             self._turns.recognise_turn()
 

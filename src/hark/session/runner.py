@@ -49,10 +49,12 @@ from hark.session.actions import (
     DiscardSpeculation,
     FinishAudio,
     Generate,
+    HoldAudio,
     ListMcpTools,
     PlayAudio,
     Prefill,
     Recognise,
+    ResumeAudio,
     ScoreTurn,
     Speculate,
     Transcribe,
@@ -111,6 +113,14 @@ class AudioPlayer(Protocol):
 
     def clear(self, response_id: str) -> None:
         """Stop this response's audio within one frame and drop what is left of it."""
+        ...
+
+    def hold(self, response_id: str) -> None:
+        """Send none of this response from the next frame on, keeping its place."""
+        ...
+
+    def resume(self, response_id: str) -> None:
+        """Go on with a held response from where it was held."""
         ...
 
 
@@ -471,6 +481,12 @@ class SessionRunner:
             elif isinstance(out, ClearAudio):
                 assert self._player is not None
                 self._player.clear(out.response_id)
+            elif isinstance(out, HoldAudio):
+                assert self._player is not None
+                self._player.hold(out.response_id)
+            elif isinstance(out, ResumeAudio):
+                assert self._player is not None
+                self._player.resume(out.response_id)
             elif isinstance(out, Denoise):
                 self._spawn(self._denoise(out), f"denoise {out.job_id}")
             elif isinstance(out, CountDroppedAudio):

@@ -93,6 +93,9 @@ class TurnPolicy(ABC):
     idle_timeout_ms: int | None
     #: Whether pauses are judged by the end-of-turn model (``ScoreTurn``).
     scores_turns: bool
+    #: Whether speech during the reply is judged first, so that a backchannel does not
+    #: interrupt it (``hark.session.backchannel``).
+    backchannels: bool
 
     @abstractmethod
     def silence_after(self, probability: float) -> int:
@@ -112,6 +115,7 @@ class ServerVadPolicy(TurnPolicy):
         self.interrupt_response = config.interrupt_response
         self.idle_timeout_ms = config.idle_timeout_ms
         self.scores_turns = False
+        self.backchannels = bool(config.hark_backchannels)
 
     def silence_after(self, probability: float) -> int:
         """The window does not depend on what was said."""
@@ -132,6 +136,7 @@ class SemanticVadPolicy(TurnPolicy):
         self.interrupt_response = config.interrupt_response
         self.idle_timeout_ms = None
         self.scores_turns = True
+        self.backchannels = config.hark_backchannels is not False
 
     def silence_after(self, probability: float) -> int:
         """:func:`silence_for` at the session's eagerness."""

@@ -21,11 +21,14 @@ import numpy as np
 import numpy.typing as npt
 
 from hark.audio.formats import format_rate
+from hark.audio.resample import resample
+from hark.engines.asr import RecognitionRequest, TimedTranscript, Urgency
 from hark.protocol import server_events as se
 from hark.protocol.errors import ProtocolError
 from hark.protocol.response_params import ResponseParams
 from hark.protocol.session_config import AudioFormat, SessionConfig
-from hark.session.actions import CountDroppedAudio, ScoreTurn
+from hark.session.actions import CancelRecognition, CountDroppedAudio, Recognise, ScoreTurn
+from hark.session.backchannel import Candidate, judge_words
 from hark.session.conversation import Conversation, Entry, Part
 from hark.session.ids import IdGenerator
 from hark.session.input_buffer import MAX_BUFFERED_S, InputAudioBuffer
@@ -34,11 +37,13 @@ from hark.session.playout_state import PlayoutState
 from hark.session.recognition import Recognition
 from hark.session.response_lifecycle import ResponseLifecycle
 from hark.session.speculation import Pause, Speculation
-from hark.session.turn_detection import TurnDetector, TurnEvent
+from hark.session.turn_detection import MIN_SPEECH_MS, TurnDetector, TurnEvent
 from hark.session.turn_policy import TurnPolicy, turn_policy
 from hark.session.vad_feed import VadFeed
 
 MIN_COMMIT_MS = 100
+# The opt-in (session ``include``) for a ``hark.backchannel`` event per backchannel let pass.
+BACKCHANNELS_INCLUDE = "hark.backchannels"
 
 
 class TurnTaking:
@@ -57,6 +62,7 @@ class TurnTaking:
         *,
         config: Callable[[], SessionConfig],
         vad_chunk_ms: int,
+        asr_rate: int,
         speculation: Speculation,
         recognition: Recognition,
         responses: ResponseLifecycle,
@@ -69,6 +75,7 @@ class TurnTaking:
         self._conversation = conversation
         self._config = config
         self._vad_chunk_ms = vad_chunk_ms
+        self._asr_rate = asr_rate
         self._speculation = speculation
         self._recognition = recognition
         self._responses = responses
@@ -90,6 +97,12 @@ class TurnTaking:
         self._speech_start_ms = 0.0
         # How long the pause that ended the last turn lasted (the end-of-turn wait).
         self.last_pause_ms = 0.0
+        # Speech heard while the reply plays, until it is judged (``backchannel``); and
+        # where, on the sample clock, the reply a WebSocket client plays ends at the latest.
+        self._candidate: Candidate | None = None
+        self._reply_until_ms = 0.0
+        # How many backchannels were let pass.
+        self.backchannels = 0
         self.setup()
 
     def setup(self) -> None:
@@ -105,6 +118,7 @@ class TurnTaking:
         epoch = self._vad.epoch + 1 if self._vad is not None else 0
         self._vad = VadFeed(self._outbox, self.rate, self._vad_chunk_ms, self._clock_ms, epoch)
         self._speech_item_id = None
+        self._drop_candidate()
         self._drop_pause()
         self._recognition.stop_turn()
 
@@ -172,6 +186,7 @@ class TurnTaking:
         if self._detector is not None:
             self._detector.reset()
         self._speech_item_id = None
+        self._drop_candidate()
         self._drop_pause()
 
     def _commit_audio(
@@ -207,6 +222,8 @@ class TurnTaking:
         decision = detector.feed(start, end, probability)
         if decision is not None:
             self._on_turn_event(decision)
+        if self._candidate is not None:
+            self._judge_candidate(end)
         pause = self._speculation.pause
         if (
             pause is not None
@@ -214,7 +231,7 @@ class TurnTaking:
             and end - pause.start_ms >= min(policy.speculate_after_ms, detector.silence_ms)
         ):
             self._recognise_pause(pause)
-        if not detector.speaking:
+        if not detector.speaking and self._candidate is None:
             self._buffer.trim_before(end - detector.prefix_padding_ms - 100)
             if self._idle_deadline_ms is not None and end >= self._idle_deadline_ms:
                 self._idle_timeout(end)
@@ -227,8 +244,16 @@ class TurnTaking:
             vad.answered()
 
     def _on_turn_event(self, event: TurnEvent) -> None:
-        if event.kind == "speech_started":
-            self._speech_started(event.ms)
+        if self._candidate is not None:
+            self._candidate_event(event)
+        elif event.kind == "speech_started":
+            if self._judges_backchannels():
+                self._candidate = Candidate(event.ms, self._voice_onset(event.ms))
+                # A reply the server plays stops at once while the speech is judged, and goes
+                # on from there if it was a backchannel: an interruption is not heard late.
+                self._playout.hold()
+            else:
+                self._speech_started(event.ms)
         elif event.kind == "pause_started":
             self._speculation.pause_started(self._speech_item_id, event.ms)
         elif event.kind == "pause_ended":
@@ -236,6 +261,156 @@ class TurnTaking:
             self.recognise_turn()
         else:
             self._speech_stopped(event.ms)
+
+    # ----------------------------------------------------------------- backchannels
+
+    def _judges_backchannels(self) -> bool:
+        """Whether speech starting now is judged before it may interrupt: the policy asks
+        for it and the conversation's reply is playing (over WebSocket: its audio is being
+        sent, or was sent no longer ago than it lasts). A reply with no audio yet is not
+        playing: speech then is a turn, as before."""
+        policy = self._policy
+        if policy is None or not policy.backchannels or not policy.interrupt_response:
+            return False
+        return self._reply_playing()
+
+    def _reply_playing(self) -> bool:
+        in_band = self._responses.in_band
+        return (
+            self._playout.plays_in_band
+            or self._vad_now_ms < self._reply_until_ms
+            or (
+                in_band is not None
+                and any(
+                    part.audio is not None and len(part.audio)
+                    for entry in in_band.output
+                    for part in entry.parts
+                    if part.type == "output_audio"
+                )
+            )
+        )
+
+    def _voice_onset(self, ms: float) -> float:
+        """Where the voice of speech reported to start at ``ms`` (prefix padding included)
+        began: its length counts from there."""
+        policy = self._policy
+        assert policy is not None
+        return min(ms + policy.prefix_padding_ms, self._vad_now_ms - MIN_SPEECH_MS)
+
+    def _candidate_event(self, event: TurnEvent) -> None:
+        """What the detector decides while a candidate is judged: kept, not acted on."""
+        candidate = self._candidate
+        assert candidate is not None
+        if event.kind == "speech_stopped":
+            candidate.stopped_ms = event.ms
+        elif event.kind in ("speech_started", "pause_ended"):
+            # The listener goes on: the words asked for are of an utterance not over yet.
+            candidate.stopped_ms = None
+            candidate.end_ms = None
+            if candidate.request_id is not None:
+                self._outbox.act(CancelRecognition(candidate.request_id))
+                candidate.request_id = None
+
+    def _judge_candidate(self, now_ms: float) -> None:
+        candidate = self._candidate
+        detector = self._detector
+        assert candidate is not None and detector is not None
+        if detector.speaking:
+            pause_from = detector.pause_from
+        else:
+            pause_from = candidate.end_ms if candidate.end_ms is not None else candidate.stopped_ms
+        step = candidate.step(now_ms, pause_from)
+        if step == "interrupt":
+            self._interrupt()
+        elif step == "ask":
+            self._ask_words(candidate)
+
+    def _ask_words(self, candidate: Candidate) -> None:
+        """Recognise the candidate's utterance, ahead of anybody's captions."""
+        assert candidate.end_ms is not None
+        pcm = self._buffer.peek(candidate.voice_ms - 100, candidate.end_ms)
+        audio = resample(pcm, self.rate, self._asr_rate).astype(np.float32) / 32768.0
+        transcription = self._config().audio.input.transcription
+        candidate.request_id = self._ids.new("backchannel")
+        self._outbox.act(
+            Recognise(
+                candidate.request_id,
+                RecognitionRequest(
+                    audio=audio,
+                    language=transcription.language if transcription is not None else None,
+                    urgency=Urgency.DECISION,
+                ),
+            )
+        )
+
+    def backchannel_heard(self, request_id: str, transcript: TimedTranscript) -> bool:
+        """The words of a candidate (``Recognise`` asked by ``_ask_words``); False when the
+        request is not the candidate's."""
+        candidate = self._candidate
+        if candidate is None or candidate.request_id != request_id:
+            return False
+        candidate.request_id = None
+        # Judged by what was said, even if the reply has ended meanwhile: it began over it.
+        if judge_words(transcript.text) == "backchannel":
+            self._let_pass(candidate, transcript.text)
+        else:
+            self._interrupt()
+        return True
+
+    def backchannel_failed(self, request_id: str) -> bool:
+        """The candidate's words could not be heard: it interrupts. False when the request
+        is not the candidate's."""
+        candidate = self._candidate
+        if candidate is None or candidate.request_id != request_id:
+            return False
+        candidate.request_id = None
+        self._interrupt()
+        return True
+
+    def _interrupt(self) -> None:
+        """The candidate is a turn after all: it starts (late) where its speech started, and
+        what the detector decided meanwhile follows."""
+        candidate = self._candidate
+        detector = self._detector
+        assert candidate is not None and detector is not None
+        self._drop_candidate(resume=False)
+        self._speech_started(candidate.start_ms)
+        if candidate.stopped_ms is not None and not detector.speaking:
+            self._speech_stopped(candidate.stopped_ms)
+        elif detector.pause_from is not None:
+            self._speculation.pause_started(self._speech_item_id, detector.pause_from)
+
+    def _let_pass(self, candidate: Candidate, heard: str) -> None:
+        """The candidate was a backchannel: forgotten, and the reply plays on; a client that
+        asked (``include``) hears of it."""
+        self._candidate = None
+        self._playout.resume()
+        self.backchannels += 1
+        detector = self._detector
+        if detector is not None and detector.speaking:
+            detector.reset()
+        if BACKCHANNELS_INCLUDE in (self._config().include or ()):
+            assert candidate.end_ms is not None
+            self._outbox.emit(
+                se.HarkBackchannel(
+                    audio_start_ms=int(candidate.start_ms),
+                    audio_end_ms=int(candidate.end_ms),
+                    transcript=heard.strip(),
+                )
+            )
+
+    def _drop_candidate(self, resume: bool = True) -> None:
+        """Forget the candidate (the buffer was cleared or committed, the input path rebuilt,
+        or it interrupts: ``resume`` False, the reply's audio is about to be cleared)."""
+        candidate, self._candidate = self._candidate, None
+        if candidate is None:
+            return
+        if candidate.request_id is not None:
+            self._outbox.act(CancelRecognition(candidate.request_id))
+        if resume:
+            self._playout.resume()
+
+    # ----------------------------------------------------------------- turns
 
     def _speech_started(self, ms: float) -> None:
         policy = self._policy
@@ -284,6 +459,7 @@ class TurnTaking:
         """The assistant's reply ends ``after_ms`` after wall time ``now`` (OpenAI: the
         ``response.done`` time plus the audio's duration, or when playout stopped): the idle
         timeout counts from there."""
+        self._reply_until_ms = self._clock_ms + after_ms
         policy = self._policy
         if policy is not None and policy.idle_timeout_ms is not None:
             self._idle_start_ms = self._clock_ms + after_ms

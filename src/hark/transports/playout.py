@@ -73,6 +73,8 @@ class _Response:
     sent: int = 0
     started: bool = False
     finished: bool = False
+    # Held (``Playout.hold``): silence goes out in its place, and it keeps its place.
+    held: bool = False
 
     def push(self, pcm: npt.NDArray[np.int16]) -> None:
         if len(pcm):
@@ -183,6 +185,19 @@ class Playout:
                 self._listener.playout_cleared, response_id, response.sent * 1000 // self.rate
             )
 
+    def hold(self, response_id: str) -> None:
+        """From the next frame on, send silence instead of this response, which keeps its
+        place (``resume``); a ``clear`` meanwhile reports what was sent before the hold."""
+        response = self._find(response_id)
+        if response is not None:
+            response.held = True
+
+    def resume(self, response_id: str) -> None:
+        """Go on with a held response from where it was held."""
+        response = self._find(response_id)
+        if response is not None:
+            response.held = False
+
     def stop(self) -> None:
         """Drop everything queued and report nothing more."""
         self._queue.clear()
@@ -226,6 +241,8 @@ class Playout:
         stopped: list[str] = []
         while filled < self.frame_samples and self._queue:
             response = self._queue[0]
+            if response.held:
+                break
             taken = response.take(out, filled)
             if taken and not response.started:
                 response.started = True

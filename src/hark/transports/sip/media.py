@@ -423,6 +423,14 @@ class RtpSession:
         """Drop what is left of a response within a frame; see ``Playout.clear``."""
         self._playout.clear(response_id)
 
+    def hold(self, response_id: str) -> None:
+        """Send silence in a response's place for now; see ``Playout.hold``."""
+        self._playout.hold(response_id)
+
+    def resume(self, response_id: str) -> None:
+        """Go on with a held response; see ``Playout.resume``."""
+        self._playout.resume(response_id)
+
     async def close(self) -> None:
         """Stop the ticks, say BYE in RTCP, drop queued audio and close the socket."""
         if self._closed:

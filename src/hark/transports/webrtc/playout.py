@@ -89,6 +89,14 @@ class PlayoutTrack(MediaStreamTrack):
         """Drop what is left of a response; see ``Playout.clear``."""
         self.playout.clear(response_id)
 
+    def hold(self, response_id: str) -> None:
+        """Send silence in a response's place for now; see ``Playout.hold``."""
+        self.playout.hold(response_id)
+
+    def resume(self, response_id: str) -> None:
+        """Go on with a held response; see ``Playout.resume``."""
+        self.playout.resume(response_id)
+
     def drive(self) -> None:
         """From now on the payloads are taken with ``next_payload`` by the caller, which
         paces them itself; ``recv`` waits until the track ends and gives nothing."""

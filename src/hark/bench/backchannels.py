@@ -1,0 +1,422 @@
+"""``hark bench turns --backchannels``: does a listener's "uh-huh" over a playing reply leave it
+playing, and does a real interruption still stop it, and how fast?
+
+A ``hark serve`` of the bench's own (Silero VAD, Whisper tiny.en, Piper's voice for the
+replies, the fake LLM's one sentence: a reply of about two seconds) takes one call or
+connection per transport. Each trial asks for a reply (``response.create``; ``semantic_vad``,
+``interrupt_response`` on, ``create_response`` off, so that nothing but the reply plays) and
+says a fixture into the microphone ``SAY_AFTER_S`` into the reply's audio:
+
+- a *backchannel* ("Uh-huh.", "Mm-hmm.", "Yeah.", "Right.", "Okay.", laughter) is a *false
+  barge-in* when the server tells of speech (``input_audio_buffer.speech_started``), cancels
+  the reply or cuts its audio;
+- an *interruption* ("Wait.", "Wait, stop.", "No, stop.", a question) is *missed* when no
+  ``speech_started`` comes; its *stop latency* is the time from the first voiced sample sent
+  to that event, which is when the audio stops: over WebRTC the server clears its playout in
+  the same step (within a frame), and a WebSocket client stops its own playback on the event.
+
+Every fixture is said by the voices of ``hark bench turns``' spec (Piper's joe and two
+espeak-ng voices), synthesised once and cached. WebSocket streams the microphone as 20 ms
+appends in real time and plays nothing (the reply's audio is counted, not heard); WebRTC is
+an aiortc call (``hark.bench.echo.EchoCallClient``, its room's echo 120 dB down).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import aiohttp
+import numpy as np
+import numpy.typing as npt
+
+from hark.bench.echo import EchoCallClient, Room, Trial, reply_trial
+from hark.bench.local_server import local_server
+from hark.bench.report import BenchError, percentile
+from hark.bench.spoken_questions import RATE
+from hark.bench.webrtc import AUDIBLE_RMS, ReceivedFrame
+
+BACKCHANNELS = ("Uh-huh.", "Mm-hmm.", "Yeah.", "Right.", "Okay.", "Ha ha ha.")
+INTERRUPTIONS = ("Wait.", "Wait, stop.", "No, stop.", "Hold on, what about Lyon?")
+TRANSPORTS = ("websocket", "webrtc")
+# The fixture starts this long after the reply's first audio (as ``hark bench echo``).
+SAY_AFTER_S = 0.5
+# A reply is over this long after its audio ended, for what the speech said over it set off.
+TAIL_S = 2.0
+# A trial not over by then (a machine too busy to answer) is recorded as timed out.
+REPLY_LIMIT_S = 60.0
+# The reply counts as silenced at the client from the first of this many quiet frames in a
+# row (200 ms: longer than the pauses inside Piper's sentence).
+QUIET_FRAMES = 10
+_ONSET_LEVEL = 1000
+API_KEY = "sk-hark-bench"
+
+
+def session(backchannels: bool) -> dict[str, Any]:
+    """The session every trial runs in."""
+    return {
+        "type": "realtime",
+        "audio": {
+            "input": {
+                "transcription": {"model": "whisper-1", "language": "en"},
+                "turn_detection": {
+                    "type": "semantic_vad",
+                    "create_response": False,
+                    "interrupt_response": True,
+                    "hark_backchannels": backchannels,
+                },
+            }
+        },
+    }
+
+
+@dataclass(frozen=True)
+class Said:
+    """A fixture: ``text`` said by ``voice`` (24 kHz, trimmed to its voice)."""
+
+    text: str
+    voice: str
+    backchannel: bool
+    pcm: npt.NDArray[np.int16] = field(repr=False, compare=False)
+
+
+@dataclass
+class Outcome:
+    """What one trial's fixture set off."""
+
+    transport: str
+    text: str
+    voice: str
+    backchannel: bool
+    # speech_started came (after the onset), and when, from the first voiced sample sent.
+    heard_ms: float | None
+    # The reply's final status and whether its audio was cut (WebRTC: output_audio_buffer
+    # .cleared).
+    status: str
+    cut: bool
+    # WebRTC: when the reply's audio went quiet at the client after the onset (the hold),
+    # from the first voiced sample sent, and for how long (None: it did not come back).
+    silenced_ms: float | None = None
+    quiet_ms: float | None = None
+
+    @property
+    def barged_in(self) -> bool:
+        """Whether the fixture stopped the reply (or would have, over WebSocket)."""
+        return self.heard_ms is not None or self.cut or self.status == "cancelled"
+
+
+async def fixtures(voices: Sequence[str] | None) -> list[Said]:
+    """Every backchannel and interruption said by every voice of the turns spec."""
+    from hark.bench.turns import Synthesiser, load_spec
+
+    spec = load_spec()
+    chosen = [v for v in spec.voices if voices is None or v.name in voices]
+    if not chosen:
+        raise BenchError("no voice of the spec is chosen")
+    synth = Synthesiser()
+    said = []
+    for voice in chosen:
+        for texts, backchannel in ((BACKCHANNELS, True), (INTERRUPTIONS, False)):
+            for text in texts:
+                pcm = await synth.segment(text, voice, 1.0)
+                said.append(Said(text, voice.name, backchannel, pcm))
+    return said
+
+
+# ---------------------------------------------------------------------------- WebSocket
+
+
+class _Microphone:
+    """A WebSocket client's microphone: silence, and a fixture when one is said, sent as
+    20 ms appends at the pace of real time."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        self._ws = ws
+        self._queue: list[npt.NDArray[np.int16]] = []
+        self.onset_at: float | None = None
+        self._silence = np.zeros(RATE // 50, np.int16)
+
+    def say(self, pcm: npt.NDArray[np.int16]) -> None:
+        self.onset_at = None
+        step = RATE // 50
+        self._queue = [pcm[i : i + step] for i in range(0, len(pcm), step)]
+
+    async def run(self) -> None:
+        start = time.monotonic()
+        frames = 0
+        while True:
+            chunk = self._queue.pop(0) if self._queue else self._silence
+            if len(chunk) < len(self._silence):
+                chunk = np.concatenate([chunk, self._silence[len(chunk) :]])
+            if self.onset_at is None and int(np.max(np.abs(chunk))) > _ONSET_LEVEL:
+                self.onset_at = time.monotonic()
+            audio = base64.b64encode(chunk.astype("<i2").tobytes()).decode()
+            await self._ws.send_str(
+                json.dumps({"type": "input_audio_buffer.append", "audio": audio})
+            )
+            frames += 1
+            delay = start + frames * 0.02 - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+
+
+async def _websocket_trials(
+    http: aiohttp.ClientSession, ws_root: str, said: Sequence[Said], backchannels: bool
+) -> list[Outcome]:
+    url = f"{ws_root}/v1/realtime?model=gpt-realtime"
+    outcomes = []
+    async with http.ws_connect(url, headers={"Authorization": f"Bearer {API_KEY}"}) as ws:
+        await ws.send_str(json.dumps({"type": "session.update", "session": session(backchannels)}))
+        mic = _Microphone(ws)
+        sender = asyncio.create_task(mic.run())
+        try:
+            for fixture in said:
+                outcomes.append(await _websocket_trial(ws, mic, fixture))
+        finally:
+            sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sender
+    return outcomes
+
+
+async def _websocket_trial(
+    ws: aiohttp.ClientWebSocketResponse, mic: _Microphone, fixture: Said
+) -> Outcome:
+    await ws.send_str(json.dumps({"type": "response.create"}))
+    state = _WsTrial()
+    try:
+        await _websocket_events(ws, mic, fixture, state)
+    except TimeoutError:
+        state.status = "timeout"
+        await ws.send_str(json.dumps({"type": "response.cancel"}))
+    onset = mic.onset_at
+    heard_at = state.heard_at
+    heard_ms = (heard_at - onset) * 1000 if heard_at is not None and onset is not None else None
+    return Outcome(
+        "websocket",
+        fixture.text,
+        fixture.voice,
+        fixture.backchannel,
+        None if heard_ms is None else round(heard_ms, 1),
+        state.status,
+        False,
+    )
+
+
+@dataclass
+class _WsTrial:
+    status: str = "none"
+    heard_at: float | None = None
+
+
+async def _websocket_events(
+    ws: aiohttp.ClientWebSocketResponse, mic: _Microphone, fixture: Said, state: _WsTrial
+) -> None:
+    first_audio: float | None = None
+    audio_bytes = 0
+    done_at: float | None = None
+    stopped = False
+    said = False
+    async with asyncio.timeout(REPLY_LIMIT_S):
+        while True:
+            now = time.monotonic()
+            if first_audio is not None and not said and now >= first_audio + SAY_AFTER_S:
+                mic.say(fixture.pcm)
+                said = True
+            reply_end = (first_audio or now) + audio_bytes / 2 / RATE
+            if (
+                done_at is not None
+                and said
+                and now > max(reply_end, done_at) + TAIL_S
+                and (state.heard_at is None or stopped)
+            ):
+                return
+            try:
+                message = await asyncio.wait_for(ws.receive(), 0.05)
+            except TimeoutError:
+                continue
+            if message.type != aiohttp.WSMsgType.TEXT:
+                raise BenchError(f"the WebSocket closed: {message.type.name}")
+            event = json.loads(message.data)
+            kind = event["type"]
+            now = time.monotonic()
+            if kind == "response.output_audio.delta":
+                first_audio = first_audio or now
+                audio_bytes += len(base64.b64decode(event["delta"]))
+            elif kind == "response.done":
+                done_at = now
+                state.status = event["response"]["status"]
+            elif kind == "input_audio_buffer.speech_started":
+                if said and mic.onset_at is not None and state.heard_at is None:
+                    state.heard_at = now
+            elif kind == "input_audio_buffer.speech_stopped":
+                stopped = True
+            elif kind == "error":
+                print(f"  error event: {event['error']['message']}", file=sys.stderr)
+
+
+# ---------------------------------------------------------------------------- WebRTC
+
+
+async def _webrtc_trials(
+    http: aiohttp.ClientSession, ws_root: str, said: Sequence[Said], backchannels: bool
+) -> list[Outcome]:
+    url = ws_root.replace("ws://", "http://", 1)
+    room = Room(50, -120.0)
+    client = EchoCallClient(room)
+    outcomes = []
+    try:
+        await client.connect(http, url, api_key=API_KEY, session=session(backchannels))
+        await client.next_event("session.created")
+        await asyncio.wait_for(client.opened.wait(), 30)
+        for fixture in said:
+            mark = len(client.frames)
+            try:
+                trial = await reply_trial(client, fixture.pcm, room)
+            except TimeoutError:
+                client.send({"type": "response.cancel"})
+                trial = Trial(50, -120.0, True, "timeout", False)
+            quiet = _quiet_after(client.frames[mark:], client.mic.onset_at)
+            outcomes.append(
+                Outcome(
+                    "webrtc",
+                    fixture.text,
+                    fixture.voice,
+                    fixture.backchannel,
+                    trial.detected_ms,
+                    trial.status,
+                    trial.cut,
+                    *quiet,
+                )
+            )
+    finally:
+        await client.close()
+    return outcomes
+
+
+def _quiet_after(
+    frames: Sequence[ReceivedFrame], onset: float | None
+) -> tuple[float | None, float | None]:
+    """When the reply's audio first went quiet for ``QUIET_FRAMES`` after ``onset`` (ms from
+    it), and how long it stayed quiet (None: until the end of the trial)."""
+    if onset is None:
+        return None, None
+    start: float | None = None
+    count = 0
+    for frame in frames:
+        if frame.arrival < onset:
+            continue
+        if frame.rms <= AUDIBLE_RMS:
+            start = frame.arrival if start is None else start
+            count += 1
+            continue
+        if start is not None and count >= QUIET_FRAMES:
+            return round((start - onset) * 1000, 1), round(count * 20.0, 1)
+        start, count = None, 0
+    if start is not None and count >= QUIET_FRAMES:
+        return round((start - onset) * 1000, 1), None
+    return None, None
+
+
+# ---------------------------------------------------------------------------- the run
+
+
+def figures(outcomes: Sequence[Outcome]) -> dict[str, Any]:
+    """False barge-ins over backchannels; misses and stop latency over interruptions."""
+    backs = [o for o in outcomes if o.backchannel]
+    stops = [o for o in outcomes if not o.backchannel]
+    latencies = sorted(o.heard_ms for o in stops if o.heard_ms is not None)
+    silenced = sorted(o.silenced_ms for o in stops if o.silenced_ms is not None)
+    gaps = sorted(o.quiet_ms for o in backs if o.quiet_ms is not None and not o.barged_in)
+    return {
+        "backchannels": len(backs),
+        "false_barge_ins": sum(o.barged_in for o in backs),
+        "false_barge_in_rate": round(sum(o.barged_in for o in backs) / len(backs), 3)
+        if backs
+        else None,
+        "timeouts": sum(o.status == "timeout" for o in outcomes),
+        "interruptions": len(stops),
+        "missed": sum(o.heard_ms is None for o in stops),
+        "stop_p50_ms": _round(percentile(latencies, 50)) if latencies else None,
+        "stop_p95_ms": _round(percentile(latencies, 95)) if latencies else None,
+        "stop_max_ms": latencies[-1] if latencies else None,
+        # WebRTC: when the listener stopped hearing the reply, and the gap a backchannel
+        # left in it (the hold, until the verdict resumed it).
+        "silenced_p50_ms": _round(percentile(silenced, 50)) if silenced else None,
+        "silenced_p95_ms": _round(percentile(silenced, 95)) if silenced else None,
+        "backchannel_gap_p50_ms": _round(percentile(gaps, 50)) if gaps else None,
+        "backchannel_gap_p95_ms": _round(percentile(gaps, 95)) if gaps else None,
+    }
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
+
+
+async def measure(
+    transports: Sequence[str],
+    voices: Sequence[str] | None,
+    backchannels: bool,
+    progress: Callable[[str], None] = lambda line: None,
+) -> dict[str, Any]:
+    """Run every fixture over every transport; the report (JSON-ready)."""
+    said = await fixtures(voices)
+    args = ["--asr", "whisper", "--tts", "piper", "--echo-cancellation", "off"]
+    outcomes: list[Outcome] = []
+    # A busy machine takes minutes to load the models (the end-of-turn model above all).
+    with local_server("fake", ready_s=900, args=args) as (ws_root, _pid):
+        async with aiohttp.ClientSession() as http:
+            for transport in transports:
+                run = _websocket_trials if transport == "websocket" else _webrtc_trials
+                found = await run(http, ws_root, said, backchannels)
+                progress(f"  {transport}: {json.dumps(figures(found))}")
+                outcomes += found
+    return {
+        "backchannels_on": backchannels,
+        "figures": {t: figures([o for o in outcomes if o.transport == t]) for t in transports},
+        "outcomes": [{**asdict(o), "barged_in": o.barged_in} for o in outcomes],
+    }
+
+
+def summary(report: dict[str, Any]) -> str:
+    """The human summary."""
+    state = "on" if report["backchannels_on"] else "off"
+    lines = [f"backchannels {state}"]
+    for transport, f in report["figures"].items():
+        lines.append(
+            f"  {transport}: false barge-ins {f['false_barge_ins']}/{f['backchannels']}"
+            f" ({f['false_barge_in_rate']}); interruptions missed {f['missed']}/"
+            f"{f['interruptions']}, stopped p50 {f['stop_p50_ms']} ms, p95 {f['stop_p95_ms']}"
+            f" ms, max {f['stop_max_ms']} ms"
+        )
+        if f["silenced_p50_ms"] is not None:
+            lines.append(
+                f"    audio silenced at the client p50 {f['silenced_p50_ms']} ms, p95"
+                f" {f['silenced_p95_ms']} ms; backchannel gap p50 {f['backchannel_gap_p50_ms']}"
+                f" ms, p95 {f['backchannel_gap_p95_ms']} ms"
+            )
+    return "\n".join(lines)
+
+
+def run(
+    transports: Sequence[str], voices: Sequence[str] | None, backchannels: bool
+) -> dict[str, Any]:
+    """``measure`` on a fresh event loop, its progress to stderr."""
+    unknown = set(transports) - set(TRANSPORTS)
+    if unknown:
+        raise BenchError(f"unknown transport: {', '.join(sorted(unknown))}")
+    return asyncio.run(
+        measure(
+            transports,
+            voices,
+            backchannels,
+            progress=lambda line: print(line, file=sys.stderr, flush=True),
+        )
+    )
