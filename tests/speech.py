@@ -19,40 +19,15 @@ import numpy as np
 import numpy.typing as npt
 
 from hark.audio.resample import resample
-from hark.bench.spoken_questions import QUESTIONS
+from hark.bench.tts import SENTENCES as HEARD
 
 RATE = 16000
 DATA = Path(__file__).resolve().parent / "data" / "speech"
 
-SENTENCES: tuple[str, ...] = (
-    "What is the capital of France?",
-    "Tell me a joke about penguins, please.",
-    "Turn off the lights in the kitchen.",
-    "Tell me a joke.",
-    "Could you tell me what the capital of France is, and how many people live there?",
-    "How do I reset my password?",
-    "Set a timer for ten minutes.",
-    "Can you recommend a good book?",
-    "I'd like to cancel my subscription.",
-    "My phone number is four one five five five five one two three four.",
-    "my phone number is four one five",
-    "my phone number is four one five five five five",
-    "i want to book a table for",
-    "i was wondering if",
-    "my credit card number is four two four two",
-    "so what i'm trying to say is",
-    "Tell me a long story about a dragon and a knight.",
-    "Wait, stop please.",
-    "Wait, stop, I have another question.",
-    # Said in two parts, with a pause between them, by the turn-taking test.
-    "My phone number is four one five,",
-    "five five five, one two three four.",
-    # Backchannels said over a reply (tests/transports/test_backchannel_calls.py).
-    "Uh-huh.",
-    "Yeah.",
-)
-# The benchmarks' questions, for the benchmarks' tests.
-SENTENCES += tuple(q for q in QUESTIONS if q not in SENTENCES)
+# The sentences `hark bench tts` speaks are the ones the tests hear (the comments there say
+# which test says what), with the backchannels said over a reply
+# (tests/transports/test_backchannel_calls.py).
+SENTENCES: tuple[str, ...] = (*HEARD, "Uh-huh.", "Yeah.")
 
 # Piper scales each sentence to full scale; headroom keeps resampling from clipping.
 _VOLUME = 0.9

@@ -4,10 +4,9 @@ it stops when told, never fetches a voice, and a server started with ``--tts hib
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from hark.engines.tts import TtsEngine, installed_voices
 from hark.engines.tts.hibari import HibariTts
 from hark.engines.tts.openai import OpenAITts
 from hark.protocol.session_config import OPENAI_VOICES
+from tests.engines.renders import CountingRenders
 from tests.servers import HarkProcess
 
 pytestmark = pytest.mark.slow
@@ -140,39 +140,10 @@ def test_missing_hibari_is_explained(monkeypatch: pytest.MonkeyPatch) -> None:
         build_engines(Settings(engines="fake", tts="hibari"))
 
 
-class CountingRenders:
-    """Counts the sentences the model renders (by wrapping its model call) and keeps every
-    call handed to the engine's workers, so that a test can wait for all of them to end."""
-
-    def __init__(self, engine: HibariTts, monkeypatch: pytest.MonkeyPatch) -> None:
-        model = engine._load()
-        self.count = 0
-        self.calls: list[concurrent.futures.Future[Any]] = []
-        original = model.from_ids
-        submit = engine._queue.submit
-
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            self.count += 1
-            return original(*args, **kwargs)
-
-        def kept(due: float, call: Callable[[], Any]) -> concurrent.futures.Future[Any]:
-            future = submit(due, call)
-            self.calls.append(future)
-            return future
-
-        monkeypatch.setattr(model, "from_ids", counted)
-        monkeypatch.setattr(engine._queue, "submit", kept)
-
-    async def settled(self) -> None:
-        """Wait until every call handed to the workers has run or been dropped."""
-        _, running = await asyncio.to_thread(concurrent.futures.wait, self.calls, LIVENESS_S)
-        assert not running, "a render never ended"
-
-
 async def test_closing_the_stream_stops_before_the_next_sentence(
     tts: HibariTts, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    renders = CountingRenders(tts, monkeypatch)
+    renders = CountingRenders(tts._load(), "from_ids", tts._queue, monkeypatch)
     stream = tts.synthesize(THREE_SENTENCES)
     first = await anext(stream)
     assert first.size > 0

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -14,6 +13,7 @@ import pytest
 
 from hark.engines.tts import TtsEngine
 from hark.engines.tts.piper import PiperTts
+from tests.engines.renders import CountingRenders
 
 pytestmark = pytest.mark.slow
 
@@ -87,39 +87,10 @@ async def test_openai_voice_names_are_accepted(tts: PiperTts) -> None:
         assert len(chunks) == 1 and rms(chunks[0]) > 1000
 
 
-class CountingRenders:
-    """Counts the sentences the voice renders (by wrapping its ONNX call) and keeps every call
-    handed to the engine's workers, so that a test can wait for all of them to be over."""
-
-    def __init__(self, engine: PiperTts, monkeypatch: pytest.MonkeyPatch) -> None:
-        voice = engine._load()
-        self.count = 0
-        self.calls: list[concurrent.futures.Future[Any]] = []
-        original = voice.phoneme_ids_to_audio
-        submit = engine._queue.submit
-
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            self.count += 1
-            return original(*args, **kwargs)
-
-        def kept(due: float, call: Callable[[], Any]) -> concurrent.futures.Future[Any]:
-            future = submit(due, call)
-            self.calls.append(future)
-            return future
-
-        monkeypatch.setattr(voice, "phoneme_ids_to_audio", counted)
-        monkeypatch.setattr(engine._queue, "submit", kept)
-
-    async def settled(self) -> None:
-        """Wait until every call handed to the workers has run or been dropped."""
-        _, running = await asyncio.to_thread(concurrent.futures.wait, self.calls, LIVENESS_S)
-        assert not running, "a render never ended"
-
-
 async def test_closing_the_stream_stops_before_the_next_sentence(
     tts: PiperTts, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    renders = CountingRenders(tts, monkeypatch)
+    renders = CountingRenders(tts._load(), "phoneme_ids_to_audio", tts._queue, monkeypatch)
     stream = tts.synthesize(THREE_SENTENCES)
     first = await anext(stream)
     assert first.size > 0
@@ -131,7 +102,7 @@ async def test_closing_the_stream_stops_before_the_next_sentence(
 async def test_cancelling_mid_sentence_renders_no_further_sentence(
     tts: PiperTts, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    renders = CountingRenders(tts, monkeypatch)
+    renders = CountingRenders(tts._load(), "phoneme_ids_to_audio", tts._queue, monkeypatch)
     received: list[npt.NDArray[np.int16]] = []
     first_arrived = asyncio.Event()
 

@@ -35,8 +35,9 @@ from hark.bench.word_alignment import align, words
 from hark.engines.asr import AsrEngine
 from hark.engines.tts import TtsEngine
 
-# The sentences hark's tests hear (tests/speech.py): requests, spelled-out numbers, the
-# fragments the turn-taking tests use, then the benchmarks' questions.
+# The sentences hark's tests hear (tests/speech.py keeps them as WAV files and adds the
+# backchannels): requests, spelled-out numbers, the fragments the turn-taking tests use,
+# then the benchmarks' questions.
 SENTENCES: tuple[str, ...] = (
     "What is the capital of France?",
     "Tell me a joke about penguins, please.",
@@ -57,6 +58,7 @@ SENTENCES: tuple[str, ...] = (
     "Tell me a long story about a dragon and a knight.",
     "Wait, stop please.",
     "Wait, stop, I have another question.",
+    # Said in two parts, with a pause between them, by the turn-taking test.
     "My phone number is four one five,",
     "five five five, one two three four.",
 )
