@@ -6,7 +6,9 @@ results a server would give, and the LLM's part with tool-call events.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+import json
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import numpy as np
@@ -14,7 +16,9 @@ import pydantic
 import pytest
 from openai.types.realtime.realtime_server_event import RealtimeServerEvent
 
+from hark.config import Settings
 from hark.engines.llm import Finished
+from hark.engines.registry import build_engines
 from hark.protocol import items as wire
 from hark.session.actions import (
     CallMcpTool,
@@ -23,6 +27,9 @@ from hark.session.actions import (
     Generate,
     ListMcpTools,
 )
+from hark.session.runner import SessionRunner
+from hark.tools import egress
+from tests.e2e.test_mcp_tools import ALLOWED_HOST, TOKEN, TOWN_KEY, serve_mcp
 
 from .conftest import Driver
 
@@ -665,3 +672,367 @@ def test_a_function_call_beside_an_mcp_call_ends_the_response_for_the_client(
     end = driver.pump()
     assert driver.take(Generate) == []
     assert [o["type"] for o in end[-1]["response"]["output"]] == ["mcp_call", "function_call"]
+
+
+# ---------------------------------------------------------------------- a response's own servers
+# OpenAI lets response.create name MCP servers for that response only (issue 28, point 4). As
+# with function tools, a response's own tools replace the session's for that response.
+
+LOOKUP = {"type": "function", "name": "lookup", "parameters": {"type": "object"}}
+
+
+def shop(**overrides: Any) -> dict[str, Any]:
+    """A server that only responses name: not the session's ``town``."""
+    place = {"server_label": "shop", "server_url": "http://127.0.0.1:7/mcp", "headers": None}
+    return mcp_tool(**{**place, **overrides})
+
+
+def test_a_responses_own_server_is_listed_in_it_and_offered_for_it_alone(
+    driver: Driver,
+) -> None:
+    listed(driver, BOOK)
+    created = driver.send(
+        {
+            "type": "response.create",
+            "response": {"tools": [LOOKUP, shop(allowed_tools=["get_weather"])]},
+        }
+    )
+    assert driver.types(created) == [
+        "response.created",
+        "rate_limits.updated",
+        "response.output_item.added",
+        "conversation.item.added",
+        "mcp_list_tools.in_progress",
+    ]
+    item = created[2]["item"]
+    assert (item["type"], item["server_label"], item["tools"]) == ("mcp_list_tools", "shop", [])
+    assert created[4]["item_id"] == item["id"]
+    (action,) = driver.take(ListMcpTools)
+    assert (action.item_id, action.server.url) == (item["id"], "http://127.0.0.1:7/mcp")
+    assert action.server.authorization == "secret-token"
+    # The LLM waits for the response's own tools.
+    assert driver.take(Generate) == []
+
+    driver.session.on_mcp_tools_listed(action.item_id, [WEATHER, BOOK], now=driver.now)
+    done = driver.pump()
+    assert driver.types(done) == [
+        "mcp_list_tools.completed",
+        "response.output_item.done",
+        "conversation.item.done",
+    ]
+    assert [t["name"] for t in done[1]["item"]["tools"]] == ["get_weather"]
+    (generate,) = driver.take(Generate)
+    # The response's function and its server's allowed tool; none of the session's town.
+    assert [t.name for t in generate.request.tools] == ["lookup", "get_weather"]
+    end = answer(driver, generate, "Hi.")
+    assert [o["type"] for o in end[-1]["response"]["output"]] == ["mcp_list_tools", "message"]
+
+    # The next response has the session's tools again, and nothing of the shop.
+    driver.send({"type": "response.create"})
+    (generate,) = driver.take(Generate)
+    assert [t.name for t in generate.request.tools] == ["book_table"]
+    assert "error" not in driver.types()
+
+
+def test_a_listing_made_before_is_reused_and_a_server_reached_differently_is_listed(
+    driver: Driver,
+) -> None:
+    listed(driver, WEATHER, BOOK)
+    # The session's own server, named again by a response with its own allowed_tools: the
+    # listing the session made serves, with no new item.
+    created = driver.send(
+        {"type": "response.create", "response": {"tools": [mcp_tool(allowed_tools=["book_table"])]}}
+    )
+    assert driver.types(created) == ["response.created", "rate_limits.updated"]
+    assert driver.take(ListMcpTools) == []
+    (generate,) = driver.take(Generate)
+    assert [t.name for t in generate.request.tools] == ["book_table"]
+    answer(driver, generate, "Hi.")
+
+    # Another key: another listing.
+    driver.send(
+        {"type": "response.create", "response": {"tools": [mcp_tool(headers={"X-Town-Key": "b"})]}}
+    )
+    (action,) = driver.take(ListMcpTools)
+    assert action.server.headers == {"X-Town-Key": "b"}
+    driver.session.on_mcp_tools_listed(action.item_id, [WEATHER], now=driver.now)
+    driver.pump()
+    answer(driver, driver.take(Generate)[0], "Hi.")
+    # A response-level listing serves the next response naming the same server.
+    again = driver.send(
+        {"type": "response.create", "response": {"tools": [mcp_tool(headers={"X-Town-Key": "b"})]}}
+    )
+    assert driver.types(again) == ["response.created", "rate_limits.updated"]
+    assert driver.take(ListMcpTools) == []
+    (generate,) = driver.take(Generate)
+    assert [t.name for t in generate.request.tools] == ["get_weather"]
+
+
+def test_a_responses_own_server_is_called_there_and_the_response_ends_with_the_call(
+    driver: Driver,
+) -> None:
+    text_session(driver)
+    driver.send(
+        {"type": "response.create", "response": {"tools": [shop()], "tool_choice": "required"}}
+    )
+    (action,) = driver.take(ListMcpTools)
+    driver.session.on_mcp_tools_listed(action.item_id, [WEATHER], now=driver.now)
+    driver.pump()
+    (generate,) = driver.take(Generate)
+    assert generate.request.tool_choice.mode == "required"
+    call(driver, generate, "get_weather", '{"city": "Rome"}')
+    (mcp_call,) = driver.take(CallMcpTool)
+    # The session has no such server: the call goes where the response said.
+    assert (mcp_call.server.label, mcp_call.server.url) == ("shop", "http://127.0.0.1:7/mcp")
+    assert mcp_call.server.authorization == "secret-token"
+    driver.session.on_mcp_call_done(mcp_call.response_id, mcp_call.item_id, "Hot", now=driver.now)
+    end = driver.pump()
+    assert driver.types(end)[-1] == "response.done"
+    response = end[-1]["response"]
+    assert [o["type"] for o in response["output"]] == ["mcp_list_tools", "mcp_call"]
+    assert response["output"][1]["output"] == "Hot"
+    driver.send({"type": "response.create"})
+    (again,) = driver.take(Generate)
+    assert again.request.messages[-1].content == "Hot"
+    assert again.request.tools == ()
+
+
+def test_a_call_of_a_responses_own_server_waits_for_approval_and_runs_there(
+    driver: Driver,
+) -> None:
+    text_session(driver)
+    rule = {"never": {"tool_names": ["get_weather"]}}
+    for name, kind in (("get_weather", "mcp_call"), ("book_table", "mcp_approval_request")):
+        driver.send(
+            {"type": "response.create", "response": {"tools": [shop(require_approval=rule)]}}
+        )
+        for listing in driver.take(ListMcpTools):
+            driver.session.on_mcp_tools_listed(listing.item_id, [WEATHER, BOOK], now=driver.now)
+            driver.pump()
+        (generate,) = driver.take(Generate)
+        start = len(driver.events)
+        call(driver, generate, name, "{}")
+        assert next(e["item"]["type"] for e in driver.events[start:] if "item" in e) == kind
+        for action in driver.take(CallMcpTool):
+            driver.session.on_mcp_call_done(action.response_id, action.item_id, "", now=driver.now)
+            driver.pump()
+        assert driver.types()[-1] == "response.done"
+    # Approved once the response is over: the call still goes to the response's server.
+    answer_last_request(driver, approve=True)
+    (action,) = driver.take(CallMcpTool)
+    assert (action.server.label, action.server.url, action.name) == (
+        "shop",
+        "http://127.0.0.1:7/mcp",
+        "book_table",
+    )
+    assert action.server.authorization == "secret-token"
+
+
+def test_a_responses_server_that_cannot_be_listed_leaves_it_without_those_tools(
+    driver: Driver,
+) -> None:
+    text_session(driver)
+    driver.send({"type": "response.create", "response": {"tools": [LOOKUP, shop()]}})
+    (action,) = driver.take(ListMcpTools)
+    why = wire.McpCallError(
+        type="http_error", code=403, message="The MCP server's address is not allowed."
+    )
+    driver.session.on_mcp_list_failed(action.item_id, why, now=driver.now)
+    failed = driver.pump()
+    assert driver.types(failed) == [
+        "mcp_list_tools.failed",
+        "response.output_item.done",
+        "conversation.item.done",
+        "error",
+    ]
+    assert failed[-1]["error"]["code"] == "mcp_list_tools_failed"
+    assert "'shop'" in failed[-1]["error"]["message"]
+    (generate,) = driver.take(Generate)
+    assert [t.name for t in generate.request.tools] == ["lookup"]
+    end = answer(driver, generate, "Hi.")
+    assert end[-1]["response"]["status"] == "completed"
+    # A failed listing is not reused: the next response naming the server lists it again.
+    driver.send({"type": "response.create", "response": {"tools": [shop()]}})
+    assert len(driver.take(ListMcpTools)) == 1
+
+
+def test_a_response_cancelled_while_its_server_is_listed_ends_and_the_listing_is_dropped(
+    driver: Driver,
+) -> None:
+    text_session(driver)
+    driver.send({"type": "response.create", "response": {"tools": [shop()]}})
+    (action,) = driver.take(ListMcpTools)
+    cancelled = driver.send({"type": "response.cancel"})
+    assert driver.types(cancelled) == [
+        "response.output_item.done",
+        "conversation.item.done",
+        "response.done",
+    ]
+    assert cancelled[-1]["response"]["status"] == "cancelled"
+    driver.session.on_mcp_tools_listed(action.item_id, [WEATHER], now=driver.now)
+    assert driver.pump() == []
+    assert driver.take(Generate) == []
+
+
+def test_an_out_of_band_responses_listing_stays_out_of_the_conversation(driver: Driver) -> None:
+    text_session(driver)
+    created = driver.send(
+        {"type": "response.create", "response": {"conversation": "none", "tools": [shop()]}}
+    )
+    assert driver.types(created) == [
+        "response.created",
+        "rate_limits.updated",
+        "response.output_item.added",
+        "mcp_list_tools.in_progress",
+    ]
+    (action,) = driver.take(ListMcpTools)
+    driver.session.on_mcp_tools_listed(action.item_id, [WEATHER], now=driver.now)
+    assert driver.types(driver.pump()) == ["mcp_list_tools.completed", "response.output_item.done"]
+    assert driver.session.conversation.entries() == []
+
+
+def test_a_responses_tool_choice_names_its_own_server(driver: Driver) -> None:
+    listed(driver, WEATHER)
+    choice = {"type": "mcp", "server_label": "shop", "name": "book_table"}
+    driver.send({"type": "response.create", "response": {"tools": [shop()], "tool_choice": choice}})
+    (action,) = driver.take(ListMcpTools)
+    driver.session.on_mcp_tools_listed(action.item_id, [WEATHER, BOOK], now=driver.now)
+    driver.pump()
+    (generate,) = driver.take(Generate)
+    assert (generate.request.tool_choice.mode, generate.request.tool_choice.name) == (
+        "function",
+        "book_table",
+    )
+    answer(driver, generate, "Hi.")
+    # A response with tools of its own has none of the session's: naming town is an error.
+    town_choice = {"type": "mcp", "server_label": "town"}
+    (error,) = driver.send(
+        {"type": "response.create", "response": {"tools": [shop()], "tool_choice": town_choice}}
+    )
+    assert error["error"]["param"] == "response.tool_choice.server_label"
+    assert driver.take(ListMcpTools) == []
+
+
+@pytest.mark.parametrize(
+    ("tool", "param", "code"),
+    [
+        (shop(server_url=None), "response.tools[0].server_url", "missing_required_parameter"),
+        (shop(server_url="ftp://x/mcp"), "response.tools[0].server_url", "invalid_value"),
+        (
+            shop(server_url=None, connector_id="connector_gmail"),
+            "response.tools[0].connector_id",
+            "unsupported_parameter",
+        ),
+        (shop(server_url=None, tunnel_id="tun_1"), "response.tools[0].tunnel_id", None),
+    ],
+)
+def test_a_bad_mcp_tool_refuses_the_response_naming_the_param(
+    driver: Driver, tool: dict[str, Any], param: str, code: str | None
+) -> None:
+    text_session(driver)
+    (error,) = driver.send({"type": "response.create", "response": {"tools": [tool]}})
+    assert error["type"] == "error"
+    assert error["error"]["param"] == param
+    if code is not None:
+        assert error["error"]["code"] == code
+    assert driver.take(ListMcpTools) == []
+    (error,) = driver.send({"type": "response.create", "response": {"tools": [shop(), shop()]}})
+    assert error["error"]["param"] == "response.tools[1].server_label"
+
+
+# ------------------------------------------------- a response's own server, reached for real
+# The runner carries out the listing and the call with the MCP client, through the egress
+# policy (issue 27): a response's own server_url is held to it as a session's is. The servers
+# are real MCP servers (the official `mcp` SDK over streamable HTTP) on loopback, as in
+# tests/e2e/test_mcp_tools.py.
+
+
+@pytest.fixture
+def policy() -> Iterator[None]:
+    """The process's egress policy allows ``ALLOWED_HOST`` alone beyond the public internet,
+    as ``--egress-allow`` would; the one before is put back."""
+    before = egress.current()
+    egress.configure(egress.EgressPolicy.parse([ALLOWED_HOST]))
+    yield
+    egress.configure(before)
+
+
+async def until(stream: AsyncIterator[str], stop: str) -> list[dict[str, Any]]:
+    """The runner's events up to one of type ``stop``; each one the `openai` SDK reads."""
+    events: list[dict[str, Any]] = []
+
+    async def read() -> None:
+        async for text in stream:
+            event = json.loads(text)
+            SDK_EVENT.validate_python(event)
+            events.append(event)
+            if event["type"] == stop:
+                return
+
+    await asyncio.wait_for(read(), 60)
+    return events
+
+
+async def test_a_responses_own_server_is_held_to_the_egress_policy(policy: None) -> None:
+    allowed = serve_mcp()
+    refused = serve_mcp("127.0.0.1")
+    runner = SessionRunner(build_engines(Settings(engines="fake")), model="m")
+    try:
+        await runner.start()
+        stream = runner.outgoing()
+        runner.receive_text(
+            json.dumps(
+                {
+                    "type": "session.update",
+                    "session": {
+                        "output_modalities": ["text"],
+                        "audio": {"input": {"turn_detection": None}},
+                    },
+                }
+            )
+        )
+        await until(stream, "session.updated")
+        real = {
+            "type": "mcp",
+            "server_label": "town",
+            "authorization": TOKEN,
+            "headers": {"X-Town-Key": TOWN_KEY},
+            "require_approval": "never",
+            "allowed_tools": ["get_weather"],
+        }
+
+        # A server on an address the operator did not allow: its listing is refused, the
+        # client is told why, and the response answers without its tools.
+        tools = [{**real, "server_url": refused.url}]
+        runner.receive_text(json.dumps({"type": "response.create", "response": {"tools": tools}}))
+        events = await until(stream, "response.done")
+        types = [e["type"] for e in events]
+        assert "mcp_list_tools.failed" in types
+        (error,) = [e for e in events if e["type"] == "error"]
+        assert error["error"]["code"] == "mcp_list_tools_failed"
+        assert "not allowed" in error["error"]["message"]
+        response = events[-1]["response"]
+        assert response["status"] == "completed"
+        assert [o["type"] for o in response["output"]] == ["mcp_list_tools", "message"]
+        assert response["output"][0]["tools"] == []
+
+        # The allowed one is listed and called, with the response's credentials.
+        tools = [{**real, "server_url": allowed.url}]
+        runner.receive_text(
+            json.dumps(
+                {
+                    "type": "response.create",
+                    "response": {"tools": tools, "tool_choice": "required"},
+                }
+            )
+        )
+        events = await until(stream, "response.done")
+        assert "error" not in [e["type"] for e in events]
+        response = events[-1]["response"]
+        assert [o["type"] for o in response["output"]] == ["mcp_list_tools", "mcp_call"]
+        assert [t["name"] for t in response["output"][0]["tools"]] == ["get_weather"]
+        assert response["output"][1]["output"] == f"Sunny in example; called with Bearer {TOKEN}"
+    finally:
+        await runner.close()
+        allowed.stop()
+        refused.stop()

@@ -8,6 +8,11 @@ adds it (or changes how it is reached), into an ``mcp_list_tools`` conversation 
 it listed, narrowed by ``allowed_tools``, reach the LLM as function tools. Responses call them
 (see ``response_lifecycle``); ``require_approval`` turns a call into an ``mcp_approval_request``
 item, which the client's ``mcp_approval_response`` item answers: an approved call runs at once.
+
+A response with ``tools`` of its own has its own MCP servers instead of the session's
+(``open_for_response``): each is listed into an ``mcp_list_tools`` output item of that response,
+unless a listing of the same server (same label, URL and credentials) was made before in the
+session, by the session or an earlier response, which is reused without a new item.
 """
 
 from __future__ import annotations
@@ -36,12 +41,22 @@ class McpTarget:
     name: str
 
 
+# How many listings (by how a server is reached) a session keeps for responses to reuse.
+MAX_KNOWN_LISTINGS = 32
+
+
 @dataclass(slots=True)
-class _Server:
+class ListedServer:
+    """An MCP server whose tools the LLM may be offered: one of the session's, or one of a
+    response's own."""
+
     config: McpToolDef
-    item: Entry
+    # Its ``mcp_list_tools`` item; None for a response's server whose listing was reused.
+    item: Entry | None
     # What the server listed and ``allowed_tools`` lets through; empty until listed.
     tools: list[wire.McpTool]
+    # Still being listed.
+    listing: bool = False
 
 
 class McpTools:
@@ -63,9 +78,22 @@ class McpTools:
         self._ids = ids
         self._conversation = conversation
         self._tools_changed = tools_changed
-        self._servers: dict[str, _Server] = {}
-        # Approval requests made in this session and not yet answered, by item id.
-        self._awaiting: dict[str, wire.McpApprovalRequestItem] = {}
+        self._servers: dict[str, ListedServer] = {}
+        # What each server listed (before ``allowed_tools``), by how it is reached, for
+        # responses naming the same server to reuse; the most recent last.
+        self._known: dict[McpServer, list[wire.McpTool]] = {}
+        # Responses' own servers being listed, by their ``mcp_list_tools`` item id.
+        self._response_listings: dict[str, ListedServer] = {}
+        # Told when a response's server is listed (or not): its item is done.
+        self._response_listed: Callable[[Entry], None] = lambda entry: None
+        # Approval requests made in this session and not yet answered, by item id, with how
+        # to reach a response's own server (None: the session's server of that label).
+        self._awaiting: dict[str, tuple[wire.McpApprovalRequestItem, McpServer | None]] = {}
+
+    def on_response_listed(self, callback: Callable[[Entry], None]) -> None:
+        """``callback(item)`` is called when a response's own server has been listed, or
+        could not be: its ``mcp_list_tools`` item is complete."""
+        self._response_listed = callback
 
     # ------------------------------------------------------------------ servers
 
@@ -87,33 +115,90 @@ class McpTools:
             type="mcp",
             mcp=wire.McpListToolsItem(server_label=config.server_label, tools=[]),
         )
-        self._servers[config.server_label] = _Server(config, entry, [])
+        self._servers[config.server_label] = ListedServer(config, entry, [], listing=True)
         previous = self._conversation.insert(entry)
         self._outbox.emit(se.ConversationItemAdded(previous_item_id=previous, item=entry.to_wire()))
         self._outbox.emit(se.McpListToolsInProgress(item_id=entry.id))
         self._outbox.act(ListMcpTools(entry.id, server_of(config)))
 
+    def open_for_response(
+        self, configs: list[McpToolDef], add_output: Callable[[Entry], object]
+    ) -> dict[str, ListedServer]:
+        """A response's own MCP servers, by label. A server listed before in the session
+        (by the session or another response, reached the same way) has that listing, narrowed
+        by this ``allowed_tools``; any other is listed now into an ``mcp_list_tools`` item,
+        which ``add_output`` makes an output item of the response before the listing starts.
+        """
+        servers: dict[str, ListedServer] = {}
+        for config in configs:
+            known = self._known.get(server_of(config))
+            if known is not None:
+                tools = [t for t in known if _allowed(config.allowed_tools, t)]
+                servers[config.server_label] = ListedServer(config, None, tools)
+                continue
+            entry = Entry(
+                id=self._ids.new("item"),
+                type="mcp",
+                mcp=wire.McpListToolsItem(server_label=config.server_label, tools=[]),
+            )
+            server = ListedServer(config, entry, [], listing=True)
+            servers[config.server_label] = server
+            self._response_listings[entry.id] = server
+            add_output(entry)
+            self._outbox.emit(se.McpListToolsInProgress(item_id=entry.id))
+            self._outbox.act(ListMcpTools(entry.id, server_of(config)))
+        return servers
+
+    def abandon(self, servers: dict[str, ListedServer]) -> None:
+        """A response ended: the listings of its servers still running are for nobody."""
+        for server in servers.values():
+            if server.item is not None:
+                self._response_listings.pop(server.item.id, None)
+
     def listed(self, item_id: str, tools: list[wire.McpTool]) -> None:
         """The server listed ``tools`` into the item ``item_id``."""
         server = self._server_listing(item_id)
+        own = server is None
         if server is None:
+            server = self._response_listings.pop(item_id, None)
+        if server is None or server.item is None:
             return
+        self._remember(server.config, tools)
+        server.listing = False
         server.tools = [t for t in tools if _allowed(server.config.allowed_tools, t)]
         assert isinstance(server.item.mcp, wire.McpListToolsItem)
         server.item.mcp = msgspec.structs.replace(server.item.mcp, tools=list(server.tools))
         self._outbox.emit(se.McpListToolsCompleted(item_id=item_id))
+        if own:
+            self._response_listed(server.item)
+            return
         self.item_done(server.item)
         self._tools_changed()
+
+    def _remember(self, config: McpToolDef, tools: list[wire.McpTool]) -> None:
+        reach = server_of(config)
+        self._known.pop(reach, None)
+        self._known[reach] = list(tools)
+        while len(self._known) > MAX_KNOWN_LISTINGS:
+            del self._known[next(iter(self._known))]
 
     def list_failed(self, item_id: str, error: wire.McpCallError | None = None) -> None:
         """The server could not be listed: it offers no tools. ``error``, when known, also
         goes to the client as an ``error`` event (why: down, refused by the egress policy…),
-        as OpenAI reports a list that failed."""
+        as OpenAI reports a list that failed. A response's own server fails the same way:
+        the response goes on without its tools."""
         server = self._server_listing(item_id)
+        own = server is None
         if server is None:
+            server = self._response_listings.pop(item_id, None)
+        if server is None or server.item is None:
             return
+        server.listing = False
         self._outbox.emit(se.McpListToolsFailed(item_id=item_id))
-        self.item_done(server.item)
+        if own:
+            self._response_listed(server.item)
+        else:
+            self.item_done(server.item)
         if error is not None:
             label = server.config.server_label
             self._outbox.emit(
@@ -129,9 +214,12 @@ class McpTools:
                 )
             )
 
-    def _server_listing(self, item_id: str) -> _Server | None:
+    def _server_listing(self, item_id: str) -> ListedServer | None:
         # A result for a server since removed or replaced is for nobody.
-        return next((s for s in self._servers.values() if s.item.id == item_id), None)
+        return next(
+            (s for s in self._servers.values() if s.item is not None and s.item.id == item_id),
+            None,
+        )
 
     def item_done(self, entry: Entry) -> None:
         """``conversation.item.done`` for ``entry``, if it is in the conversation."""
@@ -142,20 +230,26 @@ class McpTools:
         previous = entries[position - 1].id if position else None
         self._outbox.emit(se.ConversationItemDone(previous_item_id=previous, item=entry.to_wire()))
 
-    def server(self, label: str) -> McpServer | None:
-        """How to reach the server ``label``, if the session still has it."""
-        server = self._servers.get(label)
+    def server(
+        self, label: str, servers: dict[str, ListedServer] | None = None
+    ) -> McpServer | None:
+        """How to reach the server ``label`` of ``servers`` (a response's own; None: the
+        session's), if it is there."""
+        server = (self._servers if servers is None else servers).get(label)
         return server_of(server.config) if server is not None else None
 
     # ------------------------------------------------------------------ the LLM's view
 
-    def offered(self, taken: set[str]) -> dict[str, tuple[McpTarget, wire.McpTool]]:
-        """The listed tools by the name the LLM sees: the tool's own, or, where a function
-        or another server's tool has it already, ``<server_label>__<name>``. A server whose
-        ``allowed_callers`` leaves out ``direct`` offers none."""
+    def offered(
+        self, taken: set[str], servers: dict[str, ListedServer] | None = None
+    ) -> dict[str, tuple[McpTarget, wire.McpTool]]:
+        """The tools ``servers`` (a response's own; None: the session's) listed, by the name
+        the LLM sees: the tool's own, or, where a function or another server's tool has it
+        already, ``<server_label>__<name>``. A server whose ``allowed_callers`` leaves out
+        ``direct`` offers none."""
         names: dict[str, tuple[McpTarget, wire.McpTool]] = {}
         used = set(taken)
-        for label, server in self._servers.items():
+        for label, server in (self._servers if servers is None else servers).items():
             callers = server.config.allowed_callers
             if callers is not None and "direct" not in callers:
                 # Tools only code may call: hark runs no code that calls tools.
@@ -168,9 +262,12 @@ class McpTools:
                 names[name] = (McpTarget(label, tool.name), tool)
         return names
 
-    def needs_approval(self, target: McpTarget) -> bool:
-        """Whether a call of ``target`` waits for the user (``require_approval``)."""
-        server = self._servers.get(target.server_label)
+    def needs_approval(
+        self, target: McpTarget, servers: dict[str, ListedServer] | None = None
+    ) -> bool:
+        """Whether a call of ``target``, a tool of ``servers`` (a response's own; None: the
+        session's), waits for the user (``require_approval``)."""
+        server = (self._servers if servers is None else servers).get(target.server_label)
         if server is None:
             return True
         rule = server.config.require_approval
@@ -186,10 +283,11 @@ class McpTools:
 
     # ------------------------------------------------------------------ approvals
 
-    def await_approval(self, entry: Entry) -> None:
-        """The approval request ``entry`` went to the client."""
+    def await_approval(self, entry: Entry, server: McpServer | None = None) -> None:
+        """The approval request ``entry`` went to the client; ``server``: how to reach a
+        response's own server (None: the session's server of that label, when approved)."""
         assert isinstance(entry.mcp, wire.McpApprovalRequestItem)
-        self._awaiting[entry.id] = entry.mcp
+        self._awaiting[entry.id] = (entry.mcp, server)
 
     def check_response(self, item: wire.McpApprovalResponseItem, param: str) -> None:
         """A client's approval response must answer a request in the conversation."""
@@ -200,17 +298,20 @@ class McpTools:
                 f"{param}.approval_request_id",
             )
 
-    def take_approved(self) -> list[tuple[str, wire.McpApprovalRequestItem]]:
+    def take_approved(
+        self,
+    ) -> list[tuple[str, wire.McpApprovalRequestItem, McpServer | None]]:
         """The requests the conversation now answers, approved ones returned by request id
-        (to be called); denied ones are dropped."""
-        approved: list[tuple[str, wire.McpApprovalRequestItem]] = []
+        (to be called), with how to reach their server (None: the session's server of that
+        label, as it is now); denied ones are dropped."""
+        approved: list[tuple[str, wire.McpApprovalRequestItem, McpServer | None]] = []
         for entry in self._conversation.entries():
             answer = entry.mcp
             if not isinstance(answer, wire.McpApprovalResponseItem):
                 continue
-            request = self._awaiting.pop(answer.approval_request_id, None)
-            if request is not None and answer.approve:
-                approved.append((answer.approval_request_id, request))
+            awaited = self._awaiting.pop(answer.approval_request_id, None)
+            if awaited is not None and answer.approve:
+                approved.append((answer.approval_request_id, *awaited))
         return approved
 
 

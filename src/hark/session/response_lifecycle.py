@@ -30,6 +30,7 @@ from hark.protocol.response_params import ResponseParams
 from hark.protocol.session_config import (
     AudioFormat,
     FunctionToolDef,
+    McpToolDef,
     Reasoning,
     SessionConfig,
     SessionTruncation,
@@ -38,10 +39,17 @@ from hark.protocol.session_config import (
     ToolChoiceMcp,
     VoiceId,
 )
-from hark.session.actions import CallMcpTool, CancelGeneration, Generate, PlayAudio, Prefill
+from hark.session.actions import (
+    CallMcpTool,
+    CancelGeneration,
+    Generate,
+    McpServer,
+    PlayAudio,
+    Prefill,
+)
 from hark.session.conversation import AudioSegment, Conversation, Entry, Part, chat_messages
 from hark.session.ids import IdGenerator
-from hark.session.mcp_tools import McpTarget, McpTools
+from hark.session.mcp_tools import ListedServer, McpTarget, McpTools
 from hark.session.outbox import Outbox
 from hark.session.playout_state import PlayoutState
 from hark.session.rate_limits import RateWindow
@@ -74,8 +82,9 @@ class Response:
     metadata: dict[str, str] | None
     instructions: str
     tools: list[FunctionToolDef]
-    # Whether the response has the session's MCP tools (it does unless it sets its own tools).
-    mcp: bool
+    # The response's own MCP servers (from its ``tools``), or None: it has the session's
+    # (as it does unless it sets its own tools).
+    mcp_configs: list[McpToolDef] | None
     tool_choice: ToolChoiceConfig
     temperature: float | None
     inputs: list[Entry] | None
@@ -89,6 +98,8 @@ class Response:
     # heard, and what the engines still make is neither played nor kept.
     audio_cut: bool = False
     usage: se.Usage | None = None
+    # Its own MCP servers (``mcp_configs``) by label, once opened: listed, or being listed.
+    mcp_servers: dict[str, ListedServer] = field(default_factory=dict)
     # The MCP tools offered to the LLM, by the name it calls them.
     mcp_names: dict[str, McpTarget] = field(default_factory=dict)
     # MCP calls whose arguments are still streaming (by call id), and those running (item ids).
@@ -115,6 +126,11 @@ class Response:
     def audio(self) -> bool:
         """Whether the response speaks (its output is audio, with a transcript)."""
         return self.modalities == ["audio"]
+
+    @property
+    def servers(self) -> dict[str, ListedServer] | None:
+        """The MCP servers whose tools it may call: its own, or None for the session's."""
+        return None if self.mcp_configs is None else self.mcp_servers
 
     def to_wire(self) -> se.Response:
         """The response as ``response.created`` and ``response.done`` carry it."""
@@ -172,6 +188,7 @@ class ResponseLifecycle:
         self._limit_audio = limit_audio
         self._reply_sent = reply_sent
         self._mcp = mcp
+        mcp.on_response_listed(self._listing_done)
         # Calls the user approved, running outside any response: item id → the mcp_call item.
         self._approved_calls: dict[str, Entry] = {}
         self._words_unneeded = words_unneeded
@@ -227,6 +244,19 @@ class ResponseLifecycle:
                 "rate_limit_error",
             )
             return
+        if response.mcp_configs:
+            response.mcp_servers = self._mcp.open_for_response(
+                response.mcp_configs, lambda entry: self._add_output(response, entry)
+            )
+        self._start_generation(response)
+
+    def _listing_done(self, entry: Entry) -> None:
+        """One of a response's own MCP servers was listed (or could not be): its item is
+        done, and the response starts once all its servers are."""
+        response = self.owner(entry)
+        if response is None:
+            return
+        self._finish_item(response, entry, response.output.index(entry))
         self._start_generation(response)
 
     def _check_tool_choice(self, response: Response) -> None:
@@ -239,13 +269,20 @@ class ResponseLifecycle:
                 f"tool_choice names '{response.tool_choice.name}', which is not in tools.",
                 "response.tool_choice.name",
             )
-        if isinstance(response.tool_choice, ToolChoiceMcp) and (
-            not response.mcp or self._mcp.server(response.tool_choice.server_label) is None
-        ):
+        if not isinstance(response.tool_choice, ToolChoiceMcp):
+            return
+        label = response.tool_choice.server_label
+        if response.mcp_configs is None:
+            if self._mcp.server(label) is None:
+                raise ProtocolError(
+                    f"tool_choice names the MCP server '{label}', which the session's tools "
+                    "do not have.",
+                    "response.tool_choice.server_label",
+                )
+        elif label not in {c.server_label for c in response.mcp_configs}:
             raise ProtocolError(
-                f"tool_choice names the MCP server '{response.tool_choice.server_label}', which "
-                "the session's tools do not have (MCP tools are the session's: set them with "
-                "session.update).",
+                f"tool_choice names the MCP server '{label}', which the response's tools do "
+                "not have (a response with tools of its own has none of the session's).",
                 "response.tool_choice.server_label",
             )
 
@@ -272,10 +309,14 @@ class ResponseLifecycle:
             instructions=params.instructions
             if params.instructions is not None
             else cfg.instructions,
-            tools=params.tools
-            if params.tools is not None
-            else [t for t in cfg.tools if isinstance(t, FunctionToolDef)],
-            mcp=params.tools is None,
+            tools=[
+                t
+                for t in (params.tools if params.tools is not None else cfg.tools)
+                if isinstance(t, FunctionToolDef)
+            ],
+            mcp_configs=None
+            if params.tools is None
+            else [t for t in params.tools if isinstance(t, McpToolDef)],
             tool_choice=params.tool_choice or cfg.tool_choice,
             temperature=params.temperature if params.temperature is not None else cfg.temperature,
             inputs=inputs,
@@ -316,6 +357,9 @@ class ResponseLifecycle:
         if response.in_band and self._approved_calls:
             # The calls the user approved are still running: the LLM reads their results.
             return
+        if any(server.listing for server in response.mcp_servers.values()):
+            # Its own MCP servers are still being listed: the LLM is offered their tools.
+            return
         response.started = True
         response.generating = True
         generate = self.generate_action(response, entries)
@@ -332,11 +376,11 @@ class ResponseLifecycle:
             for t in response.tools
         ]
         response.mcp_names = {}
-        if response.mcp:
-            for name, (target, tool) in self._mcp.offered({t.name for t in tools}).items():
-                schema = tool.input_schema if isinstance(tool.input_schema, dict) else {}
-                tools.append(FunctionTool(name, tool.description or "", schema))
-                response.mcp_names[name] = target
+        offered = self._mcp.offered({t.name for t in tools}, response.servers)
+        for name, (target, tool) in offered.items():
+            schema = tool.input_schema if isinstance(tool.input_schema, dict) else {}
+            tools.append(FunctionTool(name, tool.description or "", schema))
+            response.mcp_names[name] = target
         if isinstance(choice, ToolChoiceFunction):
             tool_choice = ToolChoice(mode="function", name=choice.name)
         elif isinstance(choice, ToolChoiceMcp):
@@ -615,7 +659,7 @@ class ResponseLifecycle:
         """The LLM began calling an MCP tool: an ``mcp_call`` item, or an
         ``mcp_approval_request`` when the user must approve it first."""
         item: wire.McpCallItem | wire.McpApprovalRequestItem
-        if self._mcp.needs_approval(target):
+        if self._mcp.needs_approval(target, response.servers):
             item = wire.McpApprovalRequestItem(
                 server_label=target.server_label, name=target.name, arguments=""
             )
@@ -649,7 +693,10 @@ class ResponseLifecycle:
             # The call waits for the client's mcp_approval_response; this response goes on
             # without it.
             entry.status = "completed"
-            self._mcp.await_approval(entry)
+            own = None
+            if response.servers is not None:
+                own = self._mcp.server(item.server_label, response.servers)
+            self._mcp.await_approval(entry, own)
             self._finish_item(response, entry, index)
             return
         self._outbox.emit(
@@ -664,7 +711,7 @@ class ResponseLifecycle:
         waiting for a ``response.create`` (as OpenAI's clients expect: they ask for the answer
         once ``response.mcp_call.completed`` came), as an ``mcp_call`` item of the
         conversation that no response holds; the next response reads its result."""
-        for request_id, request in self._mcp.take_approved():
+        for request_id, request, server in self._mcp.take_approved():
             item = wire.McpCallItem(
                 server_label=request.server_label,
                 name=request.name,
@@ -677,7 +724,9 @@ class ResponseLifecycle:
                 se.ConversationItemAdded(previous_item_id=previous, item=entry.to_wire())
             )
             self._approved_calls[entry.id] = entry
-            self._send_mcp_call(APPROVED_CALLS, entry, 0)
+            if server is None:
+                server = self._mcp.server(request.server_label)
+            self._send_mcp_call(APPROVED_CALLS, entry, 0, server)
 
     def _approved_call_done(
         self, item_id: str, output: str | None, error: wire.McpCallError | None
@@ -692,15 +741,18 @@ class ResponseLifecycle:
     def _call_mcp(self, response: Response, entry: Entry) -> None:
         index = response.output.index(entry)
         response.mcp_running.add(entry.id)
-        self._send_mcp_call(response.id, entry, index)
+        assert isinstance(entry.mcp, wire.McpCallItem)
+        server = self._mcp.server(entry.mcp.server_label, response.servers)
+        self._send_mcp_call(response.id, entry, index, server)
 
-    def _send_mcp_call(self, response_id: str, entry: Entry, index: int) -> None:
+    def _send_mcp_call(
+        self, response_id: str, entry: Entry, index: int, server: McpServer | None
+    ) -> None:
         """Ask the driver to run the MCP call ``entry`` (``output_index`` ``index``) for
-        ``response_id``; a call whose server is gone fails at once."""
+        ``response_id`` on ``server``; a call whose server is gone (None) fails at once."""
         item = entry.mcp
         assert isinstance(item, wire.McpCallItem)
         self._outbox.emit(se.ResponseMcpCallInProgress(item_id=entry.id, output_index=index))
-        server = self._mcp.server(item.server_label)
         if server is None:
             self.mcp_call_done(response_id, entry.id, error=_server_gone(item.server_label))
             return
@@ -844,6 +896,13 @@ class ResponseLifecycle:
         for entry in unfinished:
             entry.status = "incomplete"
             self._finish_item(response, entry, response.output.index(entry))
+        # Listings of its own servers still running are for nobody now: their items end
+        # with no tools.
+        self._mcp.abandon(response.mcp_servers)
+        for server in response.mcp_servers.values():
+            if server.listing and server.item is not None:
+                server.listing = False
+                self._finish_item(response, server.item, response.output.index(server.item))
         response.status = status
         response.status_details = details
         del self.responses[response.id]
