@@ -52,6 +52,7 @@ from hark.server.routes import (
     sessions,
     speech,
     transcriptions,
+    translations,
 )
 from hark.server.state import (
     AUTHENTICATOR,
@@ -195,6 +196,7 @@ def create_app(
             *beta_sessions.routes(),
             *speech.routes(),
             *transcriptions.routes(),
+            *translations.routes(),
             *cors.preflight_routes(),
             *demo.routes(),
         ]

@@ -1,0 +1,83 @@
+"""``GET /v1/realtime/translations``: a Realtime translation session over a WebSocket."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+
+from aiohttp import web
+
+from hark.protocol.translation import TranslationConfig
+from hark.server.access import WEBSOCKET_KEY, principal, requires
+from hark.server.admission import admit_session, release_session
+from hark.server.auth import offered_subprotocols
+from hark.server.errors import draining, engines_failed, error_response
+from hark.server.state import ENGINES, SESSION_LIMIT, STATE
+from hark.session.translation import TranslationSession
+from hark.transports.translation import run_translation
+from hark.transports.websocket import MAX_MESSAGE_BYTES, REALTIME_SUBPROTOCOL
+
+logger = logging.getLogger(__name__)
+
+# The model a translation session names when the client names none.
+TRANSLATION_MODEL = "gpt-realtime-translate"
+
+
+def routes() -> list[web.RouteDef]:
+    """The translation WebSocket route."""
+    return [web.get("/v1/realtime/translations", translation_websocket)]
+
+
+@requires(WEBSOCKET_KEY)
+async def translation_websocket(request: web.Request) -> web.StreamResponse:
+    """Run a translation session on the upgraded WebSocket until either side ends it."""
+    caller = principal(request)
+    if caller.ephemeral is not None:
+        # A client secret is minted for a Realtime session (or a transcription one).
+        return error_response(
+            403,
+            "This client secret is not for a translation session.",
+            code="invalid_api_key",
+        )
+    offered = REALTIME_SUBPROTOCOL in offered_subprotocols(request.headers)
+    ws = web.WebSocketResponse(
+        protocols=(REALTIME_SUBPROTOCOL,) if offered else (),
+        max_msg_size=MAX_MESSAGE_BYTES,
+        compress=False,
+    )
+    if not ws.can_prepare(request).ok:
+        return error_response(400, "Expected a WebSocket upgrade request.")
+    state = request.app[STATE]
+    if state.engines_status == "failed":
+        return engines_failed()
+    if state.draining:
+        return draining()
+    refusal = await admit_session(request.app, caller.owner)
+    if refusal is not None:
+        return refusal
+    try:
+        config = TranslationConfig(
+            id=f"sess_{secrets.token_hex(12)}",
+            model=request.query.get("model") or TRANSLATION_MODEL,
+            expires_at=int(time.time() + request.app[SESSION_LIMIT]),
+        )
+        await ws.prepare(request)
+        state.websockets.add(ws)
+        logger.info("translation session opened for %s", caller.owner)
+        try:
+            if not await state.engines_ready():
+                await ws.close(message=b"engines failed to load")
+                return ws
+            await run_translation(
+                ws,
+                TranslationSession(config),
+                request.app[ENGINES],
+                max_duration_s=request.app[SESSION_LIMIT],
+            )
+        finally:
+            state.websockets.discard(ws)
+            logger.info("translation session closed for %s", caller.owner)
+    finally:
+        await release_session(request.app, caller.owner)
+    return ws
