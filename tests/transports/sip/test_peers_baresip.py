@@ -17,9 +17,17 @@ import pytest
 
 from hark.audio.resample import resample
 from tests.e2e.conftest import transcribe, words
+from tests.server.webhook_receiver import webhook_receiver
 from tests.servers import HarkProcess
 from tests.speech import RATE, spoken
-from tests.transports.sip.conftest import SipServer, free_sip_port, sip_serve, sip_server_args
+from tests.transports.sip.conftest import (
+    SECRET,
+    SipServer,
+    WebhookSipServer,
+    free_sip_port,
+    sip_serve,
+    sip_server_args,
+)
 from tests.transports.sip.test_trunk_certificates import SBC, Authority
 from tests.transports.sip.test_user_agent import _self_signed
 
@@ -180,6 +188,31 @@ async def test_a_softphone_over_tls_talks_srtp_and_hears_the_reply(tmp_path: Pat
         assert "Call established" in output, output[-3000:]
         assert audible_seconds(phone.heard()) >= 1.5, output[-3000:]
         assert server.alive()
+
+
+async def test_the_webhook_of_a_call_over_tls_tells_srtp(tmp_path: Path) -> None:
+    """``sip_media_security`` is what the answer will select: baresip (srtp-mand) offers
+    RTP/SAVP with its key over TLS, and the call accepted on the webhook is established."""
+    (tmp_path / "server").mkdir()
+    cert, key = _self_signed(tmp_path / "server")
+    tls_port = free_sip_port()
+    tls = ("--sip-tls-port", str(tls_port), "--sip-tls-cert", str(cert), "--sip-tls-key", str(key))
+    with webhook_receiver() as receiver:
+        hook = ("--sip-webhook-url", receiver.url)
+        env = {"HARK_SIP_WEBHOOK_SECRET": SECRET}
+        with sip_serve(tmp_path / "hark.log", *tls, *hook, env=env) as server:
+            hooks = WebhookSipServer(server, receiver)
+            phone = Softphone(tmp_path / "baresip", tls_ca=cert)
+            phone.configure(question(QUESTION, silence_after_s=6))
+            call = asyncio.create_task(
+                phone.call(f"sip:hark@127.0.0.1:{tls_port};transport=tls", seconds=5)
+            )
+            event = await hooks.incoming_call()
+            assert event.data.sip_media_security == "srtp"
+            await server.sdk().realtime.calls.accept(event.data.call_id, type="realtime")
+            output = await call
+            assert "Call established" in output, output[-3000:]
+            assert server.alive()
 
 
 async def test_a_softphone_with_its_trunks_certificate_is_answered(tmp_path: Path) -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 
-from hark.transports.sip.sdp import Answerer, SdpError, negotiate, parse_offer
+from hark.transports.sip.sdp import Answerer, SdpError, media_security, negotiate, parse_offer
 
 
 def offer(*lines: str, media: str = "m=audio 40000 RTP/AVP 0 8 101") -> str:
@@ -197,3 +199,15 @@ def test_offers_we_cannot_answer_say_why(text: str, reason: str) -> None:
 
 def test_bare_line_feeds_are_accepted() -> None:
     assert parse_offer(offer().replace("\r\n", "\n")).port == 40000
+
+
+def test_the_media_security_a_webhook_tells_is_what_the_answer_will_select() -> None:
+    key = "inline:" + base64.b64encode(bytes(range(30))).decode()
+    srtp = offer(f"a=crypto:1 AES_CM_128_HMAC_SHA1_80 {key}", media="m=audio 40000 RTP/SAVP 0")
+    assert media_security(offer(), secure=False) == "rtp"
+    assert media_security(offer(), secure=True) == "rtp"
+    assert media_security(srtp, secure=True) == "srtp"
+    # A key over plain signalling is refused at the answer, as is an offer with no common
+    # codec: unknown, so the webhook leaves the field out.
+    assert media_security(srtp, secure=False) is None
+    assert media_security(offer(media="m=audio 40000 RTP/AVP 18"), secure=True) is None

@@ -304,6 +304,21 @@ def negotiate(offer: AudioOffer) -> Negotiated:
     )
 
 
+def media_security(offer_sdp: str, *, secure: bool) -> str | None:
+    """The media protection an answer to ``offer_sdp`` will select, as OpenAI's
+    ``realtime.call.incoming`` webhook tells it (``sip_media_security``): ``srtp`` for an
+    SDES key offered over encrypted signalling (``secure``), ``rtp`` for plain RTP, and None
+    (unknown: the field is left out) when no answer can be made, a key offered over plain
+    signalling among them (``RtpSession.negotiate`` refuses it)."""
+    try:
+        agreed = negotiate(parse_offer(offer_sdp))
+    except SdpError:
+        return None
+    if agreed.crypto is None:
+        return "rtp"
+    return "srtp" if secure else None
+
+
 class Answerer:
     """Writes the answers of one call, initial and re-INVITE, under one origin line."""
 

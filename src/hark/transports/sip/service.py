@@ -38,6 +38,7 @@ from hark.session.runner import SessionRunner
 from hark.transports.sip.admission import DEFAULT_RATE, InviteAdmission
 from hark.transports.sip.media import RtpPacer, RtpSession
 from hark.transports.sip.phone_call import PhoneCall
+from hark.transports.sip.sdp import media_security
 from hark.transports.sip.transaction import RFC_TIMERS, Timers
 from hark.transports.sip.trunk import InboundTrunk
 from hark.transports.sip.user_agent import IncomingCall, UserAgentServer
@@ -259,6 +260,7 @@ class SipService:
             call.id,
             call.incoming.headers,
             created_at=int(time.time()),
+            media_security=media_security(call.incoming.offer, secure=call.incoming.secure),
         )
         delivery = self.webhook.send(event)
         if delivery is None:
