@@ -18,9 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from agents import function_tool
+from agents.mcp import MCPServerStreamableHttp
+from agents.realtime import RealtimeAgent, RealtimeSessionModelSettings
 
 from .chat_peer import ChatPeer, hark_with_peer
 from .conftest import API_KEY, ARTIFACTS, Server, artifact, events_until, of_type
+from .test_agents_sdk import conversation
 from .test_mcp_tools import ALLOWED_HOST, TOWN_KEY, McpHttpServer, serve_mcp
 
 pytestmark = pytest.mark.slow
@@ -189,3 +193,52 @@ async def test_the_openai_sdk_asks_after_each_call_and_gets_one_answer(
     assert of_type(seen, "error") == []
     done = [e.to_dict() for e in of_type(seen, "response.done")]
     assert answers(done) == [["mcp_call"], ["Done: Sunny in Paris; called with none"]]
+
+
+async def test_the_python_agents_sdk_runs_a_stored_prompt_with_mcp_and_a_function_tool(
+    server: Server, mcp_server: McpHttpServer, peer: ChatPeer
+) -> None:
+    """The `openai-agents` SDK's realtime runner takes MCP servers on the client's side (its
+    realtime sessions send function tools only): the MCP server's tools are offered as
+    function tools, the SDK calls the server itself and sends the output, and asks for the
+    answer; beside them a function tool of its own, and the stored prompt's instructions."""
+
+    @function_tool
+    async def get_time(city: str) -> str:
+        """The time in a city."""
+        return f"noon in {city}"
+
+    town = MCPServerStreamableHttp(
+        {"url": mcp_server.url, "headers": {"X-Town-Key": TOWN_KEY}}, name="town"
+    )
+    async with town:
+        agent = RealtimeAgent(
+            name="Concierge",
+            prompt={"id": "pmpt_concierge"},
+            tools=[get_time],
+            mcp_servers=[town],
+        )
+        async with conversation(server, agent, RealtimeSessionModelSettings()) as (
+            session,
+            recorder,
+            _,
+        ):
+            updated = await recorder.wait_for("session.updated", 0)
+            assert updated["session"]["instructions"] == CONCIERGE
+            offered = {t["name"] for t in updated["session"]["tools"]}
+            assert {"get_time", "get_weather"} <= offered
+            # (The SDK sends an MCP tool's result as the JSON of its content.)
+            for question, answer in (
+                (WEATHER, "Sunny in Paris; called with none"),
+                (TIME, "noon in Paris"),
+            ):
+                mark = recorder.mark()
+                await session.send_message(question)
+                call = await recorder.wait_for("response.done", mark)
+                assert answers([call]) == [["function_call"]]
+                done = await recorder.wait_for("response.done", recorder.raw.index(call) + 1)
+                ((said,),) = answers([done])
+                assert said.startswith("Done: ") and answer in said
+                assert done["response"]["status"] == "completed"
+    assert recorder.errors() == []
+    assert peer.refused == []
