@@ -153,6 +153,7 @@ class Session:
             self.ids,
             self.conversation,
             tools_changed=lambda: me._responses.prefill(),
+            response_listed=lambda entry: me._responses.listing_done(entry),
         )
         self._responses = ResponseLifecycle(
             self._outbox,

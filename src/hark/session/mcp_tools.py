@@ -63,7 +63,8 @@ class McpTools:
     """The session's MCP servers and the approval requests not yet answered.
 
     ``tools_changed`` is called when a server's tools become known (the LLM's prompt
-    changed with them).
+    changed with them); ``response_listed(item)`` when a response's own server has been
+    listed, or could not be: its ``mcp_list_tools`` item is complete.
     """
 
     def __init__(
@@ -73,6 +74,7 @@ class McpTools:
         conversation: Conversation,
         *,
         tools_changed: Callable[[], None],
+        response_listed: Callable[[Entry], None],
     ) -> None:
         self._outbox = outbox
         self._ids = ids
@@ -84,16 +86,10 @@ class McpTools:
         self._known: dict[McpServer, list[wire.McpTool]] = {}
         # Responses' own servers being listed, by their ``mcp_list_tools`` item id.
         self._response_listings: dict[str, ListedServer] = {}
-        # Told when a response's server is listed (or not): its item is done.
-        self._response_listed: Callable[[Entry], None] = lambda entry: None
+        self._response_listed = response_listed
         # Approval requests made in this session and not yet answered, by item id, with how
         # to reach a response's own server (None: the session's server of that label).
         self._awaiting: dict[str, tuple[wire.McpApprovalRequestItem, McpServer | None]] = {}
-
-    def on_response_listed(self, callback: Callable[[Entry], None]) -> None:
-        """``callback(item)`` is called when a response's own server has been listed, or
-        could not be: its ``mcp_list_tools`` item is complete."""
-        self._response_listed = callback
 
     # ------------------------------------------------------------------ servers
 

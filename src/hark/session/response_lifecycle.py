@@ -188,7 +188,6 @@ class ResponseLifecycle:
         self._limit_audio = limit_audio
         self._reply_sent = reply_sent
         self._mcp = mcp
-        mcp.on_response_listed(self._listing_done)
         # Calls the user approved, running outside any response: item id → the mcp_call item.
         self._approved_calls: dict[str, Entry] = {}
         self._words_unneeded = words_unneeded
@@ -250,7 +249,7 @@ class ResponseLifecycle:
             )
         self._start_generation(response)
 
-    def _listing_done(self, entry: Entry) -> None:
+    def listing_done(self, entry: Entry) -> None:
         """One of a response's own MCP servers was listed (or could not be): its item is
         done, and the response starts once all its servers are."""
         response = self.owner(entry)
