@@ -27,6 +27,7 @@ from openai.types.realtime.realtime_session_create_request import RealtimeSessio
 import hark
 from hark.protocol import client_events as ce
 from hark.protocol import server_events as se
+from hark.protocol import translation as _translation  # noqa: F401  (its events: known)
 from hark.protocol.response_params import ResponseParams
 from hark.protocol.session_config import SessionConfig
 
