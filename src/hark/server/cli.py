@@ -425,8 +425,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--sip-trunks",
         default=None,
         metavar="JSON",
-        help="who may call: a JSON list of inbound trunks, each with addresses (CIDRs), "
-        "username and password (digest), numbers and trusted, e.g. "
+        help="who may call: a JSON list of inbound trunks, each with name, addresses (CIDRs), "
+        "username and password (digest), numbers, trusted, and for SIP over TLS the client "
+        "certificate its calls must come with: tls_client_ca (PEM path), tls_client_names, "
+        "tls_client_fingerprints (SHA-256); see docs/sip.md; e.g. "
         '\'[{"name": "pbx", "addresses": ["203.0.113.0/24"]}]\' (default: none, every caller; '
         "allowed only on a loopback --sip-host or with --sip-webhook-url). Prefer "
         "HARK_SIP_TRUNKS or [[sip_trunks]] in the --config file: arguments are visible",
