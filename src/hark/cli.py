@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from hark import __version__
+
+# Re-exported: commands import it from here.
+from hark.observability.logging import configure_logging as configure_logging
 
 # Each command: its name, its line in the list of commands, and the module that defines it,
 # which has ``configure_parser(parser)``, ``command(options) -> int`` and a docstring (the
@@ -135,16 +137,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = {k: v for k, v in vars(args).items() if k not in ("command", "handler")}
     status: int = args.handler(options)
     return status
-
-
-def configure_logging(level: str) -> None:
-    """Log to stderr at ``level`` (a name from ``LOG_LEVELS``)."""
-    logging.basicConfig(
-        level=level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        force=True,
-    )
 
 
 if __name__ == "__main__":

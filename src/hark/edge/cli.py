@@ -13,9 +13,9 @@ import argparse
 import os
 import sys
 
-from hark.cli import configure_logging
 from hark.edge.flow_admission import SOURCE_FLOW_BURST, SOURCE_FLOWS_PER_S
 from hark.edge.route_hint import MIN_SECRET_BYTES
+from hark.observability.logging import configure_logging
 
 DEFAULT_LISTEN = "0.0.0.0:3478"
 

@@ -203,8 +203,8 @@ def _worker_main(settings: Settings, sock: socket.socket, index: int) -> None:
     """A worker process: the usual server, on the parent's socket."""
     import sys
 
-    from hark.cli import configure_logging
     from hark.eventloop import run_event_loop
+    from hark.observability.logging import configure_logging
     from hark.server.cli import serve
 
     configure_logging(settings.log_level)
