@@ -130,6 +130,17 @@ async def test_a_worker_cannot_send_to_another_workers_client(
         await receive(client)
 
 
+async def until_mirrored(fleet: Fleet, relay: Relay, client: socket.socket) -> None:
+    """Wait until the client's flow is in Redis, as the relay mirrored it."""
+    assert fleet.store is not None
+    key = relay.mirror._key(client.getsockname())
+    async with asyncio.timeout(10):
+        while True:
+            if await fleet.store.client.exists(key):
+                return
+            await asyncio.sleep(0.01)
+
+
 async def test_a_restarted_relay_forwards_at_once_from_the_mirrored_table(
     fleet: Fleet, clients: list[socket.socket]
 ) -> None:
@@ -138,8 +149,9 @@ async def test_a_restarted_relay_forwards_at_once_from_the_mirrored_table(
     port = relay.address[1]
     client = clients[0]
     a = await first_flow(mux, client, relay.address)
-    # The flow reaches the mirror, then the relay dies.
-    await until(lambda: not relay._to_write)
+    # The flow reaches the mirror (its key is in Redis, not merely taken off the relay's
+    # queue while the write is in flight), then the relay dies.
+    await until_mirrored(fleet, relay, client)
     await relay.stop()
     fleet.relays.remove(relay)
 
@@ -158,7 +170,7 @@ async def test_a_second_relay_takes_over_a_flow_it_never_saw(
     second = await fleet.relay()
     client = clients[0]
     a = await first_flow(mux, client, first.address)
-    await until(lambda: not first._to_write)
+    await until_mirrored(fleet, first, client)
     # The first datagram to the second relay is looked up (and dropped); the next goes.
     client.sendto(b"\x17one", second.address)
     await until(lambda: second.counters["flows_restored"] == 1)
