@@ -10,7 +10,13 @@ from aiohttp import web
 
 from hark.cluster.limits import FleetLimits
 from hark.cluster.store import ClusterUnavailableError
-from hark.server.errors import cluster_unavailable, error_response, rate_limited
+from hark.server.errors import (
+    cluster_unavailable,
+    draining,
+    engines_failed,
+    error_response,
+    rate_limited,
+)
 from hark.server.state import LIMITS, SETTINGS, STATE
 
 logger = logging.getLogger(__name__)
@@ -24,6 +30,22 @@ async def admit_request(limits: FleetLimits, owner: str) -> web.Response | None:
         logger.warning("could not check the limits of %s: %s", owner, exc)
         return cluster_unavailable()
     return None if refusal is None else rate_limited(refusal)
+
+
+async def admit_websocket_session(
+    request: web.Request, ws: web.WebSocketResponse, owner: str
+) -> web.Response | None:
+    """The refusal of a new WebSocket session (not an upgrade, the engines failed, the
+    worker draining, or ``admit_session``'s), or None: admitted, to be released with
+    ``release_session``."""
+    if not ws.can_prepare(request).ok:
+        return error_response(400, "Expected a WebSocket upgrade request.")
+    state = request.app[STATE]
+    if state.engines_status == "failed":
+        return engines_failed()
+    if state.draining:
+        return draining()
+    return await admit_session(request.app, owner)
 
 
 async def admit_session(app: web.Application, owner: str) -> web.Response | None:

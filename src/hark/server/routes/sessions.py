@@ -9,9 +9,9 @@ from aiohttp import WSCloseCode, web
 
 from hark.protocol.session_config import transcription_defaults
 from hark.server.access import WEBSOCKET_KEY, principal, requires
-from hark.server.admission import admit_session, release_session, usage_counter
+from hark.server.admission import admit_websocket_session, release_session, usage_counter
 from hark.server.auth import offered_subprotocols
-from hark.server.errors import draining, engines_failed, error_response
+from hark.server.errors import error_response
 from hark.server.routes.calls import attach_sideband
 from hark.server.state import ENGINES, LIMITS, METRICS, REALTIME_MODEL, SESSION_LIMIT, STATE
 from hark.session.runner import SessionRunner
@@ -56,17 +56,11 @@ async def realtime_websocket(request: web.Request) -> web.StreamResponse:
     ws = websocket_response(
         offered_realtime=REALTIME_SUBPROTOCOL in offered_subprotocols(request.headers)
     )
-    if not ws.can_prepare(request).ok:
-        return error_response(400, "Expected a WebSocket upgrade request.")
-    state = request.app[STATE]
-    if state.engines_status == "failed":
-        return engines_failed()
-    if state.draining:
-        return draining()
-    limits = request.app[LIMITS]
-    refusal = await admit_session(request.app, caller.owner)
+    refusal = await admit_websocket_session(request, ws, caller.owner)
     if refusal is not None:
         return refusal
+    state = request.app[STATE]
+    limits = request.app[LIMITS]
     try:
         model = query.get("model") or (initial.model if initial is not None else REALTIME_MODEL)
         await ws.prepare(request)

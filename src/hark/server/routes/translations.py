@@ -10,9 +10,9 @@ from aiohttp import web
 
 from hark.protocol.translation import TranslationConfig
 from hark.server.access import WEBSOCKET_KEY, principal, requires
-from hark.server.admission import admit_session, release_session
+from hark.server.admission import admit_websocket_session, release_session
 from hark.server.auth import offered_subprotocols
-from hark.server.errors import draining, engines_failed, error_response
+from hark.server.errors import error_response
 from hark.server.state import ENGINES, SESSION_LIMIT, STATE
 from hark.session.translation import TranslationSession
 from hark.transports.translation import run_translation
@@ -46,16 +46,10 @@ async def translation_websocket(request: web.Request) -> web.StreamResponse:
         max_msg_size=MAX_MESSAGE_BYTES,
         compress=False,
     )
-    if not ws.can_prepare(request).ok:
-        return error_response(400, "Expected a WebSocket upgrade request.")
-    state = request.app[STATE]
-    if state.engines_status == "failed":
-        return engines_failed()
-    if state.draining:
-        return draining()
-    refusal = await admit_session(request.app, caller.owner)
+    refusal = await admit_websocket_session(request, ws, caller.owner)
     if refusal is not None:
         return refusal
+    state = request.app[STATE]
     try:
         config = TranslationConfig(
             id=f"sess_{secrets.token_hex(12)}",
