@@ -5,10 +5,14 @@ manifest per Deployment (``<dir>/<component>.yaml``), with what podman 4.3 canno
 substituted, each substitution being what a cluster would do:
 
 - a Deployment becomes one Pod with its template's spec (one replica each);
-- ``secretKeyRef`` becomes the value of that key in the rendered Secret (podman's secrets
-  are not Kubernetes Secrets);
+- ``secretKeyRef`` becomes the value of that key in the rendered Secret, or in a Secret the
+  operator made (``--secret NAME/KEY=VALUE``, as ``kubectl create secret`` would): podman's
+  secrets are not Kubernetes Secrets;
 - ``fieldRef`` ``status.podIP`` and ``status.hostIP`` become the pod's address (given with
   ``--ip``) and the test host's address on the pods' network;
+- a pod on ``hostNetwork`` (the SIP pods) gets an address of its own on the pods' network
+  instead, which then stands for its node's: ``status.hostIP`` is that address too (podman
+  would otherwise put it in the test host's own network, with SIP open on every address);
 - ``$(VAR)`` in values, args and commands is expanded from the container's environment, as
   the kubelet does;
 - a Service's name reaches its pod through ``hostAliases`` (podman has no Services);
@@ -50,11 +54,18 @@ def main() -> int:
         "--pod-ip", action="append", default=[], help="COMPONENT=ADDRESS, one per Deployment"
     )
     parser.add_argument("--image", action="append", default=[], help="CONTAINER=IMAGE")
+    parser.add_argument(
+        "--secret", action="append", default=[], help="NAME/KEY=VALUE, a Secret made apart"
+    )
     args = parser.parse_args()
     pod_ips = dict(p.split("=", 1) for p in args.pod_ip)
     images = dict(i.split("=", 1) for i in args.image)
     rendered = render(json.loads(args.values))
     secrets: dict[tuple[str, str], str] = {}
+    for item in args.secret:
+        ref, _, value = item.partition("=")
+        name, _, key = ref.partition("/")
+        secrets[name, key] = value
     for secret in rendered.all("Secret"):
         name = secret["metadata"]["name"]
         for key, value in (secret.get("data") or {}).items():
@@ -81,6 +92,10 @@ def main() -> int:
     for component, deployment in pods.items():
         spec = deployment["spec"]["template"]["spec"]
         pod_ip = pod_ips[component]
+        # On hostNetwork the pod's address is its node's.
+        host_ip = pod_ip if spec.pop("hostNetwork", False) else args.host_ip
+        if spec.get("dnsPolicy") == "ClusterFirstWithHostNet":
+            del spec["dnsPolicy"]
         for container in spec["containers"]:
             env: dict[str, str] = {}
             for var in container.get("env", []):
@@ -90,7 +105,7 @@ def main() -> int:
                     var["value"] = secrets[ref["name"], ref["key"]]
                 elif source and "fieldRef" in source:
                     field = source["fieldRef"]["fieldPath"]
-                    var["value"] = {"status.podIP": pod_ip, "status.hostIP": args.host_ip}[field]
+                    var["value"] = {"status.podIP": pod_ip, "status.hostIP": host_ip}[field]
                 elif source:
                     raise SystemExit(f"{component}: cannot substitute {source}")
                 var["value"] = _expand(var["value"], env)
