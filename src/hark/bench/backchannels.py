@@ -18,7 +18,10 @@ says a fixture into the microphone ``SAY_AFTER_S`` into the reply's audio:
 Every fixture is said by the voices of ``hark bench turns``' spec (Piper's joe and two
 espeak-ng voices), synthesised once and cached. WebSocket streams the microphone as 20 ms
 appends in real time and plays nothing (the reply's audio is counted, not heard); WebRTC is
-an aiortc call (``hark.bench.echo.EchoCallClient``, its room's echo 120 dB down).
+an aiortc call (``hark.bench.echo.EchoCallClient``, its room's echo 120 dB down); SIP is a
+phone call over G.711 (``hark.bench.sip.SipCaller``) that the bench's own backend accepts
+from the ``realtime.call.incoming`` webhook, asking for replies and hearing the server's
+events on the call's sideband, as a telephony backend does.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ import asyncio
 import base64
 import contextlib
 import json
+import secrets
+import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -36,16 +41,19 @@ from typing import Any
 import aiohttp
 import numpy as np
 import numpy.typing as npt
+from aiohttp import web
 
+from hark.audio.resample import resample
 from hark.bench.echo import EchoCallClient, Room, Trial, reply_trial
 from hark.bench.local_server import local_server
 from hark.bench.report import BenchError, percentile
+from hark.bench.sip import CLOCK, SipCaller
 from hark.bench.spoken_questions import RATE
-from hark.bench.webrtc import AUDIBLE_RMS, ReceivedFrame
+from hark.bench.webrtc import AUDIBLE_RMS
 
 BACKCHANNELS = ("Uh-huh.", "Mm-hmm.", "Yeah.", "Right.", "Okay.", "Ha ha ha.")
 INTERRUPTIONS = ("Wait.", "Wait, stop.", "No, stop.", "Hold on, what about Lyon?")
-TRANSPORTS = ("websocket", "webrtc")
+TRANSPORTS = ("websocket", "webrtc", "sip")
 # The fixture starts this long after the reply's first audio (as ``hark bench echo``).
 SAY_AFTER_S = 0.5
 # A reply is over this long after its audio ended, for what the speech said over it set off.
@@ -283,7 +291,8 @@ async def _webrtc_trials(
             except TimeoutError:
                 client.send({"type": "response.cancel"})
                 trial = Trial(50, -120.0, True, "timeout", False)
-            quiet = _quiet_after(client.frames[mark:], client.mic.onset_at)
+            heard = [(f.arrival, f.rms > AUDIBLE_RMS) for f in client.frames[mark:]]
+            quiet = _quiet_after(heard, client.mic.onset_at)
             outcomes.append(
                 Outcome(
                     "webrtc",
@@ -302,19 +311,20 @@ async def _webrtc_trials(
 
 
 def _quiet_after(
-    frames: Sequence[ReceivedFrame], onset: float | None
+    frames: Sequence[tuple[float, bool]], onset: float | None
 ) -> tuple[float | None, float | None]:
-    """When the reply's audio first went quiet for ``QUIET_FRAMES`` after ``onset`` (ms from
-    it), and how long it stayed quiet (None: until the end of the trial)."""
+    """When the reply's audio first went quiet for ``QUIET_FRAMES`` 20 ms frames after
+    ``onset`` (ms from it), and how long it stayed quiet (None: until the end of the trial).
+    ``frames``: each frame's arrival and whether it was audible."""
     if onset is None:
         return None, None
     start: float | None = None
     count = 0
-    for frame in frames:
-        if frame.arrival < onset:
+    for arrival, audible in frames:
+        if arrival < onset:
             continue
-        if frame.rms <= AUDIBLE_RMS:
-            start = frame.arrival if start is None else start
+        if not audible:
+            start = arrival if start is None else start
             count += 1
             continue
         if start is not None and count >= QUIET_FRAMES:
@@ -323,6 +333,183 @@ def _quiet_after(
     if start is not None and count >= QUIET_FRAMES:
         return round((start - onset) * 1000, 1), None
     return None, None
+
+
+# ---------------------------------------------------------------------------- SIP
+
+
+class _Phone(SipCaller):
+    """The phone of the SIP trials, and its microphone (``echo.ReplyMicrophone``): what it is
+    told to say goes out as G.711 at 8 kHz, and the send time of its first packet is the
+    onset (the fixtures are trimmed to their voice)."""
+
+    def __init__(self, server: tuple[str, int]) -> None:
+        super().__init__(server)
+        self.onset_at: float | None = None
+        self._onset_due = False
+
+    def play(self, response_id: str, item_id: str, pcm: npt.NDArray[np.int16], rate: int) -> None:
+        self.say(resample(pcm, rate, CLOCK))
+        self._onset_due = True
+
+    def finish(self, response_id: str) -> None:
+        pass
+
+    def tick(self, now: float) -> None:
+        if self._onset_due and self.saying and self.in_call:
+            self.onset_at = time.monotonic()
+            self._onset_due = False
+        super().tick(now)
+
+    @property
+    def in_call(self) -> bool:
+        """The call is up: a tick sends a packet."""
+        return self._rtp_remote is not None and not self.ended.is_set()
+
+
+class _SipLine:
+    """A phone call seen as ``echo.ReplyLine``: client events go to the call's sideband, and
+    its server events come from there, each stamped with its arrival."""
+
+    def __init__(self, phone: _Phone, sideband: aiohttp.ClientWebSocketResponse) -> None:
+        self.phone = phone
+        self.events: asyncio.Queue[dict[str, Any]] = asyncio.Queue(4096)
+        self._sideband = sideband
+        self._sending: set[asyncio.Task[None]] = set()
+
+    @property
+    def mic(self) -> _Phone:
+        return self.phone
+
+    def send(self, event: dict[str, Any]) -> None:
+        task = asyncio.create_task(self._sideband.send_str(json.dumps(event)))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def listen(self) -> None:
+        """Put the sideband's events on ``events`` until it closes."""
+        async for message in self._sideband:
+            if message.type != aiohttp.WSMsgType.TEXT:
+                break
+            event = json.loads(message.data)
+            event["_received"] = time.monotonic()
+            with contextlib.suppress(asyncio.QueueFull):
+                self.events.put_nowait(event)
+
+
+class _Backend:
+    """The customer's backend of the SIP trials: told of each call by the webhook."""
+
+    def __init__(self) -> None:
+        self.port = _free_port(socket.SOCK_STREAM)
+        self.secret = "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
+        self.calls: asyncio.Queue[str] = asyncio.Queue(8)
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/calls"
+
+    async def __aenter__(self) -> _Backend:
+        app = web.Application()
+        app.router.add_post("/calls", self._incoming)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _incoming(self, request: web.Request) -> web.Response:
+        event = json.loads(await request.read())
+        if event.get("type") == "realtime.call.incoming":
+            with contextlib.suppress(asyncio.QueueFull):
+                self.calls.put_nowait(event["data"]["call_id"])
+        return web.Response(text="ok")
+
+
+def _free_port(kind: socket.SocketKind) -> int:
+    with socket.socket(socket.AF_INET, kind) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def _sip_trials(
+    http: aiohttp.ClientSession,
+    ws_root: str,
+    said: Sequence[Said],
+    backchannels: bool,
+    sip_port: int,
+    backend: _Backend,
+) -> list[Outcome]:
+    """One phone call; the backend accepts it with the trials' session and asks for each
+    reply on its sideband."""
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    phone = _Phone(("127.0.0.1", sip_port))
+    await phone.open()
+    outcomes = []
+    ticking: asyncio.Task[None] | None = None
+    listening: asyncio.Task[None] | None = None
+    try:
+        ringing = asyncio.create_task(phone.invite(REPLY_LIMIT_S))
+        async with asyncio.timeout(REPLY_LIMIT_S):
+            call_id = await backend.calls.get()
+        accept = ws_root.replace("ws://", "http://", 1) + f"/v1/realtime/calls/{call_id}/accept"
+        body = {**session(backchannels), "model": "gpt-realtime"}
+        async with http.post(accept, json=body, headers=headers) as response:
+            if response.status >= 300:
+                raise BenchError(f"accept: {response.status} {await response.text()}")
+        await ringing
+        ticking = asyncio.create_task(_tick(phone))
+        sideband = await http.ws_connect(
+            f"{ws_root}/v1/realtime?call_id={call_id}", headers=headers
+        )
+        line = _SipLine(phone, sideband)
+        listening = asyncio.create_task(line.listen())
+        room = Room(50, -120.0)
+        for fixture in said:
+            mark = len(phone.received)
+            try:
+                trial = await reply_trial(line, fixture.pcm, room)
+            except TimeoutError:
+                line.send({"type": "response.cancel"})
+                trial = Trial(50, -120.0, True, "timeout", False)
+            heard = [(r.arrival, r.audible) for r in phone.received[mark:]]
+            quiet = _quiet_after(heard, phone.onset_at)
+            outcomes.append(
+                Outcome(
+                    "sip",
+                    fixture.text,
+                    fixture.voice,
+                    fixture.backchannel,
+                    trial.detected_ms,
+                    trial.status,
+                    trial.cut,
+                    *quiet,
+                )
+            )
+        await sideband.close()
+    finally:
+        for task in (ticking, listening):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await phone.bye()
+        phone.close()
+    return outcomes
+
+
+async def _tick(phone: _Phone) -> None:
+    """20 ms of the phone's microphone every 20 ms, on an absolute grid."""
+    loop = asyncio.get_running_loop()
+    next_at = loop.time()
+    while True:
+        phone.tick(time.monotonic())
+        next_at += 0.02
+        await asyncio.sleep(max(0.0, next_at - loop.time()))
 
 
 # ---------------------------------------------------------------------------- the run
@@ -370,14 +557,27 @@ async def measure(
     said = await fixtures(voices)
     args = ["--asr", "whisper", "--tts", "piper", "--echo-cancellation", "off"]
     outcomes: list[Outcome] = []
-    # A busy machine takes minutes to load the models (the end-of-turn model above all).
-    with local_server("fake", ready_s=900, args=args) as (ws_root, _pid):
-        async with aiohttp.ClientSession() as http:
-            for transport in transports:
-                run = _websocket_trials if transport == "websocket" else _webrtc_trials
-                found = await run(http, ws_root, said, backchannels)
-                progress(f"  {transport}: {json.dumps(figures(found))}")
-                outcomes += found
+    async with _Backend() as backend:
+        sip_port = _free_port(socket.SOCK_DGRAM)
+        if "sip" in transports:
+            # Calls from this machine only, each raised to the bench's backend.
+            args += ["--sip", "--sip-host", "127.0.0.1", "--sip-port", str(sip_port)]
+            args += ["--rtp-ports", "0", "--sip-webhook-url", backend.url]
+            args += ["--sip-webhook-secret", backend.secret]
+        # A busy machine takes minutes to load the models (the end-of-turn model above all).
+        with local_server("fake", ready_s=900, args=args) as (ws_root, _pid):
+            async with aiohttp.ClientSession() as http:
+                for transport in transports:
+                    if transport == "sip":
+                        found = await _sip_trials(
+                            http, ws_root, said, backchannels, sip_port, backend
+                        )
+                    elif transport == "webrtc":
+                        found = await _webrtc_trials(http, ws_root, said, backchannels)
+                    else:
+                        found = await _websocket_trials(http, ws_root, said, backchannels)
+                    progress(f"  {transport}: {json.dumps(figures(found))}")
+                    outcomes += found
     return {
         "backchannels_on": backchannels,
         "figures": {t: figures([o for o in outcomes if o.transport == t]) for t in transports},

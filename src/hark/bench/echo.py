@@ -35,7 +35,7 @@ import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import numpy as np
@@ -241,8 +241,35 @@ def _percentile(values: list[float], q: float) -> float | None:
     return round(statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1], 1)
 
 
+class ReplyMicrophone(Protocol):
+    """What ``reply_trial`` says a barge-in into: the time of its first voiced sample."""
+
+    onset_at: float | None
+
+    def play(self, response_id: str, item_id: str, pcm: npt.NDArray[np.int16], rate: int) -> None:
+        """Say ``pcm`` (at ``rate``) after what is being said."""
+
+    def finish(self, response_id: str) -> None:
+        """Nothing more comes for ``response_id``."""
+
+
+class ReplyLine(Protocol):
+    """A call ``reply_trial`` runs on: the server's events (each with ``"_received"``, its
+    arrival on the monotonic clock), a way to send client events, and a microphone. A WebRTC
+    call (``EchoCallClient``, events on its data channel) or a phone call and its sideband."""
+
+    events: asyncio.Queue[dict[str, Any]]
+
+    @property
+    def mic(self) -> ReplyMicrophone:
+        """The call's microphone."""
+
+    def send(self, event: dict[str, Any]) -> None:
+        """Send a client event."""
+
+
 async def reply_trial(
-    client: EchoCallClient, barge_in: npt.NDArray[np.int16] | None, room: Room
+    client: ReplyLine, barge_in: npt.NDArray[np.int16] | None, room: Room
 ) -> Trial:
     """Ask for a reply and let it play with its echo (and ``barge_in`` said over it)."""
     _drain(client)
@@ -299,12 +326,12 @@ async def reply_trial(
     )
 
 
-def _drain(client: CallClient) -> None:
+def _drain(client: ReplyLine) -> None:
     while not client.events.empty():
         client.events.get_nowait()
 
 
-async def _wait_for(client: CallClient, kind: str, events: list[dict[str, Any]]) -> None:
+async def _wait_for(client: ReplyLine, kind: str, events: list[dict[str, Any]]) -> None:
     if any(e["type"] == kind for e in events):
         return
     async with asyncio.timeout(REPLY_LIMIT_S):

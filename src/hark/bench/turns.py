@@ -1062,7 +1062,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         metavar="TRANSPORTS",
         help="instead of end-of-turn detection, measure backchannels said over a playing "
         "reply (false barge-ins) and interruptions (stop latency) over these transports, "
-        "comma-separated: websocket, webrtc (hark.bench.backchannels)",
+        "comma-separated: websocket, webrtc, sip (hark.bench.backchannels)",
     )
     parser.add_argument(
         "--backchannels-off",
