@@ -18,7 +18,7 @@ from types import TracebackType
 import pytest
 import redis
 
-from tests.servers import free_port
+from tests.helpers.net import free_port
 
 READY_TIMEOUT_S = 30.0
 

@@ -14,6 +14,7 @@ from hark.config import ConfigError, Settings, load_settings
 from hark.server.app import create_app
 from hark.server.demo import DEMO_KEY_SECONDS, MAX_KEYS_PER_MINUTE, demo_enabled
 from tests.conftest import engines_sharing_turn
+from tests.helpers.net import bearer
 
 API_KEY = "sk-test-demo-routes-key"
 MakeClient = Callable[..., Awaitable[TestClient[Any, Any]]]
@@ -36,11 +37,6 @@ async def make_client() -> AsyncIterator[MakeClient]:
     for client in clients:
         await client.close()
     await engines.aclose()
-
-
-def bearer(key: str) -> dict[str, str]:
-    """An Authorization header."""
-    return {"Authorization": f"Bearer {key}"}
 
 
 @pytest.mark.parametrize(

@@ -43,8 +43,8 @@ from tests.deploy.chart import (
     lint,
     render,
 )
+from tests.helpers.net import free_port
 from tests.observability.series import known_series
-from tests.servers import free_port
 
 # What the downward API hands a worker in these tests.
 POD_IP = "10.1.2.3"

@@ -25,7 +25,8 @@ from typing import Any
 
 from aiohttp import web
 
-from tests.servers import free_port, hark_serve
+from tests.helpers.net import free_port
+from tests.servers import hark_serve
 
 from .conftest import API_KEY
 

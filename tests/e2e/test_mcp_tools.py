@@ -31,7 +31,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from hark.session.actions import McpServer
 from hark.tools.egress import EgressPolicy
 from hark.tools.mcp_client import McpCallFailed, McpClients
-from tests.servers import free_port, hark_serve
+from tests.helpers.net import free_port
+from tests.servers import hark_serve
 
 from .conftest import API_KEY, Server, artifact, events_until, of_type
 

@@ -13,7 +13,6 @@ import importlib.util
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import weakref
@@ -48,6 +47,7 @@ from hark.engines.llm.failover import (
 from hark.engines.llm.openai_compatible import LlmError
 from hark.engines.vad.batcher import BatchObserver
 from hark.observability.metrics import Metrics
+from tests.helpers.net import free_port
 
 QUESTION = GenerationRequest(messages=(ChatMessage("user", "Say hello."),))
 
@@ -455,12 +455,6 @@ LLAMA_REQUEST = GenerationRequest(
     max_tokens=120,
     temperature=0.0,
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

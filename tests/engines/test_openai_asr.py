@@ -22,7 +22,8 @@ from aiohttp import web
 from hark.engines.asr import AsrEngine, RecognitionRequest
 from hark.engines.asr import openai as openai_asr
 from hark.engines.asr.openai import AsrEndpointError, OpenAIAsr, pieces
-from tests.servers import HarkProcess, free_port
+from tests.helpers.net import free_port
+from tests.servers import HarkProcess
 
 from .conftest import QUESTION, Say, scripted_peer
 

@@ -29,6 +29,7 @@ from hark.engines.llm import (
     ToolChoice,
 )
 from hark.engines.llm.openai_compatible import LlmError, OpenAICompatibleLlm
+from tests.helpers.net import free_port
 
 KEY = "sk-test-5ecret-key-0123456789"
 WEATHER = FunctionTool(
@@ -375,13 +376,6 @@ async def test_server_error_and_broken_streams(
         await collect(llm.generate(say("truncated")))
     with pytest.raises(LlmError, match="stream broke"):
         await collect(llm.generate(say("cut")))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 async def test_unreachable_endpoint(make_llm: Callable[..., OpenAICompatibleLlm]) -> None:

@@ -16,7 +16,8 @@ from aiohttp import web
 
 from hark.engines.tts import TtsEngine
 from hark.engines.tts.openai import OpenAITts, TtsEndpointError
-from tests.servers import HarkProcess, free_port
+from tests.helpers.net import free_port
+from tests.servers import HarkProcess
 
 from .conftest import scripted_peer
 

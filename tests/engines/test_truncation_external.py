@@ -37,7 +37,8 @@ from hark.engines.llm import (
 )
 from hark.engines.llm.openai_compatible import OpenAICompatibleLlm
 from hark.engines.llm.truncation import ContextOverflow
-from tests.servers import free_port, hark_serve
+from tests.helpers.net import free_port
+from tests.servers import hark_serve
 
 N_CTX = 512
 SMALL_CTX = 256

@@ -6,19 +6,14 @@ import asyncio
 import os
 import re
 import signal
-import socket
 import sys
 
 import aiohttp
 import pytest
 
+from tests.helpers.net import free_port
+
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 async def worker_pids(http: aiohttp.ClientSession, url: str) -> set[str]:

@@ -21,6 +21,9 @@ from hark.engines.vad.batcher import BatchedSileroVad
 from hark.server.app import create_app, make_runner
 from tests.conftest import engines_sharing_turn, shared_end_of_turn
 
+# test_append_limit.py still imports bearer from here; new tests import it from tests.helpers.
+from tests.helpers.net import bearer as bearer
+
 API_KEY = "sk-test-correct-horse-battery-staple"
 OTHER_KEY = "sk-test-second-key-0123456789"
 
@@ -129,11 +132,6 @@ async def wait_ready(http: aiohttp.ClientSession, server: RunningServer) -> None
                 return
         await asyncio.sleep(0.05)
     raise AssertionError("the server never became ready")
-
-
-def bearer(key: str) -> dict[str, str]:
-    """An Authorization header."""
-    return {"Authorization": f"Bearer {key}"}
 
 
 class HangingLlm:

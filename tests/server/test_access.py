@@ -26,8 +26,9 @@ from hark.server.access import (
 from hark.server.app import create_app
 from hark.server.auth import Authenticator
 from hark.server.state import AUTHENTICATOR
+from tests.helpers.net import bearer
 
-from .conftest import API_KEY, bearer
+from .conftest import API_KEY
 
 REFUSAL = "Ephemeral keys cannot do this."
 Handler = Callable[[web.Request], Awaitable[web.Response]]

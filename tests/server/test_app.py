@@ -15,8 +15,9 @@ from hark.config import Settings
 from hark.engines.registry import Engines
 from hark.server.app import AUTHENTICATOR, create_app
 from hark.server.auth import InsecureBindError, owner_of
+from tests.helpers.net import bearer
 
-from .conftest import API_KEY, OTHER_KEY, StartServer, bearer, gated_engines, wait_ready
+from .conftest import API_KEY, OTHER_KEY, StartServer, gated_engines, wait_ready
 
 KEYED = Settings(api_keys=(API_KEY, OTHER_KEY))
 

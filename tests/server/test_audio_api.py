@@ -26,9 +26,10 @@ from hark.engines.registry import Engines
 from hark.engines.vad.batcher import BatchedSileroVad
 from hark.server.routes.transcriptions import MAX_FILE_BYTES
 from tests.conftest import shared_end_of_turn
+from tests.helpers.net import bearer
 from tests.speech import RATE, spoken
 
-from .conftest import API_KEY, RunningServer, StartServer, bearer
+from .conftest import API_KEY, RunningServer, StartServer
 
 KEYED = Settings(api_keys=(API_KEY,))
 WORDS = "one two three four five"

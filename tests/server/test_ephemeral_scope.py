@@ -11,9 +11,8 @@ import aiohttp
 import pytest
 
 from hark.bench.webrtc import CallClient
+from tests.helpers.net import bearer
 from tests.transports.conftest import API_KEY, RtcServer, serving_rtc
-
-from .conftest import bearer
 
 SCOPE = "Ephemeral keys can only open Realtime sessions and calls"
 

@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 
 from hark.bench.webrtc import CallClient
+from tests.helpers.net import bearer
 from tests.redis_server import RedisServer
 from tests.servers import HarkProcess
 
@@ -35,11 +36,6 @@ VIA = "X-Hark-Via"
 # Fresh connections to ``--workers 2`` until the kernel hands one to a given worker: a bound
 # on a hang, not a number of tries, since a worker still starting, or busy, takes none.
 ANOTHER_WORKER_S = 60.0
-
-
-def bearer(key: str) -> dict[str, str]:
-    """An Authorization header."""
-    return {"Authorization": f"Bearer {key}"}
 
 
 @pytest.fixture(scope="module")

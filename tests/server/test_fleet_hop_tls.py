@@ -13,8 +13,9 @@ import pytest
 
 from hark.bench.webrtc import CallClient
 from tests.cluster.fleet_ca import FleetCa
+from tests.helpers.net import bearer
 from tests.redis_server import RedisServer
-from tests.server.test_fleet import API_KEY, ENV, FAKE, VIA, WORKER, bearer, call, worker_at
+from tests.server.test_fleet import API_KEY, ENV, FAKE, VIA, WORKER, call, worker_at
 from tests.servers import HarkProcess
 
 # real processes, and real time

@@ -25,8 +25,9 @@ from hark.config import Settings
 from hark.engines.fake import FakeAsr, FakeLlm, FakeTts
 from hark.engines.registry import Engines, build_engines
 from tests.e2e.conftest import speech
+from tests.helpers.net import bearer
 
-from .conftest import API_KEY, StartServer, bearer
+from .conftest import API_KEY, StartServer
 
 pytestmark = pytest.mark.slow
 

@@ -12,8 +12,9 @@ import pytest
 
 from hark.config import Settings
 from hark.engines.registry import Engines
+from tests.helpers.net import bearer
 
-from .conftest import API_KEY, RunningServer, StartServer, bearer
+from .conftest import API_KEY, RunningServer, StartServer
 
 FOREIGN = "http://evil.example"
 

@@ -11,8 +11,9 @@ from hark.cluster import open_store
 from hark.config import Settings, load_settings
 from hark.engines.registry import Engines
 from hark.server.auth import Authenticator, InsecureBindError, check_bind_policy, split_keys
+from tests.helpers.net import bearer
 
-from .conftest import API_KEY, StartServer, bearer
+from .conftest import API_KEY, StartServer
 
 METRICS_KEY = "sk-prometheus-scrapes-only-0123456789"
 KEYED = Settings(api_keys=(API_KEY, f"metrics:{METRICS_KEY}"))

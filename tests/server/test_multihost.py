@@ -15,6 +15,7 @@ import aiohttp
 import pytest
 
 from hark.bench.webrtc import CallClient
+from tests.helpers.net import bearer
 from tests.netns import Lan, bridged_hosts
 from tests.redis_server import redis_on
 from tests.servers import HarkProcess
@@ -47,11 +48,6 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
     """A client session."""
     async with aiohttp.ClientSession() as session:
         yield session
-
-
-def bearer(key: str) -> dict[str, str]:
-    """An Authorization header."""
-    return {"Authorization": f"Bearer {key}"}
 
 
 async def test_two_hosts_are_one_service(

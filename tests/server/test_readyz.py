@@ -23,8 +23,9 @@ from hark.config import Settings
 from hark.engines.vad.batcher import BatchedSileroVad
 from tests.conftest import engines_sharing_turn
 from tests.engines.test_engine_failures import LIVENESS_S, FlakyVadModel
+from tests.helpers.net import bearer
 
-from .conftest import API_KEY, RunningServer, StartServer, bearer, wait_ready
+from .conftest import API_KEY, RunningServer, StartServer, wait_ready
 
 KEYED = Settings(api_keys=(API_KEY,))
 # What an engine's error might carry from an external backend.

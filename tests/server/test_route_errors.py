@@ -17,8 +17,9 @@ import pytest
 
 from hark.config import Settings
 from hark.engines.registry import Engines
+from tests.helpers.net import bearer
 
-from .conftest import API_KEY, StartServer, bearer
+from .conftest import API_KEY, StartServer
 
 KEYED = Settings(api_keys=(API_KEY,))
 

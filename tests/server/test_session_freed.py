@@ -21,8 +21,9 @@ from hark.config import Settings
 from hark.engines.registry import Engines
 from hark.server.app import STATE
 from hark.session.core import Session
+from tests.helpers.net import bearer
 
-from .conftest import API_KEY, RunningServer, StartServer, bearer, wait_ready
+from .conftest import API_KEY, RunningServer, StartServer, wait_ready
 
 
 def sessions_alive() -> int:

@@ -20,8 +20,9 @@ from hark.config import Settings
 from hark.engines.fake import FakeTts
 from hark.engines.registry import Engines, build_engines
 from hark.protocol.session_config import AudioFormat, PcmaFormat, PcmFormat
+from tests.helpers.net import bearer
 
-from .conftest import API_KEY, StartServer, bearer
+from .conftest import API_KEY, StartServer
 from .isolation import EchoLlm, PitchAsr, ids_in, own_ids, tone
 
 KEYED = Settings(api_keys=(API_KEY,))

@@ -17,8 +17,9 @@ from hark.config import Settings
 from hark.engines.registry import Engines
 from hark.server.app import SESSION_LIMIT, STATE
 from hark.session.core import SESSION_LIMIT_S
+from tests.helpers.net import bearer
 
-from .conftest import API_KEY, HangingLlm, StartServer, bearer
+from .conftest import API_KEY, HangingLlm, StartServer
 
 KEYED = Settings(api_keys=(API_KEY,), rtc_port=0)
 # Long enough for a loaded machine to connect and start a response before it passes.

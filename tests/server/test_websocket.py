@@ -23,8 +23,9 @@ from hark.server.app import create_app, make_runner
 from hark.session.core import MAX_APPEND_BYTES
 from hark.transports.websocket import MAX_MESSAGE_BYTES
 from tests.conftest import shared_end_of_turn
+from tests.helpers.net import bearer
 
-from .conftest import API_KEY, HangingLlm, StartServer, bearer
+from .conftest import API_KEY, HangingLlm, StartServer
 
 KEYED = Settings(api_keys=(API_KEY,))
 MiB = 1024 * 1024

@@ -13,8 +13,9 @@ from hark.audio.files import wav_header
 from hark.config import Settings
 from hark.engines.registry import Engines
 from hark.server.routes.transcriptions import MAX_PARTS
+from tests.helpers.net import bearer
 
-from .conftest import API_KEY, RunningServer, StartServer, bearer, wait_ready
+from .conftest import API_KEY, RunningServer, StartServer, wait_ready
 
 
 async def open_session(

@@ -1,0 +1,7 @@
+"""Small helpers the tests share, each written once.
+
+- ``tests.helpers.net``: a free TCP port, an Authorization header.
+
+Bigger shared parts (servers, Redis, speech, SIP peers) keep their own modules under
+``tests/``; this package is for the few-line functions that tests used to copy.
+"""
