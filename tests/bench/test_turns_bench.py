@@ -36,6 +36,7 @@ from hark.bench.turns import (
     summarise,
 )
 from hark.session.turn_policy import MAX_SILENCE_MS
+from tests.helpers.audio import tone
 
 # ---------------------------------------------------------------- the spec
 
@@ -190,16 +191,11 @@ def test_noise_is_added_at_its_ratio_and_the_same_for_the_same_name() -> None:
 # ---------------------------------------------------------------- fixtures and the session
 
 
-def tone(ms: float) -> npt.NDArray[np.int16]:
-    t = np.arange(round(ms * RATE / 1000)) / RATE
-    return (8000 * np.sin(2 * np.pi * 220 * t)).astype(np.int16)
-
-
 class Tones(Synthesiser):
     """Each segment is a tone 100 ms long per word: no voice needed."""
 
     async def segment(self, text: str, voice: Voice, rate: float) -> npt.NDArray[np.int16]:
-        return tone(100 * len(text.split()) / rate)
+        return tone(220, 0.1 * len(text.split()) / rate, rate=RATE)
 
 
 TWO_PARTS = Turn("two", "number", ("one two three four five", "six seven eight"), (700,))

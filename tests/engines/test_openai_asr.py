@@ -22,6 +22,7 @@ from aiohttp import web
 from hark.engines.asr import AsrEngine, RecognitionRequest
 from hark.engines.asr import openai as openai_asr
 from hark.engines.asr.openai import AsrEndpointError, OpenAIAsr, pieces
+from tests.helpers.audio import tone
 from tests.helpers.net import free_port
 from tests.servers import HarkProcess
 
@@ -46,18 +47,15 @@ async def hear(engine: AsrEngine, audio: npt.NDArray[np.float32], **options: str
     return [delta async for delta in engine.transcribe(audio, **options)]
 
 
-def tone(seconds: float) -> npt.NDArray[np.float32]:
-    t = np.arange(int(16000 * seconds)) / 16000
-    return (0.5 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
-
-
 @pytest.mark.parametrize("stream", [True, False])
 async def test_a_hark_transcribes_streamed_or_not(hark: str, stream: bool) -> None:
     engine = OpenAIAsr(hark, api_key=API_KEY, stream=stream)
     try:
         asr: AsrEngine = engine
         assert asr.sample_rate == 16000
-        deltas = await hear(asr, tone(1.0), language="en-US", prompt="Geography.")
+        deltas = await hear(
+            asr, tone(440, 1.0, level=0.5, dtype=np.float32), language="en-US", prompt="Geography."
+        )
     finally:
         await engine.aclose()
     assert "".join(deltas).strip() == FAKE_TRANSCRIPT
@@ -78,7 +76,7 @@ async def test_a_wrong_key_fails_the_request_without_showing_it(
     engine = OpenAIAsr(hark, api_key="sk-wrong-key-9876543210")
     try:
         with pytest.raises(AsrEndpointError, match="HTTP 401") as failed:
-            await hear(engine, tone(0.5))
+            await hear(engine, tone(440, 0.5, level=0.5, dtype=np.float32))
     finally:
         await engine.aclose()
     assert "sk-wrong-key-9876543210" not in str(failed.value)
@@ -89,7 +87,7 @@ async def test_an_unreachable_endpoint_fails_the_request() -> None:
     engine = OpenAIAsr(f"http://user:sk-in-url@127.0.0.1:{free_port()}/v1", timeout_s=5)
     try:
         with pytest.raises(AsrEndpointError, match="unreachable") as failed:
-            await hear(engine, tone(0.5))
+            await hear(engine, tone(440, 0.5, level=0.5, dtype=np.float32))
     finally:
         await engine.aclose()
     assert "sk-in-url" not in str(failed.value)
@@ -162,7 +160,7 @@ async def test_deltas_are_yielded_as_they_arrive_and_the_upload_is_a_wav(
         ],
     )
     engine = OpenAIAsr(url, model="gpt-4o-transcribe", api_key="sk-scripted")
-    audio = tone(0.25)
+    audio = tone(440, 0.25, level=0.5, dtype=np.float32)
     deltas: list[str] = []
     try:
         async for delta in engine.transcribe(audio, language="en-US", prompt="Greetings."):
@@ -202,7 +200,7 @@ async def test_an_answer_in_one_piece_is_one_delta(
     peer.answer = (content_type, [body])
     engine = OpenAIAsr(url, stream=False)
     try:
-        assert await hear(engine, tone(0.25)) == [" Hello world."]
+        assert await hear(engine, tone(440, 0.25, level=0.5, dtype=np.float32)) == [" Hello world."]
     finally:
         await engine.aclose()
     assert "stream" not in peer.fields
@@ -218,7 +216,7 @@ async def test_closing_the_transcription_hangs_up(
     peer.hold = True
     engine = OpenAIAsr(url)
     try:
-        stream = engine.transcribe(tone(0.25))
+        stream = engine.transcribe(tone(440, 0.25, level=0.5, dtype=np.float32))
         assert await anext(stream) == "Hel"
         await stream.aclose()
         await asyncio.wait_for(peer.hung_up.wait(), LIVENESS_S)
@@ -263,7 +261,7 @@ async def test_a_failed_transcription_says_why_without_the_key(
     engine = OpenAIAsr(url, api_key=key)
     try:
         with pytest.raises(AsrEndpointError, match=message) as failed:
-            await hear(engine, tone(0.25))
+            await hear(engine, tone(440, 0.25, level=0.5, dtype=np.float32))
     finally:
         await engine.aclose()
     assert key not in str(failed.value)
@@ -275,7 +273,9 @@ async def test_a_hark_gives_timed_transcripts(hark: str, words: bool) -> None:
     engine = OpenAIAsr(hark, api_key=API_KEY)
     try:
         asr: AsrEngine = engine
-        timed = await asr.transcribe_timed(tone(3.0), language="fr-CA", words=words)
+        timed = await asr.transcribe_timed(
+            tone(440, 3.0, level=0.5, dtype=np.float32), language="fr-CA", words=words
+        )
     finally:
         await engine.aclose()
     # The hark's fake ASR gives each of its six words half of the 3 s.
@@ -292,7 +292,7 @@ async def test_long_audio_goes_up_in_pieces_that_read_on(
     hark: str, monkeypatch: pytest.MonkeyPatch, timed: bool
 ) -> None:
     monkeypatch.setattr(openai_asr, "MAX_UPLOAD_S", 2.0)
-    audio = tone(5.0)
+    audio = tone(440, 5.0, level=0.5, dtype=np.float32)
     audio[int(1.5 * 16000) : int(1.7 * 16000)] = 0
     audio[int(3.0 * 16000) : int(3.2 * 16000)] = 0
     engine = OpenAIAsr(hark, api_key=API_KEY)
@@ -360,7 +360,9 @@ async def test_verbose_json_as_openai_sends_it(
     peer.answer = ("application/json", [json.dumps(OPENAI_VERBOSE).encode()])
     engine = OpenAIAsr(url)
     try:
-        timed = await engine.transcribe_timed(tone(2.0), prompt="Greetings.", words=True)
+        timed = await engine.transcribe_timed(
+            tone(440, 2.0, level=0.5, dtype=np.float32), prompt="Greetings.", words=True
+        )
     finally:
         await engine.aclose()
     assert peer.fields["response_format"] == "verbose_json"
@@ -391,7 +393,9 @@ async def test_recognise_asks_for_word_times_and_knows_no_probabilities(
     peer, url = scripted
     peer.answer = ("application/json", [json.dumps(OPENAI_VERBOSE).encode()])
     engine = OpenAIAsr(url)
-    request = RecognitionRequest(tone(2.0), prompt="Greetings.", language="en-GB")
+    request = RecognitionRequest(
+        tone(440, 2.0, level=0.5, dtype=np.float32), prompt="Greetings.", language="en-GB"
+    )
     try:
         timed = await engine.recognise(request)
     finally:
@@ -424,7 +428,7 @@ async def test_an_untimed_or_broken_verbose_answer_fails(
     engine = OpenAIAsr(url)
     try:
         with pytest.raises(AsrEndpointError, match=message):
-            await engine.transcribe_timed(tone(1.0))
+            await engine.transcribe_timed(tone(440, 1.0, level=0.5, dtype=np.float32))
     finally:
         await engine.aclose()
 

@@ -1,7 +1,9 @@
 """Small helpers the tests share, each written once.
 
 - ``tests.helpers.net``: a free TCP port, an Authorization header.
+- ``tests.helpers.audio``: test signals (a sine tone).
 
-Bigger shared parts (servers, Redis, speech, SIP peers) keep their own modules under
-``tests/``; this package is for the few-line functions that tests used to copy.
+Bigger shared parts (servers, Redis, speech, SIP peers) and fixtures (``tests/conftest.py``)
+keep their own modules under ``tests/``; this package is for the few-line functions that
+tests used to copy.
 """

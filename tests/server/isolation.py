@@ -48,12 +48,6 @@ class EchoLlm(FakeLlm):
         yield Finished("stop", prompt_tokens=len(words), completion_tokens=len(words))
 
 
-def tone(hertz: float, ms: int, rate: int) -> npt.NDArray[np.int16]:
-    """A loud sine."""
-    t = np.arange(rate * ms // 1000) / rate
-    return (0.3 * 32767 * np.sin(2 * np.pi * hertz * t)).astype(np.int16)
-
-
 def ids_in(texts: Iterable[str]) -> set[str]:
     """Every session, item, response, event and call id in ``texts``."""
     return {found for text in texts for found in _ID.findall(text)}

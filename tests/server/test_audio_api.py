@@ -26,6 +26,7 @@ from hark.engines.registry import Engines
 from hark.engines.vad.batcher import BatchedSileroVad
 from hark.server.routes.transcriptions import MAX_FILE_BYTES
 from tests.conftest import shared_end_of_turn
+from tests.helpers.audio import tone
 from tests.helpers.net import bearer
 from tests.speech import RATE, spoken
 
@@ -108,14 +109,10 @@ async def client() -> AsyncIterator[Client]:
         await sdk.close()
 
 
-def tone(seconds: float, rate: int = 16000, silent: tuple[float, float] | None = None) -> bytes:
-    """A 16-bit mono WAV of a 300 Hz tone, silent between ``silent`` seconds if given."""
-    t = np.arange(int(seconds * rate)) / rate
-    wave = 0.3 * np.sin(2 * np.pi * 300 * t)
-    if silent is not None:
-        wave[int(silent[0] * rate) : int(silent[1] * rate)] = 0
-    pcm = (wave * 32767).astype("<i2")
-    return wav_header(rate, frames=pcm.size) + pcm.tobytes()
+def wav_tone(seconds: float) -> bytes:
+    """A 16-bit mono WAV at 16 kHz: ``seconds`` of a 300 Hz tone."""
+    pcm = (tone(300, seconds, level=0.3, dtype=np.float64) * 32767).astype("<i2")
+    return wav_header(16000, frames=pcm.size) + pcm.tobytes()
 
 
 # ------------------------------------------------------------------------------- speech
@@ -278,7 +275,7 @@ async def test_transcription_as_json_and_text(client: Client, start_server: Star
     server = await start_server(KEYED, engines(asr=asr))
     sdk = client(server)
     result = await sdk.audio.transcriptions.create(
-        model="whisper-1", file=("hello.wav", tone(2.0)), language="en", prompt="Greetings."
+        model="whisper-1", file=("hello.wav", wav_tone(2.0)), language="en", prompt="Greetings."
     )
     assert result.text == "piece 1"
     assert result.usage is not None and result.usage.type == "duration"
@@ -286,7 +283,7 @@ async def test_transcription_as_json_and_text(client: Client, start_server: Star
     # The file reached the engine as 2 s at its rate, with the language and prompt.
     assert asr.heard == [(32000, "Greetings.", "en")]
     text = await sdk.audio.transcriptions.create(
-        model="whisper-1", file=("hello.wav", tone(2.0)), response_format="text"
+        model="whisper-1", file=("hello.wav", wav_tone(2.0)), response_format="text"
     )
     assert text.strip() == "piece 2"
 
@@ -322,7 +319,7 @@ async def test_verbose_json_carries_the_engines_segments_words_and_language(
     # The fake ASR gives each of its 6 words a sixth of the 60 s: 10 s a word.
     both = await sdk.audio.transcriptions.create(
         model="whisper-1",
-        file=("long.wav", tone(60.0)),
+        file=("long.wav", wav_tone(60.0)),
         language="de-CH",
         response_format="verbose_json",
         timestamp_granularities=["segment", "word"],
@@ -340,13 +337,13 @@ async def test_verbose_json_carries_the_engines_segments_words_and_language(
     ]
     # Segments by default, words only when asked for; no language asked: the engine's own.
     plain = await sdk.audio.transcriptions.create(
-        model="whisper-1", file=("a.wav", tone(6.0)), response_format="verbose_json"
+        model="whisper-1", file=("a.wav", wav_tone(6.0)), response_format="verbose_json"
     )
     assert plain.language == "en" and plain.words is None
     assert plain.segments is not None and [s.end for s in plain.segments] == [2.0, 6.0]
     words = await sdk.audio.transcriptions.create(
         model="whisper-1",
-        file=("a.wav", tone(6.0)),
+        file=("a.wav", wav_tone(6.0)),
         response_format="verbose_json",
         timestamp_granularities=["word"],
     )
@@ -358,7 +355,7 @@ async def test_long_audio_is_heard_whole(client: Client, start_server: StartServ
     asr = PieceAsr()
     server = await start_server(KEYED, engines(asr=asr))
     result = await client(server).audio.transcriptions.create(
-        model="whisper-1", file=("long.wav", tone(70.0)), response_format="verbose_json"
+        model="whisper-1", file=("long.wav", wav_tone(70.0)), response_format="verbose_json"
     )
     assert result.text == "piece 1" and result.duration == pytest.approx(70.0)
     assert result.segments is not None and result.segments[0].end == pytest.approx(70.0)
@@ -368,7 +365,7 @@ async def test_long_audio_is_heard_whole(client: Client, start_server: StartServ
 async def test_subtitles(client: Client, start_server: StartServer) -> None:
     server = await start_server(KEYED, engines(asr=FakeAsr(TWO_SENTENCES)))
     sdk = client(server)
-    wav = tone(3.0)
+    wav = wav_tone(3.0)
     srt = await sdk.audio.transcriptions.create(
         model="whisper-1", file=("a.wav", wav), response_format="srt"
     )
@@ -399,7 +396,7 @@ async def test_subtitles(client: Client, start_server: StartServer) -> None:
 async def test_streamed_transcription_events(client: Client, start_server: StartServer) -> None:
     server = await start_server(KEYED, engines())
     stream = await client(server).audio.transcriptions.create(
-        model="gpt-4o-mini-transcribe", file=("long.wav", tone(45.0)), stream=True
+        model="gpt-4o-mini-transcribe", file=("long.wav", wav_tone(45.0)), stream=True
     )
     events = [event async for event in stream]
     deltas = [e.delta for e in events if e.type == "transcript.text.delta"]
@@ -427,7 +424,7 @@ async def test_invalid_transcription_requests(
     server = await start_server(KEYED, engines())
     with pytest.raises(openai.BadRequestError) as caught:
         await client(server).audio.transcriptions.create(
-            model="whisper-1", file=("a.wav", tone(1.0)), **options
+            model="whisper-1", file=("a.wav", wav_tone(1.0)), **options
         )
     error: Any = caught.value.body
     assert (error["param"], error["code"]) == (param, code)
@@ -471,7 +468,7 @@ async def test_bad_files_and_bodies(
         assert (await response.json())["error"]["code"] == "invalid_body"
     with pytest.raises(openai.AuthenticationError):
         await client(server, "sk-wrong").audio.transcriptions.create(
-            model="whisper-1", file=("a.wav", tone(1.0))
+            model="whisper-1", file=("a.wav", wav_tone(1.0))
         )
     assert asr.heard == []
 
@@ -612,7 +609,7 @@ async def test_a_failing_engine_fails_the_request_not_the_server(
     for stream in (False, True):
         with pytest.raises(openai.InternalServerError) as transcription_failed:
             await sdk.audio.transcriptions.create(
-                model="whisper-1", file=("a.wav", tone(1.0)), stream=stream
+                model="whisper-1", file=("a.wav", wav_tone(1.0)), stream=stream
             )
         assert transcription_failed.value.body["type"] == "server_error"  # type: ignore[index]
     assert speech_failed.value.body["type"] == "server_error"  # type: ignore[index]
@@ -620,5 +617,5 @@ async def test_a_failing_engine_fails_the_request_not_the_server(
         model="tts-1", voice="alloy", input="fine", response_format="pcm"
     )
     assert len(spoken.content) == 0.4 * 24000 * 2
-    heard = await sdk.audio.transcriptions.create(model="whisper-1", file=("a.wav", tone(2.0)))
+    heard = await sdk.audio.transcriptions.create(model="whisper-1", file=("a.wav", wav_tone(2.0)))
     assert heard.text == "piece 1"

@@ -20,10 +20,11 @@ from hark.config import Settings
 from hark.engines.fake import FakeTts
 from hark.engines.registry import Engines, build_engines
 from hark.protocol.session_config import AudioFormat, PcmaFormat, PcmFormat
+from tests.helpers.audio import tone
 from tests.helpers.net import bearer
 
 from .conftest import API_KEY, StartServer
-from .isolation import EchoLlm, PitchAsr, ids_in, own_ids, tone
+from .isolation import EchoLlm, PitchAsr, ids_in, own_ids
 
 KEYED = Settings(api_keys=(API_KEY,))
 
@@ -95,7 +96,9 @@ async def converse(
         # From here on both sessions exist and both send at once.
         await both_ready.wait()
         rate = format_rate(caller.fmt)
-        caller.sent = encode_audio(caller.fmt, tone(caller.hertz, 600, rate))
+        caller.sent = encode_audio(
+            caller.fmt, tone(caller.hertz, 0.6, rate=rate, level=0.3 * 32767)
+        )
         step = len(caller.sent) // 30
         for start in range(0, len(caller.sent), step):
             payload = base64.b64encode(caller.sent[start : start + step]).decode()
