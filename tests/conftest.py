@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
+import aiohttp
 import pytest
 
 from hark.config import Settings
@@ -100,6 +101,14 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
     fails the tests that need it (it is never skipped)."""
     with running_redis(tmp_path_factory.mktemp("redis")) as server:
         yield server
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    """An HTTP client for the test, closed after it. Its connections are pooled; a test that
+    needs a new connection per request (to be spread over workers) declares its own."""
+    async with aiohttp.ClientSession() as session:
+        yield session
 
 
 @pytest.fixture

@@ -40,13 +40,6 @@ RECOVERY_S = 120.0
 
 
 @pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    """A plain HTTP client."""
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
-@pytest.fixture
 async def clients() -> AsyncIterator[list[CallClient]]:
     """WebRTC clients, all closed at the end."""
     made: list[CallClient] = []

@@ -117,13 +117,6 @@ async def start_server() -> AsyncIterator[StartServer]:
         yield start
 
 
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    """A client session."""
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
 async def wait_ready(http: aiohttp.ClientSession, server: RunningServer) -> None:
     """Poll /readyz until the engines are warm."""
     for _ in range(600):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,13 +41,6 @@ def redis_on_lan(lan: Lan, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     """A real redis-server listening on the test namespace's bridge address."""
     with redis_on(lan.gateway, tmp_path_factory.mktemp("redis-lan")) as url:
         yield url
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    """A client session."""
-    async with aiohttp.ClientSession() as session:
-        yield session
 
 
 async def test_two_hosts_are_one_service(
