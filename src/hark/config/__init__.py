@@ -2,7 +2,9 @@
 
 Precedence, highest first: command line > environment > configuration file > defaults.
 Every option has the same name everywhere: ``--llm-url`` on the command line, ``HARK_LLM_URL``
-in the environment, ``llm_url`` in the file.
+in the environment, ``llm_url`` in the file. Each option is declared once, in
+``hark.config.options``: its default, its kind and its generic checks come from there; the
+checks below that are written out tie several options together or parse a value's shape.
 """
 
 from __future__ import annotations
@@ -17,25 +19,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import parse_qs, urlsplit
 
+from hark.config.options import BY_NAME, DEFAULTS, OPTIONS
+
 if TYPE_CHECKING:
     from hark.transports.sip.trunk import InboundTrunk
 
 EngineSet = Literal["embedded", "fake"]
 
-ENGINE_SETS: tuple[EngineSet, ...] = ("embedded", "fake")
-LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+ENGINE_SETS: tuple[EngineSet, ...] = tuple(BY_NAME["engines"].choices)  # type: ignore[arg-type]
+LOG_LEVELS: tuple[str, ...] = tuple(BY_NAME["log_level"].choices)  # type: ignore[arg-type]
 DEFAULT_EMBEDDED_LLM_MODEL = "smollm2-135m"
-ENV_PREFIX = "HARK_"
 # The shapes of ``redis_url`` (``hark.cluster.redis_url`` reads them whole).
 REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel")
-CONFIG_ENV_VAR = "HARK_CONFIG"
-# The options that limit how long an engine stage may wait (seconds).
-STAGE_TIMEOUT_OPTIONS = (
-    "llm_first_token_timeout",
-    "llm_token_timeout",
-    "tts_clause_timeout",
-    "asr_timeout",
-)
 
 
 class ConfigError(ValueError):
@@ -46,154 +41,80 @@ class ConfigError(ValueError):
 class Settings:
     """Everything ``hark serve`` needs to know. Secrets are left out of ``repr``."""
 
-    host: str = "127.0.0.1"
-    port: int = 8000
-    # The preset that fills in each engine not named below (``--vad``, ``--asr``…).
-    engines: EngineSet = "embedded"
-    # An engine by name from the registry's table of its kind (None: the preset's; for the
-    # LLM, ASR and TTS, ``openai`` when their URL is given).
-    vad: str | None = None
-    asr: str | None = None
-    llm: str | None = None
-    tts: str | None = None
-    # OpenAI-compatible endpoints; several: one engine fails over between them.
-    llm_url: tuple[str, ...] = ()
-    # None means "the embedded default" for embedded engines; a remote LLM needs a name.
-    llm_model: str | None = None
-    llm_api_key: str | None = field(default=None, repr=False)
-    llm_model_path: str | None = None
-    # The remote LLM's context in tokens (None: what the backend says, see openai_compatible).
-    llm_context_tokens: int | None = None
-    # Whisper: a faster-whisper model path; openai: the remote model's name.
-    asr_model: str | None = None
-    asr_device: str = "cpu"
-    # An OpenAI audio API (``{url}/audio/transcriptions``, ``{url}/audio/speech``).
-    asr_url: str | None = None
-    asr_api_key: str | None = field(default=None, repr=False)
-    # Piper: a voice's .onnx path; openai: the remote model's name.
-    tts_model: str | None = None
-    # Which installed voice speaks for a voice a client names that the TTS lacks (an OpenAI
-    # custom voice id above all): (id, voice) pairs (``hark.engines.tts.voice_map``).
-    voice_map: tuple[tuple[str, str], ...] = ()
-    tts_url: str | None = None
-    tts_api_key: str | None = field(default=None, repr=False)
-    api_keys: tuple[str, ...] = field(default=(), repr=False)
-    log_level: str = "info"
-    config_file: Path | None = None
-    # WebRTC: the one UDP port all calls share (0: any free port) and the address put in
-    # the ICE candidates (None: the bound host).
-    rtc_port: int = 8443
-    rtc_advertise_ip: str | None = None
-    # Server processes sharing the listening port (each with its own engines and sessions).
-    workers: int = 1
-    # The rate the VAD model hears: 16000, or 8000 for about half its CPU per session.
-    vad_rate: int = 16000
-    # Which calls take the reply's echo out of the caller's audio before the VAD hears it
-    # (``hark.transports.echo``): "sip" (phones, whose lines and speakerphones bring it back),
-    # "on" (WebRTC calls too: a browser cancels its own echo, other peers may not; it costs a
-    # call about as much CPU again while the reply plays) or "off". WebSocket sessions have
-    # none (the client plays).
-    echo_cancellation: Literal["on", "sip", "off"] = "sip"
-    # An OTLP/HTTP collector that gets a trace per turn (None: no traces).
-    otel_endpoint: str | None = None
-    # The browser demo at / (it hands short-lived keys to whoever loads it). None: on only
-    # for a loopback server without API keys.
-    demo: bool | None = None
-    # The fleet. ``redis_url``: the cluster store shared by every worker of every host (None:
-    # an embedded store shared by the ``--workers`` of this machine, in ``run_dir``). Kept out
-    # of repr: a Redis URL may carry a password.
-    redis_url: str | None = field(default=None, repr=False)
-    # Redis's password, for a URL that holds none (``HARK_REDIS_PASSWORD``, from a secret
-    # store, needs no URL encoding).
-    redis_password: str | None = field(default=None, repr=False)
-    # How other workers reach this one over HTTP (None: http://<host>:<port>).
-    advertise_url: str | None = None
-    # TLS on the hop between workers (``hark.cluster.hop_tls``): this worker's certificate
-    # chain and key and the fleet's CA (PEM files, all three or none). With them the worker
-    # takes hops on a TLS listener on ``hop_port`` (0: any free port; the registry carries
-    # it) and forwards only over TLS.
-    hop_tls_cert: str | None = None
-    hop_tls_key: str | None = None
-    hop_tls_ca: str | None = None
-    hop_port: int = 0
-    # This worker's zone: placement prefers workers of the caller's worker's zone.
-    zone: str = ""
-    # On SIGTERM: how long running sessions may go on before they are ended.
-    drain_timeout: float = 60.0
-    # Where the embedded cluster store lives (None: a fresh private directory). The parent of
-    # ``--workers`` sets it so that its workers share one store.
-    run_dir: str | None = None
-    # Per-key limits counted across the fleet (None: no limit): open sessions and calls,
-    # API requests (sessions, calls, client secrets) and response tokens per minute.
-    key_max_sessions: int | None = None
-    key_requests_per_minute: int | None = None
-    key_tokens_per_minute: int | None = None
-    # Behind ``hark relay``: its public ``IP:PORT`` (put in the answers' candidates). The
-    # fleet secret signs the routing hints and seals the records in Redis (needed with
-    # ``redis_url``; the same on every worker and relay; kept out of repr).
-    relay_address: str | None = None
-    fleet_secret: str | None = field(default=None, repr=False)
-    # SIP (phones): the user agent server, off with ``sip = false``. ``sip_host`` None: the
-    # HTTP ``host``; ``sip_port`` serves UDP and TCP (0: any free port), ``sip_tls_port``
-    # TLS with ``sip_tls_cert``/``sip_tls_key``; ``sip_advertise_ip`` goes in Contact and
-    # SDP (None: the bound host). Each call has its own RTP port from ``rtp_ports`` (first,
-    # last; None: any free port).
-    sip: bool = True
-    sip_host: str | None = None
-    sip_port: int = 5060
-    sip_advertise_ip: str | None = None
-    sip_tls_port: int | None = None
-    sip_tls_cert: str | None = None
-    sip_tls_key: str | None = None
-    # A CA bundle (PEM): TLS peers must present a certificate it signed (None: any peer).
-    sip_tls_client_ca: str | None = None
-    rtp_ports: tuple[int, int] | None = (10000, 20000)
-    # Where ``realtime.call.incoming`` goes, signed with the secret (kept out of repr).
-    # Without a URL every call is answered at once with ``sip_session`` (a JSON session
-    # config; None: the server's default session).
-    sip_webhook_url: str | None = field(default=None, repr=False)
-    sip_webhook_secret: str | None = field(default=None, repr=False)
-    # A call not accepted (or rejected) this many seconds after its INVITE is rejected.
-    sip_accept_timeout: float = 30.0
-    sip_session: str | None = None
-    # SIP's T1 (RFC 3261 §17.1.1.1), the round-trip estimate all transaction timers scale
-    # with; smaller only on a closed network.
-    sip_t1_ms: float = 500.0
-    # Who may call (``hark.transports.sip.trunk``): a list of tables (``[[sip_trunks]]`` in
-    # the file) or that list in JSON; none: every caller, which the settings allow only on
-    # a loopback SIP address or behind a webhook. Passwords: kept out of repr.
-    sip_trunks: tuple[InboundTrunk, ...] = field(default=(), repr=False)
-    # New INVITEs a second per source address (bursts of twice that); beyond: 503.
-    sip_invite_rate: float = 10.0
-    # Calls ringing or answered at once on this worker; beyond: 503.
-    sip_max_calls: int = 500
-    # Seconds without RTP from the caller after which an answered call is hung up.
-    sip_rtp_timeout: float = 60.0
-    # Seconds an engine stage may wait before that response or transcription fails as
-    # stalled (``hark.engines.stage_timeouts``): the LLM's first token and each gap between
-    # tokens, one clause of speech, one transcription.
-    llm_first_token_timeout: float = 30.0
-    llm_token_timeout: float = 15.0
-    tts_clause_timeout: float = 30.0
-    asr_timeout: float = 60.0
-    # Where a client may point the server beyond the public internet (``hark.tools.egress``):
-    # networks (CIDRs, addresses) and host names (``*.`` for a domain) an MCP ``server_url``
-    # may reach though they are loopback, private or link-local; the networks also admit a
-    # WebRTC offer's candidates there to the server's ICE checks.
-    egress_allow: tuple[str, ...] = ()
-    # A server without API keys answers only requests for a loopback ``Host`` from pages of
-    # its own origin (or none); these open it to more Host names and page origins.
-    allowed_hosts: tuple[str, ...] = ()
-    allowed_origins: tuple[str, ...] = ()
-    # Abuse limits of one worker: sessions and calls at once (WebSocket, WebRTC, SIP), open
-    # HTTP connections, and how long a connection may sit idle, or take to send a request's
-    # headers, before it is closed (seconds).
-    max_sessions: int = 1000
-    max_connections: int = 4096
-    http_idle_timeout: float = 75.0
-    # The stored prompts a session's ``prompt {id, version, variables}`` names
-    # (``hark.protocol.prompts``): a directory read when the server starts (None: none).
-    prompts: str | None = None
+    host: str = DEFAULTS["host"]
+    port: int = DEFAULTS["port"]
+    engines: EngineSet = DEFAULTS["engines"]
+    vad: str | None = DEFAULTS["vad"]
+    asr: str | None = DEFAULTS["asr"]
+    llm: str | None = DEFAULTS["llm"]
+    tts: str | None = DEFAULTS["tts"]
+    llm_url: tuple[str, ...] = DEFAULTS["llm_url"]
+    llm_model: str | None = DEFAULTS["llm_model"]
+    llm_api_key: str | None = field(default=DEFAULTS["llm_api_key"], repr=False)
+    llm_model_path: str | None = DEFAULTS["llm_model_path"]
+    llm_context_tokens: int | None = DEFAULTS["llm_context_tokens"]
+    asr_model: str | None = DEFAULTS["asr_model"]
+    asr_device: str = DEFAULTS["asr_device"]
+    asr_url: str | None = DEFAULTS["asr_url"]
+    asr_api_key: str | None = field(default=DEFAULTS["asr_api_key"], repr=False)
+    tts_model: str | None = DEFAULTS["tts_model"]
+    voice_map: tuple[tuple[str, str], ...] = DEFAULTS["voice_map"]
+    tts_url: str | None = DEFAULTS["tts_url"]
+    tts_api_key: str | None = field(default=DEFAULTS["tts_api_key"], repr=False)
+    api_keys: tuple[str, ...] = field(default=DEFAULTS["api_keys"], repr=False)
+    log_level: str = DEFAULTS["log_level"]
+    config_file: Path | None = DEFAULTS["config_file"]
+    rtc_port: int = DEFAULTS["rtc_port"]
+    rtc_advertise_ip: str | None = DEFAULTS["rtc_advertise_ip"]
+    workers: int = DEFAULTS["workers"]
+    vad_rate: int = DEFAULTS["vad_rate"]
+    echo_cancellation: Literal["on", "sip", "off"] = DEFAULTS["echo_cancellation"]
+    otel_endpoint: str | None = DEFAULTS["otel_endpoint"]
+    demo: bool | None = DEFAULTS["demo"]
+    redis_url: str | None = field(default=DEFAULTS["redis_url"], repr=False)
+    redis_password: str | None = field(default=DEFAULTS["redis_password"], repr=False)
+    advertise_url: str | None = DEFAULTS["advertise_url"]
+    hop_tls_cert: str | None = DEFAULTS["hop_tls_cert"]
+    hop_tls_key: str | None = DEFAULTS["hop_tls_key"]
+    hop_tls_ca: str | None = DEFAULTS["hop_tls_ca"]
+    hop_port: int = DEFAULTS["hop_port"]
+    zone: str = DEFAULTS["zone"]
+    drain_timeout: float = DEFAULTS["drain_timeout"]
+    run_dir: str | None = DEFAULTS["run_dir"]
+    key_max_sessions: int | None = DEFAULTS["key_max_sessions"]
+    key_requests_per_minute: int | None = DEFAULTS["key_requests_per_minute"]
+    key_tokens_per_minute: int | None = DEFAULTS["key_tokens_per_minute"]
+    relay_address: str | None = DEFAULTS["relay_address"]
+    fleet_secret: str | None = field(default=DEFAULTS["fleet_secret"], repr=False)
+    sip: bool = DEFAULTS["sip"]
+    sip_host: str | None = DEFAULTS["sip_host"]
+    sip_port: int = DEFAULTS["sip_port"]
+    sip_advertise_ip: str | None = DEFAULTS["sip_advertise_ip"]
+    sip_tls_port: int | None = DEFAULTS["sip_tls_port"]
+    sip_tls_cert: str | None = DEFAULTS["sip_tls_cert"]
+    sip_tls_key: str | None = DEFAULTS["sip_tls_key"]
+    sip_tls_client_ca: str | None = DEFAULTS["sip_tls_client_ca"]
+    rtp_ports: tuple[int, int] | None = DEFAULTS["rtp_ports"]
+    sip_webhook_url: str | None = field(default=DEFAULTS["sip_webhook_url"], repr=False)
+    sip_webhook_secret: str | None = field(default=DEFAULTS["sip_webhook_secret"], repr=False)
+    sip_accept_timeout: float = DEFAULTS["sip_accept_timeout"]
+    sip_session: str | None = DEFAULTS["sip_session"]
+    sip_t1_ms: float = DEFAULTS["sip_t1_ms"]
+    sip_trunks: tuple[InboundTrunk, ...] = field(default=DEFAULTS["sip_trunks"], repr=False)
+    sip_invite_rate: float = DEFAULTS["sip_invite_rate"]
+    sip_max_calls: int = DEFAULTS["sip_max_calls"]
+    sip_rtp_timeout: float = DEFAULTS["sip_rtp_timeout"]
+    llm_first_token_timeout: float = DEFAULTS["llm_first_token_timeout"]
+    llm_token_timeout: float = DEFAULTS["llm_token_timeout"]
+    tts_clause_timeout: float = DEFAULTS["tts_clause_timeout"]
+    asr_timeout: float = DEFAULTS["asr_timeout"]
+    egress_allow: tuple[str, ...] = DEFAULTS["egress_allow"]
+    allowed_hosts: tuple[str, ...] = DEFAULTS["allowed_hosts"]
+    allowed_origins: tuple[str, ...] = DEFAULTS["allowed_origins"]
+    max_sessions: int = DEFAULTS["max_sessions"]
+    max_connections: int = DEFAULTS["max_connections"]
+    http_idle_timeout: float = DEFAULTS["http_idle_timeout"]
+    prompts: str | None = DEFAULTS["prompts"]
 
     @property
     def llm_model_name(self) -> str:
@@ -203,10 +124,12 @@ class Settings:
 
 _DEFAULTS = Settings()
 _FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
-# Lists of names: comma-separated in the environment and on the command line.
-_LIST_OPTIONS = ("egress_allow", "allowed_hosts", "allowed_origins")
+# Lists: comma-separated in the environment.
+_ENV_LISTS = frozenset(option.name for option in OPTIONS if option.kind == "list")
+# Lists of names and origins, checked as such.
+_LIST_OPTIONS = tuple(option.name for option in OPTIONS if option.check == "names")
 # The file cannot name another file, so config_file is not an option there.
-_FILE_OPTIONS = frozenset(_FIELDS) - {"config_file"}
+_FILE_OPTIONS = frozenset(option.name for option in OPTIONS if option.in_file)
 
 
 def load_settings(
@@ -237,7 +160,7 @@ def load_settings(
 
 def env_var(option: str) -> str:
     """The environment variable of an option (``llm_url`` → ``HARK_LLM_URL``)."""
-    return CONFIG_ENV_VAR if option == "config_file" else ENV_PREFIX + option.upper()
+    return BY_NAME[option].env
 
 
 def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
@@ -246,7 +169,7 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
         raw = env.get(env_var(name))
         if raw is None or raw == "":
             continue
-        if name in ("api_keys", "llm_url", *_LIST_OPTIONS):
+        if name in _ENV_LISTS:
             values[name] = tuple(k.strip() for k in raw.split(",") if k.strip())
         else:
             values[name] = raw
@@ -288,45 +211,12 @@ def _validate_port(values: dict[str, Any], name: str) -> None:
 
 
 def _validate(values: dict[str, Any]) -> Settings:
-    _validate_port(values, "port")
-    _validate_port(values, "rtc_port")
-    _validate_port(values, "sip_port")
-
-    for name in (
-        "host",
-        "engines",
-        "llm_model",
-        "llm_api_key",
-        "llm_model_path",
-        "vad",
-        "asr",
-        "llm",
-        "tts",
-        "asr_model",
-        "asr_device",
-        "asr_api_key",
-        "tts_model",
-        "tts_api_key",
-        "log_level",
-        "rtc_advertise_ip",
-        "otel_endpoint",
-        "redis_url",
-        "redis_password",
-        "advertise_url",
-        "zone",
-        "run_dir",
-        "relay_address",
-        "fleet_secret",
-        "sip_host",
-        "sip_advertise_ip",
-        "sip_tls_cert",
-        "sip_tls_key",
-        "sip_webhook_url",
-        "sip_webhook_secret",
-        "sip_session",
-        "prompts",
-    ):
-        if name in values and not isinstance(values[name], str):
+    # The generic checks each option declares; a port that may be unset is checked when set.
+    for option in OPTIONS:
+        name = option.name
+        if option.check == "port" and (option.default is not None or values.get(name) is not None):
+            _validate_port(values, name)
+        elif option.check == "string" and name in values and not isinstance(values[name], str):
             raise ConfigError(f"{name} must be a string")
     if values.get("rtc_advertise_ip") is not None:
         try:
@@ -349,10 +239,9 @@ def _validate(values: dict[str, Any]) -> Settings:
             # Not echoed: the URL may carry credentials.
             raise ConfigError(f"{name} must be an http(s) URL")
     _validate_engine_names(values)
-    _positive_number(values, "workers", int)
-    _positive_number(values, "llm_context_tokens", int)
-    for name in STAGE_TIMEOUT_OPTIONS:
-        _positive_number(values, name, float)
+    for option in OPTIONS:
+        if option.check == "positive":
+            _positive_number(values, option.name, int if option.kind == "int" else float)
     _validate_vad_rate(values)
     _validate_flag(values, "demo")
     _validate_echo(values)
@@ -362,9 +251,6 @@ def _validate(values: dict[str, Any]) -> Settings:
     _validate_access_lists(values)
     _validate_prompts(values)
     _validate_voice_map(values)
-    for name in ("max_sessions", "max_connections"):
-        _positive_number(values, name, int)
-    _positive_number(values, "http_idle_timeout", float)
     otel = values.get("otel_endpoint")
     if otel and urlsplit(otel).scheme not in ("http", "https"):
         raise ConfigError(f"otel_endpoint must be an http(s) URL, not {otel!r}")
@@ -512,7 +398,6 @@ def _validate_fleet(values: dict[str, Any]) -> None:
         parts = urlsplit(advertise)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ConfigError(f"advertise_url must be an http(s) URL, not {advertise!r}")
-    _validate_port(values, "hop_port")
     hop_tls = ("hop_tls_cert", "hop_tls_key", "hop_tls_ca")
     for name in hop_tls:
         if values.get(name) is not None and not isinstance(values[name], str):
@@ -520,9 +405,6 @@ def _validate_fleet(values: dict[str, Any]) -> None:
     given = [name for name in hop_tls if values.get(name)]
     if given and len(given) != len(hop_tls):
         raise ConfigError("hop_tls_cert, hop_tls_key and hop_tls_ca go together")
-    _positive_number(values, "drain_timeout", float)
-    for name in ("key_max_sessions", "key_requests_per_minute", "key_tokens_per_minute"):
-        _positive_number(values, name, int)
 
 
 def _validate_relay(values: dict[str, Any]) -> None:
@@ -561,7 +443,6 @@ def _validate_sip(values: dict[str, Any]) -> None:
                 f"sip_advertise_ip must be an IP address, not {advertise!r}"
             ) from None
     if values.get("sip_tls_port") is not None:
-        _validate_port(values, "sip_tls_port")
         if not values.get("sip_tls_cert") or not values.get("sip_tls_key"):
             raise ConfigError("sip_tls_port needs sip_tls_cert and sip_tls_key")
     elif values.get("sip_tls_cert") or values.get("sip_tls_key"):
@@ -584,11 +465,6 @@ def _validate_sip(values: dict[str, Any]) -> None:
         except WebhookSecretError as exc:
             # The message names the option and the problem, never the secret.
             raise ConfigError(f"sip_webhook_secret: {exc}") from None
-    _positive_number(values, "sip_accept_timeout", float)
-    _positive_number(values, "sip_t1_ms", float)
-    _positive_number(values, "sip_invite_rate", float)
-    _positive_number(values, "sip_max_calls", int)
-    _positive_number(values, "sip_rtp_timeout", float)
     _validate_sip_exposure(values)
     session = values.get("sip_session")
     if session is not None:
