@@ -16,6 +16,7 @@ _HELP = {
     "flows_expired": "Flows forgotten after a time without a datagram from their client.",
     "flows_worker_gone": "Flows ended because their worker left the registry.",
     "lookups": "Unknown clients looked up in the mirrored flow table.",
+    "mirror_failures": "Calls to the flow mirror in Redis that failed or had no answer in time.",
     "dropped": "Datagrams dropped, by reason.",
 }
 
@@ -47,6 +48,7 @@ def metrics_text(values: npt.NDArray[np.int64]) -> str:
         "flows_expired",
         "flows_worker_gone",
         "lookups",
+        "mirror_failures",
     ):
         family(name, "counter", [("", named[name])])
     drops = values.tolist()[len(COUNTERS) :]

@@ -22,7 +22,11 @@ The control plane runs on the same asyncio loop, between batches: the registry o
 (polled), a signed hello to each of them from the internal socket (``relay_hello``: a
 worker takes framed datagrams only from addresses that said one), the flow mirror in Redis
 (written when a flow is made, its TTL refreshed while it is active, read at start-up and on
-a miss), and expiry of idle flows and stale hints.
+a miss), and expiry of idle flows and stale hints. Every call to Redis has a time limit
+(``MIRROR_TIMEOUT_S``): a Redis that hangs costs a counted failure (``mirror_failures``) and a
+warning, never a stuck write loop, start or stop; a write that failed is tried again on the
+next pass, and ``stop`` makes a last, bounded try (``STOP_TIMEOUT_S``) for the flows not yet
+mirrored, so that the relay that takes over finds them.
 """
 
 from __future__ import annotations
@@ -33,8 +37,9 @@ import logging
 import socket
 import time
 from collections import OrderedDict
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -79,6 +84,12 @@ MAX_PENDING_LOOKUPS = 256
 MAX_NEGATIVE = 65536
 NEGATIVE_TTL_S = 1.0
 FLOW_KEY_PREFIX = "hark:relay-flow:"
+# How long one call of the flow mirror may wait for Redis; past it the call is abandoned and
+# counted as failed. The store's own client has a socket timeout too; the mirror does not
+# rely on the client it is handed having one.
+MIRROR_TIMEOUT_S = 2.0
+# How long ``Relay.stop`` may take in all, its last mirror write included.
+STOP_TIMEOUT_S = 3.0
 
 # The counters every process keeps, in this order (see ``Counters``).
 COUNTERS = (
@@ -92,6 +103,7 @@ COUNTERS = (
     "flows_expired",
     "flows_worker_gone",
     "lookups",
+    "mirror_failures",
 )
 DROP_REASONS = (
     "unknown_flow",
@@ -188,7 +200,9 @@ class FlowMirror:
     <signature>``, expiring when no relay has refreshed it for the idle time. The signature
     (the fleet secret's, ``hark.cluster.seal``) covers the client and the worker: a flow
     written into Redis by anyone else is not taken, so it cannot make a flow that no fresh
-    hint made. Failures are logged and forgotten: forwarding never waits for Redis."""
+    hint made. Forwarding never waits for Redis: each call is given ``timeout_s`` at most,
+    and a failure (an error, or no answer in time) is logged by its kind alone (no address,
+    no password), counted in ``failures`` and reported by the call's result."""
 
     def __init__(
         self,
@@ -196,10 +210,13 @@ class FlowMirror:
         idle_s: float,
         fleet_secret: str,
         prefix: str = FLOW_KEY_PREFIX,
+        timeout_s: float = MIRROR_TIMEOUT_S,
     ) -> None:
         self.client = client
         self.idle_s = idle_s
         self.prefix = prefix
+        self.timeout_s = timeout_s
+        self.failures = 0
         self._seal = Seal(fleet_secret)
 
     def __repr__(self) -> str:
@@ -226,47 +243,61 @@ class FlowMirror:
     def _key(self, client: Address) -> str:
         return f"{self.prefix}{client[0]}:{client[1]}"
 
-    async def write(self, flows: list[tuple[Address, str, Address]]) -> None:
-        """Record these flows (client, worker id, worker address), with a fresh TTL."""
+    async def write(
+        self, flows: list[tuple[Address, str, Address]], timeout_s: float | None = None
+    ) -> bool:
+        """Record these flows (client, worker id, worker address), with a fresh TTL; whether
+        Redis took them (in ``timeout_s``, by default the mirror's own limit)."""
         if self.client is None or not flows:
-            return
+            return True
         ttl = max(1, round(self.idle_s))
-        with self._quiet("write"):
+        async with self._quiet("write", timeout_s):
             async with self.client.pipeline(transaction=False) as pipe:
                 for client, worker_id, worker in flows:
                     pipe.set(self._key(client), self._value(client, worker_id, worker), ex=ttl)
                 await pipe.execute()
+            return True
+        return False
 
-    async def touch(self, clients: list[Address]) -> None:
-        """Push back the expiry of these flows (they are active)."""
+    async def touch(self, clients: list[Address]) -> bool:
+        """Push back the expiry of these flows (they are active); whether Redis did."""
         if self.client is None or not clients:
-            return
+            return True
         ttl = max(1, round(self.idle_s))
-        with self._quiet("refresh"):
+        async with self._quiet("refresh"):
             async with self.client.pipeline(transaction=False) as pipe:
                 for client in clients:
                     pipe.expire(self._key(client), ttl)
                 await pipe.execute()
+            return True
+        return False
 
     async def read(self, client: Address) -> tuple[str, Address] | None:
         """The worker of ``client``'s flow as another relay (or an earlier self) left it."""
         if self.client is None:
             return None
-        with self._quiet("read"):
+        async with self._quiet("read"):
             value = await self.client.get(self._key(client))
             return None if value is None else self._parse(client, value)
         return None
 
     async def read_all(self) -> list[tuple[Address, str, Address]]:
-        """Every mirrored flow (at start-up)."""
+        """Every mirrored flow (at start-up). A large table takes many round trips: each has
+        the mirror's time limit, not the whole load."""
         if self.client is None:
             return []
         found: list[tuple[Address, str, Address]] = []
-        with self._quiet("load"):
-            keys = [k async for k in self.client.scan_iter(match=self.prefix + "*", count=1000)]
+        loop = asyncio.get_running_loop()
+        async with self._quiet("load") as limit:
+            keys = []
+            async for key in self.client.scan_iter(match=self.prefix + "*", count=1000):
+                keys.append(key)
+                limit.reschedule(loop.time() + self.timeout_s)
             for start in range(0, len(keys), 1000):
                 chunk = keys[start : start + 1000]
-                for key, value in zip(chunk, await self.client.mget(chunk), strict=True):
+                values = await self.client.mget(chunk)
+                limit.reschedule(loop.time() + self.timeout_s)
+                for key, value in zip(chunk, values, strict=True):
                     text = key.decode() if isinstance(key, bytes) else key
                     with contextlib.suppress(ValueError):
                         client = parse_address(text[len(self.prefix) :])
@@ -275,11 +306,22 @@ class FlowMirror:
                             found.append((client, *parsed))
         return found
 
-    @contextlib.contextmanager
-    def _quiet(self, what: str) -> Any:
+    @contextlib.asynccontextmanager
+    async def _quiet(
+        self, what: str, timeout_s: float | None = None
+    ) -> AsyncIterator[asyncio.Timeout]:
+        """Run the body within the time limit (the ``asyncio.Timeout`` it is given may push
+        it back); a failure is logged, counted and swallowed (the body's ``return`` is then
+        skipped)."""
+        limit = self.timeout_s if timeout_s is None else timeout_s
         try:
-            yield
+            async with asyncio.timeout(limit) as timeout:
+                yield timeout
+        except TimeoutError:
+            self.failures += 1
+            logger.warning("flow mirror %s failed: no answer from Redis in %.1f s", what, limit)
         except (redis.exceptions.RedisError, OSError) as exc:
+            self.failures += 1
             logger.warning("flow mirror %s failed: %s", what, type(exc).__name__)
 
 
@@ -323,6 +365,9 @@ class Relay:
         self._tx_back.names[:, 0] = socket.AF_INET
         self._tasks: list[asyncio.Task[None]] = []
         self._to_write: dict[Address, tuple[str, Address]] = {}
+        # The batch the write loop has in hand (out of ``_to_write``, not yet in Redis).
+        self._writing: dict[Address, tuple[str, Address]] = {}
+        self._mirror_failures = 0
         self._write_wanted = asyncio.Event()
         self._registry_wanted = asyncio.Event()
         self._lookups: asyncio.Queue[Address] = asyncio.Queue(MAX_PENDING_LOOKUPS)
@@ -352,7 +397,9 @@ class Relay:
         self._say_hello()
         restored = 0
         now = time.monotonic()
-        for client, worker_id, worker in await self.mirror.read_all():
+        mirrored = await self.mirror.read_all()
+        self._count_mirror_failures()
+        for client, worker_id, worker in mirrored:
             if self.registry.workers.get(worker_id) == worker and self.table.put(
                 client, worker_id, worker, now
             ):
@@ -378,9 +425,12 @@ class Relay:
             restored,
         )
 
-    async def stop(self) -> None:
-        """Stop forwarding and close the sockets."""
+    async def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Stop forwarding, close the sockets, and write the flows not yet mirrored (so that
+        the relay that takes over finds them); returns within about ``timeout_s`` whatever
+        Redis does (a write that does not finish in time is counted and logged)."""
         loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
         for sock in (self._public, self._internal):
             if sock is not None:
                 loop.remove_reader(sock.fileno())
@@ -388,8 +438,20 @@ class Relay:
         self._public = self._internal = None
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._tasks:
+            # A task stuck where cancelling does not reach is left behind, not waited for.
+            _, stuck = await asyncio.wait(self._tasks, timeout=max(0.0, deadline - loop.time()))
+            if stuck:
+                logger.warning("%d relay task(s) did not stop in time", len(stuck))
         self._tasks.clear()
+        unwritten = self._writing | self._to_write
+        self._writing, self._to_write = {}, {}
+        if unwritten:
+            batch = [(client, *where) for client, where in unwritten.items()]
+            left = max(0.0, deadline - loop.time())
+            if not await self.mirror.write(batch, timeout_s=left):
+                logger.warning("%d flow(s) were not mirrored before the stop", len(batch))
+            self._count_mirror_failures()
 
     # ------------------------------------------------------------------ client → worker
 
@@ -631,12 +693,20 @@ class Relay:
             return
         self._pending.add(key)
 
+    def _count_mirror_failures(self) -> None:
+        """Add the mirror's failures since the last call to ``mirror_failures``."""
+        failures = self.mirror.failures
+        if failures != self._mirror_failures:
+            self.counters.add("mirror_failures", failures - self._mirror_failures)
+            self._mirror_failures = failures
+
     async def _look_up(self) -> None:
         while True:
             client = await self._lookups.get()
             key = sockaddr_key(client)
             self.counters.add("lookups")
             found = await self.mirror.read(client)
+            self._count_mirror_failures()
             self._pending.discard(key)
             now = time.monotonic()
             if found is not None and self.registry.workers.get(found[0]) == found[1]:
@@ -656,14 +726,22 @@ class Relay:
                 await asyncio.wait_for(self._write_wanted.wait(), self.config.idle_s / 3)
             self._write_wanted.clear()
             if self._to_write:
-                batch = [(client, *where) for client, where in self._to_write.items()]
-                self._to_write.clear()
-                await self.mirror.write(batch)
+                self._writing, self._to_write = self._to_write, {}
+                batch = [(client, *where) for client, where in self._writing.items()]
+                if not await self.mirror.write(batch):
+                    # Tried again on the next pass, unless the flow changed or ended since.
+                    for client, where in self._writing.items():
+                        flow = self.table.get(client)
+                        if flow is not None and (flow.worker_id, flow.worker) == where:
+                            self._to_write.setdefault(client, where)
+                self._writing = {}
+                self._count_mirror_failures()
             now = time.monotonic()
             if now - last_touch >= self.config.idle_s / 3:
                 active = self.table.active_since(last_touch)
                 last_touch = now
                 await self.mirror.touch([flow.client for flow in active])
+                self._count_mirror_failures()
 
     async def _poll_registry(self) -> None:
         while True:
