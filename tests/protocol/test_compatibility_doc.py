@@ -288,7 +288,7 @@ def test_the_parser_sees_a_missing_or_repeated_row() -> None:
         check_listing(doc_table("Client events", doubled), known, "client events")
 
 
-ISSUE_16 = "Issue 16: fidelity and hardening"
+ISSUE_16 = "Fidelity and hardening"
 ISSUE_16_POINTS = {str(n) for n in range(1, 15)}
 
 
@@ -364,7 +364,7 @@ def test_the_issue_table_check_sees_a_missing_point_or_a_test_that_is_gone() -> 
         check_issue_table(issue_table(ISSUE_16, renamed), ISSUE_16_POINTS)
 
 
-ISSUE_28 = "Issue 28: fidelity with the 2026 clients"
+ISSUE_28 = "Fidelity with the 2026 clients"
 ISSUE_28_POINTS = {str(n) for n in range(1, 11)}
 
 
