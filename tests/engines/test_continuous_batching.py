@@ -33,17 +33,17 @@ from hark.engines.llm import (
 )
 from hark.engines.llm.continuous_batching import BatchScheduler
 from hark.engines.llm.llama_cpp import LlamaCppLlm
+from tests.helpers.llm import text_of
+from tests.helpers.streams import collect
 
 from .test_llama_cpp_llm import (
     ORDER,
     WEATHER,
     ask,
     check,
-    collect,
     finished,
     order_call,
     single_call,
-    text_of,
 )
 
 QUESTIONS = (

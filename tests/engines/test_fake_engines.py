@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
 import numpy as np
@@ -26,6 +25,7 @@ from hark.engines.llm import (
     ToolChoice,
 )
 from hark.engines.tts import TtsEngine
+from tests.helpers.streams import collect
 
 T = TypeVar("T")
 
@@ -56,10 +56,6 @@ WEATHER = FunctionTool(
     },
 )
 HANG_UP = FunctionTool(name="hang_up")
-
-
-async def collect(stream: AsyncIterator[T]) -> list[T]:
-    return [item async for item in stream]
 
 
 async def test_fakes_satisfy_the_engine_interfaces() -> None:

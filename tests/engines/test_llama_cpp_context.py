@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import pytest
 
@@ -22,13 +22,10 @@ from hark.engines.llm import (
 )
 from hark.engines.llm.llama_cpp import EventMailbox, LlamaCppLlm
 from hark.engines.llm.truncation import ContextOverflow
+from tests.helpers.streams import collect
 
 SYSTEM = "You are a helpful assistant. Answer in one short sentence."
 N_CTX = 512
-
-
-async def collect(events: AsyncIterator[LlmEvent]) -> list[LlmEvent]:
-    return [event async for event in events]
 
 
 def post_all(mailbox: EventMailbox, items: Sequence[LlmEvent | None]) -> list[bool]:

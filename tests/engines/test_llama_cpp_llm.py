@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import llama_cpp
@@ -26,6 +26,8 @@ from hark.engines.llm import (
 from hark.engines.llm.chat_template import render_chatml
 from hark.engines.llm.llama_cpp import LlamaCppLlm, _parse_tool_calls, default_model_path
 from hark.engines.llm.tool_grammar import arguments_gbnf, schema_to_gbnf, tool_call_gbnf
+from tests.helpers.llm import text_of
+from tests.helpers.streams import collect
 
 SHORT = "You are a helpful assistant. Answer in one short sentence."
 
@@ -117,14 +119,6 @@ def check(value: Any, schema: dict[str, Any], root: dict[str, Any] | None = None
             check(item, schema["items"], root)
     if kinds == "string":
         assert schema.get("minLength", 0) <= len(value) <= schema.get("maxLength", len(value))
-
-
-async def collect(stream: AsyncIterator[LlmEvent]) -> list[LlmEvent]:
-    return [event async for event in stream]
-
-
-def text_of(events: list[LlmEvent]) -> str:
-    return "".join(e.text for e in events if isinstance(e, TextDelta))
 
 
 def finished(events: list[LlmEvent]) -> Finished:

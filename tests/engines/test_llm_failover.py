@@ -47,6 +47,7 @@ from hark.engines.llm.failover import (
 from hark.engines.llm.openai_compatible import LlmError
 from hark.engines.vad.batcher import BatchObserver
 from hark.observability.metrics import Metrics
+from tests.helpers.llm import reply, text_of
 from tests.helpers.net import free_port
 
 QUESTION = GenerationRequest(messages=(ChatMessage("user", "Say hello."),))
@@ -223,14 +224,6 @@ async def backends() -> AsyncIterator[Backends]:
         await server.close()
 
 
-async def collect(engine: FailoverLlm, request: GenerationRequest = QUESTION) -> list[LlmEvent]:
-    return [event async for event in engine.generate(request)]
-
-
-def text_of(events: list[LlmEvent]) -> str:
-    return "".join(e.text for e in events if isinstance(e, TextDelta))
-
-
 async def test_observed_metrics_hear_every_backend_state_at_once(backends: Backends) -> None:
     engine = FailoverLlm.for_urls([backends.url_a, backends.url_b], "m")
     assert isinstance(engine, ObservableEngine)
@@ -259,7 +252,7 @@ async def test_a_failure_before_any_text_is_retried_on_the_next_backend(
     backends.b.plans.append(Plan(texts=("Hi", " there.")))
     engine = backends.make()
     await engine.warmup()
-    events = await collect(engine)
+    events = await reply(engine, QUESTION)
     assert events == [TextDelta("Hi"), TextDelta(" there."), Finished("stop")]
     # The retry is the same request: nothing to continue from.
     assert backends.b.requests == backends.a.requests
@@ -272,7 +265,7 @@ async def test_a_failure_before_any_text_is_retried_on_the_next_backend(
     assert backends.sample(state, backends.url_a, state="unhealthy") == 1
     assert backends.sample(state, backends.url_a, state="healthy") == 0
     # Taken out: the next response goes straight to b.
-    await collect(engine)
+    await reply(engine, QUESTION)
     assert len(backends.a.requests) == 1 and len(backends.b.requests) == 2
 
 
@@ -292,7 +285,7 @@ async def test_a_stream_cut_midway_continues_without_repeating(
     backends.a.plans.append(Plan(texts=("Hello", ", wor"), cut=True))
     backends.b.plans.append(Plan(texts=resumed))
     engine = backends.make()
-    events = await collect(engine)
+    events = await reply(engine, QUESTION)
     assert text_of(events) == "Hello, world! How are you?"
     assert events[:2] == [TextDelta("Hello"), TextDelta(", wor")]
     assert events[-1] == Finished("stop")
@@ -321,7 +314,7 @@ async def test_a_tool_call_cut_midway_fails_the_response(backends: Backends) -> 
 async def test_a_tool_call_before_which_nothing_was_sent_is_retried(backends: Backends) -> None:
     backends.a.plans.append(Plan(cut=True))
     backends.b.plans.append(Plan(tool_arguments='{"city": "Paris"}'))
-    events = await collect(backends.make())
+    events = await reply(backends.make(), QUESTION)
     assert events[0] == ToolCallStarted("call_1", "get_weather")
     assert events[-1] == Finished("tool_calls")
 
@@ -338,7 +331,7 @@ async def test_with_every_backend_failing_one_response_fails_cleanly(backends: B
     assert "HTTP 502" in str(failure.value)
     # Both are out now: the next response fails at once, without a request.
     with pytest.raises(LlmError, match="none available"):
-        await collect(engine)
+        await reply(engine, QUESTION)
     assert len(backends.a.requests) == len(backends.b.requests) == 1
 
 
@@ -357,7 +350,7 @@ async def test_a_stalled_backend_counts_as_failed_and_the_response_moves_on(
     try:
         # Without the per-backend limit the stalled backend would hold the response forever.
         async with asyncio.timeout(30):
-            events = await collect(engine)
+            events = await reply(engine, QUESTION)
     finally:
         backends.a.release.set()
     assert text_of(events) == "Hello!"
@@ -371,7 +364,7 @@ async def test_a_refused_request_does_not_take_the_backend_out(backends: Backend
     backends.a.plans.append(Plan(status=400))
     engine = backends.make()
     await engine.warmup()
-    events = await collect(engine)
+    events = await reply(engine, QUESTION)
     assert text_of(events) == "Hello!"
     assert engine.state(backends.url_a) == "healthy"
     assert backends.sample("hark_llm_backend_failures_total", backends.url_a) == 1
@@ -381,7 +374,7 @@ async def test_requests_alternate_between_healthy_backends(backends: Backends) -
     engine = backends.make()
     await engine.warmup()
     for _ in range(4):
-        await collect(engine)
+        await reply(engine, QUESTION)
     assert len(backends.a.requests) == len(backends.b.requests) == 2
 
 
@@ -390,13 +383,13 @@ async def test_the_health_check_takes_a_backend_out_and_lets_it_back(backends: B
     engine = backends.make(health_interval_s=0.05, backoff_s=0.05, backoff_max_s=0.2)
     await engine.warmup()
     assert engine.state(backends.url_a) == "unhealthy"
-    await collect(engine)
+    await reply(engine, QUESTION)
     assert backends.a.requests == [] and len(backends.b.requests) == 1
     backends.a.up = True
     await wait_for_state(engine, backends.url_a, "healthy")
     backends.b.up = False
     await wait_for_state(engine, backends.url_b, "unhealthy")
-    await collect(engine)
+    await reply(engine, QUESTION)
     assert len(backends.a.requests) == 1 and len(backends.b.requests) == 1
 
 
@@ -418,7 +411,7 @@ async def test_the_back_off_grows_and_is_capped(backends: Backends) -> None:
     assert backoffs == [1, 2, 4, 4]
     backends.a.up = True
     await engine._check(engine._backends[0])
-    await collect(engine)
+    await reply(engine, QUESTION)
     # A finished response resets the run of failures.
     assert engine._backends[0].failures_in_row == 0
 
@@ -581,7 +574,7 @@ async def test_real_backend_killed_before_a_request(live: tuple[LlamaServer, ...
     try:
         await engine.warmup()
         await a.kill()
-        events = await collect(engine, LLAMA_REQUEST)
+        events = await reply(engine, LLAMA_REQUEST)
     finally:
         await engine.aclose()
     assert text_of(events).strip() and isinstance(events[-1], Finished)
@@ -643,12 +636,12 @@ async def test_real_backends_all_dead_then_one_comes_back(live: tuple[LlamaServe
         await engine.warmup()
         await asyncio.gather(a.kill(), b.kill())
         with pytest.raises(LlmError, match="no LLM backend could serve"):
-            await collect(engine, LLAMA_REQUEST)
+            await reply(engine, LLAMA_REQUEST)
         assert engine.state(a.url) == engine.state(b.url) == "unhealthy"
         await a.start()
         await wait_for_state(engine, a.url, "healthy")
         before = sample(metrics, "hark_llm_backend_requests_total", a.url)
-        events = await collect(engine, LLAMA_REQUEST)
+        events = await reply(engine, LLAMA_REQUEST)
     finally:
         await engine.aclose()
     assert text_of(events).strip() and isinstance(events[-1], Finished)

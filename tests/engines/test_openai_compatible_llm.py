@@ -20,7 +20,6 @@ from hark.engines.llm import (
     Finished,
     FunctionTool,
     GenerationRequest,
-    LlmEvent,
     TextDelta,
     ToolCall,
     ToolCallArgumentsDelta,
@@ -30,6 +29,7 @@ from hark.engines.llm import (
 )
 from hark.engines.llm.openai_compatible import LlmError, OpenAICompatibleLlm
 from tests.helpers.net import free_port
+from tests.helpers.streams import collect
 
 KEY = "sk-test-5ecret-key-0123456789"
 WEATHER = FunctionTool(
@@ -200,10 +200,6 @@ async def make_llm() -> AsyncIterator[Callable[..., OpenAICompatibleLlm]]:
 
 def say(text: str, **kwargs: Any) -> GenerationRequest:
     return GenerationRequest(messages=(ChatMessage("user", text),), **kwargs)
-
-
-async def collect(stream: AsyncIterator[LlmEvent]) -> list[LlmEvent]:
-    return [event async for event in stream]
 
 
 async def test_streams_text_and_usage(

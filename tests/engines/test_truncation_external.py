@@ -32,11 +32,11 @@ from hark.engines.llm import (
     Finished,
     GenerationRequest,
     LlmEvent,
-    TextDelta,
     Truncation,
 )
 from hark.engines.llm.openai_compatible import OpenAICompatibleLlm
 from hark.engines.llm.truncation import ContextOverflow
+from tests.helpers.llm import reply, text_of
 from tests.helpers.net import free_port
 from tests.servers import hark_serve
 
@@ -171,14 +171,6 @@ def long_conversation(turns: int = 30) -> tuple[ChatMessage, ...]:
     return tuple(messages)
 
 
-async def collect(engine: OpenAICompatibleLlm, request: GenerationRequest) -> list[LlmEvent]:
-    return [event async for event in engine.generate(request)]
-
-
-def text_of(events: list[LlmEvent]) -> str:
-    return "".join(e.text for e in events if isinstance(e, TextDelta))
-
-
 def finished(events: list[LlmEvent]) -> Finished:
     end = events[-1]
     assert isinstance(end, Finished)
@@ -193,7 +185,7 @@ async def test_a_refused_prompt_is_truncated_harder_and_sent_once_more(backend: 
     async with proxy(backend, refuse_as_vllm=True) as (recorder, url):
         engine = OpenAICompatibleLlm(url, MODEL)
         try:
-            events = await collect(engine, request())
+            events = await reply(engine, request())
             assert finished(events).reason in ("stop", "length")
             assert "Paris" in text_of(events)
             # The backend lists no context size: its refusal states it, and the prompt sent
@@ -208,7 +200,7 @@ async def test_a_refused_prompt_is_truncated_harder_and_sent_once_more(backend: 
             assert engine.context_tokens == N_CTX
             # Now that the size is known, the next prompt fits at the first try: no refusal.
             sent = len(recorder.statuses)
-            await collect(engine, request())
+            await reply(engine, request())
             assert recorder.statuses[sent:] and set(recorder.statuses[sent:]) == {200}
         finally:
             await engine.aclose()
@@ -221,7 +213,7 @@ async def test_a_known_context_size_truncates_before_sending(backend: str, sourc
         given = N_CTX if source == "context_tokens" else None
         engine = OpenAICompatibleLlm(url, MODEL, context_tokens=given)
         try:
-            events = await collect(engine, request())
+            events = await reply(engine, request())
             assert "Paris" in text_of(events)
             assert recorder.statuses == [200]
             assert len(recorder.requests[0]["messages"]) < len(long_conversation())
@@ -238,7 +230,7 @@ async def test_retention_ratio_sends_the_same_beginning_while_the_conversation_g
         try:
             for turns in (30, 31, 32):
                 messages = long_conversation(turns)
-                await collect(engine, GenerationRequest(messages, max_tokens=4, truncation=ratio))
+                await reply(engine, GenerationRequest(messages, max_tokens=4, truncation=ratio))
             firsts = [r["messages"][1] for r in recorder.requests]
             assert firsts[0] == firsts[1] == firsts[2]
         finally:
@@ -251,7 +243,7 @@ async def test_disabled_truncation_fails_clearly(backend: str, known: bool) -> N
         engine = OpenAICompatibleLlm(url, MODEL, context_tokens=N_CTX if known else None)
         try:
             with pytest.raises(ContextOverflow, match="truncation is disabled"):
-                await collect(engine, request(truncation=Truncation("disabled")))
+                await reply(engine, request(truncation=Truncation("disabled")))
             # Unknown, the size came from the backend's refusal; known, nothing was sent.
             assert recorder.statuses == ([] if known else [400])
         finally:
@@ -269,11 +261,11 @@ async def test_the_default_cap_ends_at_a_sentence_and_a_client_limit_cuts(backen
     async with proxy(backend) as (recorder, url):
         engine = OpenAICompatibleLlm(url, MODEL, max_tokens_default=20)
         try:
-            capped = await collect(engine, story)
+            capped = await reply(engine, story)
             assert recorder.requests[0]["max_tokens"] == 40
             assert finished(capped).reason == "stop"
             assert text_of(capped).rstrip().endswith((".", "!", "?"))
-            limited = await collect(engine, GenerationRequest(story.messages, max_tokens=5))
+            limited = await reply(engine, GenerationRequest(story.messages, max_tokens=5))
             assert finished(limited).reason == "length"
         finally:
             await engine.aclose()

@@ -1,6 +1,8 @@
 """Small helpers the tests share, each written once.
 
 - ``tests.helpers.net``: a free TCP port, an Authorization header.
+- ``tests.helpers.streams``: collecting an async stream, picking events by type.
+- ``tests.helpers.llm``: a language model's reply, collected, and its text.
 - ``tests.helpers.audio``: test signals (a sine tone).
 
 Bigger shared parts (servers, Redis, speech, SIP peers) and fixtures (``tests/conftest.py``)

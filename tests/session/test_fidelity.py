@@ -12,6 +12,7 @@ import numpy.typing as npt
 from hark.engines.asr import Urgency
 from hark.engines.llm import Finished
 from hark.session.actions import CancelRecognition, Generate, Transcribe
+from tests.helpers.streams import of_type
 
 from .conftest import Driver, silence, voiced
 
@@ -29,10 +30,6 @@ def audio_item(pcm: npt.NDArray[np.int16], item_id: str | None = None) -> dict[s
     if item_id is not None:
         item["id"] = item_id
     return item
-
-
-def of_type(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [e for e in events if e["type"] == kind]
 
 
 # ---------------------------------------------------------------- model names
