@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +16,7 @@ import pytest
 
 from hark.audio.resample import resample
 from hark.engines.asr.whisper import WhisperAsr
+from tests.helpers.text import words
 from tests.servers import HarkProcess
 from tests.speech import spoken
 
@@ -53,10 +53,6 @@ def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HarkProcess]:
             yield server
 
 
-def words(text: str) -> list[str]:
-    return re.findall(r"[a-z0-9]+", text.lower())
-
-
 async def test_a_spoken_question_gets_a_transcript_and_spoken_reply(front: HarkProcess) -> None:
     # The question, then a second of silence for the server VAD to end the turn.
     pcm = np.concatenate((spoken(QUESTION, RATE), np.zeros(RATE, np.int16)))
@@ -90,7 +86,7 @@ async def test_a_spoken_question_gets_a_transcript_and_spoken_reply(front: HarkP
     assert "error" not in kinds, [e for e in events if e["type"] == "error"]
 
     (heard,) = [e["transcript"] for e in events if e["type"] == transcribed]
-    assert {"capital", "france"} <= set(words(heard)), heard
+    assert {"capital", "france"} <= set(words(heard, word=r"[a-z0-9]+")), heard
 
     (done,) = [e["response"] for e in events if e["type"] == "response.done"]
     assert done["status"] == "completed"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections.abc import Iterator
 from difflib import SequenceMatcher
 from typing import Any
@@ -16,6 +15,7 @@ import pytest
 from hark.engines.activity import computing_now
 from hark.engines.asr import AsrEngine
 from hark.engines.asr.whisper import WhisperAsr, default_model_path
+from tests.helpers.text import words
 
 from .conftest import QUESTION, Say
 
@@ -38,10 +38,6 @@ def full_window() -> Any:
 
 async def transcript(engine: AsrEngine, audio: npt.NDArray[np.float32], **options: Any) -> str:
     return "".join([delta async for delta in engine.transcribe(audio, **options)])
-
-
-def words(text: str) -> list[str]:
-    return re.findall(r"[a-z0-9']+", text.lower())
 
 
 async def test_transcribes_a_question(asr: WhisperAsr, question: npt.NDArray[np.float32]) -> None:

@@ -4,7 +4,6 @@ scheduler that batches the windows of several sessions."""
 from __future__ import annotations
 
 import asyncio
-import re
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -15,6 +14,7 @@ import pytest
 
 from hark.engines.asr import AsrEngine, RecognitionRequest, TimedTranscript, Urgency
 from hark.engines.asr.whisper import WhisperAsr, _restored
+from tests.helpers.text import words
 
 from .conftest import Say
 
@@ -33,10 +33,6 @@ def asr() -> WhisperAsr:
     # One engine for the module: loading the model takes a second or two. One worker: the
     # batching and cancellation tests hold it busy so that the others' requests queue.
     return WhisperAsr(workers=1)
-
-
-def words(text: str) -> list[str]:
-    return re.findall(r"[a-z0-9']+", text.lower())
 
 
 def silence(seconds: float) -> npt.NDArray[np.float32]:
