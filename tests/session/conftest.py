@@ -246,6 +246,13 @@ class Driver:
         return [e["type"] for e in (self.events if events is None else events)]
 
 
+def manual(driver: Driver) -> None:
+    """Turn detection off: the test commits audio and asks for responses itself."""
+    driver.send(
+        {"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}}
+    )
+
+
 @pytest.fixture
 def driver() -> Driver:
     """A session with the default configuration (server VAD, audio out, pcm)."""

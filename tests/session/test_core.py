@@ -17,7 +17,7 @@ from hark.session.actions import AnalyzeSpeech, CancelGeneration, Close, Generat
 from hark.session.core import Session
 from hark.session.ids import IdGenerator
 
-from .conftest import RATE, Driver, silence, timed, voiced
+from .conftest import RATE, Driver, manual, silence, timed, voiced
 
 
 def spoken_turn(driver: Driver, speech_ms: int = 1000, pause_ms: int = 700) -> None:
@@ -143,12 +143,6 @@ def test_semantic_vad_accepted(driver: Driver) -> None:
 
 
 # ---------------------------------------------------------------- input buffer
-
-
-def manual(driver: Driver) -> None:
-    driver.send(
-        {"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}}
-    )
 
 
 def test_commit_creates_user_item_and_transcription(driver: Driver) -> None:

@@ -13,19 +13,13 @@ from hark.engines.llm import Finished
 from hark.session.actions import Generate
 from hark.session.response_lifecycle import IMAGE_TOKENS
 
-from .conftest import Driver, voiced
+from .conftest import Driver, manual, voiced
 
 # A 1x1 PNG.
 PIXEL = (
     "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk"
     "+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
 )
-
-
-def manual(driver: Driver) -> None:
-    driver.send(
-        {"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}}
-    )
 
 
 def user_audio(driver: Driver, ms: int) -> None:
