@@ -19,6 +19,9 @@ The RTP session sends only to where the caller's RTP comes from (``media.py``), 
 inbound trunk that admitted the call is trusted, and ends the call when the caller's RTP
 stops for ``rtp_timeout_s``.
 
+The session, the sidebands, the fan-out of events, ending and closing are the
+``MediaCall``'s (``hark.transports.call``); this module adds the SIP dialog and the RTP.
+
 A call ends on hang-up (the API), BYE or CANCEL from the phone, a transfer that
 completed, the end of its session, silence on the RTP port, and server shutdown; ending
 releases the session, the media and the sidebands, and sends BYE when the phone has not
@@ -29,14 +32,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
-from collections.abc import Callable, Coroutine
-from typing import Any, Literal
-
-from aiohttp import web
+from collections.abc import Callable
+from typing import Literal
 
 from hark.session.runner import SessionRunner
-from hark.transports.sideband import Sidebands
+from hark.transports.call import CallStateError, MediaCall
 from hark.transports.sip.dtmf import digit_from_info
 from hark.transports.sip.media import RtpPacer, RtpSession
 from hark.transports.sip.sdp import SdpError
@@ -44,23 +44,16 @@ from hark.transports.sip.user_agent import IncomingCall
 
 logger = logging.getLogger(__name__)
 
-# Events held until the first sideband attaches (the backend connects after its accept);
-# beyond that the oldest are dropped.
-MAX_PENDING_EVENTS = 1000
-# How long a call ended by the server waits for its last events to leave.
-END_FLUSH_TIMEOUT_S = 1.0
 # How long the media waits for the caller's ACK before it starts anyway (the stack ends a
 # call without one after 32 s; by then the media no longer matters).
 ACK_WAIT_S = 32.0
 
 CallState = Literal["pending", "accepted", "ended"]
 
-
-class CallStateError(Exception):
-    """The call is not in a state that allows the request (accept twice, refer unanswered)."""
+__all__ = ["ACK_WAIT_S", "CallState", "CallStateError", "PhoneCall"]
 
 
-class PhoneCall:
+class PhoneCall(MediaCall):
     """A SIP call (``rtc_…``), the same surface as ``hark.transports.webrtc.call.Call``.
 
     ``owner`` is the key that accepted it (``""`` while pending: any real key of the server
@@ -68,7 +61,9 @@ class PhoneCall:
     exists once accepted. ``pacer`` paces the RTP of the worker's calls (None: one of the
     call's own). ``on_closed`` is called once, at the end of ``close``. ``rtp_timeout_s``:
     the call ends (BYE) when the caller's RTP stops for that long (None: never).
-    ``echo_cancellation``: the reply's echo is taken out of the caller's audio.
+    ``echo_cancellation``: the reply's echo is taken out of the caller's audio. A phone
+    has no event channel: the events made before the first sideband attaches (the backend
+    connects after its accept) are held for it.
     """
 
     def __init__(
@@ -84,32 +79,18 @@ class PhoneCall:
         rtp_timeout_s: float | None = None,
         echo_cancellation: bool = True,
     ) -> None:
-        self.id = call_id
+        super().__init__(call_id, "", on_closed=on_closed, hold_for_sideband=True)
         self.incoming = incoming
-        self.owner = ""
-        self.runner: SessionRunner | None = None
         self.media: RtpSession | None = None
         self.state: CallState = "pending"
         # Set once the call is no longer pending (accepted, rejected or ended).
         self.settled = asyncio.Event()
-        # Whether the call counts against its owner's session limit (released at the end).
-        self.admitted = False
         self._bind_host = bind_host
         self._advertise_ip = advertise_ip
         self._rtp_ports = rtp_ports
         self._pacer = pacer
-        self._on_closed = on_closed
         self._rtp_timeout_s = rtp_timeout_s
         self._echo_cancellation = echo_cancellation
-        self._sidebands = Sidebands(call_id)
-        self._pending: deque[str] = deque(maxlen=MAX_PENDING_EVENTS)
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._fan_out_task: asyncio.Task[None] | None = None
-        self._acked = asyncio.Event()
-        self._end_reason: str | None = None
-        self._closing = False
-        self.closed = asyncio.Event()
-        self.close_reason: str | None = None
         incoming.on_ended = self._on_sip_ended
         incoming.on_info = self._on_info
         incoming.on_reoffer = self._on_reoffer
@@ -160,7 +141,7 @@ class PhoneCall:
             raise
         self.incoming.answer(answer)
         await runner.start()
-        self._fan_out_task = self._spawn(self._fan_out(), "events")
+        self._start_events()
         self._spawn(self._start_media(), "media")
         logger.info("call %s answered (session %s)", self.id, runner.id)
 
@@ -213,51 +194,20 @@ class PhoneCall:
         logger.info("call %s: transfer answered %d", self.id, status)
         return status
 
-    async def end(self, message: str, code: str, reason: str) -> None:
-        """End the call from the server's side (drain, shutdown): the sidebands are told
-        why in an ``error`` event, then the call closes (BYE)."""
-        if not self._closing and self.runner is not None:
-            self._end_reason = reason
-            await self.runner.end(message, code, reason)
-            if self._fan_out_task is not None:
-                await asyncio.wait([self._fan_out_task], timeout=END_FLUSH_TIMEOUT_S)
-        await self.close(reason)
+    def _close_begins(self) -> None:
+        if self.incoming.state != "ended":
+            self.incoming.hangup()
 
-    async def close(self, reason: str) -> None:
-        """End the call and release everything it holds. Idempotent."""
-        if self._closing:
-            await self.closed.wait()
-            return
-        self._closing = True
-        self.close_reason = reason
-        logger.info("call %s ends: %s", self.id, reason)
-        try:
-            if self.incoming.state != "ended":
-                self.incoming.hangup()
-            if self.runner is not None:
-                await self.runner.close()
-            current = asyncio.current_task()
-            tasks = [t for t in self._tasks if t is not current]
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            # A cancelled task keeps its traceback, whose frames refer back to this call: held
-            # here, that cycle would keep the call, its session and audio until a collection.
-            self._fan_out_task = None
-            if self.media is not None:
-                await self.media.close()
-        except Exception:
-            logger.exception("call %s: error while closing", self.id)
-        finally:
-            self.state = "ended"
-            self.settled.set()
-            self.incoming.on_ended = None
-            self.incoming.on_info = None
-            self.incoming.on_reoffer = None
-            self._sidebands.end()
-            self.closed.set()
-            if self._on_closed is not None:
-                self._on_closed(self)
+    async def _release(self) -> None:
+        if self.media is not None:
+            await self.media.close()
+
+    def _released(self) -> None:
+        self.state = "ended"
+        self.settled.set()
+        self.incoming.on_ended = None
+        self.incoming.on_info = None
+        self.incoming.on_reoffer = None
 
     def _public_state(self) -> str:
         return "ended" if self._closing else self.state
@@ -281,35 +231,3 @@ class PhoneCall:
         except SdpError as exc:
             logger.info("call %s: re-INVITE refused: %s", self.id, exc)
             return None
-
-    # ------------------------------------------------------------------ sideband
-
-    async def attach(self, ws: web.WebSocketResponse) -> None:
-        """Serve a sideband WebSocket until it or the call ends (the call must be
-        accepted); the first one gets the events made before it attached."""
-        if self.runner is None:
-            raise CallStateError("The call has not been accepted.")
-        held = [] if self._sidebands else list(self._pending)
-        self._pending.clear()
-        await self._sidebands.serve(ws, self.runner, held)
-
-    @property
-    def sidebands(self) -> int:
-        """How many sideband sockets are attached."""
-        return len(self._sidebands)
-
-    async def _fan_out(self) -> None:
-        assert self.runner is not None
-        async for text in self.runner.outgoing():
-            if self._sidebands:
-                self._sidebands.publish(text)
-            else:
-                self._pending.append(text)
-        # The session ended (its time limit, or the server ending it): the call ends with it.
-        self._spawn(self.close(self._end_reason or "session ended"), "close")
-
-    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
-        task = asyncio.create_task(coro, name=f"{self.id} {name}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task

@@ -7,6 +7,10 @@ the session's input; the reply plays on the outgoing ``PlayoutTrack``. Once the 
 connection is connected, the audio in both directions runs on the lean ``AudioPath``
 (``hark.transports.webrtc.rtp_audio``), the reply paced by the worker's ``PlayoutTicker``.
 
+The session, the sidebands, the fan-out of events, ending and closing are the
+``MediaCall``'s (``hark.transports.call``); this module adds the peer connection, its data
+channel and the audio path.
+
 A call ends on hang-up, when the session ends, when the peer connection fails or closes
 (ICE failure, consent freshness lost, the client's DTLS close), when it is not connected
 within ``SETUP_TIMEOUT_SECONDS``, and at server shutdown. Ending always releases the same
@@ -22,12 +26,10 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
-from aiohttp import WSCloseCode, web
 from aiortc import (
     RTCConfiguration,
     RTCDataChannel,
@@ -42,9 +44,9 @@ from hark.session.ids import IdGenerator
 from hark.session.runner import BACKLOG_EXCEEDED, MAX_BACKLOG_BYTES, SessionRunner
 from hark.tools import egress
 from hark.transports.beta import Dialect
+from hark.transports.call import END_FLUSH_TIMEOUT_S, MediaCall
 from hark.transports.echo import CallEcho
 from hark.transports.input_budget import InputBudget, InputGate
-from hark.transports.sideband import Sidebands
 from hark.transports.ticker import PlayoutTicker
 from hark.transports.webrtc.candidates import CandidatePolicy
 from hark.transports.webrtc.ice import use_shared_port
@@ -66,8 +68,6 @@ EVENTS_CHANNEL = "oai-events"
 SETUP_TIMEOUT_SECONDS = 30.0
 # Events held while the data channel is not open yet; beyond that the oldest are dropped.
 MAX_PENDING_EVENTS = 1000
-# How long a call ended by the server waits for its last events to leave.
-END_FLUSH_TIMEOUT_S = 1.0
 # The most the data channel may hold unsent (SCTP waits for a peer that reads); past it the
 # caller is not reading events and the call ends, as a WebSocket session's backlog does.
 MAX_CHANNEL_BACKLOG_BYTES = MAX_BACKLOG_BYTES
@@ -81,13 +81,17 @@ OPUS_CODECS = [
 ]
 
 
-class Call:
+class Call(MediaCall):
     """A WebRTC call (``rtc_…``) owned by ``owner`` (see ``hark.server.auth.Principal``).
 
     ``negotiate`` answers the offer, ``start`` runs the session, ``close`` ends it all;
     ``on_closed`` is called once, at the end of ``close``. ``ticker`` paces the reply audio
-    (one for all the calls of a worker).
+    (one for all the calls of a worker). The call is admitted: its owner's limits counted
+    it before it was made.
     """
+
+    runner: SessionRunner
+    has_channel = True
 
     def __init__(
         self,
@@ -102,12 +106,10 @@ class Call:
         dialect: Dialect | None = None,
         echo_cancellation: bool = True,
     ) -> None:
-        self.id = call_id
-        self.owner = owner
+        super().__init__(call_id, owner, on_closed=on_closed)
         self.runner = runner
+        self.admitted = True
         self.track = track
-        # Which of its registry's calls this is, in the order they were opened (1, 2, …).
-        self.opened_as = 0
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         self._ticker = ticker
         self._transceiver: RTCRtpTransceiver | None = None
@@ -119,23 +121,14 @@ class Call:
             if echo_cancellation
             else None
         )
-        self._on_closed = on_closed
         self._setup_timeout_s = setup_timeout_s
         self._channel: RTCDataChannel | None = None
         self._gate: InputGate[None] | None = None
         self._pending: deque[str] = deque(maxlen=MAX_PENDING_EVENTS)
-        self._sidebands = Sidebands(call_id)
         # The data channel's dialect; sidebands speak GA.
-        self._dialect = dialect or Dialect(beta=False)
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._fan_out_task: asyncio.Task[None] | None = None
-        # Why the server is ending the call, once it is (``end``).
-        self._end_reason: str | None = None
-        self._closing = False
+        self._channel_dialect = dialect or Dialect(beta=False)
         # Set once the data channel's backlog passed its bound and the call began to close.
         self._overflowed = False
-        self.closed = asyncio.Event()
-        self.close_reason: str | None = None
         self.pc.on("datachannel", self._on_datachannel)
         self.pc.on("connectionstatechange", self._on_connection_state)
 
@@ -174,22 +167,10 @@ class Call:
         """Start the session and its event fan-out; the call is live."""
         self.track.attach(self.runner)
         await self.runner.start()
-        self._fan_out_task = self._spawn(self._fan_out(), "events")
+        self._start_events()
         self._spawn(self._setup_deadline(), "setup deadline")
 
-    async def end(self, message: str, code: str, reason: str) -> None:
-        """End the call from the server's side (drain, shutdown): the client is told why in
-        an ``error`` event on the data channel and the sidebands, then the call closes."""
-        if not self._closing:
-            self._end_reason = reason
-            await self.runner.end(message, code, reason)
-            if self._fan_out_task is not None:
-                # The fan-out ends once it has handed out the session's last events.
-                await asyncio.wait([self._fan_out_task], timeout=END_FLUSH_TIMEOUT_S)
-            await self._flush_channel()
-        await self.close(reason)
-
-    async def _flush_channel(self) -> None:
+    async def _flush(self) -> None:
         """Wait (boundedly) until the data channel has handed its queued events to SCTP."""
         channel = self._channel
         if channel is None or channel.readyState != "open" or channel.bufferedAmount == 0:
@@ -204,66 +185,24 @@ class Call:
         finally:
             channel.remove_listener("bufferedamountlow", emptied.set)
 
-    async def close(self, reason: str) -> None:
-        """End the call and release everything it holds. Idempotent."""
-        if self._closing:
-            await self.closed.wait()
-            return
-        self._closing = True
-        self.close_reason = reason
-        logger.info("call %s ends: %s", self.id, reason)
-        try:
-            if self._gate is not None:
-                self._gate.close()
-            await self.runner.close()
-            current = asyncio.current_task()
-            tasks = [t for t in self._tasks if t is not current]
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            # A cancelled task keeps its traceback, whose frames refer back to this call: held
-            # here, that cycle would keep the call, its session and audio until a collection.
-            self._fan_out_task = None
-            if self.audio is not None:
-                self.audio.close()
-            self.track.stop()
-            if self._channel is not None:
-                self._channel.remove_all_listeners()
-                self._channel = None
-            self._pending.clear()
-            await self.pc.close()
-        except Exception:
-            logger.exception("call %s: error while closing", self.id)
-        finally:
-            self.pc.remove_all_listeners()
-            self._sidebands.end()
-            self.closed.set()
-            if self._on_closed is not None:
-                self._on_closed(self)
+    def _close_begins(self) -> None:
+        if self._gate is not None:
+            self._gate.close()
 
-    # ------------------------------------------------------------------ sideband
+    async def _release(self) -> None:
+        if self.audio is not None:
+            self.audio.close()
+        self.track.stop()
+        if self._channel is not None:
+            self._channel.remove_all_listeners()
+            self._channel = None
+        self._pending.clear()
+        await self.pc.close()
 
-    async def attach(self, ws: web.WebSocketResponse) -> None:
-        """Serve a sideband WebSocket until it or the call ends."""
-        if self._closing:
-            await ws.close(code=WSCloseCode.GOING_AWAY)
-            return
-        await self._sidebands.serve(ws, self.runner)
-
-    @property
-    def sidebands(self) -> int:
-        """How many sideband sockets are attached."""
-        return len(self._sidebands)
+    def _released(self) -> None:
+        self.pc.remove_all_listeners()
 
     # ------------------------------------------------------------------ events
-
-    async def _fan_out(self) -> None:
-        async for text in self.runner.outgoing():
-            for out in self._dialect.outgoing(text):
-                self._send_to_channel(out)
-            self._sidebands.publish(text)
-        # The session ended (its time limit, or the server ending it): the call ends with it.
-        self._spawn(self.close(self._end_reason or "session ended"), "close")
 
     def _send_to_channel(self, text: str) -> None:
         channel = self._channel
@@ -339,7 +278,7 @@ class Call:
         self.runner.catch_up()
         start = time.perf_counter()
         if isinstance(message, str):
-            self.runner.receive_text(self._dialect.incoming(message))
+            self.runner.receive_text(self._channel_dialect.incoming(message))
         else:
             self.runner.receive_bytes(message)
         if self._gate is not None:
@@ -379,12 +318,6 @@ class Call:
         await asyncio.sleep(self._setup_timeout_s)
         if self.pc.connectionState != "connected":
             self._spawn(self.close("not connected in time"), "close")
-
-    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
-        task = asyncio.create_task(coro, name=f"{self.id} {name}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
 
 
 def _send(channel: RTCDataChannel, text: str) -> None:

@@ -1,0 +1,280 @@
+"""What every media call has in common, whatever carries its audio (WebRTC, SIP, …).
+
+A ``MediaCall`` owns the call's session runner once it has one, the sideband WebSockets
+attached with ``?call_id=``, the fan-out of the session's events to them (and to the call's
+own event channel where it has one, as WebRTC's data channel), and ending and closing.
+A transport's call adds its media and signalling through three hooks that ``close`` calls
+in order: ``_close_begins`` (before the session closes), ``_release`` (after the call's
+tasks are cancelled) and ``_released`` (always, even when releasing failed).
+
+A ``CallHost``, built once by the server, makes every session's runner: WebSocket sessions
+and calls of every transport alike.
+
+A ``CallRegistry`` is a transport's calls on one worker: the server loops over its
+registries to start them, find calls by id, count, drain and close them.
+
+Ending always releases the same things in the same order: the session (its engine work),
+the call's tasks, the transport's media, and last the sideband sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable, Coroutine, Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+from aiohttp import WSCloseCode, web
+
+from hark.engines.registry import Engines
+from hark.observability.metrics import Metrics
+from hark.protocol.session_config import SessionConfig
+from hark.session.core import SESSION_LIMIT_S
+from hark.session.runner import AudioPlayer, SessionRunner
+from hark.transports.beta import Dialect
+from hark.transports.sideband import Sidebands
+
+logger = logging.getLogger(__name__)
+
+CALL_ID_PREFIX = "rtc"
+# How long a call ended by the server waits for its last events to leave.
+END_FLUSH_TIMEOUT_S = 1.0
+# Events held until the first sideband attaches, for a call with no event channel of its
+# own (a phone); beyond that the oldest are dropped.
+MAX_HELD_EVENTS = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class CallHost:
+    """What every session of a worker runs on: its engines, its metrics and how long a
+    session may last. ``runner`` is the one place a ``SessionRunner`` is made."""
+
+    engines: Engines
+    metrics: Metrics | None = None
+    session_limit_s: float = SESSION_LIMIT_S
+
+    def runner(
+        self,
+        *,
+        transport: str,
+        model: str,
+        config: SessionConfig | None,
+        player: AudioPlayer | None = None,
+        on_usage: Callable[[int], None] | None = None,
+    ) -> SessionRunner:
+        """A session over ``transport`` (``websocket``, ``webrtc``, ``sip``: its metrics'
+        label), starting from ``config``, its reply played by ``player`` (None: sent as
+        audio deltas), its tokens counted by ``on_usage``."""
+        return SessionRunner(
+            self.engines,
+            model=model,
+            initial_config=config,
+            transport=transport,
+            player=player,
+            metrics=self.metrics,
+            on_usage=on_usage,
+            max_duration_s=self.session_limit_s,
+        )
+
+
+class CallStateError(Exception):
+    """The call is not in a state that allows the request (accept twice, refer unanswered,
+    a sideband before the call is answered)."""
+
+
+class MediaCall:
+    """A call (``rtc_…``) owned by ``owner`` (``""``: nobody yet, a ringing phone call).
+
+    ``runner`` is the session, once the call has one. ``admitted``: the call counts against
+    its owner's session limits, released when it ends. ``on_closed`` is called once, at the
+    end of ``close``. ``hold_for_sideband``: the call has no event channel of its own, so
+    the events made before the first sideband attaches are held for it.
+    """
+
+    runner: SessionRunner | None
+    # Whether the call has an event channel of its own (``_send_to_channel``), as WebRTC's
+    # data channel, besides its sidebands.
+    has_channel: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        call_id: str,
+        owner: str,
+        *,
+        on_closed: Callable[[Any], None] | None = None,
+        hold_for_sideband: bool = False,
+    ) -> None:
+        self.id = call_id
+        self.owner = owner
+        self.runner = None
+        self.admitted = False
+        # Which of its registry's calls this is, in the order they were opened (1, 2, …).
+        self.opened_as = 0
+        self.closed = asyncio.Event()
+        self.close_reason: str | None = None
+        self._on_closed = on_closed
+        self._sidebands = Sidebands(call_id)
+        self._held: deque[str] | None = deque(maxlen=MAX_HELD_EVENTS) if hold_for_sideband else None
+        # The dialect of the call's own event channel, where it has one.
+        self._channel_dialect = Dialect(beta=False)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._fan_out_task: asyncio.Task[None] | None = None
+        # Why the server is ending the call, once it is (``end``).
+        self._end_reason: str | None = None
+        self._closing = False
+
+    # ------------------------------------------------------------------ life cycle
+
+    def _start_events(self) -> None:
+        """Hand the session's events out from now on (the runner has started)."""
+        self._fan_out_task = self._spawn(self._fan_out(), "events")
+
+    async def end(self, message: str, code: str, reason: str) -> None:
+        """End the call from the server's side (drain, shutdown): the client is told why in
+        an ``error`` event (on the call's channel and its sidebands), then the call closes."""
+        if not self._closing and self.runner is not None:
+            self._end_reason = reason
+            await self.runner.end(message, code, reason)
+            if self._fan_out_task is not None:
+                # The fan-out ends once it has handed out the session's last events.
+                await asyncio.wait([self._fan_out_task], timeout=END_FLUSH_TIMEOUT_S)
+            await self._flush()
+        await self.close(reason)
+
+    async def close(self, reason: str) -> None:
+        """End the call and release everything it holds. Idempotent."""
+        if self._closing:
+            await self.closed.wait()
+            return
+        self._closing = True
+        self.close_reason = reason
+        logger.info("call %s ends: %s", self.id, reason)
+        try:
+            self._close_begins()
+            if self.runner is not None:
+                await self.runner.close()
+            current = asyncio.current_task()
+            tasks = [t for t in self._tasks if t is not current]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            # A cancelled task keeps its traceback, whose frames refer back to this call: held
+            # here, that cycle would keep the call, its session and audio until a collection.
+            self._fan_out_task = None
+            await self._release()
+        except Exception:
+            logger.exception("call %s: error while closing", self.id)
+        finally:
+            self._released()
+            self._sidebands.end()
+            self.closed.set()
+            if self._on_closed is not None:
+                self._on_closed(self)
+
+    async def _flush(self) -> None:
+        """Wait (boundedly) until the call's own channel has sent its last events."""
+
+    def _close_begins(self) -> None:
+        """The call starts to close; its session is still open."""
+
+    async def _release(self) -> None:
+        """Release the transport's media and signalling (the session is closed)."""
+
+    def _released(self) -> None:
+        """The last of closing, run even when releasing failed."""
+
+    # ------------------------------------------------------------------ sidebands
+
+    async def attach(self, ws: web.WebSocketResponse) -> None:
+        """Serve a sideband WebSocket until it or the call ends; raises ``CallStateError``
+        while the call has no session. The first sideband of a call that holds events gets
+        those made before it attached."""
+        runner = self.runner
+        if runner is None:
+            raise CallStateError("The call has not been accepted.")
+        if self._closing:
+            await ws.close(code=WSCloseCode.GOING_AWAY)
+            return
+        held: list[str] | None = None
+        if self._held is not None:
+            held = [] if self._sidebands else list(self._held)
+            self._held.clear()
+        await self._sidebands.serve(ws, runner, held)
+
+    @property
+    def sidebands(self) -> int:
+        """How many sideband sockets are attached."""
+        return len(self._sidebands)
+
+    async def _fan_out(self) -> None:
+        runner = self.runner
+        assert runner is not None
+        sidebands, held = self._sidebands, self._held
+        dialect = self._channel_dialect
+        send = self._send_to_channel if self.has_channel else None
+        async for text in runner.outgoing():
+            if send is not None:
+                for out in dialect.outgoing(text):
+                    send(out)
+            if held is None or sidebands:
+                sidebands.publish(text)
+            else:
+                held.append(text)
+        # The session ended (its time limit, or the server ending it): the call ends with it.
+        self._spawn(self.close(self._end_reason or "session ended"), "close")
+
+    def _send_to_channel(self, text: str) -> None:
+        """Send a server event on the call's own event channel (``has_channel``)."""
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        task = asyncio.create_task(coro, name=f"{self.id} {name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+
+class CallRegistry(Protocol):
+    """A transport's live calls on one worker, as the server sees them: it starts and stops
+    the registry, finds calls in it by id, counts them, and ends and closes them, without
+    naming the transport.
+
+    ``name`` says which transport (``webrtc``, ``sip``: the key under which ``/readyz``
+    says why it could not start); ``listening`` what it listens on, for that message;
+    ``media_address`` where its media arrives (``host:port``) once started, if it has one
+    address for all calls; ``on_closed`` is told of every call that ended.
+    """
+
+    name: str
+    on_closed: Callable[[MediaCall], None] | None
+
+    @property
+    def listening(self) -> str:
+        """What it listens on, in words ("UDP 0.0.0.0 port 3478")."""
+        ...
+
+    @property
+    def media_address(self) -> str | None:
+        """The address all its calls' media arrives at, once started (None: none such)."""
+        ...
+
+    async def start(self) -> None:
+        """Start taking calls; raises ``OSError`` when its port cannot be bound."""
+        ...
+
+    async def close_all(self, reason: str = "server shutdown") -> None:
+        """End every call."""
+        ...
+
+    async def stop(self) -> None:
+        """Stop taking calls and release what it listens on (after ``close_all``)."""
+        ...
+
+    def get(self, call_id: str) -> MediaCall | None:
+        """The live call with this id, if any."""
+        ...
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[MediaCall]: ...
