@@ -56,6 +56,8 @@ from hark.server.routes import (
 )
 from hark.server.state import (
     AUTHENTICATOR,
+    CALL_HOST,
+    CALL_REGISTRIES,
     CALLS,
     ENGINES,
     FORWARDER,
@@ -73,10 +75,9 @@ from hark.server.state import (
 from hark.server.webhooks import WebhookSender
 from hark.session.core import SESSION_LIMIT_S
 from hark.tools import egress
-from hark.transports.sip.phone_call import PhoneCall
+from hark.transports.call import CallHost, CallRegistry, MediaCall
 from hark.transports.sip.service import SipHooks, SipService
 from hark.transports.sip.transaction import Timers
-from hark.transports.webrtc.call import Call
 from hark.transports.webrtc.calls import Calls
 from hark.transports.webrtc.udp_mux import UdpMux, behind_relay
 
@@ -85,6 +86,8 @@ from hark.transports.webrtc.udp_mux import UdpMux, behind_relay
 __all__ = [
     "AUTHENTICATOR",
     "CALLS",
+    "CALL_HOST",
+    "CALL_REGISTRIES",
     "ENGINES",
     "METRICS",
     "SESSION_LIMIT",
@@ -155,13 +158,9 @@ def create_app(
     app[METRICS] = metrics if metrics is not None else metrics_for(settings)
     mux = UdpMux(settings.host, settings.rtc_port, advertise_ip=settings.rtc_advertise_ip)
     app[SESSION_LIMIT] = session_limit_s
-    app[CALLS] = Calls(
-        engines,
-        mux,
-        metrics=app[METRICS],
-        session_limit_s=session_limit_s,
-        echo_cancellation=settings.echo_cancellation == "on",
-    )
+    # Built once: every session's runner is made by it.
+    app[CALL_HOST] = CallHost(engines, app[METRICS], session_limit_s)
+    app[CALLS] = Calls(app[CALL_HOST], mux, echo_cancellation=settings.echo_cancellation == "on")
     app[NODE] = ClusterNode(
         store,
         url=advertise_url(settings),
@@ -177,9 +176,14 @@ def create_app(
         requests_per_minute=settings.key_requests_per_minute,
         tokens_per_minute=settings.key_tokens_per_minute,
     )
-    app[CALLS].on_closed = lambda call: _call_ended(app, call)
+    # The call transports: each is registered here once, and the server loops over them.
+    registries: list[CallRegistry] = [app[CALLS]]
     if settings.sip:
-        app[SIP] = _sip_service(app, settings, engines, session_limit_s)
+        app[SIP] = _sip_service(app, settings)
+        registries.append(app[SIP])
+    for registry in registries:
+        registry.on_closed = lambda call: _call_ended(app, call)
+    app[CALL_REGISTRIES] = registries
     demo = DemoPage.for_settings(app[AUTHENTICATOR], settings)
     if demo.enabled:
         logger.info(
@@ -205,20 +209,16 @@ def create_app(
     app.on_response_prepare.append(cors.add_cors_headers)
     app.on_startup.append(_start_warmup)
     app.cleanup_ctx.append(_run_metrics)
-    app.on_startup.append(_start_webrtc)
-    app.on_startup.append(_start_sip)
+    app.on_startup.append(_start_calls)
     app.cleanup_ctx.append(_run_cluster)
     app.on_shutdown.append(_close_calls)
     app.on_shutdown.append(_close_websockets)
     app.on_cleanup.append(_stop_warmup)
-    app.on_cleanup.append(_stop_webrtc)
-    app.on_cleanup.append(_stop_sip)
+    app.on_cleanup.append(_stop_calls)
     return app
 
 
-def _sip_service(
-    app: web.Application, settings: Settings, engines: Engines, session_limit_s: float
-) -> SipService:
+def _sip_service(app: web.Application, settings: Settings) -> SipService:
     """The SIP service of ``settings`` (started with the app)."""
     host = settings.sip_host or settings.host
     state, limits = app[STATE], app[LIMITS]
@@ -232,7 +232,6 @@ def _sip_service(
         usage=lambda owner: usage_counter(limits, owner),
         ready=state.engines_ready,
         accepting=lambda: not state.draining,
-        closed=lambda call: _phone_call_ended(app, call),
     )
     webhook = None
     if settings.sip_webhook_url and settings.sip_webhook_secret:
@@ -261,14 +260,15 @@ def _sip_service(
                 # one still connects and is refused with a SIP 403, as other refusals are.
                 ssl_context.verify_mode = ssl.CERT_OPTIONAL
         except (OSError, ssl.SSLError) as exc:
-            state.sip_error = f"cannot load the SIP TLS certificate, key or client CA: {exc}"
-            logger.error("SIP over TLS is unavailable: %s", state.sip_error)
+            why = f"cannot load the SIP TLS certificate, key or client CA: {exc}"
+            state.unavailable["sip"] = why
+            logger.error("SIP over TLS is unavailable: %s", why)
             tls_port, ssl_context = None, None
     ports = settings.rtp_ports
     return SipService.create(
-        engines,
+        app[CALL_HOST],
         hooks,
-        host=host,
+        bind_host=host,
         port=settings.sip_port,
         advertise_ip=settings.sip_advertise_ip or _concrete_address(host),
         tls_port=tls_port,
@@ -279,8 +279,6 @@ def _sip_service(
         default_session=session,
         accept_timeout_s=settings.sip_accept_timeout,
         timers=Timers(t1=settings.sip_t1_ms / 1000),
-        session_limit_s=session_limit_s,
-        metrics=app[METRICS],
         trunks=settings.sip_trunks,
         invite_rate=settings.sip_invite_rate,
         max_calls=settings.sip_max_calls,
@@ -300,7 +298,7 @@ def _concrete_address(host: str) -> str:
 
 def webrtc_startup_error(app: web.Application) -> str | None:
     """Why WebRTC could not start (its UDP port is taken, say), or None when it runs."""
-    return app[STATE].webrtc_error
+    return app[STATE].unavailable.get("webrtc")
 
 
 def advertise_url(settings: Settings, port: int | None = None) -> str:
@@ -358,10 +356,9 @@ def _load(app: web.Application) -> Load:
     # Read at every heartbeat, which is also when the store's reachability is known.
     app[METRICS].cluster_store_up.set(1 if app[NODE].store_available else 0)
     state = app[STATE]
-    runners = [*state.sessions, *(call.runner for call in app[CALLS])]
-    sip = app.get(SIP)
-    if sip is not None:
-        runners += [call.runner for call in sip if call.runner is not None]
+    runners = [*state.sessions]
+    for registry in app[CALL_REGISTRIES]:
+        runners += [call.runner for call in registry if call.runner is not None]
     return Load(
         sessions=len(runners),
         queue_depth=sum(r.generations_running for r in runners),
@@ -369,16 +366,9 @@ def _load(app: web.Application) -> Load:
     )
 
 
-def _call_ended(app: web.Application, call: Call) -> None:
+def _call_ended(app: web.Application, call: MediaCall) -> None:
     state = app[STATE]
     state.opened_by_ephemeral.pop(call.id, None)
-    state.session_ended.set()
-    state.spawn(app[NODE].forget_call(call.id), f"forget {call.id}")
-    release_in_background(app, call.owner, f"release {call.id}")
-
-
-def _phone_call_ended(app: web.Application, call: PhoneCall) -> None:
-    state = app[STATE]
     state.session_ended.set()
     state.spawn(app[NODE].forget_call(call.id), f"forget {call.id}")
     if call.admitted:
@@ -386,8 +376,7 @@ def _phone_call_ended(app: web.Application, call: PhoneCall) -> None:
 
 
 def _calls_running(app: web.Application) -> int:
-    sip = app.get(SIP)
-    return len(app[CALLS]) + (len(sip) if sip is not None else 0)
+    return sum(len(registry) for registry in app[CALL_REGISTRIES])
 
 
 async def _run_cluster(app: web.Application) -> AsyncIterator[None]:
@@ -435,10 +424,10 @@ async def end_sessions(app: web.Application) -> None:
     """End every session and call still running, telling each client why."""
     state = app[STATE]
     ending = [r.end(SHUTDOWN_MESSAGE, SHUTDOWN_CODE, "server shutdown") for r in state.sessions]
-    ending += [call.end(SHUTDOWN_MESSAGE, SHUTDOWN_CODE, "server shutdown") for call in app[CALLS]]
-    sip = app.get(SIP)
-    if sip is not None:
-        ending += [call.end(SHUTDOWN_MESSAGE, SHUTDOWN_CODE, "server shutdown") for call in sip]
+    for registry in app[CALL_REGISTRIES]:
+        ending += [
+            call.end(SHUTDOWN_MESSAGE, SHUTDOWN_CODE, "server shutdown") for call in registry
+        ]
     if ending:
         logger.info("ending %d session(s) and call(s)", len(ending))
         await asyncio.gather(*ending, return_exceptions=True)
@@ -542,50 +531,31 @@ async def _stop_warmup(app: web.Application) -> None:
         await asyncio.wait([task])
 
 
-async def _start_webrtc(app: web.Application) -> None:
-    # A port in use leaves the server up without WebRTC; `hark serve` treats it as fatal.
-    mux = app[CALLS].mux
-    try:
-        await mux.start()
-    except OSError as exc:
-        app[STATE].webrtc_error = f"cannot listen on UDP {mux.host} port {mux.port}: {exc}"
-        logger.error("WebRTC is unavailable: %s", app[STATE].webrtc_error)
-        return
-    host, port = mux.advertised
-    app[NODE].media_address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-async def _start_sip(app: web.Application) -> None:
-    # Like WebRTC's UDP port, a SIP port in use leaves the server up without SIP; unlike
-    # it, `hark serve` goes on too, and /readyz says why.
-    sip = app.get(SIP)
-    if sip is None:
-        return
-    try:
-        await sip.start()
-    except OSError as exc:
-        app[
-            STATE
-        ].sip_error = f"cannot listen on SIP {sip.bind_host} port {app[SETTINGS].sip_port}: {exc}"
-        logger.error("SIP is unavailable: %s", app[STATE].sip_error)
-
-
-async def _stop_sip(app: web.Application) -> None:
-    sip = app.get(SIP)
-    if sip is not None:
-        await sip.stop()
+async def _start_calls(app: web.Application) -> None:
+    # A port in use leaves the server up without that transport, and /readyz says why;
+    # `hark serve` treats WebRTC's as fatal.
+    state, node = app[STATE], app[NODE]
+    for registry in app[CALL_REGISTRIES]:
+        try:
+            await registry.start()
+        except OSError as exc:
+            state.unavailable[registry.name] = f"cannot listen on {registry.listening}: {exc}"
+            logger.error("%s is unavailable: %s", registry.name, state.unavailable[registry.name])
+            continue
+        address = registry.media_address
+        if address is not None:
+            node.media_address = address
 
 
 async def _close_calls(app: web.Application) -> None:
     await end_sessions(app)
-    await app[CALLS].close_all()
-    sip = app.get(SIP)
-    if sip is not None:
-        await sip.close_all()
+    for registry in app[CALL_REGISTRIES]:
+        await registry.close_all()
 
 
-async def _stop_webrtc(app: web.Application) -> None:
-    await app[CALLS].mux.close()
+async def _stop_calls(app: web.Application) -> None:
+    for registry in app[CALL_REGISTRIES]:
+        await registry.stop()
 
 
 async def _close_websockets(app: web.Application) -> None:

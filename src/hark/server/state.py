@@ -19,6 +19,7 @@ from hark.engines.registry import Engines
 from hark.observability.metrics import Metrics
 from hark.server.auth import Authenticator
 from hark.session.runner import SessionRunner
+from hark.transports.call import CallHost, CallRegistry
 from hark.transports.sip.service import SipService
 from hark.transports.webrtc.calls import Calls
 
@@ -37,10 +38,9 @@ class ServerState:
     websockets: set[web.WebSocketResponse] = field(default_factory=set)
     # The WebSocket sessions running here (sidebands and forwarded sockets are not sessions).
     sessions: set[SessionRunner] = field(default_factory=set)
-    # Why WebRTC is unavailable (its UDP port could not be bound), or None.
-    webrtc_error: str | None = None
-    # Why SIP is unavailable (its port could not be bound, its TLS files not read), or None.
-    sip_error: str | None = None
+    # Why each call transport that is unavailable is (its port could not be bound, its TLS
+    # files not read), by its registry's name (``webrtc``, ``sip``).
+    unavailable: dict[str, str] = field(default_factory=dict)
     # Set on SIGTERM: /readyz turns red and nothing new starts here.
     draining: bool = False
     # Set whenever a session or call ends, so that a drain wakes up to count again.
@@ -74,6 +74,11 @@ STATE = web.AppKey("state", ServerState)
 CALLS = web.AppKey("calls", Calls)
 # The SIP service, absent with ``--no-sip``.
 SIP = web.AppKey("sip", SipService)
+# What makes every session's runner, WebSocket sessions and calls alike.
+CALL_HOST = web.AppKey("call_host", CallHost)
+# Every call transport's registry (WebRTC's ``CALLS``, then ``SIP`` when it is on): what the
+# server starts, drains and closes, and where it looks a call up by id.
+CALL_REGISTRIES: web.AppKey[list[CallRegistry]] = web.AppKey("call_registries")
 METRICS = web.AppKey("metrics", Metrics)
 NODE = web.AppKey("node", ClusterNode)
 FORWARDER = web.AppKey("forwarder", Forwarder)

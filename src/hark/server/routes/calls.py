@@ -45,6 +45,7 @@ from hark.server.errors import (
     too_large,
 )
 from hark.server.state import (
+    CALL_REGISTRIES,
     CALLS,
     FORWARDER,
     LIMITS,
@@ -55,9 +56,9 @@ from hark.server.state import (
     STATE,
 )
 from hark.transports.beta import is_beta
-from hark.transports.sip.phone_call import CallStateError, PhoneCall
+from hark.transports.call import CallStateError, MediaCall
+from hark.transports.sip.phone_call import PhoneCall
 from hark.transports.sip.sdp import SdpError
-from hark.transports.webrtc.call import Call
 from hark.transports.webrtc.sdp import MAX_OFFER_BYTES, OfferError
 from hark.transports.websocket import REALTIME_SUBPROTOCOL, websocket_response
 
@@ -128,7 +129,7 @@ async def _answer_call(request: web.Request, body: bytes) -> tuple[web.Response,
     if state.draining:
         return draining(), None
     calls = request.app[CALLS]
-    if state.webrtc_error is not None or not calls.mux.started:
+    if "webrtc" in state.unavailable or not calls.mux.started:
         unavailable = "WebRTC is not available on this server."
         return error_response(503, unavailable, type="server_error"), None
     try:
@@ -424,7 +425,7 @@ async def _find_phone_call(
     call = await _find_call(request, caller, request.match_info["call_id"])
     if isinstance(call, WorkerInfo):
         return await _forward(request, call, kind)
-    if isinstance(call, Call):
+    if isinstance(call, MediaCall) and not isinstance(call, PhoneCall):
         return error_response(
             400,
             f"Only SIP calls can be {kind}ed; this is a WebRTC call.",
@@ -522,17 +523,18 @@ def _owner_unreachable() -> web.Response:
 
 async def _find_call(
     request: web.Request, caller: Principal, call_id: str
-) -> Call | PhoneCall | WorkerInfo | web.Response:
+) -> MediaCall | WorkerInfo | web.Response:
     """The live call ``call_id`` if it is here, the worker that has it if it is elsewhere,
     or the refusal: 404 for a call that does not exist (or no longer does), 403 for another
     key's call, the same on every worker."""
     not_found = error_response(
         404, f"No call found with id '{call_id[:100]}'.", param="call_id", code="not_found"
     )
-    sip = request.app.get(SIP)
-    call: Call | PhoneCall | None = request.app[CALLS].get(call_id)
-    if call is None and sip is not None:
-        call = sip.get(call_id)
+    call: MediaCall | None = None
+    for registry in request.app[CALL_REGISTRIES]:
+        call = registry.get(call_id)
+        if call is not None:
+            break
     if call is not None:
         return (
             _check_owner(call.id, call.owner, caller)

@@ -44,9 +44,8 @@ async def readyz(request: web.Request) -> web.Response:
     if status == "degraded":
         body["engines"] = degraded
     # A transport that could not start leaves the rest serving: said here, not fatal.
-    problems = {"webrtc": state.webrtc_error, "sip": state.sip_error}
-    if any(problems.values()):
-        body["unavailable"] = {name: why for name, why in problems.items() if why}
+    if state.unavailable:
+        body["unavailable"] = dict(state.unavailable)
     return web.json_response(body, status=200 if status == "ready" else 503)
 
 

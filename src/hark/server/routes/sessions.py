@@ -13,8 +13,7 @@ from hark.server.admission import admit_websocket_session, release_session, usag
 from hark.server.auth import offered_subprotocols
 from hark.server.errors import error_response
 from hark.server.routes.calls import attach_sideband
-from hark.server.state import ENGINES, LIMITS, METRICS, REALTIME_MODEL, SESSION_LIMIT, STATE
-from hark.session.runner import SessionRunner
+from hark.server.state import CALL_HOST, LIMITS, REALTIME_MODEL, STATE
 from hark.transports.beta import in_dialect
 from hark.transports.websocket import REALTIME_SUBPROTOCOL, run_session, websocket_response
 
@@ -70,14 +69,11 @@ async def realtime_websocket(request: web.Request) -> web.StreamResponse:
             if not await state.engines_ready():
                 await ws.close(code=WSCloseCode.INTERNAL_ERROR, message=b"engines failed to load")
                 return ws
-            runner = SessionRunner(
-                request.app[ENGINES],
-                model=model,
-                initial_config=initial,
+            runner = request.app[CALL_HOST].runner(
                 transport="websocket",
-                metrics=request.app[METRICS],
+                model=model,
+                config=initial,
                 on_usage=usage_counter(limits, caller.owner),
-                max_duration_s=request.app[SESSION_LIMIT],
             )
             state.sessions.add(runner)
             try:

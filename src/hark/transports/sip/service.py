@@ -16,6 +16,7 @@ sources and credentials; at most ``max_calls`` calls ring or talk at once (one m
 Each call has an RTP port of its own, taken from ``rtp_ports``; the RTP of all of them is
 paced by one ``RtpPacer``. The worker's calls count toward its load and its owners' session
 limits like WebRTC calls; the server's drain and shutdown end them with BYE.
+``SipService`` is a ``hark.transports.call.CallRegistry``.
 """
 
 from __future__ import annotations
@@ -28,13 +29,11 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from hark.engines.registry import Engines
-from hark.observability.metrics import Metrics
 from hark.protocol.session_config import SessionConfig
 from hark.server.webhooks import WebhookSender, incoming_call_event
-from hark.session.core import SESSION_LIMIT_S
 from hark.session.ids import IdGenerator
 from hark.session.runner import SessionRunner
+from hark.transports.call import CALL_ID_PREFIX, CallHost, MediaCall
 from hark.transports.sip.admission import DEFAULT_RATE, InviteAdmission
 from hark.transports.sip.media import RtpPacer, RtpSession
 from hark.transports.sip.phone_call import PhoneCall
@@ -45,7 +44,6 @@ from hark.transports.sip.user_agent import IncomingCall, UserAgentServer
 
 logger = logging.getLogger(__name__)
 
-CALL_ID_PREFIX = "rtc"
 DEFAULT_ACCEPT_TIMEOUT_S = 30.0
 # Calls at once on this worker, ringing or answered; one more is turned away with 503.
 DEFAULT_MAX_CALLS = 100
@@ -66,7 +64,7 @@ class SipHooks:
     ``register``: the cluster learns a call (id, owner); ``admit``: count a new session of
     an owner against its limits (False: refused); ``usage``: what counts an owner's tokens;
     ``ready``: wait for the engines, whether they loaded; ``accepting``: False while the
-    worker drains; ``closed``: a call ended (the cluster forgets it, the limits release it).
+    worker drains. (A call that ended is told to the registry's ``on_closed``.)
     """
 
     register: Callable[[str, str], Awaitable[None]]
@@ -74,7 +72,6 @@ class SipHooks:
     usage: Callable[[str], Callable[[int], None] | None]
     ready: Callable[[], Awaitable[bool]]
     accepting: Callable[[], bool]
-    closed: Callable[[PhoneCall], None]
 
 
 class SipService:
@@ -82,7 +79,7 @@ class SipService:
 
     def __init__(
         self,
-        engines: Engines,
+        host: CallHost,
         server: UserAgentServer,
         hooks: SipHooks,
         *,
@@ -93,15 +90,14 @@ class SipService:
         webhook: WebhookSender | None = None,
         default_session: SessionConfig | None = None,
         accept_timeout_s: float = DEFAULT_ACCEPT_TIMEOUT_S,
-        session_limit_s: float = SESSION_LIMIT_S,
-        metrics: Metrics | None = None,
         max_calls: int = DEFAULT_MAX_CALLS,
         rtp_timeout_s: float | None = DEFAULT_RTP_TIMEOUT_S,
         echo_cancellation: bool = True,
     ) -> None:
-        """``server`` must be made with ``on_invite=service.on_invite`` (see ``create``).
-        ``echo_cancellation``: calls take the reply's echo out of the caller's audio."""
-        self.engines = engines
+        """``server`` must be made with ``on_invite=service.on_invite`` (see ``create``);
+        ``host`` makes the calls' sessions. ``echo_cancellation``: calls take the reply's
+        echo out of the caller's audio."""
+        self.host = host
         self.server = server
         self.hooks = hooks
         self.model = model
@@ -111,8 +107,6 @@ class SipService:
         self.webhook = webhook
         self.default_session = default_session
         self.accept_timeout_s = accept_timeout_s
-        self.session_limit_s = session_limit_s
-        self.metrics = metrics
         self.max_calls = max_calls
         self.rtp_timeout_s = rtp_timeout_s
         self.echo_cancellation = echo_cancellation
@@ -122,14 +116,28 @@ class SipService:
         self.pacer = RtpPacer()
         self._ids = IdGenerator()
         self._tasks: set[asyncio.Task[None]] = set()
+        # Told of every call that ended (the cluster forgets it, the limits release it).
+        self.on_closed: Callable[[MediaCall], None] | None = None
+
+    name = "sip"
+
+    @property
+    def listening(self) -> str:
+        """The SIP port, in words."""
+        return f"SIP {self.bind_host} port {self.server.port}"
+
+    @property
+    def media_address(self) -> None:
+        """None: each call has an RTP port of its own."""
+        return None
 
     @classmethod
     def create(
         cls,
-        engines: Engines,
+        host: CallHost,
         hooks: SipHooks,
         *,
-        host: str,
+        bind_host: str,
         port: int,
         advertise_ip: str,
         tls_port: int | None = None,
@@ -139,7 +147,7 @@ class SipService:
         invite_rate: float = DEFAULT_RATE,
         **options: Any,
     ) -> SipService:
-        """A service with its ``UserAgentServer`` on ``host:port`` (not started yet), its
+        """A service with its ``UserAgentServer`` on ``bind_host:port`` (not started yet), its
         transactions on ``timers``, new INVITEs admitted by ``trunks`` (none: all) at
         ``invite_rate`` a second per source address."""
         service: SipService
@@ -149,7 +157,7 @@ class SipService:
 
         server = UserAgentServer(
             on_invite=on_invite,
-            host=host,
+            host=bind_host,
             port=port,
             advertise_ip=advertise_ip,
             tls_port=tls_port,
@@ -157,7 +165,9 @@ class SipService:
             timers=timers,
             admission=InviteAdmission(trunks, rate=invite_rate),
         )
-        service = cls(engines, server, hooks, bind_host=host, advertise_ip=advertise_ip, **options)
+        service = cls(
+            host, server, hooks, bind_host=bind_host, advertise_ip=advertise_ip, **options
+        )
         return service
 
     async def start(self) -> None:
@@ -235,15 +245,12 @@ class SipService:
         on_usage = self.hooks.usage(owner)
 
         def runner_for(media: RtpSession) -> SessionRunner:
-            return SessionRunner(
-                self.engines,
-                model=(config.model if config is not None else None) or self.model,
-                initial_config=config,
+            return self.host.runner(
                 transport="sip",
+                model=(config.model if config is not None else None) or self.model,
+                config=config,
                 player=media,
-                metrics=self.metrics,
                 on_usage=on_usage,
-                max_duration_s=self.session_limit_s,
             )
 
         await call.accept(runner_for, owner)
@@ -306,7 +313,8 @@ class SipService:
     def _forget(self, call: PhoneCall) -> None:
         if self._calls.get(call.id) is call:
             del self._calls[call.id]
-            self.hooks.closed(call)
+            if self.on_closed is not None:
+                self.on_closed(call)
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.create_task(coro, name=name)

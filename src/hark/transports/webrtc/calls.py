@@ -1,7 +1,7 @@
 """The calls of one worker: creating them from offers, finding them by id, ending them all.
 
 All calls share one ``UdpMux`` (one UDP port), one ``PlayoutTicker`` and the server's
-engines.
+``CallHost``, which makes their sessions. ``Calls`` is a ``hark.transports.call.CallRegistry``.
 """
 
 from __future__ import annotations
@@ -10,13 +10,10 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterator
 
-from hark.engines.registry import Engines
-from hark.observability.metrics import Metrics
 from hark.protocol.session_config import SessionConfig
-from hark.session.core import SESSION_LIMIT_S
 from hark.session.ids import IdGenerator
-from hark.session.runner import SessionRunner
 from hark.transports.beta import Dialect
+from hark.transports.call import CALL_ID_PREFIX, CallHost, MediaCall
 from hark.transports.ticker import PlayoutTicker
 from hark.transports.webrtc.call import SETUP_TIMEOUT_SECONDS, Call
 from hark.transports.webrtc.playout import PlayoutTrack
@@ -24,34 +21,28 @@ from hark.transports.webrtc.udp_mux import UdpMux
 
 logger = logging.getLogger(__name__)
 
-CALL_ID_PREFIX = "rtc"
-
 
 class Calls:
-    """The registry of live calls; ``mux`` must be started before ``create``.
+    """The registry of live calls; ``mux`` must be started (``start``) before ``create``.
 
-    ``setup_timeout_s``: a call not connected this long after its answer is ended.
-    ``session_limit_s``: how long a call's session may last before it is ended.
+    ``host`` makes the calls' sessions; ``setup_timeout_s``: a call not connected this long
+    after its answer is ended.
     """
 
     def __init__(
         self,
-        engines: Engines,
+        host: CallHost,
         mux: UdpMux,
         *,
         setup_timeout_s: float = SETUP_TIMEOUT_SECONDS,
-        metrics: Metrics | None = None,
-        session_limit_s: float = SESSION_LIMIT_S,
         echo_cancellation: bool = True,
     ) -> None:
-        self.engines = engines
+        self.host = host
         # Whether calls take the reply's echo out of the caller's audio.
         self.echo_cancellation = echo_cancellation
-        self.session_limit_s = session_limit_s
         # Told of every call that ended (the cluster forgets it, limits release it).
-        self.on_closed: Callable[[Call], None] | None = None
+        self.on_closed: Callable[[MediaCall], None] | None = None
         self.mux = mux
-        self.metrics = metrics
         self.setup_timeout_s = setup_timeout_s
         self._calls: dict[str, Call] = {}
         # Calls this registry ever opened: a heartbeat that reports this figure with the
@@ -60,6 +51,29 @@ class Calls:
         # One timer paces the reply audio of every call.
         self.ticker = PlayoutTicker()
         self._ids = IdGenerator()
+
+    name = "webrtc"
+
+    @property
+    def listening(self) -> str:
+        """The UDP port of every call's media, in words."""
+        return f"UDP {self.mux.host} port {self.mux.port}"
+
+    @property
+    def media_address(self) -> str | None:
+        """The advertised ``host:port`` of the mux, once it listens."""
+        if not self.mux.started:
+            return None
+        host, port = self.mux.advertised
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+    async def start(self) -> None:
+        """Listen on the mux's UDP port; raises ``OSError`` when it is taken."""
+        await self.mux.start()
+
+    async def stop(self) -> None:
+        """Close the mux (after ``close_all``)."""
+        await self.mux.close()
 
     async def create(
         self,
@@ -77,15 +91,8 @@ class Calls:
         answered. ``beta``: the data channel speaks the beta dialect.
         """
         track = PlayoutTrack()
-        runner = SessionRunner(
-            self.engines,
-            model=model,
-            initial_config=config,
-            transport="webrtc",
-            player=track,
-            metrics=self.metrics,
-            on_usage=on_usage,
-            max_duration_s=self.session_limit_s,
+        runner = self.host.runner(
+            transport="webrtc", model=model, config=config, player=track, on_usage=on_usage
         )
         call = Call(
             self._ids.new(CALL_ID_PREFIX),
