@@ -32,7 +32,7 @@ from tests.transports.sip.test_media import (  # noqa: F401 (fixtures)
     phones,
     tone,
 )
-from tests.transports.test_input_audio import opus_packets
+from tests.transports.webrtc.test_input_audio import opus_packets
 
 pytestmark = pytest.mark.realtime
 

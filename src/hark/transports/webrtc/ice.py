@@ -10,7 +10,7 @@ consent freshness, DTLS on top) is aioice's and aiortc's own code, unchanged. Th
 runs full ICE in the controlled role (aioice has no lite mode): it answers the client's
 checks and checks back, both through the shared socket; no STUN or TURN server is used.
 
-This relies on three details of aioice/aiortc, pinned by ``tests/transports/test_ice.py``:
+This relies on three details of aioice/aiortc, pinned by ``tests/transports/webrtc/test_ice.py``:
 ``RTCIceGatherer._connection`` is the ``aioice.Connection``; gathering calls
 ``Connection.get_component_candidates(component, addresses)`` once per component and
 ``Connection._protocols`` holds the connection's ``StunProtocol`` objects (closed by

@@ -20,7 +20,7 @@ track gives nothing), sending its RTCP sender reports, whose counts are kept up 
 aiortc's receiver is never started (no decoder thread, no receiver reports).
 
 This relies on details of aiortc and aioice, pinned by
-``tests/transports/test_webrtc_rtp_audio.py``: ``RTCDtlsTransport._rx_srtp``/``_tx_srtp``
+``tests/transports/webrtc/test_webrtc_rtp_audio.py``: ``RTCDtlsTransport._rx_srtp``/``_tx_srtp``
 are the SRTP sessions; the ICE connection (see ``hark.transports.webrtc.ice``) holds its
 ``StunProtocol`` objects in ``_protocols``, each with the ``MuxEndpoint`` as its
 ``transport``, and its nominated pair for component 1 in ``_nominated``; the transceiver's

@@ -22,8 +22,7 @@ from hark.transports.webrtc.udp_mux import (
     route_hint,
 )
 from tests.ice import binding_request
-
-from .conftest import until
+from tests.transports.conftest import until
 
 
 class Recorder(asyncio.DatagramProtocol):

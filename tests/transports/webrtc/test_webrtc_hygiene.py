@@ -15,8 +15,7 @@ import aiohttp
 import pytest
 
 from hark.bench.webrtc import CallClient
-
-from .conftest import API_KEY, bearer
+from tests.transports.conftest import API_KEY, bearer
 
 pytestmark = [pytest.mark.slow, pytest.mark.realtime]
 

@@ -16,8 +16,7 @@ from hark.config import Settings
 from hark.engines.fake import FakeTts
 from hark.engines.registry import build_engines
 from tests.server.isolation import EchoLlm, PitchAsr, ids_in, own_ids
-
-from .conftest import API_KEY, StartRtcServer, bearer, collect, of_type, until
+from tests.transports.conftest import API_KEY, StartRtcServer, bearer, collect, of_type, until
 
 MakeClient = Callable[..., CallClient]
 CALL_SAYS = "alpha one two"

@@ -17,8 +17,7 @@ from hark.bench.webrtc import CallClient
 from hark.session.core import Session
 from hark.session.runner import SessionRunner
 from hark.transports.webrtc.call import Call
-
-from .conftest import API_KEY, RtcServer, collect, until
+from tests.transports.conftest import API_KEY, RtcServer, collect, until
 
 
 def alive() -> tuple[int, int, int]:

@@ -13,8 +13,7 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
 from hark.transports.webrtc.ice import SharedPortConnection, ice_transports, use_shared_port
 from hark.transports.webrtc.udp_mux import UdpMux, route_hint
-
-from .conftest import until
+from tests.transports.conftest import until
 
 
 @pytest.fixture

@@ -15,9 +15,8 @@ import hark.transports.webrtc.call as webrtc_call
 from hark.bench.webrtc import CallClient
 from hark.server.app import METRICS
 from hark.session.runner import BACKLOG_EXCEEDED
-
-from .conftest import API_KEY, RtcServer, until
-from .test_backpressure_audio import count
+from tests.transports.conftest import API_KEY, RtcServer, until
+from tests.transports.test_backpressure_audio import count
 
 pytestmark = pytest.mark.realtime
 

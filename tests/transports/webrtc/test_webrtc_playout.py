@@ -13,8 +13,7 @@ from aiortc.mediastreams import MediaStreamError
 from av import CodecContext, Packet
 
 from hark.transports.webrtc.playout import FRAME_SAMPLES, PLAYOUT_RATE, PlayoutTrack
-
-from .conftest import Listener
+from tests.transports.conftest import Listener
 
 
 def tone(seconds: float, rate: int = PLAYOUT_RATE) -> npt.NDArray[np.int16]:

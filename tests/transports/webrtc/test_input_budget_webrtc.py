@@ -13,8 +13,7 @@ import pytest
 
 from hark.bench.webrtc import CallClient
 from hark.server.app import METRICS
-
-from .conftest import API_KEY, RtcServer
+from tests.transports.conftest import API_KEY, RtcServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.realtime]
 

@@ -14,8 +14,7 @@ import pytest
 from hark.bench.webrtc import AUDIBLE_RMS, BenchError, CallClient
 from hark.transports.webrtc.call import EVENT_TOO_LARGE, Call
 from hark.transports.webrtc.playout import FRAME_SAMPLES, PLAYOUT_RATE
-
-from .conftest import (
+from tests.transports.conftest import (
     API_KEY,
     LONG_REPLY,
     OTHER_KEY,

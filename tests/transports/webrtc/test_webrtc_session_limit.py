@@ -16,8 +16,7 @@ from hark.config import Settings
 from hark.engines.registry import build_engines
 from hark.server.app import CALLS
 from tests.server.conftest import RunningServer, serving
-
-from .conftest import API_KEY, until
+from tests.transports.conftest import API_KEY, until
 
 MakeClient = Callable[..., CallClient]
 # Long enough for a loaded machine to set up the call (ICE, DTLS, SCTP) before it passes.

@@ -12,8 +12,7 @@ import pytest
 from hark.bench.webrtc import AUDIBLE_RMS, CallClient, ReceivedFrame
 from hark.transports.webrtc.playout import FRAME_SAMPLES, PLAYOUT_RATE
 from tests.e2e.conftest import speech, transcribe, words
-
-from .conftest import (
+from tests.transports.conftest import (
     API_KEY,
     LONG_REPLY,
     RtcServer,

@@ -24,8 +24,7 @@ from hark.transports.webrtc.candidates import (
     network_kind,
 )
 from hark.transports.webrtc.ice import ice_transports
-
-from .conftest import API_KEY, RtcServer, StartRtcServer, bearer, until
+from tests.transports.conftest import API_KEY, RtcServer, StartRtcServer, bearer, until
 
 # What the server tells clients it is reached at, in the tests of a server on a public
 # address: nothing is ever sent to it (no client is given the answer).

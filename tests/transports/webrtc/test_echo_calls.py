@@ -15,8 +15,7 @@ import pytest
 from hark.bench.echo import BARGE_IN, SESSION, EchoCallClient, Room, reply_trial
 from hark.bench.spoken_questions import RATE as SPEECH_RATE
 from tests.speech import spoken
-
-from .conftest import API_KEY, StartRtcServer
+from tests.transports.conftest import API_KEY, StartRtcServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.realtime]
 

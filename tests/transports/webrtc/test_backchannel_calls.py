@@ -21,8 +21,7 @@ from hark.config import Settings
 from hark.engines.fake import FakeLlm
 from tests.conftest import engines_sharing_turn
 from tests.speech import spoken
-
-from .conftest import API_KEY, LONG_REPLY, StartRtcServer
+from tests.transports.conftest import API_KEY, LONG_REPLY, StartRtcServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.realtime]
 

@@ -26,8 +26,7 @@ from hark.transports.playout import MAX_LAG_SECONDS
 from hark.transports.webrtc.call import Call
 from hark.transports.webrtc.playout import FRAME_SAMPLES, PLAYOUT_RATE, PlayoutTrack
 from hark.transports.webrtc.rtp_audio import AudioReceiver, AudioSender, is_rtp, mid_extension
-
-from .conftest import API_KEY, RtcServer, collect, until
+from tests.transports.conftest import API_KEY, RtcServer, collect, until
 
 MakeClient = Callable[..., CallClient]
 
