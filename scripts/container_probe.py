@@ -7,13 +7,24 @@ trunk lists), a spoken turn over the WebSocket with the official ``openai`` SDK,
 call over WebRTC with aiortc, then the drain: SIGTERM while a session is open turns
 ``/readyz`` red and refuses new sessions, the open one goes on, and the process exits once it
 ends. Each step prints a line with what it saw; any failed check ends the run with status 1.
+
+Against the played chart (scripts/container-test kube) the strangers are those of a default
+chart: its Redis without the password (``redis``), SIP on a worker pod that has it off
+(``nosip``), and during the call through the relay, a forged hint, an expired one and stray
+datagrams at the relay, and framed datagrams sent to the worker from an address that is not
+a relay (``relay-strangers``). The Redis password and the fleet secret come in the
+environment (``HARK_PROBE_REDIS_PASSWORD``, ``HARK_PROBE_FLEET_SECRET``), never on the command
+line.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
+import os
+import re
 import secrets
 import socket
 import sys
@@ -23,6 +34,7 @@ from typing import Any
 
 import aiohttp
 import numpy as np
+from aioice import stun
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -37,6 +49,8 @@ from tests.e2e.conftest import (
 
 from hark.bench.report import BenchError
 from hark.bench.webrtc import AUDIBLE_RMS, CallClient
+from hark.edge import framing
+from hark.edge.route_hint import HINT_TTL_S, Route, RouteSigner, RouteVerifier
 from hark.transports.webrtc.playout import PLAYOUT_RATE
 
 QUESTION = "What is the capital of France?"
@@ -171,7 +185,10 @@ async def websocket_turn(server: Server, key: str) -> None:
 
 
 async def webrtc_call(
-    http: aiohttp.ClientSession, base: str, key: str, media: str | None = None
+    http: aiohttp.ClientSession,
+    base: str,
+    key: str,
+    media: str | None = None,
 ) -> None:
     """A call over WebRTC (aiortc): the spoken question is heard, and the answer's audio is
     what its transcript says (Whisper on this side agrees with at least half its words).
@@ -246,6 +263,227 @@ async def relay_forwarded(http: aiohttp.ClientSession, metrics_url: str) -> None
     report("relay", started, f"hark_relay_flows_created: {flows:g}")
 
 
+def _exchange(sock: socket.socket, command: bytes) -> bytes:
+    sock.sendall(command)
+    return sock.recv(4096)
+
+
+def redis_strangers(address: str, password: str) -> None:
+    """The chart's Redis: a client without the password is refused every command (NOAUTH),
+    one with a wrong password too; one with it is served."""
+    started = time.monotonic()
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        reply = _exchange(sock, b"PING\r\n")
+        assert reply.startswith(b"-NOAUTH"), f"PING without the password: {reply!r}"
+        reply = _exchange(sock, b"SCARD hark:workers\r\n")
+        assert reply.startswith(b"-NOAUTH"), f"a read without the password: {reply!r}"
+        wrong = secrets.token_hex(16).encode()
+        reply = _exchange(sock, b"AUTH %s\r\n" % wrong)
+        assert reply.startswith(b"-WRONGPASS"), f"a wrong password: {reply!r}"
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        reply = _exchange(sock, b"AUTH %s\r\nPING\r\n" % password.encode())
+        if reply == b"+OK\r\n":
+            reply += sock.recv(4096)
+        assert reply == b"+OK\r\n+PONG\r\n", f"with the password: {reply!r}"
+    report("Redis strangers", started, "NOAUTH without the password, WRONGPASS, PONG with it")
+
+
+def sip_closed(host: str, port: int) -> None:
+    """Nothing listens for SIP: an OPTIONS over UDP meets a closed port (the kernel's ICMP
+    port unreachable, which a connected socket reads as refused), TCP is refused."""
+    started = time.monotonic()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.connect((host, port))
+        sock.settimeout(10)
+        sock.send(_sip_request("OPTIONS", host, port, sock.getsockname()))
+        try:
+            reply = sock.recv(65535)
+        except ConnectionRefusedError:
+            pass
+        except TimeoutError:
+            raise AssertionError(f"UDP {port}: neither an answer nor a closed port") from None
+        else:
+            raise AssertionError(f"UDP {port} answered SIP: {reply[:80]!r}")
+    try:
+        socket.create_connection((host, port), timeout=10).close()
+    except ConnectionRefusedError:
+        pass
+    else:
+        raise AssertionError(f"TCP {port} accepted a connection")
+    report("SIP off", started, f"UDP {port}: port unreachable; TCP {port}: refused")
+
+
+_SAMPLE = re.compile(r"^(hark_relay_[a-z_]+(?:\{[^}]*\})?) (\S+)$", re.MULTILINE)
+
+
+async def relay_samples(http: aiohttp.ClientSession, metrics_url: str) -> dict[str, float]:
+    """The relay's /metrics, by sample (``name{labels}``)."""
+    async with http.get(metrics_url) as r:
+        assert r.status == 200, f"{metrics_url}: {r.status}"
+        text = await r.text()
+    return {name: float(value) for name, value in _SAMPLE.findall(text)}
+
+
+async def until_counted(
+    http: aiohttp.ClientSession, metrics_url: str, sample: str, before: dict[str, float]
+) -> None:
+    """Until the relay's ``sample`` has moved past its value in ``before``."""
+    try:
+        async with asyncio.timeout(30):
+            # (A counter in another process: nothing to wait on but its next reading.)
+            while True:
+                now = await relay_samples(http, metrics_url)
+                if now.get(sample, 0) > before.get(sample, 0):
+                    return
+                await asyncio.sleep(0.1)
+    except TimeoutError:
+        raise AssertionError(f"the relay never counted {sample}") from None
+
+
+def _sdp_attribute(sdp: str, name: str) -> str:
+    (value,) = {line.split(":", 1)[1] for line in sdp.splitlines() if line.startswith(f"a={name}:")}
+    return value
+
+
+def _binding_request(username: str, password: str) -> tuple[bytes, bytes]:
+    """A binding request as an ICE agent's check (its bytes and transaction id)."""
+    request = stun.Message(message_method=stun.Method.BINDING, message_class=stun.Class.REQUEST)
+    request.attributes["USERNAME"] = username
+    request.attributes["PRIORITY"] = 1
+    request.attributes["ICE-CONTROLLING"] = secrets.randbits(64)
+    request.add_message_integrity(password.encode())
+    request.add_fingerprint()
+    return bytes(request), request.transaction_id
+
+
+async def _transact(
+    sock: socket.socket, request: bytes, transaction: bytes, to: tuple[str, int]
+) -> stun.Message:
+    """The answer to a STUN request, sent again as STUN does (RFC 8489 section 6.2.1) until it
+    comes: a worker behind a relay does not answer the first check of an address it has not
+    yet heard through the relay."""
+    sock.settimeout(0.5)
+    for _ in range(20):
+        sock.sendto(request, to)
+        try:
+            while True:
+                # (The worker's own check of the new address may come first.)
+                reply = stun.parse_message(await asyncio.to_thread(sock.recv, 2048))
+                if reply.transaction_id == transaction:
+                    return reply
+        except TimeoutError:
+            continue
+    raise AssertionError("the call's own check through the relay got no answer")
+
+
+async def relay_strangers(
+    http: aiohttp.ClientSession,
+    base: str,
+    key: str,
+    *,
+    here: str,
+    relay: str,
+    metrics_url: str,
+    worker_media: str,
+    fleet_secret: str,
+) -> None:
+    """With a call's answer in hand (a call of its own, closed after; the legitimate call
+    comes after these and must work): a hint with a bad MAC, an expired hint (signed with the
+    fleet secret, but old) and stray datagrams are dropped and counted by the relay, and the
+    stranger that sent them has no flow after them (its later datagrams are dropped as of no
+    flow). A framed binding request sent to the worker's media port from this host, which is
+    no relay, gets nothing back, while the same check through the relay is answered."""
+    started = time.monotonic()
+    client = CallClient()
+    try:
+        await client.connect(http, base, api_key=key)
+        # Set up (ICE, DTLS, the data channel) before it is used and closed.
+        await client.next_event("session.created", limit_s=60)
+        await _relay_strangers(
+            http,
+            client,
+            here=here,
+            relay=relay,
+            metrics_url=metrics_url,
+            worker_media=worker_media,
+            fleet_secret=fleet_secret,
+        )
+    finally:
+        await client.close()
+    report(
+        "relay strangers",
+        started,
+        "bad_hint, expired_hint and unknown_flow counted, no flow for the stranger; the "
+        "worker answered the check through the relay and nothing framed from elsewhere",
+    )
+
+
+async def _relay_strangers(
+    http: aiohttp.ClientSession,
+    client: CallClient,
+    *,
+    here: str,
+    relay: str,
+    metrics_url: str,
+    worker_media: str,
+    fleet_secret: str,
+) -> None:
+    relay_host, relay_port = relay.rsplit(":", 1)
+    to_relay = (relay_host, int(relay_port))
+    worker_host, worker_port = worker_media.rsplit(":", 1)
+    answer, offer = client.answer or "", client.pc.localDescription.sdp
+    server_ufrag, server_pwd = (
+        _sdp_attribute(answer, "ice-ufrag"),
+        _sdp_attribute(answer, "ice-pwd"),
+    )
+    client_ufrag = _sdp_attribute(offer, "ice-ufrag")
+    route = RouteVerifier(fleet_secret).verify(server_ufrag)
+    assert isinstance(route, Route), f"the answer's ufrag is no hint of this fleet: {route}"
+    token = bytearray(base64.b64decode(server_ufrag))
+    token[-1] ^= 0x01
+    forged = base64.b64encode(token).decode()
+    old = RouteSigner(fleet_secret, route.worker_id, clock=lambda: time.time() - 2 * HINT_TTL_S)
+    expired = old.ufrag()
+    dropped = 'hark_relay_dropped_total{reason="%s"}'
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as stranger:
+        stranger.bind((here, 0))
+        for ufrag, reason in ((forged, "bad_hint"), (expired, "expired_hint")):
+            before = await relay_samples(http, metrics_url)
+            stranger.sendto(_binding_request(f"{ufrag}:{client_ufrag}", server_pwd)[0], to_relay)
+            await until_counted(http, metrics_url, dropped % reason, before)
+        # Stray datagrams (RTP's first byte, DTLS's): the stranger has no flow to send them on.
+        for stray in (b"\x80\x00" + secrets.token_bytes(30), b"\x17" + secrets.token_bytes(30)):
+            before = await relay_samples(http, metrics_url)
+            stranger.sendto(stray, to_relay)
+            await until_counted(http, metrics_url, dropped % "unknown_flow", before)
+    # The worker: the call's own check, framed as the relay frames it, from this host.
+    with (
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as stranger,
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as checker,
+    ):
+        stranger.bind((here, 0))
+        checker.bind((here, 0))
+        request, _ = _binding_request(f"{server_ufrag}:{client_ufrag}", server_pwd)
+        header = framing.encode_header(("198.51.100.7", 40000))
+        # Sent again as a STUN client would: a worker that took framed datagrams from
+        # anyone would answer the copies after the first (see ``_transact``).
+        for _ in range(3):
+            stranger.sendto(header + request, (worker_host, int(worker_port)))
+        # The same check through the relay, sent after it: once its answer is back, the
+        # worker has read the stranger's datagram (sent first, on the shorter path).
+        request, transaction = _binding_request(f"{server_ufrag}:{client_ufrag}", server_pwd)
+        reply = await _transact(checker, request, transaction, to_relay)
+        assert reply.message_class == stun.Class.RESPONSE, f"the call's own check: {reply}"
+        stranger.setblocking(False)
+        try:
+            got = stranger.recv(2048)
+        except BlockingIOError:
+            pass
+        else:
+            raise AssertionError(f"the worker answered a framed datagram from no relay: {got!r}")
+
+
 async def drain(
     http: aiohttp.ClientSession, server: Server, base: str, key: str, sigterm: str
 ) -> None:
@@ -313,6 +551,11 @@ async def main() -> int:
     )
     parser.add_argument("--relay", help="the relay's IP:PORT, which every call's media must use")
     parser.add_argument("--relay-metrics", help="the relay's /metrics URL")
+    parser.add_argument("--redis", help="the chart's Redis, IP:PORT (step redis)")
+    parser.add_argument("--here", help="this host's address on the pods' network")
+    parser.add_argument(
+        "--worker-media", help="the worker pod's media port, IP:PORT (step relay-strangers)"
+    )
     args = parser.parse_args()
     steps = set(args.steps.split(","))
     base = f"http://{args.host}:{args.port}"
@@ -324,8 +567,23 @@ async def main() -> int:
                 await http_strangers(http, base, args.key)
             if "sip" in steps:
                 sip_stranger(args.host, args.sip_port)
+            if "nosip" in steps:
+                sip_closed(args.host, args.sip_port)
+            if "redis" in steps:
+                redis_strangers(args.redis, os.environ["HARK_PROBE_REDIS_PASSWORD"])
             if "websocket" in steps:
                 await websocket_turn(server, args.key)
+            if "relay-strangers" in steps:
+                await relay_strangers(
+                    http,
+                    base,
+                    args.key,
+                    here=args.here,
+                    relay=args.relay,
+                    metrics_url=args.relay_metrics,
+                    worker_media=args.worker_media,
+                    fleet_secret=os.environ["HARK_PROBE_FLEET_SECRET"],
+                )
             if "webrtc" in steps:
                 await webrtc_call(http, base, args.key, args.relay)
             if args.relay_metrics:
