@@ -9,7 +9,6 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -68,11 +67,6 @@ def fake_hark(log_name: str) -> Iterator[Server]:
     log = artifact(log_name)
     with hark_serve(["--engines", "fake"], log, env={"HARK_API_KEYS": API_KEY}) as port:
         yield Server("127.0.0.1", port, log)
-
-
-def of_type(events: list[Any], kind: str) -> list[Any]:
-    """The `openai` SDK's ``events`` of type ``kind``."""
-    return [e for e in events if e.type == kind]
 
 
 async def speech(text: str, rate: int = 24000) -> npt.NDArray[np.int16]:

@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.streams import of_type
 from tests.servers import hark_serve
 
 from .chat_peer import ChatPeer, hark_with_peer
-from .conftest import API_KEY, Server, artifact, events_until, of_type
+from .conftest import API_KEY, Server, artifact, events_until
 
 pytestmark = pytest.mark.slow
 

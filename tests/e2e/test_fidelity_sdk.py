@@ -14,7 +14,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from .conftest import Server, events_until, fake_hark, of_type, speech
+from tests.helpers.streams import of_type
+
+from .conftest import Server, events_until, fake_hark, speech
 
 pytestmark = [pytest.mark.slow, pytest.mark.realtime]
 

@@ -32,9 +32,10 @@ from hark.session.actions import McpServer
 from hark.tools.egress import EgressPolicy
 from hark.tools.mcp_client import McpCallFailed, McpClients
 from tests.helpers.net import free_port
+from tests.helpers.streams import of_type
 from tests.servers import hark_serve
 
-from .conftest import API_KEY, Server, artifact, events_until, of_type
+from .conftest import API_KEY, Server, artifact, events_until
 
 pytestmark = pytest.mark.slow
 

@@ -22,8 +22,10 @@ from agents import function_tool
 from agents.mcp import MCPServerStreamableHttp
 from agents.realtime import RealtimeAgent, RealtimeSessionModelSettings
 
+from tests.helpers.streams import of_type
+
 from .chat_peer import ChatPeer, hark_with_peer
-from .conftest import API_KEY, ARTIFACTS, Server, artifact, events_until, of_type
+from .conftest import API_KEY, ARTIFACTS, Server, artifact, events_until
 from .test_agents_sdk import conversation
 from .test_mcp_tools import ALLOWED_HOST, TOWN_KEY, McpHttpServer, serve_mcp
 

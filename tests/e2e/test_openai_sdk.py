@@ -15,6 +15,8 @@ from openai.types.realtime import (
     RealtimeSessionCreateRequest,
 )
 
+from tests.helpers.streams import of_type
+
 from .conftest import Server, events_until, speech, stream_realtime, transcribe, words
 
 pytestmark = [pytest.mark.slow, pytest.mark.realtime]
@@ -24,10 +26,6 @@ MODEL = "gpt-realtime"
 
 async def collect(conn: Any, stop: str = "response.done", limit_s: float = 180) -> list[Any]:
     return [e async for e in events_until(conn, stop, limit_s)]
-
-
-def of_type(events: list[Any], kind: str) -> list[Any]:
-    return [e for e in events if e.type == kind]
 
 
 class Microphone:

@@ -15,9 +15,10 @@ import pytest
 from agents import function_tool
 from agents.realtime import RealtimeAgent, RealtimeSessionModelSettings
 
+from tests.helpers.streams import of_type
 from tests.servers import hark_serve
 
-from .conftest import API_KEY, Server, artifact, events_until, of_type, speech
+from .conftest import API_KEY, Server, artifact, events_until, speech
 from .test_agents_sdk import conversation
 
 pytestmark = [pytest.mark.slow, pytest.mark.realtime]
