@@ -16,9 +16,12 @@
 # GPL-3.0-or-later), which bundles espeak-ng (GPL-3.0-or-later) for its phonemes. That image
 # as a whole is therefore distributed under the GPL's terms; hark's own package and its core
 # dependencies stay permissive (Piper is the optional "piper" extra). With TTS=hibari the
-# voice is hibari (hibari-tts, Apache-2.0, no espeak-ng) instead. Either image also holds the
-# libx264 and libx265 (GPL-2.0-or-later) that PyAV's wheels (aiortc's codecs) bundle and link
-# into their libavcodec, so neither is free of GPL code (docs/image.md, "Licences").
+# voice is hibari (hibari-tts, Apache-2.0, no espeak-ng) instead. With the default AV=wheel
+# either image also holds the libx264 and libx265 (GPL-2.0-or-later) that PyAV's wheels
+# (aiortc's codecs) bundle and link into their libavcodec. AV=lgpl builds PyAV from its sdist
+# against an FFmpeg compiled here, LGPL only and audio only: TTS=hibari with AV=lgpl is the
+# image with no GPL component, and its build fails if it finds one (docs/image.md, "Licences").
+#   docker build --build-arg TTS=hibari --build-arg AV=lgpl -t hark:free .
 #
 # SIP is off in the image (HARK_SIP=false), so neither SIP's port (5060, UDP and TCP) nor its
 # RTP range (10000-20000/udp, --rtp-ports) is exposed. To answer phones: -e HARK_SIP=true,
@@ -32,6 +35,9 @@
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 # The speech synthesiser, an extra of hark's: piper (GPL) or hibari (Apache-2.0).
 ARG TTS=piper
+# PyAV (aiortc's codecs, hark's audio files): wheel (PyPI's, which bundles x264 and x265) or
+# lgpl (built below from the sdist uv.lock pins, against an LGPL-only FFmpeg).
+ARG AV=wheel
 
 FROM ${PYTHON_IMAGE} AS builder
 # The uv that scripts/lib.sh installs, so the image resolves exactly like ./scripts/serve.
@@ -50,9 +56,17 @@ ARG EXTRA_CA_CERTS=""
 # 2 cores), and the toolchain is then not installed. scripts/container-test passes the wheel
 # `uv sync` built on the machine that runs the test; a release build leaves this empty.
 ARG LLAMA_WHEEL=""
-RUN apt-get update \
+# Which PyAV (the global AV): with lgpl, what FFmpeg and PyAV are compiled with (below) too:
+# a C compiler, nasm, pkg-config, libopus's headers, and Python's (the official Python image
+# has them, a Debian base needs python3-dev).
+ARG AV
+RUN case "$AV" in wheel | lgpl) ;; *) echo "AV is wheel or lgpl, not '$AV'" >&2; exit 2 ;; esac \
+    && apt-get update \
     && apt-get install -y --no-install-recommends ca-certificates \
         $([ -n "$LLAMA_WHEEL" ] || echo build-essential cmake) \
+        $([ "$AV" = wheel ] || echo gcc libc6-dev make nasm pkg-config xz-utils libopus-dev) \
+        $([ "$AV" = wheel ] || [ -e "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h" ] \
+            || echo python3-dev) \
     && rm -rf /var/lib/apt/lists/* \
     && if [ -n "$EXTRA_CA_CERTS" ]; then \
         printf '%s\n' "$EXTRA_CA_CERTS" >/usr/local/share/ca-certificates/build-extra.crt; \
@@ -71,6 +85,62 @@ ENV PATH=/opt/uv/bin:$PATH \
     UV_PYTHON_DOWNLOADS=never \
     UV_PROJECT_ENVIRONMENT=/app/.venv \
     CMAKE_ARGS="${LLAMA_CMAKE_ARGS}"
+# AV=lgpl: FFmpeg and PyAV compiled here, before anything is copied from the build context,
+# so that these layers (about 7 minutes on 2 cores: FFmpeg 3, PyAV 4; docs/image.md) are redone
+# only when their arguments or the base change, not the lock or the source. With AV=wheel they
+# do nothing.
+# FFmpeg's release tarball, pinned by its SHA-256: Debian's mirror serves it unchanged as the
+# ffmpeg source package's orig tarball (with upstream's signature beside it), where
+# ffmpeg.org/releases/ffmpeg-${FFMPEG_VERSION}.tar.xz may not be reachable. PyAV 18 needs
+# FFmpeg 8; 8.1.2 is the one PyAV's own wheels bundle.
+ARG FFMPEG_VERSION=8.1.2
+ARG FFMPEG_SHA256=464beb5e7bf0c311e68b45ae2f04e9cc2af88851abb4082231742a74d97b524c
+ARG FFMPEG_URL=http://deb.debian.org/debian/pool/main/f/ffmpeg/ffmpeg_${FFMPEG_VERSION}.orig.tar.xz
+# LGPL only: no --enable-gpl, no --enable-nonfree, no --enable-version3, nothing detected by
+# itself (--disable-autodetect), and of the components only what an audio-only hark uses:
+# aiortc's Opus (libopus, BSD), G.711 and G.722 codecs and its resampler; hark's speech
+# formats (Opus in Ogg, AAC in ADTS, FLAC, WAV) and the uploads it decodes (WAV, MP3, FLAC,
+# Ogg Vorbis and Opus, WebM, MP4/M4A AAC). No video codec: aiortc's VP8 and H.264 are for
+# video tracks, which hark never sends or takes; no MP3 encoder (LAME's fft.c is GPL).
+RUN [ "$AV" = wheel ] || { python3 -c 'import hashlib, sys, urllib.request; \
+        data = urllib.request.urlopen(sys.argv[1], timeout=300).read(); \
+        digest = hashlib.sha256(data).hexdigest(); \
+        sys.exit(f"{sys.argv[1]}: sha256 {digest}, not {sys.argv[2]}") if digest != sys.argv[2] else None; \
+        open("/tmp/ffmpeg.tar.xz", "wb").write(data)' "$FFMPEG_URL" "$FFMPEG_SHA256" \
+    && mkdir /tmp/ffmpeg && tar -xJf /tmp/ffmpeg.tar.xz -C /tmp/ffmpeg --strip-components=1 \
+    && cd /tmp/ffmpeg \
+    && ./configure --prefix=/opt/ffmpeg --enable-shared --disable-static \
+        --disable-programs --disable-doc --disable-debug --disable-autodetect \
+        --disable-everything --enable-libopus \
+        --enable-decoder=aac,adpcm_g722,flac,libopus,mp3,mp3float,opus,vorbis,pcm_alaw,pcm_mulaw,pcm_s16le,pcm_s16be,pcm_s24le,pcm_s32le,pcm_f32le,pcm_f64le,pcm_u8 \
+        --enable-encoder=aac,adpcm_g722,flac,libopus,pcm_alaw,pcm_mulaw,pcm_s16le \
+        --enable-demuxer=aac,flac,matroska,mov,mp3,ogg,wav \
+        --enable-muxer=adts,flac,ogg,wav \
+        --enable-parser=aac,flac,mpegaudio,opus,vorbis \
+        --enable-filter=abuffer,abuffersink,aformat,anull,aresample,buffer,buffersink,format,null \
+        --enable-protocol=file,pipe \
+    && make -j"$(nproc)" && make install \
+    && cd / && rm -rf /tmp/ffmpeg /tmp/ffmpeg.tar.xz /opt/ffmpeg/share \
+    && echo /opt/ffmpeg/lib >/etc/ld.so.conf.d/ffmpeg.conf && ldconfig; }
+# PyAV from the sdist uv.lock pins for Python 3.11 (the builder checks that the two agree),
+# built with pinned Cython and setuptools against that FFmpeg (found through pkg-config).
+ARG AV_VERSION=18.1.0
+ARG AV_SHA256=47bfc286e1bc9de7ab4681fc2b575cd2460a66919d31ffe1bd5aa54fae531a28
+ARG AV_URL=https://files.pythonhosted.org/packages/8d/f4/f22114d30d3435e38c6af2b4870f37b864403dca6ae7af747a289ce0a18e/av-${AV_VERSION}.tar.gz
+ARG AV_BUILD_REQUIRES="cython==3.1.8 setuptools==80.9.0"
+RUN [ "$AV" = wheel ] || { python3 -c 'import hashlib, sys, urllib.request; \
+        data = urllib.request.urlopen(sys.argv[1], timeout=300).read(); \
+        digest = hashlib.sha256(data).hexdigest(); \
+        sys.exit(f"{sys.argv[1]}: sha256 {digest}, not {sys.argv[2]}") if digest != sys.argv[2] else None; \
+        open(sys.argv[3], "wb").write(data)' "$AV_URL" "$AV_SHA256" "/tmp/av-${AV_VERSION}.tar.gz" \
+    && python3 -m venv /tmp/avbuild \
+    && /tmp/avbuild/bin/pip install --no-cache-dir $AV_BUILD_REQUIRES \
+    && PKG_CONFIG_PATH=/opt/ffmpeg/lib/pkgconfig /tmp/avbuild/bin/pip wheel --no-cache-dir \
+        --no-deps --no-build-isolation -w /opt/wheels "/tmp/av-${AV_VERSION}.tar.gz" \
+    && /tmp/avbuild/bin/pip install --no-deps /opt/wheels/av-*.whl \
+    && cd / && /tmp/avbuild/bin/python -c 'import av; print("PyAV", av.__version__, "on FFmpeg", av.ffmpeg_version_info)' \
+    && rm -rf /tmp/avbuild /tmp/av-*.tar.gz; }
+
 WORKDIR /app
 # (Each ARG sits just above the step that reads it: changing one rebuilds from there on.)
 # Packages in uv.lock that hark never loads, pulled only by what it does load:
@@ -86,31 +156,51 @@ ARG TTS
 COPY pyproject.toml uv.lock ./
 COPY scripts/llama-cpp-lean.cmake ./scripts/
 RUN case "$TTS" in piper | hibari) ;; *) echo "TTS is piper or hibari, not '$TTS'" >&2; exit 2 ;; esac \
-    && for name in $UNUSED_PACKAGES ${LLAMA_WHEEL:+llama-cpp-python}; do \
+    && for name in $UNUSED_PACKAGES ${LLAMA_WHEEL:+llama-cpp-python} $([ "$AV" = wheel ] || echo av); do \
         set -- "$@" --no-install-package "$name"; \
     done \
     && uv sync --frozen --extra "$TTS" --no-dev --no-install-project "$@"
 COPY README.md LICENSE ./
 COPY src ./src
 # hark itself as a regular (not editable) install: the runtime stage needs only the venv.
-RUN for name in $UNUSED_PACKAGES ${LLAMA_WHEEL:+llama-cpp-python}; do \
+# With AV=lgpl, the PyAV built above (once its version is checked against the lock) and
+# FFmpeg's libraries in the venv (lib/ffmpeg), which is all the runtime stage copies.
+RUN for name in $UNUSED_PACKAGES ${LLAMA_WHEEL:+llama-cpp-python} $([ "$AV" = wheel ] || echo av); do \
         set -- "$@" --no-install-package "$name"; \
     done \
     && uv sync --frozen --extra "$TTS" --no-dev --no-editable "$@" \
     && if [ -n "$LLAMA_WHEEL" ]; then \
         uv pip install --python /app/.venv/bin/python --no-deps --offline "$LLAMA_WHEEL"; \
+    fi \
+    && if [ "$AV" = lgpl ]; then \
+        /app/.venv/bin/python -c 'import glob, sys, tomllib; \
+            (wheel,) = glob.glob("/opt/wheels/av-*.whl"); \
+            built = wheel.split("/")[-1].split("-")[1]; \
+            locked = [p for p in tomllib.load(open("uv.lock", "rb"))["package"] if p["name"] == "av"]; \
+            ok = [p for p in locked if p["version"] == built and any("< \x273.12\x27" in m for m in p.get("resolution-markers", [""]))]; \
+            versions = [p["version"] for p in locked]; \
+            sys.exit(f"PyAV {built} was built (AV_VERSION), uv.lock pins {versions}") if not ok else None; \
+            print("PyAV", built, "as uv.lock pins it; sdist", ok[0]["sdist"]["hash"])' \
+        && uv pip install --python /app/.venv/bin/python --no-deps --offline /opt/wheels/av-*.whl \
+        && mkdir -p /app/.venv/lib/ffmpeg && cp -a /opt/ffmpeg/lib/*.so* /app/.venv/lib/ffmpeg/; \
     fi
 
 FROM ${PYTHON_IMAGE} AS runtime
 # llama.cpp's CPU backend uses OpenMP; everything else the wheels need is in the base image
 # or bundled in the wheels.
+# With AV=lgpl, the libopus (BSD) that FFmpeg links and hark's own Opus code loads.
+ARG AV
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends libgomp1 \
+    && apt-get install -y --no-install-recommends libgomp1 $([ "$AV" = wheel ] || echo libopus0) \
     && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt /var/log/dpkg.log \
     && groupadd --system --gid 10001 hark \
     && useradd --system --uid 10001 --gid hark --no-create-home --home-dir /nonexistent \
         --shell /usr/sbin/nologin hark
 COPY --from=builder /app/.venv /app/.venv
+# FFmpeg's libraries (AV=lgpl) on the loader's path.
+RUN if [ -d /app/.venv/lib/ffmpeg ]; then \
+        echo /app/.venv/lib/ffmpeg >/etc/ld.so.conf.d/hark-ffmpeg.conf && ldconfig; \
+    fi
 COPY LICENSE /app/LICENSE
 # HARK_HOST rather than --host in the entrypoint, so that an IPv6-only cluster can say "::".
 # HARK_SIP=false: SIP has no API key, so the image does not answer phones unless asked
@@ -129,18 +219,35 @@ HEALTHCHECK --interval=15s --timeout=3s --start-period=30s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request as u; u.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('HARK_PORT', '8000'), timeout=2)"]
 ENTRYPOINT ["hark", "serve"]
 
-# What differs with the TTS: the licences (see the top of this file) and, for hibari, the
-# engine the server picks (the presets' is Piper). One stage each; ${TTS:-piper} rather than
-# ${TTS}, because podman 4.3 decides which stages to build from the --build-arg values alone.
-FROM runtime AS tts-piper
-LABEL org.opencontainers.image.licenses="Apache-2.0 AND GPL-3.0-or-later"
+# What differs with the TTS and the PyAV: the licences (see the top of this file) and, for
+# hibari, the engine the server picks (the presets' is Piper). One stage each;
+# ${TTS:-piper}-${AV:-wheel} rather than ${TTS}-${AV}, because podman 4.3 decides which
+# stages to build from the --build-arg values alone. io.hark.gpl says in words what GPL code
+# the image holds; with AV=lgpl a build step looks (deploy/image/check-no-gpl.py) and fails on
+# any it finds.
+FROM runtime AS piper-wheel
+LABEL org.opencontainers.image.licenses="Apache-2.0 AND GPL-3.0-or-later" \
+    io.hark.gpl="piper-tts and espeak-ng (GPL-3.0-or-later); PyAV's libx264 and libx265 (GPL-2.0-or-later)"
 
-FROM runtime AS tts-hibari
+FROM runtime AS piper-lgpl
+COPY deploy/image/check-no-gpl.py /app/check-no-gpl.py
+RUN ["python", "/app/check-no-gpl.py", "--ffmpeg-only"]
+LABEL org.opencontainers.image.licenses="Apache-2.0 AND GPL-3.0-or-later" \
+    io.hark.gpl="piper-tts and espeak-ng (GPL-3.0-or-later); PyAV and FFmpeg LGPL only"
+
+FROM runtime AS hibari-wheel
 ENV HARK_TTS=hibari
-# Apache-2.0 but for PyAV's libx264 and libx265 (see the top of this file).
-LABEL org.opencontainers.image.licenses="Apache-2.0 AND GPL-2.0-or-later"
+LABEL org.opencontainers.image.licenses="Apache-2.0 AND GPL-2.0-or-later" \
+    io.hark.gpl="PyAV's libx264 and libx265 (GPL-2.0-or-later)"
 
-FROM tts-${TTS:-piper} AS image
+FROM runtime AS hibari-lgpl
+ENV HARK_TTS=hibari
+COPY deploy/image/check-no-gpl.py /app/check-no-gpl.py
+RUN ["python", "/app/check-no-gpl.py"]
+LABEL org.opencontainers.image.licenses="Apache-2.0 AND LGPL-2.1-or-later" \
+    io.hark.gpl="none: no GPL component (check-no-gpl.py passed in the build)"
+
+FROM ${TTS:-piper}-${AV:-wheel} AS image
 # Last, so that a new revision rebuilds nothing but the labels.
 ARG VERSION=0.1.0
 ARG REVISION=""
