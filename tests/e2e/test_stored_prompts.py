@@ -133,6 +133,6 @@ async def test_a_response_names_a_stored_prompt(prompt_server: Server) -> None:
             }
         )
         await conn.response.create(response={"prompt": concierge("1")})
-        events = [e async for e in events_until(conn, "response.done", 60)]
+        events: list[Any] = [e async for e in events_until(conn, "response.done", 60)]
         assert not of_type(events, "error")
         assert of_type(events, "response.done")[0].response.status == "completed"
