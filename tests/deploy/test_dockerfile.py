@@ -7,6 +7,7 @@ import json
 import re
 import shlex
 import subprocess
+import sys
 import tomllib
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -93,6 +94,8 @@ def named(stages: list[Stage], name: str) -> Stage:
 
 # The TTS build argument's values: the extra each installs, the stage that sets what differs.
 TTS_CHOICES = ("piper", "hibari")
+# The AV build argument's values: PyPI's PyAV wheel, or PyAV built against an LGPL-only FFmpeg.
+AV_CHOICES = ("wheel", "lgpl")
 
 
 def _arg_default(stage: Stage, name: str) -> str:
@@ -343,33 +346,46 @@ def test_labels_say_what_the_image_is_and_its_licences(stages: list[Stage]) -> N
     # Labels come last, so that a new revision rebuilds nothing else.
     assert image.instructions[-1][0] == "LABEL"
     # Piper (and the espeak-ng it bundles) are GPL: the image says so beside hark's licence.
-    piper = _labels(named(stages, "tts-piper"))["org.opencontainers.image.licenses"]
+    piper = _labels(named(stages, "piper-wheel"))["org.opencontainers.image.licenses"]
     assert piper.split(" AND ") == [project["license"], _licence("piper-tts")]
     # With hibari, hark's licence (hibari's is the same) and that of the x264 and x265
     # libraries PyAV's wheels bundle: when a PyAV without them is locked, this fails, and the
     # label can say Apache-2.0 alone.
-    hibari = _labels(named(stages, "tts-hibari"))["org.opencontainers.image.licenses"]
+    hibari = _labels(named(stages, "hibari-wheel"))["org.opencontainers.image.licenses"]
     assert project["license"] == _licence("hibari-tts")
     assert hibari == f"{project['license']} AND GPL-2.0-or-later"
     bundled = {f.name.partition("-")[0] for f in metadata.files("av") or () if ".so" in f.name}
     assert {"libx264", "libx265"} <= bundled
+    # With AV=lgpl (PyAV built here against an LGPL-only FFmpeg) Piper keeps its image under
+    # the GPL; the hibari image is hark's licence and FFmpeg's, with no GPL component.
+    assert _labels(named(stages, "piper-lgpl"))["org.opencontainers.image.licenses"] == piper
+    free = _labels(named(stages, "hibari-lgpl"))
+    assert (
+        free["org.opencontainers.image.licenses"] == f"{project['license']} AND LGPL-2.1-or-later"
+    )
+    assert free["io.hark.gpl"].startswith("none")
+    for stage in stages:
+        if stage.image == "runtime":
+            assert "io.hark.gpl" in _labels(stage), f"{stage.name} does not say what GPL it holds"
 
 
 def test_the_tts_argument_picks_an_extra_and_its_stage(stages: list[Stage]) -> None:
     global_args, _ = parse_dockerfile((ROOT / "Dockerfile").read_text())
     # Piper unless asked: the image existing users build is unchanged.
-    assert global_args["TTS"] == "piper"
-    assert stages[-1].image == "tts-piper"
-    assert "\nFROM tts-${TTS:-piper} AS image\n" in (ROOT / "Dockerfile").read_text()
+    assert global_args["TTS"] == "piper" and global_args["AV"] == "wheel"
+    assert stages[-1].image == "piper-wheel"
+    assert "\nFROM ${TTS:-piper}-${AV:-wheel} AS image\n" in (ROOT / "Dockerfile").read_text()
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
         "optional-dependencies"
     ]
     for tts in TTS_CHOICES:
         assert tts in extras
-        assert named(stages, f"tts-{tts}").image == "runtime"
-    # The hibari image's server speaks with hibari, the other with the presets' Piper.
-    assert named(stages, "tts-hibari").env() == {"HARK_TTS": "hibari"}
-    assert named(stages, "tts-piper").env() == {}
+        for av in AV_CHOICES:
+            assert named(stages, f"{tts}-{av}").image == "runtime"
+    # The hibari images' server speaks with hibari, the others with the presets' Piper.
+    for av in AV_CHOICES:
+        assert named(stages, f"hibari-{av}").env() == {"HARK_TTS": "hibari"}
+        assert named(stages, f"piper-{av}").env() == {}
     assert "TTS" in named(stages, "builder").all("ARG")
     (check,) = [r for r in named(stages, "builder").all("RUN") if "case" in r and "$TTS" in r]
     assert "piper | hibari)" in check
@@ -419,3 +435,68 @@ def test_a_prebuilt_llama_wheel_replaces_the_compile_and_the_toolchain(
     assert last.index("uv sync") < last.index('--no-deps --offline "$LLAMA_WHEEL"')
     (apt,) = [r for r in builder.all("RUN") if "build-essential" in r]
     assert '$([ -n "$LLAMA_WHEEL" ] || echo build-essential cmake)' in apt
+
+
+def test_av_lgpl_builds_the_locked_pyav_against_an_lgpl_only_ffmpeg(stages: list[Stage]) -> None:
+    builder = named(stages, "builder")
+    assert "AV" in builder.all("ARG")
+    (check,) = [r for r in builder.all("RUN") if 'case "$AV"' in r]
+    assert "wheel | lgpl)" in check
+    (configure,) = [r for r in builder.all("RUN") if "./configure" in r]
+    assert "--disable-autodetect" in configure and "--disable-everything" in configure
+    for flag in (
+        "--enable-gpl",
+        "--enable-nonfree",
+        "--enable-version3",
+        "x264",
+        "x265",
+        "mp3lame",
+    ):
+        assert flag not in configure
+    assert "sha256" in configure and "$FFMPEG_SHA256" in configure
+    # Both syncs leave the lock's PyAV out, or the second would put the wheel back.
+    syncs = [r for r in builder.all("RUN") if "uv sync" in r]
+    assert all('$([ "$AV" = wheel ] || echo av)' in r for r in syncs)
+    # The sdist built is the one uv.lock pins for the image's Python (3.11).
+    lock = tomllib.loads((ROOT / "uv.lock").read_text())
+    (av,) = [
+        p
+        for p in lock["package"]
+        if p["name"] == "av" and any("< '3.12'" in m for m in p.get("resolution-markers", []))
+    ]
+    assert _arg_default(builder, "AV_VERSION") == av["version"]
+    assert f"sha256:{_arg_default(builder, 'AV_SHA256')}" == av["sdist"]["hash"]
+    url = _arg_default(builder, "AV_URL").replace("${AV_VERSION}", av["version"])
+    assert url == av["sdist"]["url"]
+
+
+def test_the_lgpl_images_check_themselves_for_gpl_code(stages: list[Stage]) -> None:
+    checks = {
+        f"{tts}-{av}": [r for r in named(stages, f"{tts}-{av}").all("RUN") if "check-no-gpl" in r]
+        for tts in TTS_CHOICES
+        for av in AV_CHOICES
+    }
+    assert checks["hibari-lgpl"] == ['["python", "/app/check-no-gpl.py"]']
+    assert checks["piper-lgpl"] == ['["python", "/app/check-no-gpl.py", "--ffmpeg-only"]']
+    assert checks["hibari-wheel"] == checks["piper-wheel"] == []
+
+
+def test_the_gpl_check_fails_on_the_pypi_pyav_wheel() -> None:
+    """check-no-gpl.py, run on this checkout's PyAV (PyPI's wheel, with x264 and x265 in
+    av.libs), finds them: the check the AV=lgpl build relies on can fail."""
+    site = Path(str(metadata.distribution("av").locate_file("")))
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "deploy" / "image" / "check-no-gpl.py"),
+            "--ffmpeg-only",
+            str(site / "av"),
+            str(site / "av.libs"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "a GPL library in the image" in result.stderr and "libx264" in result.stderr
+    assert "libx265" in result.stderr and "--enable-libx264" in result.stderr
