@@ -19,6 +19,7 @@ import numpy.typing as npt
 import openai
 import pytest
 
+from hark.audio import files
 from hark.audio.files import decode_file, wav_header
 from hark.config import Settings
 from hark.engines.fake import FakeAsr, FakeLlm, FakeTts
@@ -249,6 +250,37 @@ async def test_invalid_speech_requests(
     if code is not None:
         assert error["code"] == code
     assert tts.calls == []
+
+
+async def test_a_format_whose_encoder_this_build_lacks_is_refused_before_any_audio(
+    start_server: StartServer, http: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As in the image built without GPL components, whose FFmpeg has no MP3 encoder: before,
+    # the answer began (200) and broke off at the first encode.
+    monkeypatch.setitem(files._CODECS, "mp3", ("mp3", "no-such-mp3-encoder"))
+    files._has_encoder.cache_clear()
+    try:
+        tts = RecordingTts()
+        server = await start_server(KEYED, engines(tts=tts))
+        body = {"model": "tts-1", "voice": "alloy", "input": "hi"}
+        async with http.post(
+            server.url + "/v1/audio/speech", json=body, headers=bearer(API_KEY)
+        ) as response:
+            assert response.status == 400
+            error = (await response.json())["error"]
+        assert error["param"] == "response_format" and error["code"] == "unsupported_value"
+        assert "no-such-mp3-encoder" in error["message"]
+        assert "opus" in error["message"] and "mp3" not in error["message"].split("Use")[1]
+        assert tts.calls == []
+        # The other formats still speak.
+        body["response_format"] = "opus"
+        async with http.post(
+            server.url + "/v1/audio/speech", json=body, headers=bearer(API_KEY)
+        ) as response:
+            assert response.status == 200
+            assert await response.read()
+    finally:
+        files._has_encoder.cache_clear()
 
 
 async def test_speech_needs_a_key_and_a_bounded_body(

@@ -9,6 +9,7 @@ and codec FFmpeg knows (WAV, MP3, FLAC, Ogg, WebM, MP4/M4A) are decoded the same
 
 from __future__ import annotations
 
+import functools
 import io
 import struct
 from typing import TYPE_CHECKING, Literal, Protocol
@@ -61,6 +62,26 @@ class SpeechEncoder(Protocol):
     def finish(self) -> bytes:
         """The file's last bytes."""
         ...
+
+
+def missing_speech_encoder(response_format: SpeechFormat) -> str | None:
+    """The FFmpeg encoder ``response_format`` needs when this build lacks it, else None (an
+    image built without GPL components has no MP3 encoder: LAME is not in its FFmpeg)."""
+    if response_format not in _CODECS:
+        return None
+    codec = _CODECS[response_format][1]
+    return None if _has_encoder(codec) else codec
+
+
+@functools.cache
+def _has_encoder(codec: str) -> bool:
+    import av
+
+    try:
+        av.Codec(codec, "w")
+    except (ValueError, av.FFmpegError):
+        return False
+    return True
 
 
 def speech_encoder(response_format: SpeechFormat, rate: int) -> SpeechEncoder:

@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 from aiohttp import web
 
-from hark.audio.files import CONTENT_TYPES, SpeechEncoder, speech_encoder
+from hark.audio.files import CONTENT_TYPES, SpeechEncoder, missing_speech_encoder, speech_encoder
 from hark.audio.resample import StreamResampler
 from hark.protocol.errors import ProtocolError
 from hark.protocol.speech import SpeechRequest, parse_speech_request
@@ -53,6 +53,17 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
             ProtocolError(
                 "stream_format 'sse' is not supported by this server; use 'audio'.",
                 param="stream_format",
+                code="unsupported_value",
+            )
+        )
+    missing = missing_speech_encoder(speech.response_format)
+    if missing is not None:
+        offered = ", ".join(f for f in CONTENT_TYPES if missing_speech_encoder(f) is None)
+        return invalid_request(
+            ProtocolError(
+                f"response_format '{speech.response_format}' is not available on this "
+                f"server: its FFmpeg has no {missing} encoder. Use one of: {offered}.",
+                param="response_format",
                 code="unsupported_value",
             )
         )
