@@ -26,7 +26,7 @@ DATA = Path(__file__).resolve().parent / "data" / "speech"
 
 # The sentences `hark bench tts` speaks are the ones the tests hear (the comments there say
 # which test says what), with the backchannels said over a reply
-# (tests/transports/test_backchannel_calls.py).
+# (tests/transports/webrtc/test_backchannel_calls.py).
 SENTENCES: tuple[str, ...] = (*HEARD, "Uh-huh.", "Yeah.")
 
 # Piper scales each sentence to full scale; headroom keeps resampling from clipping.
