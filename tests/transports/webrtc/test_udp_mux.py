@@ -222,6 +222,62 @@ async def test_behind_a_relay_calls_advertise_it_and_answer_through_it(
         await mux.close()
 
 
+class Answerer(Recorder):
+    """Answers every datagram within its delivery, as ICE answers a Binding request."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.endpoint: Any = None
+
+    def datagram_received(self, data: bytes, addr: tuple[Any, ...]) -> None:
+        super().datagram_received(data, addr)
+        self.endpoint.sendto(b"\x01answer", addr)
+
+
+async def test_behind_a_relay_the_answer_to_a_new_clients_first_check_goes_back_through_it(
+    client_socket: socket.socket,
+) -> None:
+    secret, worker_id = "fleet-secret-for-tests-0123456789", "wrk_00000000beef"
+    mux = UdpMux(
+        "127.0.0.1",
+        0,
+        relay=("192.0.2.7", 3478),
+        signer=RouteSigner(secret, worker_id),
+        hellos=HelloChecker(secret, worker_id),
+    )
+    await mux.start()
+    try:
+        answerer = Answerer()
+        ufrag = mux.new_ufrag()
+        answerer.endpoint = mux.open(ufrag, answerer)
+        hello = HelloSigner(secret).hello(worker_id)
+        assert hello is not None
+        client_socket.sendto(hello, mux.advertised)
+        await until(lambda: mux.relays == [client_socket.getsockname()])
+        client = ("198.51.100.9", 50000)
+        request = binding_request(f"{ufrag}:client")
+        # Before, the answer made during the first check's delivery found the client not yet
+        # recorded as relayed and was dropped: a client's first check cost a retransmission.
+        client_socket.sendto(framing.encode_header(client) + request, mux.advertised)
+        await until(lambda: len(answerer.received) == 1)
+        data, _ = client_socket.recvfrom(100)
+        assert framing.decode(data) == (client, b"\x01answer")
+        client_socket.sendto(framing.encode_header(client) + b"\x80media", mux.advertised)
+        await until(lambda: len(answerer.received) == 2)
+        data, _ = client_socket.recvfrom(100)
+        assert framing.decode(data) == (client, b"\x01answer")
+        # A framed datagram for nobody leaves no record of its client.
+        stranger = ("198.51.100.10", 50000)
+        client_socket.sendto(framing.encode_header(stranger) + b"\x80media", mux.advertised)
+        await until(lambda: mux.dropped == 1)
+        answerer.endpoint.sendto(b"\x80to-stranger", stranger)
+        client_socket.settimeout(0.2)
+        with pytest.raises(TimeoutError):
+            client_socket.recvfrom(100)
+    finally:
+        await mux.close()
+
+
 async def test_without_a_relay_wrapped_datagrams_are_not_unwrapped(
     mux: UdpMux, client_socket: socket.socket
 ) -> None:

@@ -299,8 +299,22 @@ class UdpMux:
                 self._not_relayed(data, addr)
                 return
             client, inner = decoded
-            endpoint = self.route(inner, client)
-            if endpoint is not None:
+            if self._relayed.get(client) == addr:
+                self.route(inner, client)
+                return
+            # A client new to this relay: recorded before the datagram is delivered, since
+            # the endpoint may answer within the delivery (ICE answers a Binding request at
+            # once), and that answer goes back through the relay; forgotten again if the
+            # datagram is nobody's.
+            previous = self._relayed.get(client)
+            self._relayed[client] = addr
+            if self.route(inner, client) is None:
+                if previous is None:
+                    del self._relayed[client]
+                else:
+                    self._relayed[client] = previous
+            else:
+                # Moving the address to another call forgets its relay: it is this one.
                 self._relayed[client] = addr
             return
         self.route(data, addr)
