@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-import hark.server.routes.sessions
+import hark.transports.call
 import hark.transports.websocket
 from hark.config import Settings
 from hark.engines.fake import FakeAsr, FakeTts
@@ -104,7 +104,8 @@ class StubSession:
 @pytest.fixture
 def stub_sessions(monkeypatch: pytest.MonkeyPatch) -> list[StubSession]:
     StubSession.opened = []
-    monkeypatch.setattr(hark.server.routes.sessions, "SessionRunner", StubSession)
+    # Every session's runner is made by the server's CallHost (hark.transports.call).
+    monkeypatch.setattr(hark.transports.call, "SessionRunner", StubSession)
     return StubSession.opened
 
 
