@@ -44,7 +44,7 @@ import numpy.typing as npt
 from aiohttp import web
 
 from hark.audio.resample import resample
-from hark.bench.echo import EchoCallClient, Room, Trial, reply_trial
+from hark.bench.echo import EchoCallClient, ReplyLine, Room, Trial, reply_trial
 from hark.bench.local_server import local_server
 from hark.bench.report import BenchError, percentile
 from hark.bench.sip import CLOCK, SipCaller
@@ -279,34 +279,51 @@ async def _webrtc_trials(
     url = ws_root.replace("ws://", "http://", 1)
     room = Room(50, -120.0)
     client = EchoCallClient(room)
-    outcomes = []
     try:
         await client.connect(http, url, api_key=API_KEY, session=session(backchannels))
         await client.next_event("session.created")
         await asyncio.wait_for(client.opened.wait(), 30)
-        for fixture in said:
-            mark = len(client.frames)
-            try:
-                trial = await reply_trial(client, fixture.pcm, room)
-            except TimeoutError:
-                client.send({"type": "response.cancel"})
-                trial = Trial(50, -120.0, True, "timeout", False)
-            heard = [(f.arrival, f.rms > AUDIBLE_RMS) for f in client.frames[mark:]]
-            quiet = _quiet_after(heard, client.mic.onset_at)
-            outcomes.append(
-                Outcome(
-                    "webrtc",
-                    fixture.text,
-                    fixture.voice,
-                    fixture.backchannel,
-                    trial.detected_ms,
-                    trial.status,
-                    trial.cut,
-                    *quiet,
-                )
-            )
+        return await _trials(
+            "webrtc",
+            client,
+            said,
+            lambda: [(f.arrival, f.rms > AUDIBLE_RMS) for f in client.frames],
+        )
     finally:
         await client.close()
+
+
+async def _trials(
+    transport: str,
+    line: ReplyLine,
+    said: Sequence[Said],
+    heard: Callable[[], Sequence[tuple[float, bool]]],
+) -> list[Outcome]:
+    """Each fixture said over a reply on ``line`` (a call whose server plays the reply);
+    ``heard``: the call's audio so far, each 20 ms frame's arrival and whether it was
+    audible, from which the hold is read."""
+    room = Room(50, -120.0)
+    outcomes = []
+    for fixture in said:
+        mark = len(heard())
+        try:
+            trial = await reply_trial(line, fixture.pcm, room)
+        except TimeoutError:
+            line.send({"type": "response.cancel"})
+            trial = Trial(50, -120.0, True, "timeout", False)
+        quiet = _quiet_after(heard()[mark:], line.mic.onset_at)
+        outcomes.append(
+            Outcome(
+                transport,
+                fixture.text,
+                fixture.voice,
+                fixture.backchannel,
+                trial.detected_ms,
+                trial.status,
+                trial.cut,
+                *quiet,
+            )
+        )
     return outcomes
 
 
@@ -449,7 +466,7 @@ async def _sip_trials(
     headers = {"Authorization": f"Bearer {API_KEY}"}
     phone = _Phone(("127.0.0.1", sip_port))
     await phone.open()
-    outcomes = []
+    outcomes: list[Outcome] = []
     ticking: asyncio.Task[None] | None = None
     listening: asyncio.Task[None] | None = None
     try:
@@ -468,28 +485,9 @@ async def _sip_trials(
         )
         line = _SipLine(phone, sideband)
         listening = asyncio.create_task(line.listen())
-        room = Room(50, -120.0)
-        for fixture in said:
-            mark = len(phone.received)
-            try:
-                trial = await reply_trial(line, fixture.pcm, room)
-            except TimeoutError:
-                line.send({"type": "response.cancel"})
-                trial = Trial(50, -120.0, True, "timeout", False)
-            heard = [(r.arrival, r.audible) for r in phone.received[mark:]]
-            quiet = _quiet_after(heard, phone.onset_at)
-            outcomes.append(
-                Outcome(
-                    "sip",
-                    fixture.text,
-                    fixture.voice,
-                    fixture.backchannel,
-                    trial.detected_ms,
-                    trial.status,
-                    trial.cut,
-                    *quiet,
-                )
-            )
+        outcomes = await _trials(
+            "sip", line, said, lambda: [(r.arrival, r.audible) for r in phone.received]
+        )
         await sideband.close()
     finally:
         for task in (ticking, listening):
