@@ -175,51 +175,63 @@ async def test_a_wildcard_bind_advertises_a_real_address() -> None:
         await mux.close()
 
 
-async def test_behind_a_relay_calls_advertise_it_and_answer_through_it(
-    client_socket: socket.socket,
-) -> None:
-    relay_address = ("192.0.2.7", 3478)
-    secret, worker_id = "fleet-secret-for-tests-0123456789", "wrk_00000000beef"
+RELAY_ADDRESS = ("192.0.2.7", 3478)
+SECRET, WORKER_ID = "fleet-secret-for-tests-0123456789", "wrk_00000000beef"
+
+
+@pytest.fixture
+async def relayed_mux() -> AsyncIterator[UdpMux]:
+    """A worker's mux behind the relay at ``RELAY_ADDRESS`` (signed hints, hellos checked)."""
     mux = UdpMux(
         "127.0.0.1",
         0,
-        relay=relay_address,
-        signer=RouteSigner(secret, worker_id),
-        hellos=HelloChecker(secret, worker_id),
+        relay=RELAY_ADDRESS,
+        signer=RouteSigner(SECRET, WORKER_ID),
+        hellos=HelloChecker(SECRET, WORKER_ID),
     )
     await mux.start()
-    try:
-        a = Recorder()
-        ufrag = mux.new_ufrag()
-        endpoint = mux.open(ufrag, a)
-        assert endpoint.get_extra_info("sockname") == relay_address
-        route = RouteVerifier(secret).verify(ufrag)
-        assert isinstance(route, Route) and route.worker_id == worker_id
-        # The test's socket plays the relay: it says hello, then wraps what a client at
-        # 198.51.100.9 sent.
-        hello = HelloSigner(secret).hello(worker_id)
-        assert hello is not None
-        client_socket.sendto(hello, mux.advertised)
-        await until(lambda: mux.relays == [client_socket.getsockname()])
-        client = ("198.51.100.9", 50000)
-        request = binding_request(f"{ufrag}:client")
-        client_socket.sendto(framing.encode_header(client) + request, mux.advertised)
-        await until(lambda: len(a.received) == 1)
-        assert a.received[0] == (request, client)
-        client_socket.sendto(framing.encode_header(client) + b"\x80media", mux.advertised)
-        await until(lambda: len(a.received) == 2)
-        assert a.received[1] == (b"\x80media", client)
+    yield mux
+    await mux.close()
 
-        endpoint.sendto(b"\x80reply", client)
-        data, _ = client_socket.recvfrom(100)
-        assert framing.decode(data) == (client, b"\x80reply")
-        # Nothing goes straight to an address never heard through the relay.
-        endpoint.sendto(b"check", client_socket.getsockname())
-        client_socket.settimeout(0.2)
-        with pytest.raises(TimeoutError):
-            client_socket.recvfrom(100)
-    finally:
-        await mux.close()
+
+async def say_hello(mux: UdpMux, relay: socket.socket) -> None:
+    """``relay`` plays the relay: it says its signed hello, and the mux trusts it."""
+    hello = HelloSigner(SECRET).hello(WORKER_ID)
+    assert hello is not None
+    relay.sendto(hello, mux.advertised)
+    await until(lambda: mux.relays == [relay.getsockname()])
+
+
+async def test_behind_a_relay_calls_advertise_it_and_answer_through_it(
+    relayed_mux: UdpMux, client_socket: socket.socket
+) -> None:
+    mux = relayed_mux
+    a = Recorder()
+    ufrag = mux.new_ufrag()
+    endpoint = mux.open(ufrag, a)
+    assert endpoint.get_extra_info("sockname") == RELAY_ADDRESS
+    route = RouteVerifier(SECRET).verify(ufrag)
+    assert isinstance(route, Route) and route.worker_id == WORKER_ID
+    # The test's socket plays the relay: it says hello, then wraps what a client at
+    # 198.51.100.9 sent.
+    await say_hello(mux, client_socket)
+    client = ("198.51.100.9", 50000)
+    request = binding_request(f"{ufrag}:client")
+    client_socket.sendto(framing.encode_header(client) + request, mux.advertised)
+    await until(lambda: len(a.received) == 1)
+    assert a.received[0] == (request, client)
+    client_socket.sendto(framing.encode_header(client) + b"\x80media", mux.advertised)
+    await until(lambda: len(a.received) == 2)
+    assert a.received[1] == (b"\x80media", client)
+
+    endpoint.sendto(b"\x80reply", client)
+    data, _ = client_socket.recvfrom(100)
+    assert framing.decode(data) == (client, b"\x80reply")
+    # Nothing goes straight to an address never heard through the relay.
+    endpoint.sendto(b"check", client_socket.getsockname())
+    client_socket.settimeout(0.2)
+    with pytest.raises(TimeoutError):
+        client_socket.recvfrom(100)
 
 
 class Answerer(Recorder):
@@ -235,47 +247,33 @@ class Answerer(Recorder):
 
 
 async def test_behind_a_relay_the_answer_to_a_new_clients_first_check_goes_back_through_it(
-    client_socket: socket.socket,
+    relayed_mux: UdpMux, client_socket: socket.socket
 ) -> None:
-    secret, worker_id = "fleet-secret-for-tests-0123456789", "wrk_00000000beef"
-    mux = UdpMux(
-        "127.0.0.1",
-        0,
-        relay=("192.0.2.7", 3478),
-        signer=RouteSigner(secret, worker_id),
-        hellos=HelloChecker(secret, worker_id),
-    )
-    await mux.start()
-    try:
-        answerer = Answerer()
-        ufrag = mux.new_ufrag()
-        answerer.endpoint = mux.open(ufrag, answerer)
-        hello = HelloSigner(secret).hello(worker_id)
-        assert hello is not None
-        client_socket.sendto(hello, mux.advertised)
-        await until(lambda: mux.relays == [client_socket.getsockname()])
-        client = ("198.51.100.9", 50000)
-        request = binding_request(f"{ufrag}:client")
-        # Before, the answer made during the first check's delivery found the client not yet
-        # recorded as relayed and was dropped: a client's first check cost a retransmission.
-        client_socket.sendto(framing.encode_header(client) + request, mux.advertised)
-        await until(lambda: len(answerer.received) == 1)
-        data, _ = client_socket.recvfrom(100)
-        assert framing.decode(data) == (client, b"\x01answer")
-        client_socket.sendto(framing.encode_header(client) + b"\x80media", mux.advertised)
-        await until(lambda: len(answerer.received) == 2)
-        data, _ = client_socket.recvfrom(100)
-        assert framing.decode(data) == (client, b"\x01answer")
-        # A framed datagram for nobody leaves no record of its client.
-        stranger = ("198.51.100.10", 50000)
-        client_socket.sendto(framing.encode_header(stranger) + b"\x80media", mux.advertised)
-        await until(lambda: mux.dropped == 1)
-        answerer.endpoint.sendto(b"\x80to-stranger", stranger)
-        client_socket.settimeout(0.2)
-        with pytest.raises(TimeoutError):
-            client_socket.recvfrom(100)
-    finally:
-        await mux.close()
+    mux = relayed_mux
+    answerer = Answerer()
+    ufrag = mux.new_ufrag()
+    answerer.endpoint = mux.open(ufrag, answerer)
+    await say_hello(mux, client_socket)
+    client = ("198.51.100.9", 50000)
+    request = binding_request(f"{ufrag}:client")
+    # Before, the answer made during the first check's delivery found the client not yet
+    # recorded as relayed and was dropped: a client's first check cost a retransmission.
+    client_socket.sendto(framing.encode_header(client) + request, mux.advertised)
+    await until(lambda: len(answerer.received) == 1)
+    data, _ = client_socket.recvfrom(100)
+    assert framing.decode(data) == (client, b"\x01answer")
+    client_socket.sendto(framing.encode_header(client) + b"\x80media", mux.advertised)
+    await until(lambda: len(answerer.received) == 2)
+    data, _ = client_socket.recvfrom(100)
+    assert framing.decode(data) == (client, b"\x01answer")
+    # A framed datagram for nobody leaves no record of its client.
+    stranger = ("198.51.100.10", 50000)
+    client_socket.sendto(framing.encode_header(stranger) + b"\x80media", mux.advertised)
+    await until(lambda: mux.dropped == 1)
+    answerer.endpoint.sendto(b"\x80to-stranger", stranger)
+    client_socket.settimeout(0.2)
+    with pytest.raises(TimeoutError):
+        client_socket.recvfrom(100)
 
 
 async def test_without_a_relay_wrapped_datagrams_are_not_unwrapped(
