@@ -51,9 +51,6 @@ LAYER_ALLOWED: dict[tuple[str, str], str] = {
         "settings check a webhook secret with the server's parser (secret_key); removed when "
         "that parser moves into config or below it"
     ),
-    ("hark.edge.bench", "hark.bench.report"): (
-        "the relay bench lives in edge/, outside bench/; removed when it moves to bench/"
-    ),
     ("hark.engines.tts.hibari", "hark.protocol.session_config"): (
         "TTS engines map OpenAI's voice names (OPENAI_VOICES); removed when the engine takes "
         "the list of names from the layer that builds it"

@@ -57,7 +57,7 @@ BENCHES = (
     (
         "relay",
         "datagrams per second per core of hark relay, latency it adds",
-        "hark.edge.bench",
+        "hark.bench.relay",
     ),
     (
         "sip",

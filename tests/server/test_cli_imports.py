@@ -92,7 +92,7 @@ def test_a_serving_server_holds_no_benchmark_and_no_relay(tmp_path: Path) -> Non
         server.terminate()
         server.wait(30)
     assert "hark.server.app" in modules
-    assert among(modules, ("hark.bench", "hark.edge.bench", "hark.edge.supervisor")) == []
+    assert among(modules, ("hark.bench", "hark.edge.supervisor")) == []
 
 
 def readyz(port: int) -> int | None:

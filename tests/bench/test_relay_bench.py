@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from hark.edge.bench import run, summary
+from hark.bench.relay import run, summary
 
 
 def test_the_bench_measures_both_paths_and_forwards_every_datagram_it_counts() -> None:
