@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.e2e.conftest import speech, transcribe, words
 
-from hark.audio.g711 import ulaw_decode
+from hark.audio.codecs.g711 import ulaw_decode
 from hark.bench.report import BenchError
 from hark.bench.sip import SipCaller
 from hark.transports.sip.rtp import RtpError, RtpPacket, is_rtcp

@@ -42,12 +42,12 @@ def on_main(*frames: str) -> str:
 
 ENCODE = on_main(
     "PlayoutTrack.next_payload (hark/transports/webrtc/playout.py:124)",
-    "OpusEncoder.encode (hark/transports/webrtc/opus.py:112)",
+    "OpusEncoder.encode (hark/audio/codecs/opus.py:112)",
     "0x7f9 (libopus.so.0)",
 )
 DECODE = on_main(
     "InputAudio.packet (hark/transports/webrtc/input_audio.py:97)",
-    "OpusDecoder.decode (hark/transports/webrtc/opus.py:131)",
+    "OpusDecoder.decode (hark/audio/codecs/opus.py:131)",
     "0x7f9 (libopus.so.0)",
 )
 SRTP = on_main(

@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from hark.audio.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
+from hark.audio.codecs.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
 from hark.audio.resample import resample
 from hark.config import Settings
 from hark.engines.fake import FakeAsr, FakeLlm, FakeTts

@@ -10,7 +10,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from hark.audio.g711 import ulaw_decode, ulaw_encode
+from hark.audio.codecs.g711 import ulaw_decode, ulaw_encode
 from hark.engines.asr import Urgency
 from hark.engines.llm import Finished
 from hark.session.actions import AnalyzeSpeech, CancelGeneration, Close, Generate

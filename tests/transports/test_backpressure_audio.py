@@ -15,7 +15,7 @@ import aiohttp
 import numpy as np
 import pytest
 
-from hark.audio.g711 import ulaw_encode
+from hark.audio.codecs.g711 import ulaw_encode
 from hark.config import Settings
 from hark.observability.metrics import Metrics
 from hark.session.input_buffer import MAX_BUFFERED_S

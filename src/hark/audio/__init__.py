@@ -1,1 +1,1 @@
-"""Audio plumbing: G.711 companding, sample-rate conversion and the Realtime wire formats."""
+"""Audio plumbing: codecs (G.711, Opus), sample-rate conversion and the Realtime wire formats."""

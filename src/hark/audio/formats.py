@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from hark.audio.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
+from hark.audio.codecs.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
 from hark.protocol.errors import ProtocolError
 from hark.protocol.session_config import AudioFormat, PcmaFormat, PcmFormat, PcmuFormat
 

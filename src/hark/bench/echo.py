@@ -41,13 +41,13 @@ import aiohttp
 import numpy as np
 import numpy.typing as npt
 
+from hark.audio.codecs.opus import OpusEncoder
 from hark.audio.echo import EchoCanceller
 from hark.bench.local_server import local_server
 from hark.bench.report import BenchError
 from hark.bench.spoken_questions import RATE as SPEECH_RATE
 from hark.bench.spoken_questions import spoken_questions
 from hark.bench.webrtc import CallClient
-from hark.transports.webrtc.opus import OpusEncoder
 from hark.transports.webrtc.playout import FRAME_SAMPLES, PLAYOUT_RATE, PlayoutTrack
 
 BARGE_IN = "Wait, stop please."

@@ -56,7 +56,7 @@ import numpy as np
 import numpy.typing as npt
 from aiohttp import web
 
-from hark.audio.g711 import ulaw_decode, ulaw_encode
+from hark.audio.codecs.g711 import ulaw_decode, ulaw_encode
 from hark.audio.resample import resample
 from hark.bench.report import (
     BenchError,

@@ -58,6 +58,7 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from aiortc.rtp import RtpPacket
 from av import AudioCodecContext, AudioFrame, CodecContext, Packet
 
+from hark.audio.codecs.opus import OpusDecoder
 from hark.audio.resample import resample
 from hark.bench import webrtc_profile
 from hark.bench.report import (
@@ -74,7 +75,6 @@ from hark.bench.spoken_questions import QUESTIONS, spoken_questions
 from hark.bench.spoken_questions import RATE as QUESTION_RATE
 from hark.cluster.forwarding import WORKER_HEADER
 from hark.transports.webrtc.call import OPUS_CODECS
-from hark.transports.webrtc.opus import OpusDecoder
 from hark.transports.webrtc.playout import PlayoutTrack
 
 logger = logging.getLogger(__name__)

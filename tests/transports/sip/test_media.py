@@ -19,7 +19,7 @@ import numpy.typing as npt
 import pylibsrtp
 import pytest
 
-from hark.audio.g711 import ulaw_decode, ulaw_encode
+from hark.audio.codecs.g711 import ulaw_decode, ulaw_encode
 from hark.transports.sip import rtcp
 from hark.transports.sip.dtmf import TelephoneEvent
 from hark.transports.sip.media import RtpPacer, RtpSession

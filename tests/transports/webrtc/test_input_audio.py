@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from hark.audio.codecs.opus import OpusEncoder
 from hark.transports.webrtc.input_audio import InputAudio
-from hark.transports.webrtc.opus import OpusEncoder
 
 
 def opus_packets(seconds: float, hz: float = 300.0) -> list[bytes]:

@@ -64,7 +64,7 @@ import numpy as np
 import numpy.typing as npt
 import pylibsrtp
 
-from hark.audio.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
+from hark.audio.codecs.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
 from hark.audio.resample import StreamResampler
 from hark.observability.session_metrics import SessionMetrics
 from hark.transports.echo import CallEcho

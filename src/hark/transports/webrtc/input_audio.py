@@ -18,9 +18,9 @@ from collections.abc import Callable
 import numpy as np
 import numpy.typing as npt
 
+from hark.audio.codecs.opus import MAX_FRAME_MS, RATES, RTP_RATE, OpusDecoder, OpusError
 from hark.audio.resample import StreamResampler
 from hark.observability.session_metrics import SessionMetrics
-from hark.transports.webrtc.opus import MAX_FRAME_MS, RATES, RTP_RATE, OpusDecoder, OpusError
 
 logger = logging.getLogger(__name__)
 

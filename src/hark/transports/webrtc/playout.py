@@ -25,8 +25,8 @@ import numpy.typing as npt
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from av import Packet
 
+from hark.audio.codecs.opus import OpusEncoder
 from hark.transports.playout import Playout, PlayoutListener
-from hark.transports.webrtc.opus import OpusEncoder
 
 PLAYOUT_RATE = 48000
 FRAME_MS = 20

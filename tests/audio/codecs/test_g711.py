@@ -11,7 +11,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from hark.audio.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
+from hark.audio.codecs.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
 
 ALL_CODES = bytes(range(256))
 ALL_SAMPLES = np.arange(-32768, 32768, dtype=np.int16)

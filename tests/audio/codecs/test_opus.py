@@ -7,8 +7,8 @@ import ctypes
 import numpy as np
 import pytest
 
-from hark.transports.webrtc import opus
-from hark.transports.webrtc.opus import OpusDecoder, OpusEncoder, OpusError
+from hark.audio.codecs import opus
+from hark.audio.codecs.opus import OpusDecoder, OpusEncoder, OpusError
 
 _GET_BITRATE = 4003
 _GET_COMPLEXITY = 4011
