@@ -62,14 +62,6 @@ LAYER_ALLOWED: dict[tuple[str, str], str] = {
         "the turn model's evaluation replays what the session's policy does with a "
         "probability; removed when it moves to bench/ or the policy is passed in"
     ),
-    ("hark.server.cli", "hark.cli"): (
-        "serve logs through hark.cli's configure_logging re-export; removed by importing it "
-        "from hark.observability.logging (server/cli.py was being edited by others)"
-    ),
-    ("hark.tools.mcp_client", "hark.session.actions"): (
-        "the MCP client takes the session's McpServer description; removed when that type "
-        "moves down to protocol/ or tools/"
-    ),
     ("hark.transports.sip.service", "hark.server.webhooks"): (
         "an incoming SIP call asks the call webhook for its session; removed when the SIP "
         "service takes the webhook as a callable from the server"

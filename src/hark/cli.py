@@ -16,9 +16,6 @@ from typing import Any
 
 from hark import __version__
 
-# Re-exported: commands import it from here.
-from hark.observability.logging import configure_logging as configure_logging
-
 # Each command: its name, its line in the list of commands, and the module that defines it,
 # which has ``configure_parser(parser)``, ``command(options) -> int`` and a docstring (the
 # description its help shows, unless ``configure_parser`` sets another).

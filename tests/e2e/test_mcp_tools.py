@@ -28,9 +28,9 @@ from openai.types.realtime import RealtimeMcpApprovalResponseParam
 from openai.types.realtime.realtime_server_event import RealtimeServerEvent
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from hark.session.actions import McpServer
 from hark.tools.egress import EgressPolicy
 from hark.tools.mcp_client import McpCallFailed, McpClients
+from hark.tools.mcp_server import McpServer
 from tests.helpers.net import free_port
 from tests.helpers.streams import of_type
 from tests.servers import hark_serve

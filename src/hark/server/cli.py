@@ -16,10 +16,10 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from hark import __version__
-from hark.cli import configure_logging
 from hark.config import ConfigError, Settings, load_settings
 from hark.config.options import add_arguments
 from hark.engines.registry import EngineUnavailableError, build_engines, engine_names
+from hark.observability.logging import configure_logging
 
 if TYPE_CHECKING:
     from aiohttp import web

@@ -6,7 +6,7 @@ Results come back through the core's ``on_*`` methods.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -14,6 +14,7 @@ import numpy.typing as npt
 
 from hark.engines.asr import RecognitionRequest
 from hark.engines.llm import GenerationRequest
+from hark.tools.mcp_server import McpServer
 
 
 class AnalyzeSpeech(NamedTuple):
@@ -171,19 +172,6 @@ class ResumeAudio:
     """Play a held response again from where it was held."""
 
     response_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class McpServer:
-    """How to reach one of the session's MCP servers (``server_label`` names it).
-
-    The credentials stay out of ``repr``, and so out of any log that prints an action.
-    """
-
-    label: str
-    url: str
-    headers: dict[str, str] = field(default_factory=dict, repr=False, hash=False)
-    authorization: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,10 +27,11 @@ from hark.protocol import items as wire
 from hark.protocol import server_events as se
 from hark.protocol.errors import ProtocolError
 from hark.protocol.session_config import McpToolDef, McpToolFilter, ToolDef
-from hark.session.actions import CloseMcpServer, ListMcpTools, McpServer
+from hark.session.actions import CloseMcpServer, ListMcpTools
 from hark.session.conversation import Conversation, Entry
 from hark.session.ids import IdGenerator
 from hark.session.outbox import Outbox
+from hark.tools.mcp_server import McpServer
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,7 +43,6 @@ from hark.session.actions import (
     CallMcpTool,
     CancelGeneration,
     Generate,
-    McpServer,
     PlayAudio,
     Prefill,
 )
@@ -54,6 +53,7 @@ from hark.session.outbox import Outbox
 from hark.session.playout_state import PlayoutState
 from hark.session.rate_limits import RateWindow
 from hark.session.speculation import Speculation
+from hark.tools.mcp_server import McpServer
 
 # The tokens an image is estimated at in ``usage`` (what the OpenAI-compatible engine
 # estimates one at for truncation).

@@ -35,8 +35,8 @@ from mcp_types import (
 )
 
 from hark.protocol import items as wire
-from hark.session.actions import McpServer
 from hark.tools import egress
+from hark.tools.mcp_server import McpServer
 
 log = logging.getLogger(__name__)
 
