@@ -25,6 +25,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("observability",),
     ("tools",),
     ("session",),
+    ("driver",),
     ("cluster",),
     ("edge",),
     ("transports",),
@@ -34,9 +35,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cli",),
 )
 
-# The sans-I/O session core: everything under session/ except the I/O side, which runs the
-# core against the event loop (the runner) and does one response's engine work (the pipeline).
-SESSION_IO_SIDE = frozenset({"hark.session.runner", "hark.session.response_pipeline"})
+# The session core is sans-I/O: nothing under session/ does I/O, keeps time or runs threads;
+# driver/ runs it on the event loop.
 CORE_FORBIDDEN = frozenset({"asyncio", "time", "socket", "threading"})
 ENGINES_FORBIDDEN = ("hark.session", "hark.protocol", "hark.config")
 
@@ -150,11 +150,7 @@ def layer_violations(graph: dict[str, set[str]]) -> list[tuple[str, str, str]]:
         own = _layer_of(module)
         for target in sorted(targets):
             root = target.split(".")[0]
-            if (
-                module.startswith("hark.session.")
-                and module not in SESSION_IO_SIDE
-                and root in CORE_FORBIDDEN
-            ):
+            if module.startswith("hark.session.") and root in CORE_FORBIDDEN:
                 found.append((module, target, "the session core is sans-I/O"))
             if module.startswith("hark.engines") and any(
                 target == f or target.startswith(f + ".") for f in ENGINES_FORBIDDEN

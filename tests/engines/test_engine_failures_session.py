@@ -22,6 +22,7 @@ import pydantic
 from openai.types.realtime.realtime_server_event import RealtimeServerEvent
 
 from hark.config import Settings
+from hark.driver.runner import SessionRunner
 from hark.engines.asr import RecognitionRequest, TimedTranscript
 from hark.engines.fake import FakeAsr, FakeLlm, FakeTts
 from hark.engines.llm import GenerationRequest, LlmEvent, TextDelta
@@ -29,7 +30,6 @@ from hark.engines.registry import Engines, build_engines
 from hark.engines.stage_timeouts import StageTimeouts
 from hark.engines.vad.batcher import BatchedSileroVad
 from hark.observability.metrics import Metrics
-from hark.session.runner import SessionRunner
 
 from .test_engine_failures import LIVENESS_S, FlakyVadModel
 

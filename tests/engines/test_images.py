@@ -13,11 +13,11 @@ import pytest
 from aiohttp import web
 
 from hark.config import Settings
+from hark.driver.runner import SessionRunner
 from hark.engines.llm import ChatMessage, GenerationRequest, ImagePart, takes_images
 from hark.engines.llm.llama_cpp import LlamaCppLlm
 from hark.engines.llm.openai_compatible import OpenAICompatibleLlm, message_to_openai
 from hark.engines.registry import build_engines
-from hark.session.runner import SessionRunner
 
 from .conftest import scripted_peer
 

@@ -14,11 +14,11 @@ import openai
 import pytest
 
 from hark.config import ConfigError, Settings, load_settings
+from hark.driver.runner import SessionRunner
 from hark.engines.fake import FakeTts
 from hark.engines.registry import EngineUnavailableError, build_engines
 from hark.engines.tts import installed_voices
 from hark.engines.tts.voice_map import MappedVoices, VoiceMapError, parse_voice_map
-from hark.session.runner import SessionRunner
 from tests.server.conftest import API_KEY, serving
 
 CUSTOM = "voice_68ad2a2b2f0c8190"

@@ -17,6 +17,7 @@ import pytest
 from openai.types.realtime.realtime_server_event import RealtimeServerEvent
 
 from hark.config import Settings
+from hark.driver.runner import SessionRunner
 from hark.engines.llm import Finished
 from hark.engines.registry import build_engines
 from hark.protocol import items as wire
@@ -27,7 +28,6 @@ from hark.session.actions import (
     Generate,
     ListMcpTools,
 )
-from hark.session.runner import SessionRunner
 from hark.tools import egress
 from tests.e2e.test_mcp_tools import ALLOWED_HOST, TOKEN, TOWN_KEY, serve_mcp
 

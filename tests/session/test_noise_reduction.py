@@ -16,6 +16,7 @@ import pytest
 from hark.audio.denoise import Denoiser
 from hark.audio.formats import decode_audio
 from hark.config import Settings
+from hark.driver.runner import SessionRunner
 from hark.engines.registry import build_engines
 from hark.protocol.errors import ProtocolError
 from hark.protocol.session_config import NoiseReduction as NoiseReductionConfig
@@ -24,7 +25,6 @@ from hark.session import core
 from hark.session.actions import CountDroppedAudio, Denoise
 from hark.session.core import DENOISE_INLINE_S
 from hark.session.noise_reduction import wet_share
-from hark.session.runner import SessionRunner
 from tests.audio.test_denoise import rms_db
 from tests.audio.test_denoise import white_noise as noise_samples
 from tests.session.conftest import RATE, Driver

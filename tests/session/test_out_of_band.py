@@ -13,12 +13,12 @@ import pytest
 
 from hark.audio.formats import decode_audio
 from hark.config import Settings
+from hark.driver.runner import SessionRunner
 from hark.engines.fake import FakeLlm
 from hark.engines.llm import Finished, GenerationRequest, LlmEvent, TextDelta
 from hark.engines.registry import build_engines
 from hark.protocol.session_config import PcmFormat
 from hark.session.actions import CancelGeneration, Generate
-from hark.session.runner import SessionRunner
 
 from .conftest import RATE, Driver, voiced
 

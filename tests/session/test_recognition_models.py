@@ -13,10 +13,10 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from hark.driver.runner import SessionRunner
 from hark.engines.fake import FakeLlm, FakeTts
 from hark.engines.registry import Engines
 from hark.engines.vad.batcher import BatchedSileroVad
-from hark.session.runner import SessionRunner
 from tests.conftest import shared_end_of_turn
 from tests.speech import RATE, spoken
 

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from hark.config import Settings
+from hark.driver.runner import SessionRunner
 from hark.engines.registry import Engines, build_engines
 from hark.protocol import server_events as se
 from hark.session.actions import Close
 from hark.session.core import SESSION_LIMIT_S, Session
-from hark.session.runner import SessionRunner
 
 
 @pytest.fixture

@@ -23,11 +23,11 @@ import pytest
 from openai.types.realtime.realtime_server_event import RealtimeServerEvent
 
 from hark.config import Settings
+from hark.driver.runner import SessionRunner
 from hark.engines.asr import Urgency
 from hark.engines.fake import FakeAsr
 from hark.engines.registry import build_engines
 from hark.session.actions import Recognise, Transcribe
-from hark.session.runner import SessionRunner
 
 from .conftest import Driver, silence, voiced
 from .test_recognition import COMPLETED, say

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 
 from hark.config import Settings
+from hark.driver.runner import SessionRunner
 from hark.engines.fake import FakeLlm
 from hark.engines.llm import GenerationRequest, LlmEvent, Truncation
 from hark.engines.llm.truncation import ContextOverflow
 from hark.engines.registry import build_engines
 from hark.session.actions import Generate
-from hark.session.runner import SessionRunner
 
 from .conftest import Driver
 

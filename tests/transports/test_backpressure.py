@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from hark.session.runner import BACKLOG_EXCEEDED, MAX_BACKLOG_BYTES
+from hark.driver.backlog import BACKLOG_EXCEEDED, MAX_BACKLOG_BYTES
 from tests.servers import HarkProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.realtime]

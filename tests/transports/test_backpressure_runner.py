@@ -10,13 +10,9 @@ from typing import Any
 import pytest
 
 from hark.config import Settings
+from hark.driver.backlog import BACKLOG_EXCEEDED, MAX_BACKLOG_BYTES, MAX_BACKLOG_EVENTS
+from hark.driver.runner import SessionRunner
 from hark.engines.registry import Engines, build_engines
-from hark.session.runner import (
-    BACKLOG_EXCEEDED,
-    MAX_BACKLOG_BYTES,
-    MAX_BACKLOG_EVENTS,
-    SessionRunner,
-)
 
 pytestmark = pytest.mark.realtime
 

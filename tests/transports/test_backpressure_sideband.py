@@ -12,8 +12,8 @@ import pytest
 from aiohttp import web
 
 from hark.config import Settings
+from hark.driver.runner import SessionRunner
 from hark.engines.registry import build_engines
-from hark.session.runner import SessionRunner
 from hark.transports.sideband import MAX_SIDEBAND_BACKLOG, Sidebands
 from hark.transports.websocket import websocket_response
 from tests.transports.conftest import until

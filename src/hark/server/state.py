@@ -15,10 +15,10 @@ from hark.cluster.hop_tls import HopTls
 from hark.cluster.limits import FleetLimits
 from hark.cluster.node import ClusterNode
 from hark.config import Settings
+from hark.driver.runner import SessionRunner
 from hark.engines.registry import Engines
 from hark.observability.metrics import Metrics
 from hark.server.auth import Authenticator
-from hark.session.runner import SessionRunner
 from hark.transports.call import CallHost, CallRegistry
 from hark.transports.sip.service import SipService
 from hark.transports.webrtc.calls import Calls

@@ -46,7 +46,7 @@ _ENDED_MEMORY = 32
 
 
 class PlayoutListener(Protocol):
-    """Who hears about playout progress (``hark.session.runner.SessionRunner``)."""
+    """Who hears about playout progress (``hark.driver.runner.SessionRunner``)."""
 
     def playout_started(self, response_id: str) -> None:
         """The first frame of a response's audio was sent."""

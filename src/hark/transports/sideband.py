@@ -15,12 +15,8 @@ import logging
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from hark.session.runner import (
-    MAX_BACKLOG_BYTES,
-    MAX_BACKLOG_EVENTS,
-    SessionRunner,
-    backlog_reason,
-)
+from hark.driver.backlog import MAX_BACKLOG_BYTES, MAX_BACKLOG_EVENTS, backlog_reason
+from hark.driver.runner import SessionRunner
 from hark.transports.websocket import RealtimeWebSocket
 
 logger = logging.getLogger(__name__)

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from hark.config import Settings
+from hark.driver.runner import SessionRunner
 from hark.engines.registry import build_engines
 from hark.session.core import Session
-from hark.session.runner import SessionRunner
 from hark.transports.sip.phone_call import PhoneCall
 from tests.server.conftest import serving
 from tests.transports.conftest import until

@@ -13,8 +13,8 @@ from aiortc.rtcsctptransport import Chunk, DataChunk
 
 import hark.transports.webrtc.call as webrtc_call
 from hark.bench.webrtc import CallClient
+from hark.driver.backlog import BACKLOG_EXCEEDED
 from hark.server.app import METRICS
-from hark.session.runner import BACKLOG_EXCEEDED
 from tests.transports.conftest import API_KEY, RtcServer, until
 from tests.transports.test_backpressure_audio import count
 

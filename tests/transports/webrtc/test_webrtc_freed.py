@@ -14,8 +14,8 @@ import aiohttp
 import pytest
 
 from hark.bench.webrtc import CallClient
+from hark.driver.runner import SessionRunner
 from hark.session.core import Session
-from hark.session.runner import SessionRunner
 from hark.transports.webrtc.call import Call
 from tests.transports.conftest import API_KEY, RtcServer, collect, until
 

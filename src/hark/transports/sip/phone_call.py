@@ -35,7 +35,7 @@ import logging
 from collections.abc import Callable
 from typing import Literal
 
-from hark.session.runner import SessionRunner
+from hark.driver.runner import SessionRunner
 from hark.transports.call import CallStateError, MediaCall
 from hark.transports.sip.dtmf import digit_from_info
 from hark.transports.sip.media import RtpPacer, RtpSession
@@ -159,7 +159,7 @@ class PhoneCall(MediaCall):
         if media is None or runner is None or self._closing:
             return
         media.start(
-            input_rate=lambda: runner.session.input_rate,
+            input_rate=runner.input_rate,
             on_audio=runner.receive_audio,
             on_dtmf=runner.receive_dtmf,
             listener=runner,

@@ -29,10 +29,10 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from hark.driver.runner import SessionRunner
 from hark.protocol.session_config import SessionConfig
 from hark.server.webhooks import WebhookSender, incoming_call_event
 from hark.session.ids import IdGenerator
-from hark.session.runner import SessionRunner
 from hark.transports.call import CALL_ID_PREFIX, CallHost, MediaCall
 from hark.transports.sip.admission import DEFAULT_RATE, InviteAdmission
 from hark.transports.sip.media import RtpPacer, RtpSession

@@ -39,9 +39,10 @@ from aiortc import (
     RTCSessionDescription,
 )
 
+from hark.driver.backlog import BACKLOG_EXCEEDED, MAX_BACKLOG_BYTES
+from hark.driver.runner import SessionRunner
 from hark.protocol import server_events as se
 from hark.session.ids import IdGenerator
-from hark.session.runner import BACKLOG_EXCEEDED, MAX_BACKLOG_BYTES, SessionRunner
 from hark.tools import egress
 from hark.transports.beta import Dialect
 from hark.transports.call import END_FLUSH_TIMEOUT_S, MediaCall
@@ -299,14 +300,14 @@ class Call(MediaCall):
                 self.track.playout.tap = echo.played
 
                 def sink(pcm: npt.NDArray[np.int16]) -> None:
-                    runner.receive_audio(echo.heard(pcm, runner.session.input_rate))
+                    runner.receive_audio(echo.heard(pcm, runner.input_rate()))
 
             try:
                 self.audio = AudioPath.take_over(
                     self._transceiver,
                     self.track,
                     self._ticker,
-                    InputAudio(lambda: runner.session.input_rate, sink, runner.metrics),
+                    InputAudio(runner.input_rate, sink, runner.metrics),
                 )
             except Exception:
                 logger.exception("call %s: the audio path could not start", self.id)

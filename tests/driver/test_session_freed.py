@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 
 from hark.config import Settings
+from hark.driver.runner import SessionRunner
 from hark.engines.asr import RecognitionRequest, TimedTranscript
 from hark.engines.fake import FakeAsr
 from hark.engines.registry import build_engines
-from hark.session.runner import SessionRunner
 
 
 def _send(runner: SessionRunner, event: dict[str, object]) -> None:

@@ -13,12 +13,12 @@ import numpy.typing as npt
 import pytest
 
 from hark.config import Settings
+from hark.driver import engine_work
+from hark.driver.runner import MAX_VAD_WAITING_RUNS, SessionRunner
 from hark.engines.asr import RecognitionRequest, TimedTranscript
 from hark.engines.fake import FakeAsr
 from hark.engines.registry import build_engines
 from hark.engines.vad import Outcomes
-from hark.session import runner as runner_module
-from hark.session.runner import MAX_VAD_WAITING_RUNS, SessionRunner
 
 
 class SilentVad:
@@ -95,7 +95,7 @@ class HeldAsr(FakeAsr):
 async def test_audio_waiting_for_transcription_is_bounded_per_session(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(runner_module, "MAX_TRANSCRIBING_S", 3.0)
+    monkeypatch.setattr(engine_work, "MAX_TRANSCRIBING_S", 3.0)
     engines = build_engines(Settings(engines="fake"))
     asr = HeldAsr()
     engines.asr = asr

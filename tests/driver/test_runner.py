@@ -13,13 +13,13 @@ import numpy as np
 import numpy.typing as npt
 
 from hark.config import Settings
+from hark.driver.runner import SessionRunner
 from hark.engines.asr import RecognitionRequest, TimedTranscript, Urgency
 from hark.engines.asr.scheduler import AsrScheduler
 from hark.engines.fake import FakeAsr
 from hark.engines.registry import build_engines
 from hark.engines.vad import Outcomes
 from hark.session.actions import ScoreTurn
-from hark.session.runner import SessionRunner
 
 
 async def test_expired_session_sends_the_error_then_ends() -> None:
@@ -91,7 +91,7 @@ async def test_a_failed_turn_score_is_reported_to_the_core() -> None:
 
     runner.session.on_turn_score_failed = on_turn_score_failed  # type: ignore[method-assign]
     await runner.start()
-    await runner._score_turn(ScoreTurn("item_1#1", "What is", None))
+    await runner._work._score_turn(ScoreTurn("item_1#1", "What is", None), runner._call)
     assert failed == ["item_1#1"]
     await runner.close()
 
@@ -131,7 +131,7 @@ class HeldVad:
 
 def take_queued(runner: SessionRunner) -> list[str]:
     """The types of the events waiting in the runner's outgoing queue, which is emptied."""
-    queued = [runner._out.get_nowait() for _ in range(runner._out.qsize())]
+    queued = [runner._backlog._out.get_nowait() for _ in range(runner._backlog._out.qsize())]
     assert None not in queued, "the runner was told to stop"
     return [json.loads(text)["type"] for text in queued if text is not None]
 
@@ -181,7 +181,7 @@ async def test_events_go_to_the_sender_and_queue_behind_what_it_refused() -> Non
     queued = take_queued(runner)
     assert queued == ["session.created", "session.updated"]
     runner.receive_text(update)
-    assert sent == ["session.updated"] and runner._out.empty()
+    assert sent == ["session.updated"] and runner._backlog._out.empty()
     # Refused: that event and every later one queue, in order, until the queue is empty.
     open_[0] = False
     runner.receive_text(update)

@@ -9,6 +9,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from hark.driver.generation import run_generation
 from hark.engines.fake import FakeTts
 from hark.engines.llm import (
     Finished,
@@ -19,7 +20,6 @@ from hark.engines.llm import (
     ToolCallStarted,
 )
 from hark.session.actions import Generate
-from hark.session.response_pipeline import run_generation
 
 
 class ScriptedLlm:
@@ -69,6 +69,12 @@ class Sink:
 
     def finished(self, finished: Finished) -> None:
         self.log.append(("finished", finished.reason))
+
+    def failed(
+        self, message: str, code: str = "engine_error", error_type: str = "server_error"
+    ) -> None:
+        # run_generation raises its failures to its caller, which tells the sink.
+        raise AssertionError(f"run_generation told the sink of a failure: {message}")
 
 
 def action(audio: bool = True) -> Generate:
@@ -227,7 +233,7 @@ def sentences(n: int) -> list[LlmEvent]:
 
 
 async def test_clauses_waiting_for_speech_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("hark.session.response_pipeline.MAX_CLAUSES_WAITING", 4)
+    monkeypatch.setattr("hark.driver.generation.MAX_CLAUSES_WAITING", 4)
     gate = asyncio.Event()
     tts = GatedTts(gate)
     llm = CountingLlm(sentences(20))
@@ -244,7 +250,7 @@ async def test_clauses_waiting_for_speech_are_bounded(monkeypatch: pytest.Monkey
 async def test_a_speaker_that_fails_while_the_queue_is_full_fails_the_reply(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("hark.session.response_pipeline.MAX_CLAUSES_WAITING", 2)
+    monkeypatch.setattr("hark.driver.generation.MAX_CLAUSES_WAITING", 2)
     gate = asyncio.Event()
     run = asyncio.create_task(
         run_generation(action(), CountingLlm(sentences(10)), GatedTts(gate, broken=True), Sink())

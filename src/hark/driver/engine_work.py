@@ -1,0 +1,316 @@
+"""One session's engine work besides its replies: noise reduction, transcription and
+recognition, the LLM's prefill, end-of-turn scoring and MCP.
+
+The runner hands each action of the core here with ``call``, its way back into the core (an
+input of the core, its arguments; the wall time is added there). Engine failures fail one
+transcription or one call, never the session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from hark.engines.registry import Engines
+from hark.engines.stage_timeouts import StageTimeoutError, limit
+from hark.session.actions import (
+    CallMcpTool,
+    Denoise,
+    ListMcpTools,
+    Prefill,
+    Recognise,
+    ScoreTurn,
+    Transcribe,
+)
+from hark.session.core import Session
+
+if TYPE_CHECKING:
+    from hark.tools.mcp_client import McpClients
+
+log = logging.getLogger(__name__)
+
+# Long appends are denoised (``Denoise``) on threads of their own, so that uploads never hold
+# up what the default executor runs (the /metrics exposition, model loads). Each session has
+# at most one job; a closed session's job that has not started is dropped.
+_DENOISE_POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hark-denoise")
+# The most audio (seconds) of a session waiting for or in the ASR: two full input buffers. A
+# client committing audio faster than the ASR hears it would otherwise queue all it sends;
+# past this, a request fails at once (its item's transcription failed) and the session goes on.
+MAX_TRANSCRIBING_S = 600.0
+
+# The runner's way into the core: an input of the core and its arguments.
+CoreCall = Callable[..., None]
+
+
+def engine_failed(session_id: str, what: str, exc: Exception) -> str:
+    """Log an engine's failure at ``what``; what the client is told of it. A stage's timeout
+    names the stage; any other error only gets an id, which the log line carries: an
+    engine's error may name internal URLs and hosts."""
+    if isinstance(exc, StageTimeoutError):
+        log.warning("session %s: %s failed: %s", session_id, what, exc)
+        return str(exc)
+    error_id = "err_" + secrets.token_hex(6)
+    log.error("session %s: %s failed (%s)", session_id, what, error_id, exc_info=exc)
+    return f"The server's engine failed ({error_id}); its log has the details."
+
+
+class EngineWork:
+    """The engine work of one session other than generation, each job a task of its own."""
+
+    def __init__(self, engines: Engines, session: Session) -> None:
+        """``session``: the core whose inputs ``call`` is given."""
+        self._engines = engines
+        self._session = session
+        self._tasks: set[asyncio.Task[None]] = set()
+        # Seconds of audio in the ASR requests running (``MAX_TRANSCRIBING_S``).
+        self._transcribing_s = 0.0
+        # Recognition running (steps and whole items), by request id (CancelRecognition).
+        self._recognitions: dict[str, asyncio.Task[None]] = {}
+        # The LLM's read-ahead: a newer prefill reads all an older one would, so it replaces it.
+        self._prefilling: asyncio.Task[None] | None = None
+        # The session's MCP connections (made on first use) and its calls, by response id.
+        self._mcp: McpClients | None = None
+        self._mcp_calls: dict[str, set[asyncio.Task[None]]] = {}
+
+    async def recognition_idle(self) -> None:
+        """Return once no recognition (a step, or an item's audio whole) runs or waits
+        (including the steps that finishing ones start)."""
+        while self._recognitions:
+            await asyncio.wait(list(self._recognitions.values()))
+
+    def stop(self) -> list[asyncio.Task[None]]:
+        """Cancel every job and forget them: the tasks, for the caller to wait for."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        self._recognitions.clear()
+        self._mcp_calls.clear()
+        self._prefilling = None
+        return tasks
+
+    async def close(self) -> None:
+        """Close the MCP connections (after ``stop``)."""
+        if self._mcp is not None:
+            await self._mcp.close_all()
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # ------------------------------------------------------------------ noise reduction
+
+    def denoise(self, action: Denoise, call: CoreCall) -> None:
+        """Run a ``Denoise`` job on the denoising threads."""
+        self._spawn(self._denoise(action, call), f"denoise {action.job_id}")
+
+    async def _denoise(self, action: Denoise, call: CoreCall) -> None:
+        # soxr and librnnoise release the GIL: the loop serves other sessions meanwhile. Closing
+        # the session cancels the wait; the thread finishes its job and the result is dropped.
+        try:
+            loop = asyncio.get_running_loop()
+            pcm = await loop.run_in_executor(_DENOISE_POOL, action.denoise, action.pcm)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("session %s: noise reduction failed", self._session.id)
+            call(self._session.on_denoise_failed, action.job_id, str(exc))
+            return
+        call(self._session.on_denoised, action.job_id, pcm)
+
+    # ------------------------------------------------------------------ ASR
+
+    def cancel_recognition(self, request_id: str) -> None:
+        """Stop a transcription or recognition request, if it still runs."""
+        running = self._recognitions.pop(request_id, None)
+        if running is not None:
+            running.cancel()
+
+    def _asr_admits(self, request_id: str, seconds: float, call: CoreCall) -> bool:
+        """Whether ``seconds`` more of the session's audio may go to the ASR (counted until
+        its request ends); if not, the request fails now."""
+        if self._transcribing_s + seconds <= MAX_TRANSCRIBING_S:
+            self._transcribing_s += seconds
+            return True
+        self._recognitions.pop(request_id, None)
+        message = (
+            f"Over {MAX_TRANSCRIBING_S:.0f} s of this session's audio already waits for "
+            "transcription."
+        )
+        call(self._session.on_transcription_failed, request_id, message)
+        return False
+
+    def transcribe(self, action: Transcribe, call: CoreCall) -> None:
+        """Transcribe an item's audio whole."""
+        self._recognitions[action.request_id] = self._spawn(
+            self._transcribe(action, call), f"asr {action.request_id}"
+        )
+
+    async def _transcribe(self, action: Transcribe, call: CoreCall) -> None:
+        seconds = len(action.audio) / self._engines.asr.sample_rate
+        if not self._asr_admits(action.request_id, seconds, call):
+            return
+        try:
+            await self._run_transcription(action, seconds, call)
+        finally:
+            self._transcribing_s -= seconds
+
+    async def _run_transcription(self, action: Transcribe, seconds: float, call: CoreCall) -> None:
+        session = self._session
+        asr = self._engines.asr
+        text = ""
+        heard: str | None = None
+        try:
+            async with limit(self._engines.timeouts.asr_request, "ASR request"):
+                if action.language is None:
+                    # Told first, so that the transcript is made in a language the session
+                    # allows, and the client hears which.
+                    heard = await asr.detect_language(action.audio, languages=action.languages)
+                async for delta in asr.transcribe(
+                    action.audio, language=action.language or heard, prompt=action.prompt
+                ):
+                    text += delta
+                    call(session.on_transcription_delta, action.request_id, delta)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            message = engine_failed(session.id, f"transcription {action.request_id}", exc)
+            self._recognitions.pop(action.request_id, None)
+            call(session.on_transcription_failed, action.request_id, message)
+            return
+        self._recognitions.pop(action.request_id, None)
+        call(session.on_transcription_done, action.request_id, text.strip(), seconds, heard)
+
+    def recognise(self, action: Recognise, call: CoreCall) -> None:
+        """Recognise a step of the turn (or an item) with word timings."""
+        task = self._spawn(self._run_recognition(action, call), f"asr {action.request_id}")
+        self._recognitions[action.request_id] = task
+
+    async def _run_recognition(self, action: Recognise, call: CoreCall) -> None:
+        seconds = len(action.request.audio) / self._engines.asr.sample_rate
+        if not self._asr_admits(action.request_id, seconds, call):
+            return
+        try:
+            await self._recognise_step(action, call)
+        finally:
+            self._transcribing_s -= seconds
+
+    async def _recognise_step(self, action: Recognise, call: CoreCall) -> None:
+        session = self._session
+        try:
+            async with limit(self._engines.timeouts.asr_request, "ASR request"):
+                transcript = await self._engines.asr.recognise(action.request)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            message = engine_failed(session.id, f"recognition {action.request_id}", exc)
+            self._recognitions.pop(action.request_id, None)
+            call(session.on_transcription_failed, action.request_id, message)
+            return
+        self._recognitions.pop(action.request_id, None)
+        call(session.on_recognised, action.request_id, transcript)
+
+    # ------------------------------------------------------------------ LLM and turn model
+
+    def prefill(self, action: Prefill) -> None:
+        """Have the LLM read a prompt ahead, in place of any older read-ahead."""
+        if self._prefilling is not None:
+            # What the older one read stays in the engine's cache.
+            self._prefilling.cancel()
+        self._prefilling = self._spawn(self._prefill(action), "prefill")
+
+    async def _prefill(self, action: Prefill) -> None:
+        try:
+            await self._engines.llm.prefill(action.request)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # Only an optimisation: the next generation reads the prompt itself.
+            log.warning("session %s: LLM prefill failed", self._session.id, exc_info=True)
+
+    def score_turn(self, action: ScoreTurn, call: CoreCall) -> None:
+        """Ask the end-of-turn model whether the words so far end the turn."""
+        self._spawn(self._score_turn(action, call), f"turn {action.key}")
+
+    async def _score_turn(self, action: ScoreTurn, call: CoreCall) -> None:
+        session = self._session
+        try:
+            probability = await self._engines.turn.probability(
+                action.transcript, context=action.context
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("session %s: end-of-turn scoring failed", session.id)
+            call(session.on_turn_score_failed, action.key)
+            return
+        call(session.on_turn_score, action.key, probability)
+
+    # ------------------------------------------------------------------ MCP
+
+    def _mcp_clients(self) -> McpClients:
+        if self._mcp is None:
+            # Imported on first use: most sessions never reach an MCP server.
+            from hark.tools.mcp_client import McpClients
+
+            self._mcp = McpClients()
+        return self._mcp
+
+    def list_mcp_tools(self, action: ListMcpTools, call: CoreCall) -> None:
+        """List an MCP server's tools for the session."""
+        self._spawn(self._list_mcp_tools(action, call), f"mcp list {action.server.label}")
+
+    async def _list_mcp_tools(self, action: ListMcpTools, call: CoreCall) -> None:
+        from hark.tools.mcp_client import McpCallFailed
+
+        session = self._session
+        try:
+            tools = await self._mcp_clients().connection(action.server).list_tools()
+        except McpCallFailed as exc:
+            # The message names no header or token: see hark.tools.mcp_client.
+            log.warning(
+                "session %s: MCP server %s not listed: %s", session.id, action.server.label, exc
+            )
+            call(session.on_mcp_list_failed, action.item_id, exc.error)
+            return
+        call(session.on_mcp_tools_listed, action.item_id, tools)
+
+    def call_mcp_tool(self, action: CallMcpTool, call: CoreCall) -> None:
+        """Call a tool of an MCP server for a response (cancelled with the response)."""
+        task = self._spawn(self._run_mcp_call(action, call), f"mcp call {action.item_id}")
+        calls = self._mcp_calls.setdefault(action.response_id, set())
+        calls.add(task)
+
+        def forget(_: object) -> None:
+            calls.discard(task)
+            if not calls and self._mcp_calls.get(action.response_id) is calls:
+                del self._mcp_calls[action.response_id]
+
+        task.add_done_callback(forget)
+
+    async def _run_mcp_call(self, action: CallMcpTool, call: CoreCall) -> None:
+        from hark.tools.mcp_client import McpCallFailed
+
+        session = self._session
+        connection = self._mcp_clients().connection(action.server)
+        try:
+            output = await connection.call_tool(action.name, action.arguments)
+        except McpCallFailed as exc:
+            call(session.on_mcp_call_failed, action.response_id, action.item_id, exc.error)
+            return
+        call(session.on_mcp_call_done, action.response_id, action.item_id, output)
+
+    def cancel_mcp_calls(self, response_id: str) -> None:
+        """Stop a cancelled response's MCP calls."""
+        for task in self._mcp_calls.pop(response_id, ()):
+            task.cancel()
+
+    def close_mcp_server(self, label: str) -> None:
+        """Close the session's connection to an MCP server, if it has one."""
+        if self._mcp is not None:
+            self._spawn(self._mcp.close(label), f"mcp close {label}")
