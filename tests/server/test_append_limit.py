@@ -17,8 +17,7 @@ import pytest
 
 from hark.config import Settings
 from hark.engines.registry import Engines
-from hark.session.core import MAX_APPEND_BYTES, MiB
-from hark.transports.websocket import MAX_MESSAGE_BYTES
+from hark.protocol.limits import MAX_APPEND_BYTES, MAX_MESSAGE_BYTES, MiB
 
 from .conftest import API_KEY, StartServer, bearer
 

@@ -19,9 +19,8 @@ from hark.engines.fake import FakeAsr, FakeTts
 from hark.engines.registry import Engines
 from hark.engines.vad.batcher import BatchedSileroVad
 from hark.observability.session_metrics import SessionMetrics
+from hark.protocol.limits import MAX_APPEND_BYTES, MAX_MESSAGE_BYTES
 from hark.server.app import create_app, make_runner
-from hark.session.core import MAX_APPEND_BYTES
-from hark.transports.websocket import MAX_MESSAGE_BYTES
 from tests.conftest import shared_end_of_turn
 from tests.helpers.net import bearer
 

@@ -27,7 +27,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from yarl import URL
 
 from hark.cluster.store import WorkerInfo
-from hark.transports.websocket import MAX_MESSAGE_BYTES
+from hark.protocol.limits import MAX_MESSAGE_BYTES
 
 logger = logging.getLogger(__name__)
 

@@ -32,6 +32,7 @@ from hark.protocol import client_events as ce
 from hark.protocol import items as wire
 from hark.protocol import server_events as se
 from hark.protocol.errors import ProtocolError, from_validation_error
+from hark.protocol.limits import MAX_APPEND_BYTES, MiB
 from hark.protocol.response_params import ResponseParams, parse_response_params
 from hark.protocol.session_config import (
     SessionConfig,
@@ -52,10 +53,6 @@ from hark.session.response_lifecycle import ResponseLifecycle, voice_name
 from hark.session.speculation import Speculation
 from hark.session.turn_taking import TurnTaking
 
-MiB = 1024 * 1024
-# The one definition of the append limit ("15 MiB per event"): the base64 text of an
-# append's audio. The WebSocket transport's frame limit derives from it; the README states it.
-MAX_APPEND_BYTES = 15 * MiB
 # The most audio an append can carry: its base64 is at most MAX_APPEND_BYTES long.
 _MAX_APPEND_AUDIO = MAX_APPEND_BYTES // 4 * 3
 SESSION_LIMIT_S = 60 * 60

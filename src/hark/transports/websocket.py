@@ -25,15 +25,11 @@ from aiohttp._websocket.reader import WebSocketDataQueue, WebSocketReader
 from aiohttp.helpers import DEFAULT_CHUNK_SIZE
 from aiohttp.web_request import BaseRequest
 
-from hark.session.core import MAX_APPEND_BYTES, MiB
+from hark.protocol.limits import MAX_MESSAGE_BYTES
 from hark.transports.input_budget import InputBudget, InputGate
 
 logger = logging.getLogger(__name__)
 
-# The largest append the session accepts (its base64 audio) and room for the JSON around
-# it: an append just over the session's limit still reaches the session, which answers with
-# an error event and goes on; larger frames close the connection with 1009 (message too big).
-MAX_MESSAGE_BYTES = MAX_APPEND_BYTES + MiB
 # Pings find dead peers (a laptop lid closed, a NAT forgot us) whose sessions would
 # otherwise hold engine work until the 60-minute limit: a connection silent for this long is
 # pinged, and closed if it stays silent for half as long again. aiohttp's own heartbeat
@@ -50,7 +46,7 @@ STALLED_CLOSE_SECONDS = 5.0
 
 
 class RealtimeSession(Protocol):
-    """What the transport drives (``hark.driver.runner.SessionRunner``)."""
+    """What the transport drives (``hark.session.runner.SessionRunner``)."""
 
     async def start(self) -> None:
         """Begin the session (queues ``session.created``)."""

@@ -8,6 +8,7 @@ import time
 
 from aiohttp import web
 
+from hark.protocol.limits import MAX_MESSAGE_BYTES
 from hark.protocol.translation import TranslationConfig
 from hark.server.access import WEBSOCKET_KEY, principal, requires
 from hark.server.admission import admit_websocket_session, release_session
@@ -16,7 +17,7 @@ from hark.server.errors import error_response
 from hark.server.state import ENGINES, SESSION_LIMIT, STATE
 from hark.session.translation import TranslationSession
 from hark.transports.translation import run_translation
-from hark.transports.websocket import MAX_MESSAGE_BYTES, REALTIME_SUBPROTOCOL
+from hark.transports.websocket import REALTIME_SUBPROTOCOL
 
 logger = logging.getLogger(__name__)
 
