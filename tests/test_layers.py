@@ -71,6 +71,15 @@ def test_a_clean_tree_passes(tmp_path: Path) -> None:
             "hark.session.outbox imports asyncio: the session core is sans-I/O",
         ),
         (
+            # The driver left session/: none of it may do I/O any more.
+            {"hark/session/runner.py": "import asyncio\n"},
+            "hark.session.runner imports asyncio: the session core is sans-I/O",
+        ),
+        (
+            {"hark/session/core.py": "from hark.driver.runner import SessionRunner\n"},
+            "hark.session.core imports hark.driver.runner: imports a layer above its own",
+        ),
+        (
             {"hark/engines/tts.py": "from hark.protocol import session_config\n"},
             "hark.engines.tts imports hark.protocol: engines know no session",
         ),
@@ -93,7 +102,7 @@ def test_a_broken_contract_fails(tmp_path: Path, files: dict[str, str], message:
     assert message in result.stdout
 
 
-def test_type_checking_imports_and_the_io_side_are_left_out(tmp_path: Path) -> None:
+def test_type_checking_imports_and_the_driver_are_left_out(tmp_path: Path) -> None:
     src = _tree(
         tmp_path,
         {
@@ -102,7 +111,8 @@ def test_type_checking_imports_and_the_io_side_are_left_out(tmp_path: Path) -> N
                 "if TYPE_CHECKING:\n    from hark.server import app\n"
             ),
             "hark/server/app.py": "from hark.protocol import events\n",
-            "hark/session/runner.py": "import asyncio\nimport time\n",
+            "hark/driver/runner.py": "import asyncio\nimport time\nfrom hark.session import core\n",
+            "hark/session/core.py": "X = 1\n",
         },
     )
     result = _run(src)

@@ -46,7 +46,7 @@ STALLED_CLOSE_SECONDS = 5.0
 
 
 class RealtimeSession(Protocol):
-    """What the transport drives (``hark.session.runner.SessionRunner``)."""
+    """What the transport drives (``hark.driver.runner.SessionRunner``)."""
 
     async def start(self) -> None:
         """Begin the session (queues ``session.created``)."""
