@@ -104,6 +104,8 @@ class Settings:
     sip_invite_rate: float = DEFAULTS["sip_invite_rate"]
     sip_max_calls: int = DEFAULTS["sip_max_calls"]
     sip_rtp_timeout: float = DEFAULTS["sip_rtp_timeout"]
+    twilio_auth_token: str | None = field(default=DEFAULTS["twilio_auth_token"], repr=False)
+    twilio_url: str | None = DEFAULTS["twilio_url"]
     llm_first_token_timeout: float = DEFAULTS["llm_first_token_timeout"]
     llm_token_timeout: float = DEFAULTS["llm_token_timeout"]
     tts_clause_timeout: float = DEFAULTS["tts_clause_timeout"]
@@ -429,7 +431,7 @@ def _validate_relay(values: dict[str, Any]) -> None:
 
 
 def _validate_sip(values: dict[str, Any]) -> None:
-    from hark.server.webhooks import WebhookSecretError, secret_key
+    from hark.protocol.webhook_signing import WebhookSecretError, secret_key
 
     _validate_flag(values, "sip")
     if values["sip"] is None:
@@ -466,6 +468,9 @@ def _validate_sip(values: dict[str, Any]) -> None:
             # The message names the option and the problem, never the secret.
             raise ConfigError(f"sip_webhook_secret: {exc}") from None
     _validate_sip_exposure(values)
+    twilio_url = values.get("twilio_url")
+    if twilio_url is not None and not str(twilio_url).startswith(("wss://", "ws://")):
+        raise ConfigError("twilio_url must be a ws(s):// URL (the scheme and host of the stream)")
     session = values.get("sip_session")
     if session is not None:
         try:

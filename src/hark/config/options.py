@@ -37,6 +37,7 @@ GROUPS = (
     ("observability", "Observability"),
     ("fleet", "Fleet"),
     ("sip", "SIP (phones)"),
+    ("twilio", "Twilio Media Streams (phones)"),
 )
 
 
@@ -905,6 +906,35 @@ OPTIONS: tuple[Option, ...] = (
         "hang up an answered call after this long without RTP from the caller (default 60)",
         metavar="SECONDS",
         check="positive",
+    ),
+    Option(
+        "twilio_auth_token",
+        "str",
+        None,
+        "twilio",
+        "the Twilio account's auth token, which signs its Media Streams; set, streams are "
+        "taken at /twilio/stream (default: none, no Twilio endpoint)",
+        metavar="TOKEN",
+        check="string",
+        secret=True,
+        doc_default="none: no Twilio endpoint",
+        doc="the auth token of the Twilio account whose `<Connect><Stream>` reaches hark: "
+        "streams to `/twilio/stream` are taken only with its `X-Twilio-Signature`; they ring "
+        "like SIP calls, with the same webhook, default session and accept timeout",
+    ),
+    Option(
+        "twilio_url",
+        "str",
+        None,
+        "twilio",
+        "the scheme and host Twilio reaches hark at, as the stream URL names them "
+        "(wss://host); the signature covers it (default: what each request says)",
+        metavar="URL",
+        check="string",
+        doc_default="the request's own scheme and Host",
+        doc="the scheme and host of the `<Stream url>` Twilio is given (`wss://voice.example."
+        "com`): the signature covers the URL Twilio requested, which a proxy in front of hark "
+        "changes",
     ),
 )
 

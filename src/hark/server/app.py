@@ -17,6 +17,7 @@ import shutil
 import socket
 import ssl
 import tempfile
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -36,9 +37,9 @@ from hark.observability.metrics import Metrics
 from hark.observability.tracing import TurnTracer
 from hark.protocol import prompts
 from hark.protocol.prompts import PromptStore
-from hark.protocol.session_config import parse_session_config
+from hark.protocol.session_config import SessionConfig, parse_session_config
 from hark.server import cors
-from hark.server.access import authentication
+from hark.server.access import PUBLIC, authentication, requires
 from hark.server.admission import admit_session, release_in_background, usage_counter
 from hark.server.auth import Authenticator, check_bind_policy
 from hark.server.demo import DEMO_KEY_SECONDS, DemoPage
@@ -72,12 +73,13 @@ from hark.server.state import (
     STATE,
     ServerState,
 )
-from hark.server.webhooks import WebhookSender
+from hark.server.webhooks import WebhookSender, incoming_call_event
 from hark.session.core import SESSION_LIMIT_S
 from hark.tools import egress
-from hark.transports.call import CallHost, CallRegistry, MediaCall
-from hark.transports.sip.service import SipHooks, SipService
+from hark.transports.call import CallHooks, CallHost, CallRegistry, MediaCall
+from hark.transports.sip.service import SipService
 from hark.transports.sip.transaction import Timers
+from hark.transports.twilio import TwilioStreams
 from hark.transports.webrtc.calls import Calls
 from hark.transports.webrtc.udp_mux import UdpMux, behind_relay
 
@@ -181,8 +183,11 @@ def create_app(
     if settings.sip:
         app[SIP] = _sip_service(app, settings)
         registries.append(app[SIP])
+    if settings.twilio_auth_token:
+        registries.append(_twilio_streams(app, settings))
     for registry in registries:
         registry.on_closed = lambda call: _call_ended(app, call)
+        app.add_routes(_checked_by_itself(route) for route in registry.routes())
     app[CALL_REGISTRIES] = registries
     demo = DemoPage.for_settings(app[AUTHENTICATOR], settings)
     if demo.enabled:
@@ -218,28 +223,83 @@ def create_app(
     return app
 
 
-def _sip_service(app: web.Application, settings: Settings) -> SipService:
-    """The SIP service of ``settings`` (started with the app)."""
-    host = settings.sip_host or settings.host
+def _call_hooks(app: web.Application) -> CallHooks:
+    """What a registry of calls that ring needs of the server."""
     state, limits = app[STATE], app[LIMITS]
 
     async def admit(owner: str) -> bool:
         return await admit_session(app, owner) is None
 
-    hooks = SipHooks(
+    return CallHooks(
         register=lambda call_id, owner: app[NODE].register_call(call_id, owner),
         admit=admit,
         usage=lambda owner: usage_counter(limits, owner),
         ready=state.engines_ready,
         accepting=lambda: not state.draining,
     )
+
+
+def _call_session(settings: Settings) -> SessionConfig | None:
+    """The session of calls answered without a webhook (``sip_session``)."""
+    # Validated with the settings: it parses.
+    return parse_session_config(json.loads(settings.sip_session)) if settings.sip_session else None
+
+
+def _checked_by_itself(route: web.RouteDef) -> web.RouteDef:
+    """A registry's own route, which checks its callers itself (Twilio's signature): no
+    key is asked of them."""
+    handler = route.handler
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        return await handler(request)
+
+    return web.route(route.method, route.path, requires(PUBLIC)(handle), **route.kwargs)
+
+
+def _twilio_streams(app: web.Application, settings: Settings) -> TwilioStreams:
+    """The Twilio stream endpoint of ``settings``: its calls ring like SIP's, with the same
+    webhook, default session and accept timeout."""
+    assert settings.twilio_auth_token is not None
+    announce = None
+    if settings.sip_webhook_url and settings.sip_webhook_secret:
+        webhook = WebhookSender(settings.sip_webhook_url, settings.sip_webhook_secret)
+
+        async def announce(call_id: str, headers: list[tuple[str, str]]) -> bool:
+            event = incoming_call_event(
+                webhook.new_event_id(),
+                call_id,
+                headers,
+                created_at=int(time.time()),
+                media_security=None,
+            )
+            delivery = webhook.send(event)
+            return delivery is not None and (await delivery).delivered
+
+        async def close_webhook(app: web.Application) -> None:
+            await webhook.aclose()
+
+        app.on_cleanup.append(close_webhook)
+    return TwilioStreams(
+        app[CALL_HOST],
+        _call_hooks(app),
+        auth_token=settings.twilio_auth_token,
+        model=REALTIME_MODEL,
+        public_url=settings.twilio_url,
+        announce=announce,
+        default_session=_call_session(settings),
+        accept_timeout_s=settings.sip_accept_timeout,
+    )
+
+
+def _sip_service(app: web.Application, settings: Settings) -> SipService:
+    """The SIP service of ``settings`` (started with the app)."""
+    host = settings.sip_host or settings.host
+    state = app[STATE]
+    hooks = _call_hooks(app)
     webhook = None
     if settings.sip_webhook_url and settings.sip_webhook_secret:
         webhook = WebhookSender(settings.sip_webhook_url, settings.sip_webhook_secret)
-    session = None
-    if settings.sip_session:
-        # Validated with the settings: it parses.
-        session = parse_session_config(json.loads(settings.sip_session))
+    session = _call_session(settings)
     tls_port, ssl_context = settings.sip_tls_port, None
     if tls_port is not None and settings.sip_tls_cert and settings.sip_tls_key:
         try:

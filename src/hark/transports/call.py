@@ -11,7 +11,10 @@ A ``CallHost``, built once by the server, makes every session's runner: WebSocke
 and calls of every transport alike.
 
 A ``CallRegistry`` is a transport's calls on one worker: the server loops over its
-registries to start them, find calls by id, count, drain and close them.
+registries to start them, find calls by id, count, drain and close them, and adds the routes
+a registry brings (Twilio's stream endpoint). What the API may do with a call besides
+hanging it up (accept, reject, refer) the call says (``actions``) and does itself, so the
+call routes name no transport.
 
 Ending always releases the same things in the same order: the session (its engine work),
 the call's tasks, the transport's media, and last the sideband sockets.
@@ -22,9 +25,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 from aiohttp import WSCloseCode, web
 
@@ -44,6 +47,10 @@ END_FLUSH_TIMEOUT_S = 1.0
 # Events held until the first sideband attaches, for a call with no event channel of its
 # own (a phone); beyond that the oldest are dropped.
 MAX_HELD_EVENTS = 1000
+
+# A call that rings waits ``pending`` for the API's accept or reject; every call is
+# ``accepted`` once it has a session, and ``ended`` once it closed.
+CallState = Literal["pending", "accepted", "ended"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,9 +86,30 @@ class CallHost:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class CallHooks:
+    """What a registry of calls that ring (SIP, Twilio) needs from the server around it.
+
+    ``register``: the cluster learns a call (id, owner); ``admit``: count a new session of
+    an owner against its limits (False: refused); ``usage``: what counts an owner's tokens;
+    ``ready``: wait for the engines, whether they loaded; ``accepting``: False while the
+    worker drains. (A call that ended is told to the registry's ``on_closed``.)
+    """
+
+    register: Callable[[str, str], Awaitable[None]]
+    admit: Callable[[str], Awaitable[bool]]
+    usage: Callable[[str], Callable[[int], None] | None]
+    ready: Callable[[], Awaitable[bool]]
+    accepting: Callable[[], bool]
+
+
 class CallStateError(Exception):
     """The call is not in a state that allows the request (accept twice, refer unanswered,
     a sideband before the call is answered)."""
+
+
+class CallTypeError(Exception):
+    """The call's transport does not allow the request at all (accepting a WebRTC call)."""
 
 
 class MediaCall:
@@ -97,6 +125,11 @@ class MediaCall:
     # Whether the call has an event channel of its own (``_send_to_channel``), as WebRTC's
     # data channel, besides its sidebands.
     has_channel: ClassVar[bool] = False
+    # The transport in the API's words, for refusals ("WebRTC", "SIP").
+    kind: ClassVar[str] = "media"
+    # What the API may do with the call besides hanging it up: ``accept`` and ``reject``
+    # (a call that rings), ``refer`` (a transfer).
+    actions: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(
         self,
@@ -109,6 +142,7 @@ class MediaCall:
         self.id = call_id
         self.owner = owner
         self.runner = None
+        self.state: CallState = "accepted"
         self.admitted = False
         # Which of its registry's calls this is, in the order they were opened (1, 2, …).
         self.opened_as = 0
@@ -172,6 +206,26 @@ class MediaCall:
             self.closed.set()
             if self._on_closed is not None:
                 self._on_closed(self)
+
+    async def accept(self, config: SessionConfig | None, owner: str) -> None:
+        """Answer the ringing call with a session of ``config`` (None: the transport's
+        default) owned by ``owner``. Raises ``CallTypeError`` where ``accept`` is not one of
+        ``actions``, ``CallStateError`` for a call no longer ringing."""
+        raise CallTypeError(self.refusal("accepted"))
+
+    def reject(self, status: int = 603) -> None:
+        """Decline the ringing call with ``status`` (a SIP final status); raises as
+        ``accept`` does."""
+        raise CallTypeError(self.refusal("rejected"))
+
+    async def refer(self, target_uri: str) -> int:
+        """Transfer the answered call to ``target_uri``; the transfer's final SIP status.
+        Raises as ``accept`` does, and ``TimeoutError``."""
+        raise CallTypeError(self.refusal("referred"))
+
+    def refusal(self, done: str) -> str:
+        """Why the call cannot be ``done`` ("accepted"), in the API's words."""
+        return f"This is a {self.kind} call; it cannot be {done}."
 
     async def _flush(self) -> None:
         """Wait (boundedly) until the call's own channel has sent its last events."""
@@ -243,7 +297,8 @@ class CallRegistry(Protocol):
     ``name`` says which transport (``webrtc``, ``sip``: the key under which ``/readyz``
     says why it could not start); ``listening`` what it listens on, for that message;
     ``media_address`` where its media arrives (``host:port``) once started, if it has one
-    address for all calls; ``on_closed`` is told of every call that ended.
+    address for all calls; ``on_closed`` is told of every call that ended; ``routes`` are
+    the HTTP routes it serves itself (none for most).
     """
 
     name: str
@@ -273,6 +328,10 @@ class CallRegistry(Protocol):
 
     def get(self, call_id: str) -> MediaCall | None:
         """The live call with this id, if any."""
+        ...
+
+    def routes(self) -> list[web.RouteDef]:
+        """Routes of its own the server adds (a media WebSocket); usually none."""
         ...
 
     def __len__(self) -> int: ...

@@ -1,11 +1,12 @@
 """Calls: ``POST /v1/realtime/calls`` (and the beta ``POST /v1/realtime``) answers a WebRTC
-SDP offer; a SIP call that rang is answered with ``POST /v1/realtime/calls/{call_id}/accept``
-(a session config), declined with ``/reject`` or transferred with ``/refer``; ``/hangup`` ends
-a call of either kind, and a WebSocket to ``/v1/realtime?call_id=…`` attaches to a call's
-events (a sideband). Each works on any worker: what belongs to another worker is forwarded
-to it.
+SDP offer; a call that rang (SIP, Twilio) is answered with
+``POST /v1/realtime/calls/{call_id}/accept`` (a session config), declined with ``/reject`` or
+transferred with ``/refer``, where the call's transport allows it (``MediaCall.actions``);
+``/hangup`` ends a call of any kind, and a WebSocket to ``/v1/realtime?call_id=…`` attaches
+to a call's events (a sideband). Each works on any worker: what belongs to another worker
+is forwarded to it.
 
-A SIP call belongs to no key while it rings: any real API key of the server may accept or
+A call that rings belongs to no key while it rings: any real API key of the server may accept or
 reject it (as OpenAI lets the project that owns the trunk), and the key that accepts it owns
 it from then on. A call answered without a webhook stays everyone's (any real key).
 
@@ -52,12 +53,10 @@ from hark.server.state import (
     METRICS,
     NODE,
     REALTIME_MODEL,
-    SIP,
     STATE,
 )
 from hark.transports.beta import is_beta
 from hark.transports.call import CallStateError, MediaCall
-from hark.transports.sip.phone_call import PhoneCall
 from hark.transports.sip.sdp import SdpError
 from hark.transports.webrtc.sdp import MAX_OFFER_BYTES, OfferError
 from hark.transports.websocket import REALTIME_SUBPROTOCOL, websocket_response
@@ -77,6 +76,8 @@ BETA_CALLS_PATH = "/v1/realtime"
 MAX_TARGET_URI_CHARS = 1024
 # A SIP or tel URI as a Refer-To header carries it: no spaces, angle brackets, quotes or
 # control characters, which would break out of the header.
+# The API's call actions, as a refusal words them.
+_DONE = {"accept": "accepted", "reject": "rejected", "refer": "referred"}
 _TARGET_URI = re.compile(r"(?:sips?:[^\s<>\"]+|tel:\+?[0-9A-Da-d*#().\-]+(?:;[^\s<>\"]*)?)")
 
 
@@ -286,10 +287,10 @@ async def hangup_call(request: web.Request) -> web.Response:
 
 @requires(api_key_only("Ephemeral keys cannot accept calls."))
 async def accept_call(request: web.Request) -> web.Response:
-    """Answer a ringing SIP call with the session config in the body (as the SDK's
+    """Answer a ringing call with the session config in the body (as the SDK's
     ``client.realtime.calls.accept`` sends it); the accepting key owns the call."""
     caller = principal(request)
-    call = await _find_phone_call(request, caller, "accept")
+    call = await _find_call_for(request, caller, "accept")
     if isinstance(call, web.Response):
         return call
     try:
@@ -318,7 +319,7 @@ async def accept_call(request: web.Request) -> web.Response:
     # From here on, the call's end releases the session it counts as.
     call.admitted = True
     try:
-        await request.app[SIP].accept(call, config, caller.owner)
+        await call.accept(config, caller.owner)
     except SdpError as exc:
         return error_response(
             400,
@@ -333,14 +334,15 @@ async def accept_call(request: web.Request) -> web.Response:
         return error_response(
             503, "No RTP port is free for the call.", type="server_error", code="rtp_unavailable"
         )
+    await request.app[NODE].register_call(call.id, caller.owner)
     logger.info("call %s accepted by %s (model %r)", call.id, caller.owner, config.model)
     return web.Response(status=200)
 
 
 @requires(api_key_only("Ephemeral keys cannot reject calls."))
 async def reject_call(request: web.Request) -> web.Response:
-    """Decline a ringing SIP call with ``status_code`` (default 603 Decline)."""
-    call = await _find_phone_call(request, principal(request), "reject")
+    """Decline a ringing call with ``status_code`` (default 603 Decline)."""
+    call = await _find_call_for(request, principal(request), "reject")
     if isinstance(call, web.Response):
         return call
     try:
@@ -366,9 +368,9 @@ async def reject_call(request: web.Request) -> web.Response:
 
 @requires(api_key_only("Ephemeral keys cannot transfer calls."))
 async def refer_call(request: web.Request) -> web.Response:
-    """Transfer an answered SIP call to ``target_uri`` (``tel:`` or ``sip:``) with a REFER;
-    answers once the transfer's outcome is known."""
-    call = await _find_phone_call(request, principal(request), "refer")
+    """Transfer an answered call to ``target_uri`` (``tel:`` or ``sip:``), a SIP call with a
+    REFER; answers once the transfer's outcome is known."""
+    call = await _find_call_for(request, principal(request), "refer")
     if isinstance(call, web.Response):
         return call
     try:
@@ -417,20 +419,17 @@ async def refer_call(request: web.Request) -> web.Response:
     return web.Response(status=200)
 
 
-async def _find_phone_call(
-    request: web.Request, caller: Principal, kind: str
-) -> PhoneCall | web.Response:
-    """The SIP call of the request, here; what is elsewhere is forwarded to its worker and
-    the worker's answer returned."""
+async def _find_call_for(
+    request: web.Request, caller: Principal, action: str
+) -> MediaCall | web.Response:
+    """The call of the request, here, if its transport allows ``action``; what is elsewhere
+    is forwarded to its worker and the worker's answer returned."""
     call = await _find_call(request, caller, request.match_info["call_id"])
     if isinstance(call, WorkerInfo):
-        return await _forward(request, call, kind)
-    if isinstance(call, MediaCall) and not isinstance(call, PhoneCall):
+        return await _forward(request, call, action)
+    if isinstance(call, MediaCall) and action not in call.actions:
         return error_response(
-            400,
-            f"Only SIP calls can be {kind}ed; this is a WebRTC call.",
-            param="call_id",
-            code="invalid_call_type",
+            400, call.refusal(_DONE[action]), param="call_id", code="invalid_call_type"
         )
     return call
 
@@ -445,7 +444,7 @@ def _json_object(body: bytes) -> dict[str, Any]:
     return value
 
 
-def _wrong_state(call: PhoneCall, action: str) -> web.Response:
+def _wrong_state(call: MediaCall, action: str) -> web.Response:
     state = {"pending": "ringing", "accepted": "answered"}.get(call.state, call.state)
     if call.closed.is_set() or call.close_reason is not None:
         state = "ended"
@@ -481,7 +480,7 @@ async def attach_sideband(request: web.Request, call_id: str) -> web.StreamRespo
     )
     if not ws.can_prepare(request).ok:
         return error_response(400, "Expected a WebSocket upgrade request.")
-    if isinstance(call, PhoneCall) and call.state != "accepted":
+    if isinstance(call, MediaCall) and call.state != "accepted":
         return error_response(
             409,
             "The call has not been accepted; accept it before attaching to it.",

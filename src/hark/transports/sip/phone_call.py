@@ -33,9 +33,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Literal
 
 from hark.driver.runner import SessionRunner
+from hark.protocol.session_config import SessionConfig
 from hark.transports.call import CallStateError, MediaCall
 from hark.transports.sip.dtmf import digit_from_info
 from hark.transports.sip.media import RtpPacer, RtpSession
@@ -48,9 +48,11 @@ logger = logging.getLogger(__name__)
 # call without one after 32 s; by then the media no longer matters).
 ACK_WAIT_S = 32.0
 
-CallState = Literal["pending", "accepted", "ended"]
+# The session of an accepted call: made around its RTP session (the player), from the
+# accepted config (None: the service's default) for the accepting owner.
+RunnerFor = Callable[[RtpSession, SessionConfig | None, str], SessionRunner]
 
-__all__ = ["ACK_WAIT_S", "CallState", "CallStateError", "PhoneCall"]
+__all__ = ["ACK_WAIT_S", "CallStateError", "PhoneCall", "RunnerFor"]
 
 
 class PhoneCall(MediaCall):
@@ -63,13 +65,18 @@ class PhoneCall(MediaCall):
     the call ends (BYE) when the caller's RTP stops for that long (None: never).
     ``echo_cancellation``: the reply's echo is taken out of the caller's audio. A phone
     has no event channel: the events made before the first sideband attaches (the backend
-    connects after its accept) are held for it.
+    connects after its accept) are held for it. ``runner_for`` makes the session of an
+    accepted call.
     """
+
+    kind = "SIP"
+    actions = frozenset({"accept", "reject", "refer"})
 
     def __init__(
         self,
         call_id: str,
         incoming: IncomingCall,
+        runner_for: RunnerFor,
         *,
         bind_host: str,
         advertise_ip: str,
@@ -82,7 +89,8 @@ class PhoneCall(MediaCall):
         super().__init__(call_id, "", on_closed=on_closed, hold_for_sideband=True)
         self.incoming = incoming
         self.media: RtpSession | None = None
-        self.state: CallState = "pending"
+        self.state = "pending"
+        self._runner_for = runner_for
         # Set once the call is no longer pending (accepted, rejected or ended).
         self.settled = asyncio.Event()
         self._bind_host = bind_host
@@ -101,10 +109,10 @@ class PhoneCall(MediaCall):
         """Tell the caller the call is ringing (180)."""
         self.incoming.ringing()
 
-    async def accept(self, runner_for: Callable[[RtpSession], SessionRunner], owner: str) -> None:
-        """Answer the caller with the session ``runner_for`` makes around the call's RTP
-        session (its player). Raises ``SdpError`` (the call is rejected with 488 then) and
-        ``CallStateError``; an ``OSError`` when no RTP port is free (rejected with 503)."""
+    async def accept(self, config: SessionConfig | None, owner: str) -> None:
+        """Answer the caller with a session of ``config`` for ``owner``, around the call's
+        RTP session (its player). Raises ``SdpError`` (the call is rejected with 488 then)
+        and ``CallStateError``; an ``OSError`` when no RTP port is free (rejected with 503)."""
         if self.state != "pending" or self._closing:
             raise CallStateError(f"The call is {self._public_state()}; it cannot be accepted.")
         self.state = "accepted"
@@ -127,7 +135,7 @@ class PhoneCall(MediaCall):
             answer = media.negotiate(
                 self.incoming.offer, self._advertise_ip, secure=self.incoming.secure
             )
-            self.runner = runner = runner_for(media)
+            self.runner = runner = self._runner_for(media, config, owner)
         except CallStateError:
             raise
         except SdpError:

@@ -25,15 +25,16 @@ import asyncio
 import logging
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
+
+from aiohttp import web
 
 from hark.driver.runner import SessionRunner
 from hark.protocol.session_config import SessionConfig
 from hark.server.webhooks import WebhookSender, incoming_call_event
 from hark.session.ids import IdGenerator
-from hark.transports.call import CALL_ID_PREFIX, CallHost, MediaCall
+from hark.transports.call import CALL_ID_PREFIX, CallHooks, CallHost, MediaCall
 from hark.transports.sip.admission import DEFAULT_RATE, InviteAdmission
 from hark.transports.sip.media import RtpPacer, RtpSession
 from hark.transports.sip.phone_call import PhoneCall
@@ -57,23 +58,6 @@ UNAVAILABLE_STATUS = 503
 BUSY_STATUS = 486
 
 
-@dataclass(frozen=True, slots=True)
-class SipHooks:
-    """What the service needs from the server around it.
-
-    ``register``: the cluster learns a call (id, owner); ``admit``: count a new session of
-    an owner against its limits (False: refused); ``usage``: what counts an owner's tokens;
-    ``ready``: wait for the engines, whether they loaded; ``accepting``: False while the
-    worker drains. (A call that ended is told to the registry's ``on_closed``.)
-    """
-
-    register: Callable[[str, str], Awaitable[None]]
-    admit: Callable[[str], Awaitable[bool]]
-    usage: Callable[[str], Callable[[int], None] | None]
-    ready: Callable[[], Awaitable[bool]]
-    accepting: Callable[[], bool]
-
-
 class SipService:
     """The user agent server and the phone calls of one worker."""
 
@@ -81,7 +65,7 @@ class SipService:
         self,
         host: CallHost,
         server: UserAgentServer,
-        hooks: SipHooks,
+        hooks: CallHooks,
         *,
         model: str,
         bind_host: str,
@@ -135,7 +119,7 @@ class SipService:
     def create(
         cls,
         host: CallHost,
-        hooks: SipHooks,
+        hooks: CallHooks,
         *,
         bind_host: str,
         port: int,
@@ -202,6 +186,10 @@ class SipService:
         """The live call with this id, if any."""
         return self._calls.get(call_id)
 
+    def routes(self) -> list[web.RouteDef]:
+        """None: SIP is answered on its own port, not over HTTP."""
+        return []
+
     def __len__(self) -> int:
         return len(self._calls)
 
@@ -225,6 +213,7 @@ class SipService:
         call = PhoneCall(
             self._ids.new(CALL_ID_PREFIX),
             incoming,
+            self._runner_for,
             bind_host=self.bind_host,
             advertise_ip=self.advertise_ip,
             rtp_ports=self.rtp_ports,
@@ -238,23 +227,19 @@ class SipService:
         logger.info("call %s rings (from %s)", call.id, incoming.remote[0])
         self._spawn(self._route(call), f"{call.id} route")
 
-    async def accept(self, call: PhoneCall, config: SessionConfig | None, owner: str) -> None:
-        """Answer ``call`` with a session of ``config`` (the default session when None) for
-        ``owner``; raises what ``PhoneCall.accept`` raises."""
+    def _runner_for(
+        self, media: RtpSession, config: SessionConfig | None, owner: str
+    ) -> SessionRunner:
+        """The session of an accepted call: ``config`` (the default session when None) for
+        ``owner``, played by ``media``."""
         config = config if config is not None else self.default_session
-        on_usage = self.hooks.usage(owner)
-
-        def runner_for(media: RtpSession) -> SessionRunner:
-            return self.host.runner(
-                transport="sip",
-                model=(config.model if config is not None else None) or self.model,
-                config=config,
-                player=media,
-                on_usage=on_usage,
-            )
-
-        await call.accept(runner_for, owner)
-        await self.hooks.register(call.id, owner)
+        return self.host.runner(
+            transport="sip",
+            model=(config.model if config is not None else None) or self.model,
+            config=config,
+            player=media,
+            on_usage=self.hooks.usage(owner),
+        )
 
     async def _route(self, call: PhoneCall) -> None:
         """Tell the backend (webhook) or answer at once; reject what nobody accepts."""
@@ -300,7 +285,8 @@ class SipService:
             return
         call.admitted = True
         try:
-            await self.accept(call, None, call.owner)
+            await call.accept(None, call.owner)
+            await self.hooks.register(call.id, call.owner)
         except Exception as exc:
             logger.warning("call %s could not be answered: %s", call.id, exc)
 

@@ -93,6 +93,7 @@ class Call(MediaCall):
 
     runner: SessionRunner
     has_channel = True
+    kind = "WebRTC"
 
     def __init__(
         self,

@@ -10,6 +10,8 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterator
 
+from aiohttp import web
+
 from hark.protocol.session_config import SessionConfig
 from hark.session.ids import IdGenerator
 from hark.transports.beta import Dialect
@@ -121,6 +123,10 @@ class Calls:
     def get(self, call_id: str) -> Call | None:
         """The live call with this id, if any."""
         return self._calls.get(call_id)
+
+    def routes(self) -> list[web.RouteDef]:
+        """None: offers come to ``POST /v1/realtime/calls``, the API's own route."""
+        return []
 
     def __len__(self) -> int:
         return len(self._calls)

@@ -1,0 +1,713 @@
+"""Twilio Media Streams: a phone number on Twilio talks to hark through ``<Connect><Stream>``.
+
+Twilio opens a WebSocket to the stream's URL and speaks JSON text messages: ``connected``,
+``start`` (the stream's and call's ids, the ``<Parameter>`` values as ``customParameters``,
+the audio format), ``media`` (20 ms of mu-law at 8 kHz, base64), ``dtmf``, ``mark`` (the
+echo of a mark we sent, once the audio sent before it has played, or at once when we
+``clear``), and ``stop``. We send ``media``, ``mark`` and ``clear``.
+
+Trust: Twilio signs the upgrade with ``X-Twilio-Signature``, base64(HMAC-SHA1(auth token,
+the URL it requested)). Without an auth token the endpoint does not exist (the registry is
+not registered, so the route answers 404); with one, an upgrade without a valid signature
+gets 403 before anything else is read. Behind a proxy the URL Twilio requested is not the
+one hark sees, so the operator gives its public base (``twilio_url``). The signature covers
+the query too: settings given there are as trusted as the ``<Parameter>`` values.
+
+A stream becomes a ``TwilioCall`` (``rtc_…``) that rings like a SIP call: with the call
+webhook, ``realtime.call.incoming`` goes to the backend (Twilio's ids and the parameters
+as ``X-Twilio-…`` headers), which accepts or rejects it through
+``/v1/realtime/calls/{id}/…`` within the accept timeout; without one, the call is answered
+at once with the default session, or with the stored prompt a ``prompt`` parameter names.
+A rejected call closes the stream, and Twilio goes on with the TwiML after ``<Connect>``.
+
+Reply audio: the session's ``AudioPlayer`` is a ``TwilioMedia``, a ``Playout`` at 8 kHz
+paced by the registry's ticker that sends each frame with audio ``LEAD_S`` ahead of real
+time, followed by a mark. Twilio buffers what it gets, so the lead is what a ``clear``
+(barge-in) takes back; what the caller heard of a response is what the last mark Twilio
+acknowledged covered, and a cleared response is truncated to it. A response counts as
+played out once the mark of its last frame comes back.
+
+A call ends on ``stop``, the socket closing, hang-up through the API, a reject, the end of
+its session, and server shutdown; ending closes the socket once and releases the session.
+``TwilioStreams`` is a ``hark.transports.call.CallRegistry``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from aiohttp import WSCloseCode, WSMsgType, web
+
+from hark.audio.codecs.g711 import ulaw_decode, ulaw_encode
+from hark.audio.resample import StreamResampler
+from hark.driver.runner import SessionRunner
+from hark.protocol.errors import ProtocolError
+from hark.protocol.session_config import SessionConfig, parse_session_config
+from hark.session.ids import IdGenerator
+from hark.transports.call import CALL_ID_PREFIX, CallHooks, CallHost, CallStateError, MediaCall
+from hark.transports.playout import Playout, PlayoutListener
+from hark.transports.ticker import PlayoutTicker
+
+logger = logging.getLogger(__name__)
+
+STREAM_PATH = "/twilio/stream"
+SIGNATURE_HEADER = "X-Twilio-Signature"
+RATE = 8000
+FRAME_MS = 20
+# How far ahead of real time reply audio goes to Twilio: enough to ride over a late tick or
+# a slow network, little enough that a clear stops the caller's audio at once.
+LEAD_S = 0.1
+# A media message is about 250 bytes and ``start`` a few KB with its parameters; larger
+# messages close the socket (1009).
+MAX_MESSAGE_BYTES = 64 * 1024
+# How long Twilio may take from the upgrade to ``start``.
+START_TIMEOUT_S = 10.0
+# Messages waiting for a socket that does not take them (about 5 s of reply audio with its
+# marks); beyond, the peer is not reading and the call ends.
+MAX_OUTBOX = 500
+# Marks sent and not yet acknowledged that are remembered (a minute of audio).
+MAX_PENDING_MARKS = 3000
+DEFAULT_MAX_CALLS = 100
+DEFAULT_ACCEPT_TIMEOUT_S = 30.0
+# What Twilio sends, as ``mediaFormat`` says it.
+MEDIA_FORMAT = ("audio/x-mulaw", RATE, 1)
+_DIGITS = frozenset("0123456789*#ABCD")
+
+# The session of an accepted call, from the accepted config (None: the default) for the
+# accepting owner, played by the call's media.
+RunnerFor = Callable[["TwilioMedia", SessionConfig | None, str], SessionRunner]
+# Raises ``realtime.call.incoming`` for a call (its id, the headers the event lists);
+# whether the webhook was delivered.
+Announce = Callable[[str, list[tuple[str, str]]], Awaitable[bool]]
+
+
+def signature(auth_token: str, url: str) -> str:
+    """Twilio's ``X-Twilio-Signature`` of a request without a body: base64(HMAC-SHA1(auth
+    token, ``url``))."""
+    digest = hmac.new(auth_token.encode(), url.encode(), hashlib.sha1).digest()
+    return base64.b64encode(digest).decode()
+
+
+class StreamError(Exception):
+    """A message Twilio's protocol does not allow; the socket closes with ``code``."""
+
+    def __init__(self, message: str, code: WSCloseCode = WSCloseCode.INVALID_TEXT) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True, slots=True)
+class StreamStart:
+    """What a ``start`` message says: Twilio's ids and the ``<Parameter>`` values."""
+
+    stream_sid: str
+    call_sid: str
+    account_sid: str
+    parameters: dict[str, str]
+
+    @classmethod
+    def parse(cls, message: dict[str, Any]) -> StreamStart:
+        """The ``start`` message's fields; raises ``StreamError``."""
+        start = message.get("start")
+        if not isinstance(start, dict):
+            raise StreamError("'start' has no start object")
+        ids = (
+            message.get("streamSid", start.get("streamSid")),
+            start.get("callSid", ""),
+            start.get("accountSid", ""),
+        )
+        if not all(isinstance(v, str) and 0 < len(v) <= 64 for v in ids[:1]) or not all(
+            isinstance(v, str) and len(v) <= 64 for v in ids
+        ):
+            raise StreamError("'start' has no valid streamSid, callSid or accountSid")
+        stream_sid, call_sid, account_sid = (str(v) for v in ids)
+        media = start.get("mediaFormat", {})
+        found = (media.get("encoding"), media.get("sampleRate"), media.get("channels"))
+        if found != MEDIA_FORMAT:
+            raise StreamError(f"unsupported media format {found!r}", WSCloseCode.UNSUPPORTED_DATA)
+        params = start.get("customParameters") or {}
+        if not isinstance(params, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in params.items()
+        ):
+            raise StreamError("'customParameters' must map names to strings")
+        return cls(stream_sid, call_sid, account_sid, params)
+
+    def headers(self) -> list[tuple[str, str]]:
+        """The stream as the call webhook lists it: Twilio's ids and every parameter."""
+        return [
+            ("X-Twilio-CallSid", self.call_sid),
+            ("X-Twilio-AccountSid", self.account_sid),
+            ("X-Twilio-StreamSid", self.stream_sid),
+            *((f"X-Twilio-Param-{name}", value) for name, value in self.parameters.items()),
+        ]
+
+
+class TwilioMedia:
+    """One stream's audio: the caller's in, the session's reply out (its ``AudioPlayer``).
+
+    ``send`` queues a message to Twilio. The reply's frames leave ``LEAD_S`` ahead of real
+    time, each with a mark; ``acked`` takes Twilio's mark echoes, which say what was heard.
+    """
+
+    def __init__(self, send: Callable[[dict[str, Any]], None], ticker: PlayoutTicker) -> None:
+        self._send = send
+        self._ticker = ticker
+        self._playout = Playout(RATE, frame_ms=FRAME_MS, clock=asyncio.get_running_loop().time)
+        self._listener: PlayoutListener | None = None
+        self._on_audio: Callable[[npt.NDArray[np.int16]], None] | None = None
+        self._input_rate: Callable[[], int] | None = None
+        self._resampler: StreamResampler | None = None
+        # Marks are numbered; those up to ``_flushed`` were sent before a clear, and their
+        # echoes say nothing about what was heard.
+        self._seq = 0
+        self._acked = 0
+        self._flushed = 0
+        # (mark, response, ms of the response heard once that mark comes back)
+        self._pending: deque[tuple[int, str, int]] = deque(maxlen=MAX_PENDING_MARKS)
+        self._current: str | None = None
+        self._frames: dict[str, int] = {}
+        self._heard: dict[str, int] = {}
+        self._last_mark: dict[str, int] = {}
+        # Responses whose audio was all sent, by the mark that says they were heard.
+        self._stops: dict[int, str] = {}
+        self._stopped_now: list[str] = []
+        self._running = False
+
+    def start(self, runner: SessionRunner) -> None:
+        """Pass the caller's audio to ``runner`` and play its replies from now on."""
+        self._on_audio = runner.receive_audio
+        self._input_rate = runner.input_rate
+        self._listener = runner
+        self._playout.attach(self)
+        self._running = True
+        self._ticker.add(self._tick)
+
+    def stop(self) -> None:
+        """Send nothing more and report nothing more."""
+        self._running = False
+        self._ticker.remove(self._tick)
+        self._playout.stop()
+        self._listener = None
+        self._on_audio = None
+
+    # ------------------------------------------------------------------ caller's audio
+
+    def receive(self, payload: str) -> None:
+        """A ``media`` message's base64 mu-law: to the session at its input rate."""
+        try:
+            data = base64.b64decode(payload, validate=True)
+        except (binascii.Error, ValueError):
+            raise StreamError("a media payload is not base64") from None
+        if self._on_audio is None or self._input_rate is None or not data:
+            return
+        rate = self._input_rate()
+        if self._resampler is None or self._resampler.out_rate != rate:
+            self._resampler = StreamResampler(RATE, rate)
+        pcm = self._resampler.process(ulaw_decode(data))
+        if len(pcm):
+            self._on_audio(pcm)
+
+    def acked(self, name: str) -> None:
+        """Twilio echoed the mark ``name``: the audio sent before it has played."""
+        try:
+            seq = int(name)
+        except ValueError:
+            return
+        if seq <= max(self._acked, self._flushed):
+            return
+        self._acked = seq
+        while self._pending and self._pending[0][0] <= seq:
+            mark, response_id, heard_ms = self._pending.popleft()
+            self._heard[response_id] = heard_ms
+            stopped = self._stops.pop(mark, None)
+            if stopped is not None:
+                self._played_out(stopped)
+
+    # ------------------------------------------------------------------ AudioPlayer
+
+    def play(self, response_id: str, item_id: str, pcm: npt.NDArray[np.int16], rate: int) -> None:
+        """Queue audio of a response after whatever is queued already."""
+        self._playout.play(response_id, item_id, pcm, rate)
+
+    def finish(self, response_id: str) -> None:
+        """No more audio comes for this response."""
+        self._playout.finish(response_id)
+
+    def clear(self, response_id: str) -> None:
+        """Stop the response's audio: Twilio drops what it holds (``clear``) and the rest
+        is not sent. Twilio's clear drops every response it holds, so a response sent
+        whole and not yet heard to its end is cut too, at what was heard of it."""
+        cut = list(self._stops.values())
+        if self._seq > max(self._acked, self._flushed):
+            self._send({"event": "clear"})
+            self._flushed = self._seq
+            self._pending.clear()
+            self._stops.clear()
+        loop = asyncio.get_running_loop()
+        for cut_id in cut:
+            loop.call_soon(self._cut, cut_id)
+        if response_id not in cut:
+            self._playout.clear(response_id)
+
+    def hold(self, response_id: str) -> None:
+        """Send silence in place of this response from the next frame on."""
+        self._playout.hold(response_id)
+
+    def resume(self, response_id: str) -> None:
+        """Go on with a held response."""
+        self._playout.resume(response_id)
+
+    # ------------------------------------------------------------------ PlayoutListener
+
+    def playout_started(self, response_id: str) -> None:
+        """The playout cut the response's first frame."""
+        self._current = response_id
+        if self._listener is not None:
+            self._listener.playout_started(response_id)
+
+    def playout_stopped(self, response_id: str) -> None:
+        """The playout cut the response's last frame: it has played once that is heard."""
+        self._stopped_now.append(response_id)
+
+    def playout_cleared(self, response_id: str, played_ms: int) -> None:
+        """The playout dropped the rest of the response: it keeps what the caller heard."""
+        heard = min(played_ms, self._heard.get(response_id, 0))
+        self._forget(response_id)
+        if self._listener is not None:
+            self._listener.playout_cleared(response_id, heard)
+
+    # ------------------------------------------------------------------ frames
+
+    def _tick(self) -> None:
+        while self._running and self._playout.due_in() <= LEAD_S:
+            frame = self._playout.next_frame()
+            if frame is not self._playout.silence:
+                self._send_frame(frame)
+            stopped, self._stopped_now = self._stopped_now, []
+            for response_id in stopped:
+                mark = self._last_mark.get(response_id, 0)
+                if mark <= self._acked:
+                    self._played_out(response_id)
+                else:
+                    self._stops[mark] = response_id
+
+    def _send_frame(self, frame: npt.NDArray[np.int16]) -> None:
+        self._seq += 1
+        self._send(
+            {"event": "media", "media": {"payload": base64.b64encode(ulaw_encode(frame)).decode()}}
+        )
+        self._send({"event": "mark", "mark": {"name": str(self._seq)}})
+        response_id = self._current
+        if response_id is not None:
+            frames = self._frames[response_id] = self._frames.get(response_id, 0) + 1
+            self._last_mark[response_id] = self._seq
+            self._pending.append((self._seq, response_id, frames * FRAME_MS))
+
+    def _played_out(self, response_id: str) -> None:
+        self._forget(response_id)
+        if self._listener is not None:
+            self._listener.playout_stopped(response_id)
+
+    def _cut(self, response_id: str) -> None:
+        heard = self._heard.get(response_id, 0)
+        self._forget(response_id)
+        if self._listener is not None:
+            self._listener.playout_cleared(response_id, heard)
+
+    def _forget(self, response_id: str) -> None:
+        self._frames.pop(response_id, None)
+        self._heard.pop(response_id, None)
+        self._last_mark.pop(response_id, None)
+        if self._current == response_id:
+            self._current = None
+
+
+class TwilioCall(MediaCall):
+    """A Twilio Media Stream (``rtc_…``): rings (``pending``) until accepted or rejected,
+    as a SIP call does. ``serve`` reads the stream until it ends; ``runner_for`` makes the
+    session of an accepted call. A stream has no event channel: the events made before the
+    first sideband attaches are held for it."""
+
+    kind = "Twilio"
+    actions = frozenset({"accept", "reject"})
+
+    def __init__(
+        self,
+        call_id: str,
+        ws: web.WebSocketResponse,
+        stream: StreamStart,
+        runner_for: RunnerFor,
+        ticker: PlayoutTicker,
+        *,
+        on_closed: Callable[[TwilioCall], None] | None = None,
+    ) -> None:
+        super().__init__(call_id, "", on_closed=on_closed, hold_for_sideband=True)
+        self.state = "pending"
+        self.stream = stream
+        # Set once the call is no longer pending (accepted, rejected or ended).
+        self.settled = asyncio.Event()
+        self.media = TwilioMedia(self._send, ticker)
+        self._ws = ws
+        self._runner_for = runner_for
+        self._outbox: deque[str] = deque()
+        self._wake = asyncio.Event()
+        self._spawn(self._write(), "write")
+
+    async def accept(self, config: SessionConfig | None, owner: str) -> None:
+        """Answer the stream with a session of ``config`` for ``owner``; raises
+        ``CallStateError`` when it no longer rings."""
+        if self.state != "pending" or self._closing:
+            raise CallStateError(f"The call is {self._public_state()}; it cannot be accepted.")
+        self.state = "accepted"
+        self.settled.set()
+        self.owner = owner
+        self.runner = runner = self._runner_for(self.media, config, owner)
+        await runner.start()
+        self._start_events()
+        self.media.start(runner)
+        logger.info("call %s answered (session %s)", self.id, runner.id)
+
+    def reject(self, status: int = 603) -> None:
+        """Decline the ringing call: its stream closes and Twilio goes on with the TwiML
+        after ``<Connect>`` (a stream has no status to carry ``status``)."""
+        if self.state != "pending" or self._closing:
+            raise CallStateError(f"The call is {self._public_state()}; it cannot be rejected.")
+        self.settled.set()
+        self._spawn(self.close("rejected"), "close")
+
+    async def serve(self) -> str:
+        """Read the stream until it ends; why it ended."""
+        ws = self._ws
+        async for message in ws:
+            if message.type == WSMsgType.BINARY:
+                await ws.close(code=WSCloseCode.UNSUPPORTED_DATA, message=b"text only")
+                return "binary message"
+            if message.type != WSMsgType.TEXT:
+                return f"stream error: {ws.exception()}"
+            try:
+                if self._receive(message.data):
+                    return "twilio: stop"
+            except StreamError as exc:
+                logger.info("call %s: %s; closing the stream", self.id, exc)
+                await ws.close(code=exc.code, message=b"protocol error")
+                return f"protocol error: {exc}"
+        return "stream closed"
+
+    def _receive(self, text: str) -> bool:
+        """One message from Twilio; True for ``stop``."""
+        message = _json(text)
+        event = message.get("event")
+        if event == "media":
+            media = message.get("media")
+            payload = media.get("payload") if isinstance(media, dict) else None
+            if not isinstance(payload, str):
+                raise StreamError("a media message has no payload")
+            if self.state == "accepted":
+                self.media.receive(payload)
+        elif event == "mark":
+            mark = message.get("mark")
+            name = mark.get("name") if isinstance(mark, dict) else None
+            if isinstance(name, str):
+                self.media.acked(name)
+        elif event == "dtmf":
+            dtmf = message.get("dtmf")
+            digit = dtmf.get("digit") if isinstance(dtmf, dict) else None
+            if digit in _DIGITS and self.runner is not None and self.state == "accepted":
+                self.runner.receive_dtmf(digit)
+        elif event == "stop":
+            return True
+        # Other events (a second ``connected``, new ones) carry nothing a call needs.
+        return False
+
+    def _send(self, message: dict[str, Any]) -> None:
+        if self._closing:
+            return
+        if len(self._outbox) >= MAX_OUTBOX:
+            logger.warning("call %s: Twilio is not reading the stream; ending the call", self.id)
+            self._closing_soon("twilio is not reading")
+            return
+        message["streamSid"] = self.stream.stream_sid
+        self._outbox.append(json.dumps(message, separators=(",", ":")))
+        self._wake.set()
+
+    def _closing_soon(self, reason: str) -> None:
+        if not self._closing:
+            self._spawn(self.close(reason), "close")
+
+    async def _write(self) -> None:
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                while self._outbox:
+                    await self._ws.send_str(self._outbox.popleft())
+        except ConnectionError as exc:
+            self._closing_soon(f"stream error: {exc}")
+
+    def _close_begins(self) -> None:
+        self.media.stop()
+
+    async def _release(self) -> None:
+        self._outbox.clear()
+        await self._ws.close()
+
+    def _released(self) -> None:
+        self.state = "ended"
+        self.settled.set()
+
+    def _public_state(self) -> str:
+        return "ended" if self._closing else self.state
+
+
+def _json(text: str) -> dict[str, Any]:
+    try:
+        message = json.loads(text)
+    except ValueError:
+        raise StreamError("a message is not JSON") from None
+    if not isinstance(message, dict):
+        raise StreamError("a message is not a JSON object")
+    return message
+
+
+class TwilioStreams:
+    """The Twilio streams of one worker, at ``STREAM_PATH``, signed with ``auth_token``.
+
+    ``public_url``: the scheme and host Twilio reaches the server at (``wss://host``; None:
+    what the request says). ``announce`` raises the call webhook (None: calls are answered
+    at once with ``default_session``, or the stored prompt a ``prompt`` parameter names).
+    At most ``max_calls`` streams ring or talk at once.
+    """
+
+    name = "twilio"
+
+    def __init__(
+        self,
+        host: CallHost,
+        hooks: CallHooks,
+        *,
+        auth_token: str,
+        model: str,
+        public_url: str | None = None,
+        announce: Announce | None = None,
+        default_session: SessionConfig | None = None,
+        accept_timeout_s: float = DEFAULT_ACCEPT_TIMEOUT_S,
+        max_calls: int = DEFAULT_MAX_CALLS,
+    ) -> None:
+        self.host = host
+        self.hooks = hooks
+        self.model = model
+        self.public_url = public_url.rstrip("/") if public_url else None
+        self.announce = announce
+        self.default_session = default_session
+        self.accept_timeout_s = accept_timeout_s
+        self.max_calls = max_calls
+        self.on_closed: Callable[[MediaCall], None] | None = None
+        self.ticker = PlayoutTicker()
+        self._auth_token = auth_token
+        self._calls: dict[str, TwilioCall] = {}
+        self._ids = IdGenerator()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def __repr__(self) -> str:
+        # Never the auth token.
+        return f"TwilioStreams(path={STREAM_PATH!r}, calls={len(self._calls)})"
+
+    @property
+    def listening(self) -> str:
+        """The stream endpoint, in words."""
+        return f"HTTP path {STREAM_PATH}"
+
+    @property
+    def media_address(self) -> None:
+        """None: media comes over each stream's WebSocket."""
+        return None
+
+    async def start(self) -> None:
+        """Nothing to bind: streams come through the HTTP server."""
+        logger.info(
+            "Twilio streams at %s; %s",
+            STREAM_PATH,
+            "calls raise a webhook" if self.announce else "calls are answered at once",
+        )
+
+    async def stop(self) -> None:
+        """End every stream and what was waiting on one."""
+        await self.close_all()
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def close_all(self, reason: str = "server shutdown") -> None:
+        """End every call (its stream closes)."""
+        await asyncio.gather(
+            *(call.close(reason) for call in list(self._calls.values())), return_exceptions=True
+        )
+
+    def get(self, call_id: str) -> TwilioCall | None:
+        """The live call with this id, if any."""
+        return self._calls.get(call_id)
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    def __iter__(self) -> Iterator[TwilioCall]:
+        return iter(list(self._calls.values()))
+
+    def routes(self) -> list[web.RouteDef]:
+        """The stream endpoint Twilio's ``<Stream url>`` names."""
+        return [web.get(STREAM_PATH, self.stream)]
+
+    # ------------------------------------------------------------------ streams
+
+    def signed(self, request: web.Request) -> bool:
+        """Whether the request carries Twilio's signature of the URL it was sent to."""
+        given = request.headers.get(SIGNATURE_HEADER, "")
+        base = self.public_url or f"{'wss' if request.secure else 'ws'}://{request.host}"
+        expected = signature(self._auth_token, base + request.raw_path)
+        return hmac.compare_digest(given.encode(), expected.encode())
+
+    async def stream(self, request: web.Request) -> web.StreamResponse:
+        """A Twilio Media Stream: refused (403) unless signed, then served as a call."""
+        if not self.signed(request):
+            logger.info("refused a Twilio stream from %s: bad signature", request.remote)
+            return _refusal(403, "The request is not signed by Twilio.", "invalid_signature")
+        if not self.hooks.accepting() or len(self._calls) >= self.max_calls:
+            return _refusal(503, "This server is not taking calls now.", "unavailable")
+        ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_BYTES)
+        if not ws.can_prepare(request).ok:
+            return _refusal(400, "Expected a WebSocket upgrade request.", "invalid_request")
+        await ws.prepare(request)
+        try:
+            async with asyncio.timeout(START_TIMEOUT_S):
+                stream = await _read_start(ws)
+        except (StreamError, TimeoutError) as exc:
+            code = exc.code if isinstance(exc, StreamError) else WSCloseCode.POLICY_VIOLATION
+            logger.info("a Twilio stream ended before it started: %s", exc or "no start")
+            await ws.close(code=code, message=b"expected start")
+            return ws
+        if stream is None:
+            return ws
+        call = TwilioCall(
+            self._ids.new(CALL_ID_PREFIX),
+            ws,
+            stream,
+            self._runner_for,
+            self.ticker,
+            on_closed=self._forget,
+        )
+        self._calls[call.id] = call
+        self._spawn(self._route(call, dict(request.query) | stream.parameters), f"{call.id} route")
+        logger.info("call %s rings (Twilio call %s)", call.id, stream.call_sid)
+        reason = "stream closed"
+        try:
+            reason = await call.serve()
+        finally:
+            await call.close(call.close_reason or reason)
+        return ws
+
+    def _runner_for(
+        self, media: TwilioMedia, config: SessionConfig | None, owner: str
+    ) -> SessionRunner:
+        config = config if config is not None else self.default_session
+        return self.host.runner(
+            transport="twilio",
+            model=(config.model if config is not None else None) or self.model,
+            config=config,
+            player=media,
+            on_usage=self.hooks.usage(owner),
+        )
+
+    async def _route(self, call: TwilioCall, parameters: dict[str, str]) -> None:
+        """Raise the webhook, or answer at once; reject what nobody accepts in time."""
+        await self.hooks.register(call.id, call.owner)
+        if self.announce is None:
+            await self._answer_at_once(call, parameters)
+            return
+        delivery = asyncio.ensure_future(self.announce(call.id, call.stream.headers()))
+        settled = asyncio.ensure_future(call.settled.wait())
+        try:
+            async with asyncio.timeout(self.accept_timeout_s):
+                await asyncio.wait({delivery, settled}, return_when=asyncio.FIRST_COMPLETED)
+                if delivery.done() and not delivery.result():
+                    self._reject_pending(call, "its webhook could not be delivered")
+                    return
+                await settled
+        except TimeoutError:
+            pass
+        finally:
+            settled.cancel()
+        self._reject_pending(call, f"not accepted within {self.accept_timeout_s:g} s")
+
+    async def _answer_at_once(self, call: TwilioCall, parameters: dict[str, str]) -> None:
+        try:
+            config = self._session_of(parameters)
+        except ProtocolError as exc:
+            self._reject_pending(call, f"its parameters are not a session: {exc}")
+            return
+        if not await self.hooks.ready():
+            self._reject_pending(call, "the engines failed to load")
+            return
+        if not await self.hooks.admit(call.owner):
+            self._reject_pending(call, "the session limit is reached")
+            return
+        call.admitted = True
+        try:
+            await call.accept(config, call.owner)
+        except CallStateError as exc:
+            logger.info("call %s could not be answered: %s", call.id, exc)
+
+    def _session_of(self, parameters: dict[str, str]) -> SessionConfig | None:
+        """The session a stream's ``prompt`` parameter names (the default without one)."""
+        prompt = parameters.get("prompt")
+        if prompt is None:
+            return self.default_session
+        return parse_session_config({"prompt": {"id": prompt}}, base=self.default_session)
+
+    def _reject_pending(self, call: TwilioCall, why: str) -> None:
+        if call.state != "pending" or call.closed.is_set():
+            return
+        logger.info("call %s rejected: %s", call.id, why)
+        call.reject()
+
+    def _forget(self, call: TwilioCall) -> None:
+        if self._calls.get(call.id) is call:
+            del self._calls[call.id]
+            if self.on_closed is not None:
+                self.on_closed(call)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+async def _read_start(ws: web.WebSocketResponse) -> StreamStart | None:
+    """The stream's ``start``, after ``connected``; None when the socket closed first."""
+    async for message in ws:
+        if message.type != WSMsgType.TEXT:
+            raise StreamError("expected text messages", WSCloseCode.UNSUPPORTED_DATA)
+        parsed = _json(message.data)
+        if parsed.get("event") == "start":
+            return StreamStart.parse(parsed)
+        if parsed.get("event") != "connected":
+            raise StreamError(f"expected start, got {str(parsed.get('event'))[:40]!r}")
+    return None
+
+
+def _refusal(status: int, message: str, code: str) -> web.Response:
+    """An error in OpenAI's shape, before any upgrade."""
+    error = {"message": message, "type": "invalid_request_error", "param": None, "code": code}
+    return web.json_response({"error": error}, status=status)

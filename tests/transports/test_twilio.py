@@ -1,0 +1,583 @@
+"""Twilio Media Streams against the real server (``--engines fake``): a peer that speaks
+Twilio's documented side of a stream (``connected``, ``start``, ``media`` at real pace,
+``dtmf``, ``stop``; marks echoed once the audio before them has "played", at once on
+``clear``) calls in, signed with the account's auth token."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import dataclasses
+import json
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+import numpy.typing as npt
+import openai
+import pytest
+from openai.types.webhooks import RealtimeCallIncomingWebhookEvent
+
+from hark.audio.codecs.g711 import ulaw_decode, ulaw_encode
+from hark.config import Settings
+from hark.engines.fake import FakeLlm
+from hark.server.app import CALL_REGISTRIES, STATE
+from hark.transports.twilio import SIGNATURE_HEADER, STREAM_PATH, TwilioStreams, signature
+from tests.conftest import engines_sharing_turn
+from tests.e2e.conftest import speech, transcribe, words
+from tests.server.conftest import RunningServer, serving, wait_ready
+from tests.server.webhook_receiver import WebhookReceiver, webhook_receiver
+from tests.speech import spoken
+from tests.transports.conftest import LONG_REPLY
+
+API_KEY = "sk-test-twilio-owner-0123456789"
+AUTH_TOKEN = "twilio-auth-token-0123456789abcdef"
+RATE = 8000
+FRAME = RATE // 50
+QUESTION = "What is the capital of France?"
+LONG_QUESTION = "Could you tell me what the capital of France is, and how many people live there?"
+INTERRUPTION = "Wait, stop, I have another question."
+SECRET = "whsec_" + base64.b64encode(b"twilio-test-webhook-secret-0123").decode()
+
+
+def twilio_settings(**changes: Any) -> Settings:
+    """A server with keys, no SIP, and Twilio streams signed with ``AUTH_TOKEN``."""
+    base = Settings(engines="fake", api_keys=(API_KEY,), sip=False, twilio_auth_token=AUTH_TOKEN)
+    return dataclasses.replace(base, **changes)
+
+
+def streams_of(server: RunningServer) -> TwilioStreams:
+    """The server's Twilio registry."""
+    found = [r for r in server.app[CALL_REGISTRIES] if isinstance(r, TwilioStreams)]
+    assert len(found) == 1
+    return found[0]
+
+
+def stream_url(server: RunningServer, query: str = "") -> str:
+    """The stream endpoint as Twilio requests it."""
+    return server.url.replace("http://", "ws://") + STREAM_PATH + query
+
+
+class TwilioPeer:
+    """Twilio's side of one stream: sends the caller, "plays" what it gets at real pace.
+
+    ``played`` is the reply audio that finished playing, ``cleared`` counts ``clear``
+    messages, ``marks_sent`` the mark echoes; ``heard_at_clear`` is how much had played when
+    each ``clear`` came.
+    """
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse, stream_sid: str) -> None:
+        self.ws = ws
+        self.stream_sid = stream_sid
+        self.played: list[npt.NDArray[np.int16]] = []
+        self.received_samples = 0
+        self.cleared = 0
+        self.heard_at_clear: list[int] = []
+        self.marks_sent = 0
+        self._buffer: deque[tuple[str, Any]] = deque()
+        self._wake = asyncio.Event()
+        self._tasks = [asyncio.create_task(self._read()), asyncio.create_task(self._play())]
+
+    @property
+    def played_ms(self) -> int:
+        """Milliseconds of reply audio played so far."""
+        return sum(len(p) for p in self.played) * 1000 // RATE
+
+    async def send(self, message: dict[str, Any]) -> None:
+        """One message of Twilio's, with the stream's sid."""
+        await self.ws.send_str(json.dumps({**message, "streamSid": self.stream_sid}))
+
+    async def speak(self, pcm: npt.NDArray[np.int16]) -> None:
+        """The caller says ``pcm`` (8 kHz): 20 ms media messages at real pace."""
+        for chunk, start in enumerate(range(0, len(pcm) - FRAME + 1, FRAME)):
+            payload = base64.b64encode(ulaw_encode(pcm[start : start + FRAME])).decode()
+            media = {"track": "inbound", "chunk": str(chunk + 1), "payload": payload}
+            await self.send({"event": "media", "media": media})
+            await asyncio.sleep(0.02)
+
+    async def say(self, pcm: npt.NDArray[np.int16]) -> None:
+        """The caller says ``pcm`` and then nothing, as a phone line goes on, for two
+        minutes."""
+        await self.speak(pcm)
+        await self.silence(120)
+
+    async def silence(self, seconds: float) -> None:
+        """The caller says nothing for ``seconds``."""
+        await self.speak(np.zeros(int(seconds * RATE), np.int16))
+
+    async def close(self) -> None:
+        """Stop playing and reading."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _read(self) -> None:
+        async for message in self.ws:
+            if message.type != aiohttp.WSMsgType.TEXT:
+                break
+            data = json.loads(message.data)
+            assert data["streamSid"] == self.stream_sid
+            if data["event"] == "media":
+                pcm = ulaw_decode(base64.b64decode(data["media"]["payload"]))
+                self.received_samples += len(pcm)
+                self._buffer.append(("media", pcm))
+            elif data["event"] == "mark":
+                self._buffer.append(("mark", data["mark"]["name"]))
+            elif data["event"] == "clear":
+                # Twilio drops the audio it holds and returns the marks it held.
+                self.cleared += 1
+                self.heard_at_clear.append(self.played_ms)
+                held = [value for kind, value in self._buffer if kind == "mark"]
+                self._buffer.clear()
+                for name in held:
+                    await self._echo(name)
+            self._wake.set()
+
+    async def _play(self) -> None:
+        while True:
+            while not self._buffer:
+                self._wake.clear()
+                await self._wake.wait()
+            kind, value = self._buffer[0]
+            if kind == "media":
+                await asyncio.sleep(len(value) / RATE)
+                if self._buffer and self._buffer[0][1] is value:
+                    self._buffer.popleft()
+                    self.played.append(value)
+            else:
+                self._buffer.popleft()
+                await self._echo(value)
+
+    async def _echo(self, name: str) -> None:
+        self.marks_sent += 1
+        await self.send({"event": "mark", "mark": {"name": name}})
+
+
+def start_message(stream_sid: str, parameters: dict[str, str] | None = None) -> dict[str, Any]:
+    """Twilio's ``start``, as documented."""
+    return {
+        "event": "start",
+        "sequenceNumber": "1",
+        "streamSid": stream_sid,
+        "start": {
+            "accountSid": "AC0123",
+            "streamSid": stream_sid,
+            "callSid": "CA0123",
+            "tracks": ["inbound"],
+            "customParameters": parameters or {},
+            "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1},
+        },
+    }
+
+
+@contextlib.asynccontextmanager
+async def twilio_call(
+    http: aiohttp.ClientSession,
+    server: RunningServer,
+    stream_sid: str = "MZ0001",
+    parameters: dict[str, str] | None = None,
+) -> AsyncIterator[TwilioPeer]:
+    """A signed stream that has started, with ``parameters`` as its ``<Parameter>``s."""
+    url = stream_url(server)
+    headers = {SIGNATURE_HEADER: signature(AUTH_TOKEN, url)}
+    async with http.ws_connect(url, headers=headers) as ws:
+        await ws.send_str(
+            json.dumps({"event": "connected", "protocol": "Call", "version": "1.0.0"})
+        )
+        await ws.send_str(json.dumps(start_message(stream_sid, parameters)))
+        peer = TwilioPeer(ws, stream_sid)
+        try:
+            yield peer
+        finally:
+            await peer.close()
+
+
+@contextlib.asynccontextmanager
+async def sideband(
+    http: aiohttp.ClientSession, server: RunningServer, call_id: str
+) -> AsyncIterator[aiohttp.ClientWebSocketResponse]:
+    """The call's events, attached with ``?call_id=``."""
+    async with http.ws_connect(
+        f"{server.ws_url}?call_id={call_id}", headers={"Authorization": f"Bearer {API_KEY}"}
+    ) as ws:
+        yield ws
+
+
+async def next_event(ws: aiohttp.ClientWebSocketResponse, kind: str) -> dict[str, Any]:
+    """The next event of type ``kind``."""
+    while True:
+        message = await asyncio.wait_for(ws.receive(), 60)
+        assert message.type == aiohttp.WSMsgType.TEXT, message
+        event = json.loads(message.data)
+        if event["type"] == kind:
+            return event
+
+
+async def answered_call(server: RunningServer) -> str:
+    """The id of the server's one Twilio call, once it has a session."""
+    streams = streams_of(server)
+    for _ in range(400):
+        calls = list(streams)
+        if calls and calls[0].runner is not None:
+            return calls[0].id
+        await asyncio.sleep(0.025)
+    raise AssertionError("the stream never became an answered call")
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    """Wait (boundedly) until ``condition`` holds."""
+    for _ in range(800):
+        if condition():
+            return
+        await asyncio.sleep(0.025)
+    raise AssertionError("the condition never held")
+
+
+Served = Callable[..., Awaitable[RunningServer]]
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[Served]:
+    """Starts a server of ``twilio_settings(**changes)``, ready, on ``--engines fake`` (the
+    real VAD; ``llm`` in place of the fake LLM's reply when given)."""
+    async with serving() as start_server:
+
+        async def start(llm: FakeLlm | None = None, **changes: Any) -> RunningServer:
+            engines = engines_sharing_turn(Settings(engines=changes.get("engines", "fake")))
+            if llm is not None:
+                engines = dataclasses.replace(engines, llm=llm)
+            server = await start_server(twilio_settings(**changes), engines)
+            async with aiohttp.ClientSession() as http:
+                await wait_ready(http, server)
+            return server
+
+        yield start
+
+
+# ---------------------------------------------------------------------- who may stream
+
+
+async def test_no_auth_token_means_no_endpoint(served: Served) -> None:
+    """A stranger's probe: without an auth token there is nothing at the stream path."""
+    server = await served(twilio_auth_token=None)
+    url = stream_url(server)
+    async with aiohttp.ClientSession() as http:
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await http.ws_connect(url, headers={SIGNATURE_HEADER: signature("guess", url)})
+    assert refused.value.status == 404
+    assert not any(r.name == "twilio" for r in server.app[CALL_REGISTRIES])
+
+
+@pytest.mark.parametrize("header", [None, "not-a-signature", "the wrong token"])
+async def test_unsigned_or_missigned_streams_are_refused(
+    served: Served, header: str | None
+) -> None:
+    """No signature, a malformed one or one made with another token: 403 before any upgrade."""
+    server = await served()
+    url = stream_url(server, "?prompt=x")
+    headers = {}
+    if header == "the wrong token":
+        headers[SIGNATURE_HEADER] = signature("another-account-token", url)
+    elif header is not None:
+        headers[SIGNATURE_HEADER] = header
+    async with aiohttp.ClientSession() as http:
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await http.ws_connect(url, headers=headers)
+        assert refused.value.status == 403
+        # The signature covers the query: one signed without it does not pass with it.
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await http.ws_connect(
+                url, headers={SIGNATURE_HEADER: signature(AUTH_TOKEN, stream_url(server))}
+            )
+        assert refused.value.status == 403
+    assert len(streams_of(server)) == 0
+
+
+async def test_signature_over_the_public_url(served: Served) -> None:
+    """Behind a proxy, the signature is of the URL Twilio requested (``twilio_url``)."""
+    server = await served(twilio_url="wss://voice.example.com")
+    local = stream_url(server)
+    public = "wss://voice.example.com" + STREAM_PATH
+    async with aiohttp.ClientSession() as http:
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await http.ws_connect(local, headers={SIGNATURE_HEADER: signature(AUTH_TOKEN, local)})
+        assert refused.value.status == 403
+        headers = {SIGNATURE_HEADER: signature(AUTH_TOKEN, public)}
+        async with http.ws_connect(local, headers=headers) as ws:
+            await ws.send_str(json.dumps(start_message("MZ0002")))
+            await answered_call(server)
+
+
+# ---------------------------------------------------------------------- the call
+
+
+async def test_signed_stream_is_a_call_with_a_session(served: Served) -> None:
+    """``start`` makes a call answered with a session; its sideband gets the held events;
+    ``stop`` ends it and the server closes the stream."""
+    server = await served()
+    async with aiohttp.ClientSession() as http, twilio_call(http, server) as peer:
+        call_id = await answered_call(server)
+        assert call_id.startswith("rtc_")
+        async with sideband(http, server, call_id) as events:
+            created = await next_event(events, "session.created")
+            assert created["session"]["type"] == "realtime"
+            await peer.send(
+                {"event": "stop", "stop": {"accountSid": "AC0123", "callSid": "CA0123"}}
+            )
+            await until(lambda: peer.ws.closed)
+        await until(lambda: len(streams_of(server)) == 0)
+        # The session it counted as is released.
+        await until(lambda: server.app[STATE].admitted == 0)
+
+
+async def test_a_prompt_parameter_names_the_session(served: Served, tmp_path: Path) -> None:
+    """``<Parameter name="prompt">`` answers the call with that stored prompt; one that
+    does not exist leaves the call unanswered, and its stream is closed."""
+    (tmp_path / "front-desk.txt").write_text("You answer the phone for Example Corp.")
+    server = await served(prompts=str(tmp_path))
+    async with aiohttp.ClientSession() as http:
+        async with twilio_call(http, server, parameters={"prompt": "front-desk"}):
+            call_id = await answered_call(server)
+            async with sideband(http, server, call_id) as events:
+                created = await next_event(events, "session.created")
+                assert created["session"]["instructions"] == (
+                    "You answer the phone for Example Corp."
+                )
+        await until(lambda: len(streams_of(server)) == 0)
+        async with twilio_call(http, server, "MZ0005", {"prompt": "no-such-prompt"}) as peer:
+            await until(lambda: peer.ws.closed)
+        assert len(streams_of(server)) == 0
+
+
+async def test_the_call_webhook_accepts_and_rejects(served: Served) -> None:
+    """With the call webhook, a stream raises ``realtime.call.incoming`` (Twilio's ids as
+    headers) and rings until the SDK accepts it; a rejected one has its stream closed."""
+    with webhook_receiver() as receiver:
+        server = await served(sip_webhook_url=receiver.url, sip_webhook_secret=SECRET)
+        sdk = openai.AsyncOpenAI(
+            api_key=API_KEY, base_url=server.url + "/v1", webhook_secret=SECRET, max_retries=0
+        )
+        async with sdk, aiohttp.ClientSession() as http:
+            async with twilio_call(http, server, parameters={"shop": "Lyon"}):
+                event = await incoming(receiver, sdk)
+                headers = {h.name: h.value for h in event.data.sip_headers}
+                assert headers["X-Twilio-CallSid"] == "CA0123"
+                assert headers["X-Twilio-Param-shop"] == "Lyon"
+                call = streams_of(server).get(event.data.call_id)
+                assert call is not None and call.state == "pending"
+                await sdk.realtime.calls.accept(event.data.call_id, type="realtime")
+                assert call.state == "accepted" and call.runner is not None
+            async with twilio_call(http, server, "MZ0006") as peer:
+                event = await incoming(receiver, sdk)
+                await sdk.realtime.calls.reject(event.data.call_id)
+                await until(lambda: peer.ws.closed)
+            assert len(streams_of(server)) == 0
+
+
+async def incoming(
+    receiver: WebhookReceiver, sdk: openai.AsyncOpenAI
+) -> RealtimeCallIncomingWebhookEvent:
+    """The next webhook, verified."""
+    delivery = await asyncio.to_thread(receiver.next, 30)
+    event = sdk.webhooks.unwrap(delivery.body, delivery.headers)
+    assert isinstance(event, RealtimeCallIncomingWebhookEvent)
+    return event
+
+
+async def test_dtmf_reaches_the_session(served: Served) -> None:
+    """A keypad press becomes ``input_audio_buffer.dtmf_event_received``."""
+    server = await served()
+    async with aiohttp.ClientSession() as http, twilio_call(http, server) as peer:
+        call_id = await answered_call(server)
+        async with sideband(http, server, call_id) as events:
+            await next_event(events, "session.created")
+            await peer.send(
+                {
+                    "event": "dtmf",
+                    "sequenceNumber": "5",
+                    "dtmf": {"track": "inbound_track", "digit": "7"},
+                }
+            )
+            event = await next_event(events, "input_audio_buffer.dtmf_event_received")
+            assert event["event"] == "7"
+
+
+async def test_hangup_through_the_api_closes_the_stream(served: Served) -> None:
+    """``/hangup`` ends the call and closes Twilio's socket; Twilio calls cannot be referred."""
+    server = await served()
+    async with aiohttp.ClientSession() as http, twilio_call(http, server) as peer:
+        call_id = await answered_call(server)
+        auth = {"Authorization": f"Bearer {API_KEY}"}
+        async with http.post(
+            f"{server.url}/v1/realtime/calls/{call_id}/refer",
+            json={"target_uri": "tel:+14155550123"},
+            headers=auth,
+        ) as response:
+            assert response.status == 400
+            assert (await response.json())["error"]["code"] == "invalid_call_type"
+        async with http.post(
+            f"{server.url}/v1/realtime/calls/{call_id}/accept",
+            json={"type": "realtime"},
+            headers=auth,
+        ) as response:
+            assert response.status == 409
+        async with http.post(
+            f"{server.url}/v1/realtime/calls/{call_id}/hangup", headers=auth
+        ) as response:
+            assert response.status == 200
+        await until(lambda: peer.ws.closed)
+        assert len(streams_of(server)) == 0
+
+
+@pytest.mark.parametrize(
+    ("message", "code"),
+    [
+        ("{not json", aiohttp.WSCloseCode.INVALID_TEXT),
+        ('["an", "array"]', aiohttp.WSCloseCode.INVALID_TEXT),
+        (json.dumps({"event": "media", "media": {"payload": "!!not base64!!"}}), 1007),
+        (json.dumps({"event": "media", "media": {"payload": "A" * 70_000}}), 1009),
+    ],
+)
+async def test_broken_messages_close_the_stream_not_the_server(
+    served: Served, message: str, code: int
+) -> None:
+    """Bad JSON, a bad payload or a message over the size limit close that stream, with the
+    code that says why; the server takes the next stream as before."""
+    server = await served()
+    async with aiohttp.ClientSession() as http:
+        async with twilio_call(http, server, "MZ0003") as peer:
+            await answered_call(server)
+            await peer.ws.send_str(message)
+            await until(lambda: peer.ws.closed)
+            assert peer.ws.close_code == code
+        await until(lambda: len(streams_of(server)) == 0)
+        async with twilio_call(http, server, "MZ0004"):
+            await answered_call(server)
+
+
+async def test_a_stream_must_start(served: Served) -> None:
+    """A stream whose first messages are not ``connected`` and ``start`` is closed."""
+    server = await served()
+    url = stream_url(server)
+    async with (
+        aiohttp.ClientSession() as http,
+        http.ws_connect(url, headers={SIGNATURE_HEADER: signature(AUTH_TOKEN, url)}) as ws,
+    ):
+        await ws.send_str(json.dumps({"event": "media", "media": {"payload": ""}}))
+        message = await ws.receive(timeout=30)
+        assert message.type == aiohttp.WSMsgType.CLOSE
+        assert ws.close_code == aiohttp.WSCloseCode.INVALID_TEXT
+    assert len(streams_of(server)) == 0
+
+
+# ---------------------------------------------------------------------- audio (real pace)
+
+
+@pytest.mark.realtime
+async def test_a_question_gets_a_spoken_reply_played_out_by_marks(served: Served) -> None:
+    """The caller's question gets the reply as media with marks; the response counts as
+    played out (``output_audio_buffer.stopped``) once the peer has played it all."""
+    server = await served()
+    async with aiohttp.ClientSession() as http, twilio_call(http, server) as peer:
+        call_id = await answered_call(server)
+        async with sideband(http, server, call_id) as events:
+            await next_event(events, "session.created")
+            await peer.silence(0.3)
+            await peer.speak(spoken(QUESTION, RATE))
+            speaking = asyncio.create_task(peer.silence(8))
+            try:
+                done = await next_event(events, "response.done")
+                assert done["response"]["status"] == "completed"
+                await next_event(events, "output_audio_buffer.stopped")
+            finally:
+                speaking.cancel()
+        # Stopped only once the audio had played: all of it, marks and all.
+        assert peer.received_samples > 0
+        assert peer.played_ms * RATE // 1000 >= peer.received_samples - FRAME
+        assert peer.cleared == 0
+        assert peer.marks_sent > 0
+
+
+@pytest.mark.realtime
+async def test_barge_in_clears_and_truncates_to_what_was_heard(served: Served) -> None:
+    """Speaking over a long reply: the server sends ``clear``, and the item is truncated to
+    what the marks say was heard: no more than the peer had played, less than was sent."""
+    server = await served(FakeLlm(LONG_REPLY))
+    async with aiohttp.ClientSession() as http, twilio_call(http, server) as peer:
+        call_id = await answered_call(server)
+        async with sideband(http, server, call_id) as events:
+            await next_event(events, "session.created")
+            await peer.silence(0.3)
+            await peer.speak(spoken(QUESTION, RATE))
+            speaking = asyncio.create_task(peer.silence(60))
+            try:
+                await next_event(events, "output_audio_buffer.started")
+                await until(lambda: peer.played_ms >= 1000)
+                speaking.cancel()
+                await peer.speak(spoken(QUESTION, RATE))
+                truncated = await next_event(events, "conversation.item.truncated")
+                await next_event(events, "output_audio_buffer.cleared")
+            finally:
+                speaking.cancel()
+        assert peer.cleared >= 1
+        heard = truncated["audio_end_ms"]
+        assert 0 < heard <= peer.heard_at_clear[0]
+        assert heard * RATE // 1000 < peer.received_samples
+
+
+# ---------------------------------------------------------------------- the embedded models
+
+
+@pytest.mark.slow
+@pytest.mark.realtime
+async def test_the_embedded_models_answer_a_caller_and_yield_to_a_barge_in(
+    served: Served,
+) -> None:
+    """A spoken question gets a spoken answer that Whisper hears as the reply's transcript;
+    then a caller who speaks over a long answer gets a ``clear`` and the item truncated to
+    what had been heard."""
+    server = await served(engines="embedded")
+    async with aiohttp.ClientSession() as http, twilio_call(http, server) as peer:
+        call_id = await answered_call(server)
+        async with sideband(http, server, call_id) as events:
+            await next_event(events, "session.created")
+            session = {
+                "type": "realtime",
+                "audio": {"input": {"transcription": {"model": "whisper-1"}}},
+            }
+            await events.send_str(json.dumps({"type": "session.update", "session": session}))
+            await next_event(events, "session.updated")
+            speaking = asyncio.create_task(peer.say(await speech(QUESTION, RATE)))
+            try:
+                transcript = await next_event(events, "response.output_audio_transcript.done")
+                await next_event(events, "output_audio_buffer.stopped")
+            finally:
+                speaking.cancel()
+            reply = np.concatenate(peer.played)
+            recognised = await transcribe(reply, RATE)
+            expected = set(words(transcript["transcript"]))
+            assert len(set(words(recognised)) & expected) >= max(1, len(expected) // 2), (
+                recognised,
+                transcript["transcript"],
+            )
+
+            long_answers = "Answer every question at length, in at least six full sentences."
+            update = {"type": "realtime", "instructions": long_answers}
+            await events.send_str(json.dumps({"type": "session.update", "session": update}))
+            await next_event(events, "session.updated")
+            played_before = peer.played_ms
+            speaking = asyncio.create_task(peer.say(await speech(LONG_QUESTION, RATE)))
+            try:
+                await next_event(events, "output_audio_buffer.started")
+                await until(lambda: peer.played_ms >= played_before + 1500)
+                speaking.cancel()
+                speaking = asyncio.create_task(peer.say(await speech(INTERRUPTION, RATE)))
+                truncated = await next_event(events, "conversation.item.truncated")
+            finally:
+                speaking.cancel()
+        assert peer.cleared >= 1
+        assert 0 < truncated["audio_end_ms"] <= peer.heard_at_clear[-1] - played_before
