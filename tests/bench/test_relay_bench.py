@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 
-from hark.bench.relay import run, summary
+from hark.bench.relay import RelayBenchConfig, measure, summary
 
 
 def test_the_bench_measures_both_paths_and_forwards_every_datagram_it_counts() -> None:
     cpus = os.sched_getaffinity(0)
-    report = run(seconds=0.3, flows=4, size=200, pings=50, relay_cpu=0)
+    report = measure(RelayBenchConfig(seconds=0.3, flows=4, size=200, pings=50, relay_cpu=0))
     # The caller keeps its CPUs: what it runs next (in a test run, the models) needs them all.
     assert os.sched_getaffinity(0) == cpus
     counters = report["relay_counters"]

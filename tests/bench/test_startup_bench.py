@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from hark.bench import startup
 from hark.bench.report import BenchError
 from hark.bench.startup import default_hark, summary, until_exit, until_forwarded
 from hark.cli import build_parser
@@ -59,4 +60,4 @@ def test_the_summary_and_the_command_line() -> None:
     assert "hark --help" in text and "0.50 (0.40–0.90), CPU 0.30  until it exits" in text
     assert "hark relay: left out" in text
     args = build_parser().parse_args(["bench", "startup", "--runs", "2", "--hark", "env hark"])
-    assert (args.runs, args.hark, args.handler.__module__) == (2, "env hark", "hark.bench.startup")
+    assert (args.runs, args.hark, args.handler) == (2, "env hark", startup.command)

@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from hark import __version__
+from hark.bench.command import Bench, Result, config_from
 from hark.bench.local_server import local_server
 from hark.bench.microphone import CHUNK_S, Microphone
 from hark.bench.monologues import MONOLOGUE, SENTENCE_GAP_S, Monologue, monologues
@@ -65,7 +66,6 @@ from hark.bench.report import (
     load_average,
     percentile,
     percentiles,
-    publish,
     rounded,
 )
 from hark.bench.spoken_questions import RATE
@@ -686,46 +686,37 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     add_json_option(parser)
 
 
-def command(options: dict[str, Any]) -> int:
-    """Run ``hark bench captions`` with parsed ``options``; returns the exit status."""
-    logging.basicConfig(
-        level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
+def captions_config(options: dict[str, Any]) -> CaptionsBenchConfig:
+    """The config of ``hark bench captions``'s parsed options."""
+    sentences = MONOLOGUE
+    if options["text"] is not None:
+        lines = options["text"].read_text().splitlines()
+        sentences = tuple(line.strip() for line in lines if line.strip())
+    config = config_from(
+        CaptionsBenchConfig,
+        options,
+        lengths_s=options["seconds"],
+        api_key=api_key(options["api_key"]),
+        sentences=sentences,
+        v2v=not options["no_v2v"],
+        captions=not options["no_captions"],
     )
-    try:
-        sentences = MONOLOGUE
-        if options["text"] is not None:
-            lines = options["text"].read_text().splitlines()
-            sentences = tuple(line.strip() for line in lines if line.strip())
-        config = CaptionsBenchConfig(
-            url=options["url"],
-            speakers=options["speakers"],
-            lengths_s=options["seconds"],
-            repeat=options["repeat"],
-            silence_ms=options["silence_ms"],
-            api_key=api_key(options["api_key"]),
-            model=options["model"],
-            server_pid=options["server_pid"],
-            engines=options["engines"],
-            sentences=sentences,
-            baseline_s=options["baseline_s"],
-            v2v=not options["no_v2v"],
-            captions=not options["no_captions"],
-            seed=options["seed"],
-        )
-        with contextlib.ExitStack() as stack:
-            if config.url is None:
-                url, pid = stack.enter_context(local_server(config.engines))
-                config = replace(config, url=url, server_pid=pid)
-            else:
-                ServerUrl.parse(config.url)
-            report = asyncio.run(run_captions_bench(config, progress=_print))
-        publish(format_summary(report), report.to_json(), options["json"])
-        return 0
-    except (BenchError, OSError) as error:
-        print(f"hark bench captions: error: {error}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
+    if config.url is not None:
+        ServerUrl.parse(config.url)
+    return config
+
+
+def run(config: CaptionsBenchConfig) -> Result:
+    """Start a server unless ``url`` names one, and measure."""
+    with contextlib.ExitStack() as stack:
+        if config.url is None:
+            url, pid = stack.enter_context(local_server(config.engines))
+            config = replace(config, url=url, server_pid=pid)
+        report = asyncio.run(run_captions_bench(config, progress=_print))
+    return Result(report.to_json(), format_summary(report))
+
+
+command = Bench("captions", captions_config, run, errors=(BenchError, OSError)).command
 
 
 def _print(line: str) -> None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -29,7 +28,8 @@ import numpy.typing as npt
 
 from hark.audio.denoise import Denoiser
 from hark.audio.resample import resample
-from hark.bench.report import BenchError, add_json_option, publish
+from hark.bench.command import Bench, Result, config_from, listed
+from hark.bench.report import BenchError, add_json_option
 from hark.bench.spoken_questions import QUESTIONS, RATE, SpokenQuestion, spoken_questions
 from hark.bench.word_alignment import align, words
 from hark.engines.asr import AsrEngine
@@ -74,25 +74,38 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     add_json_option(parser)
 
 
-def command(options: dict[str, Any]) -> int:
-    """Run the benchmark, print a summary and optionally write the JSON report."""
-    try:
-        snrs = [float(snr) for snr in str(options["snrs"]).split(",") if snr.strip()]
-        noises = [name.strip() for name in str(options["noises"]).split(",") if name.strip()]
-        if not snrs or not noises:
+@dataclass(frozen=True)
+class DenoiseBenchConfig:
+    """What ``hark bench denoise`` measures: its options."""
+
+    snrs: tuple[float, ...]
+    noises: tuple[str, ...]
+    questions: int
+    asr_model: str | None
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> DenoiseBenchConfig:
+        """The config of the parsed options; ``BenchError`` when one is out of range."""
+        config = config_from(
+            cls, options, snrs=listed(options["snrs"], float), noises=listed(options["noises"], str)
+        )
+        if not config.snrs or not config.noises:
             raise BenchError("--snrs and --noises need at least one value each")
-        unknown = set(noises) - set(NOISES)
+        unknown = set(config.noises) - set(NOISES)
         if unknown:
             raise BenchError(f"unknown noise {sorted(unknown)[0]!r}: use {', '.join(NOISES)}")
-        count = int(options["questions"])
-        if not 1 <= count <= len(QUESTIONS):
+        if not 1 <= config.questions <= len(QUESTIONS):
             raise BenchError(f"--questions is 1 to {len(QUESTIONS)}")
-    except (ValueError, BenchError) as exc:
-        print(f"hark bench denoise: {exc}", file=sys.stderr)
-        return 2
-    report = asyncio.run(measure(snrs, noises, count, options["asr_model"]))
-    publish(summary(report), report, options["json"])
-    return 0
+        return config
+
+
+def run(config: DenoiseBenchConfig) -> Result:
+    """Measure; the report and its summary."""
+    report = asyncio.run(measure(config.snrs, config.noises, config.questions, config.asr_model))
+    return Result(report, summary(report))
+
+
+command = Bench("denoise", DenoiseBenchConfig.from_options, run).command
 
 
 def noise(

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import itertools
 import json
 import math
@@ -43,8 +44,9 @@ import numpy.typing as npt
 
 from hark.audio.codecs.opus import OpusEncoder
 from hark.audio.echo import EchoCanceller
+from hark.bench.command import Bench, Result, config_from
 from hark.bench.local_server import local_server
-from hark.bench.report import BenchError
+from hark.bench.report import add_json_option
 from hark.bench.spoken_questions import RATE as SPEECH_RATE
 from hark.bench.spoken_questions import spoken_questions
 from hark.bench.webrtc import CallClient
@@ -468,22 +470,22 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--barge-ins", type=int, default=5, help="barge-in trials per condition (default 5)"
     )
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_json_option(parser)
 
 
-def command(options: dict[str, Any]) -> int:
-    """Run ``hark bench echo``."""
-    try:
-        report = asyncio.run(
-            run_echo_bench(
-                echo_cancellation=options["echo_cancellation"],
-                replies=options["replies"],
-                barge_ins=options["barge_ins"],
-                server_args=[],
-            )
-        )
-    except BenchError as exc:
-        print(f"hark bench echo: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps(report.to_json(), indent=2) if options["json"] else format_summary(report))
-    return 0
+@dataclass(frozen=True)
+class EchoBenchConfig:
+    """What ``hark bench echo`` runs: its options."""
+
+    echo_cancellation: str
+    replies: int
+    barge_ins: int
+
+
+def run(config: EchoBenchConfig) -> Result:
+    """Start the bench's server and run the trials; the report and its summary."""
+    report = asyncio.run(run_echo_bench(**asdict(config), server_args=[]))
+    return Result(report.to_json(), format_summary(report))
+
+
+command = Bench("echo", functools.partial(config_from, EchoBenchConfig), run).command

@@ -25,7 +25,6 @@ import asyncio
 import base64
 import json
 import random
-import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -33,15 +32,14 @@ from typing import Any
 
 import aiohttp
 
+from hark.bench.command import Bench, Result, config_from
 from hark.bench.load.server_metrics import parse_metrics, server_figures
 from hark.bench.report import (
-    BenchError,
     ServerUrl,
     add_json_option,
     api_key,
     load_average,
     percentiles,
-    publish,
 )
 
 # What a fuzzing session remembers of the server's ids, to name real ones in its events.
@@ -743,22 +741,16 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     add_json_option(parser)
 
 
-def command(options: dict[str, Any]) -> int:
-    """Run ``hark bench fuzz``; returns the exit status (1 when the server crashed or hung)."""
-    try:
-        config = FuzzConfig(
-            url=options["url"],
-            key=api_key(options["api_key"]),
-            events=options["events"],
-            sessions=options["sessions"],
-            hang_s=options["hang_s"],
-            turns_before=options["turns_before"],
-            seed=options["seed"],
-            rate=options["rate"],
-        )
-        report = asyncio.run(FuzzRun(config).run())
-    except BenchError as exc:
-        print(f"hark bench fuzz: {exc}", file=sys.stderr)
-        return 2
-    publish(format_summary(report), report, options["json"])
-    return 1 if report["crashes"] or report["hung_sessions"] else 0
+def fuzz_config(options: dict[str, Any]) -> FuzzConfig:
+    """The config of ``hark bench fuzz``'s parsed options."""
+    return config_from(FuzzConfig, options, key=api_key(options["api_key"]))
+
+
+def run(config: FuzzConfig) -> Result:
+    """Fuzz; the run passes when the server neither crashed nor left a session hanging."""
+    report = asyncio.run(FuzzRun(config).run())
+    passed = not report["crashes"] and not report["hung_sessions"]
+    return Result(report, format_summary(report), passed)
+
+
+command = Bench("fuzz", fuzz_config, run).command

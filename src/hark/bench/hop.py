@@ -15,20 +15,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 import time
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import aiohttp
 from aiortc import RTCConfiguration, RTCPeerConnection
 
+from hark.bench.command import Bench, Result, config_from
 from hark.bench.report import (
     ServerUrl,
     add_api_key_option,
     add_json_option,
     api_key,
     percentiles,
-    publish,
 )
 from hark.bench.webrtc import CallClient
 from hark.cluster.forwarding import WORKER_HEADER
@@ -187,19 +187,25 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     add_json_option(parser)
 
 
-def command(options: dict[str, Any]) -> int:
-    """Run ``hark bench hop``; returns the exit status."""
-    try:
-        report = asyncio.run(
-            run_hop_bench(
-                options["url"],
-                options["other"],
-                api_key=api_key(options["api_key"]),
-                count=options["count"],
-            )
-        )
-    except (RuntimeError, aiohttp.ClientError) as exc:
-        print(f"hark bench hop: {exc}", file=sys.stderr)
-        return 1
-    publish(format_summary(report), report, options["json"])
-    return 0
+@dataclass(frozen=True)
+class HopBenchConfig:
+    """What ``hark bench hop`` measures: ``run_hop_bench``'s arguments."""
+
+    url: str
+    other: str
+    api_key: str
+    count: int
+
+
+def hop_config(options: dict[str, Any]) -> HopBenchConfig:
+    """The config of ``hark bench hop``'s parsed options."""
+    return config_from(HopBenchConfig, options, api_key=api_key(options["api_key"]))
+
+
+def run(config: HopBenchConfig) -> Result:
+    """Measure; the report and its summary."""
+    report = asyncio.run(run_hop_bench(**asdict(config)))
+    return Result(report, format_summary(report))
+
+
+command = Bench("hop", hop_config, run, errors=(RuntimeError, aiohttp.ClientError)).command

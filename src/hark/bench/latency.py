@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import functools
 import json
 import logging
 import os
@@ -40,6 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from hark import __version__
+from hark.bench.command import Bench, Result, config_from
 from hark.bench.microphone import CHUNK_S, Microphone, Utterance
 from hark.bench.report import (
     DEFAULT_API_KEY,
@@ -50,7 +52,6 @@ from hark.bench.report import (
     api_key,
     load_average,
     percentile,
-    publish,
 )
 from hark.bench.spoken_questions import QUESTIONS, RATE, SpokenQuestion, spoken_questions
 from hark.observability.turn_timing import STAGES
@@ -698,33 +699,21 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def command(options: dict[str, Any]) -> int:
-    """Run ``hark bench latency`` with parsed ``options``; returns the exit status."""
-    logging.basicConfig(
-        level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
-    )
-    config = LatencyBenchConfig(
-        url=options["url"],
-        turns=options["turns"],
-        concurrency=options["concurrency"],
-        vad=options["vad"],
-        silence_ms=options["silence_ms"],
-        api_key=api_key(options["api_key"]),
-        model=options["model"],
-        seed=options["seed"],
-    )
-    try:
-        ServerUrl.parse(config.url)
-        report = asyncio.run(run_latency_bench(config, progress=_print_turn))
-        publish(format_summary(report), report.to_json(), options["json"])
-        if options["chart"] is not None:
-            write_chart(report, options["chart"])
-        return 0 if report.answered() else 1
-    except BenchError as error:
-        print(f"hark bench latency: error: {error}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
+def latency_config(options: dict[str, Any]) -> LatencyBenchConfig:
+    """The config of ``hark bench latency``'s parsed options."""
+    config = config_from(LatencyBenchConfig, options, api_key=api_key(options["api_key"]))
+    ServerUrl.parse(config.url)
+    return config
+
+
+def run(config: LatencyBenchConfig) -> Result:
+    """Ask the questions; the run passes when at least one reply was heard."""
+    report = asyncio.run(run_latency_bench(config, progress=_print_turn))
+    chart = functools.partial(write_chart, report)
+    return Result(report.to_json(), format_summary(report), bool(report.answered()), chart)
+
+
+command = Bench("latency", latency_config, run).command
 
 
 def _print_turn(turn: TurnResult) -> None:

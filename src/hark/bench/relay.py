@@ -30,15 +30,15 @@ import os
 import select
 import signal
 import socket
-import sys
 import time
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from hark.bench.report import add_json_option, cpu_seconds, percentiles, publish
+from hark.bench.command import Bench, Result, config_from
+from hark.bench.report import BenchError, add_json_option, cpu_seconds, percentiles
 from hark.edge import framing
 from hark.edge.flows import Address
 from hark.edge.mmsg import Batch, sockaddr_key
@@ -81,27 +81,36 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     add_json_option(parser)
 
 
-def command(options: dict[str, Any]) -> int:
-    """Run the bench, print a summary, optionally write the JSON report."""
-    cpus = os.sched_getaffinity(0)
-    relay_cpu = int(options["relay_cpu"])
-    if relay_cpu not in cpus or len(cpus) < 2:
-        print("hark bench relay: needs two CPUs, --relay-cpu being one of them", file=sys.stderr)
-        return 2
-    report = run(
-        seconds=float(options["seconds"]),
-        flows=int(options["flows"]),
-        size=int(options["size"]),
-        pings=int(options["pings"]),
-        relay_cpu=relay_cpu,
-    )
-    json_path: Path | None = options.get("json")
-    publish(summary(report), report, json_path)
-    return 0
+@dataclass(frozen=True)
+class RelayBenchConfig:
+    """What ``hark bench relay`` measures: its options."""
+
+    seconds: float
+    flows: int
+    size: int
+    pings: int
+    relay_cpu: int
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> RelayBenchConfig:
+        """The config of the parsed options; ``BenchError`` without two CPUs to run on."""
+        config = config_from(cls, options)
+        cpus = os.sched_getaffinity(0)
+        if config.relay_cpu not in cpus or len(cpus) < 2:
+            raise BenchError("needs two CPUs, --relay-cpu being one of them")
+        return config
 
 
-def run(*, seconds: float, flows: int, size: int, pings: int, relay_cpu: int) -> dict[str, Any]:
+def run(config: RelayBenchConfig) -> Result:
+    """Measure; the report and its summary."""
+    report = measure(config)
+    return Result(report, summary(report))
+
+
+def measure(config: RelayBenchConfig) -> dict[str, Any]:
     """Measure; the report as a dict."""
+    seconds, flows, size, pings = config.seconds, config.flows, config.size, config.pings
+    relay_cpu = config.relay_cpu
     load_cpus = os.sched_getaffinity(0) - {relay_cpu}
     context = multiprocessing.get_context("fork")
     echo_end, echo_here = context.Pipe()
@@ -154,6 +163,9 @@ def run(*, seconds: float, flows: int, size: int, pings: int, relay_cpu: int) ->
         "round_trip_us": {"via_relay": via_relay, "direct": direct, "added": added},
         "relay_counters": counters,
     }
+
+
+command = Bench("relay", RelayBenchConfig.from_options, run).command
 
 
 def summary(report: dict[str, Any]) -> str:

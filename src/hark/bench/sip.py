@@ -58,6 +58,8 @@ from aiohttp import web
 
 from hark.audio.codecs.g711 import ulaw_decode, ulaw_encode
 from hark.audio.resample import resample
+from hark.bench import capacity
+from hark.bench.command import Bench, Result, config_from
 from hark.bench.report import (
     BenchError,
     ServerUrl,
@@ -66,7 +68,6 @@ from hark.bench.report import (
     api_key,
     cpu_seconds_if_running,
     percentile_or_nan,
-    publish,
 )
 from hark.bench.spoken_questions import QUESTIONS, RATE, SpokenQuestion, spoken_questions
 from hark.transports.sip.rtp import RtpError, RtpPacket, RtpSender, is_rtcp
@@ -478,44 +479,42 @@ async def measure_capacity(
     microphones = Microphones()
     microphones.start()
     talkers: list[asyncio.Task[None]] = []
-    steps: list[CapacityStep] = []
-    carried = 0
+
+    async def add(count: int) -> int:
+        batch = [SipCaller(server) for _ in range(count)]
+        for caller in batch:
+            caller.listening = False
+        outcomes = await asyncio.gather(
+            *(_connect(caller) for caller in batch), return_exceptions=True
+        )
+        failures = 0
+        for index, (caller, outcome) in enumerate(zip(batch, outcomes, strict=True)):
+            if isinstance(outcome, BaseException):
+                failures += 1
+                caller.close()
+                continue
+            microphones.callers.append(caller)
+            # Staggered, so that the calls do not all speak at once.
+            offset = ask_every_s * index / max(1, len(batch))
+            talkers.append(asyncio.create_task(_keep_asking(caller, speech, ask_every_s, offset)))
+        return failures
+
+    def show(result: CapacityStep, again: bool) -> None:
+        if progress:
+            _print_step(result, again=again)
+
     try:
-        while len(microphones.callers) < max_calls:
-            batch = [
-                SipCaller(server) for _ in range(min(step, max_calls - len(microphones.callers)))
-            ]
-            for caller in batch:
-                caller.listening = False
-            outcomes = await asyncio.gather(
-                *(_connect(caller) for caller in batch), return_exceptions=True
-            )
-            failures = 0
-            for index, (caller, outcome) in enumerate(zip(batch, outcomes, strict=True)):
-                if isinstance(outcome, BaseException):
-                    failures += 1
-                    caller.close()
-                    continue
-                microphones.callers.append(caller)
-                # Staggered, so that the calls do not all speak at once.
-                offset = ask_every_s * index / max(1, len(batch))
-                talkers.append(
-                    asyncio.create_task(_keep_asking(caller, speech, ask_every_s, offset))
-                )
-            await asyncio.sleep(0.5)
-            result = await _watch(microphones.callers, hold_s, late_ms, server_pid, failures)
-            if progress:
-                _print_step(result)
-            if not failures and not result.within(threshold_ms):
-                # One late window may be a neighbour's burst on a shared machine: a step
-                # fails only when a second window is late too.
-                result = await _watch(microphones.callers, hold_s, late_ms, server_pid, failures)
-                if progress:
-                    _print_step(result, again=True)
-            steps.append(result)
-            if failures or not result.within(threshold_ms):
-                break
-            carried = result.calls
+        return await capacity.ramp(
+            step=step,
+            max_calls=max_calls,
+            settle_s=0.5,
+            add=add,
+            watch=lambda failures: _watch(
+                microphones.callers, hold_s, late_ms, server_pid, failures
+            ),
+            within=lambda result: result.within(threshold_ms),
+            show=show,
+        )
     finally:
         for task in talkers:
             task.cancel()
@@ -524,7 +523,6 @@ async def measure_capacity(
         await asyncio.gather(*(c.bye() for c in microphones.callers), return_exceptions=True)
         for caller in microphones.callers:
             caller.close()
-    return steps, carried
 
 
 async def _connect(caller: SipCaller) -> None:
@@ -929,22 +927,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         metavar="HOST:PORT",
         help="the server's SIP address (UDP), e.g. 127.0.0.1:5060",
     )
-    parser.add_argument(
-        "--calls", type=int, default=20, help="calls to time, one after another (default 20)"
-    )
-    parser.add_argument("--capacity", action="store_true", help="also ramp up simultaneous calls")
-    parser.add_argument("--step", type=int, default=10, help="calls added per step (default 10)")
-    parser.add_argument(
-        "--max-calls", type=int, default=300, help="stop the ramp here (default 300)"
-    )
-    parser.add_argument(
-        "--hold", type=float, default=5.0, help="seconds watched per step (default 5)"
-    )
-    parser.add_argument(
-        "--threshold-ms",
-        type=float,
-        default=DEFAULT_THRESHOLD_MS,
-        help="p99 RTP jitter that ends the ramp (default 10)",
+    capacity.add_capacity_options(
+        parser,
+        step=10,
+        max_calls=300,
+        threshold_ms=DEFAULT_THRESHOLD_MS,
+        bound="p99 RTP jitter",
     )
     parser.add_argument(
         "--late-ms",
@@ -957,13 +945,6 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=6.0,
         help="each capacity call says a question this often, in seconds (default 6)",
-    )
-    parser.add_argument(
-        "--server-pid",
-        type=int,
-        default=None,
-        metavar="PID",
-        help="a local server's process id: report its CPU time per call-second",
     )
     parser.add_argument(
         "--turns", type=int, default=0, help="spoken questions to time on one call (default 0)"
@@ -985,40 +966,41 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     add_json_option(parser)
 
 
-def command(options: dict[str, Any]) -> int:
-    """Run ``hark bench sip`` with parsed ``options``; returns the exit status."""
-    logging.basicConfig(
-        level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
-    )
-    try:
-        report = asyncio.run(
-            run_sip_bench(
-                options["sip"],
-                calls=options["calls"],
-                capacity=options["capacity"],
-                step=options["step"],
-                max_calls=options["max_calls"],
-                hold_s=options["hold"],
-                threshold_ms=options["threshold_ms"],
-                late_ms=options["late_ms"],
-                ask_every_s=options["ask_every"],
-                server_pid=options["server_pid"],
-                turns=options["turns"],
-                url=options["url"],
-                key=api_key(options["api_key"]),
-                webhook_listen=options["webhook_listen"],
-            )
+@dataclass(frozen=True)
+class SipBenchConfig(capacity.CapacityConfig):
+    """What ``hark bench sip`` measures: ``run_sip_bench``'s arguments."""
+
+    server: tuple[str, int]
+    late_ms: float
+    ask_every_s: float
+    turns: int
+    url: str | None
+    key: str
+    webhook_listen: tuple[str, int] | None
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> SipBenchConfig:
+        """The config of the parsed options."""
+        return config_from(
+            cls,
+            options,
+            server=options["sip"],
+            hold_s=options["hold"],
+            ask_every_s=options["ask_every"],
+            key=api_key(options["api_key"]),
         )
-    except BenchError as error:
-        print(f"hark bench sip: error: {error}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-    publish(format_summary(report), report.to_json(), options["json"])
+
+
+def run(config: SipBenchConfig) -> Result:
+    """Time the setups, ramp and ask if asked; the run passes when no call or turn failed."""
+    report = asyncio.run(run_sip_bench(**asdict(config)))
     failed = any(r.error is not None for r in report.setup) or any(
         t.error is not None for t in report.turns
     )
-    return 1 if failed else 0
+    return Result(report.to_json(), format_summary(report), not failed)
+
+
+command = Bench("sip", SipBenchConfig.from_options, run).command
 
 
 # ---------------------------------------------------------------------- SIP text

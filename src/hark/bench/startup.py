@@ -45,12 +45,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from hark.bench.command import Bench, Result, config_from
 from hark.bench.report import (
     BenchError,
     add_json_option,
     cpu_seconds_if_running,
     load_average,
-    publish,
 )
 
 # Bounds a hang, never what is measured.
@@ -80,20 +80,31 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     add_json_option(parser)
 
 
-def command(options: dict[str, Any]) -> int:
-    """Run the bench, print a summary, optionally write the JSON report."""
-    runs = int(options["runs"])
-    if runs < 1:
-        print("hark bench startup: --runs must be at least 1", file=sys.stderr)
-        return 2
-    hark = shlex.split(options["hark"]) if options.get("hark") else default_hark()
-    try:
-        report = run(hark, runs=runs, redis_url=options.get("redis_url"))
-    except BenchError as exc:
-        print(f"hark bench startup: {exc}", file=sys.stderr)
-        return 1
-    publish(summary(report), report, options.get("json"))
-    return 0
+@dataclass(frozen=True)
+class StartupBenchConfig:
+    """What ``hark bench startup`` measures: its options."""
+
+    hark: tuple[str, ...]
+    runs: int
+    redis_url: str | None
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> StartupBenchConfig:
+        """The config of the parsed options; ``BenchError`` when ``--runs`` is below 1."""
+        hark = shlex.split(options["hark"]) if options.get("hark") else default_hark()
+        config = config_from(cls, options, hark=tuple(hark))
+        if config.runs < 1:
+            raise BenchError("--runs must be at least 1")
+        return config
+
+
+def run(config: StartupBenchConfig) -> Result:
+    """Start each command; the report and its summary."""
+    report = measure(list(config.hark), runs=config.runs, redis_url=config.redis_url)
+    return Result(report, summary(report))
+
+
+command = Bench("startup", StartupBenchConfig.from_options, run).command
 
 
 def default_hark() -> list[str]:
@@ -102,7 +113,7 @@ def default_hark() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "hark.cli"]
 
 
-def run(hark: list[str], *, runs: int, redis_url: str | None) -> dict[str, Any]:
+def measure(hark: list[str], *, runs: int, redis_url: str | None) -> dict[str, Any]:
     """Start each command ``runs`` times; the report as a dict."""
     env = {name: value for name, value in os.environ.items() if not name.startswith("HARK_")}
     measures: list[tuple[str, Callable[[], Timing]]] = [

@@ -20,16 +20,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from hark.audio.resample import resample
-from hark.bench.report import BenchError, add_json_option, load_average, publish
+from hark.bench.command import Bench, Result, config_from, listed
+from hark.bench.report import BenchError, add_json_option, load_average
 from hark.bench.spoken_questions import QUESTIONS
 from hark.bench.word_alignment import align, words
 from hark.engines.asr import AsrEngine
@@ -107,24 +108,37 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     add_json_option(parser)
 
 
-def command(options: dict[str, Any]) -> int:
-    """Run the benchmark, print a summary and optionally write the JSON report."""
-    try:
-        engines = [name.strip() for name in str(options["engines"]).split(",") if name.strip()]
-        unknown = sorted(set(engines) - set(ENGINES))
-        if not engines or unknown or len(set(engines)) != len(engines):
+@dataclass(frozen=True)
+class TtsBenchConfig:
+    """What ``hark bench tts`` measures: its options."""
+
+    engines: tuple[str, ...]
+    runs: int
+    sentences: int
+    asr_model: str | None
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> TtsBenchConfig:
+        """The config of the parsed options; ``BenchError`` when one is out of range."""
+        config = config_from(cls, options, engines=listed(options["engines"], str))
+        unknown = sorted(set(config.engines) - set(ENGINES))
+        if not config.engines or unknown or len(set(config.engines)) != len(config.engines):
             raise BenchError(f"--engines is a list of {', '.join(ENGINES)}")
-        runs, count = int(options["runs"]), int(options["sentences"])
-        if runs < 1:
+        if config.runs < 1:
             raise BenchError("--runs is at least 1")
-        if not 1 <= count <= len(SENTENCES):
+        if not 1 <= config.sentences <= len(SENTENCES):
             raise BenchError(f"--sentences is 1 to {len(SENTENCES)}")
-    except BenchError as exc:
-        print(f"hark bench tts: {exc}", file=sys.stderr)
-        return 2
-    report = asyncio.run(measure(engines, runs, SENTENCES[:count], options["asr_model"]))
-    publish(summary(report), report, options["json"])
-    return 0
+        return config
+
+
+def run(config: TtsBenchConfig) -> Result:
+    """Measure; the report and its summary."""
+    sentences = SENTENCES[: config.sentences]
+    report = asyncio.run(measure(config.engines, config.runs, sentences, config.asr_model))
+    return Result(report, summary(report))
+
+
+command = Bench("tts", TtsBenchConfig.from_options, run).command
 
 
 def compared(text: str) -> list[str]:

@@ -56,9 +56,11 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from hark.bench.command import Bench, Result
 from hark.bench.monologues import first_voiced_sample
-from hark.bench.report import BenchError, add_json_option, percentile, publish
+from hark.bench.report import BenchError, add_json_option, percentile
 from hark.bench.spoken_questions import RATE, default_cache_dir, last_voiced_sample, write_question
+from hark.session.results import Recognised, TurnScored, VadScored
 
 SPEC_PATH = Path(__file__).with_name("turns_fixtures.toml")
 EAGERNESS = ("low", "medium", "high", "auto")
@@ -687,7 +689,7 @@ async def run_fixture(fixture: Fixture, setting: Setting, engines: Engines) -> R
                     for _ in range(len(out.chunks)):
                         if answered >= len(answers):
                             raise BenchError(f"{fixture.name}: more VAD chunks than the audio")
-                        session.on_vad(answers[answered], out.epoch, now=clock / 1000)
+                        session.handle(VadScored(answers[answered], out.epoch), now=clock / 1000)
                         answered += 1
                 elif isinstance(out, se.SpeechStarted):
                     run.starts.append(float(out.audio_start_ms))
@@ -712,7 +714,7 @@ async def run_fixture(fixture: Fixture, setting: Setting, engines: Engines) -> R
                 clock + delay,
                 next(order),
                 action.request_id,
-                lambda: session.on_recognised(action.request_id, transcript, now=clock / 1000),
+                lambda: session.handle(Recognised(action.request_id, transcript), now=clock / 1000),
             ),
         )
 
@@ -728,7 +730,7 @@ async def run_fixture(fixture: Fixture, setting: Setting, engines: Engines) -> R
                 clock + delay,
                 next(order),
                 action.key,
-                lambda: session.on_turn_score(action.key, probability, now=clock / 1000),
+                lambda: session.handle(TurnScored(action.key, probability), now=clock / 1000),
             ),
         )
 
@@ -1072,55 +1074,82 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     add_json_option(parser)
 
 
-def command(options: dict[str, Any]) -> int:
-    """Run the benchmark, print a summary and optionally write the JSON report."""
+@dataclass(frozen=True)
+class TurnsBenchConfig:
+    """What ``hark bench turns`` measures: the fixtures, the settings and the delays."""
+
+    fixtures: tuple[FixtureSpec, ...]
+    settings: tuple[Setting, ...]
+    lead_ms: int
+    tail_ms: int
+    budget: float
+    asr_delay_ms: float | None
+    eot_delay_ms: float | None
+    cache_dir: Path | None
+
+
+@dataclass(frozen=True)
+class BackchannelsBenchConfig:
+    """What ``hark bench turns --backchannels`` measures (see ``hark.bench.backchannels``)."""
+
+    transports: tuple[str, ...]
+    voices: tuple[str, ...] | None
+    backchannels: bool
+
+
+def turns_config(options: dict[str, Any]) -> TurnsBenchConfig | BackchannelsBenchConfig:
+    """The config of the parsed options: the turns' or, with ``--backchannels``, theirs."""
+    voices = _names(options["voices"])
     if options.get("backchannels"):
-        return _backchannels(options)
-    try:
-        spec = load_spec()
-        eagerness = _names(options["eagerness"]) or []
-        unknown = set(eagerness) - set(EAGERNESS)
-        if unknown:
-            raise BenchError(f"unknown eagerness: {', '.join(sorted(unknown))}")
-        silences = [int(s) for s in _names(options["silences"]) or []]
-        if any(s <= 0 for s in silences):
-            raise BenchError("silences are positive milliseconds")
-        delays = [_delay(options[f"{n}_delay_ms"]) for n in ("asr", "eot")]
-        fixtures = fixture_specs(spec, _names(options["voices"]), _names(options["turns"]))
-        report = asyncio.run(
-            measure(
-                fixtures,
-                settings(eagerness, silences),
-                lead_ms=spec.lead_ms,
-                tail_ms=spec.tail_ms,
-                budget=float(options["budget"]),
-                asr_delay_ms=delays[0],
-                eot_delay_ms=delays[1],
-                cache_dir=options["cache_dir"],
-                progress=lambda line: print(line, file=sys.stderr, flush=True),
-            )
-        )
-    except (BenchError, ValueError) as error:
-        print(f"hark bench turns: {error}", file=sys.stderr)
-        return 2
-    publish(summary(report), report, options["json"])
-    return 0
-
-
-def _backchannels(options: dict[str, Any]) -> int:
-    from hark.bench import backchannels
-
-    try:
-        report = backchannels.run(
-            _names(options["backchannels"]) or [],
-            _names(options["voices"]),
+        return BackchannelsBenchConfig(
+            tuple(_names(options["backchannels"]) or ()),
+            None if voices is None else tuple(voices),
             not options["backchannels_off"],
         )
-    except BenchError as error:
-        print(f"hark bench turns: {error}", file=sys.stderr)
-        return 2
-    publish(backchannels.summary(report), report, options["json"])
-    return 0
+    spec = load_spec()
+    eagerness = _names(options["eagerness"]) or []
+    unknown = set(eagerness) - set(EAGERNESS)
+    if unknown:
+        raise BenchError(f"unknown eagerness: {', '.join(sorted(unknown))}")
+    silences = [int(s) for s in _names(options["silences"]) or []]
+    if any(s <= 0 for s in silences):
+        raise BenchError("silences are positive milliseconds")
+    return TurnsBenchConfig(
+        fixtures=tuple(fixture_specs(spec, voices, _names(options["turns"]))),
+        settings=tuple(settings(eagerness, silences)),
+        lead_ms=spec.lead_ms,
+        tail_ms=spec.tail_ms,
+        budget=float(options["budget"]),
+        asr_delay_ms=_delay(options["asr_delay_ms"]),
+        eot_delay_ms=_delay(options["eot_delay_ms"]),
+        cache_dir=options["cache_dir"],
+    )
+
+
+def run(config: TurnsBenchConfig | BackchannelsBenchConfig) -> Result:
+    """Measure; the report and its summary."""
+    if isinstance(config, BackchannelsBenchConfig):
+        from hark.bench import backchannels
+
+        report = backchannels.run(config.transports, config.voices, config.backchannels)
+        return Result(report, backchannels.summary(report))
+    report = asyncio.run(
+        measure(
+            config.fixtures,
+            config.settings,
+            lead_ms=config.lead_ms,
+            tail_ms=config.tail_ms,
+            budget=config.budget,
+            asr_delay_ms=config.asr_delay_ms,
+            eot_delay_ms=config.eot_delay_ms,
+            cache_dir=config.cache_dir,
+            progress=lambda line: print(line, file=sys.stderr, flush=True),
+        )
+    )
+    return Result(report, summary(report))
+
+
+command = Bench("turns", turns_config, run).command
 
 
 def _names(value: str | None) -> list[str] | None:

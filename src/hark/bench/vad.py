@@ -19,15 +19,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
-import sys
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from hark.bench.report import add_json_option, publish
+from hark.bench.command import Bench, Result, config_from, listed
+from hark.bench.report import BenchError, add_json_option
 from hark.engines.vad import Outcomes, silero_gemm
 from hark.engines.vad.batcher import VAD_MAX_WAIT_MS, BatchedSileroVad, BatchedSileroVadStream
 from hark.engines.vad.silero import (
@@ -65,19 +66,33 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     add_json_option(parser)
 
 
-def command(options: dict[str, Any]) -> int:
-    """Run the benchmark, print a summary and optionally write the JSON report."""
-    try:
-        sizes = [int(size) for size in str(options["batch_sizes"]).split(",") if size.strip()]
-    except ValueError:
-        print("hark bench vad: --batch-sizes takes integers, e.g. 1,8,64", file=sys.stderr)
-        return 2
-    if not sizes or min(sizes) < 1:
-        print("hark bench vad: batch sizes must be at least 1", file=sys.stderr)
-        return 2
-    report = asyncio.run(measure(sizes, float(options["seconds"]), float(options["max_wait_ms"])))
-    publish(summary(report), report, options["json"])
-    return 0
+@dataclass(frozen=True)
+class VadBenchConfig:
+    """What ``hark bench vad`` measures: its options."""
+
+    batch_sizes: tuple[int, ...]
+    seconds: float
+    max_wait_ms: float
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> VadBenchConfig:
+        """The config of the parsed options; ``BenchError`` when a batch size is wrong."""
+        try:
+            sizes = listed(options["batch_sizes"], int)
+        except ValueError:
+            raise BenchError("--batch-sizes takes integers, e.g. 1,8,64") from None
+        if not sizes or min(sizes) < 1:
+            raise BenchError("batch sizes must be at least 1")
+        return config_from(cls, options, batch_sizes=sizes)
+
+
+def run(config: VadBenchConfig) -> Result:
+    """Measure; the report and its summary."""
+    report = asyncio.run(measure(list(config.batch_sizes), config.seconds, config.max_wait_ms))
+    return Result(report, summary(report))
+
+
+command = Bench("vad", VadBenchConfig.from_options, run).command
 
 
 async def measure(batch_sizes: list[int], seconds: float, max_wait_ms: float) -> dict[str, Any]:

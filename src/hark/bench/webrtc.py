@@ -60,7 +60,8 @@ from av import AudioCodecContext, AudioFrame, CodecContext, Packet
 
 from hark.audio.codecs.opus import OpusDecoder
 from hark.audio.resample import resample
-from hark.bench import webrtc_profile
+from hark.bench import capacity, webrtc_profile
+from hark.bench.command import Bench, Result, config_from
 from hark.bench.report import (
     BenchError,
     ServerUrl,
@@ -69,7 +70,6 @@ from hark.bench.report import (
     api_key,
     cpu_seconds_if_running,
     percentile_or_nan,
-    publish,
 )
 from hark.bench.spoken_questions import QUESTIONS, spoken_questions
 from hark.bench.spoken_questions import RATE as QUESTION_RATE
@@ -860,41 +860,38 @@ async def measure_capacity(
     # A window's packets, twice over, and the setup before it.
     keep = math.ceil(hold_s / FRAME_S) * 2 + 500
     callers = CallerProcesses(client_processes, url, api_key, audio, keep=keep)
-    steps: list[CapacityStep] = []
-    calls = carried = 0
+
+    def show(result: CapacityStep, again: bool) -> None:
+        if progress:
+            _print_step(result, again=again)
+
+    async def examine(result: CapacityStep) -> None:
+        if not profile_s or server_pid is None or not result.calls:
+            return
+        profile = await webrtc_profile.record(server_pid, profile_s)
+        parts = webrtc_profile.attribute(profile, result.calls)
+        # py-spy stops the server so often that its playout skips frames: the shares
+        # hold, the CPU they share is the step's own, measured without py-spy.
+        if result.server_cpu is not None and profile.cores > 0:
+            parts = webrtc_profile.scaled(parts, result.server_cpu / profile.cores)
+        result.profile = parts
+        result.profile_server_cpu = profile.cores
+        if progress:
+            print(webrtc_profile.format_table(result.profile), flush=True)
+
     try:
-        while calls < max_calls:
-            added = min(step, max_calls - calls)
-            failures = await callers.add(added)
-            calls += added - failures
-            await asyncio.sleep(_SETTLE_S)
-            result = await _watch(callers, hold_s, server_pid, failures)
-            if progress:
-                _print_step(result)
-            if not failures and not result.p99_lateness_ms <= threshold_ms:
-                # One late window may be a neighbour's burst on a shared machine: a step
-                # fails only when a second window is late too.
-                result = await _watch(callers, hold_s, server_pid, failures)
-                if progress:
-                    _print_step(result, again=True)
-            if profile_s and server_pid is not None and result.calls:
-                profile = await webrtc_profile.record(server_pid, profile_s)
-                parts = webrtc_profile.attribute(profile, result.calls)
-                # py-spy stops the server so often that its playout skips frames: the shares
-                # hold, the CPU they share is the step's own, measured without py-spy.
-                if result.server_cpu is not None and profile.cores > 0:
-                    parts = webrtc_profile.scaled(parts, result.server_cpu / profile.cores)
-                result.profile = parts
-                result.profile_server_cpu = profile.cores
-                if progress:
-                    print(webrtc_profile.format_table(result.profile), flush=True)
-            steps.append(result)
-            if failures or not result.p99_lateness_ms <= threshold_ms:
-                break
-            carried = result.calls
+        return await capacity.ramp(
+            step=step,
+            max_calls=max_calls,
+            settle_s=_SETTLE_S,
+            add=callers.add,
+            watch=lambda failures: _watch(callers, hold_s, server_pid, failures),
+            within=lambda result: result.p99_lateness_ms <= threshold_ms,
+            show=show,
+            examine=examine,
+        )
     finally:
         await callers.close()
-    return steps, carried
 
 
 async def _watch(
@@ -1077,30 +1074,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--url", required=True, help="the server's HTTP root, e.g. http://127.0.0.1:8000"
     )
-    parser.add_argument(
-        "--calls", type=int, default=20, help="calls to time, one after another (default 20)"
-    )
     add_api_key_option(parser)
-    parser.add_argument("--capacity", action="store_true", help="also ramp up simultaneous calls")
-    parser.add_argument("--step", type=int, default=5, help="calls added per step (default 5)")
-    parser.add_argument(
-        "--max-calls", type=int, default=500, help="stop the ramp here (default 500)"
-    )
-    parser.add_argument(
-        "--hold", type=float, default=5.0, help="seconds watched per step (default 5)"
-    )
-    parser.add_argument(
-        "--threshold-ms",
-        type=float,
-        default=DEFAULT_THRESHOLD_MS,
-        help="p99 frame lateness that ends the ramp (default 20)",
-    )
-    parser.add_argument(
-        "--server-pid",
-        type=int,
-        default=None,
-        metavar="PID",
-        help="a local server's process id: report its CPU use per capacity step",
+    capacity.add_capacity_options(
+        parser,
+        step=5,
+        max_calls=500,
+        threshold_ms=DEFAULT_THRESHOLD_MS,
+        bound="p99 frame lateness",
     )
     parser.add_argument(
         "--client-processes",
@@ -1127,37 +1107,36 @@ def _positive(text: str) -> int:
     return value
 
 
-def command(options: dict[str, Any]) -> int:
-    """Run ``hark bench webrtc`` with parsed ``options``; returns the exit status."""
-    logging.basicConfig(
-        level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
-    )
+@dataclass(frozen=True)
+class WebRtcBenchConfig(capacity.CapacityConfig):
+    """What ``hark bench webrtc`` measures: ``run_webrtc_bench``'s arguments."""
+
+    url: str
+    api_key: str
+    client_processes: int
+    profile_s: float | None
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> WebRtcBenchConfig:
+        """The config of the parsed options."""
+        if options["profile"] is not None and options["server_pid"] is None:
+            raise BenchError("--profile needs --server-pid")
+        return config_from(
+            cls,
+            options,
+            api_key=api_key(options["api_key"]),
+            hold_s=options["hold"],
+            profile_s=options["profile"],
+        )
+
+
+def run(config: WebRtcBenchConfig) -> Result:
+    """Time the setups, then ramp if asked; the run passes when every call set up."""
     # aiortc leaves tasks failing noisily when many client peers close at once.
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
-    if options["profile"] is not None and options["server_pid"] is None:
-        print("hark bench webrtc: error: --profile needs --server-pid", file=sys.stderr)
-        return 2
-    try:
-        report = asyncio.run(
-            run_webrtc_bench(
-                options["url"],
-                api_key=api_key(options["api_key"]),
-                calls=options["calls"],
-                capacity=options["capacity"],
-                step=options["step"],
-                max_calls=options["max_calls"],
-                hold_s=options["hold"],
-                threshold_ms=options["threshold_ms"],
-                server_pid=options["server_pid"],
-                client_processes=options["client_processes"],
-                profile_s=options["profile"],
-            )
-        )
-    except BenchError as error:
-        print(f"hark bench webrtc: error: {error}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-    publish(format_summary(report), report.to_json(), options["json"])
-    failed = any(r.error is not None for r in report.setup)
-    return 1 if failed else 0
+    report = asyncio.run(run_webrtc_bench(**asdict(config)))
+    passed = all(r.error is None for r in report.setup)
+    return Result(report.to_json(), format_summary(report), passed)
+
+
+command = Bench("webrtc", WebRtcBenchConfig.from_options, run).command

@@ -3,22 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import sys
+import functools
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hark.bench.command import Bench, Result, config_from
 from hark.bench.load.chart import write_chart
 from hark.bench.load.config import TRANSPORTS, LoadConfig, parse_duration
 from hark.bench.load.generator import run_load_bench
 from hark.bench.load.summary import format_summary, passed
-from hark.bench.report import (
-    BenchError,
-    ServerUrl,
-    add_api_key_option,
-    add_json_option,
-    api_key,
-    publish,
-)
+from hark.bench.report import ServerUrl, add_api_key_option, add_json_option, api_key
 from hark.eventloop import run_event_loop
 
 
@@ -67,34 +62,34 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
-def command(options: dict[str, Any]) -> int:
-    """Run ``hark bench load``; the exit status is 0 when no call failed and no turn was
-    missed."""
-    config = LoadConfig(
-        url=options["url"],
-        sessions=options["sessions"],
-        ramp_s=options["ramp"],
-        duration_s=options["duration"],
-        transport=options["transport"],
-        chunk_ms=options["chunk_ms"],
-        call_s=options["call_duration"],
-        silence_ms=options["silence_ms"],
-        api_key=api_key(options["api_key"]),
-        model=options["model"],
-        sample_s=options["sample"],
-        seed=options["seed"],
-        transcribe=options["transcribe"],
-        server_pid=options["server_pid"],
-    )
-    try:
+@dataclass(frozen=True)
+class LoadRun:
+    """One ``hark bench load`` run: what the callers do, and whether to show progress."""
+
+    config: LoadConfig
+    progress: bool
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> LoadRun:
+        """The run of the parsed options; ``BenchError`` when ``--url`` is not a URL."""
+        config = config_from(
+            LoadConfig,
+            options,
+            ramp_s=options["ramp"],
+            duration_s=options["duration"],
+            call_s=options["call_duration"],
+            api_key=api_key(options["api_key"]),
+            sample_s=options["sample"],
+        )
         ServerUrl.parse(config.url)
-        report = run_event_loop(run_load_bench(config, progress=not options["quiet"]))
-        publish(format_summary(report), report, options["json"])
-        if options["chart"] is not None:
-            write_chart(report, options["chart"])
-    except BenchError as error:
-        print(f"hark bench load: error: {error}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-    return 0 if passed(report) else 1
+        return cls(config, not options["quiet"])
+
+
+def run(load: LoadRun) -> Result:
+    """Run the callers; the run passes when no call failed and no turn was missed."""
+    report = run_event_loop(run_load_bench(load.config, progress=load.progress))
+    chart = functools.partial(write_chart, report)
+    return Result(report, format_summary(report), passed(report), chart)
+
+
+command = Bench("load", LoadRun.from_options, run).command

@@ -1,0 +1,118 @@
+"""The capacity ramp the WebRTC and SIP benches share: add calls a step at a time, watch
+each step for a window, and stop at the first step that fails.
+
+What a call is, how a window is watched and what counts as within bounds differ by
+transport and are handed in; the ramp itself (how many calls each step adds, the second
+look at a late step, where it stops, which figure is the capacity) is written once here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+
+@dataclass(frozen=True)
+class CapacityConfig:
+    """The options a capacity bench shares: the calls timed first, and the ramp's."""
+
+    calls: int
+    capacity: bool
+    step: int
+    max_calls: int
+    hold_s: float
+    threshold_ms: float
+    # A server on this machine: each step reports its CPU use.
+    server_pid: int | None
+
+
+def add_capacity_options(
+    parser: argparse.ArgumentParser, *, step: int, max_calls: int, threshold_ms: float, bound: str
+) -> None:
+    """The options of :class:`CapacityConfig`, with the bench's defaults; ``bound`` says
+    what the threshold bounds ("p99 frame lateness")."""
+    parser.add_argument(
+        "--calls", type=int, default=20, help="calls to time, one after another (default 20)"
+    )
+    parser.add_argument("--capacity", action="store_true", help="also ramp up simultaneous calls")
+    parser.add_argument(
+        "--step", type=int, default=step, help=f"calls added per step (default {step})"
+    )
+    parser.add_argument(
+        "--max-calls", type=int, default=max_calls, help=f"stop the ramp here (default {max_calls})"
+    )
+    parser.add_argument(
+        "--hold", type=float, default=5.0, help="seconds watched per step (default 5)"
+    )
+    parser.add_argument(
+        "--threshold-ms",
+        type=float,
+        default=threshold_ms,
+        help=f"{bound} that ends the ramp (default {threshold_ms:g})",
+    )
+    parser.add_argument(
+        "--server-pid",
+        type=int,
+        default=None,
+        metavar="PID",
+        help="a local server's process id: report its CPU use per capacity step",
+    )
+
+
+class Step(Protocol):
+    """What the ramp reads of a step's figures."""
+
+    @property
+    def calls(self) -> int:
+        """The calls up during the step's window."""
+        ...
+
+
+S = TypeVar("S", bound=Step)
+
+
+async def ramp(
+    *,
+    step: int,
+    max_calls: int,
+    settle_s: float,
+    add: Callable[[int], Awaitable[int]],
+    watch: Callable[[int], Awaitable[S]],
+    within: Callable[[S], bool],
+    show: Callable[[S, bool], None] | None = None,
+    examine: Callable[[S], Awaitable[None]] | None = None,
+) -> tuple[list[S], int]:
+    """Ramp calls up to ``max_calls``, ``step`` at a time; the steps and the calls carried.
+
+    ``add(n)`` sets up ``n`` more calls and returns how many failed; after ``settle_s``,
+    ``watch(failures)`` measures one window of every call up. A step passes when no call
+    failed to set up and ``within`` holds; a late window is watched again before the step
+    fails, since one late window may be a neighbour's burst on a shared machine. ``show``
+    prints a step (and whether it is the second look), ``examine`` looks further into a
+    step before the ramp goes on (a profile). The calls carried are those of the last step
+    that passed.
+    """
+    steps: list[S] = []
+    calls = carried = 0
+    while calls < max_calls:
+        added = min(step, max_calls - calls)
+        failures = await add(added)
+        calls += added - failures
+        await asyncio.sleep(settle_s)
+        result = await watch(failures)
+        if show is not None:
+            show(result, False)
+        if not failures and not within(result):
+            result = await watch(failures)
+            if show is not None:
+                show(result, True)
+        if examine is not None:
+            await examine(result)
+        steps.append(result)
+        if failures or not within(result):
+            break
+        carried = result.calls
+    return steps, carried

@@ -1,0 +1,91 @@
+"""The protocol every ``hark bench X`` command follows, and its glue, written once.
+
+A bench is a typed config, built from its parsed options, and a run function that takes
+the config and returns a :class:`Result`: the figures (written as JSON with ``--json``),
+the summary for people, and whether the run passed. :class:`Bench` turns the two into the
+``command(options)`` that ``hark.cli`` calls, with the same logging, error lines and exit
+status for every bench: 0 when the run passed, 1 when it did not or could not run, 2 when
+the options are wrong, 130 on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Generic, TypeVar, cast
+
+from hark.bench.report import BenchError, publish
+
+C = TypeVar("C")
+T = TypeVar("T")
+
+# What an option's value can be wrong with, as the config's builder finds it (a file
+# option's file unreadable: OSError).
+OPTION_ERRORS: tuple[type[Exception], ...] = (BenchError, ValueError, OSError)
+
+
+def config_from(cls: type[C], options: Mapping[str, Any], **values: Any) -> C:
+    """A config dataclass ``cls`` whose fields are the options of the same names, but for
+    those ``values`` gives (an option renamed or read into another type); a field that is
+    neither keeps its default."""
+    names = [field.name for field in fields(cast(Any, cls))]
+    taken = {name: options[name] for name in names if name in options and name not in values}
+    return cls(**taken, **values)
+
+
+def listed(value: str, kind: Callable[[str], T]) -> tuple[T, ...]:
+    """A comma-separated option's items read as ``kind`` (``ValueError`` when one is not)."""
+    return tuple(kind(item.strip()) for item in value.split(",") if item.strip())
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a bench's run returns."""
+
+    figures: Mapping[str, Any]
+    summary: str
+    # False: the bench ran, and what it measured failed (a call that did not set up, a
+    # crash the fuzzer found); the exit status is then 1.
+    passed: bool = True
+    # Draws the figures into a PNG file, for a bench with ``--chart FILE``.
+    chart: Callable[[Path], None] | None = None
+
+
+@dataclass(frozen=True)
+class Bench(Generic[C]):
+    """One ``hark bench`` command: its name, its config's builder and its run."""
+
+    name: str
+    # Builds the typed config from the parsed options; raises one of OPTION_ERRORS when an
+    # option is wrong.
+    config: Callable[[dict[str, Any]], C]
+    run: Callable[[C], Result]
+    # What the run raises when it cannot run (the server unreachable…), reported in a line.
+    errors: tuple[type[Exception], ...] = (BenchError,)
+
+    def command(self, options: dict[str, Any]) -> int:
+        """Build the config, run, publish the result; returns the exit status."""
+        logging.basicConfig(
+            level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
+        )
+        try:
+            config = self.config(options)
+        except OPTION_ERRORS as error:
+            return self._failed(error, 2)
+        try:
+            result = self.run(config)
+        except self.errors as error:
+            return self._failed(error, 1)
+        except KeyboardInterrupt:
+            return 130
+        publish(result.summary, result.figures, options.get("json"))
+        if result.chart is not None and options.get("chart") is not None:
+            result.chart(options["chart"])
+        return 0 if result.passed else 1
+
+    def _failed(self, error: Exception, status: int) -> int:
+        print(f"hark bench {self.name}: error: {error}", file=sys.stderr)
+        return status
