@@ -15,8 +15,8 @@ import aiohttp
 
 from hark.config import Settings
 from hark.engines.registry import Engines
+from hark.protocol.limits import SESSION_LIMIT_S
 from hark.server.app import SESSION_LIMIT, STATE
-from hark.session.core import SESSION_LIMIT_S
 from tests.helpers.net import bearer
 
 from .conftest import API_KEY, HangingLlm, StartServer

@@ -13,6 +13,7 @@ import pytest
 
 from hark.engines.asr import TimedSegment, TimedTranscript, TimedWord, Urgency
 from hark.engines.llm import Finished
+from hark.protocol.limits import SESSION_LIMIT_S
 from hark.protocol.server_events import ServerEvent, encode_event
 from hark.protocol.session_config import SessionConfig
 from hark.session.actions import (
@@ -26,7 +27,7 @@ from hark.session.actions import (
     Speculate,
     Transcribe,
 )
-from hark.session.core import AUDIO_RETENTION_S, SESSION_LIMIT_S, Session
+from hark.session.core import AUDIO_RETENTION_S, Session
 from hark.session.ids import IdGenerator
 
 RATE = 24000

@@ -13,8 +13,9 @@ from hark.config import Settings
 from hark.driver.runner import SessionRunner
 from hark.engines.registry import Engines, build_engines
 from hark.protocol import server_events as se
+from hark.protocol.limits import SESSION_LIMIT_S
 from hark.session.actions import Close
-from hark.session.core import SESSION_LIMIT_S, Session
+from hark.session.core import Session
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 
-from hark.session.core import MiB
+from hark.protocol.limits import MiB
 
 # The most that waits in ``outgoing`` for a peer that does not read: a reply of several
 # minutes of audio, made faster than real time for a client on a slow link, stays well under

@@ -33,6 +33,7 @@ from hark.observability.metrics import Metrics
 from hark.observability.session_metrics import SessionMetrics
 from hark.protocol import server_events as se
 from hark.protocol.errors import ProtocolError
+from hark.protocol.limits import SESSION_LIMIT_S
 from hark.protocol.session_config import SessionConfig
 from hark.session.actions import (
     AdoptSpeculation,
@@ -58,7 +59,7 @@ from hark.session.actions import (
     Speculate,
     Transcribe,
 )
-from hark.session.core import SESSION_LIMIT_S, Session
+from hark.session.core import Session
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
-"""Sizes the Realtime API sets on what a client sends: OpenAI's 15 MiB per event, and the
-WebSocket frame that carries such an event."""
+"""Limits the Realtime API sets: OpenAI's 15 MiB per event, the WebSocket frame that carries
+such an event, and the 60 minutes a session lasts."""
 
 from __future__ import annotations
 
@@ -12,3 +12,6 @@ MAX_APPEND_BYTES = 15 * MiB
 # goes on; a larger frame closes the connection with 1009 (message too big). A forwarded
 # connection is held to the same frame size.
 MAX_MESSAGE_BYTES = MAX_APPEND_BYTES + MiB
+# How long a session lasts (OpenAI's 60 minutes): then the client gets ``session_expired``
+# and the session ends. The core keeps it; transports and the server pass it on.
+SESSION_LIMIT_S = 60 * 60

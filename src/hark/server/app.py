@@ -36,6 +36,7 @@ from hark.engines.registry import Engines
 from hark.observability.metrics import Metrics
 from hark.observability.tracing import TurnTracer
 from hark.protocol import prompts
+from hark.protocol.limits import SESSION_LIMIT_S
 from hark.protocol.prompts import PromptStore
 from hark.protocol.session_config import SessionConfig, parse_session_config
 from hark.server import cors
@@ -74,7 +75,6 @@ from hark.server.state import (
     ServerState,
 )
 from hark.server.webhooks import WebhookSender, incoming_call_event
-from hark.session.core import SESSION_LIMIT_S
 from hark.tools import egress
 from hark.transports.call import CallHooks, CallHost, CallRegistry, MediaCall
 from hark.transports.sip.service import SipService

@@ -32,7 +32,7 @@ from hark.protocol import client_events as ce
 from hark.protocol import items as wire
 from hark.protocol import server_events as se
 from hark.protocol.errors import ProtocolError, from_validation_error
-from hark.protocol.limits import MAX_APPEND_BYTES, MiB
+from hark.protocol.limits import MAX_APPEND_BYTES, SESSION_LIMIT_S, MiB
 from hark.protocol.response_params import ResponseParams, parse_response_params
 from hark.protocol.session_config import (
     SessionConfig,
@@ -55,7 +55,6 @@ from hark.session.turn_taking import TurnTaking
 
 # The most audio an append can carry: its base64 is at most MAX_APPEND_BYTES long.
 _MAX_APPEND_AUDIO = MAX_APPEND_BYTES // 4 * 3
-SESSION_LIMIT_S = 60 * 60
 # How much conversation audio a session keeps as PCM, newest first, input and replies together.
 # Kept whole, an hour of 24 kHz audio is 170 MB, the memory of a machine across hundreds of
 # sessions. Five minutes (14 MB at 24 kHz, 5 MB for G.711) still covers what clients come back

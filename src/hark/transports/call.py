@@ -34,8 +34,8 @@ from aiohttp import WSCloseCode, web
 from hark.driver.runner import AudioPlayer, SessionRunner
 from hark.engines.registry import Engines
 from hark.observability.metrics import Metrics
+from hark.protocol.limits import SESSION_LIMIT_S
 from hark.protocol.session_config import SessionConfig
-from hark.session.core import SESSION_LIMIT_S
 from hark.transports.beta import Dialect
 from hark.transports.sideband import Sidebands
 
