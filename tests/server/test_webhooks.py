@@ -15,14 +15,8 @@ import pytest
 from openai.types.webhooks import RealtimeCallIncomingWebhookEvent
 
 from hark.config import ConfigError, load_settings
-from hark.server.webhooks import (
-    Delivery,
-    WebhookSecretError,
-    WebhookSender,
-    incoming_call_event,
-    secret_key,
-    signed_headers,
-)
+from hark.protocol.webhook_signing import WebhookSecretError, secret_key, signed_headers
+from hark.server.webhooks import Delivery, WebhookSender, incoming_call_event
 from tests.server.webhook_receiver import webhook_receiver
 
 SECRET = "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()

@@ -2,21 +2,16 @@
 
 Each delivery is a JSON ``POST`` with three headers: ``webhook-id`` (the event's id, the
 same on every attempt, so a receiver can drop duplicates), ``webhook-timestamp`` (UNIX
-seconds of this attempt) and ``webhook-signature: v1,<base64 HMAC-SHA256>`` over
-``"{id}.{timestamp}.{body}"``, keyed with the secret's bytes (base64-decoded after
-``whsec_``, as the ``openai`` SDK's ``client.webhooks.unwrap`` expects). A 2xx answer is a
-delivery; anything else, or no answer, is tried again after a delay that doubles each time,
-up to ``max_attempts``. Deliveries wait in a bounded set: when it is full a new event is
-dropped (and logged), never queued without end. The secret never appears in logs.
+seconds of this attempt) and ``webhook-signature`` (``hark.protocol.webhook_signing``). A
+2xx answer is a delivery; anything else, or no answer, is tried again after a delay that
+doubles each time, up to ``max_attempts``. Deliveries wait in a bounded set: when it is
+full a new event is dropped (and logged), never queued without end. The secret never
+appears in logs.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import hashlib
-import hmac
 import json
 import logging
 import time
@@ -26,13 +21,11 @@ from typing import Any
 
 import aiohttp
 
+from hark.protocol.webhook_signing import secret_key, signed_headers
 from hark.session.ids import IdGenerator
 
 logger = logging.getLogger(__name__)
 
-SECRET_PREFIX = "whsec_"
-# The shortest signing key taken: a shorter one could be guessed (OpenAI's are 32 bytes).
-MIN_SECRET_BYTES = 24
 INCOMING_CALL_EVENT = "realtime.call.incoming"
 # Attempts per event: the first try and the retries after it.
 DEFAULT_MAX_ATTEMPTS = 6
@@ -46,48 +39,6 @@ MAX_PENDING_DELIVERIES = 1000
 _MAX_ANSWER_BYTES = 1024
 # Headers that carry credentials: the webhook passes INVITE headers on, but not these.
 _PRIVATE_SIP_HEADERS = frozenset({"authorization", "proxy-authorization"})
-
-
-class WebhookSecretError(ValueError):
-    """The webhook secret cannot be used (a ``whsec_`` secret that is not base64)."""
-
-
-def secret_key(secret: str) -> bytes:
-    """The HMAC key of ``secret``: the base64-decoded rest of a ``whsec_`` secret, or the
-    secret's own bytes (as the SDK reads it), at least ``MIN_SECRET_BYTES`` long. Raises
-    ``WebhookSecretError``."""
-    if not secret.startswith(SECRET_PREFIX):
-        key = secret.encode()
-    else:
-        try:
-            key = base64.b64decode(secret[len(SECRET_PREFIX) :], validate=True)
-        except binascii.Error:
-            raise WebhookSecretError(
-                "a whsec_ webhook secret must be base64 after whsec_"
-            ) from None
-    if len(key) < MIN_SECRET_BYTES:
-        raise WebhookSecretError(
-            f"the webhook secret holds {len(key)} bytes; it needs at least {MIN_SECRET_BYTES} "
-            "(whsec_ and 32 random bytes in base64, as OpenAI's)"
-        )
-    return key
-
-
-def signature(key: bytes, webhook_id: str, timestamp: int, body: bytes) -> str:
-    """The ``webhook-signature`` header value (``v1,<base64>``) of one attempt."""
-    signed = b"%s.%d.%s" % (webhook_id.encode(), timestamp, body)
-    digest = hmac.new(key, signed, hashlib.sha256).digest()
-    return "v1," + base64.b64encode(digest).decode()
-
-
-def signed_headers(key: bytes, webhook_id: str, timestamp: int, body: bytes) -> dict[str, str]:
-    """The headers of one delivery attempt."""
-    return {
-        "Content-Type": "application/json",
-        "webhook-id": webhook_id,
-        "webhook-timestamp": str(timestamp),
-        "webhook-signature": signature(key, webhook_id, timestamp, body),
-    }
 
 
 def incoming_call_event(
