@@ -50,10 +50,6 @@ LAYER_ALLOWED: dict[tuple[str, str], str] = {
     ("hark.engines.tts.openai", "hark.protocol.session_config"): ("the same OPENAI_VOICES"),
     ("hark.engines.tts.piper", "hark.protocol.session_config"): ("the same OPENAI_VOICES"),
     ("hark.engines.tts.voice_map", "hark.protocol.session_config"): ("the same OPENAI_VOICES"),
-    ("hark.engines.turn.evaluation", "hark.session.turn_policy"): (
-        "the turn model's evaluation replays what the session's policy does with a "
-        "probability; removed when it moves to bench/ or the policy is passed in"
-    ),
     ("hark.transports.sip.service", "hark.server.webhooks"): (
         "an incoming SIP call asks the call webhook for its session; removed when the SIP "
         "service takes the webhook as a callable from the server"

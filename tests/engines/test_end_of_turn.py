@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from hark.engines.turn import EndOfTurnEngine
 from hark.engines.turn.cues import Cue, Ending, cues, read_transcript
 from hark.engines.turn.evaluation import (
     MID_SENTENCE_PAUSE_MS,
+    Evaluation,
     Example,
     evaluate,
     load_examples,
@@ -45,6 +47,16 @@ COMPLETE_QUESTIONS = [
 def survives_mid_sentence_pause(probability: float) -> bool:
     """Whether eagerness auto waits out the issue's 1.2 s pause after this judgement."""
     return silence_for(probability, "auto") > MID_SENTENCE_PAUSE_MS
+
+
+async def evaluate_as_session(engine: EndOfTurnEngine, examples: list[Example]) -> Evaluation:
+    """The figures of ``examples`` under the session's turn policy, eagerness auto."""
+    return await evaluate(
+        engine,
+        examples,
+        wait_ms=lambda p: silence_for(p, "auto"),
+        fast_probability=END_FAST_PROBABILITY,
+    )
 
 
 # ------------------------------------------------------------------ reading Whisper's text
@@ -218,7 +230,7 @@ def test_window_must_hold_a_token() -> None:
 @pytest.mark.slow
 async def test_held_out_typed_utterances(engine: LlamaCppEndOfTurn) -> None:
     held_out = [e for e in load_examples(DATA) if e.split == "test"]
-    result = await evaluate(engine, held_out)
+    result = await evaluate_as_session(engine, held_out)
     print(result.summary())
     assert result.accuracy >= 0.9
     assert result.false_cut_rate <= 0.05
@@ -252,7 +264,7 @@ async def test_whisper_transcripts_of_speech(engine: LlamaCppEndOfTurn, say: Say
     for example in SPOKEN:
         text = "".join([d async for d in asr.transcribe(say(example.text), language="en")])
         heard.append(Example(text, example.complete))
-    result = await evaluate(engine, heard)
+    result = await evaluate_as_session(engine, heard)
     print(result.summary(), [e.text for e in heard])
     assert result.accuracy >= 0.8
     assert result.pause_cut_rate == 0.0

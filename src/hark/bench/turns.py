@@ -904,7 +904,10 @@ def breakdown(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 async def _verdict_figures(verdicts: Sequence[tuple[Fixture, Verdict]]) -> dict[str, Any]:
     """The model's verdicts on what Whisper heard, scored as the text evaluation scores
     them: a pause before the labelled end is an incomplete utterance, one after it complete."""
+    from functools import partial
+
     from hark.engines.turn.evaluation import Example, evaluate
+    from hark.session.turn_policy import END_FAST_PROBABILITY, silence_for
 
     recorded: dict[tuple[str, str | None], float] = {}
     examples: dict[tuple[str, str | None, bool], Example] = {}
@@ -915,7 +918,12 @@ async def _verdict_figures(verdicts: Sequence[tuple[Fixture, Verdict]]) -> dict[
         examples.setdefault(key, Example(verdict.transcript, complete, "bench", verdict.context))
     figures: dict[str, Any] = {"distinct": len(examples)}
     for eagerness in EAGERNESS:
-        result = await evaluate(_Recorded(recorded), list(examples.values()), eagerness=eagerness)
+        result = await evaluate(
+            _Recorded(recorded),
+            list(examples.values()),
+            wait_ms=partial(silence_for, eagerness=eagerness),
+            fast_probability=END_FAST_PROBABILITY,
+        )
         figures[eagerness] = {
             "accuracy": round(result.accuracy, 3),
             "complete_ended_fast": round(result.fast_complete_rate, 3),

@@ -3,20 +3,22 @@
 An evaluation set is a TSV file: ``text<TAB>label<TAB>split[<TAB>context]`` with ``label``
 ``complete`` or ``incomplete`` and ``context`` the assistant's previous message; lines
 starting with ``#`` are comments. The figures that matter for turn-taking are what the
-session does with the probability (:func:`hark.session.turn_policy.silence_for`): whether a finished
-question ends fast, and whether a speaker who pauses mid-sentence is cut off.
+session does with the probability: whether a finished question ends fast, and whether a
+speaker who pauses mid-sentence is cut off. The session's turn policy says how long it waits
+after each probability and which ones end a turn fast; the caller hands both in
+(``hark.session.turn_policy``'s ``silence_for`` and ``END_FAST_PROBABILITY``), as an
+engine knows nothing of the session.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from hark.engines.turn import EndOfTurnEngine
-from hark.session.turn_policy import END_FAST_PROBABILITY, silence_for
 
 # A speaker who pauses this long mid-sentence must not be cut off (the issue's example).
 MID_SENTENCE_PAUSE_MS = 1200
@@ -37,11 +39,12 @@ class Evaluation:
     """The figures of one run over a set of examples.
 
     ``accuracy``: share judged right at probability 0.5. ``fast_complete_rate``: share of
-    complete utterances at or above ``END_FAST_PROBABILITY`` (the turn ends after at most
-    ~310 ms with eagerness auto). ``false_cut_rate``: share of incomplete ones at or above it,
-    cut off fast. ``pause_cut_rate``: share of incomplete ones whose wait is no longer than
-    ``MID_SENTENCE_PAUSE_MS`` at the given eagerness, cut off by such a pause. Latencies are
-    wall-clock milliseconds per call.
+    complete utterances at or above the policy's fast probability (the session's
+    ``END_FAST_PROBABILITY``: the turn ends after at most ~310 ms with eagerness auto).
+    ``false_cut_rate``: share of incomplete ones at or above it, cut off fast.
+    ``pause_cut_rate``: share of incomplete ones whose wait is no longer than
+    ``MID_SENTENCE_PAUSE_MS``, cut off by such a pause. Latencies are wall-clock milliseconds
+    per call.
     """
 
     examples: int
@@ -77,9 +80,15 @@ def load_examples(path: str | Path) -> list[Example]:
 
 
 async def evaluate(
-    engine: EndOfTurnEngine, examples: Sequence[Example], *, eagerness: str = "auto"
+    engine: EndOfTurnEngine,
+    examples: Sequence[Example],
+    *,
+    wait_ms: Callable[[float], float],
+    fast_probability: float,
 ) -> Evaluation:
-    """Score every example with ``engine``, one call at a time, and sum up."""
+    """Score every example with ``engine``, one call at a time, and sum up. ``wait_ms`` is
+    the silence the session waits before ending a turn judged complete with a probability;
+    ``fast_probability`` the one at or above which it ends the turn fast."""
     if not examples:
         raise ValueError("no examples to evaluate")
     right = fast_complete = false_cut = pause_cut = 0
@@ -90,10 +99,10 @@ async def evaluate(
         latencies.append((time.perf_counter() - started) * 1000)
         right += (p >= 0.5) == example.complete
         if example.complete:
-            fast_complete += p >= END_FAST_PROBABILITY
+            fast_complete += p >= fast_probability
         else:
-            false_cut += p >= END_FAST_PROBABILITY
-            pause_cut += silence_for(p, eagerness) <= MID_SENTENCE_PAUSE_MS
+            false_cut += p >= fast_probability
+            pause_cut += wait_ms(p) <= MID_SENTENCE_PAUSE_MS
     completes = sum(e.complete for e in examples)
     incompletes = len(examples) - completes
     deciles = statistics.quantiles(latencies, n=10) if len(latencies) > 1 else latencies * 9
