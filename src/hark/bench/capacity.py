@@ -14,6 +14,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
+from hark.config.options import add_bench_arguments
+
 
 @dataclass(frozen=True)
 class CapacityConfig:
@@ -34,31 +36,18 @@ def add_capacity_options(
 ) -> None:
     """The options of :class:`CapacityConfig`, with the bench's defaults; ``bound`` says
     what the threshold bounds ("p99 frame lateness")."""
-    parser.add_argument(
-        "--calls", type=int, default=20, help="calls to time, one after another (default 20)"
-    )
-    parser.add_argument("--capacity", action="store_true", help="also ramp up simultaneous calls")
-    parser.add_argument(
-        "--step", type=int, default=step, help=f"calls added per step (default {step})"
-    )
-    parser.add_argument(
-        "--max-calls", type=int, default=max_calls, help=f"stop the ramp here (default {max_calls})"
-    )
-    parser.add_argument(
-        "--hold", type=float, default=5.0, help="seconds watched per step (default 5)"
-    )
-    parser.add_argument(
-        "--threshold-ms",
-        type=float,
-        default=threshold_ms,
-        help=f"{bound} that ends the ramp (default {threshold_ms:g})",
-    )
-    parser.add_argument(
-        "--server-pid",
-        type=int,
-        default=None,
-        metavar="PID",
-        help="a local server's process id: report its CPU use per capacity step",
+    add_bench_arguments(
+        parser,
+        "calls",
+        "capacity",
+        "hold",
+        step={"default": step},
+        max_calls={"default": max_calls},
+        threshold_ms={
+            "default": threshold_ms,
+            "help": f"{bound} that ends the ramp (default {threshold_ms:g})",
+        },
+        server_pid={"help": "a local server's process id: report its CPU use per capacity step"},
     )
 
 

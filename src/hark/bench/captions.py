@@ -59,8 +59,6 @@ from hark.bench.report import (
     DEFAULT_API_KEY,
     BenchError,
     ServerUrl,
-    add_api_key_option,
-    add_json_option,
     api_key,
     cpu_seconds,
     load_average,
@@ -70,6 +68,7 @@ from hark.bench.report import (
 )
 from hark.bench.spoken_questions import RATE
 from hark.bench.word_alignment import Delta, align, caption_lags, words
+from hark.config.options import add_bench_arguments
 
 if TYPE_CHECKING:
     from openai.resources.realtime.realtime import AsyncRealtimeConnection
@@ -626,16 +625,14 @@ def _lengths(value: str) -> tuple[float, ...]:
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Add ``hark bench captions``'s options to ``parser``."""
-    parser.add_argument(
-        "--url",
-        default=None,
-        help="the server's WebSocket root, e.g. ws://127.0.0.1:8000 (default: start hark serve)",
-    )
-    parser.add_argument(
-        "--server-pid",
-        type=int,
-        default=None,
-        help="the --url server's process, for its CPU time (a local server only)",
+    add_bench_arguments(
+        parser,
+        url={
+            "required": False,
+            "help": "the server's WebSocket root, e.g. ws://127.0.0.1:8000 (default: start "
+            "hark serve)",
+        },
+        server_pid={"help": "the --url server's process, for its CPU time (a local server only)"},
     )
     parser.add_argument(
         "--engines",
@@ -654,9 +651,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--repeat", type=int, default=1, help="times each speaker says each length (default 1)"
     )
-    parser.add_argument(
-        "--silence-ms", type=int, default=500, help="server_vad silence_duration_ms (default 500)"
-    )
+    add_bench_arguments(parser, "silence_ms")
     parser.add_argument(
         "--text",
         type=Path,
@@ -678,12 +673,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="only the turns with replies: V2V per length, the lengths taken in turn",
     )
-    add_api_key_option(parser)
-    parser.add_argument(
-        "--model", default="gpt-realtime", help="model name to ask for (default gpt-realtime)"
+    add_bench_arguments(
+        parser,
+        "api_key",
+        "model",
+        "json",
+        seed={"help": "seed of the speakers' start times (default 0)"},
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the speakers' start times")
-    add_json_option(parser)
 
 
 def captions_config(options: dict[str, Any]) -> CaptionsBenchConfig:

@@ -29,9 +29,10 @@ import numpy.typing as npt
 from hark.audio.denoise import Denoiser
 from hark.audio.resample import resample
 from hark.bench.command import Bench, Result, config_from, listed
-from hark.bench.report import BenchError, add_json_option
+from hark.bench.report import BenchError
 from hark.bench.spoken_questions import QUESTIONS, RATE, SpokenQuestion, spoken_questions
 from hark.bench.word_alignment import align, words
+from hark.config.options import add_bench_arguments
 from hark.engines.asr import AsrEngine
 from hark.protocol.session_config import NoiseReduction
 from hark.session.noise_reduction import wet_share
@@ -65,13 +66,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         default=len(QUESTIONS),
         help=f"how many of the spoken questions (default all {len(QUESTIONS)})",
     )
-    parser.add_argument(
-        "--asr-model",
-        default=None,
-        metavar="DIR",
-        help="a CTranslate2 Whisper model directory (default the bundled tiny.en)",
-    )
-    add_json_option(parser)
+    add_bench_arguments(parser, "asr_model", "json")
 
 
 @dataclass(frozen=True)

@@ -46,10 +46,10 @@ from hark.audio.codecs.opus import OpusEncoder
 from hark.audio.echo import EchoCanceller
 from hark.bench.command import Bench, Result, config_from
 from hark.bench.local_server import local_server
-from hark.bench.report import add_json_option
 from hark.bench.spoken_questions import RATE as SPEECH_RATE
 from hark.bench.spoken_questions import spoken_questions
 from hark.bench.webrtc import CallClient
+from hark.config.options import add_bench_arguments
 from hark.transports.webrtc.playout import FRAME_SAMPLES, PLAYOUT_RATE, PlayoutTrack
 
 BARGE_IN = "Wait, stop please."
@@ -470,7 +470,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--barge-ins", type=int, default=5, help="barge-in trials per condition (default 5)"
     )
-    add_json_option(parser)
+    add_bench_arguments(parser, "json")
 
 
 @dataclass(frozen=True)

@@ -34,13 +34,8 @@ import aiohttp
 
 from hark.bench.command import Bench, Result, config_from
 from hark.bench.load.server_metrics import parse_metrics, server_figures
-from hark.bench.report import (
-    ServerUrl,
-    add_json_option,
-    api_key,
-    load_average,
-    percentiles,
-)
+from hark.bench.report import ServerUrl, api_key, load_average, percentiles
+from hark.config.options import add_bench_arguments
 
 # What a fuzzing session remembers of the server's ids, to name real ones in its events.
 _KNOWN_IDS = 32
@@ -704,7 +699,7 @@ def format_summary(report: dict[str, Any]) -> str:
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Add ``hark bench fuzz``'s options to ``parser``."""
-    parser.add_argument("--url", required=True, help="the server, e.g. ws://127.0.0.1:8000")
+    add_bench_arguments(parser, "url")
     parser.add_argument(
         "--key",
         "--api-key",
@@ -737,8 +732,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="frames per second per fuzzing session (default 0: as fast as the server takes "
         "them, which measures a flood rather than the other sessions' latency)",
     )
-    parser.add_argument("--seed", type=int, default=None, help="seed of the random frames")
-    add_json_option(parser)
+    add_bench_arguments(parser, "json", seed={"default": None, "help": "seed of the random frames"})
 
 
 def fuzz_config(options: dict[str, Any]) -> FuzzConfig:

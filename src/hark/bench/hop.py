@@ -23,15 +23,10 @@ import aiohttp
 from aiortc import RTCConfiguration, RTCPeerConnection
 
 from hark.bench.command import Bench, Result, config_from
-from hark.bench.report import (
-    ServerUrl,
-    add_api_key_option,
-    add_json_option,
-    api_key,
-    percentiles,
-)
+from hark.bench.report import ServerUrl, api_key, percentiles
 from hark.bench.webrtc import CallClient
 from hark.cluster.forwarding import WORKER_HEADER
+from hark.config.options import add_bench_arguments
 
 
 async def _worker_of(http: aiohttp.ClientSession, server: ServerUrl) -> str:
@@ -180,11 +175,10 @@ def format_summary(report: dict[str, Any]) -> str:
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Add ``hark bench hop``'s options to ``parser``."""
-    parser.add_argument("--url", required=True, help="one worker's HTTP root")
+    add_bench_arguments(parser, url={"help": "one worker's HTTP root"})
     parser.add_argument("--other", required=True, help="another worker of the same fleet")
     parser.add_argument("--count", type=int, default=200, help="round trips each way")
-    add_api_key_option(parser)
-    add_json_option(parser)
+    add_bench_arguments(parser, "api_key", "json")
 
 
 @dataclass(frozen=True)

@@ -47,13 +47,12 @@ from hark.bench.report import (
     DEFAULT_API_KEY,
     BenchError,
     ServerUrl,
-    add_api_key_option,
-    add_json_option,
     api_key,
     load_average,
     percentile,
 )
 from hark.bench.spoken_questions import QUESTIONS, RATE, SpokenQuestion, spoken_questions
+from hark.config.options import add_bench_arguments
 from hark.observability.turn_timing import STAGES
 
 if TYPE_CHECKING:
@@ -664,9 +663,7 @@ def _optional_ms(value: object) -> float | None:
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Add ``hark bench latency``'s options to ``parser``."""
-    parser.add_argument(
-        "--url", required=True, help="the server's WebSocket root, e.g. ws://127.0.0.1:8000"
-    )
+    add_bench_arguments(parser, "url")
     parser.add_argument(
         "--turns", type=int, default=10, help="questions each client asks (default 10)"
     )
@@ -682,20 +679,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         default="server",
         help="server_vad (with --silence-ms) or semantic_vad (default server)",
     )
-    parser.add_argument(
-        "--silence-ms",
-        type=int,
-        default=500,
-        help="server_vad silence_duration_ms (default 500)",
-    )
-    add_api_key_option(parser)
-    parser.add_argument(
-        "--model", default="gpt-realtime", help="model name to ask for (default gpt-realtime)"
-    )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the think times")
-    add_json_option(parser)
-    parser.add_argument(
-        "--chart", type=Path, default=None, metavar="FILE.png", help="write a PNG chart"
+    add_bench_arguments(
+        parser,
+        "silence_ms",
+        "api_key",
+        "model",
+        "json",
+        "chart",
+        seed={"help": "seed of the think times (default 0)"},
     )
 
 

@@ -38,7 +38,8 @@ from typing import Any
 import numpy as np
 
 from hark.bench.command import Bench, Result, config_from
-from hark.bench.report import BenchError, add_json_option, cpu_seconds, percentiles
+from hark.bench.report import BenchError, cpu_seconds, percentiles
+from hark.config.options import add_bench_arguments
 from hark.edge import framing
 from hark.edge.flows import Address
 from hark.edge.mmsg import Batch, sockaddr_key
@@ -78,7 +79,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--relay-cpu", type=int, default=0, help="the CPU the relay is pinned to (default 0)"
     )
-    add_json_option(parser)
+    add_bench_arguments(parser, "json")
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,6 @@ never disagree on what "p99" or "the server at ``--url``" means.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -142,23 +141,9 @@ class ServerUrl:
 # ---------------------------------------------------------------------------- options and output
 
 
-def add_api_key_option(parser: argparse.ArgumentParser) -> None:
-    """``--api-key``, read with ``api_key``."""
-    parser.add_argument(
-        "--api-key", default=None, help="API key (default $OPENAI_API_KEY, else 'local')"
-    )
-
-
 def api_key(option: str | None) -> str:
     """The key to send: ``--api-key``, else ``$OPENAI_API_KEY``, else ``local``."""
     return option or os.environ.get("OPENAI_API_KEY") or DEFAULT_API_KEY
-
-
-def add_json_option(parser: argparse.ArgumentParser) -> None:
-    """``--json FILE``, the report's destination for ``publish``."""
-    parser.add_argument(
-        "--json", type=Path, default=None, metavar="FILE", help="write the report as JSON"
-    )
 
 
 def write_json(path: Path, report: Mapping[str, Any]) -> None:

@@ -63,13 +63,12 @@ from hark.bench.command import Bench, Result, config_from
 from hark.bench.report import (
     BenchError,
     ServerUrl,
-    add_api_key_option,
-    add_json_option,
     api_key,
     cpu_seconds_if_running,
     percentile_or_nan,
 )
 from hark.bench.spoken_questions import QUESTIONS, RATE, SpokenQuestion, spoken_questions
+from hark.config.options import add_bench_arguments
 from hark.transports.sip.rtp import RtpError, RtpPacket, RtpSender, is_rtcp
 
 logger = logging.getLogger(__name__)
@@ -949,12 +948,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--turns", type=int, default=0, help="spoken questions to time on one call (default 0)"
     )
-    parser.add_argument(
-        "--url",
-        default=None,
-        help="the server's HTTP root, for --webhook-listen (e.g. http://127.0.0.1:8000)",
+    add_bench_arguments(
+        parser,
+        "api_key",
+        url={
+            "required": False,
+            "help": "the server's HTTP root, for --webhook-listen (e.g. http://127.0.0.1:8000)",
+        },
     )
-    add_api_key_option(parser)
     parser.add_argument(
         "--webhook-listen",
         type=_address,
@@ -963,7 +964,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="accept the turns' call as the server's webhook receiver here, and time end of "
         "turn → first reply audio from its sideband",
     )
-    add_json_option(parser)
+    add_bench_arguments(parser, "json")
 
 
 @dataclass(frozen=True)

@@ -46,12 +46,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from hark.bench.command import Bench, Result, config_from
-from hark.bench.report import (
-    BenchError,
-    add_json_option,
-    cpu_seconds_if_running,
-    load_average,
-)
+from hark.bench.report import BenchError, cpu_seconds_if_running, load_average
+from hark.config.options import add_bench_arguments
 
 # Bounds a hang, never what is measured.
 LIMIT_S = 120.0
@@ -77,7 +73,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="the command that runs hark, split like a shell would (default: the hark beside "
         "this Python, else python -m hark.cli)",
     )
-    add_json_option(parser)
+    add_bench_arguments(parser, "json")
 
 
 @dataclass(frozen=True)

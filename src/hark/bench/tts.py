@@ -30,9 +30,10 @@ import numpy.typing as npt
 
 from hark.audio.resample import resample
 from hark.bench.command import Bench, Result, config_from, listed
-from hark.bench.report import BenchError, add_json_option, load_average
+from hark.bench.report import BenchError, load_average
 from hark.bench.spoken_questions import QUESTIONS
 from hark.bench.word_alignment import align, words
+from hark.config.options import add_bench_arguments
 from hark.engines.asr import AsrEngine
 from hark.engines.tts import TtsEngine
 
@@ -99,13 +100,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         default=len(SENTENCES),
         help=f"how many of the sentences (default all {len(SENTENCES)})",
     )
-    parser.add_argument(
-        "--asr-model",
-        default=None,
-        metavar="DIR",
-        help="a CTranslate2 Whisper model directory (default the bundled tiny.en)",
-    )
-    add_json_option(parser)
+    add_bench_arguments(parser, "asr_model", "json")
 
 
 @dataclass(frozen=True)
@@ -155,8 +150,9 @@ def make_engine(name: str) -> TtsEngine:
     """The engine ``hark serve --tts NAME`` would use, with its default voice."""
     from hark.config import Settings
     from hark.engines.registry import TTS_ENGINES
+    from hark.protocol.session_config import OPENAI_VOICES
 
-    return TTS_ENGINES[name](Settings(tts=name))
+    return TTS_ENGINES[name](Settings(tts=name), OPENAI_VOICES)
 
 
 async def _spoken(tts: TtsEngine, sentence: str) -> tuple[npt.NDArray[np.int16], float, float]:

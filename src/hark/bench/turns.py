@@ -58,8 +58,9 @@ import numpy.typing as npt
 
 from hark.bench.command import Bench, Result
 from hark.bench.monologues import first_voiced_sample
-from hark.bench.report import BenchError, add_json_option, percentile
+from hark.bench.report import BenchError, percentile
 from hark.bench.spoken_questions import RATE, default_cache_dir, last_voiced_sample, write_question
+from hark.config.options import add_bench_arguments
 from hark.session.results import Recognised, TurnScored, VadScored
 
 SPEC_PATH = Path(__file__).with_name("turns_fixtures.toml")
@@ -1079,7 +1080,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="with --backchannels: the sessions set hark_backchannels false (the baseline)",
     )
-    add_json_option(parser)
+    add_bench_arguments(parser, "json")
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,8 @@ import numpy as np
 import numpy.typing as npt
 
 from hark.bench.command import Bench, Result, config_from, listed
-from hark.bench.report import BenchError, add_json_option
+from hark.bench.report import BenchError
+from hark.config.options import add_bench_arguments
 from hark.engines.vad import Outcomes, silero_gemm
 from hark.engines.vad.batcher import VAD_MAX_WAIT_MS, BatchedSileroVad, BatchedSileroVadStream
 from hark.engines.vad.silero import (
@@ -63,7 +64,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         default=VAD_MAX_WAIT_MS,
         help=f"the batcher's deadline (default {VAD_MAX_WAIT_MS:g})",
     )
-    add_json_option(parser)
+    add_bench_arguments(parser, "json")
 
 
 @dataclass(frozen=True)

@@ -65,8 +65,6 @@ from hark.bench.command import Bench, Result, config_from
 from hark.bench.report import (
     BenchError,
     ServerUrl,
-    add_api_key_option,
-    add_json_option,
     api_key,
     cpu_seconds_if_running,
     percentile_or_nan,
@@ -74,6 +72,7 @@ from hark.bench.report import (
 from hark.bench.spoken_questions import QUESTIONS, spoken_questions
 from hark.bench.spoken_questions import RATE as QUESTION_RATE
 from hark.cluster.forwarding import WORKER_HEADER
+from hark.config.options import add_bench_arguments
 from hark.transports.webrtc.call import OPUS_CODECS
 from hark.transports.webrtc.playout import PlayoutTrack
 
@@ -1071,10 +1070,9 @@ async def run_webrtc_bench(
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Add ``hark bench webrtc``'s options to ``parser``."""
-    parser.add_argument(
-        "--url", required=True, help="the server's HTTP root, e.g. http://127.0.0.1:8000"
+    add_bench_arguments(
+        parser, "api_key", url={"help": "the server's HTTP root, e.g. http://127.0.0.1:8000"}
     )
-    add_api_key_option(parser)
     capacity.add_capacity_options(
         parser,
         step=5,
@@ -1097,7 +1095,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="with --server-pid: after each capacity step, sample the server with py-spy "
         "for SECONDS and show where its CPU went",
     )
-    add_json_option(parser)
+    add_bench_arguments(parser, "json")
 
 
 def _positive(text: str) -> int:

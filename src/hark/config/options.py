@@ -17,7 +17,8 @@ import argparse
 import re
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Literal
 
 # How a value is read from the command line and the environment.
@@ -1068,3 +1069,81 @@ def main(argv: Sequence[str]) -> int:
         return 2
     sys.stdout.write(configuration_page())
     return 0
+
+
+# ---------------------------------------------------------------------------- hark bench
+
+
+@dataclass(frozen=True, slots=True)
+class BenchOption:
+    """An option that several ``hark bench`` commands take, declared once; a bench adds it
+    by name (:func:`add_bench_arguments`), changing its default or help where it must."""
+
+    name: str
+    help: str
+    # What argparse reads the value with; None: a flag (``store_true``).
+    type: Callable[[str], Any] | None = str
+    default: Any = None
+    metavar: str | None = None
+    required: bool = False
+
+    @property
+    def flag(self) -> str:
+        """The command-line option (``server_pid`` → ``--server-pid``)."""
+        return "--" + self.name.replace("_", "-")
+
+
+BENCH_OPTIONS: dict[str, BenchOption] = {
+    option.name: option
+    for option in (
+        BenchOption("url", "the server's root, e.g. ws://127.0.0.1:8000", required=True),
+        BenchOption("api_key", "API key (default $OPENAI_API_KEY, else 'local')"),
+        BenchOption("model", "model name to ask for (default gpt-realtime)", str, "gpt-realtime"),
+        BenchOption("seed", "seed of the bench's random choices (default 0)", int, 0),
+        BenchOption("silence_ms", "server_vad silence_duration_ms (default 500)", int, 500),
+        BenchOption(
+            "server_pid",
+            "a local server's process id: report its CPU use",
+            int,
+            metavar="PID",
+        ),
+        BenchOption(
+            "asr_model",
+            "a CTranslate2 Whisper model directory (default the bundled tiny.en)",
+            metavar="DIR",
+        ),
+        BenchOption("chart", "write a PNG chart", Path, metavar="FILE.png"),
+        BenchOption("json", "write the report as JSON", Path, metavar="FILE"),
+        # The capacity benches (WebRTC, SIP): calls timed one by one, then the ramp (each
+        # bench gives the ramp's defaults).
+        BenchOption("calls", "calls to time, one after another (default 20)", int, 20),
+        BenchOption("capacity", "also ramp up simultaneous calls", None, False),
+        BenchOption("step", "calls added per step", int),
+        BenchOption("max_calls", "stop the ramp here", int),
+        BenchOption("hold", "seconds watched per step (default 5)", float, 5.0),
+        BenchOption("threshold_ms", "the p99 that ends the ramp", float),
+    )
+}
+
+
+def add_bench_arguments(
+    parser: argparse.ArgumentParser, *names: str, **changes: dict[str, Any]
+) -> None:
+    """Add the shared bench options ``names`` as declared, and those ``changes`` names with
+    the fields it gives changed (``url={"required": False, "help": …}``); a changed default
+    that a bench gives without a help has " (default …)" added to the declared help."""
+    for name in (*names, *changes):
+        option = BENCH_OPTIONS[name]
+        changed = changes.get(name, {})
+        if "default" in changed and "help" not in changed:
+            changed = {**changed, "help": f"{option.help} (default {changed['default']:g})"}
+        option = replace(option, **changed)
+        kwargs: dict[str, Any] = {"default": option.default, "help": option.help}
+        if option.type is None:
+            kwargs["action"] = "store_true"
+        else:
+            kwargs["metavar"] = option.metavar
+            kwargs["required"] = option.required
+            if option.type is not str:
+                kwargs["type"] = option.type
+        parser.add_argument(option.flag, **kwargs)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import functools
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from hark.bench.command import Bench, Result, config_from
@@ -13,13 +12,14 @@ from hark.bench.load.chart import write_chart
 from hark.bench.load.config import TRANSPORTS, LoadConfig, parse_duration
 from hark.bench.load.generator import run_load_bench
 from hark.bench.load.summary import format_summary, passed
-from hark.bench.report import ServerUrl, add_api_key_option, add_json_option, api_key
+from hark.bench.report import ServerUrl, api_key
+from hark.config.options import add_bench_arguments
 from hark.eventloop import run_event_loop
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Add ``hark bench load``'s options to ``parser``."""
-    parser.add_argument("--url", required=True, help="the server's root, e.g. ws://127.0.0.1:8000")
+    add_bench_arguments(parser, "url")
     parser.add_argument("--sessions", type=int, required=True, help="simulated callers at once")
     parser.add_argument(
         "--ramp", type=parse_duration, default=10.0, metavar="S",
@@ -38,9 +38,6 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="a call lasts this long ±50%%, then the caller dials again (default 3m)",
     )  # fmt: skip
     parser.add_argument(
-        "--silence-ms", type=int, default=500, help="server_vad silence_duration_ms (default 500)"
-    )
-    parser.add_argument(
         "--sample", type=parse_duration, default=5.0, metavar="S",
         help="read the server's /metrics this often (default 5s)",
     )  # fmt: skip
@@ -48,16 +45,18 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--transcribe", action="store_true",
         help="turn input_audio_transcription on: every turn is transcribed as it is spoken",
     )  # fmt: skip
-    parser.add_argument(
-        "--server-pid", type=int, default=None, metavar="PID",
-        help="the local server's process: report its CPU time per session-second after the ramp",
-    )  # fmt: skip
-    add_api_key_option(parser)
-    parser.add_argument("--model", default="gpt-realtime", help="model name to ask for")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the callers' behaviour")
-    add_json_option(parser)
-    parser.add_argument(
-        "--chart", type=Path, default=None, metavar="FILE.png", help="write a PNG chart"
+    add_bench_arguments(
+        parser,
+        "silence_ms",
+        "api_key",
+        "model",
+        "json",
+        "chart",
+        server_pid={
+            "help": "the local server's process: report its CPU time per session-second after "
+            "the ramp"
+        },
+        seed={"help": "seed of the callers' behaviour (default 0)"},
     )
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
 
