@@ -43,13 +43,6 @@ ENGINES_FORBIDDEN = ("hark.session", "hark.protocol", "hark.config")
 # Imports that run against the layers today, each with why it is there and what would
 # remove it. A new one fails the check; removing the cause should remove the entry.
 LAYER_ALLOWED: dict[tuple[str, str], str] = {
-    ("hark.engines.tts.hibari", "hark.protocol.session_config"): (
-        "TTS engines map OpenAI's voice names (OPENAI_VOICES); removed when the engine takes "
-        "the list of names from the layer that builds it"
-    ),
-    ("hark.engines.tts.openai", "hark.protocol.session_config"): ("the same OPENAI_VOICES"),
-    ("hark.engines.tts.piper", "hark.protocol.session_config"): ("the same OPENAI_VOICES"),
-    ("hark.engines.tts.voice_map", "hark.protocol.session_config"): ("the same OPENAI_VOICES"),
     ("hark.transports.sip.service", "hark.server.webhooks"): (
         "an incoming SIP call asks the call webhook for its session; removed when the SIP "
         "service takes the webhook as a callable from the server"

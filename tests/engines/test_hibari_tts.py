@@ -102,7 +102,8 @@ async def test_empty_text_yields_nothing(tts: HibariTts) -> None:
 
 async def test_every_voice_name_speaks_with_the_bundled_voice(tts: HibariTts) -> None:
     assert installed_voices(tts) == ("heart",)
-    assert tts.voice_map() == dict.fromkeys(OPENAI_VOICES, "heart")
+    assert tts.voice_map() == {}
+    assert HibariTts(voices=OPENAI_VOICES).voice_map() == dict.fromkeys(OPENAI_VOICES, "heart")
     for voice in ("alloy", "marin", "heart", "no-such-voice"):
         chunks = await speak(tts, "Okay.", voice=voice)
         assert len(chunks) == 1 and rms(chunks[0]) > 1000
@@ -126,8 +127,10 @@ def test_a_voice_not_on_this_machine_is_refused_not_fetched(
 def test_settings_choose_it_by_name() -> None:
     settings = Settings(engines="fake", tts="hibari")
     assert engine_names(settings)["tts"] == "hibari"
-    engines = build_engines(settings)
+    engines = build_engines(settings, voices=OPENAI_VOICES)
     assert isinstance(engines.tts, HibariTts)
+    # The names the server passes are the ones the engine maps.
+    assert engines.tts.voice_map() == dict.fromkeys(OPENAI_VOICES, "heart")
     assert engines.tts.voice_name == "heart"
 
 

@@ -147,7 +147,7 @@ class SilentTts:
 def test_an_engine_added_to_its_table_is_an_option_everywhere(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setitem(TTS_ENGINES, "silent", lambda settings: SilentTts())
+    monkeypatch.setitem(TTS_ENGINES, "silent", lambda settings, voices: SilentTts())
     options = vars(build_parser().parse_args(["serve", "--tts", "silent", "--engines", "fake"]))
     options = {k: v for k, v in options.items() if k not in ("command", "handler")}
     assert isinstance(build_engines(load_settings(options, env={})).tts, SilentTts)

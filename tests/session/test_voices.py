@@ -117,11 +117,11 @@ def piper_with_speakers(tmp_path: Path, speakers: dict[str, int], speaker: int |
     config["speaker_id_map"] = speakers
     model = tmp_path / "en_US-many-medium.onnx"
     Path(f"{model}.json").write_text(json.dumps(config))
-    return PiperTts(model_path=str(model), speaker=speaker)
+    return PiperTts(model_path=str(model), speaker=speaker, voices=OPENAI_VOICES)
 
 
 def test_the_bundled_piper_voice_speaks_for_every_openai_name() -> None:
-    tts = PiperTts()
+    tts = PiperTts(voices=OPENAI_VOICES)
     assert installed_voices(tts) == (JOE,)
     assert tts.voice_map() == dict.fromkeys(OPENAI_VOICES, JOE)
 
@@ -140,6 +140,6 @@ def test_piper_speakers_take_the_openai_names_in_turn(tmp_path: Path) -> None:
 
 
 def test_the_openai_compatible_tts_passes_names_through() -> None:
-    tts = OpenAITts("http://127.0.0.1:9/v1")
+    tts = OpenAITts("http://127.0.0.1:9/v1", voices=OPENAI_VOICES)
     assert installed_voices(tts) is None
     assert tts.voice_map()["marin"] == "marin"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -169,11 +169,11 @@ def _fake_llm(settings: Settings) -> LlmEngine:
     return FakeLlm()
 
 
-def _piper_tts(settings: Settings) -> TtsEngine:
+def _piper_tts(settings: Settings, voices: Sequence[str]) -> TtsEngine:
     from hark.engines.tts.piper import PiperTts
 
     try:
-        return PiperTts(model_path=settings.tts_model)
+        return PiperTts(model_path=settings.tts_model, voices=voices)
     except RuntimeError as exc:
         # Piper is GPL-3.0 and therefore an optional extra; its absence is a setup choice.
         raise EngineUnavailableError(
@@ -181,11 +181,11 @@ def _piper_tts(settings: Settings) -> TtsEngine:
         ) from exc
 
 
-def _hibari_tts(settings: Settings) -> TtsEngine:
+def _hibari_tts(settings: Settings, voices: Sequence[str]) -> TtsEngine:
     from hark.engines.tts.hibari import HibariTts
 
     try:
-        return HibariTts(voice=settings.tts_model)
+        return HibariTts(voice=settings.tts_model, voices=voices)
     except RuntimeError as exc:
         # An optional extra, like Piper (though Apache-2.0: the core stays lean).
         raise EngineUnavailableError(
@@ -196,13 +196,14 @@ def _hibari_tts(settings: Settings) -> TtsEngine:
         raise EngineUnavailableError(str(exc)) from exc
 
 
-def _openai_tts(settings: Settings) -> TtsEngine:
+def _openai_tts(settings: Settings, voices: Sequence[str]) -> TtsEngine:
     from hark.engines.tts.openai import DEFAULT_MODEL, OpenAITts
 
     return OpenAITts(
         _remote_url(settings.tts_url, "tts"),
         model=settings.tts_model or DEFAULT_MODEL,
         api_key=settings.tts_api_key,
+        voices=voices,
     )
 
 
@@ -216,14 +217,16 @@ def _mapped_voices(tts: TtsEngine, settings: Settings) -> TtsEngine:
         raise EngineUnavailableError(str(exc)) from exc
 
 
-def _fake_tts(settings: Settings) -> TtsEngine:
+def _fake_tts(settings: Settings, voices: Sequence[str]) -> TtsEngine:
     from hark.engines.fake import FakeTts
 
     return FakeTts()
 
 
 # One table per kind: an engine's name (``--asr NAME``) and how settings make it. A factory
-# imports its engine's module itself, so that only the engines chosen are imported.
+# imports its engine's module itself, so that only the engines chosen are imported. A TTS
+# factory also takes the voice names sessions accept (OpenAI's), which the engine maps onto
+# its own voices: an engine knows nothing of the protocol that names them.
 VAD_ENGINES: dict[str, Callable[[Settings], VadEngine]] = {"silero": _silero_vad}
 ASR_ENGINES: dict[str, Callable[[Settings], AsrEngine]] = {
     "whisper": _whisper_asr,
@@ -235,13 +238,13 @@ LLM_ENGINES: dict[str, Callable[[Settings], LlmEngine]] = {
     REMOTE_ENGINE: _openai_llm,
     "fake": _fake_llm,
 }
-TTS_ENGINES: dict[str, Callable[[Settings], TtsEngine]] = {
+TTS_ENGINES: dict[str, Callable[[Settings, Sequence[str]], TtsEngine]] = {
     "piper": _piper_tts,
     "hibari": _hibari_tts,
     REMOTE_ENGINE: _openai_tts,
     "fake": _fake_tts,
 }
-ENGINE_TABLES: dict[str, Mapping[str, Callable[[Settings], object]]] = {
+ENGINE_TABLES: dict[str, Mapping[str, Callable[..., object]]] = {
     "vad": VAD_ENGINES,
     "asr": ASR_ENGINES,
     "llm": LLM_ENGINES,
@@ -275,8 +278,10 @@ def engine_names(settings: Settings) -> dict[str, str]:
     return names
 
 
-def build_engines(settings: Settings) -> Engines:
+def build_engines(settings: Settings, *, voices: Sequence[str] = ()) -> Engines:
     """The engines ``settings`` choose (``engine_names``); nothing is loaded until ``warmup``.
+    ``voices``: the voice names sessions accept, which the TTS engine maps onto its own
+    (``hark serve`` passes OpenAI's; without them a name the engine lacks gets its default).
 
     The presets: ``embedded``, Silero VAD, Whisper, llama.cpp and Piper (with ``llm_url``, an
     OpenAI-compatible LLM; several URLs fail over between them); ``fake``, the real Silero VAD
@@ -288,7 +293,7 @@ def build_engines(settings: Settings) -> Engines:
 
     names = engine_names(settings)
     try:
-        tts = TTS_ENGINES[names["tts"]](settings)
+        tts = TTS_ENGINES[names["tts"]](settings, voices)
         if settings.voice_map:
             tts = _mapped_voices(tts, settings)
         return Engines(

@@ -20,6 +20,7 @@ from hark.config import ConfigError, Settings, load_settings
 from hark.config.options import add_arguments
 from hark.engines.registry import EngineUnavailableError, build_engines, engine_names
 from hark.observability.logging import configure_logging
+from hark.protocol.session_config import OPENAI_VOICES
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -115,7 +116,7 @@ async def _serve_until(
 
     try:
         chosen = ", ".join(f"{kind}: {name}" for kind, name in engine_names(settings).items())
-        engines = build_engines(settings)
+        engines = build_engines(settings, voices=OPENAI_VOICES)
     except EngineUnavailableError as exc:
         logger.error("%s", exc)
         return EXIT_USAGE

@@ -43,7 +43,8 @@ class VoiceCatalog(Protocol):
         ...
 
     def voice_map(self) -> dict[str, str]:
-        """Which voice speaks for each of OpenAI's voice names."""
+        """Which voice speaks for each of the names it was built to map (``voices``: the
+        server passes OpenAI's)."""
         ...
 
 

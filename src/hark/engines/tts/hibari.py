@@ -14,14 +14,13 @@ import functools
 import os
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
 from hark.engines.scheduler import DueFirstScheduler
-from hark.protocol.session_config import OPENAI_VOICES
 
 if TYPE_CHECKING:
     from hibari import Hibari
@@ -63,17 +62,23 @@ class HibariTts:
     would run out of audio first (``slack_s``) first. The model loads on ``warmup`` or on
     first use.
 
-    Voices: the one voice's name; OpenAI's ten names and any other name speak with it.
+    Voices: the one voice's name; the names of ``voices`` (the server passes OpenAI's) and
+    any other name speak with it.
     """
 
     def __init__(
-        self, voice: str | None = None, threads: int = 1, workers: int | None = None
+        self,
+        voice: str | None = None,
+        threads: int = 1,
+        workers: int | None = None,
+        voices: Sequence[str] = (),
     ) -> None:
         try:
             from hibari import SAMPLE_RATE
         except ImportError as error:
             raise RuntimeError(_NOT_INSTALLED) from error
         self.voice_name = voice or DEFAULT_VOICE
+        self._voices = tuple(voices)
         # Checked now, so that a voice not on the machine fails at start, not on a call.
         self._model_path = local_voice_path(self.voice_name)
         self.sample_rate: int = SAMPLE_RATE
@@ -91,8 +96,8 @@ class HibariTts:
         return (self.voice_name,)
 
     def voice_map(self) -> dict[str, str]:
-        """Each of OpenAI's voice names, all spoken by the one voice."""
-        return dict.fromkeys(OPENAI_VOICES, self.voice_name)
+        """Each name of ``voices``, all spoken by the one voice."""
+        return dict.fromkeys(self._voices, self.voice_name)
 
     def _load(self) -> Hibari:
         # Several sessions may ask at once; the model, lexicons and tagger load only once.

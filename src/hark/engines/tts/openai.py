@@ -13,14 +13,13 @@ in case a server echoes it back, and URLs in messages lose their credentials and
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 
 import aiohttp
 import numpy as np
 import numpy.typing as npt
 
 from hark.engines.openai_http import OpenAIHttp, endpoint_url, safe_url
-from hark.protocol.session_config import OPENAI_VOICES
 
 _LOG = logging.getLogger(__name__)
 
@@ -42,7 +41,9 @@ class OpenAITts:
     """Speaks text with a remote OpenAI audio API; a ``TtsEngine`` at 24 kHz.
 
     ``base_url`` includes the version prefix (``http://host:8000/v1``). ``timeout_s`` bounds
-    connecting and each wait for the next bytes of audio. Call :meth:`aclose` when done.
+    connecting and each wait for the next bytes of audio. ``voices``: the voice names the
+    server knows (the server passes OpenAI's), sent as they are. Call :meth:`aclose` when
+    done.
     """
 
     sample_rate: int = SAMPLE_RATE
@@ -54,8 +55,10 @@ class OpenAITts:
         model: str = DEFAULT_MODEL,
         api_key: str | None = None,
         timeout_s: float = 60.0,
+        voices: Sequence[str] = (),
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self._voices = tuple(voices)
         self._url = endpoint_url(base_url, "/audio/speech")
         self.model = model
         self.timeout_s = timeout_s
@@ -110,8 +113,8 @@ class OpenAITts:
         return None
 
     def voice_map(self) -> dict[str, str]:
-        """OpenAI's voice names go to the server unchanged."""
-        return {name: name for name in OPENAI_VOICES}
+        """The names of ``voices`` (OpenAI's) go to the server unchanged."""
+        return {name: name for name in self._voices}
 
     async def warmup(self) -> None:
         """Speak a word: the endpoint answers, and takes the model and the key."""

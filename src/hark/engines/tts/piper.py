@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,7 +22,6 @@ import numpy as np
 import numpy.typing as npt
 
 from hark.engines.scheduler import DueFirstScheduler
-from hark.protocol.session_config import OPENAI_VOICES
 
 if TYPE_CHECKING:
     from piper import PiperConfig, PiperVoice
@@ -58,9 +57,10 @@ class PiperTts:
     first use.
 
     Voices: the model's name (``en_US-joe-medium``) and, for a model of several speakers,
-    each speaker's name. OpenAI's voice names map onto them: with one speaker all ten speak
-    with it; with several, ``alloy`` is the ``speaker`` given (else the first) and the
-    other names take the speakers after it in turn (see ``voice_map``).
+    each speaker's name. The names of ``voices`` (the server passes OpenAI's) map onto them:
+    with one speaker all speak with it; with several, the first is the ``speaker`` given
+    (else the first speaker) and the others take the speakers after it in turn (see
+    ``voice_map``).
     """
 
     def __init__(
@@ -69,6 +69,7 @@ class PiperTts:
         speaker: int | None = None,
         threads: int = 1,
         workers: int | None = None,
+        voices: Sequence[str] = (),
     ) -> None:
         try:
             from piper import PiperConfig, SynthesisConfig
@@ -84,7 +85,7 @@ class PiperTts:
         # A model of one speaker may still list it; only several are voices of their own.
         speakers = self._config.speaker_id_map if self._config.num_speakers > 1 else {}
         self._speaker_ids: dict[str, int] = dict(speakers)
-        self._voice_speakers = _map_voices(self._speaker_ids, speaker)
+        self._voice_speakers = _map_voices(voices, self._speaker_ids, speaker)
         self._threads = threads
         self._synthesis_config = SynthesisConfig
         self._voice: PiperVoice | None = None
@@ -100,7 +101,7 @@ class PiperTts:
         return (self.voice_name, *self._speaker_ids)
 
     def voice_map(self) -> dict[str, str]:
-        """Which installed voice speaks for each of OpenAI's voice names."""
+        """Which installed voice speaks for each name of ``voices``."""
         return {
             name: self.voice_name if speaker is None else speaker
             for name, speaker in self._voice_speakers.items()
@@ -176,15 +177,15 @@ class PiperTts:
             pass
 
 
-def _map_voices(ids: dict[str, int], default: int | None) -> dict[str, str | None]:
-    """OpenAI's names onto the speakers of ``ids`` (in order of id): ``alloy`` on the
-    ``default`` speaker (else the first), the next names on the speakers after it, round;
-    None everywhere (the model's one voice) without speakers."""
+def _map_voices(
+    names: Sequence[str], ids: dict[str, int], default: int | None
+) -> dict[str, str | None]:
+    """``names`` onto the speakers of ``ids`` (in order of id): the first on the ``default``
+    speaker (else the first), the next names on the speakers after it, round; None
+    everywhere (the model's one voice) without speakers."""
     if not ids:
-        return dict.fromkeys(OPENAI_VOICES)
+        return dict.fromkeys(names)
     speakers = sorted(ids, key=lambda name: ids[name])
     by_id = {number: name for name, number in ids.items()}
     start = speakers.index(by_id[default]) if default in by_id else 0
-    return {
-        name: speakers[(start + index) % len(speakers)] for index, name in enumerate(OPENAI_VOICES)
-    }
+    return {name: speakers[(start + index) % len(speakers)] for index, name in enumerate(names)}

@@ -11,7 +11,6 @@ import numpy as np
 import numpy.typing as npt
 
 from hark.engines.tts import TtsEngine, installed_voices
-from hark.protocol.session_config import OPENAI_VOICES
 
 
 class VoiceMapError(ValueError):
@@ -44,12 +43,12 @@ def parse_voice_map(value: object) -> tuple[tuple[str, str], ...]:
 
 class MappedVoices:
     """``tts`` speaking each voice of ``mapping`` with the voice it maps to (one of the
-    engine's own, or an OpenAI name it maps in turn); every other voice as ``tts`` would."""
+    engine's own, or a name it maps in turn, OpenAI's); every other voice as ``tts`` would."""
 
     def __init__(self, tts: TtsEngine, mapping: Mapping[str, str]) -> None:
         installed = installed_voices(tts)
         if installed is not None:
-            known = {*installed, *OPENAI_VOICES}
+            known = {*installed, *_engine_map(tts)}
             unknown = sorted({voice for voice in mapping.values() if voice not in known})
             if unknown:
                 raise VoiceMapError(
@@ -76,12 +75,19 @@ class MappedVoices:
         return installed_voices(self.tts)
 
     def voice_map(self) -> dict[str, str]:
-        """The engine's map of OpenAI's names, with the operator's entries over it."""
-        own = getattr(self.tts, "voice_map", None)
-        return {**(own() if own is not None else {}), **self.mapping}
+        """The engine's map of the names it maps (OpenAI's), with the operator's entries over
+        it."""
+        return {**_engine_map(self.tts), **self.mapping}
 
     async def aclose(self) -> None:
         """Release what the engine holds."""
         close = getattr(self.tts, "aclose", None)
         if close is not None:
             await close()
+
+
+def _engine_map(tts: TtsEngine) -> dict[str, str]:
+    """The names ``tts`` maps onto its voices (``VoiceCatalog.voice_map``); none for an
+    engine without the method."""
+    own = getattr(tts, "voice_map", None)
+    return own() if own is not None else {}
