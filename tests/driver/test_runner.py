@@ -20,6 +20,7 @@ from hark.engines.fake import FakeAsr
 from hark.engines.registry import build_engines
 from hark.engines.vad import Outcomes
 from hark.session.actions import ScoreTurn
+from hark.session.results import Result, TurnScoreFailed
 
 
 async def test_expired_session_sends_the_error_then_ends() -> None:
@@ -84,15 +85,15 @@ async def test_a_failed_turn_score_is_reported_to_the_core() -> None:
 
     engines.turn = BrokenVerdict()
     runner = SessionRunner(engines, model="m")
-    failed: list[str] = []
+    handed: list[Result] = []
 
-    def on_turn_score_failed(key: str, *, now: float) -> None:
-        failed.append(key)
+    def handle(result: Result, *, now: float) -> None:
+        handed.append(result)
 
-    runner.session.on_turn_score_failed = on_turn_score_failed  # type: ignore[method-assign]
+    runner.session.handle = handle  # type: ignore[method-assign]
     await runner.start()
     await runner._work._score_turn(ScoreTurn("item_1#1", "What is", None), runner._call)
-    assert failed == ["item_1#1"]
+    assert handed == [TurnScoreFailed("item_1#1")]
     await runner.close()
 
 

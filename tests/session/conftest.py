@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,15 @@ from hark.session.actions import (
 )
 from hark.session.core import AUDIO_RETENTION_S, Session
 from hark.session.ids import IdGenerator
+from hark.session.results import (
+    AudioGenerated,
+    GenerationFinished,
+    Recognised,
+    Result,
+    TranscriptionDone,
+    TurnScored,
+    VadScored,
+)
 
 RATE = 24000
 # The engines' facts the core is given: Silero's chunk and Whisper's rate.
@@ -109,53 +119,30 @@ class Driver:
         self.vad_chunk_sizes: set[int] = set()
         self.events: list[dict[str, Any]] = []
         self.actions: list[Action] = []
-        # When set, recognition and end-of-turn scoring are answered at once with these (steps
-        # of incremental recognition only when somebody waits for them: captions stay
-        # unanswered, recorded with the other actions).
+        # When set, recognition and end-of-turn scoring are answered at once with these (see
+        # ``ANSWERS``).
         self.asr_text: str | None = None
         self.turn_score: float | None = None
-        self._speculations: dict[str, Generate] = {}
+        # The replies speculated and not yet adopted or discarded, by key.
+        self.speculations: dict[str, Generate] = {}
         self.session.start()
         self.pump()
 
     def pump(self) -> list[dict[str, Any]]:
-        """Collect outputs; VAD requests are answered at once with the energy stand-in."""
+        """Collect outputs: server events are returned, and each action is answered with the
+        results ``ANSWERS`` maps it to (recorded, unless it is a VAD request)."""
         new: list[dict[str, Any]] = []
         while out := self.session.drain():
             for item in out:
-                if isinstance(item, AnalyzeSpeech):
-                    for chunk in item.chunks:
-                        self.vad_chunk_sizes.add(len(chunk))
-                        self.session.on_vad(energy_probability(chunk), item.epoch, now=self.now)
-                elif isinstance(item, Transcribe) and self.asr_text is not None:
-                    self.actions.append(item)
-                    seconds = len(item.audio) / self.asr_rate
-                    self.session.on_transcription_done(
-                        item.request_id, self.asr_text, seconds, now=self.now
-                    )
-                elif isinstance(item, Recognise):
-                    self.actions.append(item)
-                    if self.asr_text is not None and item.request.urgency != Urgency.CAPTION:
-                        self.session.on_recognised(item.request_id, self.heard(item), now=self.now)
-                elif isinstance(item, Speculate):
-                    self.actions.append(item)
-                    self._speculations[item.key] = item.generate
-                elif isinstance(item, DiscardSpeculation):
-                    self.actions.append(item)
-                    self._speculations.pop(item.key, None)
-                elif isinstance(item, AdoptSpeculation):
-                    self.actions.append(item)
-                    speculated = self._speculations.pop(item.key)
-                    self.actions.append(
-                        dataclasses.replace(speculated, response_id=item.response_id)
-                    )
-                elif isinstance(item, ScoreTurn) and self.turn_score is not None:
-                    self.actions.append(item)
-                    self.session.on_turn_score(item.key, self.turn_score, now=self.now)
-                elif isinstance(item, ServerEvent):
+                if isinstance(item, ServerEvent):
                     new.append(json.loads(encode_event(item)))
-                else:
+                    continue
+                answer = ANSWERS.get(type(item))
+                if answer is None:
                     self.actions.append(item)
+                    continue
+                for result in answer(self, item):
+                    self.session.handle(result, now=self.now)
         self.events.extend(new)
         return new
 
@@ -211,12 +198,15 @@ class Driver:
         """Answer every pending transcription, and every recognition step somebody waits
         for, with ``text``; caption steps are dropped unanswered."""
         for action in self.take(Transcribe):
-            self.session.on_transcription_done(
-                action.request_id, text, len(action.audio) / self.asr_rate, now=self.now
+            self.session.handle(
+                TranscriptionDone(action.request_id, text, len(action.audio) / self.asr_rate),
+                now=self.now,
             )
         for step in self.take(Recognise):
             if step.request.urgency != Urgency.CAPTION:
-                self.session.on_recognised(step.request_id, self.heard(step, text), now=self.now)
+                self.session.handle(
+                    Recognised(step.request_id, self.heard(step, text)), now=self.now
+                )
         return self.pump()
 
     def steps(self, *urgencies: Urgency) -> list[Recognise]:
@@ -234,10 +224,11 @@ class Driver:
         """Play the engines' part for an audio response."""
         for clause in clauses:
             pcm = voiced(ms_per_clause, generate.output_rate)
-            self.session.on_audio(generate.response_id, pcm, clause, now=self.now)
-        self.session.on_generation_finished(
-            generate.response_id,
-            Finished("stop", prompt_tokens=20, completion_tokens=8),
+            self.session.handle(AudioGenerated(generate.response_id, pcm, clause), now=self.now)
+        self.session.handle(
+            GenerationFinished(
+                generate.response_id, Finished("stop", prompt_tokens=20, completion_tokens=8)
+            ),
             now=self.now,
         )
         self.pump()
@@ -245,6 +236,65 @@ class Driver:
     def types(self, events: list[dict[str, Any]] | None = None) -> list[str]:
         """Event types, in order."""
         return [e["type"] for e in (self.events if events is None else events)]
+
+
+def _vad(driver: Driver, action: AnalyzeSpeech) -> list[Result]:
+    driver.vad_chunk_sizes.update(len(chunk) for chunk in action.chunks)
+    return [VadScored(energy_probability(chunk), action.epoch) for chunk in action.chunks]
+
+
+def _transcribe(driver: Driver, action: Transcribe) -> list[Result]:
+    driver.actions.append(action)
+    if driver.asr_text is None:
+        return []
+    seconds = len(action.audio) / driver.asr_rate
+    return [TranscriptionDone(action.request_id, driver.asr_text, seconds)]
+
+
+def _recognise(driver: Driver, action: Recognise) -> list[Result]:
+    driver.actions.append(action)
+    if driver.asr_text is None or action.request.urgency == Urgency.CAPTION:
+        return []
+    return [Recognised(action.request_id, driver.heard(action))]
+
+
+def _score_turn(driver: Driver, action: ScoreTurn) -> list[Result]:
+    driver.actions.append(action)
+    return [] if driver.turn_score is None else [TurnScored(action.key, driver.turn_score)]
+
+
+def _speculate(driver: Driver, action: Speculate) -> list[Result]:
+    driver.actions.append(action)
+    driver.speculations[action.key] = action.generate
+    return []
+
+
+def _discard(driver: Driver, action: DiscardSpeculation) -> list[Result]:
+    driver.actions.append(action)
+    driver.speculations.pop(action.key, None)
+    return []
+
+
+def _adopt(driver: Driver, action: AdoptSpeculation) -> list[Result]:
+    driver.actions.append(action)
+    speculated = driver.speculations.pop(action.key)
+    driver.actions.append(dataclasses.replace(speculated, response_id=action.response_id))
+    return []
+
+
+# The tests' engines: what each action the core emits is answered with at once. Actions not
+# here are only recorded, for the test to answer; VAD requests are answered with the energy
+# stand-in, recognition and end-of-turn scoring with ``asr_text`` and ``turn_score`` when set
+# (steps of incremental recognition only when somebody waits for them).
+ANSWERS: dict[type[Any], Callable[[Driver, Any], list[Result]]] = {
+    AnalyzeSpeech: _vad,
+    Transcribe: _transcribe,
+    Recognise: _recognise,
+    ScoreTurn: _score_turn,
+    Speculate: _speculate,
+    DiscardSpeculation: _discard,
+    AdoptSpeculation: _adopt,
+}
 
 
 def manual(driver: Driver) -> None:

@@ -13,6 +13,12 @@ from hark.engines.llm import ChatMessage, Finished
 from hark.engines.llm.chat_template import render_chatml
 from hark.session.actions import Generate
 from hark.session.conversation import PENDING_RESULT
+from hark.session.results import (
+    GenerationFinished,
+    TextGenerated,
+    ToolCallFinished,
+    ToolCallStarted,
+)
 from tests.e2e.chat_peer import order_problem
 
 from .conftest import Driver
@@ -96,15 +102,17 @@ def respond(driver: Driver) -> Generate:
 def calls(driver: Driver, generate: Generate, *call_ids: str) -> None:
     rid = generate.response_id
     for call_id in call_ids:
-        driver.session.on_tool_call_started(rid, call_id, "book_table", now=driver.now)
-        driver.session.on_tool_call_finished(rid, call_id, '{"name": "Ada"}', now=driver.now)
-    driver.session.on_generation_finished(rid, Finished("tool_calls"), now=driver.now)
+        driver.session.handle(ToolCallStarted(rid, call_id, "book_table"), now=driver.now)
+        driver.session.handle(ToolCallFinished(rid, call_id, '{"name": "Ada"}'), now=driver.now)
+    driver.session.handle(GenerationFinished(rid, Finished("tool_calls")), now=driver.now)
     driver.pump()
 
 
 def answers(driver: Driver, generate: Generate, text: str) -> None:
-    driver.session.on_text(generate.response_id, text, now=driver.now)
-    driver.session.on_generation_finished(generate.response_id, Finished("stop"), now=driver.now)
+    driver.session.handle(TextGenerated(generate.response_id, text), now=driver.now)
+    driver.session.handle(
+        GenerationFinished(generate.response_id, Finished("stop")), now=driver.now
+    )
     driver.pump()
 
 

@@ -19,6 +19,15 @@ from hark.session.actions import (
     ResumeAudio,
 )
 from hark.session.backchannel import DECISION_MS, MAX_BACKCHANNEL_MS, judge_words, words_of
+from hark.session.results import (
+    AudioGenerated,
+    GenerationFinished,
+    PlayoutCleared,
+    PlayoutStarted,
+    PlayoutStopped,
+    Recognised,
+    TranscriptionFailed,
+)
 
 from .conftest import Driver, silence, timed, voiced
 
@@ -42,10 +51,12 @@ class Replying:
         driver.transcribe_all()
         self.generate: Generate = driver.take(Generate)[-1]
         driver.asr_text = driver.turn_score = None
-        driver.session.on_audio(
-            self.generate.response_id,
-            voiced(REPLY_MS, self.generate.output_rate),
-            "Paris is the capital of France.",
+        driver.session.handle(
+            AudioGenerated(
+                self.generate.response_id,
+                voiced(REPLY_MS, self.generate.output_rate),
+                "Paris is the capital of France.",
+            ),
             now=driver.now,
         )
         driver.pump()
@@ -56,7 +67,7 @@ class Replying:
         )
         if plays_audio:
             driver.take(PlayAudio)
-            driver.session.on_playout_started(self.generate.response_id, now=driver.now)
+            driver.session.handle(PlayoutStarted(self.generate.response_id), now=driver.now)
         driver.pump()
         driver.actions.clear()
         self.mark = len(driver.events)
@@ -81,8 +92,8 @@ class Replying:
 
     def hear(self, step: Recognise, text: str) -> None:
         seconds = len(step.request.audio) / self.driver.asr_rate
-        self.driver.session.on_recognised(
-            step.request_id, timed(text, seconds), now=self.driver.now
+        self.driver.session.handle(
+            Recognised(step.request_id, timed(text, seconds)), now=self.driver.now
         )
         self.driver.pump()
 
@@ -92,11 +103,11 @@ class Replying:
     def finish(self) -> dict[str, Any]:
         """The reply's generation and playout end; its ``response.done``."""
         driver = self.driver
-        driver.session.on_generation_finished(
-            self.generate.response_id, Finished("stop", 20, 8), now=driver.now
+        driver.session.handle(
+            GenerationFinished(self.generate.response_id, Finished("stop", 20, 8)), now=driver.now
         )
         if self.plays_audio:
-            driver.session.on_playout_stopped(self.generate.response_id, now=driver.now)
+            driver.session.handle(PlayoutStopped(self.generate.response_id), now=driver.now)
         driver.pump()
         return next(e for e in driver.events if e["type"] == "response.done")["response"]
 
@@ -156,8 +167,8 @@ def test_wait_stop_cuts_the_reply_where_it_was_heard(plays_audio: bool) -> None:
         assert not replying.driver.take(ResumeAudio)
         (clear,) = replying.driver.take(ClearAudio)
         assert clear.response_id == replying.generate.response_id
-        replying.driver.session.on_playout_cleared(
-            replying.generate.response_id, 900, now=replying.driver.now
+        replying.driver.session.handle(
+            PlayoutCleared(replying.generate.response_id, 900), now=replying.driver.now
         )
         replying.driver.pump()
         assert "conversation.item.truncated" in replying.since()
@@ -202,8 +213,8 @@ def test_a_failed_recognition_interrupts() -> None:
     replying.listen(voiced(300))
     replying.listen(silence(240))
     step = replying.asked()
-    replying.driver.session.on_transcription_failed(
-        step.request_id, "engine down", now=replying.driver.now
+    replying.driver.session.handle(
+        TranscriptionFailed(step.request_id, "engine down"), now=replying.driver.now
     )
     replying.driver.pump()
     assert "input_audio_buffer.speech_started" in replying.since()

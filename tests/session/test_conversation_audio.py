@@ -12,6 +12,7 @@ import numpy.typing as npt
 from hark.engines.llm import Finished
 from hark.session.actions import ClearAudio, Generate
 from hark.session.conversation import Part
+from hark.session.results import AudioGenerated, GenerationFinished, PlayoutCleared, PlayoutStarted
 
 from .conftest import RATE, Driver, silence, voiced
 
@@ -58,9 +59,10 @@ def retrieve(driver: Driver, item_id: str) -> dict[str, Any]:
 
 
 def finish(driver: Driver, generate: Generate) -> None:
-    driver.session.on_generation_finished(
-        generate.response_id,
-        Finished("stop", prompt_tokens=20, completion_tokens=8),
+    driver.session.handle(
+        GenerationFinished(
+            generate.response_id, Finished("stop", prompt_tokens=20, completion_tokens=8)
+        ),
         now=driver.now,
     )
     driver.pump()
@@ -83,7 +85,9 @@ def test_long_reply_from_many_small_chunks_is_their_concatenation(driver: Driver
     copies = 0
     previous: npt.NDArray[np.int16] | None = None
     for i, pcm in enumerate(chunks):
-        driver.session.on_audio(generate.response_id, pcm, clauses.get(i, ""), now=driver.now)
+        driver.session.handle(
+            AudioGenerated(generate.response_id, pcm, clauses.get(i, "")), now=driver.now
+        )
         driver.pump()
         part = part or part_of(driver, driver.events[-1]["item_id"])
         assert part.audio is not None
@@ -128,14 +132,14 @@ def test_reply_in_progress_keeps_its_audio_over_the_budget() -> None:
     (generate,) = driver.take(Generate)
     first = [voiced(500), voiced(500), voiced(500)]
     for pcm in first:
-        driver.session.on_audio(generate.response_id, pcm, " Hello", now=driver.now)
+        driver.session.handle(AudioGenerated(generate.response_id, pcm, " Hello"), now=driver.now)
     driver.pump()
     reply_id = driver.events[-1]["item_id"]
     # A turn committed while the 1.5 s reply is still being generated applies the budget.
     user_id = user_turn(driver, 300, "wait")
     assert part_of(driver, user_id).audio is not None
     more = voiced(200)
-    driver.session.on_audio(generate.response_id, more, " there.", now=driver.now)
+    driver.session.handle(AudioGenerated(generate.response_id, more, " there."), now=driver.now)
     finish(driver, generate)
     audio = part_of(driver, reply_id).audio
     assert audio is not None and np.array_equal(audio, np.concatenate([*first, more]))
@@ -229,7 +233,7 @@ def test_reply_being_played_keeps_its_audio_and_can_be_cut() -> None:
     # The 1.2 s reply is over the 1 s budget on its own: the turn before it goes, it stays.
     assert part_of(driver, user_id).audio is None
     assert part_of(driver, reply_id).duration_ms() == 1200
-    driver.session.on_playout_started(generate.response_id, now=driver.now)
+    driver.session.handle(PlayoutStarted(generate.response_id), now=driver.now)
     driver.pump()
     # The user talks over it; the turn is committed before the player reports the cut.
     driver.append(voiced(300))
@@ -237,7 +241,7 @@ def test_reply_being_played_keeps_its_audio_and_can_be_cut() -> None:
     driver.append(silence(700))
     assert "input_audio_buffer.committed" in driver.types()
     assert part_of(driver, reply_id).duration_ms() == 1200
-    driver.session.on_playout_cleared(generate.response_id, 700, now=driver.now)
+    driver.session.handle(PlayoutCleared(generate.response_id, 700), now=driver.now)
     new = driver.pump()
     assert driver.types(new) == ["conversation.item.truncated", "output_audio_buffer.cleared"]
     content = retrieve(driver, reply_id)
@@ -252,7 +256,9 @@ def test_default_budget_is_five_minutes_of_audio(driver: Driver) -> None:
         driver.send({"type": "response.create"})
         (generate,) = driver.take(Generate)
         for _ in range(seconds // 10):
-            driver.session.on_audio(generate.response_id, silence(10_000), " la", now=driver.now)
+            driver.session.handle(
+                AudioGenerated(generate.response_id, silence(10_000), " la"), now=driver.now
+            )
         finish(driver, generate)
         ids.append(driver.events[-1]["response"]["output"][0]["id"])
         if seconds == 140:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from hark.session.core import MAX_CLIENT_ITEMS_BYTES, MiB
+from hark.protocol.limits import MiB
+from hark.session.client_items import MAX_CLIENT_ITEMS_BYTES
 from tests.session.conftest import Driver
 
 

@@ -16,6 +16,16 @@ from hark.engines.llm import Finished
 from hark.session.actions import AnalyzeSpeech, CancelGeneration, Close, Generate
 from hark.session.core import Session
 from hark.session.ids import IdGenerator
+from hark.session.results import (
+    AudioGenerated,
+    GenerationFailed,
+    GenerationFinished,
+    Recognised,
+    TextGenerated,
+    ToolCallDelta,
+    ToolCallFinished,
+    ToolCallStarted,
+)
 
 from .conftest import RATE, Driver, manual, silence, timed, voiced
 
@@ -192,7 +202,7 @@ def test_input_transcription_events_only_when_configured(driver: Driver) -> None
     (committed,) = driver.send({"type": "input_audio_buffer.commit"})[:1]
     (action,) = driver.steps(Urgency.ANSWER)
     assert action.request.language == "en"
-    driver.session.on_recognised(action.request_id, timed("hello there", 0.3), now=driver.now)
+    driver.session.handle(Recognised(action.request_id, timed("hello there", 0.3)), now=driver.now)
     new = driver.pump()
     assert driver.types(new) == [
         "conversation.item.input_audio_transcription.delta",
@@ -231,8 +241,8 @@ def test_server_vad_turn_sequence(driver: Driver) -> None:
     (asr,) = driver.steps(Urgency.SPECULATION, Urgency.ANSWER)
     assert asr.request.urgency == Urgency.SPECULATION
     assert len(asr.request.audio) / 16000 == pytest.approx(1.4, abs=0.05)
-    driver.session.on_recognised(
-        asr.request_id, timed("What is the capital of France?", 1.3), now=driver.now
+    driver.session.handle(
+        Recognised(asr.request_id, timed("What is the capital of France?", 1.3)), now=driver.now
     )
     driver.pump()
     (generate,) = driver.take(Generate)
@@ -269,7 +279,9 @@ def response_in_progress(driver: Driver) -> Generate:
     spoken_turn(driver)
     driver.transcribe_all()
     (generate,) = driver.take(Generate)
-    driver.session.on_audio(generate.response_id, voiced(400), "The capital", now=driver.now)
+    driver.session.handle(
+        AudioGenerated(generate.response_id, voiced(400), "The capital"), now=driver.now
+    )
     driver.pump()
     return generate
 
@@ -288,7 +300,9 @@ def test_barge_in_cancels_with_turn_detected(driver: Driver) -> None:
         for a in driver.actions
     )
     # Late engine output for the cancelled response is ignored.
-    driver.session.on_audio(generate.response_id, voiced(100), " is Paris.", now=driver.now)
+    driver.session.handle(
+        AudioGenerated(generate.response_id, voiced(100), " is Paris."), now=driver.now
+    )
     assert driver.pump() == []
 
 
@@ -418,9 +432,9 @@ def test_text_response_with_overrides(driver: Driver) -> None:
     assert generate.request.messages[0].content == "Answer in French."
     assert generate.request.messages[1].content == "Hi"
     for word in ["Bon", "jour"]:
-        driver.session.on_text(generate.response_id, word, now=driver.now)
-    driver.session.on_generation_finished(
-        generate.response_id, Finished("length", 10, 5), now=driver.now
+        driver.session.handle(TextGenerated(generate.response_id, word), now=driver.now)
+    driver.session.handle(
+        GenerationFinished(generate.response_id, Finished("length", 10, 5)), now=driver.now
     )
     new = driver.pump()
     assert driver.types(new)[:3] == [
@@ -467,8 +481,10 @@ def test_out_of_band_response_leaves_conversation_alone(driver: Driver) -> None:
     )
     (generate,) = driver.take(Generate)
     assert [m.content for m in generate.request.messages[1:]] == ["Classify: hello"]
-    driver.session.on_text(generate.response_id, "greeting", now=driver.now)
-    driver.session.on_generation_finished(generate.response_id, Finished("stop"), now=driver.now)
+    driver.session.handle(TextGenerated(generate.response_id, "greeting"), now=driver.now)
+    driver.session.handle(
+        GenerationFinished(generate.response_id, Finished("stop")), now=driver.now
+    )
     new = driver.pump()
     assert "conversation.item.added" not in driver.types(new)
     assert len(driver.session.conversation) == before
@@ -570,11 +586,11 @@ def test_forced_tool_call_and_output(driver: Driver) -> None:
     assert generate.request.tool_choice.name == "get_weather"
     assert generate.request.tools[0].parameters["required"] == ["city"]
     rid = generate.response_id
-    driver.session.on_tool_call_started(rid, "call_1", "get_weather", now=driver.now)
-    driver.session.on_tool_call_delta(rid, "call_1", '{"city":', now=driver.now)
-    driver.session.on_tool_call_delta(rid, "call_1", '"Paris"}', now=driver.now)
-    driver.session.on_tool_call_finished(rid, "call_1", '{"city":"Paris"}', now=driver.now)
-    driver.session.on_generation_finished(rid, Finished("tool_calls"), now=driver.now)
+    driver.session.handle(ToolCallStarted(rid, "call_1", "get_weather"), now=driver.now)
+    driver.session.handle(ToolCallDelta(rid, "call_1", '{"city":'), now=driver.now)
+    driver.session.handle(ToolCallDelta(rid, "call_1", '"Paris"}'), now=driver.now)
+    driver.session.handle(ToolCallFinished(rid, "call_1", '{"city":"Paris"}'), now=driver.now)
+    driver.session.handle(GenerationFinished(rid, Finished("tool_calls")), now=driver.now)
     new = driver.pump()
     assert driver.types(new) == [
         "response.output_item.added",
@@ -613,7 +629,7 @@ def test_rate_limits_and_engine_failure(driver: Driver) -> None:
     names = [r["name"] for r in new[1]["rate_limits"]]
     assert names == ["requests", "tokens"]
     (generate,) = driver.take(Generate)
-    driver.session.on_generation_failed(generate.response_id, "LLM unreachable", now=driver.now)
+    driver.session.handle(GenerationFailed(generate.response_id, "LLM unreachable"), now=driver.now)
     done = driver.pump()[-1]["response"]
     assert done["status"] == "failed"
     assert done["status_details"]["error"]["message"] == "LLM unreachable"
@@ -788,8 +804,8 @@ def test_g711_in_and_out(driver: Driver) -> None:
     # Speech from 0 ms (no room for prefix padding) to the start of the pause, and the
     # silence the VAD had heard.
     assert len(asr.request.audio) / 16000 == pytest.approx(1.1, abs=0.06)
-    driver.session.on_recognised(
-        asr.request_id, timed("What is the capital of France?", 1.0), now=driver.now
+    driver.session.handle(
+        Recognised(asr.request_id, timed("What is the capital of France?", 1.0)), now=driver.now
     )
     driver.pump()
     (generate,) = driver.take(Generate)

@@ -12,6 +12,15 @@ import numpy.typing as npt
 from hark.engines.asr import Urgency
 from hark.engines.llm import Finished
 from hark.session.actions import CancelRecognition, Generate, Transcribe
+from hark.session.results import (
+    AudioGenerated,
+    GenerationFinished,
+    PlayoutStarted,
+    PlayoutStopped,
+    TextGenerated,
+    TranscriptionDone,
+    TranscriptionFailed,
+)
 from tests.helpers.streams import of_type
 
 from .conftest import Driver, silence, voiced
@@ -118,10 +127,11 @@ def user_words(generate: Generate) -> list[str]:
 
 
 def answer_text(driver: Driver, generate: Generate, text: str = "Paris.") -> list[dict[str, Any]]:
-    driver.session.on_text(generate.response_id, text, now=driver.now)
-    driver.session.on_generation_finished(
-        generate.response_id,
-        Finished("stop", prompt_tokens=10, completion_tokens=2),
+    driver.session.handle(TextGenerated(generate.response_id, text), now=driver.now)
+    driver.session.handle(
+        GenerationFinished(
+            generate.response_id, Finished("stop", prompt_tokens=10, completion_tokens=2)
+        ),
         now=driver.now,
     )
     return driver.pump()
@@ -133,8 +143,9 @@ def test_inline_audio_is_transcribed_and_answered(driver: Driver) -> None:
     (transcribe,) = driver.take(Transcribe)
     assert len(transcribe.audio) == 800 * driver.asr_rate // 1000
     assert not driver.take(Generate)
-    driver.session.on_transcription_done(
-        transcribe.request_id, "What is the capital of France?", 0.8, now=driver.now
+    driver.session.handle(
+        TranscriptionDone(transcribe.request_id, "What is the capital of France?", 0.8),
+        now=driver.now,
     )
     new = driver.pump()
     # Its words are the response's own: no conversation item, no transcription events.
@@ -151,7 +162,7 @@ def test_inline_audio_is_transcribed_and_answered(driver: Driver) -> None:
 def test_inline_audio_that_cannot_be_transcribed_fails_its_response(driver: Driver) -> None:
     inline_response(driver, voiced(800))
     (transcribe,) = driver.take(Transcribe)
-    driver.session.on_transcription_failed(transcribe.request_id, "engine down", now=driver.now)
+    driver.session.handle(TranscriptionFailed(transcribe.request_id, "engine down"), now=driver.now)
     new = driver.pump()
     (done,) = of_type(new, "response.done")
     assert done["response"]["status"] == "failed"
@@ -172,7 +183,7 @@ def test_a_response_waiting_for_words_can_be_cancelled(driver: Driver) -> None:
     assert done["response"]["status"] == "cancelled"
     # Nothing else waits for the inline item's words: its transcription is cancelled.
     assert [c.request_id for c in driver.take(CancelRecognition)] == [transcribe.request_id]
-    driver.session.on_transcription_done(transcribe.request_id, "Hello?", 0.8, now=driver.now)
+    driver.session.handle(TranscriptionDone(transcribe.request_id, "Hello?", 0.8), now=driver.now)
     assert driver.pump() == []
     assert not driver.take(Generate)
     driver.send({"type": "response.create", "response": {"output_modalities": ["text"]}})
@@ -235,7 +246,9 @@ def test_a_created_audio_item_is_transcribed_before_the_response_reads_it(
     driver.send({"type": "response.create", "response": {"output_modalities": ["text"]}})
     assert not driver.take(Generate)
     (transcribe,) = driver.take(Transcribe)
-    driver.session.on_transcription_done(transcribe.request_id, "Hello there.", 0.6, now=driver.now)
+    driver.session.handle(
+        TranscriptionDone(transcribe.request_id, "Hello there.", 0.6), now=driver.now
+    )
     driver.pump()
     (generate,) = driver.take(Generate)
     assert user_words(generate) == ["Hello there."]
@@ -247,7 +260,7 @@ def test_a_created_audio_item_that_cannot_be_transcribed_fails_the_response(
     driver.send({"type": "conversation.item.create", "item": audio_item(voiced(600), "item_a")})
     driver.send({"type": "response.create", "response": {"output_modalities": ["text"]}})
     (transcribe,) = driver.take(Transcribe)
-    driver.session.on_transcription_failed(transcribe.request_id, "engine down", now=driver.now)
+    driver.session.handle(TranscriptionFailed(transcribe.request_id, "engine down"), now=driver.now)
     (done,) = of_type(driver.pump(), "response.done")
     assert done["response"]["status"] == "failed"
     assert not driver.take(Generate)
@@ -334,12 +347,12 @@ def test_idle_timeout_counts_from_the_end_of_playout_on_webrtc() -> None:
     driver.stream(silence(700))
     (generate,) = driver.take(Generate)
     rid = generate.response_id
-    driver.session.on_audio(rid, voiced(1000), "Hi there.", now=driver.now)
-    driver.session.on_generation_finished(rid, Finished("stop", 10, 3), now=driver.now)
-    driver.session.on_playout_started(rid, now=driver.now)
+    driver.session.handle(AudioGenerated(rid, voiced(1000), "Hi there."), now=driver.now)
+    driver.session.handle(GenerationFinished(rid, Finished("stop", 10, 3)), now=driver.now)
+    driver.session.handle(PlayoutStarted(rid), now=driver.now)
     # Playing the reply takes longer than the timeout would have from response.done.
     assert "input_audio_buffer.timeout_triggered" not in driver.types(driver.stream(silence(3000)))
-    driver.session.on_playout_stopped(rid, now=driver.now)
+    driver.session.handle(PlayoutStopped(rid), now=driver.now)
     driver.pump()
     played_ms = 1800 + 3000
     new = driver.stream(silence(2500))
@@ -376,10 +389,10 @@ def test_an_item_with_two_audio_parts_waits_for_both(driver: Driver) -> None:
     driver.send({"type": "response.create", "response": {"output_modalities": ["text"]}})
     first, second = driver.take(Transcribe)
     assert first.request_id != second.request_id
-    driver.session.on_transcription_done(second.request_id, "too.", 0.3, now=driver.now)
+    driver.session.handle(TranscriptionDone(second.request_id, "too.", 0.3), now=driver.now)
     driver.pump()
     assert not driver.take(Generate)
-    driver.session.on_transcription_done(first.request_id, "Me", 0.4, now=driver.now)
+    driver.session.handle(TranscriptionDone(first.request_id, "Me", 0.4), now=driver.now)
     driver.pump()
     (generate,) = driver.take(Generate)
     assert user_words(generate) == ["Me too."]
@@ -392,7 +405,7 @@ def test_a_spoken_turn_that_cannot_be_recognised_fails_its_response(driver: Driv
     assert "response.created" in driver.types(new)
     waiting = [s for s in driver.steps() if s.request.urgency != Urgency.CAPTION]
     for step in waiting:
-        driver.session.on_transcription_failed(step.request_id, "engine down", now=driver.now)
+        driver.session.handle(TranscriptionFailed(step.request_id, "engine down"), now=driver.now)
     (done,) = of_type(driver.pump(), "response.done")
     assert done["response"]["status"] == "failed"
     assert done["response"]["status_details"]["error"]["code"] == "transcription_failed"

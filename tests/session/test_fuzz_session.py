@@ -43,6 +43,25 @@ from hark.session.actions import (
 )
 from hark.session.core import Session
 from hark.session.ids import IdGenerator
+from hark.session.results import (
+    AudioGenerated,
+    GenerationFailed,
+    GenerationFinished,
+    PlayoutCleared,
+    PlayoutStarted,
+    PlayoutStopped,
+    Recognised,
+    TextGenerated,
+    ToolCallDelta,
+    ToolCallFinished,
+    ToolCallStarted,
+    TranscriptionDelta,
+    TranscriptionDone,
+    TranscriptionFailed,
+    TurnScored,
+    TurnScoreFailed,
+    VadScored,
+)
 
 from .conftest import ASR_RATE, VAD_CHUNK_MS, timed
 
@@ -519,7 +538,7 @@ class SessionMachine(RuleBasedStateMachine):
         """The VAD answers its oldest chunks, in order."""
         for _ in range(min(count, len(self.vad))):
             epoch = self.vad.popleft()
-            self.session.on_vad(probability, epoch, now=self.now)
+            self.session.handle(VadScored(probability, epoch), now=self.now)
             self.collect()
 
     @precondition(lambda self: bool(self.transcribe or self.recognise))
@@ -530,15 +549,15 @@ class SessionMachine(RuleBasedStateMachine):
         request_id = data.draw(st.sampled_from(requests))
         step = next((r for r in self.recognise if r.request_id == request_id), None)
         if outcome == "failed":
-            self.session.on_transcription_failed(request_id, "the engine failed", now=self.now)
+            self.session.handle(TranscriptionFailed(request_id, "the engine failed"), now=self.now)
         elif step is not None:
             seconds = len(step.request.audio) / ASR_RATE
             heard: TimedTranscript = timed(words, max(seconds, 0.01))
-            self.session.on_recognised(request_id, heard, now=self.now)
+            self.session.handle(Recognised(request_id, heard), now=self.now)
         elif outcome == "delta":
-            self.session.on_transcription_delta(request_id, words, now=self.now)
+            self.session.handle(TranscriptionDelta(request_id, words), now=self.now)
         else:
-            self.session.on_transcription_done(request_id, words, 1.0, now=self.now)
+            self.session.handle(TranscriptionDone(request_id, words, 1.0), now=self.now)
         if outcome != "delta":
             self.transcribe = [r for r in self.transcribe if r != request_id]
             self.recognise = [r for r in self.recognise if r.request_id != request_id]
@@ -550,9 +569,9 @@ class SessionMachine(RuleBasedStateMachine):
         """The end-of-turn model scores a pause, or fails to."""
         key = self.scores.pop(data.draw(st.integers(0, len(self.scores) - 1)))
         if data.draw(st.booleans()):
-            self.session.on_turn_score(key, probability, now=self.now)
+            self.session.handle(TurnScored(key, probability), now=self.now)
         else:
-            self.session.on_turn_score_failed(key, now=self.now)
+            self.session.handle(TurnScoreFailed(key), now=self.now)
         self.collect()
 
     @rule(
@@ -573,25 +592,25 @@ class SessionMachine(RuleBasedStateMachine):
         session = self.session
         for kind in outputs:
             if kind == "text":
-                session.on_text(response_id, data.draw(WORDS), now=now)
+                session.handle(TextGenerated(response_id, data.draw(WORDS)), now=now)
             elif kind == "audio":
                 pcm = np.full(data.draw(st.integers(0, rate)), 1000, np.int16)
-                session.on_audio(response_id, pcm, data.draw(WORDS), now=now)
+                session.handle(AudioGenerated(response_id, pcm, data.draw(WORDS)), now=now)
             elif kind == "call":
                 call_id = f"call_{len(self.ids.calls)}"
-                session.on_tool_call_started(response_id, call_id, "lookup", now=now)
+                session.handle(ToolCallStarted(response_id, call_id, "lookup"), now=now)
             else:
                 call_id = data.draw(st.sampled_from(["call_unknown", *self.ids.calls]))
                 if kind == "delta":
-                    session.on_tool_call_delta(response_id, call_id, '{"a"', now=now)
+                    session.handle(ToolCallDelta(response_id, call_id, '{"a"'), now=now)
                 else:
-                    session.on_tool_call_finished(response_id, call_id, '{"a": 1}', now=now)
+                    session.handle(ToolCallFinished(response_id, call_id, '{"a": 1}'), now=now)
             self.collect()
         if ending == "finished":
             reason = data.draw(st.sampled_from(REASONS))
-            session.on_generation_finished(response_id, Finished(reason, 10, 5), now=now)
+            session.handle(GenerationFinished(response_id, Finished(reason, 10, 5)), now=now)
         elif ending == "failed":
-            session.on_generation_failed(response_id, "the engine failed", now=now)
+            session.handle(GenerationFailed(response_id, "the engine failed"), now=now)
         if ending is not None:
             self.generating.pop(response_id, None)
         self.collect()
@@ -604,13 +623,13 @@ class SessionMachine(RuleBasedStateMachine):
         """The player starts, finishes or drops a response's audio (never more than queued)."""
         response_id = data.draw(st.sampled_from(sorted(self.playing)))
         if outcome == "started":
-            self.session.on_playout_started(response_id, now=self.now)
+            self.session.handle(PlayoutStarted(response_id), now=self.now)
         elif outcome == "stopped":
-            self.session.on_playout_stopped(response_id, now=self.now)
+            self.session.handle(PlayoutStopped(response_id), now=self.now)
             del self.playing[response_id]
         else:
             played = data.draw(st.integers(0, self.playing.pop(response_id)))
-            self.session.on_playout_cleared(response_id, played, now=self.now)
+            self.session.handle(PlayoutCleared(response_id, played), now=self.now)
         self.collect()
 
     # ------------------------------------------------------------ time

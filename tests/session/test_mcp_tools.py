@@ -28,6 +28,18 @@ from hark.session.actions import (
     Generate,
     ListMcpTools,
 )
+from hark.session.results import (
+    AudioGenerated,
+    GenerationFinished,
+    McpCallDone,
+    McpCallFailed,
+    McpListFailed,
+    McpToolsListed,
+    TextGenerated,
+    ToolCallDelta,
+    ToolCallFinished,
+    ToolCallStarted,
+)
 from hark.tools import egress
 from tests.e2e.test_mcp_tools import ALLOWED_HOST, TOKEN, TOWN_KEY, serve_mcp
 
@@ -81,7 +93,7 @@ def listed(driver: Driver, *tools: wire.McpTool, **overrides: Any) -> ListMcpToo
     """A session with one MCP server, listed with ``tools``."""
     text_session(driver, mcp_tool(**overrides))
     (action,) = driver.take(ListMcpTools)
-    driver.session.on_mcp_tools_listed(action.item_id, list(tools), now=driver.now)
+    driver.session.handle(McpToolsListed(action.item_id, list(tools)), now=driver.now)
     driver.pump()
     return action
 
@@ -89,22 +101,24 @@ def listed(driver: Driver, *tools: wire.McpTool, **overrides: Any) -> ListMcpToo
 def call(driver: Driver, generate: Generate, name: str, arguments: str) -> None:
     """The LLM calls ``name`` with ``arguments`` in two pieces, and finishes its round."""
     rid = generate.response_id
-    driver.session.on_tool_call_started(rid, "call_1", name, now=driver.now)
+    driver.session.handle(ToolCallStarted(rid, "call_1", name), now=driver.now)
     middle = len(arguments) // 2
     for piece in (arguments[:middle], arguments[middle:]):
-        driver.session.on_tool_call_delta(rid, "call_1", piece, now=driver.now)
-    driver.session.on_tool_call_finished(rid, "call_1", arguments, now=driver.now)
-    driver.session.on_generation_finished(
-        rid, Finished("tool_calls", prompt_tokens=30, completion_tokens=5), now=driver.now
+        driver.session.handle(ToolCallDelta(rid, "call_1", piece), now=driver.now)
+    driver.session.handle(ToolCallFinished(rid, "call_1", arguments), now=driver.now)
+    driver.session.handle(
+        GenerationFinished(rid, Finished("tool_calls", prompt_tokens=30, completion_tokens=5)),
+        now=driver.now,
     )
     driver.pump()
 
 
 def answer(driver: Driver, generate: Generate, text: str) -> list[dict[str, Any]]:
-    driver.session.on_text(generate.response_id, text, now=driver.now)
-    driver.session.on_generation_finished(
-        generate.response_id,
-        Finished("stop", prompt_tokens=40, completion_tokens=3),
+    driver.session.handle(TextGenerated(generate.response_id, text), now=driver.now)
+    driver.session.handle(
+        GenerationFinished(
+            generate.response_id, Finished("stop", prompt_tokens=40, completion_tokens=3)
+        ),
         now=driver.now,
     )
     return driver.pump()
@@ -130,7 +144,7 @@ def test_an_update_that_adds_a_server_lists_its_tools(driver: Driver) -> None:
     # Credentials stay out of what gets printed.
     assert "secret-token" not in repr(action) and "k-123" not in repr(action)
 
-    driver.session.on_mcp_tools_listed(action.item_id, [WEATHER, BOOK], now=driver.now)
+    driver.session.handle(McpToolsListed(action.item_id, [WEATHER, BOOK]), now=driver.now)
     done = driver.pump()
     assert driver.types(done) == ["mcp_list_tools.completed", "conversation.item.done"]
     assert done[0]["item_id"] == item["id"]
@@ -191,7 +205,7 @@ def test_a_server_that_cannot_be_listed_offers_nothing_and_the_session_goes_on(
 ) -> None:
     text_session(driver, mcp_tool())
     (action,) = driver.take(ListMcpTools)
-    driver.session.on_mcp_list_failed(action.item_id, now=driver.now)
+    driver.session.handle(McpListFailed(action.item_id), now=driver.now)
     failed = driver.pump()
     assert driver.types(failed) == ["mcp_list_tools.failed", "conversation.item.done"]
     assert failed[1]["item"]["tools"] == []
@@ -206,7 +220,7 @@ def test_why_a_list_failed_reaches_the_client_as_an_error(driver: Driver) -> Non
     why = wire.McpCallError(
         type="http_error", code=403, message="The MCP server's address is not allowed."
     )
-    driver.session.on_mcp_list_failed(action.item_id, why, now=driver.now)
+    driver.session.handle(McpListFailed(action.item_id, why), now=driver.now)
     failed = driver.pump()
     assert driver.types(failed) == ["mcp_list_tools.failed", "conversation.item.done", "error"]
     assert failed[2]["error"] == {
@@ -242,7 +256,7 @@ def test_a_tool_without_a_description_is_listed_with_an_empty_one(driver: Driver
     text_session(driver, mcp_tool())
     (action,) = driver.take(ListMcpTools)
     bare = wire.McpTool(name="book_table", input_schema={"type": "object"}, description=None)
-    driver.session.on_mcp_tools_listed(action.item_id, [WEATHER, bare], now=driver.now)
+    driver.session.handle(McpToolsListed(action.item_id, [WEATHER, bare]), now=driver.now)
     (_, done) = driver.pump()
     assert [t["description"] for t in done["item"]["tools"]] == ["The weather in a city.", ""]
     own = {
@@ -264,7 +278,7 @@ def test_a_response_during_the_listing_goes_on_without_its_tools(driver: Driver)
     (generate,) = driver.take(Generate)
     assert generate.request.tools == ()
     answer(driver, generate, "Hi.")
-    driver.session.on_mcp_tools_listed(action.item_id, [WEATHER], now=driver.now)
+    driver.session.handle(McpToolsListed(action.item_id, [WEATHER]), now=driver.now)
     driver.pump()
     driver.send({"type": "response.create"})
     (generate,) = driver.take(Generate)
@@ -281,7 +295,7 @@ def test_tool_choice_names_an_mcp_server_or_one_of_its_tools(driver: Driver) -> 
     (generate,) = driver.take(Generate)
     assert generate.request.tool_choice.mode == "auto"
     answer(driver, generate, "Hi.")
-    driver.session.on_mcp_tools_listed(action.item_id, [WEATHER, BOOK], now=driver.now)
+    driver.session.handle(McpToolsListed(action.item_id, [WEATHER, BOOK]), now=driver.now)
     driver.pump()
     driver.send({"type": "response.create", "response": {"tool_choice": choice}})
     (generate,) = driver.take(Generate)
@@ -360,7 +374,7 @@ def test_a_call_runs_on_the_server_and_ends_the_response(driver: Driver) -> None
     # The LLM is done, the call is not: the response waits for it.
     assert driver.types()[-1] == "response.mcp_call.in_progress"
 
-    driver.session.on_mcp_call_done(generate.response_id, item_id, "Sunny, 21 C", now=driver.now)
+    driver.session.handle(McpCallDone(generate.response_id, item_id, "Sunny, 21 C"), now=driver.now)
     done = driver.pump()
     assert driver.types(done) == [
         "response.mcp_call.completed",
@@ -400,13 +414,13 @@ def test_a_result_before_the_llm_is_done_is_announced_with_the_response_end(
     driver.send({"type": "response.create"})
     (generate,) = driver.take(Generate)
     rid = generate.response_id
-    driver.session.on_tool_call_started(rid, "c", "get_weather", now=driver.now)
-    driver.session.on_tool_call_finished(rid, "c", "{}", now=driver.now)
+    driver.session.handle(ToolCallStarted(rid, "c", "get_weather"), now=driver.now)
+    driver.session.handle(ToolCallFinished(rid, "c", "{}"), now=driver.now)
     driver.pump()
     (action,) = driver.take(CallMcpTool)
-    driver.session.on_mcp_call_done(rid, action.item_id, "ok", now=driver.now)
+    driver.session.handle(McpCallDone(rid, action.item_id, "ok"), now=driver.now)
     assert driver.pump() == []
-    driver.session.on_generation_finished(rid, Finished("tool_calls"), now=driver.now)
+    driver.session.handle(GenerationFinished(rid, Finished("tool_calls")), now=driver.now)
     end = driver.pump()
     assert driver.types(end) == [
         "response.mcp_call.completed",
@@ -429,7 +443,9 @@ def test_a_failed_call_carries_its_error_and_the_next_response_reads_it(
     call(driver, generate, "get_weather", "{}")
     (action,) = driver.take(CallMcpTool)
     error = wire.McpCallError(type="http_error", code=502, message="connection refused")
-    driver.session.on_mcp_call_failed(generate.response_id, action.item_id, error, now=driver.now)
+    driver.session.handle(
+        McpCallFailed(generate.response_id, action.item_id, error), now=driver.now
+    )
     failed = driver.pump()
     assert driver.types(failed) == [
         "response.mcp_call.failed",
@@ -461,15 +477,17 @@ def test_an_audio_response_that_calls_ends_with_its_words_and_the_call(driver: D
         }
     )
     (action,) = driver.take(ListMcpTools)
-    driver.session.on_mcp_tools_listed(action.item_id, [WEATHER], now=driver.now)
+    driver.session.handle(McpToolsListed(action.item_id, [WEATHER]), now=driver.now)
     driver.pump()
     driver.send({"type": "response.create"})
     (generate,) = driver.take(Generate)
     rid = generate.response_id
-    driver.session.on_audio(rid, np.zeros(2400, np.int16), "Let me look. ", now=driver.now)
+    driver.session.handle(
+        AudioGenerated(rid, np.zeros(2400, np.int16), "Let me look. "), now=driver.now
+    )
     call(driver, generate, "get_weather", "{}")
     (mcp_call,) = driver.take(CallMcpTool)
-    driver.session.on_mcp_call_done(rid, mcp_call.item_id, "Rain", now=driver.now)
+    driver.session.handle(McpCallDone(rid, mcp_call.item_id, "Rain"), now=driver.now)
     end = driver.pump()
     response = end[-1]["response"]
     assert [o["type"] for o in response["output"]] == ["message", "mcp_call"]
@@ -520,7 +538,7 @@ def test_a_call_that_needs_approval_ends_the_turn_with_a_request(driver: Driver)
         '{"city": "Oslo"}',
     )
     assert driver.take(Generate) == []
-    driver.session.on_mcp_call_done(action.response_id, action.item_id, "Snow", now=driver.now)
+    driver.session.handle(McpCallDone(action.response_id, action.item_id, "Snow"), now=driver.now)
     completed = driver.pump()
     assert driver.types(completed) == ["response.mcp_call.completed", "conversation.item.done"]
     assert completed[1]["item"]["output"] == "Snow"
@@ -556,10 +574,12 @@ def test_a_response_waits_for_an_approved_call_still_running(driver: Driver) -> 
     (action,) = driver.take(CallMcpTool)
     driver.send({"type": "response.create"})
     assert driver.take(Generate) == []
-    driver.session.on_mcp_call_failed(
-        action.response_id,
-        action.item_id,
-        wire.McpCallError(type="http_error", code=502, message="unreachable"),
+    driver.session.handle(
+        McpCallFailed(
+            action.response_id,
+            action.item_id,
+            wire.McpCallError(type="http_error", code=502, message="unreachable"),
+        ),
         now=driver.now,
     )
     failed = driver.pump()
@@ -590,7 +610,9 @@ def test_approval_filters(driver: Driver) -> None:
         call(driver, generate, name, "{}")
         assert driver.events[start]["item"]["type"] == kind
         for action in driver.take(CallMcpTool):
-            driver.session.on_mcp_call_done(action.response_id, action.item_id, "", now=driver.now)
+            driver.session.handle(
+                McpCallDone(action.response_id, action.item_id, ""), now=driver.now
+            )
             driver.pump()
         assert driver.types()[-1] == "response.done"
 
@@ -611,7 +633,7 @@ def test_cancelling_a_response_abandons_its_call(driver: Driver) -> None:
     cancelled = driver.send({"type": "response.cancel"})
     assert [a.response_id for a in driver.take(CancelGeneration)] == [generate.response_id]
     assert cancelled[-1]["response"]["status"] == "cancelled"
-    driver.session.on_mcp_call_done(action.response_id, action.item_id, "late", now=driver.now)
+    driver.session.handle(McpCallDone(action.response_id, action.item_id, "late"), now=driver.now)
     assert driver.pump() == []
     assert driver.take(Generate) == []
 
@@ -633,14 +655,14 @@ def test_a_raw_clients_response_create_after_each_result_gets_one_answer(
         }
     )
     (action,) = driver.take(ListMcpTools)
-    driver.session.on_mcp_tools_listed(action.item_id, [WEATHER], now=driver.now)
+    driver.session.handle(McpToolsListed(action.item_id, [WEATHER]), now=driver.now)
     driver.pump()
     driver.send({"type": "response.create"})
     for _ in range(3):
         (generate,) = driver.take(Generate)
         call(driver, generate, "get_weather", "{}")
         (action,) = driver.take(CallMcpTool)
-        driver.session.on_mcp_call_done(action.response_id, action.item_id, "ok", now=driver.now)
+        driver.session.handle(McpCallDone(action.response_id, action.item_id, "ok"), now=driver.now)
         assert driver.pump()[-1]["type"] == "response.done"
         assert driver.take(Generate) == []
         driver.send({"type": "response.create", "response": {"tool_choice": "auto"}})
@@ -658,17 +680,17 @@ def test_a_function_call_beside_an_mcp_call_ends_the_response_for_the_client(
     lookup = {"type": "function", "name": "lookup", "parameters": {"type": "object"}}
     text_session(driver, mcp_tool(), lookup)
     (action,) = driver.take(ListMcpTools)
-    driver.session.on_mcp_tools_listed(action.item_id, [WEATHER], now=driver.now)
+    driver.session.handle(McpToolsListed(action.item_id, [WEATHER]), now=driver.now)
     driver.send({"type": "response.create"})
     (generate,) = driver.take(Generate)
     rid = generate.response_id
     for call_id, name in (("a", "get_weather"), ("b", "lookup")):
-        driver.session.on_tool_call_started(rid, call_id, name, now=driver.now)
-        driver.session.on_tool_call_finished(rid, call_id, "{}", now=driver.now)
-    driver.session.on_generation_finished(rid, Finished("tool_calls"), now=driver.now)
+        driver.session.handle(ToolCallStarted(rid, call_id, name), now=driver.now)
+        driver.session.handle(ToolCallFinished(rid, call_id, "{}"), now=driver.now)
+    driver.session.handle(GenerationFinished(rid, Finished("tool_calls")), now=driver.now)
     driver.pump()
     (mcp_call,) = driver.take(CallMcpTool)
-    driver.session.on_mcp_call_done(rid, mcp_call.item_id, "ok", now=driver.now)
+    driver.session.handle(McpCallDone(rid, mcp_call.item_id, "ok"), now=driver.now)
     end = driver.pump()
     assert driver.take(Generate) == []
     assert [o["type"] for o in end[-1]["response"]["output"]] == ["mcp_call", "function_call"]
@@ -713,7 +735,7 @@ def test_a_responses_own_server_is_listed_in_it_and_offered_for_it_alone(
     # The LLM waits for the response's own tools.
     assert driver.take(Generate) == []
 
-    driver.session.on_mcp_tools_listed(action.item_id, [WEATHER, BOOK], now=driver.now)
+    driver.session.handle(McpToolsListed(action.item_id, [WEATHER, BOOK]), now=driver.now)
     done = driver.pump()
     assert driver.types(done) == [
         "mcp_list_tools.completed",
@@ -755,7 +777,7 @@ def test_a_listing_made_before_is_reused_and_a_server_reached_differently_is_lis
     )
     (action,) = driver.take(ListMcpTools)
     assert action.server.headers == {"X-Town-Key": "b"}
-    driver.session.on_mcp_tools_listed(action.item_id, [WEATHER], now=driver.now)
+    driver.session.handle(McpToolsListed(action.item_id, [WEATHER]), now=driver.now)
     driver.pump()
     answer(driver, driver.take(Generate)[0], "Hi.")
     # A response-level listing serves the next response naming the same server.
@@ -776,7 +798,7 @@ def test_a_responses_own_server_is_called_there_and_the_response_ends_with_the_c
         {"type": "response.create", "response": {"tools": [shop()], "tool_choice": "required"}}
     )
     (action,) = driver.take(ListMcpTools)
-    driver.session.on_mcp_tools_listed(action.item_id, [WEATHER], now=driver.now)
+    driver.session.handle(McpToolsListed(action.item_id, [WEATHER]), now=driver.now)
     driver.pump()
     (generate,) = driver.take(Generate)
     assert generate.request.tool_choice.mode == "required"
@@ -785,7 +807,9 @@ def test_a_responses_own_server_is_called_there_and_the_response_ends_with_the_c
     # The session has no such server: the call goes where the response said.
     assert (mcp_call.server.label, mcp_call.server.url) == ("shop", "http://127.0.0.1:7/mcp")
     assert mcp_call.server.authorization == "secret-token"
-    driver.session.on_mcp_call_done(mcp_call.response_id, mcp_call.item_id, "Hot", now=driver.now)
+    driver.session.handle(
+        McpCallDone(mcp_call.response_id, mcp_call.item_id, "Hot"), now=driver.now
+    )
     end = driver.pump()
     assert driver.types(end)[-1] == "response.done"
     response = end[-1]["response"]
@@ -807,14 +831,16 @@ def test_a_call_of_a_responses_own_server_waits_for_approval_and_runs_there(
             {"type": "response.create", "response": {"tools": [shop(require_approval=rule)]}}
         )
         for listing in driver.take(ListMcpTools):
-            driver.session.on_mcp_tools_listed(listing.item_id, [WEATHER, BOOK], now=driver.now)
+            driver.session.handle(McpToolsListed(listing.item_id, [WEATHER, BOOK]), now=driver.now)
             driver.pump()
         (generate,) = driver.take(Generate)
         start = len(driver.events)
         call(driver, generate, name, "{}")
         assert next(e["item"]["type"] for e in driver.events[start:] if "item" in e) == kind
         for action in driver.take(CallMcpTool):
-            driver.session.on_mcp_call_done(action.response_id, action.item_id, "", now=driver.now)
+            driver.session.handle(
+                McpCallDone(action.response_id, action.item_id, ""), now=driver.now
+            )
             driver.pump()
         assert driver.types()[-1] == "response.done"
     # Approved once the response is over: the call still goes to the response's server.
@@ -837,7 +863,7 @@ def test_a_responses_server_that_cannot_be_listed_leaves_it_without_those_tools(
     why = wire.McpCallError(
         type="http_error", code=403, message="The MCP server's address is not allowed."
     )
-    driver.session.on_mcp_list_failed(action.item_id, why, now=driver.now)
+    driver.session.handle(McpListFailed(action.item_id, why), now=driver.now)
     failed = driver.pump()
     assert driver.types(failed) == [
         "mcp_list_tools.failed",
@@ -869,7 +895,7 @@ def test_a_response_cancelled_while_its_server_is_listed_ends_and_the_listing_is
         "response.done",
     ]
     assert cancelled[-1]["response"]["status"] == "cancelled"
-    driver.session.on_mcp_tools_listed(action.item_id, [WEATHER], now=driver.now)
+    driver.session.handle(McpToolsListed(action.item_id, [WEATHER]), now=driver.now)
     assert driver.pump() == []
     assert driver.take(Generate) == []
 
@@ -886,7 +912,7 @@ def test_an_out_of_band_responses_listing_stays_out_of_the_conversation(driver: 
         "mcp_list_tools.in_progress",
     ]
     (action,) = driver.take(ListMcpTools)
-    driver.session.on_mcp_tools_listed(action.item_id, [WEATHER], now=driver.now)
+    driver.session.handle(McpToolsListed(action.item_id, [WEATHER]), now=driver.now)
     assert driver.types(driver.pump()) == ["mcp_list_tools.completed", "response.output_item.done"]
     assert driver.session.conversation.entries() == []
 
@@ -896,7 +922,7 @@ def test_a_responses_tool_choice_names_its_own_server(driver: Driver) -> None:
     choice = {"type": "mcp", "server_label": "shop", "name": "book_table"}
     driver.send({"type": "response.create", "response": {"tools": [shop()], "tool_choice": choice}})
     (action,) = driver.take(ListMcpTools)
-    driver.session.on_mcp_tools_listed(action.item_id, [WEATHER, BOOK], now=driver.now)
+    driver.session.handle(McpToolsListed(action.item_id, [WEATHER, BOOK]), now=driver.now)
     driver.pump()
     (generate,) = driver.take(Generate)
     assert (generate.request.tool_choice.mode, generate.request.tool_choice.name) == (

@@ -21,10 +21,11 @@ from hark.engines.registry import build_engines
 from hark.protocol.errors import ProtocolError
 from hark.protocol.session_config import NoiseReduction as NoiseReductionConfig
 from hark.protocol.session_config import PcmuFormat
-from hark.session import core
+from hark.session import held_input
 from hark.session.actions import CountDroppedAudio, Denoise
 from hark.session.core import DENOISE_INLINE_S
 from hark.session.noise_reduction import wet_share
+from hark.session.results import Denoised, DenoiseFailed
 from tests.audio.test_denoise import rms_db
 from tests.audio.test_denoise import white_noise as noise_samples
 from tests.session.conftest import RATE, Driver
@@ -237,7 +238,7 @@ def test_a_long_append_is_denoised_off_the_loop_and_later_events_wait_in_order()
     driver.session.receive_binary(b"\x00binary", now=driver.now)
     assert driver.pump() == []
     denoised = job.denoise(job.pcm)
-    driver.session.on_denoised(job.job_id, denoised, now=driver.now)
+    driver.session.handle(Denoised(job.job_id, denoised), now=driver.now)
     events = driver.pump()
     assert driver.types(events) == [
         "input_audio_buffer.committed",
@@ -264,7 +265,7 @@ def test_one_job_at_a_time_so_the_denoiser_stream_stays_in_order() -> None:
     one_append(driver, first)
     one_append(driver, second)
     (job,) = denoise_jobs(driver)
-    driver.session.on_denoised(job.job_id, job.denoise(job.pcm), now=driver.now)
+    driver.session.handle(Denoised(job.job_id, job.denoise(job.pcm)), now=driver.now)
     driver.pump()
     # The held append is replayed and becomes the next job, on the same stream.
     jobs = denoise_jobs(driver)
@@ -279,7 +280,7 @@ def test_media_audio_waits_behind_a_long_append() -> None:
     (job,) = denoise_jobs(driver)
     loud = white_noise(200, rms=0.01, seed=6)
     driver.session.append_audio(loud, now=driver.now)
-    driver.session.on_denoised(job.job_id, job.pcm, now=driver.now)
+    driver.session.handle(Denoised(job.job_id, job.pcm), now=driver.now)
     events = driver.send({"type": "input_audio_buffer.commit"})
     retrieved = driver.send({"type": "conversation.item.retrieve", "item_id": events[0]["item_id"]})
     heard = np.frombuffer(base64.b64decode(retrieved[0]["item"]["content"][0]["audio"]), "<i2")
@@ -290,7 +291,7 @@ def test_media_audio_waits_behind_a_long_append() -> None:
 
 
 def test_what_waits_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(core, "MAX_HELD_INPUTS", 2)
+    monkeypatch.setattr(held_input, "MAX_HELD_INPUTS", 2)
     driver = manual({"type": "far_field"})
     one_append(driver, white_noise(1000))
     (job,) = denoise_jobs(driver)
@@ -308,7 +309,7 @@ def test_what_waits_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
         len(frame),
         len(frame),
     ]
-    driver.session.on_denoised(job.job_id, job.denoise(job.pcm), now=driver.now)
+    driver.session.handle(Denoised(job.job_id, job.denoise(job.pcm)), now=driver.now)
     assert driver.types(driver.pump()) == [
         "input_audio_buffer.committed",
         "conversation.item.added",
@@ -323,7 +324,7 @@ def test_a_failed_job_is_an_error_and_the_audio_goes_in_as_sent() -> None:
     one_append(driver, noise)
     (job,) = denoise_jobs(driver)
     driver.send({"type": "input_audio_buffer.commit"})
-    driver.session.on_denoise_failed(job.job_id, "librnnoise crashed", now=driver.now)
+    driver.session.handle(DenoiseFailed(job.job_id, "librnnoise crashed"), now=driver.now)
     events = driver.pump()
     assert driver.types(events)[:2] == ["error", "input_audio_buffer.committed"]
     assert events[0]["error"]["code"] == "noise_reduction_failed"
@@ -339,7 +340,7 @@ def test_a_session_that_ends_drops_the_job_and_what_waits() -> None:
     driver.send({"type": "input_audio_buffer.commit"})
     driver.session.end(ProtocolError("bye", code="server_shutdown"), "shutdown", now=driver.now)
     driver.pump()
-    driver.session.on_denoised(job.job_id, job.pcm, now=driver.now)
+    driver.session.handle(Denoised(job.job_id, job.pcm), now=driver.now)
     assert driver.pump() == []
 
 

@@ -19,6 +19,7 @@ from hark.engines.llm import Finished, GenerationRequest, LlmEvent, TextDelta
 from hark.engines.registry import build_engines
 from hark.protocol.session_config import PcmFormat
 from hark.session.actions import CancelGeneration, Generate
+from hark.session.results import AudioGenerated, GenerationFinished, TextGenerated
 
 from .conftest import RATE, Driver, voiced
 
@@ -84,16 +85,20 @@ def test_two_out_of_band_responses_interleave_to_completion(driver: Driver) -> N
     assert not text.audio and audio.audio
 
     # Both in flight at once, their engine results arriving alternately.
-    driver.session.on_text(text.response_id, "one", now=driver.now)
-    driver.session.on_audio(audio.response_id, voiced(200), "uno", now=driver.now)
-    driver.session.on_text(text.response_id, " two", now=driver.now)
-    driver.session.on_audio(audio.response_id, voiced(300), " dos", now=driver.now)
+    driver.session.handle(TextGenerated(text.response_id, "one"), now=driver.now)
+    driver.session.handle(AudioGenerated(audio.response_id, voiced(200), "uno"), now=driver.now)
+    driver.session.handle(TextGenerated(text.response_id, " two"), now=driver.now)
+    driver.session.handle(AudioGenerated(audio.response_id, voiced(300), " dos"), now=driver.now)
     driver.pump()
     # Neither finished yet: no response.done so far.
     assert "response.done" not in driver.types(driver.events[start:])
-    driver.session.on_generation_finished(audio.response_id, Finished("stop", 5, 2), now=driver.now)
-    driver.session.on_text(text.response_id, " three", now=driver.now)
-    driver.session.on_generation_finished(text.response_id, Finished("stop", 5, 3), now=driver.now)
+    driver.session.handle(
+        GenerationFinished(audio.response_id, Finished("stop", 5, 2)), now=driver.now
+    )
+    driver.session.handle(TextGenerated(text.response_id, " three"), now=driver.now)
+    driver.session.handle(
+        GenerationFinished(text.response_id, Finished("stop", 5, 3)), now=driver.now
+    )
     driver.pump()
     events = driver.events[start:]
 
@@ -143,8 +148,8 @@ def test_cancel_by_response_id_cancels_only_the_named_response(driver: Driver) -
     before = conversation_snapshot(driver)
     other = out_of_band(driver, "other", "text")
     named = out_of_band(driver, "named", "text")
-    driver.session.on_text(other.response_id, "b", now=driver.now)
-    driver.session.on_text(named.response_id, "a", now=driver.now)
+    driver.session.handle(TextGenerated(other.response_id, "b"), now=driver.now)
+    driver.session.handle(TextGenerated(named.response_id, "a"), now=driver.now)
     driver.pump()
     driver.actions.clear()
 
@@ -159,10 +164,10 @@ def test_cancel_by_response_id_cancels_only_the_named_response(driver: Driver) -
     assert [a.response_id for a in driver.take(CancelGeneration)] == [named.response_id]
 
     # Late results of the cancelled response are dropped; the other one goes on.
-    driver.session.on_text(named.response_id, " late", now=driver.now)
-    driver.session.on_text(other.response_id, " c", now=driver.now)
-    driver.session.on_generation_finished(named.response_id, Finished("stop"), now=driver.now)
-    driver.session.on_generation_finished(other.response_id, Finished("stop"), now=driver.now)
+    driver.session.handle(TextGenerated(named.response_id, " late"), now=driver.now)
+    driver.session.handle(TextGenerated(other.response_id, " c"), now=driver.now)
+    driver.session.handle(GenerationFinished(named.response_id, Finished("stop")), now=driver.now)
+    driver.session.handle(GenerationFinished(other.response_id, Finished("stop")), now=driver.now)
     after = driver.pump()
     assert of_response(after, named.response_id) == []
     (other_done,) = [e for e in after if e["type"] == "response.done"]

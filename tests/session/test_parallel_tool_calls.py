@@ -10,6 +10,12 @@ import pytest
 
 from hark.engines.llm import Finished
 from hark.session.actions import Generate
+from hark.session.results import (
+    GenerationFinished,
+    ToolCallDelta,
+    ToolCallFinished,
+    ToolCallStarted,
+)
 
 from .conftest import Driver
 
@@ -21,10 +27,10 @@ def two_calls(driver: Driver, generate: Generate) -> dict[str, Any]:
     """The LLM calls both tools in one run; returns the response's ``response.done``."""
     rid = generate.response_id
     for call_id, name in (("call_1", "lookup"), ("call_2", "book")):
-        driver.session.on_tool_call_started(rid, call_id, name, now=driver.now)
-        driver.session.on_tool_call_delta(rid, call_id, "{}", now=driver.now)
-        driver.session.on_tool_call_finished(rid, call_id, "{}", now=driver.now)
-    driver.session.on_generation_finished(rid, Finished("tool_calls"), now=driver.now)
+        driver.session.handle(ToolCallStarted(rid, call_id, name), now=driver.now)
+        driver.session.handle(ToolCallDelta(rid, call_id, "{}"), now=driver.now)
+        driver.session.handle(ToolCallFinished(rid, call_id, "{}"), now=driver.now)
+    driver.session.handle(GenerationFinished(rid, Finished("tool_calls")), now=driver.now)
     (done,) = [e for e in driver.pump() if e["type"] == "response.done"]
     return done
 

@@ -21,6 +21,7 @@ from hark.engines.llm import Finished
 from hark.protocol import items as wire
 from hark.protocol.session_config import DEFAULT_INSTRUCTIONS, FunctionToolDef, McpToolDef
 from hark.session.actions import Generate, ListMcpTools
+from hark.session.results import GenerationFinished, McpToolsListed
 
 from .conftest import Driver
 
@@ -137,12 +138,14 @@ def test_defer_loading_and_allowed_callers_are_taken_and_echoed(driver: Driver) 
     listings = driver.take(ListMcpTools)
     assert [a.server.label for a in listings] == ["town", "lab"]
     for action in listings:
-        driver.session.on_mcp_tools_listed(action.item_id, [WEATHER], now=driver.now)
+        driver.session.handle(McpToolsListed(action.item_id, [WEATHER]), now=driver.now)
     driver.pump()
     driver.send({"type": "response.create"})
     (generate,) = driver.take(Generate)
     assert [t.name for t in generate.request.tools] == ["get_weather"]
-    driver.session.on_generation_finished(generate.response_id, Finished("stop"), now=driver.now)
+    driver.session.handle(
+        GenerationFinished(generate.response_id, Finished("stop")), now=driver.now
+    )
     driver.pump()
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from hark.engines.llm import Finished
 from hark.session.actions import Generate
+from hark.session.results import GenerationFinished
 
 from .conftest import Driver
 
@@ -29,7 +30,9 @@ def text_session(driver: Driver, **session: Any) -> list[dict[str, Any]]:
 def effort_of_next_response(driver: Driver, **response: object) -> str | None:
     driver.send({"type": "response.create", "response": response or None})
     (generate,) = driver.take(Generate)
-    driver.session.on_generation_finished(generate.response_id, Finished("stop"), now=driver.now)
+    driver.session.handle(
+        GenerationFinished(generate.response_id, Finished("stop")), now=driver.now
+    )
     driver.pump()
     return generate.request.reasoning_effort
 

@@ -13,6 +13,7 @@ from hark.audio.resample import resample
 from hark.engines.asr import TimedSegment, TimedTranscript, TimedWord, Urgency
 from hark.session.actions import CancelRecognition, Generate, Prefill, Recognise, Speculate
 from hark.session.recognition import _TurnAudio
+from hark.session.results import Recognised, TranscriptionFailed
 
 from .conftest import ASR_RATE, Driver, silence, voiced
 
@@ -54,7 +55,7 @@ def speak(driver: Driver, ms: int, answer: bool = True) -> None:
         driver.append(voiced(20))
         if answer:
             for step in driver.steps(Urgency.CAPTION):
-                driver.session.on_recognised(step.request_id, say(step), now=driver.now)
+                driver.session.handle(Recognised(step.request_id, say(step)), now=driver.now)
                 driver.pump()
 
 
@@ -69,13 +70,13 @@ def test_a_step_every_interval_of_new_audio_and_one_at_a_time(driver: Driver) ->
     assert first.request.language == "en"
     assert first.request.prompt == "Counting."
     # Its answer comes late: the next step is due at once, on everything heard since.
-    driver.session.on_recognised(first.request_id, say(first), now=driver.now)
+    driver.session.handle(Recognised(first.request_id, say(first)), now=driver.now)
     driver.pump()
     (second,) = driver.steps()
     assert len(second.request.audio) / ASR_RATE == pytest.approx(1.8, abs=0.03)
     speak(driver, 380, answer=False)
     assert not driver.steps()
-    driver.session.on_recognised(second.request_id, say(second), now=driver.now)
+    driver.session.handle(Recognised(second.request_id, say(second)), now=driver.now)
     driver.pump()
     assert not driver.steps()  # not 0.4 s of new audio yet
     speak(driver, 20, answer=False)
@@ -96,7 +97,7 @@ def test_captions_go_out_while_the_user_speaks_and_complete_at_the_turn_end(
     # The pause is recognised at once (as speculation), and ends the turn with its words.
     driver.append(silence(200))
     (pause,) = driver.steps(Urgency.SPECULATION)
-    driver.session.on_recognised(pause.request_id, say(pause), now=driver.now)
+    driver.session.handle(Recognised(pause.request_id, say(pause)), now=driver.now)
     driver.pump()
     driver.append(silence(500))
     types = driver.types()
@@ -131,7 +132,7 @@ def captioning(delay: str) -> tuple[int, int]:
         driver.append(voiced(20))
         for step in driver.steps(Urgency.CAPTION):
             steps += 1
-            driver.session.on_recognised(step.request_id, say(step), now=driver.now)
+            driver.session.handle(Recognised(step.request_id, say(step)), now=driver.now)
             driver.pump()
         if first_delta_ms < 0 and DELTA in driver.types():
             first_delta_ms = ms
@@ -159,7 +160,7 @@ def test_a_pause_step_is_cancelled_when_the_speaker_goes_on(driver: Driver) -> N
     (caption,) = driver.steps(Urgency.CAPTION)
     assert caption.request_id != pause.request_id
     captioned = len([e for e in driver.events if e["type"] == DELTA])
-    driver.session.on_recognised(caption.request_id, say(caption), now=driver.now)
+    driver.session.handle(Recognised(caption.request_id, say(caption)), now=driver.now)
     driver.pump()
     assert len([e for e in driver.events if e["type"] == DELTA]) == captioned + 1
     # No new caption step starts while the pause lasts.
@@ -170,7 +171,7 @@ def test_a_pause_step_is_cancelled_when_the_speaker_goes_on(driver: Driver) -> N
     assert cancel.request_id == pause.request_id
     # Its late answer changes nothing, and captions go on.
     before = len(driver.events)
-    driver.session.on_recognised(pause.request_id, say(pause), now=driver.now)
+    driver.session.handle(Recognised(pause.request_id, say(pause)), now=driver.now)
     assert driver.pump() == [] and len(driver.events) == before
     speak(driver, 400, answer=False)
     assert driver.steps(Urgency.CAPTION)
@@ -183,13 +184,13 @@ def test_a_pause_result_supersedes_the_caption_step_still_in_flight(driver: Driv
     driver.append(silence(200))
     (pause,) = driver.steps(Urgency.SPECULATION)
     (caption,) = driver.steps(Urgency.CAPTION)
-    driver.session.on_recognised(pause.request_id, say(pause), now=driver.now)
+    driver.session.handle(Recognised(pause.request_id, say(pause)), now=driver.now)
     driver.pump()
     # The caption step decodes less than the pause's did: cancelled, and its late result
     # changes nothing (the turn's words come once).
     (cancel,) = driver.take(CancelRecognition)
     assert cancel.request_id == caption.request_id
-    driver.session.on_recognised(caption.request_id, say(caption), now=driver.now)
+    driver.session.handle(Recognised(caption.request_id, say(caption)), now=driver.now)
     driver.pump()
     driver.append(silence(500))
     (completed,) = [e for e in driver.events if e["type"] == COMPLETED]
@@ -204,7 +205,7 @@ def test_without_a_pause_result_the_final_step_finishes_the_turn(driver: Driver)
     sent = "".join(e["delta"] for e in driver.events if e["type"] == DELTA)
     driver.append(silence(200))
     (pause,) = driver.steps(Urgency.SPECULATION)
-    driver.session.on_transcription_failed(pause.request_id, "engine down", now=driver.now)
+    driver.session.handle(TranscriptionFailed(pause.request_id, "engine down"), now=driver.now)
     driver.pump()
     driver.append(silence(500))
     assert COMPLETED not in driver.types()
@@ -212,7 +213,7 @@ def test_without_a_pause_result_the_final_step_finishes_the_turn(driver: Driver)
     assert len(final.request.audio) / ASR_RATE == pytest.approx(3.8, abs=0.1)
     # Its prompt carries the client's prompt: the window still starts at the turn's start.
     assert final.request.prompt == "Counting."
-    driver.session.on_recognised(final.request_id, say(final), now=driver.now)
+    driver.session.handle(Recognised(final.request_id, say(final)), now=driver.now)
     new = driver.pump()
     last = [e for e in new if e["type"] == DELTA]
     assert [e["type"] for e in new if e["type"] in (DELTA, COMPLETED)] == [DELTA, COMPLETED]
@@ -229,7 +230,7 @@ def test_a_manual_commit_streams_the_buffer_and_finishes_it(driver: Driver) -> N
     assert committed["type"] == "input_audio_buffer.committed"
     assert committed["item_id"] == deltas[0]["item_id"]
     (final,) = driver.steps(Urgency.ANSWER)
-    driver.session.on_recognised(final.request_id, say(final), now=driver.now)
+    driver.session.handle(Recognised(final.request_id, say(final)), now=driver.now)
     driver.pump()
     (completed,) = [e for e in driver.events if e["type"] == COMPLETED]
     assert completed["item_id"] == committed["item_id"]
@@ -256,7 +257,7 @@ def test_no_transcription_events_without_transcription_config(driver: Driver) ->
     speak(driver, 3000)
     driver.append(silence(200))
     for step in driver.steps(Urgency.SPECULATION):
-        driver.session.on_recognised(step.request_id, say(step), now=driver.now)
+        driver.session.handle(Recognised(step.request_id, say(step)), now=driver.now)
     driver.pump()
     driver.append(silence(500))
     assert DELTA not in driver.types() and COMPLETED not in driver.types()
@@ -271,7 +272,7 @@ def test_logprobs_when_included(driver: Driver) -> None:
     speak(driver, 3000)
     driver.append(silence(200))
     (pause,) = driver.steps(Urgency.SPECULATION)
-    driver.session.on_recognised(pause.request_id, say(pause), now=driver.now)
+    driver.session.handle(Recognised(pause.request_id, say(pause)), now=driver.now)
     driver.pump()
     driver.append(silence(500))
     deltas = [e for e in driver.events if e["type"] == DELTA]
@@ -323,7 +324,7 @@ def test_a_turn_whose_captions_never_came_back_still_gets_all_its_words(
     # More than the engine hears is left: its first 30 s first...
     (first,) = driver.steps(Urgency.ANSWER)
     assert seconds_of(first) == pytest.approx(30.0, abs=0.01)
-    driver.session.on_recognised(first.request_id, hear(first, words, 0.0), now=driver.now)
+    driver.session.handle(Recognised(first.request_id, hear(first, words, 0.0)), now=driver.now)
     driver.pump()
     assert COMPLETED not in driver.types()
     # ...then the rest, from the end of the last word it settled, prompted with the words
@@ -333,8 +334,8 @@ def test_a_turn_whose_captions_never_came_back_still_gets_all_its_words(
     assert seconds_of(second) == pytest.approx(40.0 - settled[-1].end, abs=0.01)
     assert second.request.prompt is not None
     assert second.request.prompt.endswith(settled[-1].word.strip())
-    driver.session.on_recognised(
-        second.request_id, hear(second, words, settled[-1].end), now=driver.now
+    driver.session.handle(
+        Recognised(second.request_id, hear(second, words, settled[-1].end)), now=driver.now
     )
     driver.pump()
     (completed,) = [e for e in driver.events if e["type"] == COMPLETED]
@@ -350,12 +351,14 @@ def test_a_caption_step_after_a_late_one_decodes_the_audio_in_between(
     speak(driver, 35_000, answer=False)
     (late,) = driver.steps(Urgency.CAPTION)
     words = long_words(35.0)
-    driver.session.on_recognised(late.request_id, hear(late, words, 0.0), now=driver.now)
+    driver.session.handle(Recognised(late.request_id, hear(late, words, 0.0)), now=driver.now)
     driver.pump()
     # The next step starts where the policy's window does, not 30 s before the end.
     (catch_up,) = driver.steps(Urgency.CAPTION)
     assert seconds_of(catch_up) == pytest.approx(30.0, abs=0.01)
-    driver.session.on_recognised(catch_up.request_id, hear(catch_up, words, 0.0), now=driver.now)
+    driver.session.handle(
+        Recognised(catch_up.request_id, hear(catch_up, words, 0.0)), now=driver.now
+    )
     driver.pump()
     settled = [w for w in words if w.end <= 28.0]
     captioned = " ".join(e["delta"] for e in driver.events if e["type"] == DELTA)
@@ -378,7 +381,7 @@ def speak_long(driver: Driver, ms: int, words: list[TimedWord]) -> list[Prefill]
             ]
             end = (chunk + 1) * 0.02 - started["audio_start_ms"] / 1000
             heard = hear(step, words, end - seconds_of(step))
-            driver.session.on_recognised(step.request_id, heard, now=driver.now)
+            driver.session.handle(Recognised(step.request_id, heard), now=driver.now)
             driver.pump()
         prefills += driver.take(Prefill)
     return prefills
@@ -406,7 +409,7 @@ def test_the_llm_reads_the_turn_while_it_is_spoken(driver: Driver) -> None:
     # The reply reads the same beginning, then the rest of the turn.
     driver.append(silence(200))
     for pause in driver.steps(Urgency.SPECULATION):
-        driver.session.on_recognised(pause.request_id, hear(pause, words, 0.0), now=driver.now)
+        driver.session.handle(Recognised(pause.request_id, hear(pause, words, 0.0)), now=driver.now)
         driver.pump()
     # The reply speculated on the pause's words reads them: no read-ahead beside it.
     assert driver.take(Speculate)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from hark.engines.llm import Finished
 from hark.session.actions import Generate
 from hark.session.response_lifecycle import MAX_RESPONSES_IN_PROGRESS
+from hark.session.results import GenerationFinished
 from tests.session.conftest import Driver
 
 OUT_OF_BAND = {
@@ -28,7 +29,7 @@ def test_responses_past_the_bound_are_refused_until_one_finishes() -> None:
     assert len(generations) == MAX_RESPONSES_IN_PROGRESS
     # The session goes on: once one is done, another may start.
     first = generations[0].response_id
-    driver.session.on_generation_finished(first, Finished("stop"), now=driver.now)
+    driver.session.handle(GenerationFinished(first, Finished("stop")), now=driver.now)
     driver.pump()
     assert driver.send(OUT_OF_BAND)[0]["type"] == "response.created"
     assert driver.send(OUT_OF_BAND)[0]["error"]["code"] == "too_many_responses_in_progress"

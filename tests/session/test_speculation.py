@@ -14,6 +14,7 @@ from hark.session.actions import (
     ScoreTurn,
     Speculate,
 )
+from hark.session.results import Recognised, TurnScored, TurnScoreFailed
 from hark.session.turn_policy import SILENCE_TIMER_MS, silence_for, unjudged_silence_ms
 
 from .conftest import Driver, silence, timed, voiced
@@ -124,7 +125,7 @@ def test_an_unjudged_pause_ends_no_later_than_the_silence_timer(driver: Driver) 
     (end,) = stopped_at(driver)
     assert 800 + SILENCE_TIMER_MS <= end < 800 + SILENCE_TIMER_MS + 64
     # The verdict that comes after the turn ended changes nothing.
-    driver.session.on_turn_score(score.key, 0.01, now=driver.now)
+    driver.session.handle(TurnScored(score.key, 0.01), now=driver.now)
     driver.pump()
     driver.append(silence(2000))
     assert len(stopped_at(driver)) == 1
@@ -151,7 +152,7 @@ def test_a_verdict_before_the_timer_may_wait_longer(driver: Driver) -> None:
     driver.append(silence(200))
     (score,) = driver.take(ScoreTurn)
     # Judged unfinished while the timer still ran: the pause may last what the verdict says.
-    driver.session.on_turn_score(score.key, 0.1, now=driver.now)
+    driver.session.handle(TurnScored(score.key, 0.1), now=driver.now)
     driver.pump()
     driver.append(silence(silence_for(0.1, "auto") - 200 - 64))
     assert stopped_at(driver) == []
@@ -165,7 +166,7 @@ def test_a_failed_verdict_ends_the_pause_as_an_unjudged_one(driver: Driver) -> N
     driver.append(voiced(800))
     driver.append(silence(32))
     (score,) = driver.take(ScoreTurn)
-    driver.session.on_turn_score_failed(score.key, now=driver.now)
+    driver.session.handle(TurnScoreFailed(score.key), now=driver.now)
     driver.pump()
     driver.append(silence(SILENCE_TIMER_MS - 96))
     assert stopped_at(driver) == []
@@ -181,7 +182,7 @@ def test_a_verdict_asking_less_than_has_passed_ends_the_turn_at_once(driver: Dri
     (score,) = driver.take(ScoreTurn)
     assert stopped_at(driver) == []
     # Low eagerness waits 1.3 s unjudged; a verdict of 0.9 (wait 350 ms) is long passed.
-    driver.session.on_turn_score(score.key, 0.9, now=driver.now)
+    driver.session.handle(TurnScored(score.key, 0.9), now=driver.now)
     driver.pump()
     assert len(stopped_at(driver)) == 1
 
@@ -209,7 +210,7 @@ def test_recognition_in_flight_at_turn_end_becomes_the_items(driver: Driver) -> 
     (pending,) = driver.steps(Urgency.SPECULATION)
     assert not driver.take(Speculate)
     assert "response.created" in driver.types()
-    driver.session.on_recognised(pending.request_id, timed("Hello there", 0.8), now=driver.now)
+    driver.session.handle(Recognised(pending.request_id, timed("Hello there", 0.8)), now=driver.now)
     driver.pump()
     (generate,) = driver.take(Generate)
     assert generate.request.messages[-1].content == "Hello there"

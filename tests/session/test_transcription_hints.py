@@ -28,6 +28,7 @@ from hark.engines.asr import Urgency
 from hark.engines.fake import FakeAsr
 from hark.engines.registry import build_engines
 from hark.session.actions import Recognise, Transcribe
+from hark.session.results import Recognised, TranscriptionDone
 
 from .conftest import Driver, silence, voiced
 from .test_recognition import COMPLETED, say
@@ -60,14 +61,14 @@ def turn(driver: Driver, heard_in: str | None) -> tuple[dict[str, Any], list[Rec
         for step in driver.steps():
             steps.append(step)
             heard = replace(say(step), language=heard_in)
-            driver.session.on_recognised(step.request_id, heard, now=driver.now)
+            driver.session.handle(Recognised(step.request_id, heard), now=driver.now)
             driver.pump()
     for _ in range(40):
         driver.append(silence(20))
         for step in driver.steps():
             steps.append(step)
             heard = replace(say(step), language=heard_in)
-            driver.session.on_recognised(step.request_id, heard, now=driver.now)
+            driver.session.handle(Recognised(step.request_id, heard), now=driver.now)
             driver.pump()
     assert steps
     (completed,) = [e for e in driver.events if e["type"] == COMPLETED]
@@ -186,7 +187,9 @@ def test_a_whole_items_completed_reports_the_language_the_engine_heard() -> None
     )
     (whole,) = driver.take(Transcribe)
     assert whole.language is None
-    driver.session.on_transcription_done(whole.request_id, "Guten Tag.", 0.5, "de", now=driver.now)
+    driver.session.handle(
+        TranscriptionDone(whole.request_id, "Guten Tag.", 0.5, "de"), now=driver.now
+    )
     driver.pump()
     (completed,) = [e for e in driver.events if e["type"] == COMPLETED]
     SDK_EVENT.validate_python(completed)

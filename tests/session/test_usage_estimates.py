@@ -12,6 +12,7 @@ from typing import Any
 from hark.engines.llm import Finished
 from hark.session.actions import Generate
 from hark.session.response_lifecycle import IMAGE_TOKENS
+from hark.session.results import AudioGenerated, GenerationFinished
 
 from .conftest import Driver, manual, voiced
 
@@ -38,10 +39,11 @@ def respond(driver: Driver, prompt_tokens: int, reply_ms: int = 0) -> dict[str, 
     (generate,) = driver.take(Generate)
     if reply_ms:
         pcm = voiced(reply_ms, generate.output_rate)
-        driver.session.on_audio(generate.response_id, pcm, "Hi.", now=driver.now)
-    driver.session.on_generation_finished(
-        generate.response_id,
-        Finished("stop", prompt_tokens=prompt_tokens, completion_tokens=2),
+        driver.session.handle(AudioGenerated(generate.response_id, pcm, "Hi."), now=driver.now)
+    driver.session.handle(
+        GenerationFinished(
+            generate.response_id, Finished("stop", prompt_tokens=prompt_tokens, completion_tokens=2)
+        ),
         now=driver.now,
     )
     return driver.pump()[-1]["response"]["usage"]

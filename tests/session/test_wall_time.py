@@ -5,6 +5,7 @@ from __future__ import annotations
 from hark.engines.llm import Finished
 from hark.session.actions import Generate
 from hark.session.rate_limits import RateLimits, RateWindow
+from hark.session.results import AudioGenerated, GenerationFinished, PlayoutStarted, PlayoutStopped
 
 from .conftest import Driver, silence, voiced
 
@@ -26,15 +27,16 @@ def test_a_two_hour_voice_only_call_is_never_rate_limited() -> None:
             driver.stream(pcm, frame_ms=100)
         for generate in driver.take(Generate):
             rid = generate.response_id
-            driver.session.on_audio(rid, voiced(500), "Paris.", now=driver.now)
-            driver.session.on_generation_finished(
-                rid,
-                Finished("stop", prompt_tokens=PROMPT_TOKENS, completion_tokens=3),
+            driver.session.handle(AudioGenerated(rid, voiced(500), "Paris."), now=driver.now)
+            driver.session.handle(
+                GenerationFinished(
+                    rid, Finished("stop", prompt_tokens=PROMPT_TOKENS, completion_tokens=3)
+                ),
                 now=driver.now,
             )
-            driver.session.on_playout_started(rid, now=driver.now)
+            driver.session.handle(PlayoutStarted(rid), now=driver.now)
             driver.stream(silence(500), frame_ms=100)
-            driver.session.on_playout_stopped(rid, now=driver.now)
+            driver.session.handle(PlayoutStopped(rid), now=driver.now)
         driver.stream(silence(TURN_S * 1000 - 2300), frame_ms=100)
         statuses += response_statuses(driver)
         driver.actions.clear()
@@ -49,8 +51,9 @@ def test_the_token_window_still_limits_a_burst() -> None:
     for _ in range(5):
         driver.send({"type": "response.create", "response": {"output_modalities": ["text"]}})
         for generate in driver.take(Generate):
-            driver.session.on_generation_finished(
-                generate.response_id, Finished("stop", per_response, 0), now=driver.now
+            driver.session.handle(
+                GenerationFinished(generate.response_id, Finished("stop", per_response, 0)),
+                now=driver.now,
             )
         driver.pump()
         driver.now += 1

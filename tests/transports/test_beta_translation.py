@@ -16,6 +16,7 @@ from hark.engines.llm import Finished
 from hark.protocol.errors import ProtocolError
 from hark.protocol.session_config import SessionConfig, transcription_defaults
 from hark.session.actions import Generate
+from hark.session.results import GenerationFinished, TextGenerated
 from hark.transports.beta import (
     MAX_WAITING,
     Dialect,
@@ -55,8 +56,8 @@ class Client:
 
     def finish(self, generate: Generate) -> list[dict[str, Any]]:
         session = self.driver.session
-        session.on_generation_finished(
-            generate.response_id, Finished("stop", 10, 3), now=self.driver.now
+        session.handle(
+            GenerationFinished(generate.response_id, Finished("stop", 10, 3)), now=self.driver.now
         )
         return self.translate(self.driver.pump())
 
@@ -208,7 +209,7 @@ def test_a_text_turn_in_beta_names() -> None:
     assert response["modalities"] == ["text"]
     assert not {"output_modalities", "audio"} & response.keys()
     generate = client.generate()
-    client.driver.session.on_text(generate.response_id, "Hi", now=client.driver.now)
+    client.driver.session.handle(TextGenerated(generate.response_id, "Hi"), now=client.driver.now)
     events = started + client.translate(client.driver.pump()) + client.finish(generate)
     kinds = types(events)
     assert not GA_ONLY & set(kinds)

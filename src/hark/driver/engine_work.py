@@ -27,6 +27,20 @@ from hark.session.actions import (
     Transcribe,
 )
 from hark.session.core import Session
+from hark.session.results import (
+    Denoised,
+    DenoiseFailed,
+    McpCallDone,
+    McpCallFailed,
+    McpListFailed,
+    McpToolsListed,
+    Recognised,
+    TranscriptionDelta,
+    TranscriptionDone,
+    TranscriptionFailed,
+    TurnScored,
+    TurnScoreFailed,
+)
 
 if TYPE_CHECKING:
     from hark.tools.mcp_client import McpClients
@@ -119,9 +133,9 @@ class EngineWork:
             raise
         except Exception as exc:
             log.exception("session %s: noise reduction failed", self._session.id)
-            call(self._session.on_denoise_failed, action.job_id, str(exc))
+            call(self._session.handle, DenoiseFailed(action.job_id, str(exc)))
             return
-        call(self._session.on_denoised, action.job_id, pcm)
+        call(self._session.handle, Denoised(action.job_id, pcm))
 
     # ------------------------------------------------------------------ ASR
 
@@ -142,7 +156,7 @@ class EngineWork:
             f"Over {MAX_TRANSCRIBING_S:.0f} s of this session's audio already waits for "
             "transcription."
         )
-        call(self._session.on_transcription_failed, request_id, message)
+        call(self._session.handle, TranscriptionFailed(request_id, message))
         return False
 
     def transcribe(self, action: Transcribe, call: CoreCall) -> None:
@@ -175,16 +189,16 @@ class EngineWork:
                     action.audio, language=action.language or heard, prompt=action.prompt
                 ):
                     text += delta
-                    call(session.on_transcription_delta, action.request_id, delta)
+                    call(session.handle, TranscriptionDelta(action.request_id, delta))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             message = engine_failed(session.id, f"transcription {action.request_id}", exc)
             self._recognitions.pop(action.request_id, None)
-            call(session.on_transcription_failed, action.request_id, message)
+            call(session.handle, TranscriptionFailed(action.request_id, message))
             return
         self._recognitions.pop(action.request_id, None)
-        call(session.on_transcription_done, action.request_id, text.strip(), seconds, heard)
+        call(session.handle, TranscriptionDone(action.request_id, text.strip(), seconds, heard))
 
     def recognise(self, action: Recognise, call: CoreCall) -> None:
         """Recognise a step of the turn (or an item) with word timings."""
@@ -210,10 +224,10 @@ class EngineWork:
         except Exception as exc:
             message = engine_failed(session.id, f"recognition {action.request_id}", exc)
             self._recognitions.pop(action.request_id, None)
-            call(session.on_transcription_failed, action.request_id, message)
+            call(session.handle, TranscriptionFailed(action.request_id, message))
             return
         self._recognitions.pop(action.request_id, None)
-        call(session.on_recognised, action.request_id, transcript)
+        call(session.handle, Recognised(action.request_id, transcript))
 
     # ------------------------------------------------------------------ LLM and turn model
 
@@ -247,9 +261,9 @@ class EngineWork:
             raise
         except Exception:
             log.exception("session %s: end-of-turn scoring failed", session.id)
-            call(session.on_turn_score_failed, action.key)
+            call(session.handle, TurnScoreFailed(action.key))
             return
-        call(session.on_turn_score, action.key, probability)
+        call(session.handle, TurnScored(action.key, probability))
 
     # ------------------------------------------------------------------ MCP
 
@@ -276,9 +290,9 @@ class EngineWork:
             log.warning(
                 "session %s: MCP server %s not listed: %s", session.id, action.server.label, exc
             )
-            call(session.on_mcp_list_failed, action.item_id, exc.error)
+            call(session.handle, McpListFailed(action.item_id, exc.error))
             return
-        call(session.on_mcp_tools_listed, action.item_id, tools)
+        call(session.handle, McpToolsListed(action.item_id, tools))
 
     def call_mcp_tool(self, action: CallMcpTool, call: CoreCall) -> None:
         """Call a tool of an MCP server for a response (cancelled with the response)."""
@@ -294,16 +308,16 @@ class EngineWork:
         task.add_done_callback(forget)
 
     async def _run_mcp_call(self, action: CallMcpTool, call: CoreCall) -> None:
-        from hark.tools.mcp_client import McpCallFailed
+        from hark.tools.mcp_client import McpCallFailed as CallRefused
 
         session = self._session
         connection = self._mcp_clients().connection(action.server)
         try:
             output = await connection.call_tool(action.name, action.arguments)
-        except McpCallFailed as exc:
-            call(session.on_mcp_call_failed, action.response_id, action.item_id, exc.error)
+        except CallRefused as exc:
+            call(session.handle, McpCallFailed(action.response_id, action.item_id, exc.error))
             return
-        call(session.on_mcp_call_done, action.response_id, action.item_id, output)
+        call(session.handle, McpCallDone(action.response_id, action.item_id, output))
 
     def cancel_mcp_calls(self, response_id: str) -> None:
         """Stop a cancelled response's MCP calls."""

@@ -33,6 +33,7 @@ from hark.engines.llm.truncation import ContextOverflow
 from hark.engines.registry import Engines
 from hark.engines.stage_timeouts import StageTimeouts, limit, within
 from hark.engines.tts import TtsEngine
+from hark.session import results
 from hark.session.actions import AdoptSpeculation, Generate, Speculate
 from hark.session.clauses import ClauseSplitter
 from hark.session.core import Session
@@ -201,7 +202,7 @@ class CoreSink:
     def text(self, delta: str) -> None:
         """A piece of the reply's text."""
         self._timings.mark(self._id, "llm_first_token")
-        self._call(self._session.on_text, self._id, delta)
+        self._call(self._session.handle, results.TextGenerated(self._id, delta))
 
     def clause(self, text: str) -> None:
         """A clause of the reply went to the TTS."""
@@ -212,30 +213,32 @@ class CoreSink:
         """A piece of the reply's audio, with the words that begin in it."""
         if len(pcm):
             self._timings.mark(self._id, "tts_first_audio")
-        self._call(self._session.on_audio, self._id, pcm, transcript)
+        self._call(self._session.handle, results.AudioGenerated(self._id, pcm, transcript))
 
     def tool_started(self, call_id: str, name: str) -> None:
         """The reply began a function call."""
         self._timings.mark(self._id, "llm_first_token")
-        self._call(self._session.on_tool_call_started, self._id, call_id, name)
+        self._call(self._session.handle, results.ToolCallStarted(self._id, call_id, name))
 
     def tool_delta(self, call_id: str, delta: str) -> None:
         """A piece of a function call's arguments."""
-        self._call(self._session.on_tool_call_delta, self._id, call_id, delta)
+        self._call(self._session.handle, results.ToolCallDelta(self._id, call_id, delta))
 
     def tool_finished(self, call_id: str, arguments: str) -> None:
         """A function call's arguments are whole."""
-        self._call(self._session.on_tool_call_finished, self._id, call_id, arguments)
+        self._call(self._session.handle, results.ToolCallFinished(self._id, call_id, arguments))
 
     def finished(self, finished: Finished) -> None:
         """The reply is complete."""
-        self._call(self._session.on_generation_finished, self._id, finished)
+        self._call(self._session.handle, results.GenerationFinished(self._id, finished))
 
     def failed(
         self, message: str, code: str = "engine_error", error_type: str = "server_error"
     ) -> None:
         """The reply failed; the client is told ``message``."""
-        self._call(self._session.on_generation_failed, self._id, message, code, error_type)
+        self._call(
+            self._session.handle, results.GenerationFailed(self._id, message, code, error_type)
+        )
 
 
 class HeldSink:
@@ -410,7 +413,9 @@ class Generations:
         if speculation is None or speculation.key != action.key:
             # The core keeps one speculation and names it: only a bug gets here.
             log.error("session %s: no speculation %s to adopt", self._session.id, action.key)
-            call(self._session.on_generation_failed, action.response_id, "internal error")
+            call(
+                self._session.handle, results.GenerationFailed(action.response_id, "internal error")
+            )
             return
         self._speculation = None
         speculation.generate.request.urgency.speculative = False

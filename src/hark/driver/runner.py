@@ -60,6 +60,13 @@ from hark.session.actions import (
     Transcribe,
 )
 from hark.session.core import Session
+from hark.session.results import (
+    PlayoutCleared,
+    PlayoutStarted,
+    PlayoutStopped,
+    VadMissed,
+    VadScored,
+)
 
 log = logging.getLogger(__name__)
 
@@ -262,15 +269,15 @@ class SessionRunner:
     def playout_started(self, response_id: str) -> None:
         """The player began a response's audio."""
         self._timings.mark(response_id, "first_audio_sent")
-        self._call(self.session.on_playout_started, response_id)
+        self._call(self.session.handle, PlayoutStarted(response_id))
 
     def playout_stopped(self, response_id: str) -> None:
         """The player finished a response's audio."""
-        self._call(self.session.on_playout_stopped, response_id)
+        self._call(self.session.handle, PlayoutStopped(response_id))
 
     def playout_cleared(self, response_id: str, played_ms: int) -> None:
         """The player dropped the rest of a response after ``played_ms`` of it were heard."""
-        self._call(self.session.on_playout_cleared, response_id, played_ms)
+        self._call(self.session.handle, PlayoutCleared(response_id, played_ms))
 
     def receive_bytes(self, data: bytes) -> None:
         """One client binary frame: not part of the protocol, answered with an error."""
@@ -523,13 +530,13 @@ class SessionRunner:
                 if isinstance(probability, Missed):
                     if probability.error is None:
                         self.metrics.vad_chunk_dropped()
-                    session.on_vad_missed(epoch, probability.error, now=clock)
+                    session.handle(VadMissed(epoch, probability.error), now=clock)
                 else:
                     if arrived is None:
                         arrived = now
                     self.metrics.vad_chunk(arrived, now)
                     self._vad_arrived = arrived
-                    session.on_vad(probability, epoch, now=clock)
+                    session.handle(VadScored(probability, epoch), now=clock)
             except Exception:
                 self._internal_error()
         self._flush()

@@ -1,6 +1,6 @@
 """Work the session core asks its driver to do.
 
-Results come back through the core's ``on_*`` methods.
+Results come back to ``Session.handle`` as the types of ``results``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from hark.tools.mcp_server import McpServer
 class AnalyzeSpeech(NamedTuple):
     """Run the VAD on the chunks (``VadEngine.chunk_ms`` each) of input audio one append
     completed (int16 at the input rate, one chunk a row); answer each with
-    ``Session.on_vad(probability, epoch)``, in order.
+    ``VadScored(probability, epoch)`` (``VadMissed`` when there is none), in order.
 
     A new ``epoch`` means the VAD stream must start from fresh state. A named tuple rather
     than a frozen dataclass like the other actions: a session makes tens a second, and a
@@ -34,7 +34,7 @@ class AnalyzeSpeech(NamedTuple):
 @dataclass(frozen=True, slots=True)
 class Transcribe:
     """Recognise audio (at ``AsrEngine.sample_rate``); answer with
-    ``on_transcription_*(request_id, …)``.
+    ``TranscriptionDelta``, ``TranscriptionDone`` or ``TranscriptionFailed``.
 
     ``request_id`` is the user item's id, or a key of the core's own for speculative work.
     With ``language`` ``None`` the language is detected first (``AsrEngine.detect_language``),
@@ -51,8 +51,8 @@ class Transcribe:
 @dataclass(frozen=True, slots=True)
 class Recognise:
     """One step of incremental recognition: decode a window of a turn with word times
-    (``AsrEngine.recognise``); answer with ``on_recognised(request_id, transcript)``, or
-    ``on_transcription_failed(request_id, message)`` when the engine fails."""
+    (``AsrEngine.recognise``); answer with ``Recognised(request_id, transcript)``, or
+    ``TranscriptionFailed(request_id, message)`` when the engine fails."""
 
     request_id: str
     request: RecognitionRequest
@@ -68,8 +68,8 @@ class CancelRecognition:
 
 @dataclass(frozen=True, slots=True)
 class ScoreTurn:
-    """Judge how complete an utterance sounds; answer with ``on_turn_score(key, p)``, or
-    ``on_turn_score_failed(key)`` when the model fails."""
+    """Judge how complete an utterance sounds; answer with ``TurnScored(key, p)``, or
+    ``TurnScoreFailed(key)`` when the model fails."""
 
     key: str
     transcript: str
@@ -134,7 +134,7 @@ class CancelGeneration:
 class PlayAudio:
     """Transports that play audio themselves (WebRTC, SIP): queue reply audio for playout.
 
-    Report progress with ``on_playout_started`` / ``on_playout_stopped``.
+    Report progress with ``PlayoutStarted`` / ``PlayoutStopped``.
     """
 
     response_id: str
@@ -145,7 +145,7 @@ class PlayAudio:
 
 @dataclass(frozen=True, slots=True)
 class FinishAudio:
-    """No more audio comes for this response: report ``on_playout_stopped`` once what is
+    """No more audio comes for this response: report ``PlayoutStopped`` once what is
     queued has played."""
 
     response_id: str
@@ -153,7 +153,7 @@ class FinishAudio:
 
 @dataclass(frozen=True, slots=True)
 class ClearAudio:
-    """Stop playing this response now and drop the rest; answer with ``on_playout_cleared``."""
+    """Stop playing this response now and drop the rest; answer with ``PlayoutCleared``."""
 
     response_id: str
 
@@ -176,8 +176,8 @@ class ResumeAudio:
 
 @dataclass(frozen=True, slots=True)
 class ListMcpTools:
-    """List an MCP server's tools; answer with ``on_mcp_tools_listed(item_id, tools)``, or
-    ``on_mcp_list_failed(item_id, error)`` when the server cannot be listed."""
+    """List an MCP server's tools; answer with ``McpToolsListed(item_id, tools)``, or
+    ``McpListFailed(item_id, error)`` when the server cannot be listed."""
 
     item_id: str
     server: McpServer
@@ -186,8 +186,8 @@ class ListMcpTools:
 @dataclass(frozen=True, slots=True)
 class CallMcpTool:
     """Call a tool on an MCP server with ``arguments`` (JSON text); answer with
-    ``on_mcp_call_done(response_id, item_id, output)`` or ``on_mcp_call_failed(response_id,
-    item_id, error)``. ``CancelGeneration(response_id)`` abandons it."""
+    ``McpCallDone(response_id, item_id, output)`` or ``McpCallFailed(response_id, item_id,
+    error)``. ``CancelGeneration(response_id)`` abandons it."""
 
     response_id: str
     item_id: str
@@ -206,7 +206,7 @@ class CloseMcpServer:
 @dataclass(frozen=True, slots=True)
 class Denoise:
     """Run ``denoise`` on ``pcm`` (input audio, int16 at the input rate) off the event loop;
-    answer with ``on_denoised(job_id, pcm)``, or ``on_denoise_failed(job_id, message)`` when
+    answer with ``Denoised(job_id, pcm)``, or ``DenoiseFailed(job_id, message)`` when
     it raises. The core holds the session's later client input until then, so at most one
     job per session runs, and its denoiser's stream stays in order."""
 

@@ -16,8 +16,6 @@ whose first 21 ms are silence.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 import numpy.typing as npt
 
@@ -38,17 +36,18 @@ def wet_share(config: NoiseReductionConfig | None) -> float:
 
 class NoiseReduction:
     """The session's denoiser, made when noise reduction is turned on and dropped when it is
-    turned off. ``config`` gives the session's current ``noise_reduction`` setting."""
+    turned off. ``config`` is the session's ``noise_reduction`` setting (the session sets it
+    when it changes)."""
 
-    def __init__(self, config: Callable[[], NoiseReductionConfig | None]) -> None:
-        self._config = config
+    def __init__(self, config: NoiseReductionConfig | None) -> None:
+        self.config = config
         self._denoiser: Denoiser | None = None
 
     def denoiser(self, rate: int) -> Denoiser | None:
         """The stream that denoises input audio at ``rate`` under the current setting, or None
         when noise reduction is off. Its state carries from one chunk to the next, so chunks
         must reach it one at a time and in order, on whatever thread."""
-        share = wet_share(self._config())
+        share = wet_share(self.config)
         if share <= 0.0:
             self.close()
             return None

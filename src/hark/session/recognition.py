@@ -27,7 +27,7 @@ import numpy.typing as npt
 from hark.audio.resample import StreamResampler, resample
 from hark.engines.asr import RecognitionRequest, TimedTranscript, TimedWord, Urgency
 from hark.protocol import server_events as se
-from hark.protocol.session_config import Transcription
+from hark.protocol.session_config import SessionConfig, Transcription
 from hark.session.actions import CancelRecognition, Recognise, Transcribe
 from hark.session.conversation import Conversation, Entry, Part
 from hark.session.local_agreement import (
@@ -191,13 +191,18 @@ class _Stream:
     language: str | None = None
 
 
+# The opt-in (session ``include``) for logprobs on input transcription events.
+LOGPROBS_INCLUDE = "item.input_audio_transcription.logprobs"
+
+
 class Recognition:
     """Requests the ASR engine works on, each for a user item, a step of the turn being
     spoken, or a pause of it, and what their results do.
 
-    ``transcription`` gives the session's current ``audio.input.transcription`` (None: the
-    client did not ask for transcripts, and the words are only the LLM's); ``logprobs``
-    whether the client asked for them (``include``); ``on_heard`` is called when an item's
+    ``config`` is the session's configuration (the session sets it when it changes): its
+    ``audio.input.transcription`` (None: the client did not ask for transcripts, and the
+    words are only the LLM's), and whether the client asked for logprobs (``include``).
+    ``on_heard`` is called when an item's
     words become known, so responses waiting for them can start; ``on_failed(entry, message)``
     when an item's words could not be heard, before ``on_heard``, so that responses waiting
     for them fail instead; ``on_words`` is given the committed words of the turn being
@@ -209,17 +214,15 @@ class Recognition:
         outbox: Outbox,
         conversation: Conversation,
         asr_rate: int,
-        transcription: Callable[[], Transcription | None],
+        config: SessionConfig,
         on_heard: Callable[[], None],
-        logprobs: Callable[[], bool] = lambda: False,
         on_words: Callable[[str], None] = lambda words: None,
         on_failed: Callable[[Entry, str], None] = lambda entry, message: None,
     ) -> None:
         self._outbox = outbox
         self._conversation = conversation
         self._asr_rate = asr_rate
-        self._transcription = transcription
-        self._logprobs = logprobs
+        self.config = config
         self._on_heard = on_heard
         self._on_words = on_words
         self._on_failed = on_failed
@@ -231,11 +234,19 @@ class Recognition:
         # The turn being spoken, if any.
         self._live: _Stream | None = None
 
+    @property
+    def _transcription(self) -> Transcription | None:
+        return self.config.audio.input.transcription
+
+    @property
+    def _logprobs(self) -> bool:
+        return LOGPROBS_INCLUDE in (self.config.include or ())
+
     def _audio(self, pcm: Pcm, rate: int) -> npt.NDArray[np.float32]:
         return resample(pcm, rate, self._asr_rate).astype(np.float32) / 32768.0
 
     def _transcribe(self, request_id: str, pcm: Pcm, rate: int) -> None:
-        transcription = self._transcription()
+        transcription = self._transcription
         self._outbox.act(
             Transcribe(
                 request_id=request_id,
@@ -284,7 +295,7 @@ class Recognition:
     def start_turn(self, item_id: str, start_ms: float) -> None:
         """A turn began at ``start_ms`` (session clock); it will become ``item_id``."""
         self.stop_turn()
-        transcription = self._transcription()
+        transcription = self._transcription
         if transcription is None:
             delay = DELAYS[_UNCAPTIONED_DELAY]
         else:
@@ -369,7 +380,7 @@ class Recognition:
         whole = end_ms - start_ms <= _MAX_WINDOW_MS
         if not whole:
             end_ms = start_ms + _MAX_WINDOW_MS
-        transcription = self._transcription()
+        transcription = self._transcription
         stream.steps += 1
         request_id = f"{stream.item_id}:{kind}{stream.steps}"
         context = [_hints(transcription), policy.prompt()]
@@ -522,12 +533,12 @@ class Recognition:
     def _send_committed(self, stream: _Stream) -> None:
         """Committed words not sent yet go out as one delta (with transcription on)."""
         words = stream.policy.committed[stream.sent :]
-        if not words or self._transcription() is None:
+        if not words or self._transcription is None:
             return
         first = stream.sent == 0
         delta = text_of(words) if first else " " + text_of(words)
         stream.sent += len(words)
-        logprobs = _logprobs(words, first=first) if self._logprobs() else None
+        logprobs = _logprobs(words, first=first) if self._logprobs else None
         self._outbox.emit(
             se.InputTranscriptionDelta(
                 item_id=stream.item_id, content_index=0, delta=delta, logprobs=logprobs
@@ -547,7 +558,7 @@ class Recognition:
             part,
             text_of(words),
             stream.seconds,
-            _logprobs(words, first=True) if self._logprobs() else None,
+            _logprobs(words, first=True) if self._logprobs else None,
             stream.language,
         )
 
@@ -561,7 +572,7 @@ class Recognition:
     def delta(self, request_id: str, delta: str) -> None:
         """A piece of a whole item's transcript."""
         request = self._requests.get(request_id)
-        if request is None or self._transcription() is None:
+        if request is None or self._transcription is None:
             return
         entry, part = request
         if part.heard is None and self._in_conversation(entry):
@@ -608,7 +619,7 @@ class Recognition:
     ) -> None:
         """``heard_in``: the language the engine heard, when it said."""
         part.heard = transcript
-        transcription = self._transcription()
+        transcription = self._transcription
         if transcription is not None:
             part.transcript = transcript
             language = heard_in or _language(transcription)
@@ -644,7 +655,7 @@ class Recognition:
             return
         entry, part = pending
         part.heard = ""
-        if self._transcription() is not None and self._in_conversation(entry):
+        if self._transcription is not None and self._in_conversation(entry):
             self._outbox.emit(
                 se.InputTranscriptionFailed(
                     item_id=entry.id,

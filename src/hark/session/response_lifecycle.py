@@ -52,6 +52,7 @@ from hark.session.mcp_tools import ListedServer, McpTarget, McpTools
 from hark.session.outbox import Outbox
 from hark.session.playout_state import PlayoutState
 from hark.session.rate_limits import RateWindow
+from hark.session.recognition import Recognition
 from hark.session.speculation import Speculation
 from hark.tools.mcp_server import McpServer
 
@@ -154,11 +155,12 @@ class ResponseLifecycle:
     """The session's responses in progress: the conversation's one (``in_band``) and any
     number out of band.
 
-    ``config`` gives the session's current configuration; ``limit_audio`` holds the
-    conversation's audio to its budget; ``reply_sent(audio_ms)`` is called when the
+    ``config`` is the session's configuration (the session sets it when it changes);
+    ``audio_retention_ms``: how much of the latest conversation audio items keep (see
+    ``limit_audio``); ``reply_sent(audio_ms)`` is called when the
     conversation's response is done on a transport where the client plays the audio
-    (WebSocket), with how much audio it had; ``words_unneeded(entry)`` when a response ended
-    while an item of its own ``input`` was still being transcribed.
+    (WebSocket), with how much audio it had. A response that ends while an item of its own
+    ``input`` is still being transcribed tells ``recognition`` its words are not needed.
     """
 
     def __init__(
@@ -167,30 +169,30 @@ class ResponseLifecycle:
         ids: IdGenerator,
         conversation: Conversation,
         *,
-        config: Callable[[], SessionConfig],
+        config: SessionConfig,
         rates: RateWindow,
         speculation: Speculation,
         playout: PlayoutState,
         plays_audio: bool,
-        limit_audio: Callable[[], None],
+        audio_retention_ms: int,
         reply_sent: Callable[[float], None],
         mcp: McpTools,
-        words_unneeded: Callable[[Entry], None] = lambda entry: None,
+        recognition: Recognition,
     ) -> None:
         self._outbox = outbox
         self._ids = ids
         self._conversation = conversation
-        self._config = config
+        self.config = config
         self._rates = rates
         self._speculation = speculation
         self._playout = playout
         self._plays_audio = plays_audio
-        self._limit_audio = limit_audio
+        self._audio_retention_ms = audio_retention_ms
         self._reply_sent = reply_sent
         self._mcp = mcp
         # Calls the user approved, running outside any response: item id → the mcp_call item.
         self._approved_calls: dict[str, Entry] = {}
-        self._words_unneeded = words_unneeded
+        self._recognition = recognition
         self.responses: dict[str, Response] = {}
         self.in_band: Response | None = None
         # Whether any assistant audio was made (the voice cannot change after that).
@@ -227,7 +229,7 @@ class ResponseLifecycle:
             self._check_tool_choice(response)
         except ProtocolError:
             for entry in inputs or ():
-                self._words_unneeded(entry)
+                self._recognition.abandon(entry)
             raise
         self.responses[response.id] = response
         if in_band:
@@ -289,7 +291,7 @@ class ResponseLifecycle:
         self, params: ResponseParams, response_id: str, inputs: list[Entry] | None = None
     ) -> Response:
         """A response object for ``params`` over the session's settings (no side effects)."""
-        cfg = self._config()
+        cfg = self.config
         audio_out = params.audio.output if params.audio and params.audio.output else None
         return Response(
             id=response_id,
@@ -392,7 +394,7 @@ class ResponseLifecycle:
             tool_choice=tool_choice,
             max_tokens=None if max_tokens == "inf" else max_tokens,
             temperature=response.temperature,
-            truncation=engine_truncation(self._config().truncation),
+            truncation=engine_truncation(self.config.truncation),
             parallel_tool_calls=response.parallel_tool_calls,
             reasoning_effort=response.reasoning_effort,
         )
@@ -428,7 +430,7 @@ class ResponseLifecycle:
 
     def prefill(self) -> None:
         """Let the LLM read the conversation as the next turn's prompt will begin."""
-        if self._config().type != "realtime" or self.in_band is not None:
+        if self.config.type != "realtime" or self.in_band is not None:
             return
         response = self.new_response(ResponseParams(), response_id="")
         self._outbox.act(
@@ -439,7 +441,7 @@ class ResponseLifecycle:
         """Let the LLM read the turn being spoken as far as ``words`` (its committed words), so
         that the reply at its end reads only the words after them. Only for turns that get a
         reply of their own: a session that captions and does not answer spends nothing."""
-        cfg = self._config()
+        cfg = self.config
         detection = cfg.audio.input.turn_detection
         if (
             not words
@@ -458,9 +460,11 @@ class ResponseLifecycle:
         """The response in progress that ``entry`` is output of, if any."""
         return next((r for r in self.responses.values() if entry in r.output), None)
 
-    def item_ids(self) -> set[str]:
-        """The items of responses in progress (their audio must be kept)."""
-        return {e.id for r in self.responses.values() for e in r.output}
+    def limit_audio(self) -> None:
+        """Hold conversation audio to the retention budget; replies still being generated or
+        played keep theirs, whatever their length."""
+        keep = {e.id for r in self.responses.values() for e in r.output}
+        self._conversation.limit_audio(self._audio_retention_ms, keep | self._playout.item_ids())
 
     def _add_output(self, response: Response, entry: Entry) -> int:
         index = len(response.output)
@@ -565,7 +569,7 @@ class ResponseLifecycle:
         emit = self._outbox.emit
         if part.type == "output_audio":
             part.compact_audio()
-            self._limit_audio()
+            self.limit_audio()
             emit(se.OutputAudioDone(**position))
             emit(se.OutputAudioTranscriptDone(transcript=part.transcript or "", **position))
         else:
@@ -907,7 +911,7 @@ class ResponseLifecycle:
         del self.responses[response.id]
         for entry in response.inputs or ():
             if entry.pending_recognition():
-                self._words_unneeded(entry)
+                self._recognition.abandon(entry)
         if self.in_band is response:
             self.in_band = None
         self._outbox.emit(se.ResponseDone(response=response.to_wire()))

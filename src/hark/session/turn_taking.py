@@ -49,9 +49,9 @@ BACKCHANNELS_INCLUDE = "hark.backchannels"
 class TurnTaking:
     """The input buffer, the sample clock, and the turn in progress.
 
-    ``config`` gives the session's current configuration; ``respond`` creates the
-    conversation's response to a turn (as ``response.create`` with no parameters would);
-    ``limit_audio`` holds the conversation's audio to its budget once a turn adds some.
+    ``config`` is the session's configuration (the session sets it when it changes);
+    ``respond`` creates the conversation's response to a turn (as ``response.create`` with no
+    parameters would).
     """
 
     def __init__(
@@ -60,7 +60,7 @@ class TurnTaking:
         ids: IdGenerator,
         conversation: Conversation,
         *,
-        config: Callable[[], SessionConfig],
+        config: SessionConfig,
         vad_chunk_ms: int,
         asr_rate: int,
         speculation: Speculation,
@@ -68,12 +68,11 @@ class TurnTaking:
         responses: ResponseLifecycle,
         playout: PlayoutState,
         respond: Callable[[], None],
-        limit_audio: Callable[[], None],
     ) -> None:
         self._outbox = outbox
         self._ids = ids
         self._conversation = conversation
-        self._config = config
+        self.config = config
         self._vad_chunk_ms = vad_chunk_ms
         self._asr_rate = asr_rate
         self._speculation = speculation
@@ -81,7 +80,6 @@ class TurnTaking:
         self._responses = responses
         self._playout = playout
         self._respond = respond
-        self._limit_audio = limit_audio
         self._vad: VadFeed | None = None
         # Milliseconds of input audio received: the sample clock turn-taking runs on.
         self._clock_ms = 0.0
@@ -103,11 +101,13 @@ class TurnTaking:
         self._reply_until_ms = 0.0
         # How many backchannels were let pass.
         self.backchannels = 0
+        # The VAD failed and has not answered since (its error was sent once).
+        self._vad_failing = False
         self.setup()
 
     def setup(self) -> None:
         """(Re)build the input path for the current input format and turn detection."""
-        audio_in = self._config().audio.input
+        audio_in = self.config.audio.input
         self.format: AudioFormat = audio_in.format
         self.rate = format_rate(audio_in.format)
         self._buffer = InputAudioBuffer(self.rate, self._clock_ms)
@@ -206,12 +206,13 @@ class TurnTaking:
         emit(se.ConversationItemAdded(previous_item_id=previous, item=entry.to_wire()))
         emit(se.ConversationItemDone(previous_item_id=previous, item=entry.to_wire()))
         self._recognition.commit(entry, part, pause, start_ms)
-        self._limit_audio()
+        self._responses.limit_audio()
 
     # ----------------------------------------------------------------- VAD and turns
 
     def on_vad(self, probability: float, epoch: int) -> None:
         """The VAD's answer for the oldest chunk not yet answered (of this epoch)."""
+        self._vad_failing = False
         vad = self._vad
         detector = self._detector
         policy = self._policy
@@ -236,12 +237,26 @@ class TurnTaking:
             if self._idle_deadline_ms is not None and end >= self._idle_deadline_ms:
                 self._idle_timeout(end)
 
-    def vad_missed(self, epoch: int) -> None:
+    def vad_missed(self, epoch: int, error: str | None) -> None:
         """The VAD gave no answer for the oldest chunk not yet answered (of this epoch): no
-        decision is made on it, and the next answer is for the chunk after it."""
+        decision is made on it, and the next answer is for the chunk after it. It was dropped
+        (``error`` None) or the VAD failed: a failure is told to the client once, until the
+        VAD answers again; turn detection waits meanwhile rather than hear silence."""
         vad = self._vad
         if vad is not None and epoch == vad.epoch:
             vad.answered()
+        if error is None or self._vad_failing:
+            return
+        self._vad_failing = True
+        self._outbox.error(
+            ProtocolError(
+                f"Voice activity detection failed ({error}); turns are not detected until it "
+                "works again.",
+                code="vad_failed",
+                type="server_error",
+            ),
+            None,
+        )
 
     def _on_turn_event(self, event: TurnEvent) -> None:
         if self._candidate is not None:
@@ -330,7 +345,7 @@ class TurnTaking:
         assert candidate.end_ms is not None
         pcm = self._buffer.peek(candidate.voice_ms - 100, candidate.end_ms)
         audio = resample(pcm, self.rate, self._asr_rate).astype(np.float32) / 32768.0
-        transcription = self._config().audio.input.transcription
+        transcription = self.config.audio.input.transcription
         candidate.request_id = self._ids.new("backchannel")
         self._outbox.act(
             Recognise(
@@ -389,7 +404,7 @@ class TurnTaking:
         detector = self._detector
         if detector is not None and detector.speaking:
             detector.reset()
-        if BACKCHANNELS_INCLUDE in (self._config().include or ()):
+        if BACKCHANNELS_INCLUDE in (self.config.include or ()):
             assert candidate.end_ms is not None
             self._outbox.emit(
                 se.HarkBackchannel(
@@ -445,7 +460,7 @@ class TurnTaking:
         self._commit_audio(pcm, item_id, pause, self._speech_start_ms)
         if (
             policy.create_response
-            and self._config().type == "realtime"
+            and self.config.type == "realtime"
             and self._responses.in_band is None
         ):
             self._respond()
@@ -538,7 +553,7 @@ class TurnTaking:
         if (
             policy is None
             or not policy.create_response
-            or self._config().type != "realtime"
+            or self.config.type != "realtime"
             or self._responses.in_band is not None
             or pause.transcript is None
             or self._speech_item_id is None
