@@ -50,7 +50,6 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from hark import __version__
 from hark.bench.command import Bench, Result, config_from
 from hark.bench.local_server import local_server
 from hark.bench.microphone import CHUNK_S, Microphone
@@ -64,6 +63,7 @@ from hark.bench.report import (
     load_average,
     percentile,
     percentiles,
+    report_head,
     rounded,
 )
 from hark.bench.spoken_questions import RATE
@@ -255,11 +255,7 @@ class CaptionsReport:
     def to_json(self) -> dict[str, Any]:
         """Parameters, summary, and every turn's raw events and figures."""
         return {
-            "benchmark": "captions",
-            "hark_version": __version__,
-            "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started_at)),
-            "duration_s": round(self.duration_s, 1),
-            "host": self.host,
+            **report_head("captions", self.started_at, self.duration_s, self.host),
             "parameters": self.config.parameters(),
             "summary": self.summary(),
             "cpu": [asdict(c) for c in self.cpu],

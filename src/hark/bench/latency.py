@@ -40,7 +40,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
-from hark import __version__
 from hark.bench.command import Bench, Result, config_from
 from hark.bench.microphone import CHUNK_S, Microphone, Utterance
 from hark.bench.report import (
@@ -50,6 +49,7 @@ from hark.bench.report import (
     api_key,
     load_average,
     percentile,
+    report_head,
 )
 from hark.bench.spoken_questions import QUESTIONS, RATE, SpokenQuestion, spoken_questions
 from hark.config.options import add_bench_arguments
@@ -234,11 +234,7 @@ class LatencyReport:
     def to_json(self) -> dict[str, Any]:
         """Parameters, summary and every turn's raw numbers."""
         return {
-            "benchmark": "latency",
-            "hark_version": __version__,
-            "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started_at)),
-            "duration_s": round(self.duration_s, 1),
-            "host": self.host,
+            **report_head("latency", self.started_at, self.duration_s, self.host),
             "parameters": {**self.config.parameters(), "server_timings": self.server_timings},
             "summary": self.summary(),
             "turns": [asdict(turn) for turn in self.turns],

@@ -47,7 +47,7 @@ def local_server(
     process = subprocess.Popen(command, stdout=sys.stderr)
     try:
         deadline = time.monotonic() + ready_s
-        while not _ready(port):
+        while not ready(port):
             if process.poll() is not None:
                 raise BenchError(f"hark serve exited with status {process.returncode}")
             if time.monotonic() > deadline:
@@ -63,7 +63,8 @@ def local_server(
             process.wait()
 
 
-def _ready(port: int) -> bool:
+def ready(port: int) -> bool:
+    """Whether the server on this machine's ``port`` answers ``/readyz`` with 200."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as response:
             return bool(response.status == 200)

@@ -10,11 +10,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
+
+from hark import __version__
 
 # The key a server takes when it has none configured (any key is accepted then).
 DEFAULT_API_KEY = "local"
@@ -144,6 +147,20 @@ class ServerUrl:
 def api_key(option: str | None) -> str:
     """The key to send: ``--api-key``, else ``$OPENAI_API_KEY``, else ``local``."""
     return option or os.environ.get("OPENAI_API_KEY") or DEFAULT_API_KEY
+
+
+def report_head(
+    benchmark: str, started_at: float, duration_s: float, host: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The fields a bench's JSON report opens with: which bench, which hark, when, how long
+    and on what host (a dict of the bench's own)."""
+    return {
+        "benchmark": benchmark,
+        "hark_version": __version__,
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started_at)),
+        "duration_s": round(duration_s, 1),
+        "host": dict(host),
+    }
 
 
 def write_json(path: Path, report: Mapping[str, Any]) -> None:

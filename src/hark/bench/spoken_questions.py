@@ -101,7 +101,7 @@ async def spoken_questions(
     questions = []
     for text in texts:
         path = cache_path(directory, text, voice)
-        pcm = _read_wav(path) if path.exists() else None
+        pcm = read_wav(path) if path.exists() else None
         if pcm is None:
             if tts is None:
                 from hark.engines.tts.piper import PiperTts
@@ -130,7 +130,7 @@ async def _synthesize(tts: TtsEngine, text: str) -> npt.NDArray[np.int16]:
     return resample(np.concatenate(chunks), tts.sample_rate, RATE)
 
 
-def _read_wav(path: Path) -> npt.NDArray[np.int16] | None:
+def read_wav(path: Path) -> npt.NDArray[np.int16] | None:
     """The samples of a cached file; None when it is unreadable or not 24 kHz mono 16-bit."""
     try:
         with wave.open(str(path), "rb") as wav:

@@ -59,7 +59,13 @@ import numpy.typing as npt
 from hark.bench.command import Bench, Result
 from hark.bench.monologues import first_voiced_sample
 from hark.bench.report import BenchError, percentile
-from hark.bench.spoken_questions import RATE, default_cache_dir, last_voiced_sample, write_question
+from hark.bench.spoken_questions import (
+    RATE,
+    default_cache_dir,
+    last_voiced_sample,
+    read_wav,
+    write_question,
+)
 from hark.config.options import add_bench_arguments
 from hark.session.results import Recognised, TurnScored, VadScored
 
@@ -390,7 +396,7 @@ class Synthesiser:
         """``text`` said by ``voice`` at ``rate``, trimmed to its voiced samples."""
         key = f"{_CACHE_VERSION}\n{voice.engine}\n{voice.id}\n{rate:g}\n{text}"
         path = self.cache_dir / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.wav"
-        pcm = _read_wav(path)
+        pcm = read_wav(path)
         if pcm is None:
             if voice.engine == "piper":
                 pcm = await self._piper_say(text, voice, rate)
@@ -468,18 +474,6 @@ def _espeak_say(text: str, voice: Voice, rate: float) -> npt.NDArray[np.int16]:
     pcm = np.frombuffer(frames, dtype="<i2").astype(np.int16)
     resampled: npt.NDArray[np.int16] = resample(pcm, source_rate, RATE)
     return resampled
-
-
-def _read_wav(path: Path) -> npt.NDArray[np.int16] | None:
-    try:
-        with wave.open(str(path), "rb") as wav:
-            if (wav.getnchannels(), wav.getsampwidth(), wav.getframerate()) != (1, 2, RATE):
-                return None
-            frames = wav.readframes(wav.getnframes())
-    except (OSError, EOFError, wave.Error):
-        return None
-    pcm = np.frombuffer(frames, dtype="<i2").astype(np.int16)
-    return pcm if pcm.size else None
 
 
 def add_noise(pcm: npt.NDArray[np.int16], snr_db: float, seed: str) -> npt.NDArray[np.int16]:

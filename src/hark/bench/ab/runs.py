@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +26,7 @@ from hark.bench.ab.benches import (
     serve_arguments,
 )
 from hark.bench.ab.builds import Build, clean_environment
+from hark.bench.local_server import ready
 
 Side = Literal["A", "B"]
 READY_TIMEOUT_S = 300.0
@@ -112,14 +112,6 @@ def _pinned(cpu: int | None) -> Callable[[], None] | None:
         os.sched_setaffinity(0, {cpu})
 
     return pin
-
-
-def _ready(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
 
 
 def _tail(path: Path) -> str:
@@ -267,7 +259,7 @@ class Runner:
             )
             try:
                 deadline = time.monotonic() + READY_TIMEOUT_S
-                while not _ready(port):
+                while not ready(port):
                     if process.poll() is not None:
                         raise NotAvailable(
                             f"hark serve exited with status {process.returncode}: {_tail(log)}"
