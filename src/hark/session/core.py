@@ -39,6 +39,7 @@ from hark.protocol.session_config import (
     parse_session_config,
     session_config_to_dict,
 )
+from hark.session import results
 from hark.session.actions import Close, Denoise
 from hark.session.client_items import ClientItems
 from hark.session.conversation import Conversation
@@ -51,33 +52,7 @@ from hark.session.playout_state import PlayoutState
 from hark.session.rate_limits import RateLimits, RateWindow
 from hark.session.recognition import Recognition
 from hark.session.response_lifecycle import ResponseLifecycle, voice_name
-from hark.session.results import (
-    AudioGenerated,
-    Denoised,
-    DenoiseFailed,
-    GenerationFailed,
-    GenerationFinished,
-    McpCallDone,
-    McpCallFailed,
-    McpListFailed,
-    McpToolsListed,
-    PlayoutCleared,
-    PlayoutStarted,
-    PlayoutStopped,
-    Recognised,
-    Result,
-    TextGenerated,
-    ToolCallDelta,
-    ToolCallFinished,
-    ToolCallStarted,
-    TranscriptionDelta,
-    TranscriptionDone,
-    TranscriptionFailed,
-    TurnScored,
-    TurnScoreFailed,
-    VadMissed,
-    VadScored,
-)
+from hark.session.results import Result
 from hark.session.speculation import Speculation
 from hark.session.turn_taking import TurnTaking
 
@@ -470,7 +445,7 @@ class Session:
         if self._at(now):
             _ROUTES[type(result)](self, result)
 
-    def _recognised(self, result: Recognised) -> None:
+    def _recognised(self, result: results.Recognised) -> None:
         if self._turns.backchannel_heard(result.request_id, result.transcript):
             return
         paused = self._recognition.recognised(result.request_id, result.transcript)
@@ -478,18 +453,18 @@ class Session:
             self._turns.pause_recognised(*paused)
         self._turns.recognise_turn()
 
-    def _transcription_failed(self, result: TranscriptionFailed) -> None:
+    def _transcription_failed(self, result: results.TranscriptionFailed) -> None:
         if not self._turns.backchannel_failed(result.request_id):
             self._recognition.failed(result.request_id, result.message)
             self._turns.recognise_turn()
 
-    def _denoised(self, result: Denoised) -> None:
+    def _denoised(self, result: results.Denoised) -> None:
         """Into the buffer with the append, then the input that waited for it."""
         if self._held.finish(result.job_id) is not None:
             self._turns.append(result.pcm)
             self._replay()
 
-    def _denoise_failed(self, result: DenoiseFailed) -> None:
+    def _denoise_failed(self, result: results.DenoiseFailed) -> None:
         """The client is told, and its audio goes in as it was sent rather than be lost; the
         denoiser starts afresh."""
         pcm = self._held.finish(result.job_id)
@@ -507,12 +482,12 @@ class Session:
         self._turns.append(pcm)
         self._replay()
 
-    def _playout_stopped(self, result: PlayoutStopped) -> None:
+    def _playout_stopped(self, result: results.PlayoutStopped) -> None:
         if self._playout.stopped(result.response_id):
             # The user has heard the conversation's reply: the idle timeout runs from now.
             self._turns.arm_idle_timeout(0, self._now)
 
-    def _playout_cleared(self, result: PlayoutCleared) -> None:
+    def _playout_cleared(self, result: results.PlayoutCleared) -> None:
         """The item keeps only what was heard."""
         self._playout.cleared(result.response_id, result.played_ms)
         self._responses.audio_cleared(result.response_id)
@@ -520,36 +495,44 @@ class Session:
 
 # Where each result goes: one look-up per result, on the path of every audio chunk and delta.
 _ROUTES: dict[type[Result], Callable[[Session, Any], None]] = {
-    VadScored: lambda s, r: s._turns.on_vad(r.probability, r.epoch),
-    VadMissed: lambda s, r: s._turns.vad_missed(r.epoch, r.error),
-    TurnScored: lambda s, r: s._turns.on_turn_score(r.key, r.probability),
-    TurnScoreFailed: lambda s, r: s._turns.on_turn_score_failed(r.key),
-    TranscriptionDelta: lambda s, r: s._recognition.delta(r.request_id, r.delta),
-    TranscriptionDone: lambda s, r: s._recognition.done(
+    results.VadScored: lambda s, r: s._turns.on_vad(r.probability, r.epoch),
+    results.VadMissed: lambda s, r: s._turns.vad_missed(r.epoch, r.error),
+    results.TurnScored: lambda s, r: s._turns.on_turn_score(r.key, r.probability),
+    results.TurnScoreFailed: lambda s, r: s._turns.on_turn_score_failed(r.key),
+    results.TranscriptionDelta: lambda s, r: s._recognition.delta(r.request_id, r.delta),
+    results.TranscriptionDone: lambda s, r: s._recognition.done(
         r.request_id, r.transcript, r.audio_seconds, r.language
     ),
-    TranscriptionFailed: Session._transcription_failed,
-    Recognised: Session._recognised,
-    Denoised: Session._denoised,
-    DenoiseFailed: Session._denoise_failed,
-    TextGenerated: lambda s, r: s._responses.text(r.response_id, r.delta),
-    AudioGenerated: lambda s, r: s._responses.audio(r.response_id, r.pcm, r.transcript),
-    ToolCallStarted: lambda s, r: s._responses.tool_call_started(r.response_id, r.call_id, r.name),
-    ToolCallDelta: lambda s, r: s._responses.tool_call_delta(r.response_id, r.call_id, r.delta),
-    ToolCallFinished: lambda s, r: s._responses.tool_call_finished(
+    results.TranscriptionFailed: Session._transcription_failed,
+    results.Recognised: Session._recognised,
+    results.Denoised: Session._denoised,
+    results.DenoiseFailed: Session._denoise_failed,
+    results.TextGenerated: lambda s, r: s._responses.text(r.response_id, r.delta),
+    results.AudioGenerated: lambda s, r: s._responses.audio(r.response_id, r.pcm, r.transcript),
+    results.ToolCallStarted: lambda s, r: s._responses.tool_call_started(
+        r.response_id, r.call_id, r.name
+    ),
+    results.ToolCallDelta: lambda s, r: s._responses.tool_call_delta(
+        r.response_id, r.call_id, r.delta
+    ),
+    results.ToolCallFinished: lambda s, r: s._responses.tool_call_finished(
         r.response_id, r.call_id, r.arguments
     ),
-    GenerationFinished: lambda s, r: s._responses.finished(r.response_id, r.finished),
-    GenerationFailed: lambda s, r: s._responses.failed(
+    results.GenerationFinished: lambda s, r: s._responses.finished(r.response_id, r.finished),
+    results.GenerationFailed: lambda s, r: s._responses.failed(
         r.response_id, r.message, r.code, r.error_type
     ),
-    McpToolsListed: lambda s, r: s._mcp.listed(r.item_id, r.tools),
-    McpListFailed: lambda s, r: s._mcp.list_failed(r.item_id, r.error),
-    McpCallDone: lambda s, r: s._responses.mcp_call_done(r.response_id, r.item_id, output=r.output),
-    McpCallFailed: lambda s, r: s._responses.mcp_call_done(r.response_id, r.item_id, error=r.error),
-    PlayoutStarted: lambda s, r: s._playout.started(r.response_id),
-    PlayoutStopped: Session._playout_stopped,
-    PlayoutCleared: Session._playout_cleared,
+    results.McpToolsListed: lambda s, r: s._mcp.listed(r.item_id, r.tools),
+    results.McpListFailed: lambda s, r: s._mcp.list_failed(r.item_id, r.error),
+    results.McpCallDone: lambda s, r: s._responses.mcp_call_done(
+        r.response_id, r.item_id, output=r.output
+    ),
+    results.McpCallFailed: lambda s, r: s._responses.mcp_call_done(
+        r.response_id, r.item_id, error=r.error
+    ),
+    results.PlayoutStarted: lambda s, r: s._playout.started(r.response_id),
+    results.PlayoutStopped: Session._playout_stopped,
+    results.PlayoutCleared: Session._playout_cleared,
 }
 
 # What a transcription session refuses: it has no responses and no output, and its
