@@ -20,11 +20,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import aiohttp
-from aiortc import RTCConfiguration, RTCPeerConnection
 
 from hark.bench.command import Bench, Result, config_from
 from hark.bench.report import ServerUrl, api_key, percentiles
-from hark.bench.webrtc import CallClient
+from hark.bench.webrtc import CallClient, post_offer
 from hark.cluster.forwarding import WORKER_HEADER
 from hark.config.options import add_bench_arguments
 
@@ -70,14 +69,13 @@ async def _round_trips(
 
 
 async def _offer() -> str:
-    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    """An offer as the bench's WebRTC client makes it, never connected: it is posted once
+    per call of the hangup round trips."""
+    client = CallClient()
     try:
-        pc.addTransceiver("audio", direction="sendrecv")
-        pc.createDataChannel("oai-events")
-        await pc.setLocalDescription(await pc.createOffer())
-        return str(pc.localDescription.sdp)
+        return await client.offer()
     finally:
-        await pc.close()
+        await client.close()
 
 
 async def _hangups(
@@ -88,18 +86,11 @@ async def _hangups(
     headers = {"Authorization": f"Bearer {api_key}"}
     times: dict[str, list[float]] = {"direct": [], "via": []}
     for i in range(count):
-        async with http.post(
-            owner.http("/v1/realtime/calls"),
-            data=offer,
-            headers={
-                **headers,
-                "Content-Type": "application/sdp",
-                "X-Hark-Forwarded": "bench",
-            },
-        ) as response:
-            if response.status != 201:
-                raise RuntimeError(f"offer: {response.status} {await response.text()}")
-            call_id = response.headers["Location"].rsplit("/", 1)[-1]
+        # Kept on the owner: the hop measured is the hangup's, not the offer's.
+        answer = await post_offer(
+            http, owner.http(), api_key, offer, headers={"X-Hark-Forwarded": "bench"}
+        )
+        call_id = answer.location.rsplit("/", 1)[-1]
         side, server = ("direct", owner) if i % 2 else ("via", other)
         started = time.perf_counter()
         async with http.post(

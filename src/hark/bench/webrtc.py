@@ -151,7 +151,7 @@ class Answer:
     elapsed: float
 
 
-async def _post_offer(
+async def post_offer(
     http: aiohttp.ClientSession,
     url: str,
     api_key: str,
@@ -160,14 +160,15 @@ async def _post_offer(
     path: str = CALLS_PATH,
     model: str | None = None,
     session: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
 ) -> Answer:
     """POST ``offer`` as a browser does; ``BenchError`` unless the server answers 201.
 
     With ``session`` the offer goes as ``multipart/form-data`` (``sdp`` and ``session``),
-    otherwise as a raw ``application/sdp`` body.
+    otherwise as a raw ``application/sdp`` body; ``headers`` go with it.
     """
     params = {"model": model} if model else None
-    headers = {"Authorization": f"Bearer {api_key}"}
+    headers = {**(headers or {}), "Authorization": f"Bearer {api_key}"}
     body: aiohttp.FormData | str
     if session is None:
         body = offer
@@ -233,12 +234,11 @@ class CallClient:
         ``session``), otherwise as a raw ``application/sdp`` body. Raises ``BenchError``
         when the server does not answer 201.
         """
-        await self.pc.setLocalDescription(await self.pc.createOffer())
-        answer = await _post_offer(
+        answer = await post_offer(
             http,
             url,
             api_key,
-            self.pc.localDescription.sdp,
+            await self.offer(),
             path=path,
             model=model,
             session=session,
@@ -249,6 +249,11 @@ class CallClient:
         self.answer = answer.sdp
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=answer.sdp, type="answer"))
         return answer.elapsed
+
+    async def offer(self) -> str:
+        """The client's offer (its local description, set now), as a browser makes it."""
+        await self.pc.setLocalDescription(await self.pc.createOffer())
+        return str(self.pc.localDescription.sdp)
 
     def send(self, event: dict[str, Any]) -> None:
         """Send a client event on the data channel."""
@@ -488,7 +493,7 @@ class CheapCall:
     async def connect(self, http: aiohttp.ClientSession, url: str, api_key: str) -> None:
         """Offer, POST, apply the answer; ``BenchError`` when the server does not answer."""
         await self.pc.setLocalDescription(await self.pc.createOffer())
-        answer = await _post_offer(http, url, api_key, self.pc.localDescription.sdp)
+        answer = await post_offer(http, url, api_key, self.pc.localDescription.sdp)
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=answer.sdp, type="answer"))
 
     async def close(self) -> None:
