@@ -49,6 +49,7 @@ from hark.transports.call import END_FLUSH_TIMEOUT_S, MediaCall
 from hark.transports.echo import CallEcho
 from hark.transports.input_budget import InputBudget, InputGate
 from hark.transports.ticker import PlayoutTicker
+from hark.transports.webrtc.aiortc_internals import sctp_receive, set_sctp_receive
 from hark.transports.webrtc.candidates import CandidatePolicy
 from hark.transports.webrtc.ice import use_shared_port
 from hark.transports.webrtc.input_audio import InputAudio
@@ -266,13 +267,13 @@ class Call(MediaCall):
             deliver=_nothing_held,
             throttled=self.runner.metrics.input_throttled,
         )
-        receive = sctp._receive
+        receive = sctp_receive(sctp)
 
         async def receive_within_budget(stream_id: int, pp_id: int, data: bytes) -> None:
             await gate.wait()
             await receive(stream_id, pp_id, data)
 
-        setattr(sctp, "_receive", receive_within_budget)  # noqa: B010
+        set_sctp_receive(sctp, receive_within_budget)
         self._gate = gate
 
     def _on_message(self, message: str | bytes) -> None:

@@ -10,11 +10,10 @@ consent freshness, DTLS on top) is aioice's and aiortc's own code, unchanged. Th
 runs full ICE in the controlled role (aioice has no lite mode): it answers the client's
 checks and checks back, both through the shared socket; no STUN or TURN server is used.
 
-This relies on three details of aioice/aiortc, pinned by ``tests/transports/webrtc/test_ice.py``:
-``RTCIceGatherer._connection`` is the ``aioice.Connection``; gathering calls
-``Connection.get_component_candidates(component, addresses)`` once per component and
-``Connection._protocols`` holds the connection's ``StunProtocol`` objects (closed by
-``Connection.close``); ``Connection._local_username`` is the local ufrag.
+This relies on gathering calling ``Connection.get_component_candidates(component,
+addresses)`` once per component, and on private parts of aioice and aiortc reached through
+``hark.transports.webrtc.aiortc_internals`` (the ``aioice.Connection`` of an ICE transport,
+its STUN protocols, its local ufrag), where a test pins them.
 """
 
 from __future__ import annotations
@@ -24,6 +23,12 @@ from typing import TYPE_CHECKING
 from aioice import Candidate, Connection
 from aioice.candidate import candidate_foundation, candidate_priority
 from aioice.ice import StunProtocol, validate_username
+
+from hark.transports.webrtc.aiortc_internals import (
+    ice_connection,
+    set_local_username,
+    stun_protocols,
+)
 
 if TYPE_CHECKING:
     from aiortc import RTCIceTransport, RTCPeerConnection
@@ -61,7 +66,7 @@ class SharedPortConnection(Connection):
             port=port,
             type="host",
         )
-        self._protocols.append(protocol)
+        stun_protocols(self).append(protocol)
         return [protocol.local_candidate]
 
 
@@ -84,7 +89,7 @@ def use_shared_port(pc: RTCPeerConnection, mux: UdpMux) -> list[str]:
     """
     ufrags = []
     for transport in ice_transports(pc):
-        connection = transport.iceGatherer._connection
+        connection = ice_connection(transport)
         if isinstance(connection, SharedPortConnection):
             continue
         if type(connection) is not Connection or connection.local_candidates:
@@ -94,6 +99,6 @@ def use_shared_port(pc: RTCPeerConnection, mux: UdpMux) -> list[str]:
         connection.__class__ = SharedPortConnection
         assert isinstance(connection, SharedPortConnection)
         connection._hark_mux = mux
-        connection._local_username = ufrag
+        set_local_username(connection, ufrag)
         ufrags.append(ufrag)
     return ufrags

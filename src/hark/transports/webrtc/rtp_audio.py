@@ -19,15 +19,14 @@ session and written to the nominated ICE pair. aiortc's sender stays in place, i
 track gives nothing), sending its RTCP sender reports, whose counts are kept up to date;
 aiortc's receiver is never started (no decoder thread, no receiver reports).
 
-This relies on details of aiortc and aioice, pinned by
-``tests/transports/webrtc/test_webrtc_rtp_audio.py``: ``RTCDtlsTransport._rx_srtp``/``_tx_srtp``
-are the SRTP sessions; the ICE connection (see ``hark.transports.webrtc.ice``) holds its
-``StunProtocol`` objects in ``_protocols``, each with the ``MuxEndpoint`` as its
-``transport``, and its nominated pair for component 1 in ``_nominated``; the transceiver's
-negotiated ``_codecs`` and ``_headerExtensions``; the sender's ``_ssrc`` and the private
-counters its sender reports are made of (also checked as each call starts); the peer
-connection starts the receiver with ``receiver.receive`` after the "connected" state is
-announced. This module and ``ice`` are the only ones that reach into aiortc and aioice.
+This relies on private parts of aiortc and aioice, reached through
+``hark.transports.webrtc.aiortc_internals`` (where a test pins them): the DTLS transport's
+SRTP sessions; the ICE connection's ``StunProtocol`` objects, each with the ``MuxEndpoint``
+as its ``transport`` (see ``hark.transports.webrtc.ice``), and its nominated pair; the
+transceiver's negotiated codecs and header extensions; the sender's SSRC and the counters
+its sender reports are made of (also checked as each call starts). And on the peer
+connection starting the receiver with ``receiver.receive`` after the "connected" state is
+announced (``tests/transports/webrtc/test_webrtc_rtp_audio.py``).
 """
 
 from __future__ import annotations
@@ -42,6 +41,20 @@ import pylibsrtp
 from aiortc import clock
 
 from hark.transports.ticker import TICK_SECONDS, PlayoutTicker
+from hark.transports.webrtc.aiortc_internals import (
+    SENDER_NTP,
+    SENDER_OCTETS,
+    SENDER_PACKETS,
+    SENDER_RTP,
+    header_extensions,
+    ice_connection,
+    missing_report_counters,
+    negotiated_codecs,
+    nominated_pair,
+    sender_ssrc,
+    srtp_sessions,
+    stun_protocols,
+)
 from hark.transports.webrtc.input_audio import InputAudio
 from hark.transports.webrtc.playout import FRAME_SAMPLES, PlayoutTrack
 from hark.transports.webrtc.udp_mux import MuxEndpoint
@@ -62,13 +75,6 @@ _HEADER = struct.Struct("!BBHII")
 _CLOCK_EVERY = 50
 # A frame is sent on the tick nearest the time it is due.
 _DUE_WITHIN_S = TICK_SECONDS / 2
-# The private state of aiortc's RTCRtpSender its sender reports are made of, kept up to date
-# here; checked when a call starts, so that an aiortc that renamed them fails the call (and
-# the tests) instead of sending reports that silently count nothing.
-_SENDER_NTP = "_RTCRtpSender__ntp_timestamp"
-_SENDER_RTP = "_RTCRtpSender__rtp_timestamp"
-_SENDER_PACKETS = "_RTCRtpSender__packet_count"
-_SENDER_OCTETS = "_RTCRtpSender__octet_count"
 
 
 def is_rtp(datagram: bytes) -> bool:
@@ -149,18 +155,16 @@ class AudioSender:
         payload_type: int,
         extension: bytes,
     ) -> None:
-        missing = [
-            name
-            for name in (_SENDER_NTP, _SENDER_RTP, _SENDER_PACKETS, _SENDER_OCTETS)
-            if not hasattr(sender, name)
-        ]
+        # The sender's report counters are kept up to date here: an aiortc that renamed them
+        # fails the call (and the tests) instead of sending reports that count nothing.
+        missing = missing_report_counters(sender)
         if missing:
             raise RuntimeError(f"this aiortc's RTCRtpSender has no {', '.join(missing)}")
         self.track = track
         self._srtp = srtp
         self._ice = ice
         self._sender = sender
-        self._ssrc = sender._ssrc
+        self._ssrc = sender_ssrc(sender)
         self._payload_type = payload_type
         self._first = _VERSION | (_EXTENSION_FLAG if extension else 0)
         self._extension = extension
@@ -183,7 +187,7 @@ class AudioSender:
             self._first, self._payload_type, self._sequence, timestamp, self._ssrc
         )
         self._sequence = (self._sequence + 1) & 0xFFFF
-        pair = self._ice._nominated.get(1)
+        pair = nominated_pair(self._ice)
         if pair is None:
             return
         pair.protocol.transport.sendto(
@@ -196,10 +200,10 @@ class AudioSender:
         # to name the same instant, not the latest one.
         sender = self._sender
         if self.packets % _CLOCK_EVERY == 1:
-            setattr(sender, _SENDER_NTP, clock.current_ntp_time())
-            setattr(sender, _SENDER_RTP, timestamp)
-        setattr(sender, _SENDER_PACKETS, self.packets)
-        setattr(sender, _SENDER_OCTETS, self._octets)
+            setattr(sender, SENDER_NTP, clock.current_ntp_time())
+            setattr(sender, SENDER_RTP, timestamp)
+        setattr(sender, SENDER_PACKETS, self.packets)
+        setattr(sender, SENDER_OCTETS, self._octets)
 
 
 async def _not_receiving(parameters: RTCRtpReceiveParameters) -> None:
@@ -230,17 +234,17 @@ class AudioPath:
     ) -> AudioPath:
         """Take the audio of a connected call's ``transceiver`` over from aiortc."""
         dtls = transceiver.receiver.transport
-        rx, tx = dtls._rx_srtp, dtls._tx_srtp
+        rx, tx = srtp_sessions(dtls)
         if rx is None or tx is None:
             raise RuntimeError("the call's DTLS transport has no SRTP keys yet")
-        ice = dtls.transport.iceGatherer._connection
+        ice = ice_connection(dtls.transport)
         opus = [
             c.payloadType
-            for c in transceiver._codecs
+            for c in negotiated_codecs(transceiver)
             if c.mimeType.lower() == "audio/opus" and c.payloadType is not None
         ]
         extension = b""
-        for parameters in transceiver._headerExtensions:
+        for parameters in header_extensions(transceiver):
             if parameters.uri == MID_EXTENSION and transceiver.mid:
                 extension = mid_extension(parameters.id, transceiver.mid)
         track.drive()
@@ -249,7 +253,7 @@ class AudioPath:
         setattr(transceiver.receiver, "receive", _not_receiving)  # noqa: B010
         sender = AudioSender(track, tx, ice, transceiver.sender, opus[0], extension)
         receivers = []
-        for protocol in ice._protocols:
+        for protocol in stun_protocols(ice):
             endpoint = protocol.transport
             if isinstance(endpoint, MuxEndpoint):
                 receiver = AudioReceiver(protocol, rx, frozenset(opus), audio)
