@@ -41,7 +41,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import random
 import sys
 import time
@@ -60,6 +59,7 @@ from hark.bench.report import (
     ServerUrl,
     api_key,
     cpu_seconds,
+    host_figures,
     load_average,
     percentile,
     percentiles,
@@ -353,11 +353,7 @@ async def run_captions_bench(
         baseline_cores=baseline,
         started_at=started_at,
         duration_s=time.perf_counter() - started,
-        host={
-            "cpus": os.cpu_count(),
-            "load_1m_before": load_before,
-            "load_1m_after": load_average(),
-        },
+        host=host_figures(load_before),
     )
 
 

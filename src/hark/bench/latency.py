@@ -31,7 +31,6 @@ import base64
 import functools
 import json
 import logging
-import os
 import random
 import sys
 import time
@@ -47,6 +46,7 @@ from hark.bench.report import (
     BenchError,
     ServerUrl,
     api_key,
+    host_figures,
     load_average,
     percentile,
     report_head,
@@ -378,11 +378,7 @@ async def run_latency_bench(
         turns=turns,
         started_at=started_at,
         duration_s=time.perf_counter() - started,
-        host={
-            "cpus": os.cpu_count(),
-            "load_1m_before": load_before,
-            "load_1m_after": load_average(),
-        },
+        host=host_figures(load_before),
     )
 
 

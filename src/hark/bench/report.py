@@ -149,6 +149,12 @@ def api_key(option: str | None) -> str:
     return option or os.environ.get("OPENAI_API_KEY") or DEFAULT_API_KEY
 
 
+def host_figures(load_before: float | None) -> dict[str, Any]:
+    """This machine as a report describes it: its CPUs, and its load average before the run
+    (``load_before``, from ``load_average``) and now."""
+    return {"cpus": os.cpu_count(), "load_1m_before": load_before, "load_1m_after": load_average()}
+
+
 def report_head(
     benchmark: str, started_at: float, duration_s: float, host: Mapping[str, Any]
 ) -> dict[str, Any]:
