@@ -329,8 +329,10 @@ def _policed_transport(backend: _PolicedBackend) -> httpx2.AsyncHTTPTransport:
     """An httpx transport whose every connection goes through ``backend``. A client given a
     transport uses no proxy of the environment, which would connect past the check."""
     transport = httpx2.AsyncHTTPTransport()
-    # httpx takes no network backend, httpcore's pool does: the pool httpx made is replaced
-    # by the same pool on the policed backend (httpx2 and httpcore2 are pinned in uv.lock).
+    # httpx takes no network backend, httpcore's pool does: the pool httpx made (its private
+    # _pool, hark's only reach into httpx) is replaced by the same pool on the policed
+    # backend. httpx2 and httpcore2 are pinned in uv.lock, and the refusals of
+    # tests/e2e/test_mcp_tools.py fail if a version stops sending through this pool.
     transport._pool = httpcore2.AsyncConnectionPool(
         ssl_context=httpx2.create_ssl_context(), network_backend=backend
     )

@@ -135,7 +135,8 @@ class RealtimeWebSocket(web.WebSocketResponse):
     def _post_start(self, request: BaseRequest, protocol: str | None, writer: Any) -> None:
         # aiohttp's own _post_start (3.14), with a _TextQueue for its queue: the parser can
         # be set only once, so this cannot wrap it. tests/server/test_websocket.py fails if
-        # text stops reaching sessions this way.
+        # text stops reaching sessions this way, and test_websocket_aiohttp_internals.py if
+        # aiohttp's changes. This module is the only one that reaches into aiohttp.
         self._ws_protocol = protocol
         self._writer = writer
         self._transport = writer.transport
