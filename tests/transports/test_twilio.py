@@ -207,6 +207,19 @@ async def sideband(
         yield ws
 
 
+@contextlib.asynccontextmanager
+async def on_the_phone(
+    http: aiohttp.ClientSession, server: RunningServer, **stream: Any
+) -> AsyncIterator[tuple[TwilioPeer, aiohttp.ClientWebSocketResponse]]:
+    """A stream (``twilio_call(**stream)``) answered, and its sideband past
+    ``session.created``."""
+    async with twilio_call(http, server, **stream) as peer:
+        call_id = await answered_call(server)
+        async with sideband(http, server, call_id) as events:
+            await next_event(events, "session.created")
+            yield peer, events
+
+
 async def next_event(ws: aiohttp.ClientWebSocketResponse, kind: str) -> dict[str, Any]:
     """The next event of type ``kind``."""
     while True:
@@ -215,6 +228,22 @@ async def next_event(ws: aiohttp.ClientWebSocketResponse, kind: str) -> dict[str
         event = json.loads(message.data)
         if event["type"] == kind:
             return event
+
+
+async def call_action(
+    http: aiohttp.ClientSession,
+    server: RunningServer,
+    call_id: str,
+    action: str,
+    body: dict[str, Any] | None = None,
+) -> tuple[int, dict[str, Any]]:
+    """``POST /v1/realtime/calls/{call_id}/{action}`` with the API key: status and body."""
+    async with http.post(
+        f"{server.url}/v1/realtime/calls/{call_id}/{action}",
+        json=body,
+        headers={"Authorization": f"Bearer {API_KEY}"},
+    ) as response:
+        return response.status, await response.json() if response.status != 200 else {}
 
 
 async def answered_call(server: RunningServer) -> str:
@@ -391,19 +420,16 @@ async def incoming(
 async def test_dtmf_reaches_the_session(served: Served) -> None:
     """A keypad press becomes ``input_audio_buffer.dtmf_event_received``."""
     server = await served()
-    async with aiohttp.ClientSession() as http, twilio_call(http, server) as peer:
-        call_id = await answered_call(server)
-        async with sideband(http, server, call_id) as events:
-            await next_event(events, "session.created")
-            await peer.send(
-                {
-                    "event": "dtmf",
-                    "sequenceNumber": "5",
-                    "dtmf": {"track": "inbound_track", "digit": "7"},
-                }
-            )
-            event = await next_event(events, "input_audio_buffer.dtmf_event_received")
-            assert event["event"] == "7"
+    async with aiohttp.ClientSession() as http, on_the_phone(http, server) as (peer, events):
+        await peer.send(
+            {
+                "event": "dtmf",
+                "sequenceNumber": "5",
+                "dtmf": {"track": "inbound_track", "digit": "7"},
+            }
+        )
+        event = await next_event(events, "input_audio_buffer.dtmf_event_received")
+        assert event["event"] == "7"
 
 
 async def test_hangup_through_the_api_closes_the_stream(served: Served) -> None:
@@ -411,24 +437,12 @@ async def test_hangup_through_the_api_closes_the_stream(served: Served) -> None:
     server = await served()
     async with aiohttp.ClientSession() as http, twilio_call(http, server) as peer:
         call_id = await answered_call(server)
-        auth = {"Authorization": f"Bearer {API_KEY}"}
-        async with http.post(
-            f"{server.url}/v1/realtime/calls/{call_id}/refer",
-            json={"target_uri": "tel:+14155550123"},
-            headers=auth,
-        ) as response:
-            assert response.status == 400
-            assert (await response.json())["error"]["code"] == "invalid_call_type"
-        async with http.post(
-            f"{server.url}/v1/realtime/calls/{call_id}/accept",
-            json={"type": "realtime"},
-            headers=auth,
-        ) as response:
-            assert response.status == 409
-        async with http.post(
-            f"{server.url}/v1/realtime/calls/{call_id}/hangup", headers=auth
-        ) as response:
-            assert response.status == 200
+        refer = {"target_uri": "tel:+14155550123"}
+        status, body = await call_action(http, server, call_id, "refer", refer)
+        assert (status, body["error"]["code"]) == (400, "invalid_call_type")
+        status, body = await call_action(http, server, call_id, "accept", {"type": "realtime"})
+        assert (status, body["error"]["code"]) == (409, "invalid_call_state")
+        assert (await call_action(http, server, call_id, "hangup"))[0] == 200
         await until(lambda: peer.ws.closed)
         assert len(streams_of(server)) == 0
 
@@ -482,19 +496,14 @@ async def test_a_question_gets_a_spoken_reply_played_out_by_marks(served: Served
     """The caller's question gets the reply as media with marks; the response counts as
     played out (``output_audio_buffer.stopped``) once the peer has played it all."""
     server = await served()
-    async with aiohttp.ClientSession() as http, twilio_call(http, server) as peer:
-        call_id = await answered_call(server)
-        async with sideband(http, server, call_id) as events:
-            await next_event(events, "session.created")
-            await peer.silence(0.3)
-            await peer.speak(spoken(QUESTION, RATE))
-            speaking = asyncio.create_task(peer.silence(8))
-            try:
-                done = await next_event(events, "response.done")
-                assert done["response"]["status"] == "completed"
-                await next_event(events, "output_audio_buffer.stopped")
-            finally:
-                speaking.cancel()
+    async with aiohttp.ClientSession() as http, on_the_phone(http, server) as (peer, events):
+        speaking = asyncio.create_task(peer.say(await speech(QUESTION, RATE)))
+        try:
+            done = await next_event(events, "response.done")
+            assert done["response"]["status"] == "completed"
+            await next_event(events, "output_audio_buffer.stopped")
+        finally:
+            speaking.cancel()
         # Stopped only once the audio had played: all of it, marks and all.
         assert peer.received_samples > 0
         assert peer.played_ms * RATE // 1000 >= peer.received_samples - FRAME
@@ -507,22 +516,17 @@ async def test_barge_in_clears_and_truncates_to_what_was_heard(served: Served) -
     """Speaking over a long reply: the server sends ``clear``, and the item is truncated to
     what the marks say was heard: no more than the peer had played, less than was sent."""
     server = await served(FakeLlm(LONG_REPLY))
-    async with aiohttp.ClientSession() as http, twilio_call(http, server) as peer:
-        call_id = await answered_call(server)
-        async with sideband(http, server, call_id) as events:
-            await next_event(events, "session.created")
-            await peer.silence(0.3)
-            await peer.speak(spoken(QUESTION, RATE))
-            speaking = asyncio.create_task(peer.silence(60))
-            try:
-                await next_event(events, "output_audio_buffer.started")
-                await until(lambda: peer.played_ms >= 1000)
-                speaking.cancel()
-                await peer.speak(spoken(QUESTION, RATE))
-                truncated = await next_event(events, "conversation.item.truncated")
-                await next_event(events, "output_audio_buffer.cleared")
-            finally:
-                speaking.cancel()
+    async with aiohttp.ClientSession() as http, on_the_phone(http, server) as (peer, events):
+        speaking = asyncio.create_task(peer.say(await speech(QUESTION, RATE)))
+        try:
+            await next_event(events, "output_audio_buffer.started")
+            await until(lambda: peer.played_ms >= 1000)
+            speaking.cancel()
+            speaking = asyncio.create_task(peer.say(spoken(QUESTION, RATE)))
+            truncated = await next_event(events, "conversation.item.truncated")
+            await next_event(events, "output_audio_buffer.cleared")
+        finally:
+            speaking.cancel()
         assert peer.cleared >= 1
         heard = truncated["audio_end_ms"]
         assert 0 < heard <= peer.heard_at_clear[0]
@@ -541,43 +545,40 @@ async def test_the_embedded_models_answer_a_caller_and_yield_to_a_barge_in(
     then a caller who speaks over a long answer gets a ``clear`` and the item truncated to
     what had been heard."""
     server = await served(engines="embedded")
-    async with aiohttp.ClientSession() as http, twilio_call(http, server) as peer:
-        call_id = await answered_call(server)
-        async with sideband(http, server, call_id) as events:
-            await next_event(events, "session.created")
-            session = {
-                "type": "realtime",
-                "audio": {"input": {"transcription": {"model": "whisper-1"}}},
-            }
-            await events.send_str(json.dumps({"type": "session.update", "session": session}))
-            await next_event(events, "session.updated")
-            speaking = asyncio.create_task(peer.say(await speech(QUESTION, RATE)))
-            try:
-                transcript = await next_event(events, "response.output_audio_transcript.done")
-                await next_event(events, "output_audio_buffer.stopped")
-            finally:
-                speaking.cancel()
-            reply = np.concatenate(peer.played)
-            recognised = await transcribe(reply, RATE)
-            expected = set(words(transcript["transcript"]))
-            assert len(set(words(recognised)) & expected) >= max(1, len(expected) // 2), (
-                recognised,
-                transcript["transcript"],
-            )
+    async with aiohttp.ClientSession() as http, on_the_phone(http, server) as (peer, events):
+        session = {
+            "type": "realtime",
+            "audio": {"input": {"transcription": {"model": "whisper-1"}}},
+        }
+        await events.send_str(json.dumps({"type": "session.update", "session": session}))
+        await next_event(events, "session.updated")
+        speaking = asyncio.create_task(peer.say(await speech(QUESTION, RATE)))
+        try:
+            transcript = await next_event(events, "response.output_audio_transcript.done")
+            await next_event(events, "output_audio_buffer.stopped")
+        finally:
+            speaking.cancel()
+        reply = np.concatenate(peer.played)
+        recognised = await transcribe(reply, RATE)
+        expected = set(words(transcript["transcript"]))
+        assert len(set(words(recognised)) & expected) >= max(1, len(expected) // 2), (
+            recognised,
+            transcript["transcript"],
+        )
 
-            long_answers = "Answer every question at length, in at least six full sentences."
-            update = {"type": "realtime", "instructions": long_answers}
-            await events.send_str(json.dumps({"type": "session.update", "session": update}))
-            await next_event(events, "session.updated")
-            played_before = peer.played_ms
-            speaking = asyncio.create_task(peer.say(await speech(LONG_QUESTION, RATE)))
-            try:
-                await next_event(events, "output_audio_buffer.started")
-                await until(lambda: peer.played_ms >= played_before + 1500)
-                speaking.cancel()
-                speaking = asyncio.create_task(peer.say(await speech(INTERRUPTION, RATE)))
-                truncated = await next_event(events, "conversation.item.truncated")
-            finally:
-                speaking.cancel()
+        long_answers = "Answer every question at length, in at least six full sentences."
+        update = {"type": "realtime", "instructions": long_answers}
+        await events.send_str(json.dumps({"type": "session.update", "session": update}))
+        await next_event(events, "session.updated")
+        played_before = peer.played_ms
+        speaking = asyncio.create_task(peer.say(await speech(LONG_QUESTION, RATE)))
+        try:
+            await next_event(events, "output_audio_buffer.started")
+            await until(lambda: peer.played_ms >= played_before + 1500)
+            speaking.cancel()
+            speaking = asyncio.create_task(peer.say(await speech(INTERRUPTION, RATE)))
+            truncated = await next_event(events, "conversation.item.truncated")
+        finally:
+            speaking.cancel()
         assert peer.cleared >= 1
         assert 0 < truncated["audio_end_ms"] <= peer.heard_at_clear[-1] - played_before

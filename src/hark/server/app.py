@@ -76,7 +76,7 @@ from hark.server.state import (
 )
 from hark.server.webhooks import WebhookSender, incoming_call_event
 from hark.tools import egress
-from hark.transports.call import CallHooks, CallHost, CallRegistry, MediaCall
+from hark.transports.call import Announce, CallHooks, CallHost, CallRegistry, MediaCall
 from hark.transports.sip.service import SipService
 from hark.transports.sip.transaction import Timers
 from hark.transports.twilio import TwilioStreams
@@ -180,11 +180,13 @@ def create_app(
     )
     # The call transports: each is registered here once, and the server loops over them.
     registries: list[CallRegistry] = [app[CALLS]]
+    webhook = _call_webhook(settings)
+    announce = _announcer(webhook) if webhook is not None else None
     if settings.sip:
-        app[SIP] = _sip_service(app, settings)
+        app[SIP] = _sip_service(app, settings, announce)
         registries.append(app[SIP])
     if settings.twilio_auth_token:
-        registries.append(_twilio_streams(app, settings))
+        registries.append(_twilio_streams(app, settings, announce))
     for registry in registries:
         registry.on_closed = lambda call: _call_ended(app, call)
         app.add_routes(_checked_by_itself(route) for route in registry.routes())
@@ -220,6 +222,9 @@ def create_app(
     app.on_shutdown.append(_close_websockets)
     app.on_cleanup.append(_stop_warmup)
     app.on_cleanup.append(_stop_calls)
+    if webhook is not None:
+        # After the calls: a delivery still under way is given up only now.
+        app.on_cleanup.append(lambda app: webhook.aclose())
     return app
 
 
@@ -256,29 +261,36 @@ def _checked_by_itself(route: web.RouteDef) -> web.RouteDef:
     return web.route(route.method, route.path, requires(PUBLIC)(handle), **route.kwargs)
 
 
-def _twilio_streams(app: web.Application, settings: Settings) -> TwilioStreams:
+def _call_webhook(settings: Settings) -> WebhookSender | None:
+    """The sender of the call webhook, where one is configured."""
+    if settings.sip_webhook_url and settings.sip_webhook_secret:
+        return WebhookSender(settings.sip_webhook_url, settings.sip_webhook_secret)
+    return None
+
+
+def _announcer(webhook: WebhookSender) -> Announce:
+    """How a call that rings raises ``realtime.call.incoming`` through ``webhook``."""
+
+    async def announce(call_id: str, headers: list[tuple[str, str]], security: str | None) -> bool:
+        event = incoming_call_event(
+            webhook.new_event_id(),
+            call_id,
+            headers,
+            created_at=int(time.time()),
+            media_security=security,
+        )
+        delivery = webhook.send(event)
+        return delivery is not None and (await delivery).delivered
+
+    return announce
+
+
+def _twilio_streams(
+    app: web.Application, settings: Settings, announce: Announce | None
+) -> TwilioStreams:
     """The Twilio stream endpoint of ``settings``: its calls ring like SIP's, with the same
     webhook, default session and accept timeout."""
     assert settings.twilio_auth_token is not None
-    announce = None
-    if settings.sip_webhook_url and settings.sip_webhook_secret:
-        webhook = WebhookSender(settings.sip_webhook_url, settings.sip_webhook_secret)
-
-        async def announce(call_id: str, headers: list[tuple[str, str]]) -> bool:
-            event = incoming_call_event(
-                webhook.new_event_id(),
-                call_id,
-                headers,
-                created_at=int(time.time()),
-                media_security=None,
-            )
-            delivery = webhook.send(event)
-            return delivery is not None and (await delivery).delivered
-
-        async def close_webhook(app: web.Application) -> None:
-            await webhook.aclose()
-
-        app.on_cleanup.append(close_webhook)
     return TwilioStreams(
         app[CALL_HOST],
         _call_hooks(app),
@@ -291,14 +303,12 @@ def _twilio_streams(app: web.Application, settings: Settings) -> TwilioStreams:
     )
 
 
-def _sip_service(app: web.Application, settings: Settings) -> SipService:
-    """The SIP service of ``settings`` (started with the app)."""
+def _sip_service(app: web.Application, settings: Settings, announce: Announce | None) -> SipService:
+    """The SIP service of ``settings`` (started with the app); its calls raise the call
+    webhook through ``announce``."""
     host = settings.sip_host or settings.host
     state = app[STATE]
     hooks = _call_hooks(app)
-    webhook = None
-    if settings.sip_webhook_url and settings.sip_webhook_secret:
-        webhook = WebhookSender(settings.sip_webhook_url, settings.sip_webhook_secret)
     session = _call_session(settings)
     tls_port, ssl_context = settings.sip_tls_port, None
     if tls_port is not None and settings.sip_tls_cert and settings.sip_tls_key:
@@ -335,7 +345,7 @@ def _sip_service(app: web.Application, settings: Settings) -> SipService:
         ssl_context=ssl_context,
         model=REALTIME_MODEL,
         rtp_ports=range(ports[0], ports[1] + 1) if ports is not None else None,
-        webhook=webhook,
+        announce=announce,
         default_session=session,
         accept_timeout_s=settings.sip_accept_timeout,
         timers=Timers(t1=settings.sip_t1_ms / 1000),

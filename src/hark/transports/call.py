@@ -27,15 +27,17 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
 from aiohttp import WSCloseCode, web
 
 from hark.driver.runner import AudioPlayer, SessionRunner
 from hark.engines.registry import Engines
 from hark.observability.metrics import Metrics
+from hark.protocol.errors import ProtocolError
 from hark.protocol.limits import SESSION_LIMIT_S
 from hark.protocol.session_config import SessionConfig
+from hark.session.ids import IdGenerator
 from hark.transports.beta import Dialect
 from hark.transports.sideband import Sidebands
 
@@ -47,6 +49,12 @@ END_FLUSH_TIMEOUT_S = 1.0
 # Events held until the first sideband attaches, for a call with no event channel of its
 # own (a phone); beyond that the oldest are dropped.
 MAX_HELD_EVENTS = 1000
+# Why a ringing call is declined, as SIP final statuses (the API's reject speaks SIP's too):
+# nobody accepted it in time, or its webhook went nowhere; the worker cannot take it
+# (draining, full, engines failed); its owner's session limit is reached.
+NOT_ACCEPTED_STATUS = 480
+UNAVAILABLE_STATUS = 503
+BUSY_STATUS = 486
 
 # A call that rings waits ``pending`` for the API's accept or reject; every call is
 # ``accepted`` once it has a session, and ``ended`` once it closed.
@@ -84,6 +92,12 @@ class CallHost:
             on_usage=on_usage,
             max_duration_s=self.session_limit_s,
         )
+
+
+# Raises the call webhook's ``realtime.call.incoming`` for a call that rings: its id, the
+# headers the event lists, its media security (``rtp``, ``srtp``; None: not said); whether
+# the webhook was delivered.
+Announce = Callable[[str, list[tuple[str, str]], str | None], Awaitable[bool]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +157,8 @@ class MediaCall:
         self.owner = owner
         self.runner = None
         self.state: CallState = "accepted"
+        # Set once a call that rang no longer does (answered, declined or ended).
+        self.settled = asyncio.Event()
         self.admitted = False
         # Which of its registry's calls this is, in the order they were opened (1, 2, …).
         self.opened_as = 0
@@ -202,6 +218,8 @@ class MediaCall:
             logger.exception("call %s: error while closing", self.id)
         finally:
             self._released()
+            self.state = "ended"
+            self.settled.set()
             self._sidebands.end()
             self.closed.set()
             if self._on_closed is not None:
@@ -337,3 +355,155 @@ class CallRegistry(Protocol):
     def __len__(self) -> int: ...
 
     def __iter__(self) -> Iterator[MediaCall]: ...
+
+
+_Call = TypeVar("_Call", bound=MediaCall)
+
+
+class RingingCalls(Generic[_Call]):
+    """What the registries of calls that ring (SIP, Twilio) share: their calls by id, and
+    each call's way from ringing to answered or declined.
+
+    A new call is handed to ``_add``: the cluster learns it; with the call webhook
+    (``_announce`` gives its delivery) it waits for the API's accept or reject, and is
+    declined if its webhook went nowhere or nobody answered within ``accept_timeout_s`` of
+    the ring; without one it is answered at once with ``_session_of(call)``, once the
+    engines are up and its session admitted. ``host`` makes the sessions (``model`` where
+    their config names none, ``default_session`` where a call is given none).
+    """
+
+    # The transport, as the registry's ``name`` and its sessions' metrics label say it.
+    name: str
+
+    def __init__(
+        self,
+        host: CallHost,
+        hooks: CallHooks,
+        *,
+        model: str,
+        default_session: SessionConfig | None,
+        accept_timeout_s: float,
+    ) -> None:
+        self.host = host
+        self.hooks = hooks
+        self.model = model
+        self.default_session = default_session
+        self.accept_timeout_s = accept_timeout_s
+        # Told of every call that ended (the cluster forgets it, the limits release it).
+        self.on_closed: Callable[[MediaCall], None] | None = None
+        self._calls: dict[str, _Call] = {}
+        self._ids = IdGenerator()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def get(self, call_id: str) -> _Call | None:
+        """The live call with this id, if any."""
+        return self._calls.get(call_id)
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    def __iter__(self) -> Iterator[_Call]:
+        return iter(list(self._calls.values()))
+
+    async def close_all(self, reason: str = "server shutdown") -> None:
+        """End every call (those still ringing are declined)."""
+        await asyncio.gather(
+            *(call.close(reason) for call in list(self._calls.values())), return_exceptions=True
+        )
+
+    async def _stop_calls(self) -> None:
+        """End every call and what waits on one."""
+        await self.close_all()
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _add(self, call: _Call) -> None:
+        """Keep the new ringing ``call`` and set it on its way."""
+        self._calls[call.id] = call
+        self._spawn(self._ring(call), f"{call.id} route")
+
+    def _runner_for(
+        self, player: AudioPlayer, config: SessionConfig | None, owner: str
+    ) -> SessionRunner:
+        """The session of an accepted call: ``config`` (the default session when None) for
+        ``owner``, its reply played by ``player``."""
+        config = config if config is not None else self.default_session
+        return self.host.runner(
+            transport=self.name,
+            model=(config.model if config is not None else None) or self.model,
+            config=config,
+            player=player,
+            on_usage=self.hooks.usage(owner),
+        )
+
+    def _announce(self, call: _Call) -> Awaitable[bool] | None:
+        """Raise the call webhook for ``call``: whether it was delivered (None: no webhook)."""
+        return None
+
+    def _session_of(self, call: _Call) -> SessionConfig | None:
+        """The session of a call answered at once (None: the transport's default); raises
+        ``ProtocolError`` for a call that asks for one that cannot be."""
+        return None
+
+    async def _ring(self, call: _Call) -> None:
+        await self.hooks.register(call.id, call.owner)
+        announced = self._announce(call)
+        if announced is None:
+            await self._answer_at_once(call)
+            return
+        delivery = asyncio.ensure_future(announced)
+        settled = asyncio.create_task(call.settled.wait())
+        # The timeout runs from the ring, not from the delivery: retries of a webhook that
+        # fails (backoff, and up to a minute for a receiver that hangs) must not keep the
+        # phone ringing past it. The delivery goes on; a late accept finds the call gone.
+        try:
+            async with asyncio.timeout(self.accept_timeout_s):
+                await asyncio.wait({delivery, settled}, return_when=asyncio.FIRST_COMPLETED)
+                if delivery.done() and not delivery.result():
+                    self._decline(call, "its webhook could not be delivered")
+                    return
+                await settled
+        except TimeoutError:
+            pass
+        finally:
+            settled.cancel()
+        self._decline(call, f"not accepted within {self.accept_timeout_s:g} s")
+
+    async def _answer_at_once(self, call: _Call) -> None:
+        try:
+            config = self._session_of(call)
+        except ProtocolError as exc:
+            self._decline(call, f"it asks for a session that cannot be: {exc}")
+            return
+        if not await self.hooks.ready():
+            self._decline(call, "the engines failed to load", UNAVAILABLE_STATUS)
+            return
+        if not await self.hooks.admit(call.owner):
+            self._decline(call, "the session limit is reached", BUSY_STATUS)
+            return
+        call.admitted = True
+        try:
+            await call.accept(config, call.owner)
+            await self.hooks.register(call.id, call.owner)
+        except Exception as exc:
+            logger.warning("call %s could not be answered: %s", call.id, exc)
+
+    def _decline(self, call: _Call, why: str, status: int = NOT_ACCEPTED_STATUS) -> None:
+        """Reject ``call`` with ``status`` if it still rings."""
+        if call.state != "pending" or call.closed.is_set():
+            return
+        logger.info("call %s rejected (%d): %s", call.id, status, why)
+        call.reject(status)
+
+    def _forget(self, call: _Call) -> None:
+        if self._calls.get(call.id) is call:
+            del self._calls[call.id]
+            if self.on_closed is not None:
+                self.on_closed(call)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)

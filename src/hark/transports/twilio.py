@@ -37,13 +37,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import dataclasses
 import hashlib
 import hmac
 import json
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -53,10 +53,16 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from hark.audio.codecs.g711 import ulaw_decode, ulaw_encode
 from hark.audio.resample import StreamResampler
 from hark.driver.runner import SessionRunner
-from hark.protocol.errors import ProtocolError
 from hark.protocol.session_config import SessionConfig, parse_session_config
-from hark.session.ids import IdGenerator
-from hark.transports.call import CALL_ID_PREFIX, CallHooks, CallHost, CallStateError, MediaCall
+from hark.transports.call import (
+    CALL_ID_PREFIX,
+    Announce,
+    CallHooks,
+    CallHost,
+    CallStateError,
+    MediaCall,
+    RingingCalls,
+)
 from hark.transports.playout import Playout, PlayoutListener
 from hark.transports.ticker import PlayoutTicker
 
@@ -88,9 +94,6 @@ _DIGITS = frozenset("0123456789*#ABCD")
 # The session of an accepted call, from the accepted config (None: the default) for the
 # accepting owner, played by the call's media.
 RunnerFor = Callable[["TwilioMedia", SessionConfig | None, str], SessionRunner]
-# Raises ``realtime.call.incoming`` for a call (its id, the headers the event lists);
-# whether the webhook was delivered.
-Announce = Callable[[str, list[tuple[str, str]]], Awaitable[bool]]
 
 
 def signature(auth_token: str, url: str) -> str:
@@ -108,7 +111,7 @@ class StreamError(Exception):
         self.code = code
 
 
-@dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class StreamStart:
     """What a ``start`` message says: Twilio's ids and the ``<Parameter>`` values."""
 
@@ -356,8 +359,6 @@ class TwilioCall(MediaCall):
         super().__init__(call_id, "", on_closed=on_closed, hold_for_sideband=True)
         self.state = "pending"
         self.stream = stream
-        # Set once the call is no longer pending (accepted, rejected or ended).
-        self.settled = asyncio.Event()
         self.media = TwilioMedia(self._send, ticker)
         self._ws = ws
         self._runner_for = runner_for
@@ -463,10 +464,6 @@ class TwilioCall(MediaCall):
         self._outbox.clear()
         await self._ws.close()
 
-    def _released(self) -> None:
-        self.state = "ended"
-        self.settled.set()
-
     def _public_state(self) -> str:
         return "ended" if self._closing else self.state
 
@@ -481,7 +478,7 @@ def _json(text: str) -> dict[str, Any]:
     return message
 
 
-class TwilioStreams:
+class TwilioStreams(RingingCalls[TwilioCall]):
     """The Twilio streams of one worker, at ``STREAM_PATH``, signed with ``auth_token``.
 
     ``public_url``: the scheme and host Twilio reaches the server at (``wss://host``; None:
@@ -505,20 +502,18 @@ class TwilioStreams:
         accept_timeout_s: float = DEFAULT_ACCEPT_TIMEOUT_S,
         max_calls: int = DEFAULT_MAX_CALLS,
     ) -> None:
-        self.host = host
-        self.hooks = hooks
-        self.model = model
+        super().__init__(
+            host,
+            hooks,
+            model=model,
+            default_session=default_session,
+            accept_timeout_s=accept_timeout_s,
+        )
         self.public_url = public_url.rstrip("/") if public_url else None
         self.announce = announce
-        self.default_session = default_session
-        self.accept_timeout_s = accept_timeout_s
         self.max_calls = max_calls
-        self.on_closed: Callable[[MediaCall], None] | None = None
         self.ticker = PlayoutTicker()
         self._auth_token = auth_token
-        self._calls: dict[str, TwilioCall] = {}
-        self._ids = IdGenerator()
-        self._tasks: set[asyncio.Task[None]] = set()
 
     def __repr__(self) -> str:
         # Never the auth token.
@@ -544,27 +539,7 @@ class TwilioStreams:
 
     async def stop(self) -> None:
         """End every stream and what was waiting on one."""
-        await self.close_all()
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def close_all(self, reason: str = "server shutdown") -> None:
-        """End every call (its stream closes)."""
-        await asyncio.gather(
-            *(call.close(reason) for call in list(self._calls.values())), return_exceptions=True
-        )
-
-    def get(self, call_id: str) -> TwilioCall | None:
-        """The live call with this id, if any."""
-        return self._calls.get(call_id)
-
-    def __len__(self) -> int:
-        return len(self._calls)
-
-    def __iter__(self) -> Iterator[TwilioCall]:
-        return iter(list(self._calls.values()))
+        await self._stop_calls()
 
     def routes(self) -> list[web.RouteDef]:
         """The stream endpoint Twilio's ``<Stream url>`` names."""
@@ -600,6 +575,8 @@ class TwilioStreams:
             return ws
         if stream is None:
             return ws
+        # Settings may come in the URL too (signed with it), for clients other than Twilio.
+        stream = dataclasses.replace(stream, parameters=dict(request.query) | stream.parameters)
         call = TwilioCall(
             self._ids.new(CALL_ID_PREFIX),
             ws,
@@ -608,9 +585,8 @@ class TwilioStreams:
             self.ticker,
             on_closed=self._forget,
         )
-        self._calls[call.id] = call
-        self._spawn(self._route(call, dict(request.query) | stream.parameters), f"{call.id} route")
         logger.info("call %s rings (Twilio call %s)", call.id, stream.call_sid)
+        self._add(call)
         reason = "stream closed"
         try:
             reason = await call.serve()
@@ -618,80 +594,18 @@ class TwilioStreams:
             await call.close(call.close_reason or reason)
         return ws
 
-    def _runner_for(
-        self, media: TwilioMedia, config: SessionConfig | None, owner: str
-    ) -> SessionRunner:
-        config = config if config is not None else self.default_session
-        return self.host.runner(
-            transport="twilio",
-            model=(config.model if config is not None else None) or self.model,
-            config=config,
-            player=media,
-            on_usage=self.hooks.usage(owner),
-        )
-
-    async def _route(self, call: TwilioCall, parameters: dict[str, str]) -> None:
-        """Raise the webhook, or answer at once; reject what nobody accepts in time."""
-        await self.hooks.register(call.id, call.owner)
+    def _announce(self, call: TwilioCall) -> Awaitable[bool] | None:
+        """``realtime.call.incoming`` with Twilio's ids and the parameters as headers."""
         if self.announce is None:
-            await self._answer_at_once(call, parameters)
-            return
-        delivery = asyncio.ensure_future(self.announce(call.id, call.stream.headers()))
-        settled = asyncio.ensure_future(call.settled.wait())
-        try:
-            async with asyncio.timeout(self.accept_timeout_s):
-                await asyncio.wait({delivery, settled}, return_when=asyncio.FIRST_COMPLETED)
-                if delivery.done() and not delivery.result():
-                    self._reject_pending(call, "its webhook could not be delivered")
-                    return
-                await settled
-        except TimeoutError:
-            pass
-        finally:
-            settled.cancel()
-        self._reject_pending(call, f"not accepted within {self.accept_timeout_s:g} s")
+            return None
+        return self.announce(call.id, call.stream.headers(), None)
 
-    async def _answer_at_once(self, call: TwilioCall, parameters: dict[str, str]) -> None:
-        try:
-            config = self._session_of(parameters)
-        except ProtocolError as exc:
-            self._reject_pending(call, f"its parameters are not a session: {exc}")
-            return
-        if not await self.hooks.ready():
-            self._reject_pending(call, "the engines failed to load")
-            return
-        if not await self.hooks.admit(call.owner):
-            self._reject_pending(call, "the session limit is reached")
-            return
-        call.admitted = True
-        try:
-            await call.accept(config, call.owner)
-        except CallStateError as exc:
-            logger.info("call %s could not be answered: %s", call.id, exc)
-
-    def _session_of(self, parameters: dict[str, str]) -> SessionConfig | None:
-        """The session a stream's ``prompt`` parameter names (the default without one)."""
-        prompt = parameters.get("prompt")
+    def _session_of(self, call: TwilioCall) -> SessionConfig | None:
+        """The session a ``prompt`` parameter names (the default without one)."""
+        prompt = call.stream.parameters.get("prompt")
         if prompt is None:
             return self.default_session
         return parse_session_config({"prompt": {"id": prompt}}, base=self.default_session)
-
-    def _reject_pending(self, call: TwilioCall, why: str) -> None:
-        if call.state != "pending" or call.closed.is_set():
-            return
-        logger.info("call %s rejected: %s", call.id, why)
-        call.reject()
-
-    def _forget(self, call: TwilioCall) -> None:
-        if self._calls.get(call.id) is call:
-            del self._calls[call.id]
-            if self.on_closed is not None:
-                self.on_closed(call)
-
-    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
-        task = asyncio.create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
 
 async def _read_start(ws: web.WebSocketResponse) -> StreamStart | None:

@@ -91,8 +91,6 @@ class PhoneCall(MediaCall):
         self.media: RtpSession | None = None
         self.state = "pending"
         self._runner_for = runner_for
-        # Set once the call is no longer pending (accepted, rejected or ended).
-        self.settled = asyncio.Event()
         self._bind_host = bind_host
         self._advertise_ip = advertise_ip
         self._rtp_ports = rtp_ports
@@ -211,8 +209,6 @@ class PhoneCall(MediaCall):
             await self.media.close()
 
     def _released(self) -> None:
-        self.state = "ended"
-        self.settled.set()
         self.incoming.on_ended = None
         self.incoming.on_info = None
         self.incoming.on_reoffer = None

@@ -21,22 +21,24 @@ limits like WebRTC calls; the server's drain and shutdown end them with BYE.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import ssl
-import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Awaitable
 from typing import Any
 
 from aiohttp import web
 
-from hark.driver.runner import SessionRunner
 from hark.protocol.session_config import SessionConfig
-from hark.server.webhooks import WebhookSender, incoming_call_event
-from hark.session.ids import IdGenerator
-from hark.transports.call import CALL_ID_PREFIX, CallHooks, CallHost, MediaCall
+from hark.transports.call import (
+    CALL_ID_PREFIX,
+    UNAVAILABLE_STATUS,
+    Announce,
+    CallHooks,
+    CallHost,
+    RingingCalls,
+)
 from hark.transports.sip.admission import DEFAULT_RATE, InviteAdmission
-from hark.transports.sip.media import RtpPacer, RtpSession
+from hark.transports.sip.media import RtpPacer
 from hark.transports.sip.phone_call import PhoneCall
 from hark.transports.sip.sdp import media_security
 from hark.transports.sip.transaction import RFC_TIMERS, Timers
@@ -50,15 +52,9 @@ DEFAULT_ACCEPT_TIMEOUT_S = 30.0
 DEFAULT_MAX_CALLS = 100
 # Seconds without RTP from the caller after which an answered call is hung up.
 DEFAULT_RTP_TIMEOUT_S = 60.0
-# The status of a call nobody accepted in time, or whose webhook went nowhere.
-NOT_ACCEPTED_STATUS = 480
-# The status of a call turned away because the server cannot take it (draining, full).
-UNAVAILABLE_STATUS = 503
-# The status of a call its owner's session limit refuses.
-BUSY_STATUS = 486
 
 
-class SipService:
+class SipService(RingingCalls[PhoneCall]):
     """The user agent server and the phone calls of one worker."""
 
     def __init__(
@@ -71,7 +67,7 @@ class SipService:
         bind_host: str,
         advertise_ip: str,
         rtp_ports: range | None,
-        webhook: WebhookSender | None = None,
+        announce: Announce | None = None,
         default_session: SessionConfig | None = None,
         accept_timeout_s: float = DEFAULT_ACCEPT_TIMEOUT_S,
         max_calls: int = DEFAULT_MAX_CALLS,
@@ -81,27 +77,24 @@ class SipService:
         """``server`` must be made with ``on_invite=service.on_invite`` (see ``create``);
         ``host`` makes the calls' sessions. ``echo_cancellation``: calls take the reply's
         echo out of the caller's audio."""
-        self.host = host
+        super().__init__(
+            host,
+            hooks,
+            model=model,
+            default_session=default_session,
+            accept_timeout_s=accept_timeout_s,
+        )
         self.server = server
-        self.hooks = hooks
-        self.model = model
         self.bind_host = bind_host
         self.advertise_ip = advertise_ip
         self.rtp_ports = rtp_ports
-        self.webhook = webhook
-        self.default_session = default_session
-        self.accept_timeout_s = accept_timeout_s
+        self.announce = announce
         self.max_calls = max_calls
         self.rtp_timeout_s = rtp_timeout_s
         self.echo_cancellation = echo_cancellation
         self.started = False
-        self._calls: dict[str, PhoneCall] = {}
         # One 20 ms wake-up for the RTP of every call rather than one per call.
         self.pacer = RtpPacer()
-        self._ids = IdGenerator()
-        self._tasks: set[asyncio.Task[None]] = set()
-        # Told of every call that ended (the cluster forgets it, the limits release it).
-        self.on_closed: Callable[[MediaCall], None] | None = None
 
     name = "sip"
 
@@ -166,41 +159,19 @@ class SipService:
             self.server.port,
             f", TLS {self.server.tls_port}" if self.server.tls_port else "",
             f"trunks {', '.join(t.name for t in trunks)}" if trunks else "any address",
-            "calls raise a webhook" if self.webhook else "calls are answered at once",
+            "calls raise a webhook" if self.announce else "calls are answered at once",
         )
 
     async def stop(self) -> None:
         """End every call and stop listening."""
-        await self.close_all()
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        if self.webhook is not None:
-            await self.webhook.aclose()
+        await self._stop_calls()
         if self.started:
             await self.server.stop()
             self.started = False
 
-    def get(self, call_id: str) -> PhoneCall | None:
-        """The live call with this id, if any."""
-        return self._calls.get(call_id)
-
     def routes(self) -> list[web.RouteDef]:
         """None: SIP is answered on its own port, not over HTTP."""
         return []
-
-    def __len__(self) -> int:
-        return len(self._calls)
-
-    def __iter__(self) -> Iterator[PhoneCall]:
-        return iter(list(self._calls.values()))
-
-    async def close_all(self, reason: str = "server shutdown") -> None:
-        """End every call (BYE, or a reject for those still ringing)."""
-        await asyncio.gather(
-            *(call.close(reason) for call in list(self._calls.values())), return_exceptions=True
-        )
 
     # ------------------------------------------------------------------ calls
 
@@ -222,87 +193,14 @@ class SipService:
             rtp_timeout_s=self.rtp_timeout_s,
             echo_cancellation=self.echo_cancellation,
         )
-        self._calls[call.id] = call
         call.ring()
         logger.info("call %s rings (from %s)", call.id, incoming.remote[0])
-        self._spawn(self._route(call), f"{call.id} route")
+        self._add(call)
 
-    def _runner_for(
-        self, media: RtpSession, config: SessionConfig | None, owner: str
-    ) -> SessionRunner:
-        """The session of an accepted call: ``config`` (the default session when None) for
-        ``owner``, played by ``media``."""
-        config = config if config is not None else self.default_session
-        return self.host.runner(
-            transport="sip",
-            model=(config.model if config is not None else None) or self.model,
-            config=config,
-            player=media,
-            on_usage=self.hooks.usage(owner),
-        )
-
-    async def _route(self, call: PhoneCall) -> None:
-        """Tell the backend (webhook) or answer at once; reject what nobody accepts."""
-        await self.hooks.register(call.id, call.owner)
-        if self.webhook is None:
-            await self._answer_at_once(call)
-            return
-        event = incoming_call_event(
-            self.webhook.new_event_id(),
-            call.id,
-            call.incoming.headers,
-            created_at=int(time.time()),
-            media_security=media_security(call.incoming.offer, secure=call.incoming.secure),
-        )
-        delivery = self.webhook.send(event)
-        if delivery is None:
-            self._reject_pending(call, "the webhook queue is full")
-            return
-        # The timeout runs from the INVITE, not from the delivery: retries of a webhook that
-        # fails (backoff, and up to a minute for a receiver that hangs) must not keep the
-        # phone ringing past it. The delivery goes on; a late accept finds the call gone.
-        settled = asyncio.create_task(call.settled.wait())
-        try:
-            async with asyncio.timeout(self.accept_timeout_s):
-                await asyncio.wait({delivery, settled}, return_when=asyncio.FIRST_COMPLETED)
-                if delivery.done() and not delivery.result().delivered:
-                    self._reject_pending(call, "its webhook could not be delivered")
-                    return
-                await settled
-        except TimeoutError:
-            pass
-        finally:
-            settled.cancel()
-        if call.state == "pending":
-            self._reject_pending(call, f"not accepted within {self.accept_timeout_s:g} s")
-
-    async def _answer_at_once(self, call: PhoneCall) -> None:
-        if not await self.hooks.ready():
-            self._reject_pending(call, "the engines failed to load", UNAVAILABLE_STATUS)
-            return
-        if not await self.hooks.admit(call.owner):
-            self._reject_pending(call, "the session limit is reached", BUSY_STATUS)
-            return
-        call.admitted = True
-        try:
-            await call.accept(None, call.owner)
-            await self.hooks.register(call.id, call.owner)
-        except Exception as exc:
-            logger.warning("call %s could not be answered: %s", call.id, exc)
-
-    def _reject_pending(self, call: PhoneCall, why: str, status: int = NOT_ACCEPTED_STATUS) -> None:
-        if call.state != "pending" or call.closed.is_set():
-            return
-        logger.info("call %s rejected (%d): %s", call.id, status, why)
-        call.reject(status)
-
-    def _forget(self, call: PhoneCall) -> None:
-        if self._calls.get(call.id) is call:
-            del self._calls[call.id]
-            if self.on_closed is not None:
-                self.on_closed(call)
-
-    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
-        task = asyncio.create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def _announce(self, call: PhoneCall) -> Awaitable[bool] | None:
+        """``realtime.call.incoming`` with the INVITE's headers (None: no webhook)."""
+        if self.announce is None:
+            return None
+        incoming = call.incoming
+        security = media_security(incoming.offer, secure=incoming.secure)
+        return self.announce(call.id, incoming.headers, security)
