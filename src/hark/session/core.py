@@ -45,7 +45,7 @@ from hark.session.client_items import ClientItems
 from hark.session.conversation import Conversation
 from hark.session.held_input import Held, HeldInput
 from hark.session.ids import IdGenerator
-from hark.session.mcp_tools import McpTools
+from hark.session.mcp_tools import ListingEnded, McpTools
 from hark.session.noise_reduction import NoiseReduction
 from hark.session.outbox import Outbox, Output
 from hark.session.playout_state import PlayoutState
@@ -127,13 +127,7 @@ class Session:
             on_words=lambda words: me._responses.prefill_turn(words),
             on_failed=lambda entry, message: me._responses.words_failed(entry, message),
         )
-        self._mcp = McpTools(
-            self._outbox,
-            self.ids,
-            self.conversation,
-            tools_changed=lambda: me._responses.prefill(),
-            response_listed=lambda entry: me._responses.listing_done(entry),
-        )
+        self._mcp = McpTools(self._outbox, self.ids, self.conversation)
         self._responses = ResponseLifecycle(
             self._outbox,
             self.ids,
@@ -482,6 +476,20 @@ class Session:
         self._turns.append(pcm)
         self._replay()
 
+    def _mcp_list_failed(self, result: results.McpListFailed) -> None:
+        ended = self._mcp.list_failed(result.item_id)
+        self._listing_ended(ended)
+        if ended is not None and result.error is not None:
+            self._mcp.list_error(ended.label, result.error)
+
+    def _listing_ended(self, ended: ListingEnded | None) -> None:
+        if ended is None:
+            return
+        if ended.response_item is not None:
+            self._responses.listing_done(ended.response_item)
+        if ended.tools_changed:
+            self._responses.prefill()
+
     def _playout_stopped(self, result: results.PlayoutStopped) -> None:
         if self._playout.stopped(result.response_id):
             # The user has heard the conversation's reply: the idle timeout runs from now.
@@ -522,8 +530,8 @@ _ROUTES: dict[type[Result], Callable[[Session, Any], None]] = {
     results.GenerationFailed: lambda s, r: s._responses.failed(
         r.response_id, r.message, r.code, r.error_type
     ),
-    results.McpToolsListed: lambda s, r: s._mcp.listed(r.item_id, r.tools),
-    results.McpListFailed: lambda s, r: s._mcp.list_failed(r.item_id, r.error),
+    results.McpToolsListed: lambda s, r: s._listing_ended(s._mcp.listed(r.item_id, r.tools)),
+    results.McpListFailed: Session._mcp_list_failed,
     results.McpCallDone: lambda s, r: s._responses.mcp_call_done(
         r.response_id, r.item_id, output=r.output
     ),

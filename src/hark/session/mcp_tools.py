@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -60,34 +60,30 @@ class ListedServer:
     listing: bool = False
 
 
+class ListingEnded(NamedTuple):
+    """What the end of a server's listing changed: a response's own server was listed, or
+    could not be (``response_item``, its complete ``mcp_list_tools`` item: the response may
+    go on), or the session's tools became known (``tools_changed``: the LLM's prompt changed
+    with them). ``label``: the server's."""
+
+    label: str
+    response_item: Entry | None = None
+    tools_changed: bool = False
+
+
 class McpTools:
-    """The session's MCP servers and the approval requests not yet answered.
+    """The session's MCP servers and the approval requests not yet answered."""
 
-    ``tools_changed`` is called when a server's tools become known (the LLM's prompt
-    changed with them); ``response_listed(item)`` when a response's own server has been
-    listed, or could not be: its ``mcp_list_tools`` item is complete.
-    """
-
-    def __init__(
-        self,
-        outbox: Outbox,
-        ids: IdGenerator,
-        conversation: Conversation,
-        *,
-        tools_changed: Callable[[], None],
-        response_listed: Callable[[Entry], None],
-    ) -> None:
+    def __init__(self, outbox: Outbox, ids: IdGenerator, conversation: Conversation) -> None:
         self._outbox = outbox
         self._ids = ids
         self._conversation = conversation
-        self._tools_changed = tools_changed
         self._servers: dict[str, ListedServer] = {}
         # What each server listed (before ``allowed_tools``), by how it is reached, for
         # responses naming the same server to reuse; the most recent last.
         self._known: dict[McpServer, list[wire.McpTool]] = {}
         # Responses' own servers being listed, by their ``mcp_list_tools`` item id.
         self._response_listings: dict[str, ListedServer] = {}
-        self._response_listed = response_listed
         # Approval requests made in this session and not yet answered, by item id, with how
         # to reach a response's own server (None: the session's server of that label).
         self._awaiting: dict[str, tuple[wire.McpApprovalRequestItem, McpServer | None]] = {}
@@ -152,25 +148,26 @@ class McpTools:
             if server.item is not None:
                 self._response_listings.pop(server.item.id, None)
 
-    def listed(self, item_id: str, tools: list[wire.McpTool]) -> None:
-        """The server listed ``tools`` into the item ``item_id``."""
+    def listed(self, item_id: str, tools: list[wire.McpTool]) -> ListingEnded | None:
+        """The server listed ``tools`` into the item ``item_id``; None when that listing is
+        for nobody now."""
         server = self._server_listing(item_id)
         own = server is None
         if server is None:
             server = self._response_listings.pop(item_id, None)
         if server is None or server.item is None:
-            return
+            return None
         self._remember(server.config, tools)
         server.listing = False
         server.tools = [t for t in tools if _allowed(server.config.allowed_tools, t)]
         assert isinstance(server.item.mcp, wire.McpListToolsItem)
         server.item.mcp = msgspec.structs.replace(server.item.mcp, tools=list(server.tools))
         self._outbox.emit(se.McpListToolsCompleted(item_id=item_id))
+        label = server.config.server_label
         if own:
-            self._response_listed(server.item)
-            return
+            return ListingEnded(label, response_item=server.item)
         self.item_done(server.item)
-        self._tools_changed()
+        return ListingEnded(label, tools_changed=True)
 
     def _remember(self, config: McpToolDef, tools: list[wire.McpTool]) -> None:
         reach = server_of(config)
@@ -179,37 +176,39 @@ class McpTools:
         while len(self._known) > MAX_KNOWN_LISTINGS:
             del self._known[next(iter(self._known))]
 
-    def list_failed(self, item_id: str, error: wire.McpCallError | None = None) -> None:
-        """The server could not be listed: it offers no tools. ``error``, when known, also
-        goes to the client as an ``error`` event (why: down, refused by the egress policy…),
-        as OpenAI reports a list that failed. A response's own server fails the same way:
-        the response goes on without its tools."""
+    def list_failed(self, item_id: str) -> ListingEnded | None:
+        """The server could not be listed: it offers no tools. A response's own server fails
+        the same way: the response goes on without its tools. None when that listing is for
+        nobody now."""
         server = self._server_listing(item_id)
         own = server is None
         if server is None:
             server = self._response_listings.pop(item_id, None)
         if server is None or server.item is None:
-            return
+            return None
         server.listing = False
         self._outbox.emit(se.McpListToolsFailed(item_id=item_id))
+        label = server.config.server_label
         if own:
-            self._response_listed(server.item)
-        else:
-            self.item_done(server.item)
-        if error is not None:
-            label = server.config.server_label
-            self._outbox.emit(
-                se.Error(
-                    error=se.ErrorDetail(
-                        type="invalid_request_error",
-                        code="mcp_list_tools_failed",
-                        message=f"Error retrieving tool list from MCP server: '{label}'. "
-                        f"{error.message}",
-                        param=None,
-                        event_id=None,
-                    )
+            return ListingEnded(label, response_item=server.item)
+        self.item_done(server.item)
+        return ListingEnded(label)
+
+    def list_error(self, label: str, error: wire.McpCallError) -> None:
+        """Why the server ``label`` could not be listed (down, refused by the egress
+        policy…), to the client as an ``error`` event, as OpenAI reports a list that failed."""
+        self._outbox.emit(
+            se.Error(
+                error=se.ErrorDetail(
+                    type="invalid_request_error",
+                    code="mcp_list_tools_failed",
+                    message=f"Error retrieving tool list from MCP server: '{label}'. "
+                    f"{error.message}",
+                    param=None,
+                    event_id=None,
                 )
             )
+        )
 
     def _server_listing(self, item_id: str) -> ListedServer | None:
         # A result for a server since removed or replaced is for nobody.
