@@ -417,6 +417,23 @@ async def incoming(
     return event
 
 
+async def test_a_closed_socket_ends_the_call(served: Served) -> None:
+    """Twilio's socket closing without ``stop`` ends the call and releases its session; the
+    session was counted under the ``twilio`` label."""
+    server = await served()
+    async with aiohttp.ClientSession() as http:
+        async with twilio_call(http, server) as peer:
+            await answered_call(server)
+            await until(lambda: server.app[STATE].admitted == 1)
+            await peer.ws.close()
+        await until(lambda: len(streams_of(server)) == 0)
+        await until(lambda: server.app[STATE].admitted == 0)
+        auth = {"Authorization": f"Bearer {API_KEY}"}
+        async with http.get(server.url + "/metrics", headers=auth) as response:
+            metrics = await response.text()
+    assert 'hark_sessions_started_total{transport="twilio"} 1.0' in metrics
+
+
 async def test_dtmf_reaches_the_session(served: Served) -> None:
     """A keypad press becomes ``input_audio_buffer.dtmf_event_received``."""
     server = await served()
