@@ -379,7 +379,6 @@ class RingingCalls(Generic[_Call]):
         self,
         host: CallHost,
         hooks: CallHooks,
-        *,
         model: str,
         default_session: SessionConfig | None,
         accept_timeout_s: float,

@@ -502,13 +502,7 @@ class TwilioStreams(RingingCalls[TwilioCall]):
         accept_timeout_s: float = DEFAULT_ACCEPT_TIMEOUT_S,
         max_calls: int = DEFAULT_MAX_CALLS,
     ) -> None:
-        super().__init__(
-            host,
-            hooks,
-            model=model,
-            default_session=default_session,
-            accept_timeout_s=accept_timeout_s,
-        )
+        super().__init__(host, hooks, model, default_session, accept_timeout_s)
         self.public_url = public_url.rstrip("/") if public_url else None
         self.announce = announce
         self.max_calls = max_calls

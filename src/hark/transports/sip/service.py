@@ -77,13 +77,7 @@ class SipService(RingingCalls[PhoneCall]):
         """``server`` must be made with ``on_invite=service.on_invite`` (see ``create``);
         ``host`` makes the calls' sessions. ``echo_cancellation``: calls take the reply's
         echo out of the caller's audio."""
-        super().__init__(
-            host,
-            hooks,
-            model=model,
-            default_session=default_session,
-            accept_timeout_s=accept_timeout_s,
-        )
+        super().__init__(host, hooks, model, default_session, accept_timeout_s)
         self.server = server
         self.bind_host = bind_host
         self.advertise_ip = advertise_ip
