@@ -205,7 +205,7 @@ def _worker_main(settings: Settings, sock: socket.socket, index: int) -> None:
 
     from hark.eventloop import run_event_loop
     from hark.observability.logging import configure_logging
-    from hark.server.cli import serve
+    from hark.server.serving import serve
 
     configure_logging(settings.log_level)
     logging.getLogger("hark").info("worker %d serving (pid %d)", index, os.getpid())
