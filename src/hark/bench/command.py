@@ -36,6 +36,12 @@ def config_from(cls: type[C], options: Mapping[str, Any], **values: Any) -> C:
     return cls(**taken, **values)
 
 
+def arguments(config: Any) -> dict[str, Any]:
+    """A config dataclass's fields as keyword arguments of the function it configures (the
+    values as they are: ``asdict`` would copy nested dataclasses into dicts)."""
+    return {field.name: getattr(config, field.name) for field in fields(config)}
+
+
 def listed(value: str, kind: Callable[[str], T]) -> tuple[T, ...]:
     """A comma-separated option's items read as ``kind`` (``ValueError`` when one is not)."""
     return tuple(kind(item.strip()) for item in value.split(",") if item.strip())

@@ -44,7 +44,7 @@ import numpy.typing as npt
 
 from hark.audio.codecs.opus import OpusEncoder
 from hark.audio.echo import EchoCanceller
-from hark.bench.command import Bench, Result, config_from
+from hark.bench.command import Bench, Result, arguments, config_from
 from hark.bench.local_server import local_server
 from hark.bench.spoken_questions import RATE as SPEECH_RATE
 from hark.bench.spoken_questions import spoken_questions
@@ -484,7 +484,7 @@ class EchoBenchConfig:
 
 def run(config: EchoBenchConfig) -> Result:
     """Start the bench's server and run the trials; the report and its summary."""
-    report = asyncio.run(run_echo_bench(**asdict(config), server_args=[]))
+    report = asyncio.run(run_echo_bench(**arguments(config), server_args=[]))
     return Result(report.to_json(), format_summary(report))
 
 

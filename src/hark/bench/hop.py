@@ -16,12 +16,12 @@ import argparse
 import asyncio
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
-from hark.bench.command import Bench, Result, config_from
+from hark.bench.command import Bench, Result, arguments, config_from
 from hark.bench.report import ServerUrl, api_key, percentiles
 from hark.bench.webrtc import CallClient, post_offer
 from hark.cluster.forwarding import WORKER_HEADER
@@ -189,7 +189,7 @@ def hop_config(options: dict[str, Any]) -> HopBenchConfig:
 
 def run(config: HopBenchConfig) -> Result:
     """Measure; the report and its summary."""
-    report = asyncio.run(run_hop_bench(**asdict(config)))
+    report = asyncio.run(run_hop_bench(**arguments(config)))
     return Result(report, format_summary(report))
 
 

@@ -52,7 +52,7 @@ from hark.bench.report import (
     report_head,
 )
 from hark.bench.spoken_questions import QUESTIONS, RATE, SpokenQuestion, spoken_questions
-from hark.config.options import add_bench_arguments
+from hark.config.options import SESSION_BENCH_OPTIONS, add_bench_arguments
 from hark.observability.turn_timing import STAGES
 
 if TYPE_CHECKING:
@@ -655,7 +655,6 @@ def _optional_ms(value: object) -> float | None:
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Add ``hark bench latency``'s options to ``parser``."""
-    add_bench_arguments(parser, "url")
     parser.add_argument(
         "--turns", type=int, default=10, help="questions each client asks (default 10)"
     )
@@ -672,13 +671,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="server_vad (with --silence-ms) or semantic_vad (default server)",
     )
     add_bench_arguments(
-        parser,
-        "silence_ms",
-        "api_key",
-        "model",
-        "json",
-        "chart",
-        seed={"help": "seed of the think times (default 0)"},
+        parser, *SESSION_BENCH_OPTIONS, seed={"help": "seed of the think times (default 0)"}
     )
 
 

@@ -59,7 +59,7 @@ from aiohttp import web
 from hark.audio.codecs.g711 import ulaw_decode, ulaw_encode
 from hark.audio.resample import resample
 from hark.bench import capacity
-from hark.bench.command import Bench, Result, config_from
+from hark.bench.command import Bench, Result, arguments, config_from
 from hark.bench.report import (
     BenchError,
     ServerUrl,
@@ -994,7 +994,7 @@ class SipBenchConfig(capacity.CapacityConfig):
 
 def run(config: SipBenchConfig) -> Result:
     """Time the setups, ramp and ask if asked; the run passes when no call or turn failed."""
-    report = asyncio.run(run_sip_bench(**asdict(config)))
+    report = asyncio.run(run_sip_bench(**arguments(config)))
     failed = any(r.error is not None for r in report.setup) or any(
         t.error is not None for t in report.turns
     )

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import hashlib
 import heapq
 import itertools
@@ -56,7 +57,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from hark.bench.command import Bench, Result
+from hark.bench.command import Bench, Result, arguments
 from hark.bench.monologues import first_voiced_sample
 from hark.bench.report import BenchError, percentile
 from hark.bench.spoken_questions import (
@@ -1082,7 +1083,7 @@ class TurnsBenchConfig:
     """What ``hark bench turns`` measures: the fixtures, the settings and the delays."""
 
     fixtures: tuple[FixtureSpec, ...]
-    settings: tuple[Setting, ...]
+    to_run: tuple[Setting, ...]
     lead_ms: int
     tail_ms: int
     budget: float
@@ -1119,7 +1120,7 @@ def turns_config(options: dict[str, Any]) -> TurnsBenchConfig | BackchannelsBenc
         raise BenchError("silences are positive milliseconds")
     return TurnsBenchConfig(
         fixtures=tuple(fixture_specs(spec, voices, _names(options["turns"]))),
-        settings=tuple(settings(eagerness, silences)),
+        to_run=tuple(settings(eagerness, silences)),
         lead_ms=spec.lead_ms,
         tail_ms=spec.tail_ms,
         budget=float(options["budget"]),
@@ -1136,19 +1137,8 @@ def run(config: TurnsBenchConfig | BackchannelsBenchConfig) -> Result:
 
         report = backchannels.run(config.transports, config.voices, config.backchannels)
         return Result(report, backchannels.summary(report))
-    report = asyncio.run(
-        measure(
-            config.fixtures,
-            config.settings,
-            lead_ms=config.lead_ms,
-            tail_ms=config.tail_ms,
-            budget=config.budget,
-            asr_delay_ms=config.asr_delay_ms,
-            eot_delay_ms=config.eot_delay_ms,
-            cache_dir=config.cache_dir,
-            progress=lambda line: print(line, file=sys.stderr, flush=True),
-        )
-    )
+    progress = functools.partial(print, file=sys.stderr, flush=True)
+    report = asyncio.run(measure(**arguments(config), progress=progress))
     return Result(report, summary(report))
 
 

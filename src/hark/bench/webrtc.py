@@ -61,7 +61,7 @@ from av import AudioCodecContext, AudioFrame, CodecContext, Packet
 from hark.audio.codecs.opus import OpusDecoder
 from hark.audio.resample import resample
 from hark.bench import capacity, webrtc_profile
-from hark.bench.command import Bench, Result, config_from
+from hark.bench.command import Bench, Result, arguments, config_from
 from hark.bench.report import (
     BenchError,
     ServerUrl,
@@ -1137,7 +1137,7 @@ def run(config: WebRtcBenchConfig) -> Result:
     """Time the setups, then ramp if asked; the run passes when every call set up."""
     # aiortc leaves tasks failing noisily when many client peers close at once.
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
-    report = asyncio.run(run_webrtc_bench(**asdict(config)))
+    report = asyncio.run(run_webrtc_bench(**arguments(config)))
     passed = all(r.error is None for r in report.setup)
     return Result(report.to_json(), format_summary(report), passed)
 

@@ -1126,13 +1126,17 @@ BENCH_OPTIONS: dict[str, BenchOption] = {
 }
 
 
+# What a bench that opens Realtime sessions on a server takes (load, latency).
+SESSION_BENCH_OPTIONS = ("url", "silence_ms", "api_key", "model", "seed", "json", "chart")
+
+
 def add_bench_arguments(
     parser: argparse.ArgumentParser, *names: str, **changes: dict[str, Any]
 ) -> None:
     """Add the shared bench options ``names`` as declared, and those ``changes`` names with
     the fields it gives changed (``url={"required": False, "help": …}``); a changed default
     that a bench gives without a help has " (default …)" added to the declared help."""
-    for name in (*names, *changes):
+    for name in dict.fromkeys((*names, *changes)):
         option = BENCH_OPTIONS[name]
         changed = changes.get(name, {})
         if "default" in changed and "help" not in changed:

@@ -13,13 +13,12 @@ from hark.bench.load.config import TRANSPORTS, LoadConfig, parse_duration
 from hark.bench.load.generator import run_load_bench
 from hark.bench.load.summary import format_summary, passed
 from hark.bench.report import ServerUrl, api_key
-from hark.config.options import add_bench_arguments
+from hark.config.options import SESSION_BENCH_OPTIONS, add_bench_arguments
 from hark.eventloop import run_event_loop
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Add ``hark bench load``'s options to ``parser``."""
-    add_bench_arguments(parser, "url")
     parser.add_argument("--sessions", type=int, required=True, help="simulated callers at once")
     parser.add_argument(
         "--ramp", type=parse_duration, default=10.0, metavar="S",
@@ -47,11 +46,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     add_bench_arguments(
         parser,
-        "silence_ms",
-        "api_key",
-        "model",
-        "json",
-        "chart",
+        *SESSION_BENCH_OPTIONS,
         server_pid={
             "help": "the local server's process: report its CPU time per session-second after "
             "the ramp"
