@@ -13,11 +13,11 @@ from hark.protocol import items as wire
 from hark.protocol import server_events as se
 from hark.protocol.errors import ProtocolError, from_validation_error
 from hark.protocol.limits import MiB
-from hark.protocol.session_config import AudioFormat, SessionConfig
-from hark.session.conversation import AudioSegment, Conversation, Entry, Part, truncate_part
+from hark.protocol.session_config import AudioFormat
+from hark.session.context import SessionContext
+from hark.session.conversation import AudioSegment, Entry, Part, truncate_part
 from hark.session.ids import IdGenerator
 from hark.session.mcp_tools import McpTools
-from hark.session.outbox import Outbox
 from hark.session.recognition import Recognition
 from hark.session.response_lifecycle import ResponseLifecycle
 
@@ -137,29 +137,26 @@ class ClientItems:
     """The conversation as the client edits it: ``conversation.item.create``, ``.truncate``
     and ``.delete``, and the items of ``response.create``'s ``input``.
 
-    ``config`` is the session's configuration (the session sets it when it changes): items
-    carry audio in its formats. ``takes_images``: whether the LLM reads images; when not,
+    ``context`` holds the session's outbox, ids, conversation and configuration: items carry
+    audio in its formats. ``takes_images``: whether the LLM reads images; when not,
     items with images are refused. ``audio_retention_ms``: how much of the latest audio the
     conversation keeps (a truncation of older audio is refused, saying so).
     """
 
     def __init__(
         self,
-        outbox: Outbox,
-        ids: IdGenerator,
-        conversation: Conversation,
+        context: SessionContext,
         *,
-        config: SessionConfig,
         recognition: Recognition,
         responses: ResponseLifecycle,
         mcp: McpTools,
         takes_images: bool,
         audio_retention_ms: int,
     ) -> None:
-        self.config = config
-        self._outbox = outbox
-        self._ids = ids
-        self._conversation = conversation
+        self._context = context
+        self._outbox = context.outbox
+        self._ids = context.ids
+        self._conversation = context.conversation
         self._recognition = recognition
         self._responses = responses
         self._mcp = mcp
@@ -205,7 +202,7 @@ class ClientItems:
         self._responses.prefill()
 
     def _entry(self, item: wire.Item, param: str) -> tuple[Entry, list[Part]]:
-        audio = self.config.audio
+        audio = self._context.config.audio
         return entry_from_wire(
             item,
             param,

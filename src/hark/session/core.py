@@ -42,6 +42,7 @@ from hark.protocol.session_config import (
 from hark.session import results
 from hark.session.actions import Close, Denoise
 from hark.session.client_items import ClientItems
+from hark.session.context import SessionContext
 from hark.session.conversation import Conversation
 from hark.session.held_input import Held, HeldInput
 from hark.session.ids import IdGenerator
@@ -100,7 +101,6 @@ class Session:
         self.ids = ids or IdGenerator()
         self.id = session_id or self.ids.new("sess")
         base = config or SessionConfig()
-        self.config = msgspec.structs.replace(base, model=model)
         self.created_at = created_at
         self.expires_at = int(created_at + max_duration_s)
         self._max_duration_s = max_duration_s
@@ -108,6 +108,10 @@ class Session:
         self._closed = False
         self._outbox = Outbox(self.ids)
         self.conversation = Conversation()
+        context = SessionContext(
+            self._outbox, self.ids, self.conversation, msgspec.structs.replace(base, model=model)
+        )
+        self._context = context
         retention_ms = int(audio_retention_s * 1000)
         self._plays_audio = plays_audio
         self._playout = PlayoutState(self._outbox, self.conversation)
@@ -115,24 +119,19 @@ class Session:
         # make cycles, and a closed session, its conversation audio included, would then be
         # freed only by the cycle collector, long after its runner let go of it.
         me = weakref.proxy(self)
-        self._noise = NoiseReduction(self.config.audio.input.noise_reduction)
+        self._noise = NoiseReduction(context)
         self._held = HeldInput(self._outbox)
         self._speculation = Speculation(self._outbox)
         self._recognition = Recognition(
-            self._outbox,
-            self.conversation,
+            context,
             asr_rate,
-            self.config,
             on_heard=lambda: me._responses.resume_waiting(),
             on_words=lambda words: me._responses.prefill_turn(words),
             on_failed=lambda entry, message: me._responses.words_failed(entry, message),
         )
-        self._mcp = McpTools(self._outbox, self.ids, self.conversation)
+        self._mcp = McpTools(context)
         self._responses = ResponseLifecycle(
-            self._outbox,
-            self.ids,
-            self.conversation,
-            config=self.config,
+            context,
             rates=RateWindow(rate_limits or RateLimits()),
             speculation=self._speculation,
             playout=self._playout,
@@ -143,10 +142,7 @@ class Session:
             recognition=self._recognition,
         )
         self._turns = TurnTaking(
-            self._outbox,
-            self.ids,
-            self.conversation,
-            config=self.config,
+            context,
             vad_chunk_ms=vad_chunk_ms,
             asr_rate=asr_rate,
             speculation=self._speculation,
@@ -156,10 +152,7 @@ class Session:
             respond=lambda: me._create_response(ResponseParams()),
         )
         self._items = ClientItems(
-            self._outbox,
-            self.ids,
-            self.conversation,
-            config=self.config,
+            context,
             recognition=self._recognition,
             responses=self._responses,
             mcp=self._mcp,
@@ -170,6 +163,11 @@ class Session:
         self.last_event_type = "unknown"
 
     # ----------------------------------------------------------------- plumbing
+
+    @property
+    def config(self) -> SessionConfig:
+        """The session's configuration in force."""
+        return self._context.config
 
     def drain(self) -> list[Output]:
         """Everything produced since the last call: server events and actions, in order."""
@@ -340,10 +338,7 @@ class Session:
                 "session.audio.output.voice",
                 "cannot_update_voice",
             )
-        self.config = config
-        self._noise.config = config.audio.input.noise_reduction
-        self._recognition.config = self._responses.config = config
-        self._turns.config = self._items.config = config
+        self._context.config = config
         if (
             config.audio.input.format != old.audio.input.format
             or config.audio.input.turn_detection != old.audio.input.turn_detection

@@ -28,9 +28,8 @@ from hark.protocol import server_events as se
 from hark.protocol.errors import ProtocolError
 from hark.protocol.session_config import McpToolDef, McpToolFilter, ToolDef
 from hark.session.actions import CloseMcpServer, ListMcpTools
-from hark.session.conversation import Conversation, Entry
-from hark.session.ids import IdGenerator
-from hark.session.outbox import Outbox
+from hark.session.context import SessionContext
+from hark.session.conversation import Entry
 from hark.tools.mcp_server import McpServer
 
 
@@ -74,10 +73,10 @@ class ListingEnded(NamedTuple):
 class McpTools:
     """The session's MCP servers and the approval requests not yet answered."""
 
-    def __init__(self, outbox: Outbox, ids: IdGenerator, conversation: Conversation) -> None:
-        self._outbox = outbox
-        self._ids = ids
-        self._conversation = conversation
+    def __init__(self, context: SessionContext) -> None:
+        self._outbox = context.outbox
+        self._ids = context.ids
+        self._conversation = context.conversation
         self._servers: dict[str, ListedServer] = {}
         # What each server listed (before ``allowed_tools``), by how it is reached, for
         # responses naming the same server to reuse; the most recent last.

@@ -21,6 +21,7 @@ import numpy.typing as npt
 
 from hark.audio.denoise import Denoiser
 from hark.protocol.session_config import NoiseReduction as NoiseReductionConfig
+from hark.session.context import SessionContext
 
 # The share of the denoised signal at strength 1, per type.
 WET = {"near_field": 0.9, "far_field": 1.0}
@@ -36,18 +37,17 @@ def wet_share(config: NoiseReductionConfig | None) -> float:
 
 class NoiseReduction:
     """The session's denoiser, made when noise reduction is turned on and dropped when it is
-    turned off. ``config`` is the session's ``noise_reduction`` setting (the session sets it
-    when it changes)."""
+    turned off, as the session's ``audio.input.noise_reduction`` (in ``context``) says."""
 
-    def __init__(self, config: NoiseReductionConfig | None) -> None:
-        self.config = config
+    def __init__(self, context: SessionContext) -> None:
+        self._context = context
         self._denoiser: Denoiser | None = None
 
     def denoiser(self, rate: int) -> Denoiser | None:
         """The stream that denoises input audio at ``rate`` under the current setting, or None
         when noise reduction is off. Its state carries from one chunk to the next, so chunks
         must reach it one at a time and in order, on whatever thread."""
-        share = wet_share(self.config)
+        share = wet_share(self._context.config.audio.input.noise_reduction)
         if share <= 0.0:
             self.close()
             return None

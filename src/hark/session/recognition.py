@@ -27,9 +27,10 @@ import numpy.typing as npt
 from hark.audio.resample import StreamResampler, resample
 from hark.engines.asr import RecognitionRequest, TimedTranscript, TimedWord, Urgency
 from hark.protocol import server_events as se
-from hark.protocol.session_config import SessionConfig, Transcription
+from hark.protocol.session_config import Transcription
 from hark.session.actions import CancelRecognition, Recognise, Transcribe
-from hark.session.conversation import Conversation, Entry, Part
+from hark.session.context import SessionContext
+from hark.session.conversation import Entry, Part
 from hark.session.local_agreement import (
     DEFAULT_DELAY,
     DELAYS,
@@ -37,7 +38,6 @@ from hark.session.local_agreement import (
     LocalAgreement,
     text_of,
 )
-from hark.session.outbox import Outbox
 from hark.session.speculation import Pause
 
 Pcm = npt.NDArray[np.int16]
@@ -199,7 +199,7 @@ class Recognition:
     """Requests the ASR engine works on, each for a user item, a step of the turn being
     spoken, or a pause of it, and what their results do.
 
-    ``config`` is the session's configuration (the session sets it when it changes): its
+    ``context`` holds the session's outbox, conversation and configuration: its
     ``audio.input.transcription`` (None: the client did not ask for transcripts, and the
     words are only the LLM's), and whether the client asked for logprobs (``include``).
     ``on_heard`` is called when an item's
@@ -211,18 +211,16 @@ class Recognition:
 
     def __init__(
         self,
-        outbox: Outbox,
-        conversation: Conversation,
+        context: SessionContext,
         asr_rate: int,
-        config: SessionConfig,
         on_heard: Callable[[], None],
         on_words: Callable[[str], None] = lambda words: None,
         on_failed: Callable[[Entry, str], None] = lambda entry, message: None,
     ) -> None:
-        self._outbox = outbox
-        self._conversation = conversation
+        self._context = context
+        self._outbox = context.outbox
+        self._conversation = context.conversation
         self._asr_rate = asr_rate
-        self.config = config
         self._on_heard = on_heard
         self._on_words = on_words
         self._on_failed = on_failed
@@ -236,11 +234,11 @@ class Recognition:
 
     @property
     def _transcription(self) -> Transcription | None:
-        return self.config.audio.input.transcription
+        return self._context.config.audio.input.transcription
 
     @property
     def _logprobs(self) -> bool:
-        return LOGPROBS_INCLUDE in (self.config.include or ())
+        return LOGPROBS_INCLUDE in (self._context.config.include or ())
 
     def _audio(self, pcm: Pcm, rate: int) -> npt.NDArray[np.float32]:
         return resample(pcm, rate, self._asr_rate).astype(np.float32) / 32768.0

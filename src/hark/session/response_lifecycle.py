@@ -32,7 +32,6 @@ from hark.protocol.session_config import (
     FunctionToolDef,
     McpToolDef,
     Reasoning,
-    SessionConfig,
     SessionTruncation,
     ToolChoiceConfig,
     ToolChoiceFunction,
@@ -46,10 +45,9 @@ from hark.session.actions import (
     PlayAudio,
     Prefill,
 )
-from hark.session.conversation import AudioSegment, Conversation, Entry, Part, chat_messages
-from hark.session.ids import IdGenerator
+from hark.session.context import SessionContext
+from hark.session.conversation import AudioSegment, Entry, Part, chat_messages
 from hark.session.mcp_tools import ListedServer, McpTarget, McpTools
-from hark.session.outbox import Outbox
 from hark.session.playout_state import PlayoutState
 from hark.session.rate_limits import RateWindow
 from hark.session.recognition import Recognition
@@ -155,7 +153,7 @@ class ResponseLifecycle:
     """The session's responses in progress: the conversation's one (``in_band``) and any
     number out of band.
 
-    ``config`` is the session's configuration (the session sets it when it changes);
+    ``context`` holds the session's outbox, ids, conversation and configuration;
     ``audio_retention_ms``: how much of the latest conversation audio items keep (see
     ``limit_audio``); ``reply_sent(audio_ms)`` is called when the
     conversation's response is done on a transport where the client plays the audio
@@ -165,11 +163,8 @@ class ResponseLifecycle:
 
     def __init__(
         self,
-        outbox: Outbox,
-        ids: IdGenerator,
-        conversation: Conversation,
+        context: SessionContext,
         *,
-        config: SessionConfig,
         rates: RateWindow,
         speculation: Speculation,
         playout: PlayoutState,
@@ -179,10 +174,10 @@ class ResponseLifecycle:
         mcp: McpTools,
         recognition: Recognition,
     ) -> None:
-        self._outbox = outbox
-        self._ids = ids
-        self._conversation = conversation
-        self.config = config
+        self._context = context
+        self._outbox = context.outbox
+        self._ids = context.ids
+        self._conversation = context.conversation
         self._rates = rates
         self._speculation = speculation
         self._playout = playout
@@ -291,7 +286,7 @@ class ResponseLifecycle:
         self, params: ResponseParams, response_id: str, inputs: list[Entry] | None = None
     ) -> Response:
         """A response object for ``params`` over the session's settings (no side effects)."""
-        cfg = self.config
+        cfg = self._context.config
         audio_out = params.audio.output if params.audio and params.audio.output else None
         return Response(
             id=response_id,
@@ -394,7 +389,7 @@ class ResponseLifecycle:
             tool_choice=tool_choice,
             max_tokens=None if max_tokens == "inf" else max_tokens,
             temperature=response.temperature,
-            truncation=engine_truncation(self.config.truncation),
+            truncation=engine_truncation(self._context.config.truncation),
             parallel_tool_calls=response.parallel_tool_calls,
             reasoning_effort=response.reasoning_effort,
         )
@@ -430,7 +425,7 @@ class ResponseLifecycle:
 
     def prefill(self) -> None:
         """Let the LLM read the conversation as the next turn's prompt will begin."""
-        if self.config.type != "realtime" or self.in_band is not None:
+        if self._context.config.type != "realtime" or self.in_band is not None:
             return
         response = self.new_response(ResponseParams(), response_id="")
         self._outbox.act(
@@ -441,7 +436,7 @@ class ResponseLifecycle:
         """Let the LLM read the turn being spoken as far as ``words`` (its committed words), so
         that the reply at its end reads only the words after them. Only for turns that get a
         reply of their own: a session that captions and does not answer spends nothing."""
-        cfg = self.config
+        cfg = self._context.config
         detection = cfg.audio.input.turn_detection
         if (
             not words

@@ -26,13 +26,12 @@ from hark.engines.asr import RecognitionRequest, TimedTranscript, Urgency
 from hark.protocol import server_events as se
 from hark.protocol.errors import ProtocolError
 from hark.protocol.response_params import ResponseParams
-from hark.protocol.session_config import AudioFormat, SessionConfig
+from hark.protocol.session_config import AudioFormat
 from hark.session.actions import CancelRecognition, CountDroppedAudio, Recognise, ScoreTurn
 from hark.session.backchannel import Candidate, judge_words
-from hark.session.conversation import Conversation, Entry, Part
-from hark.session.ids import IdGenerator
+from hark.session.context import SessionContext
+from hark.session.conversation import Entry, Part
 from hark.session.input_buffer import MAX_BUFFERED_S, InputAudioBuffer
-from hark.session.outbox import Outbox
 from hark.session.playout_state import PlayoutState
 from hark.session.recognition import Recognition
 from hark.session.response_lifecycle import ResponseLifecycle
@@ -49,18 +48,15 @@ BACKCHANNELS_INCLUDE = "hark.backchannels"
 class TurnTaking:
     """The input buffer, the sample clock, and the turn in progress.
 
-    ``config`` is the session's configuration (the session sets it when it changes);
-    ``respond`` creates the conversation's response to a turn (as ``response.create`` with no
-    parameters would).
+    ``context`` holds the session's outbox, ids, conversation and configuration; ``respond``
+    creates the conversation's response to a turn (as ``response.create`` with no parameters
+    would).
     """
 
     def __init__(
         self,
-        outbox: Outbox,
-        ids: IdGenerator,
-        conversation: Conversation,
+        context: SessionContext,
         *,
-        config: SessionConfig,
         vad_chunk_ms: int,
         asr_rate: int,
         speculation: Speculation,
@@ -69,10 +65,10 @@ class TurnTaking:
         playout: PlayoutState,
         respond: Callable[[], None],
     ) -> None:
-        self._outbox = outbox
-        self._ids = ids
-        self._conversation = conversation
-        self.config = config
+        self._context = context
+        self._outbox = context.outbox
+        self._ids = context.ids
+        self._conversation = context.conversation
         self._vad_chunk_ms = vad_chunk_ms
         self._asr_rate = asr_rate
         self._speculation = speculation
@@ -107,7 +103,7 @@ class TurnTaking:
 
     def setup(self) -> None:
         """(Re)build the input path for the current input format and turn detection."""
-        audio_in = self.config.audio.input
+        audio_in = self._context.config.audio.input
         self.format: AudioFormat = audio_in.format
         self.rate = format_rate(audio_in.format)
         self._buffer = InputAudioBuffer(self.rate, self._clock_ms)
@@ -345,7 +341,7 @@ class TurnTaking:
         assert candidate.end_ms is not None
         pcm = self._buffer.peek(candidate.voice_ms - 100, candidate.end_ms)
         audio = resample(pcm, self.rate, self._asr_rate).astype(np.float32) / 32768.0
-        transcription = self.config.audio.input.transcription
+        transcription = self._context.config.audio.input.transcription
         candidate.request_id = self._ids.new("backchannel")
         self._outbox.act(
             Recognise(
@@ -404,7 +400,7 @@ class TurnTaking:
         detector = self._detector
         if detector is not None and detector.speaking:
             detector.reset()
-        if BACKCHANNELS_INCLUDE in (self.config.include or ()):
+        if BACKCHANNELS_INCLUDE in (self._context.config.include or ()):
             assert candidate.end_ms is not None
             self._outbox.emit(
                 se.HarkBackchannel(
@@ -460,7 +456,7 @@ class TurnTaking:
         self._commit_audio(pcm, item_id, pause, self._speech_start_ms)
         if (
             policy.create_response
-            and self.config.type == "realtime"
+            and self._context.config.type == "realtime"
             and self._responses.in_band is None
         ):
             self._respond()
@@ -553,7 +549,7 @@ class TurnTaking:
         if (
             policy is None
             or not policy.create_response
-            or self.config.type != "realtime"
+            or self._context.config.type != "realtime"
             or self._responses.in_band is not None
             or pause.transcript is None
             or self._speech_item_id is None
