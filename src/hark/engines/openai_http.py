@@ -120,6 +120,40 @@ class OpenAIHttp:
             self._session = None
 
 
+class OpenAIEndpoint:
+    """What every engine that calls an OpenAI-style API is made of: its ``base_url`` (with
+    the version prefix, ``http://host:8000/v1``), its ``model``, one :class:`OpenAIHttp`
+    (``service``, ``api_key``, ``timeout_s``, ``accept``) and a ``repr`` that shows neither
+    credentials nor query. Call :meth:`aclose` when done."""
+
+    def __init__(
+        self,
+        service: str,
+        base_url: str,
+        *,
+        model: str,
+        api_key: str | None,
+        timeout_s: float,
+        accept: str,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.timeout_s = timeout_s
+        self._endpoint = OpenAIHttp(service, api_key=api_key, timeout_s=timeout_s, accept=accept)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(base_url={self.safe_base_url!r}, model={self.model!r})"
+
+    @property
+    def safe_base_url(self) -> str:
+        """``base_url`` without credentials or query: fit for logs and metric labels."""
+        return safe_url(self.base_url)
+
+    async def aclose(self) -> None:
+        """Close the HTTP session (its connections)."""
+        await self._endpoint.aclose()
+
+
 def endpoint_url(base_url: str, path: str) -> URL:
     """``base_url`` with ``path`` appended to its path; a query on ``base_url`` (an API
     version, say) is part of every endpoint's URL and is kept."""

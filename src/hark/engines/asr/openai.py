@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hark.engines.asr import RecognitionRequest, TimedSegment, TimedTranscript, TimedWord
-from hark.engines.openai_http import OpenAIHttp, endpoint_url, error_message, safe_url, sse_data
+from hark.engines.openai_http import OpenAIEndpoint, endpoint_url, error_message, sse_data
 
 DEFAULT_MODEL = "whisper-1"
 SAMPLE_RATE = 16000
@@ -47,7 +47,7 @@ class AsrEndpointError(RuntimeError):
     """The endpoint failed one transcription: unreachable, an HTTP error, or a broken answer."""
 
 
-class OpenAIAsr:
+class OpenAIAsr(OpenAIEndpoint):
     """Transcribes 16 kHz float32 audio with a remote OpenAI audio API; an ``AsrEngine``.
 
     ``base_url`` includes the version prefix (``http://host:8000/v1``). ``stream``: ask for
@@ -67,20 +67,16 @@ class OpenAIAsr:
         stream: bool = True,
         timeout_s: float = 60.0,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
-        self._url = endpoint_url(base_url, "/audio/transcriptions")
-        self.model = model
-        self.stream = stream
-        self.timeout_s = timeout_s
-        self._endpoint = OpenAIHttp(
+        super().__init__(
             "ASR",
+            base_url,
+            model=model,
             api_key=api_key,
             timeout_s=timeout_s,
             accept="application/json, text/event-stream, text/plain",
         )
-
-    def __repr__(self) -> str:
-        return f"OpenAIAsr(base_url={safe_url(self.base_url)!r}, model={self.model!r})"
+        self._url = endpoint_url(base_url, "/audio/transcriptions")
+        self.stream = stream
 
     async def transcribe(
         self,
@@ -207,10 +203,6 @@ class OpenAIAsr:
         silence = np.zeros(_WARMUP_SAMPLES, dtype=np.float32)
         async for _ in self.transcribe(silence):
             pass
-
-    async def aclose(self) -> None:
-        """Close the HTTP session (its connections)."""
-        await self._endpoint.aclose()
 
     async def _deltas(self, response: aiohttp.ClientResponse) -> AsyncIterator[str]:
         if response.content_type == "text/event-stream":

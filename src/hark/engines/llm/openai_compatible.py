@@ -44,7 +44,7 @@ from hark.engines.llm import (
 )
 from hark.engines.llm.reply_length import SentenceCap, hard_ceiling
 from hark.engines.llm.truncation import ContextOverflow, fit
-from hark.engines.openai_http import OpenAIHttp, endpoint_url, error_message, safe_url, sse_data
+from hark.engines.openai_http import OpenAIEndpoint, endpoint_url, error_message, safe_url, sse_data
 
 logger = logging.getLogger(__name__)
 
@@ -168,7 +168,7 @@ def tool_choice_to_openai(choice: ToolChoice) -> str | dict[str, Any]:
     return choice.mode
 
 
-class OpenAICompatibleLlm:
+class OpenAICompatibleLlm(OpenAIEndpoint):
     """A remote chat model behind an OpenAI-compatible API; implements ``LlmEngine``.
 
     ``base_url`` includes the version prefix (``http://host:8000/v1``). ``temperature`` and
@@ -199,33 +199,20 @@ class OpenAICompatibleLlm:
         connect_attempts: int = CONNECT_ATTEMPTS,
         context_tokens: int | None = None,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.model = model
-        self.temperature = temperature
-        self.max_tokens_default = max_tokens_default
-        self.timeout_s = timeout_s
-        self.connect_attempts = connect_attempts
-        self.context_tokens = context_tokens
-        self._models_read = context_tokens is not None
-        self._counter = EstimatedTokens()
-        self._endpoint = OpenAIHttp(
+        super().__init__(
             "LLM",
+            base_url,
+            model=model,
             api_key=api_key,
             timeout_s=timeout_s,
             accept="application/json, text/event-stream",
         )
-
-    def __repr__(self) -> str:
-        return f"OpenAICompatibleLlm(base_url={self.safe_base_url!r}, model={self.model!r})"
-
-    @property
-    def safe_base_url(self) -> str:
-        """``base_url`` without credentials or query: fit for logs and metric labels."""
-        return safe_url(self.base_url)
-
-    async def aclose(self) -> None:
-        """Close the HTTP session (its connections)."""
-        await self._endpoint.aclose()
+        self.temperature = temperature
+        self.max_tokens_default = max_tokens_default
+        self.connect_attempts = connect_attempts
+        self.context_tokens = context_tokens
+        self._models_read = context_tokens is not None
+        self._counter = EstimatedTokens()
 
     async def prefill(self, request: GenerationRequest) -> None:
         """Nothing to do here: servers such as vLLM and SGLang cache shared prompt prefixes

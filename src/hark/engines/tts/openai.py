@@ -19,7 +19,7 @@ import aiohttp
 import numpy as np
 import numpy.typing as npt
 
-from hark.engines.openai_http import OpenAIHttp, endpoint_url, safe_url
+from hark.engines.openai_http import OpenAIEndpoint, endpoint_url
 
 _LOG = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ class TtsEndpointError(RuntimeError):
     """The endpoint failed one synthesis: unreachable, an HTTP error, or a broken answer."""
 
 
-class OpenAITts:
+class OpenAITts(OpenAIEndpoint):
     """Speaks text with a remote OpenAI audio API; a ``TtsEngine`` at 24 kHz.
 
     ``base_url`` includes the version prefix (``http://host:8000/v1``). ``timeout_s`` bounds
@@ -57,20 +57,16 @@ class OpenAITts:
         timeout_s: float = 60.0,
         voices: Sequence[str] = (),
     ) -> None:
-        self.base_url = base_url.rstrip("/")
-        self._voices = tuple(voices)
-        self._url = endpoint_url(base_url, "/audio/speech")
-        self.model = model
-        self.timeout_s = timeout_s
-        self._endpoint = OpenAIHttp(
+        super().__init__(
             "TTS",
+            base_url,
+            model=model,
             api_key=api_key,
             timeout_s=timeout_s,
             accept="audio/pcm, application/octet-stream, */*",
         )
-
-    def __repr__(self) -> str:
-        return f"OpenAITts(base_url={safe_url(self.base_url)!r}, model={self.model!r})"
+        self._voices = tuple(voices)
+        self._url = endpoint_url(base_url, "/audio/speech")
 
     async def synthesize(
         self, text: str, *, voice: str | None = None, speed: float = 1.0, slack_s: float = 0.0
@@ -120,7 +116,3 @@ class OpenAITts:
         """Speak a word: the endpoint answers, and takes the model and the key."""
         async for _ in self.synthesize("Hello."):
             pass
-
-    async def aclose(self) -> None:
-        """Close the HTTP session (its connections)."""
-        await self._endpoint.aclose()
