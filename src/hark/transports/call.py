@@ -122,6 +122,11 @@ class CallStateError(Exception):
     a sideband before the call is answered)."""
 
 
+class CallOfferError(Exception):
+    """What the caller offered cannot be answered (a SIP call's SDP: no common codec, SRTP
+    without TLS); the call is declined."""
+
+
 class CallTypeError(Exception):
     """The call's transport does not allow the request at all (accepting a WebRTC call)."""
 

@@ -56,8 +56,7 @@ from hark.server.state import (
     STATE,
 )
 from hark.transports.beta import is_beta
-from hark.transports.call import CallStateError, MediaCall
-from hark.transports.sip.sdp import SdpError
+from hark.transports.call import CallOfferError, CallStateError, MediaCall
 from hark.transports.webrtc.sdp import MAX_OFFER_BYTES, OfferError
 from hark.transports.websocket import REALTIME_SUBPROTOCOL, websocket_response
 
@@ -320,13 +319,8 @@ async def accept_call(request: web.Request) -> web.Response:
     call.admitted = True
     try:
         await call.accept(config, caller.owner)
-    except SdpError as exc:
-        return error_response(
-            400,
-            f"The caller's SDP offer could not be answered: {exc}",
-            param="call_id",
-            code="invalid_offer",
-        )
+    except CallOfferError as exc:
+        return error_response(400, str(exc), param="call_id", code="invalid_offer")
     except CallStateError as exc:
         return error_response(409, str(exc), param="call_id", code="invalid_call_state")
     except OSError as exc:

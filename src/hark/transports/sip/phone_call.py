@@ -36,7 +36,7 @@ from collections.abc import Callable
 
 from hark.driver.runner import SessionRunner
 from hark.protocol.session_config import SessionConfig
-from hark.transports.call import CallStateError, MediaCall
+from hark.transports.call import CallOfferError, CallStateError, MediaCall
 from hark.transports.sip.dtmf import digit_from_info
 from hark.transports.sip.media import RtpPacer, RtpSession
 from hark.transports.sip.sdp import SdpError
@@ -109,8 +109,9 @@ class PhoneCall(MediaCall):
 
     async def accept(self, config: SessionConfig | None, owner: str) -> None:
         """Answer the caller with a session of ``config`` for ``owner``, around the call's
-        RTP session (its player). Raises ``SdpError`` (the call is rejected with 488 then)
-        and ``CallStateError``; an ``OSError`` when no RTP port is free (rejected with 503)."""
+        RTP session (its player). Raises ``CallOfferError`` for an offer it cannot answer
+        (the call is rejected with 488 then) and ``CallStateError``; an ``OSError`` when no
+        RTP port is free (rejected with 503)."""
         if self.state != "pending" or self._closing:
             raise CallStateError(f"The call is {self._public_state()}; it cannot be accepted.")
         self.state = "accepted"
@@ -136,9 +137,9 @@ class PhoneCall(MediaCall):
             self.runner = runner = self._runner_for(media, config, owner)
         except CallStateError:
             raise
-        except SdpError:
+        except SdpError as exc:
             await self._fail_setup(488, "Not Acceptable Here")
-            raise
+            raise CallOfferError(f"The caller's SDP offer could not be answered: {exc}") from None
         except OSError:
             await self._fail_setup(503, "Service Unavailable")
             raise
