@@ -1,8 +1,9 @@
 """A small SIP caller (UAC) over loopback UDP for the call-control tests: it places an
 INVITE with a G.711 offer, acknowledges the final answer, and answers what the server sends
 in the dialog (BYE, REFER, NOTIFY's counterpart). It is written from RFC 3261 directly and
-shares no code with hark's SIP stack, so that it checks the stack rather than mirrors it;
-the real softphones and SIPp live in tests/transports/sip."""
+shares no code with hark's SIP stack, so that it checks the stack rather than mirrors it: it
+reads messages with the bench's SIP caller's parser (``hark.bench.sip.SipMessage``); the
+real softphones and SIPp live in tests/transports/sip."""
 
 from __future__ import annotations
 
@@ -13,93 +14,7 @@ import struct
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-_COMPACT = {
-    "i": "call-id",
-    "f": "from",
-    "t": "to",
-    "v": "via",
-    "m": "contact",
-    "l": "content-length",
-    "c": "content-type",
-    "r": "refer-to",
-    "b": "referred-by",
-}
-
-
-@dataclass
-class SipMessage:
-    """A parsed request or response."""
-
-    start: str
-    headers: list[tuple[str, str]]
-    body: bytes
-
-    @property
-    def is_response(self) -> bool:
-        """Whether this is a response (``SIP/2.0 …``)."""
-        return self.start.startswith("SIP/2.0 ")
-
-    @property
-    def status(self) -> int:
-        """A response's status."""
-        return int(self.start.split()[1])
-
-    @property
-    def method(self) -> str:
-        """A request's method, or a response's CSeq method."""
-        if self.is_response:
-            return self.header("cseq").split()[1]
-        return self.start.split()[0]
-
-    def header(self, name: str) -> str:
-        """The first value of a header ("" when absent)."""
-        values = self.all(name)
-        return values[0] if values else ""
-
-    def all(self, name: str) -> list[str]:
-        """Every value of a header, in order."""
-        return [value for key, value in self.headers if key == name.lower()]
-
-    @classmethod
-    def parse(cls, data: bytes) -> SipMessage:
-        """Parse one datagram."""
-        head, _, body = data.partition(b"\r\n\r\n")
-        lines = head.decode().split("\r\n")
-        headers = []
-        for line in lines[1:]:
-            name, _, value = line.partition(":")
-            key = name.strip().lower()
-            headers.append((_COMPACT.get(key, key), value.strip()))
-        return cls(lines[0], headers, body)
-
-
-def _tag(value: str) -> str:
-    for part in value.split(";")[1:]:
-        key, _, tag = part.partition("=")
-        if key.strip().lower() == "tag":
-            return tag.strip()
-    return ""
-
-
-def _uri(value: str) -> str:
-    """The URI of a name-addr (``<sip:…>``) or of an addr-spec."""
-    if "<" in value:
-        return value.split("<", 1)[1].split(">", 1)[0]
-    return value.split(";", 1)[0].strip()
-
-
-def dtmf_packets(digit: str, *, ssrc: int, seq: int, timestamp: int) -> list[bytes]:
-    """An RFC 4733 event for ``digit``: three updates and the end packet sent three times."""
-    code = "0123456789*#ABCD".index(digit)
-    packets = []
-    for n in range(6):
-        end = n >= 3
-        duration = 160 * min(n + 1, 4)
-        header = struct.pack(
-            "!BBHII", 0x80, (0x80 if n == 0 else 0) | 101, seq + n, timestamp, ssrc
-        )
-        packets.append(header + struct.pack("!BBH", code, (0x80 if end else 0) | 10, duration))
-    return packets
+from hark.bench.sip import SipMessage, dtmf_packets, tag_of, uri_of
 
 
 class _Endpoint(asyncio.DatagramProtocol):
@@ -210,9 +125,9 @@ class Uac:
             if message.status < 200:
                 self.provisional.append(message.status)
                 continue
-            self.to_tag = _tag(message.header("to"))
+            self.to_tag = tag_of(message.header("to"))
             if message.status < 300:
-                self.remote_target = _uri(message.header("contact"))
+                self.remote_target = uri_of(message.header("contact"))
                 self.answer = message.body.decode()
                 self.answered_with = message
                 if ack:
@@ -238,7 +153,7 @@ class Uac:
     def _ack(self, response: SipMessage) -> None:
         # A 2xx's ACK is a request of its own: a new branch, to the remote target.
         self._send(
-            f"ACK {_uri(response.header('contact'))} SIP/2.0\r\n"
+            f"ACK {uri_of(response.header('contact'))} SIP/2.0\r\n"
             f"Via: {self._via('z9hG4bK' + secrets.token_hex(8))}\r\n"
             "Max-Forwards: 70\r\n"
             f"From: {self._from()}\r\n"

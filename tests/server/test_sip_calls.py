@@ -25,9 +25,10 @@ import openai
 import pytest
 from openai.types.webhooks import RealtimeCallIncomingWebhookEvent
 
+from hark.bench.sip import SipMessage
 from hark.protocol import server_events as se
 from hark.session.core import Session
-from tests.server.sip_uac import SipMessage, Uac, uac
+from tests.server.sip_uac import Uac, uac
 from tests.server.webhook_receiver import WebhookReceiver, webhook_receiver
 from tests.servers import HarkProcess
 

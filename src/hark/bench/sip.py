@@ -45,6 +45,7 @@ import math
 import os
 import re
 import secrets
+import struct
 import sys
 import time
 from collections.abc import Sequence
@@ -134,7 +135,7 @@ class SipCaller:
         self.sender = RtpSender(payload_type=PCMU)
         self._sip: asyncio.DatagramTransport | None = None
         self._rtp: asyncio.DatagramTransport | None = None
-        self._responses: asyncio.Queue[str] = asyncio.Queue(64)
+        self._responses: asyncio.Queue[SipMessage] = asyncio.Queue(64)
         self._remote_tag = ""
         self._remote_target = ""
         self._routes: list[str] = []
@@ -174,14 +175,14 @@ class SipCaller:
         started = time.monotonic()
         response = await self._transact(message, "INVITE", limit_s)
         elapsed = time.monotonic() - started
-        status = _status(response)
-        if status != 200:
-            raise BenchError(f"INVITE answered {response.splitlines()[0]}")
-        self._remote_tag = _tag(_header(response, "To"))
-        contact = re.search(r"<([^>]+)>", _header(response, "Contact"))
-        self._remote_target = contact.group(1) if contact else f"sip:hark@{self.server[0]}"
-        self._routes = list(reversed(_headers(response, "Record-Route")))
-        self._rtp_remote = _sdp_address(response.partition("\r\n\r\n")[2])
+        if response.status != 200:
+            raise BenchError(f"INVITE answered {response.start}")
+        self._remote_tag = tag_of(response.header("to"))
+        contact = response.header("contact")
+        self._remote_target = uri_of(contact) if contact else f"sip:hark@{self.server[0]}"
+        routes = [r.strip() for value in response.all("record-route") for r in value.split(",")]
+        self._routes = list(reversed(routes))
+        self._rtp_remote = _sdp_address(response.body.decode(errors="replace"))
         self._send(self._request("ACK", _branch(), cseq=1, in_dialog=True))
         return elapsed
 
@@ -266,7 +267,7 @@ class SipCaller:
         lines.append(f"Content-Length: {len(body.encode())}")
         return "\r\n".join(lines) + "\r\n\r\n" + body
 
-    async def _transact(self, message: str, method: str, limit_s: float) -> str:
+    async def _transact(self, message: str, method: str, limit_s: float) -> SipMessage:
         """Send a request, retransmitting as RFC 3261 does over UDP, until a final response."""
         interval = _T1_S
         async with asyncio.timeout(limit_s):
@@ -281,9 +282,9 @@ class SipCaller:
                         self._send(message)
                     interval = min(interval * 2, 4.0)
                     continue
-                if f" {method}" not in _header(response, "CSeq"):
+                if response.method != method:
                     continue
-                if _status(response) < 200:
+                if response.status < 200:
                     provisional = True
                     continue
                 return response
@@ -293,27 +294,22 @@ class SipCaller:
         self._sip.sendto(message.encode(), self.server)
 
     def _on_sip(self, data: bytes, addr: tuple[str, int]) -> None:
-        text = data.decode(errors="replace")
-        if text.startswith("SIP/2.0 "):
-            if " INVITE" in _header(text, "CSeq") and _status(text) == 200 and self._remote_tag:
+        message = SipMessage.parse(data)
+        if message.is_response:
+            if message.method == "INVITE" and message.status == 200 and self._remote_tag:
                 # Our ACK was lost: the 200 OK comes again, and so does the ACK.
                 self._send(self._request("ACK", _branch(), cseq=1, in_dialog=True))
                 return
             with contextlib.suppress(asyncio.QueueFull):
-                self._responses.put_nowait(text)
+                self._responses.put_nowait(message)
             return
-        method = text.split(" ", 1)[0]
-        if method == "ACK":
+        if message.method == "ACK":
             return
-        if method == "BYE":
+        if message.method == "BYE":
             self.ended.set()
         response = "\r\n".join(
             ["SIP/2.0 200 OK"]
-            + [
-                line
-                for line in text.split("\r\n\r\n", 1)[0].split("\r\n")[1:]
-                if line.split(":", 1)[0].strip().lower() in ("via", "from", "to", "call-id", "cseq")
-            ]
+            + [f"{_ECHOED[name]}: {value}" for name, value in message.headers if name in _ECHOED]
             + ["Content-Length: 0", "", ""]
         )
         assert self._sip is not None
@@ -1011,35 +1007,102 @@ def _branch() -> str:
     return "z9hG4bK" + secrets.token_hex(8)
 
 
-def _status(response: str) -> int:
-    try:
-        return int(response.split(" ", 2)[1])
-    except (IndexError, ValueError):
-        return 0
+# The headers a response copies from its request, by their names in a SipMessage.
+_ECHOED = {"via": "Via", "from": "From", "to": "To", "call-id": "Call-ID", "cseq": "CSeq"}
+# Compact header names (RFC 3261 §7.3.3) and the full names they stand for.
+_COMPACT = {
+    "i": "call-id",
+    "f": "from",
+    "t": "to",
+    "v": "via",
+    "m": "contact",
+    "l": "content-length",
+    "c": "content-type",
+    "r": "refer-to",
+    "b": "referred-by",
+}
 
 
-def _headers(message: str, name: str) -> list[str]:
-    head = message.split("\r\n\r\n", 1)[0]
-    found = []
-    for line in head.split("\r\n")[1:]:
-        key, _, value = line.partition(":")
-        if key.strip().lower() == name.lower():
-            found += (
-                [part.strip() for part in value.split(",")]
-                if name == "Record-Route"
-                else [value.strip()]
-            )
-    return found
+@dataclass
+class SipMessage:
+    """A request or response as a caller reads it: the start line, the headers (names in
+    lower case, compact forms spelled out) and the body."""
+
+    start: str
+    headers: list[tuple[str, str]]
+    body: bytes
+
+    @property
+    def is_response(self) -> bool:
+        """Whether this is a response (``SIP/2.0 …``)."""
+        return self.start.startswith("SIP/2.0 ")
+
+    @property
+    def status(self) -> int:
+        """A response's status (0 when the start line has none)."""
+        try:
+            return int(self.start.split()[1])
+        except (IndexError, ValueError):
+            return 0
+
+    @property
+    def method(self) -> str:
+        """A request's method, or a response's CSeq method."""
+        if self.is_response:
+            cseq = self.header("cseq").split()
+            return cseq[1] if len(cseq) > 1 else ""
+        return self.start.split(" ", 1)[0]
+
+    def header(self, name: str) -> str:
+        """The first value of a header ("" when absent)."""
+        values = self.all(name)
+        return values[0] if values else ""
+
+    def all(self, name: str) -> list[str]:
+        """Every value of a header, in order."""
+        return [value for key, value in self.headers if key == name.lower()]
+
+    @classmethod
+    def parse(cls, data: bytes) -> SipMessage:
+        """Parse one datagram."""
+        head, _, body = data.partition(b"\r\n\r\n")
+        lines = head.decode(errors="replace").split("\r\n")
+        headers = []
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            key = name.strip().lower()
+            headers.append((_COMPACT.get(key, key), value.strip()))
+        return cls(lines[0], headers, body)
 
 
-def _header(message: str, name: str) -> str:
-    values = _headers(message, name)
-    return values[0] if values else ""
+def tag_of(value: str) -> str:
+    """The ``tag`` parameter of a From or To value ("" when it has none)."""
+    for part in value.split(";")[1:]:
+        key, _, tag = part.partition("=")
+        if key.strip().lower() == "tag":
+            return tag.strip(" >")
+    return ""
 
 
-def _tag(value: str) -> str:
-    match = re.search(r";\s*tag=([^;>\s]+)", value)
-    return match.group(1) if match else ""
+def uri_of(value: str) -> str:
+    """The URI of a name-addr (``<sip:…>``) or of an addr-spec."""
+    if "<" in value:
+        return value.split("<", 1)[1].split(">", 1)[0]
+    return value.split(";", 1)[0].strip()
+
+
+def dtmf_packets(digit: str, *, ssrc: int, seq: int, timestamp: int) -> list[bytes]:
+    """An RFC 4733 event for ``digit``: three updates and the end packet sent three times."""
+    code = "0123456789*#ABCD".index(digit)
+    packets = []
+    for n in range(6):
+        end = n >= 3
+        duration = 160 * min(n + 1, 4)
+        header = struct.pack(
+            "!BBHII", 0x80, (0x80 if n == 0 else 0) | TELEPHONE_EVENT, seq + n, timestamp, ssrc
+        )
+        packets.append(header + struct.pack("!BBH", code, (0x80 if end else 0) | 10, duration))
+    return packets
 
 
 def _sdp_address(sdp: str) -> tuple[str, int]:
