@@ -18,6 +18,7 @@ import asyncio
 import concurrent.futures
 import heapq
 import itertools
+import os
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -39,7 +40,8 @@ class SchedulerFullError(RuntimeError):
 
 
 class DueFirstScheduler:
-    """Runs calls on up to ``workers`` threads, the one due soonest first.
+    """Runs calls on up to ``workers`` threads (by default half the cores), the one due
+    soonest first.
 
     ``due`` is a ``time.monotonic()`` instant: when the listener would run out of what it
     already has. Threads start as calls come and end after ``idle_s`` without work, so an
@@ -50,12 +52,14 @@ class DueFirstScheduler:
 
     def __init__(
         self,
-        workers: int,
+        workers: int | None = None,
         *,
         name: str = "hark-engine",
         idle_s: float = 30.0,
         max_waiting: int = 1024,
     ) -> None:
+        if workers is None:
+            workers = max(1, (os.cpu_count() or 2) // 2)
         if workers < 1:
             raise ValueError(f"workers must be at least 1, got {workers}")
         self._workers = workers

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -170,3 +170,13 @@ class ReadsImages(Protocol):
 def takes_images(llm: object) -> bool:
     """Whether ``llm`` may be sent images; engines that do not say take none."""
     return isinstance(llm, ReadsImages) and llm.takes_images
+
+
+def shared_prefix(a: Sequence[object], b: Sequence[object]) -> int:
+    """How many items ``a`` and ``b`` have in common from the start (tokens, characters)."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n

@@ -31,8 +31,8 @@ from typing import Literal, Protocol
 
 from hark.engines import health
 from hark.engines.activity import computing_now
-from hark.engines.llm import step_policy
-from hark.engines.llm.kv_cache import CacheSequence, KvCache, shared_prefix
+from hark.engines.llm import shared_prefix, step_policy
+from hark.engines.llm.kv_cache import CacheSequence, KvCache
 from hark.engines.llm.llama_model import LlamaContext, LlamaModel, Row
 from hark.engines.llm.sampling import Sampler
 

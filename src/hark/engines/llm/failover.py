@@ -40,6 +40,7 @@ from hark.engines.llm import (
     GenerationRequest,
     LlmEvent,
     TextDelta,
+    shared_prefix,
 )
 from hark.engines.llm.openai_compatible import LlmError, OpenAICompatibleLlm
 from hark.engines.stage_timeouts import StageTimeoutError, within
@@ -134,7 +135,7 @@ class RepeatFilter:
         held, self._held = self._held, ""
         if held.startswith(self._emitted):
             return held[len(self._emitted) :]
-        common = _common_prefix_length(held, self._emitted)
+        common = shared_prefix(held, self._emitted)
         return held[common:] if common >= MIN_REPEAT_CHARS else held
 
     def flush(self) -> str:
@@ -144,15 +145,6 @@ class RepeatFilter:
         self._deciding = False
         held, self._held = self._held, ""
         return "" if len(held) >= MIN_REPEAT_CHARS else held
-
-
-def _common_prefix_length(a: str, b: str) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 @dataclass(eq=False, slots=True)

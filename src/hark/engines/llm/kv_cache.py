@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
+from hark.engines.llm import shared_prefix
 from hark.engines.llm.llama_model import LlamaContext
 
 # Idle sequences shorter than this are forgotten rather than moved to RAM.
@@ -40,16 +41,6 @@ class _Snapshot:
     tokens: list[int]
     data: bytearray
     size: int
-
-
-def shared_prefix(a: list[int], b: list[int]) -> int:
-    """How many tokens ``a`` and ``b`` have in common from the start."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class KvCache:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import os
 import threading
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -87,9 +86,7 @@ class HibariTts:
         self._load_lock = threading.Lock()
         # A sentence is one model call of tens of milliseconds holding a core: due first, a
         # reply's first words overtake sentences still to play.
-        self._queue = DueFirstScheduler(
-            workers or max(1, (os.cpu_count() or 2) // 2), name="hark-hibari"
-        )
+        self._queue = DueFirstScheduler(workers, name="hark-hibari")
 
     def installed_voices(self) -> tuple[str, ...]:
         """The one voice this engine speaks with."""

@@ -11,7 +11,6 @@ import asyncio
 import importlib.util
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -92,9 +91,7 @@ class PiperTts:
         self._load_lock = threading.Lock()
         # Piper renders a sentence in one call holding a core for tens to hundreds of
         # milliseconds: due first, a reply's first words overtake sentences still to play.
-        self._queue = DueFirstScheduler(
-            workers or max(1, (os.cpu_count() or 2) // 2), name="hark-piper"
-        )
+        self._queue = DueFirstScheduler(workers, name="hark-piper")
 
     def installed_voices(self) -> tuple[str, ...]:
         """The model's name, then its speakers' names when it has several."""
