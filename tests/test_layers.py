@@ -43,6 +43,8 @@ def test_hark_keeps_its_layers() -> None:
     result = _run(ROOT / "src")
     assert result.returncode == 0, result.stdout
     assert "0 new violations" in result.stdout
+    # Nothing runs against the layers, not even by leave: LAYER_ALLOWED stays empty.
+    assert "0 allowed" in result.stdout
     assert "0 cycles" in result.stdout
 
 

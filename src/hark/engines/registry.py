@@ -169,6 +169,14 @@ def _fake_llm(settings: Settings) -> LlmEngine:
     return FakeLlm()
 
 
+def _extra_missing(extra: str, exc: RuntimeError) -> EngineUnavailableError:
+    """The error of a TTS engine whose optional package (``hark[extra]``) is missing;
+    ``exc`` is the engine's own, saying how to install it with uv."""
+    return EngineUnavailableError(
+        f"{exc}, or pip install 'hark[{extra}]'; --tts openai or --engines fake run without it"
+    )
+
+
 def _piper_tts(settings: Settings, voices: Sequence[str]) -> TtsEngine:
     from hark.engines.tts.piper import PiperTts
 
@@ -176,9 +184,7 @@ def _piper_tts(settings: Settings, voices: Sequence[str]) -> TtsEngine:
         return PiperTts(model_path=settings.tts_model, voices=voices)
     except RuntimeError as exc:
         # Piper is GPL-3.0 and therefore an optional extra; its absence is a setup choice.
-        raise EngineUnavailableError(
-            f"{exc}, or pip install 'hark[piper]'; --tts openai or --engines fake run without it"
-        ) from exc
+        raise _extra_missing("piper", exc) from exc
 
 
 def _hibari_tts(settings: Settings, voices: Sequence[str]) -> TtsEngine:
@@ -188,9 +194,7 @@ def _hibari_tts(settings: Settings, voices: Sequence[str]) -> TtsEngine:
         return HibariTts(voice=settings.tts_model, voices=voices)
     except RuntimeError as exc:
         # An optional extra, like Piper (though Apache-2.0: the core stays lean).
-        raise EngineUnavailableError(
-            f"{exc}, or pip install 'hark[hibari]'; --tts openai or --engines fake run without it"
-        ) from exc
+        raise _extra_missing("hibari", exc) from exc
     except ValueError as exc:
         # A voice hibari does not know (its message lists those it does).
         raise EngineUnavailableError(str(exc)) from exc
