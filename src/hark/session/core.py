@@ -137,7 +137,6 @@ class Session:
             playout=self._playout,
             plays_audio=plays_audio,
             audio_retention_ms=retention_ms,
-            reply_sent=lambda after_ms: me._turns.arm_idle_timeout(after_ms, me._now),
             mcp=self._mcp,
             recognition=self._recognition,
         )
@@ -485,6 +484,12 @@ class Session:
         if ended.tools_changed:
             self._responses.prefill()
 
+    def _replied(self, audio_ms: float | None) -> None:
+        """A response ended; when it was the reply the client plays, the idle timeout counts
+        from the end of its ``audio_ms``."""
+        if audio_ms is not None:
+            self._turns.arm_idle_timeout(audio_ms, self._now)
+
     def _playout_stopped(self, result: results.PlayoutStopped) -> None:
         if self._playout.stopped(result.response_id):
             # The user has heard the conversation's reply: the idle timeout runs from now.
@@ -518,20 +523,22 @@ _ROUTES: dict[type[Result], Callable[[Session, Any], None]] = {
     results.ToolCallDelta: lambda s, r: s._responses.tool_call_delta(
         r.response_id, r.call_id, r.delta
     ),
-    results.ToolCallFinished: lambda s, r: s._responses.tool_call_finished(
-        r.response_id, r.call_id, r.arguments
+    results.ToolCallFinished: lambda s, r: s._replied(
+        s._responses.tool_call_finished(r.response_id, r.call_id, r.arguments)
     ),
-    results.GenerationFinished: lambda s, r: s._responses.finished(r.response_id, r.finished),
+    results.GenerationFinished: lambda s, r: s._replied(
+        s._responses.finished(r.response_id, r.finished)
+    ),
     results.GenerationFailed: lambda s, r: s._responses.failed(
         r.response_id, r.message, r.code, r.error_type
     ),
     results.McpToolsListed: lambda s, r: s._listing_ended(s._mcp.listed(r.item_id, r.tools)),
     results.McpListFailed: Session._mcp_list_failed,
-    results.McpCallDone: lambda s, r: s._responses.mcp_call_done(
-        r.response_id, r.item_id, output=r.output
+    results.McpCallDone: lambda s, r: s._replied(
+        s._responses.mcp_call_done(r.response_id, r.item_id, output=r.output)
     ),
-    results.McpCallFailed: lambda s, r: s._responses.mcp_call_done(
-        r.response_id, r.item_id, error=r.error
+    results.McpCallFailed: lambda s, r: s._replied(
+        s._responses.mcp_call_done(r.response_id, r.item_id, error=r.error)
     ),
     results.PlayoutStarted: lambda s, r: s._playout.started(r.response_id),
     results.PlayoutStopped: Session._playout_stopped,
