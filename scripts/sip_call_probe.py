@@ -28,7 +28,7 @@ from tests.e2e.conftest import speech, transcribe, words
 from hark.audio.codecs.g711 import ulaw_decode
 from hark.bench.report import BenchError
 from hark.bench.sip import SipCaller
-from hark.transports.sip.rtp import RtpError, RtpPacket, is_rtcp
+from hark.transports.rtp import RtpError, RtpPacket, is_rtcp
 
 QUESTION = "What is the capital of France?"
 RATE = 8000

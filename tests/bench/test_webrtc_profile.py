@@ -56,6 +56,10 @@ SRTP = on_main(
     "srtp_protect (pylibsrtp/_binding.abi3.so)",
 )
 RTP = on_main("AudioSender._send (hark/transports/webrtc/rtp_audio.py:164)")
+PACK = on_main(
+    "AudioSender._send (hark/transports/webrtc/rtp_audio.py:164)",
+    "pack_rtp (hark/transports/rtp.py:84)",
+)
 IDLE = on_main("uv_run (core.c:452)", "uv__io_poll (linux.c:1370)", "epoll_pwait (libc.so.6)")
 HANDOFF = on_main(
     "RTCRtpReceiver._handle_rtp_packet (aiortc/rtcrtpreceiver.py:567)",
@@ -76,6 +80,8 @@ def test_each_stack_goes_to_its_part() -> None:
     assert str(part_of(frames(HANDOFF))).startswith("Opus decode")
     assert part_of(frames(SRTP)) == "SRTP"
     assert str(part_of(frames(RTP))).startswith("RTP packets")
+    # The packing shared with SIP is RTP too, not the call layer around it.
+    assert str(part_of(frames(PACK))).startswith("RTP packets")
     assert part_of(frames(on_main("memcpy (libc.so.6)"))) == UNATTRIBUTED
     # A thread waiting in epoll (or on a lock, or the GIL) uses no CPU.
     assert part_of(frames(IDLE)) is None

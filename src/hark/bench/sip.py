@@ -70,7 +70,7 @@ from hark.bench.report import (
 )
 from hark.bench.spoken_questions import QUESTIONS, RATE, SpokenQuestion, spoken_questions
 from hark.config.options import add_bench_arguments
-from hark.transports.sip.rtp import RtpError, RtpPacket, RtpSender, is_rtcp
+from hark.transports.rtp import RtpError, RtpPacket, RtpSender, is_rtcp
 
 logger = logging.getLogger(__name__)
 

@@ -70,7 +70,7 @@ _FRAME_PARTS = (
     (
         "RTP packets (aiortc's sender and receiver, or hark's own audio path)",
         r"aiortc/rtp\.py|rtcrtpreceiver|rtcrtpsender|rtcdtlstransport|aiortc/codecs"
-        r"|webrtc/rtp_audio\.py",
+        r"|webrtc/rtp_audio\.py|hark/transports/rtp\.py",
     ),
     ("input audio (frames to the session's input)", r"webrtc/input_audio\.py"),
     ("playout pacing", r"hark/transports/playout\.py|webrtc/playout\.py|transports/ticker\.py"),

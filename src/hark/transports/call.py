@@ -26,7 +26,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
 from aiohttp import WSCloseCode, web
@@ -40,6 +40,7 @@ from hark.protocol.session_config import SessionConfig
 from hark.session.ids import IdGenerator
 from hark.transports.beta import Dialect
 from hark.transports.sideband import Sidebands
+from hark.transports.ticker import Pacer
 
 logger = logging.getLogger(__name__)
 
@@ -64,11 +65,13 @@ CallState = Literal["pending", "accepted", "ended"]
 @dataclass(frozen=True, slots=True)
 class CallHost:
     """What every session of a worker runs on: its engines, its metrics and how long a
-    session may last. ``runner`` is the one place a ``SessionRunner`` is made."""
+    session may last. ``runner`` is the one place a ``SessionRunner`` is made; ``pacer``
+    (one timer) sends the reply audio of every call of the worker, whatever its transport."""
 
     engines: Engines
     metrics: Metrics | None = None
     session_limit_s: float = SESSION_LIMIT_S
+    pacer: Pacer = field(default_factory=Pacer)
 
     def runner(
         self,

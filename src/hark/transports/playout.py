@@ -130,6 +130,8 @@ class Playout:
         self._ended: deque[str] = deque(maxlen=_ENDED_MEMORY)
         self._start: float | None = None
         self.frames_sent = 0
+        # Frames whose time passed uncut (``pass_frame``): they count on the schedule.
+        self.frames_passed = 0
         # Told of every frame cut, and whether it is ``silence`` (``hark.transports.echo``'s
         # reference); None: nobody is.
         self.tap: Callable[[npt.NDArray[np.int16], bool], None] | None = None
@@ -207,23 +209,31 @@ class Playout:
 
     # ------------------------------------------------------------------ frames
 
-    def due_in(self) -> float:
-        """Seconds until the next frame is due (zero or less: now).
+    def due_in(self, now: float | None = None) -> float:
+        """Seconds from ``now`` (None: the clock's time) until the next frame is due (zero or
+        less: now).
 
         The first call starts the schedule with a frame due at once. Behind it by more than
         ``MAX_LAG_SECONDS``, the schedule restarts from now (``late_restarts`` counts it, and
         ``frames_skipped`` the whole frames it was behind).
         """
-        now = self._clock()
+        if now is None:
+            now = self._clock()
+        frames = self.frames_sent + self.frames_passed
         if self._start is None:
-            self._start = now - self.frames_sent * self.frame_seconds
-        delay = self._start + self.frames_sent * self.frame_seconds - now
+            self._start = now - frames * self.frame_seconds
+        delay = self._start + frames * self.frame_seconds - now
         if delay < -MAX_LAG_SECONDS:
-            self._start = now - self.frames_sent * self.frame_seconds
+            self._start = now - frames * self.frame_seconds
             self.late_restarts += 1
             self.frames_skipped += int(-delay / self.frame_seconds)
             return 0.0
         return delay
+
+    def pass_frame(self) -> None:
+        """Let the next frame's time pass without cutting it (nobody would hear it: a call on
+        hold): the schedule moves on, and what is queued waits."""
+        self.frames_passed += 1
 
     def next_frame(self) -> npt.NDArray[np.int16]:
         """Cut the next frame from the queue, whether or not it is due.

@@ -21,7 +21,7 @@ at once with the default session, or with the stored prompt a ``prompt`` paramet
 A rejected call closes the stream, and Twilio goes on with the TwiML after ``<Connect>``.
 
 Reply audio: the session's ``AudioPlayer`` is a ``TwilioMedia``, a ``Playout`` at 8 kHz
-paced by the registry's ticker that sends each frame with audio ``LEAD_S`` ahead of real
+paced by the worker's ``Pacer``, which sends each frame with audio ``LEAD_S`` ahead of real
 time, followed by a mark. Twilio buffers what it gets, so the lead is what a ``clear``
 (barge-in) takes back; what the caller heard of a response is what the last mark Twilio
 acknowledged covered, and a cleared response is truncated to it. A response counts as
@@ -64,7 +64,7 @@ from hark.transports.call import (
     RingingCalls,
 )
 from hark.transports.playout import Playout, PlayoutListener
-from hark.transports.ticker import PlayoutTicker
+from hark.transports.ticker import Pacer
 
 logger = logging.getLogger(__name__)
 
@@ -164,9 +164,9 @@ class TwilioMedia:
     time, each with a mark; ``acked`` takes Twilio's mark echoes, which say what was heard.
     """
 
-    def __init__(self, send: Callable[[dict[str, Any]], None], ticker: PlayoutTicker) -> None:
+    def __init__(self, send: Callable[[dict[str, Any]], None], pacer: Pacer) -> None:
         self._send = send
-        self._ticker = ticker
+        self._pacer = pacer
         self._playout = Playout(RATE, frame_ms=FRAME_MS, clock=asyncio.get_running_loop().time)
         self._listener: PlayoutListener | None = None
         self._on_audio: Callable[[npt.NDArray[np.int16]], None] | None = None
@@ -195,12 +195,12 @@ class TwilioMedia:
         self._listener = runner
         self._playout.attach(self)
         self._running = True
-        self._ticker.add(self._tick)
+        self._pacer.add(self, lead_s=LEAD_S)
 
     def stop(self) -> None:
         """Send nothing more and report nothing more."""
         self._running = False
-        self._ticker.remove(self._tick)
+        self._pacer.remove(self)
         self._playout.stop()
         self._listener = None
         self._on_audio = None
@@ -293,18 +293,28 @@ class TwilioMedia:
 
     # ------------------------------------------------------------------ frames
 
-    def _tick(self) -> None:
-        while self._running and self._playout.due_in() <= LEAD_S:
-            frame = self._playout.next_frame()
-            if frame is not self._playout.silence:
-                self._send_frame(frame)
-            stopped, self._stopped_now = self._stopped_now, []
-            for response_id in stopped:
-                mark = self._last_mark.get(response_id, 0)
-                if mark <= self._acked:
-                    self._played_out(response_id)
-                else:
-                    self._stops[mark] = response_id
+    @property
+    def playout(self) -> Playout:
+        """The reply audio, whose schedule the pacer follows."""
+        return self._playout
+
+    def send_frame(self, due: float) -> None:
+        """The next frame, ``LEAD_S`` ahead of its time (the pacer's ``PacedStream``)."""
+        frame = self._playout.next_frame()
+        if not self._running:
+            return
+        if frame is not self._playout.silence:
+            self._send_frame(frame)
+        stopped, self._stopped_now = self._stopped_now, []
+        for response_id in stopped:
+            mark = self._last_mark.get(response_id, 0)
+            if mark <= self._acked:
+                self._played_out(response_id)
+            else:
+                self._stops[mark] = response_id
+
+    def frames_sent(self) -> None:
+        """Nothing waits for the tick's frames: the caller's audio is passed on as it comes."""
 
     def _send_frame(self, frame: npt.NDArray[np.int16]) -> None:
         self._seq += 1
@@ -352,14 +362,14 @@ class TwilioCall(MediaCall):
         ws: web.WebSocketResponse,
         stream: StreamStart,
         runner_for: RunnerFor,
-        ticker: PlayoutTicker,
+        pacer: Pacer,
         *,
         on_closed: Callable[[TwilioCall], None] | None = None,
     ) -> None:
         super().__init__(call_id, "", on_closed=on_closed, hold_for_sideband=True)
         self.state = "pending"
         self.stream = stream
-        self.media = TwilioMedia(self._send, ticker)
+        self.media = TwilioMedia(self._send, pacer)
         self._ws = ws
         self._runner_for = runner_for
         self._outbox: deque[str] = deque()
@@ -506,7 +516,6 @@ class TwilioStreams(RingingCalls[TwilioCall]):
         self.public_url = public_url.rstrip("/") if public_url else None
         self.announce = announce
         self.max_calls = max_calls
-        self.ticker = PlayoutTicker()
         self._auth_token = auth_token
 
     def __repr__(self) -> str:
@@ -576,7 +585,7 @@ class TwilioStreams(RingingCalls[TwilioCall]):
             ws,
             stream,
             self._runner_for,
-            self.ticker,
+            self.host.pacer,
             on_closed=self._forget,
         )
         logger.info("call %s rings (Twilio call %s)", call.id, stream.call_sid)

@@ -20,12 +20,12 @@ import pylibsrtp
 import pytest
 
 from hark.audio.codecs.g711 import ulaw_decode, ulaw_encode
+from hark.transports.rtp import RtpPacket, is_rtcp, seq_diff, ts_diff
 from hark.transports.sip import rtcp
 from hark.transports.sip.dtmf import TelephoneEvent
-from hark.transports.sip.media import RtpPacer, RtpSession
-from hark.transports.sip.rtp import RtpPacket, is_rtcp, seq_diff, ts_diff
+from hark.transports.sip.media import RtpSession
 from hark.transports.sip.sdp import SdpError
-from hark.transports.ticker import PlayoutTicker
+from hark.transports.ticker import Pacer, PlayoutTicker
 from tests.transports.conftest import Listener, until
 
 HOST = "127.0.0.1"
@@ -560,7 +560,7 @@ async def test_calls_on_one_pacer_share_its_ticker_and_leave_it_when_closed(
     phones: Callable[[], asyncio.Future[Phone]],
 ) -> None:
     ticker = PlayoutTicker(0.02)
-    pacer = RtpPacer(ticker)
+    pacer = Pacer(ticker)
     calls = [await RtpSession.open(bind_host=HOST, pacer=pacer, trusted=True) for _ in range(3)]
     try:
         callers = [await started(phones, media) for media in calls]

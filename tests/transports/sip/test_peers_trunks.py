@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from hark.bench.sip import SipCaller
+from hark.transports.rtp import RtpPacket
 from hark.transports.sip.dtmf import TelephoneEvent
-from hark.transports.sip.rtp import RtpPacket
 from tests.transports.conftest import until
 from tests.transports.sip.conftest import (
     SipServer,

@@ -22,7 +22,7 @@ import struct
 from collections import deque
 from dataclasses import dataclass
 
-from hark.transports.sip.rtp import TS_MOD
+from hark.transports.rtp import TS_MOD
 
 # RFC 4733 section 3.2: events 0-15 are the keypad's sixteen keys.
 DIGITS = "0123456789*#ABCD"

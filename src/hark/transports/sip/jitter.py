@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from hark.transports.sip.rtp import TS_MOD, ts_diff
+from hark.transports.rtp import TS_MOD, ts_diff
 
 WINDOW = 250
 FADE_FRAMES = 3

@@ -8,17 +8,17 @@ re-INVITE, and is the session's ``AudioPlayer`` through a
 reported exactly as over WebRTC; the one resampling step out is the playout's, the one in
 is a soxr stream from 8 kHz to the session's input rate, rebuilt if that rate changes.
 
-Pacing: the calls of a worker share one ``RtpPacer`` on a 20 ms ``PlayoutTicker`` (a session
-opened without one gets its own) rather than a timer each: one wake-up of the event loop per
-frame for all calls, and on each tick every call's packets leave before any call's input is
-passed on, so the last call's packets do not wait for the others' voice activity detection.
-Each session keeps its own grid on the pacer's (the n-th frame is due at start + n × 20 ms,
-so the error never accumulates) and sends every frame due by the tick's grid time, so the
-frames of ticks the ticker skipped are caught up; behind by more than ``MAX_LAG`` after a
-stalled loop, the grid restarts from now instead of bursting, and the RTP timestamp jumps
-over the gap. For each frame sent the session sends one RTP packet (the next playout frame,
-or, when nothing plays, a silence packet encoded once per codec) and hands the caller's
-next frame out of the jitter buffer to ``on_audio``.
+Pacing: the calls of a worker share the worker's one ``hark.transports.ticker.Pacer`` (a
+session opened without one gets its own) rather than a timer each: one wake-up of the event
+loop per frame for all calls, and on each tick every call's packets leave before any call's
+input is passed on (``frames_sent``), so the last call's packets do not wait for the others'
+voice activity detection. Frames are due on the playout's schedule (the n-th frame at
+start + n × 20 ms, so the error never accumulates), and the frames of ticks the ticker
+skipped are caught up; behind by more than ``MAX_LAG_SECONDS`` after a stalled loop, the
+schedule restarts from now instead of bursting, and the RTP timestamp jumps over the gap.
+For each frame due the session sends one RTP packet (the next playout frame, or, when
+nothing plays, a silence packet encoded once per codec) and hands the caller's next frame
+out of the jitter buffer to ``on_audio``.
 
 Symmetric RTP with strict latching (Asterisk's ``strictrtp``): packets go only to where the
 caller's RTP comes from (a phone behind NAT cannot know its public address), learned from
@@ -69,17 +69,10 @@ from hark.audio.resample import StreamResampler
 from hark.observability.session_metrics import SessionMetrics
 from hark.transports.echo import CallEcho
 from hark.transports.playout import Playout, PlayoutListener
+from hark.transports.rtp import ReceptionStats, RtpError, RtpSender, is_rtcp, parse_rtp, seq_diff
 from hark.transports.sip import rtcp
 from hark.transports.sip.dtmf import DtmfError, DtmfReceiver
 from hark.transports.sip.jitter import JitterBuffer
-from hark.transports.sip.rtp import (
-    ReceptionStats,
-    RtpError,
-    RtpPacket,
-    RtpSender,
-    is_rtcp,
-    seq_diff,
-)
 from hark.transports.sip.sdes import Crypto, SrtpContext, our_crypto
 from hark.transports.sip.sdp import (
     HOLD_ADDRESSES,
@@ -89,7 +82,7 @@ from hark.transports.sip.sdp import (
     negotiate,
     parse_offer,
 )
-from hark.transports.ticker import PlayoutTicker
+from hark.transports.ticker import Pacer
 
 logger = logging.getLogger(__name__)
 
@@ -97,15 +90,13 @@ RATE = 8000
 FRAME_MS = 20
 FRAME_SAMPLES = RATE * FRAME_MS // 1000
 FRAME_SECONDS = FRAME_MS / 1000
-MAX_LAG = 0.1
 RELATCH_PACKETS = 3
 RELATCH_MAX_GAP = 100
 RELATCH_SILENCE_S = 5.0
-_CLOCK_SLACK = 0.001
-# Ticks whose lateness is kept for the percentiles: the last minute of a call.
+# Frames whose lateness is kept for the percentiles: the last minute of a call.
 _LATENESS_KEPT = 3000
 
-__all__ = ["RtpPacer", "RtpSession", "RtpStats", "SdpError"]
+__all__ = ["RtpSession", "RtpStats", "SdpError"]
 
 _Encode = Callable[[npt.NDArray[np.int16]], bytes]
 _Decode = Callable[[bytes], npt.NDArray[np.int16]]
@@ -122,7 +113,7 @@ def _silence_payload(codec: str) -> bytes:
 
 @dataclass(slots=True)
 class RtpStats:
-    """A call's media so far. Lateness is how long after its grid time a tick ran."""
+    """A call's media so far. Lateness is how long after its due time a frame went out."""
 
     packets_sent: int = 0
     bytes_sent: int = 0
@@ -143,7 +134,7 @@ class RtpStats:
     send_lateness_ms: list[float] = field(default_factory=list)
 
     def send_lateness_percentile(self, q: float) -> float:
-        """The ``q``-th percentile (0-100) of recent tick lateness in ms (0 before any tick)."""
+        """The ``q``-th percentile (0-100) of recent frames' lateness in ms (0 before any)."""
         if not self.send_lateness_ms:
             return 0.0
         return float(np.percentile(self.send_lateness_ms, q))
@@ -162,54 +153,6 @@ class _Protocol(asyncio.DatagramProtocol):
         logger.debug("rtp: %s", exc)
 
 
-class RtpPacer:
-    """The 20 ms beat of the RTP sessions of a worker, one callback on ``ticker``.
-
-    Its grid starts at its first tick, which the ticker runs at once; every tick after that
-    belongs to the grid time at or before it (the loop runs ticks late, never early), and
-    each session sends the frames due by that time. Frames are due on the same grid as the
-    ticks, so which tick sends a frame never depends on how late the loop ran it.
-    """
-
-    def __init__(self, ticker: PlayoutTicker | None = None) -> None:
-        self.ticker = ticker if ticker is not None else PlayoutTicker(FRAME_SECONDS)
-        if self.ticker.period_s != FRAME_SECONDS:
-            raise ValueError(f"RTP is paced by a {FRAME_MS} ms ticker")
-        self._sessions: dict[RtpSession, None] = {}
-        self._start: float | None = None
-
-    def __len__(self) -> int:
-        return len(self._sessions)
-
-    def add(self, session: RtpSession) -> None:
-        """Pace ``session`` from the next tick on."""
-        self._sessions[session] = None
-        if len(self._sessions) == 1:
-            self.ticker.add(self._tick)
-
-    def remove(self, session: RtpSession) -> None:
-        """Stop pacing ``session``."""
-        self._sessions.pop(session, None)
-        if not self._sessions:
-            self.ticker.remove(self._tick)
-            # The ticker starts a new grid when it is next needed.
-            self._start = None
-
-    def _tick(self) -> None:
-        now = asyncio.get_running_loop().time()
-        if self._start is None:
-            self._start = now
-        # The slack: uvloop's clock counts whole milliseconds.
-        ticks = math.floor((now - self._start + _CLOCK_SLACK) / FRAME_SECONDS)
-        tick_at = self._start + ticks * FRAME_SECONDS
-        # A copy: a session may end while the tick runs.
-        sessions = list(self._sessions)
-        for session in sessions:
-            session._send_due(tick_at)
-        for session in sessions:
-            session._pass_input()
-
-
 class RtpSession:
     """One call's RTP and RTCP; the session's ``AudioPlayer``. Made by ``open``."""
 
@@ -217,7 +160,7 @@ class RtpSession:
         self,
         transport: asyncio.DatagramTransport,
         protocol: _Protocol,
-        pacer: RtpPacer | None = None,
+        pacer: Pacer | None = None,
         *,
         trusted: bool = False,
         peer_ip: str | None = None,
@@ -225,7 +168,7 @@ class RtpSession:
         self._transport = transport
         self._trusted = trusted
         self._peer_ip = peer_ip
-        self._pacer = pacer if pacer is not None else RtpPacer()
+        self._pacer = pacer if pacer is not None else Pacer()
         protocol.session = self
         self._loop = asyncio.get_running_loop()
         self.local_port: int = transport.get_extra_info("sockname")[1]
@@ -269,13 +212,12 @@ class RtpSession:
         self._counted_late = 0
         self._counted_dropped = 0
         self._running = False
-        self._grid_start: float | None = None
         # Frames sent this tick whose input counterpart is still to be passed on.
         self._input_due = 0
-        self._ticks = 0
         self._lateness: deque[float] = deque(maxlen=_LATENESS_KEPT)
         self._late_frames = 0
-        self._late_restarts = 0
+        # The playout's frames_skipped already added to the RTP timestamp.
+        self._skipped = 0
         self._received = 0
         self._received_bytes = 0
         self._dtmf_events = 0
@@ -289,7 +231,7 @@ class RtpSession:
         *,
         bind_host: str,
         ports: range | None = None,
-        pacer: RtpPacer | None = None,
+        pacer: Pacer | None = None,
         trusted: bool = False,
         peer_ip: str | None = None,
     ) -> RtpSession:
@@ -470,45 +412,50 @@ class RtpSession:
             dtmf_events=self._dtmf_events,
             ignored=self._ignored,
             late_frames=self._late_frames,
-            late_restarts=self._late_restarts,
+            late_restarts=self._playout.late_restarts,
             round_trip_ms=None if self._round_trip is None else self._round_trip * 1000,
             send_lateness_ms=[x * 1000 for x in self._lateness],
         )
 
     # ------------------------------------------------------------------ ticks
 
-    def _send_due(self, tick_at: float) -> None:
-        """Send the frames due by ``tick_at``, the grid time of this tick (the pacer's first
+    @property
+    def playout(self) -> Playout:
+        """The reply audio, whose schedule the pacer follows."""
+        return self._playout
+
+    def send_frame(self, due: float) -> None:
+        """The frame due at ``due``: its packet, when the call is sending (the pacer's first
         pass)."""
-        now = self._loop.time()
-        if self._grid_start is None:
-            self._grid_start = tick_at
         # uvloop's clock is the monotonic one read once per loop turn, in whole milliseconds:
         # the time this packet really leaves is read afresh, or a turn's last call would look
         # as punctual as its first.
-        sent_at = time.monotonic()
-        lateness = sent_at - (self._grid_start + self._ticks * FRAME_SECONDS)
-        if lateness > MAX_LAG:
-            self._grid_start = tick_at - self._ticks * FRAME_SECONDS
-            self._late_restarts += 1
+        lateness = time.monotonic() - due
+        skipped = self._playout.frames_skipped - self._skipped
+        if skipped:
+            # The frames a stall skipped are a gap on the sampling clock, not a slower one.
+            self._skipped += skipped
+            self._sender.advance(skipped * FRAME_SAMPLES)
+            lateness += skipped * FRAME_SECONDS
+        if lateness >= FRAME_SECONDS:
             self._late_frames += 1
-            # The frames the stall skipped are a gap on the sampling clock, not a slower one.
-            self._sender.advance(int(lateness / FRAME_SECONDS) * FRAME_SAMPLES)
         self._lateness.append(lateness)
+        self._input_due += 1
         try:
-            # Due times and tick_at lie on one grid: half a frame tells them apart.
-            due = self._grid_start + self._ticks * FRAME_SECONDS
-            while due - tick_at < FRAME_SECONDS / 2:
-                if sent_at - due >= FRAME_SECONDS:
-                    self._late_frames += 1
-                due += FRAME_SECONDS
-                self._ticks += 1
-                self._input_due += 1
-                self._send_frame()
+            self._send_frame()
+        except Exception:
+            logger.exception("rtp: sending failed")
+
+    def frames_sent(self) -> None:
+        """Pass on the caller's audio, one frame for each frame sent, and send what else is
+        due (the pacer's second pass)."""
+        self._pass_input()
+        now = self._loop.time()
+        try:
             if self._report_timer.poll(now):
                 self._send_report()
         except Exception:
-            logger.exception("rtp: sending failed")
+            logger.exception("rtp: sending a report failed")
         if now - self._heard_at > self._rtp_timeout:
             self._inactive()
 
@@ -530,7 +477,7 @@ class RtpSession:
                 logger.exception("rtp: on_inactive failed")
 
     def _pass_input(self) -> None:
-        """Hand the caller's frames to ``on_audio``, one per frame sent (the second pass)."""
+        """Hand the caller's frames to ``on_audio``, one per frame sent."""
         now = self._loop.time()
         try:
             while self._input_due:
@@ -580,6 +527,10 @@ class RtpSession:
             if self._srtp is not None:
                 packet = self._srtp.protect(packet)
             self._transport.sendto(packet, target)
+        else:
+            # Nobody hears it (held, or the caller's address not known yet): what is queued
+            # waits, and only the sampling clock moves on.
+            self._playout.pass_frame()
         self._sender.advance(FRAME_SAMPLES)
 
     def _send_report(self, *, bye: bool = False) -> None:
@@ -658,56 +609,52 @@ class RtpSession:
             self._receive_rtcp(data, addr)
             return
         try:
-            packet = RtpPacket.parse(data)
+            payload_type, _, sequence, timestamp, ssrc, payload = parse_rtp(data)
         except RtpError:
             self._ignored += 1
             return
+        events = agreed.telephone_event
+        negotiated = payload_type == agreed.codec.payload_type or (
+            events is not None and payload_type == events.payload_type
+        )
         now = self._loop.time()
         if addr == self._latched:
             # Any packet of the caller's (comfort noise too) shows it is still there.
             self._heard_at = now
-        elif not self._latch(addr, packet, now):
+        elif not negotiated or not self._latch(addr, ssrc, sequence, now):
             self._ignored += 1
             return
-        events = agreed.telephone_event
-        if packet.payload_type != agreed.codec.payload_type and (
-            events is None or packet.payload_type != events.payload_type
-        ):
+        if not negotiated:
             self._ignored += 1
             return
         self._received += 1
-        self._received_bytes += len(packet.payload)
+        self._received_bytes += len(payload)
         if not self._running or not agreed.receiving:
             # Before start (early media) and on hold the caller's audio goes nowhere.
             return
-        if self._reception.ssrc is not None and packet.ssrc != self._reception.ssrc:
+        if self._reception.ssrc is not None and ssrc != self._reception.ssrc:
             self._jitter.reset()
             self._dtmf = DtmfReceiver()
-        if not self._reception.update(packet.ssrc, packet.sequence, packet.timestamp, now):
+        if not self._reception.update(ssrc, sequence, timestamp, now):
             return
-        if events is not None and packet.payload_type == events.payload_type:
-            self._receive_dtmf(packet)
+        if events is not None and payload_type == events.payload_type:
+            self._receive_dtmf(timestamp, payload)
             return
-        self._jitter.put(packet.timestamp, self._decode(packet.payload), now)
+        self._jitter.put(timestamp, self._decode(payload), now)
 
-    def _latch(self, addr: tuple[str, int], packet: RtpPacket, now: float) -> bool:
-        """Whether a packet from ``addr``, not the latched address, is the caller's: it
-        latches, or moves the latch, by the rules of the module's docstring."""
-        agreed = self._agreed
-        assert agreed is not None
-        events = agreed.telephone_event
-        if packet.payload_type != agreed.codec.payload_type and (
-            events is None or packet.payload_type != events.payload_type
-        ):
-            return False
+    def _latch(self, addr: tuple[str, int], ssrc: int, sequence: int, now: float) -> bool:
+        """Whether a packet (of a negotiated payload type) from ``addr``, not the latched
+        address, is the caller's: it latches, or moves the latch, by the rules of the
+        module's docstring."""
         latched, reception = self._latched, self._reception
         if latched is None:
-            if addr[0] not in self._expected and not self._on_probation(addr, packet):
+            if addr[0] not in self._expected and not self._on_probation(addr, ssrc, sequence):
                 return False
         elif not (
-            packet.ssrc == reception.ssrc
-            and 0 < seq_diff(packet.sequence, reception.max_seq) <= RELATCH_MAX_GAP
-        ) and not (now - self._heard_at >= RELATCH_SILENCE_S and self._on_probation(addr, packet)):
+            ssrc == reception.ssrc and 0 < seq_diff(sequence, reception.max_seq) <= RELATCH_MAX_GAP
+        ) and not (
+            now - self._heard_at >= RELATCH_SILENCE_S and self._on_probation(addr, ssrc, sequence)
+        ):
             return False
         if latched is not None:
             logger.info("rtp: caller moved from %s to %s", latched, addr)
@@ -716,23 +663,23 @@ class RtpSession:
         self._latched, self._candidate, self._heard_at = addr, None, now
         return True
 
-    def _on_probation(self, addr: tuple[str, int], packet: RtpPacket) -> bool:
+    def _on_probation(self, addr: tuple[str, int], ssrc: int, sequence: int) -> bool:
         """Count a packet of a would-be source: True once it has sent ``RELATCH_PACKETS`` in
         a row of one SSRC with consecutive sequence numbers."""
         if (
             addr == self._candidate
-            and packet.ssrc == self._candidate_ssrc
-            and seq_diff(packet.sequence, self._candidate_seq) == 1
+            and ssrc == self._candidate_ssrc
+            and seq_diff(sequence, self._candidate_seq) == 1
         ):
             self._candidate_count += 1
         else:
-            self._candidate, self._candidate_ssrc, self._candidate_count = addr, packet.ssrc, 1
-        self._candidate_seq = packet.sequence
+            self._candidate, self._candidate_ssrc, self._candidate_count = addr, ssrc, 1
+        self._candidate_seq = sequence
         return self._candidate_count >= RELATCH_PACKETS
 
-    def _receive_dtmf(self, packet: RtpPacket) -> None:
+    def _receive_dtmf(self, timestamp: int, payload: bytes) -> None:
         try:
-            digit = self._dtmf.receive(packet.timestamp, packet.payload)
+            digit = self._dtmf.receive(timestamp, payload)
         except DtmfError:
             self._ignored += 1
             return

@@ -38,9 +38,10 @@ from hark.driver.runner import SessionRunner
 from hark.protocol.session_config import SessionConfig
 from hark.transports.call import CallOfferError, CallStateError, MediaCall
 from hark.transports.sip.dtmf import digit_from_info
-from hark.transports.sip.media import RtpPacer, RtpSession
+from hark.transports.sip.media import RtpSession
 from hark.transports.sip.sdp import SdpError
 from hark.transports.sip.user_agent import IncomingCall
+from hark.transports.ticker import Pacer
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ class PhoneCall(MediaCall):
         bind_host: str,
         advertise_ip: str,
         rtp_ports: range | None,
-        pacer: RtpPacer | None = None,
+        pacer: Pacer | None = None,
         on_closed: Callable[[PhoneCall], None] | None = None,
         rtp_timeout_s: float | None = None,
         echo_cancellation: bool = True,

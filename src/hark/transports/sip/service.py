@@ -14,9 +14,9 @@ sources and credentials; at most ``max_calls`` calls ring or talk at once (one m
 503). The settings refuse SIP on a non-loopback address with neither trunks nor a webhook.
 
 Each call has an RTP port of its own, taken from ``rtp_ports``; the RTP of all of them is
-paced by one ``RtpPacer``. The worker's calls count toward its load and its owners' session
-limits like WebRTC calls; the server's drain and shutdown end them with BYE.
-``SipService`` is a ``hark.transports.call.CallRegistry``.
+paced by the worker's one ``Pacer`` (the ``CallHost``'s). The worker's calls count toward its
+load and its owners' session limits like WebRTC calls; the server's drain and shutdown end
+them with BYE. ``SipService`` is a ``hark.transports.call.CallRegistry``.
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ from hark.transports.call import (
     RingingCalls,
 )
 from hark.transports.sip.admission import DEFAULT_RATE, InviteAdmission
-from hark.transports.sip.media import RtpPacer
 from hark.transports.sip.phone_call import PhoneCall
 from hark.transports.sip.sdp import media_security
 from hark.transports.sip.transaction import RFC_TIMERS, Timers
@@ -87,8 +86,8 @@ class SipService(RingingCalls[PhoneCall]):
         self.rtp_timeout_s = rtp_timeout_s
         self.echo_cancellation = echo_cancellation
         self.started = False
-        # One 20 ms wake-up for the RTP of every call rather than one per call.
-        self.pacer = RtpPacer()
+        # One 20 ms wake-up for the RTP of every call (and every other call of the worker).
+        self.pacer = host.pacer
 
     name = "sip"
 

@@ -5,7 +5,7 @@ every sideband WebSocket attached with ``?call_id=``: each server event goes to 
 them, and client events from any of them go to the session. The caller's audio track feeds
 the session's input; the reply plays on the outgoing ``PlayoutTrack``. Once the peer
 connection is connected, the audio in both directions runs on the lean ``AudioPath``
-(``hark.transports.webrtc.rtp_audio``), the reply paced by the worker's ``PlayoutTicker``.
+(``hark.transports.webrtc.rtp_audio``), the reply paced by the worker's ``Pacer``.
 
 The session, the sidebands, the fan-out of events, ending and closing are the
 ``MediaCall``'s (``hark.transports.call``); this module adds the peer connection, its data
@@ -48,7 +48,7 @@ from hark.transports.beta import Dialect
 from hark.transports.call import END_FLUSH_TIMEOUT_S, MediaCall
 from hark.transports.echo import CallEcho
 from hark.transports.input_budget import InputBudget, InputGate
-from hark.transports.ticker import PlayoutTicker
+from hark.transports.ticker import Pacer
 from hark.transports.webrtc.aiortc_internals import sctp_receive, set_sctp_receive
 from hark.transports.webrtc.candidates import CandidatePolicy
 from hark.transports.webrtc.ice import use_shared_port
@@ -87,7 +87,7 @@ class Call(MediaCall):
     """A WebRTC call (``rtc_…``) owned by ``owner`` (see ``hark.server.auth.Principal``).
 
     ``negotiate`` answers the offer, ``start`` runs the session, ``close`` ends it all;
-    ``on_closed`` is called once, at the end of ``close``. ``ticker`` paces the reply audio
+    ``on_closed`` is called once, at the end of ``close``. ``pacer`` paces the reply audio
     (one for all the calls of a worker). The call is admitted: its owner's limits counted
     it before it was made.
     """
@@ -103,7 +103,7 @@ class Call(MediaCall):
         runner: SessionRunner,
         track: PlayoutTrack,
         *,
-        ticker: PlayoutTicker,
+        pacer: Pacer,
         on_closed: Callable[[Call], None] | None = None,
         setup_timeout_s: float = SETUP_TIMEOUT_SECONDS,
         dialect: Dialect | None = None,
@@ -114,7 +114,7 @@ class Call(MediaCall):
         self.admitted = True
         self.track = track
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-        self._ticker = ticker
+        self._pacer = pacer
         self._transceiver: RTCRtpTransceiver | None = None
         self.audio: AudioPath | None = None
         # The reply's echo taken out of the caller's audio (``hark.transports.echo``).
@@ -308,7 +308,7 @@ class Call(MediaCall):
                 self.audio = AudioPath.take_over(
                     self._transceiver,
                     self.track,
-                    self._ticker,
+                    self._pacer,
                     InputAudio(runner.input_rate, sink, runner.metrics),
                 )
             except Exception:

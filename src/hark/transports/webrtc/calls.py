@@ -1,7 +1,8 @@
 """The calls of one worker: creating them from offers, finding them by id, ending them all.
 
-All calls share one ``UdpMux`` (one UDP port), one ``PlayoutTicker`` and the server's
-``CallHost``, which makes their sessions. ``Calls`` is a ``hark.transports.call.CallRegistry``.
+All calls share one ``UdpMux`` (one UDP port) and the server's ``CallHost``, which makes
+their sessions and whose ``Pacer`` sends their reply audio. ``Calls`` is a
+``hark.transports.call.CallRegistry``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from hark.protocol.session_config import SessionConfig
 from hark.session.ids import IdGenerator
 from hark.transports.beta import Dialect
 from hark.transports.call import CALL_ID_PREFIX, CallHost, MediaCall
-from hark.transports.ticker import PlayoutTicker
 from hark.transports.webrtc.call import SETUP_TIMEOUT_SECONDS, Call
 from hark.transports.webrtc.playout import PlayoutTrack
 from hark.transports.webrtc.udp_mux import UdpMux
@@ -50,8 +50,6 @@ class Calls:
         # Calls this registry ever opened: a heartbeat that reports this figure with the
         # session count tells placement which calls that count includes.
         self.opened = 0
-        # One timer paces the reply audio of every call.
-        self.ticker = PlayoutTicker()
         self._ids = IdGenerator()
 
     name = "webrtc"
@@ -101,7 +99,7 @@ class Calls:
             owner,
             runner,
             track,
-            ticker=self.ticker,
+            pacer=self.host.pacer,
             on_closed=self._forget,
             setup_timeout_s=self.setup_timeout_s,
             dialect=Dialect(beta=beta),

@@ -12,10 +12,11 @@ SRTP keys made), and leaves everything else to aiortc: ICE checks and consent fr
 DTLS and the data channel, RTCP. Received, a datagram of the call that is SRTP but not
 SRTCP (RFC 5761, RFC 7983) is taken off before aioice sees it, decrypted with the DTLS
 transport's SRTP session and decoded by ``InputAudio``; everything else goes on to aioice
-as before. Sent, on each tick of the worker's ``PlayoutTicker`` every frame due of the
-``PlayoutTrack`` becomes one RTP packet (the negotiated Opus payload type, the sender's
-SSRC, the MID header extension when negotiated), protected with the transport's SRTP
-session and written to the nominated ICE pair. aiortc's sender stays in place, idle (its
+as before. Sent, the worker's ``Pacer`` (``hark.transports.ticker``) takes each frame of the
+``PlayoutTrack`` as its playout makes it due, and each becomes one RTP packet
+(``hark.transports.rtp``: the negotiated Opus payload type, the sender's SSRC, the MID
+header extension when negotiated), protected with the transport's SRTP session and written
+to the nominated ICE pair. aiortc's sender stays in place, idle (its
 track gives nothing), sending its RTCP sender reports, whose counts are kept up to date;
 aiortc's receiver is never started (no decoder thread, no receiver reports).
 
@@ -40,7 +41,8 @@ from typing import TYPE_CHECKING
 import pylibsrtp
 from aiortc import clock
 
-from hark.transports.ticker import TICK_SECONDS, PlayoutTicker
+from hark.transports.rtp import RtpError, is_rtp, pack_rtp, parse_rtp
+from hark.transports.ticker import Pacer
 from hark.transports.webrtc.aiortc_internals import (
     SENDER_NTP,
     SENDER_OCTETS,
@@ -64,23 +66,13 @@ if TYPE_CHECKING:
     from aiortc import RTCRtpSender, RTCRtpTransceiver
     from aiortc.rtcrtpparameters import RTCRtpReceiveParameters
 
+    from hark.transports.playout import Playout
+
 logger = logging.getLogger(__name__)
 
 MID_EXTENSION = "urn:ietf:params:rtp-hdrext:sdes:mid"
-# Version 2, no padding, extension flag as given, no CSRC.
-_VERSION = 0x80
-_EXTENSION_FLAG = 0x10
-_HEADER = struct.Struct("!BBHII")
 # Packets between readings of the NTP clock for the sender reports (a second of frames).
 _CLOCK_EVERY = 50
-# A frame is sent on the tick nearest the time it is due.
-_DUE_WITHIN_S = TICK_SECONDS / 2
-
-
-def is_rtp(datagram: bytes) -> bool:
-    """Whether an SRTP-or-SRTCP datagram (first byte 128–191) is RTP: RTCP packet types
-    200–204 appear as payload types 72–76 with the marker bit (RFC 5761 § 4)."""
-    return 127 < datagram[0] < 192 and not 191 < datagram[1] < 224
 
 
 def mid_extension(extension_id: int, mid: str) -> bytes:
@@ -129,18 +121,18 @@ class AudioReceiver(asyncio.DatagramProtocol):
         except pylibsrtp.Error:
             self.rejected += 1
             return
-        first, second, sequence, timestamp, ssrc = _HEADER.unpack_from(packet)
-        if second & 0x7F not in self._payload_types:
+        try:
+            payload_type, _, sequence, timestamp, ssrc, payload = parse_rtp(packet)
+        except RtpError:
             self.rejected += 1
             return
-        start = 12 + 4 * (first & 0x0F)
-        if first & 0x10 and len(packet) >= start + 4:
-            start += 4 + 4 * int.from_bytes(packet[start + 2 : start + 4])
-        end = len(packet) - (packet[-1] if first & 0x20 else 0)
-        if start >= end:
+        if payload_type not in self._payload_types:
+            self.rejected += 1
+            return
+        if not payload:
             return
         self.packets += 1
-        self.audio.packet(ssrc, sequence, timestamp, packet[start:end])
+        self.audio.packet(ssrc, sequence, timestamp, payload)
 
 
 class AudioSender:
@@ -166,33 +158,42 @@ class AudioSender:
         self._sender = sender
         self._ssrc = sender_ssrc(sender)
         self._payload_type = payload_type
-        self._first = _VERSION | (_EXTENSION_FLAG if extension else 0)
         self._extension = extension
         self._sequence = random.getrandbits(16)
         self._timestamp_origin = random.getrandbits(32)
         self.packets = 0
         self._octets = 0
 
-    def tick(self) -> None:
-        """Send every frame that is due by the next tick."""
+    @property
+    def playout(self) -> Playout:
+        """The track's playout, whose schedule the pacer follows."""
+        return self.track.playout
+
+    def send_frame(self, due: float) -> None:
+        """Send the track's next frame, due now (the pacer's ``PacedStream``)."""
         playout = self.track.playout
-        while playout.due_in() < _DUE_WITHIN_S:
-            # Frames a stall skipped count: the timestamp is the frame's time on the clock.
-            frames = playout.frames_sent + playout.frames_skipped
-            timestamp = (self._timestamp_origin + frames * FRAME_SAMPLES) & 0xFFFFFFFF
-            self._send(timestamp, self.track.next_payload())
+        # Frames a stall skipped count: the timestamp is the frame's time on the clock.
+        frames = playout.frames_sent + playout.frames_skipped
+        timestamp = (self._timestamp_origin + frames * FRAME_SAMPLES) & 0xFFFFFFFF
+        self._send(timestamp, self.track.next_payload())
+
+    def frames_sent(self) -> None:
+        """Nothing waits for the tick's frames: the caller's audio is passed on as it comes."""
 
     def _send(self, timestamp: int, payload: bytes) -> None:
-        header = _HEADER.pack(
-            self._first, self._payload_type, self._sequence, timestamp, self._ssrc
+        packet = pack_rtp(
+            self._payload_type,
+            self._sequence,
+            timestamp,
+            self._ssrc,
+            payload,
+            extension=self._extension,
         )
         self._sequence = (self._sequence + 1) & 0xFFFF
         pair = nominated_pair(self._ice)
         if pair is None:
             return
-        pair.protocol.transport.sendto(
-            self._srtp.protect(header + self._extension + payload), pair.remote_addr
-        )
+        pair.protocol.transport.sendto(self._srtp.protect(packet), pair.remote_addr)
         self.packets += 1
         self._octets += len(payload)
         # What aiortc's sender reports (RTCP SR) comes from these. The NTP time of a packet
@@ -217,19 +218,19 @@ class AudioPath:
         self,
         receivers: list[tuple[MuxEndpoint, AudioReceiver]],
         sender: AudioSender,
-        ticker: PlayoutTicker,
+        pacer: Pacer,
     ) -> None:
         self.receivers = receivers
         self.sender = sender
-        self._ticker = ticker
-        ticker.add(sender.tick)
+        self._pacer = pacer
+        pacer.add(sender)
 
     @classmethod
     def take_over(
         cls,
         transceiver: RTCRtpTransceiver,
         track: PlayoutTrack,
-        ticker: PlayoutTicker,
+        pacer: Pacer,
         audio: InputAudio,
     ) -> AudioPath:
         """Take the audio of a connected call's ``transceiver`` over from aiortc."""
@@ -259,11 +260,11 @@ class AudioPath:
                 receiver = AudioReceiver(protocol, rx, frozenset(opus), audio)
                 endpoint.set_protocol(receiver)
                 receivers.append((endpoint, receiver))
-        return cls(receivers, sender, ticker)
+        return cls(receivers, sender, pacer)
 
     def close(self) -> None:
         """Stop sending; what arrives from now on goes to aioice, which is closing too."""
-        self._ticker.remove(self.sender.tick)
+        self._pacer.remove(self.sender)
         for endpoint, receiver in self.receivers:
             if endpoint.get_protocol() is receiver:
                 endpoint.set_protocol(receiver.inner)

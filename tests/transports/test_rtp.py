@@ -6,12 +6,15 @@ import struct
 
 import pytest
 
-from hark.transports.sip.rtp import (
+from hark.transports.rtp import (
     ReceptionStats,
     RtpError,
     RtpPacket,
     RtpSender,
     is_rtcp,
+    is_rtp,
+    pack_rtp,
+    parse_rtp,
     seq_diff,
     ts_diff,
 )
@@ -51,6 +54,45 @@ def test_a_received_header_extension_is_skipped_to_reach_the_payload() -> None:
     assert packet.extension == (0x1000, b"12345678")
 
 
+@pytest.mark.parametrize("marker", [False, True])
+@pytest.mark.parametrize(
+    ("sequence", "timestamp"), [(0, 0), (65535, 2**32 - 1), (0x1234, 0xDEADBEEF)]
+)
+def test_pack_and_parse_round_trip_at_the_edges_of_each_field(
+    sequence: int, timestamp: int, marker: bool
+) -> None:
+    data = pack_rtp(111, sequence, timestamp, 0xFFFFFFFF, b"opus", marker=marker)
+    assert data[0] == 0x80 and data[1] == (0x80 if marker else 0) | 111
+    assert parse_rtp(data) == (111, marker, sequence, timestamp, 0xFFFFFFFF, b"opus")
+    assert RtpPacket.parse(data) == RtpPacket(
+        111, sequence, timestamp, 0xFFFFFFFF, b"opus", marker=marker
+    )
+
+
+def test_a_packed_extension_block_is_flagged_and_skipped_when_parsed() -> None:
+    block = struct.pack("!HH", 0xBEDE, 1) + b"\x40\x30\x00\x00"
+    data = pack_rtp(96, 7, 960, 3, b"voice", extension=block)
+    assert data[0] == 0x90 and data[12:20] == block
+    assert parse_rtp(data) == (96, False, 7, 960, 3, b"voice")
+    assert RtpPacket.parse(data).extension == (0xBEDE, b"\x40\x30\x00\x00")
+
+
+def test_the_fast_parse_reads_csrcs_and_padding_as_the_full_one_does() -> None:
+    packet = RtpPacket(0, 1, 2, 3, b"\xff" * 160, csrc=(9, 10), padding=3)
+    assert parse_rtp(packet.pack()) == (0, False, 1, 2, 3, b"\xff" * 160)
+
+
+def test_srtp_rtp_is_told_from_srtcp_by_its_packet_type() -> None:
+    # RFC 5761 § 4: RTCP SR (200) and RR (201); RTP with and without the marker bit.
+    assert not is_rtp(bytes([0x80, 200]))
+    assert not is_rtp(bytes([0x81, 201]))
+    assert is_rtp(bytes([0x80, 111]))
+    assert is_rtp(bytes([0x80, 0x80 | 111]))
+    # DTLS and STUN are not SRTP at all.
+    assert not is_rtp(bytes([22, 254]))
+    assert not is_rtp(bytes([0, 1]))
+
+
 @pytest.mark.parametrize(
     ("data", "reason"),
     [
@@ -63,6 +105,8 @@ def test_a_received_header_extension_is_skipped_to_reach_the_payload() -> None:
     ],
 )
 def test_malformed_packets_say_what_is_wrong(data: bytes, reason: str) -> None:
+    with pytest.raises(RtpError, match=reason):
+        parse_rtp(data)
     with pytest.raises(RtpError, match=reason):
         RtpPacket.parse(data)
 

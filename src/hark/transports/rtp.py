@@ -1,7 +1,13 @@
-"""RTP (RFC 3550): the packet header, the sender's counters and the receiver's statistics.
+"""RTP (RFC 3550) for every call transport: packing, parsing, the sender's counters and the
+receiver's statistics.
 
-Sans-I/O: ``RtpPacket`` packs and parses one datagram; ``RtpSender`` numbers outgoing packets
-(random initial sequence number, timestamp and SSRC, wrapping at 2^16 and 2^32);
+Sans-I/O. The per-packet path is two functions that make no object per packet:
+``pack_rtp`` writes the 12-byte header, an optional header extension block and the payload
+into one ``bytes``, and ``parse_rtp`` reads a datagram's header fields and payload as a
+tuple. SIP (``hark.transports.sip.media``) and WebRTC (``hark.transports.webrtc.rtp_audio``)
+both send and receive through them. ``RtpPacket`` is the whole packet as a value (CSRCs,
+extension, padding), for tools and tests. ``RtpSender`` numbers outgoing packets (random
+initial sequence number, timestamp and SSRC, wrapping at 2^16 and 2^32);
 ``ReceptionStats`` follows one incoming source the way RFC 3550's appendix A.1 and A.8 do
 (extended highest sequence number, loss, reordering, interarrival jitter), with the arrival
 time given by the caller.
@@ -14,9 +20,13 @@ import struct
 from dataclasses import dataclass, field
 
 RTP_VERSION = 2
-_HEADER = struct.Struct("!BBHII")
+HEADER = struct.Struct("!BBHII")
+HEADER_SIZE = HEADER.size
 SEQ_MOD = 1 << 16
 TS_MOD = 1 << 32
+# The first byte of a packet: version 2, no padding, no CSRC, with or without an extension.
+_FIRST = RTP_VERSION << 6
+_FIRST_EXTENDED = _FIRST | 0x10
 # RFC 3550 A.1: a jump beyond this many packets forward is a restarted source, not loss;
 # this far behind is a reordered or duplicated packet.
 MAX_DROPOUT = 3000
@@ -46,6 +56,62 @@ def is_rtcp(data: bytes) -> bool:
     return len(data) >= 2 and 192 <= data[1] <= 223
 
 
+def is_rtp(datagram: bytes) -> bool:
+    """Whether a datagram of a port shared with STUN and DTLS (first byte 128-191, RFC 7983)
+    is RTP rather than RTCP (see ``is_rtcp``)."""
+    return 127 < datagram[0] < 192 and not 191 < datagram[1] < 224
+
+
+def pack_rtp(
+    payload_type: int,
+    sequence: int,
+    timestamp: int,
+    ssrc: int,
+    payload: bytes,
+    *,
+    marker: bool = False,
+    extension: bytes = b"",
+) -> bytes:
+    """One packet: the header, ``extension`` (a whole header extension block, its 4-byte
+    profile and length included, or nothing) and ``payload``.
+
+    The fields must already be in range (``sequence`` below 2^16, ``timestamp`` below 2^32).
+    """
+    second = payload_type | 0x80 if marker else payload_type
+    if extension:
+        return HEADER.pack(_FIRST_EXTENDED, second, sequence, timestamp, ssrc) + extension + payload
+    return HEADER.pack(_FIRST, second, sequence, timestamp, ssrc) + payload
+
+
+def parse_rtp(data: bytes) -> tuple[int, bool, int, int, int, bytes]:
+    """A datagram's (payload type, marker, sequence, timestamp, SSRC, payload); ``RtpError``
+    says what is wrong with one that is not RTP."""
+    size = len(data)
+    if size < HEADER_SIZE:
+        raise RtpError(f"{size} bytes is shorter than an RTP header")
+    first, second, sequence, timestamp, ssrc = HEADER.unpack_from(data)
+    if first >> 6 != RTP_VERSION:
+        raise RtpError(f"RTP version {first >> 6}")
+    if not first & 0x3F:
+        return second & 0x7F, second > 0x7F, sequence, timestamp, ssrc, data[HEADER_SIZE:]
+    start = HEADER_SIZE + 4 * (first & 0x0F)
+    if size < start:
+        raise RtpError("truncated CSRC list")
+    if first & 0x10:
+        if size < start + 4:
+            raise RtpError("truncated header extension")
+        start += 4 + 4 * (data[start + 2] << 8 | data[start + 3])
+        if size < start:
+            raise RtpError("truncated header extension")
+    end = size
+    if first & 0x20:
+        padding = data[-1]
+        if padding == 0 or end - padding < start:
+            raise RtpError(f"padding of {padding} bytes does not fit")
+        end -= padding
+    return second & 0x7F, second > 0x7F, sequence, timestamp, ssrc, data[start:end]
+
+
 @dataclass(slots=True)
 class RtpPacket:
     """One RTP packet. ``extension`` is (profile-defined id, data in 32-bit words)."""
@@ -71,7 +137,7 @@ class RtpPacket:
             first |= 0x10
         second = (0x80 if self.marker else 0) | (self.payload_type & 0x7F)
         parts = [
-            _HEADER.pack(first, second, self.sequence % SEQ_MOD, self.timestamp % TS_MOD, self.ssrc)
+            HEADER.pack(first, second, self.sequence % SEQ_MOD, self.timestamp % TS_MOD, self.ssrc)
         ]
         parts.extend(struct.pack("!I", c) for c in self.csrc)
         if self.extension is not None:
@@ -87,44 +153,25 @@ class RtpPacket:
     @classmethod
     def parse(cls, data: bytes) -> RtpPacket:
         """Parse a datagram; ``RtpError`` says what is wrong with it."""
-        if len(data) < _HEADER.size:
-            raise RtpError(f"{len(data)} bytes is shorter than an RTP header")
-        first, second, sequence, timestamp, ssrc = _HEADER.unpack_from(data)
-        if first >> 6 != RTP_VERSION:
-            raise RtpError(f"RTP version {first >> 6}")
-        offset = _HEADER.size
+        payload_type, marker, sequence, timestamp, ssrc, payload = parse_rtp(data)
+        first = data[0]
         count = first & 0x0F
-        if len(data) < offset + 4 * count:
-            raise RtpError("truncated CSRC list")
-        csrc = struct.unpack_from(f"!{count}I", data, offset)
-        offset += 4 * count
+        csrc = struct.unpack_from(f"!{count}I", data, HEADER_SIZE)
         extension = None
         if first & 0x10:
-            if len(data) < offset + 4:
-                raise RtpError("truncated header extension")
+            offset = HEADER_SIZE + 4 * count
             profile, words = struct.unpack_from("!HH", data, offset)
-            offset += 4
-            if len(data) < offset + 4 * words:
-                raise RtpError("truncated header extension")
-            extension = (profile, data[offset : offset + 4 * words])
-            offset += 4 * words
-        end = len(data)
-        padding = 0
-        if first & 0x20:
-            padding = data[-1]
-            if padding == 0 or end - padding < offset:
-                raise RtpError(f"padding of {padding} bytes does not fit")
-            end -= padding
+            extension = (profile, data[offset + 4 : offset + 4 + 4 * words])
         return cls(
-            payload_type=second & 0x7F,
+            payload_type=payload_type,
             sequence=sequence,
             timestamp=timestamp,
             ssrc=ssrc,
-            payload=data[offset:end],
-            marker=bool(second & 0x80),
+            payload=payload,
+            marker=marker,
             csrc=csrc,
             extension=extension,
-            padding=padding,
+            padding=data[-1] if first & 0x20 else 0,
         )
 
 
@@ -146,19 +193,19 @@ class RtpSender:
 
     def packet(self, payload: bytes, *, payload_type: int | None = None) -> bytes:
         """The next packet, at the current timestamp, carrying ``payload``."""
-        packet = RtpPacket(
-            payload_type=self.payload_type if payload_type is None else payload_type,
-            sequence=self.sequence,
-            timestamp=self.timestamp,
-            ssrc=self.ssrc,
-            payload=payload,
+        packet = pack_rtp(
+            self.payload_type if payload_type is None else payload_type,
+            self.sequence,
+            self.timestamp,
+            self.ssrc,
+            payload,
             marker=self._gap,
         )
         self._gap = False
         self.sequence = (self.sequence + 1) % SEQ_MOD
         self.packets += 1
         self.octets += len(payload)
-        return packet.pack()
+        return packet
 
     def advance(self, samples: int) -> None:
         """Move the timestamp on by ``samples`` of the sampling clock."""
