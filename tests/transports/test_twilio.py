@@ -341,6 +341,18 @@ async def test_signature_over_the_public_url(served: Served) -> None:
             await answered_call(server)
 
 
+async def test_a_draining_worker_takes_no_stream(served: Served) -> None:
+    """A signed stream to a worker that drains is turned away (503) before the upgrade."""
+    server = await served()
+    server.app[STATE].draining = True
+    url = stream_url(server)
+    async with aiohttp.ClientSession() as http:
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await http.ws_connect(url, headers={SIGNATURE_HEADER: signature(AUTH_TOKEN, url)})
+    assert refused.value.status == 503
+    assert len(streams_of(server)) == 0
+
+
 # ---------------------------------------------------------------------- the call
 
 

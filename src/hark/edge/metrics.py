@@ -42,14 +42,8 @@ def metrics_text(values: npt.NDArray[np.int64]) -> str:
             ],
         )
     family("flows", "gauge", [("", named["flows"])])
-    for name in (
-        "flows_created",
-        "flows_restored",
-        "flows_expired",
-        "flows_worker_gone",
-        "lookups",
-        "mirror_failures",
-    ):
+    # The rest, after the directional counters and the flows gauge: one plain counter each.
+    for name in COUNTERS[COUNTERS.index("flows") + 1 :]:
         family(name, "counter", [("", named[name])])
     drops = values.tolist()[len(COUNTERS) :]
     family(

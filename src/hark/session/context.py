@@ -1,9 +1,9 @@
-"""What the parts of one session share: where its outputs go, its ids, its conversation and its
-configuration.
+"""What the parts of one session share: where its outputs go, its ids, its conversation, its
+configuration and the wall time of the input being handled.
 
 The session holds one and hands it to each part it makes; a ``session.update`` replaces
-``config`` here, so every part reads the configuration in force without calling back into the
-session.
+``config`` here, and each input sets ``now``, so every part reads the configuration in force
+and the time without calling back into the session.
 """
 
 from __future__ import annotations
@@ -18,9 +18,11 @@ from hark.session.outbox import Outbox
 
 @dataclass(slots=True)
 class SessionContext:
-    """One session's outbox, id generator, conversation and current configuration."""
+    """One session's outbox, id generator, conversation, current configuration, and the wall
+    time (UNIX seconds) handed in with the input being handled."""
 
     outbox: Outbox
     ids: IdGenerator
     conversation: Conversation
     config: SessionConfig
+    now: float = 0.0

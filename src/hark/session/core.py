@@ -33,7 +33,7 @@ from hark.protocol import client_events as ce
 from hark.protocol import server_events as se
 from hark.protocol.errors import ProtocolError
 from hark.protocol.limits import MAX_APPEND_BYTES, SESSION_LIMIT_S, MiB
-from hark.protocol.response_params import ResponseParams, parse_response_params
+from hark.protocol.response_params import parse_response_params
 from hark.protocol.session_config import (
     SessionConfig,
     parse_session_config,
@@ -104,12 +104,15 @@ class Session:
         self.created_at = created_at
         self.expires_at = int(created_at + max_duration_s)
         self._max_duration_s = max_duration_s
-        self._now = created_at
         self._closed = False
         self._outbox = Outbox(self.ids)
         self.conversation = Conversation()
         context = SessionContext(
-            self._outbox, self.ids, self.conversation, msgspec.structs.replace(base, model=model)
+            self._outbox,
+            self.ids,
+            self.conversation,
+            msgspec.structs.replace(base, model=model),
+            now=created_at,
         )
         self._context = context
         retention_ms = int(audio_retention_s * 1000)
@@ -137,9 +140,16 @@ class Session:
             playout=self._playout,
             plays_audio=plays_audio,
             audio_retention_ms=retention_ms,
-            reply_sent=lambda after_ms: me._turns.arm_idle_timeout(after_ms, me._now),
             mcp=self._mcp,
             recognition=self._recognition,
+        )
+        self._items = ClientItems(
+            context,
+            recognition=self._recognition,
+            responses=self._responses,
+            mcp=self._mcp,
+            takes_images=takes_images,
+            audio_retention_ms=retention_ms,
         )
         self._turns = TurnTaking(
             context,
@@ -149,15 +159,7 @@ class Session:
             recognition=self._recognition,
             responses=self._responses,
             playout=self._playout,
-            respond=lambda: me._create_response(ResponseParams()),
-        )
-        self._items = ClientItems(
-            context,
-            recognition=self._recognition,
-            responses=self._responses,
-            mcp=self._mcp,
-            takes_images=takes_images,
-            audio_retention_ms=retention_ms,
+            items=self._items,
         )
         # The type of the last client event received ("unknown" when it did not decode).
         self.last_event_type = "unknown"
@@ -195,7 +197,7 @@ class Session:
 
     def _at(self, now: float) -> bool:
         """Take the wall time handed in with an input; False once the session is over."""
-        self._now = now
+        self._context.now = now
         if not self._closed and now >= self.expires_at:
             self.end(
                 ProtocolError(
@@ -224,7 +226,7 @@ class Session:
     def end(self, error: ProtocolError, reason: str, *, now: float) -> None:
         """End the session for ``reason``: running responses are cancelled, the client gets
         ``error`` as an ``error`` event, and the transport is asked to close. Idempotent."""
-        self._now = now
+        self._context.now = now
         if self._closed:
             return
         self._closed = True
@@ -303,7 +305,11 @@ class Session:
         elif isinstance(event, ce.ConversationItemDelete):
             self._items.delete(event.item_id)
         elif isinstance(event, ce.ResponseCreate):
-            self._create_response(parse_response_params(event.response))
+            self._responses.create(
+                parse_response_params(event.response),
+                self._items.response_inputs,
+                self._context.now,
+            )
         elif isinstance(event, ce.ResponseCancel):
             self._responses.cancel(event.response_id)
         elif isinstance(event, ce.OutputAudioBufferClear):
@@ -417,15 +423,6 @@ class Session:
                 se.InputAudioBufferDtmfEventReceived(event=event, received_at=int(now))
             )
 
-    # ----------------------------------------------------------------- responses
-
-    def _create_response(self, params: ResponseParams) -> None:
-        if self.config.type == "transcription":
-            raise ProtocolError(
-                "Transcription sessions do not create responses.", code="invalid_event"
-            )
-        self._responses.create(params, self._items.response_inputs, self._now)
-
     # ----------------------------------------------------------------- results
 
     def handle(self, result: Result, *, now: float) -> None:
@@ -485,10 +482,16 @@ class Session:
         if ended.tools_changed:
             self._responses.prefill()
 
+    def _replied(self, audio_ms: float | None) -> None:
+        """A response ended; when it was the reply the client plays, the idle timeout counts
+        from the end of its ``audio_ms``."""
+        if audio_ms is not None:
+            self._turns.arm_idle_timeout(audio_ms, self._context.now)
+
     def _playout_stopped(self, result: results.PlayoutStopped) -> None:
         if self._playout.stopped(result.response_id):
             # The user has heard the conversation's reply: the idle timeout runs from now.
-            self._turns.arm_idle_timeout(0, self._now)
+            self._turns.arm_idle_timeout(0, self._context.now)
 
     def _playout_cleared(self, result: results.PlayoutCleared) -> None:
         """The item keeps only what was heard."""
@@ -518,20 +521,22 @@ _ROUTES: dict[type[Result], Callable[[Session, Any], None]] = {
     results.ToolCallDelta: lambda s, r: s._responses.tool_call_delta(
         r.response_id, r.call_id, r.delta
     ),
-    results.ToolCallFinished: lambda s, r: s._responses.tool_call_finished(
-        r.response_id, r.call_id, r.arguments
+    results.ToolCallFinished: lambda s, r: s._replied(
+        s._responses.tool_call_finished(r.response_id, r.call_id, r.arguments)
     ),
-    results.GenerationFinished: lambda s, r: s._responses.finished(r.response_id, r.finished),
+    results.GenerationFinished: lambda s, r: s._replied(
+        s._responses.finished(r.response_id, r.finished)
+    ),
     results.GenerationFailed: lambda s, r: s._responses.failed(
         r.response_id, r.message, r.code, r.error_type
     ),
     results.McpToolsListed: lambda s, r: s._listing_ended(s._mcp.listed(r.item_id, r.tools)),
     results.McpListFailed: Session._mcp_list_failed,
-    results.McpCallDone: lambda s, r: s._responses.mcp_call_done(
-        r.response_id, r.item_id, output=r.output
+    results.McpCallDone: lambda s, r: s._replied(
+        s._responses.mcp_call_done(r.response_id, r.item_id, output=r.output)
     ),
-    results.McpCallFailed: lambda s, r: s._responses.mcp_call_done(
-        r.response_id, r.item_id, error=r.error
+    results.McpCallFailed: lambda s, r: s._replied(
+        s._responses.mcp_call_done(r.response_id, r.item_id, error=r.error)
     ),
     results.PlayoutStarted: lambda s, r: s._playout.started(r.response_id),
     results.PlayoutStopped: Session._playout_stopped,

@@ -155,10 +155,12 @@ class ResponseLifecycle:
 
     ``context`` holds the session's outbox, ids, conversation and configuration;
     ``audio_retention_ms``: how much of the latest conversation audio items keep (see
-    ``limit_audio``); ``reply_sent(audio_ms)`` is called when the
-    conversation's response is done on a transport where the client plays the audio
-    (WebSocket), with how much audio it had. A response that ends while an item of its own
-    ``input`` is still being transcribed tells ``recognition`` its words are not needed.
+    ``limit_audio``). What completes a response (``finished``, ``mcp_call_done``,
+    ``tool_call_finished``) returns how much audio the conversation's response had when it
+    completed on a transport where the client plays the audio (WebSocket): the idle timeout
+    counts from the end of that reply, which turn-taking owns. A response that ends while an
+    item of its own ``input`` is still being transcribed tells ``recognition`` its words are
+    not needed.
     """
 
     def __init__(
@@ -170,7 +172,6 @@ class ResponseLifecycle:
         playout: PlayoutState,
         plays_audio: bool,
         audio_retention_ms: int,
-        reply_sent: Callable[[float], None],
         mcp: McpTools,
         recognition: Recognition,
     ) -> None:
@@ -183,7 +184,6 @@ class ResponseLifecycle:
         self._playout = playout
         self._plays_audio = plays_audio
         self._audio_retention_ms = audio_retention_ms
-        self._reply_sent = reply_sent
         self._mcp = mcp
         # Calls the user approved, running outside any response: item id → the mcp_call item.
         self._approved_calls: dict[str, Entry] = {}
@@ -627,15 +627,15 @@ class ResponseLifecycle:
             )
         )
 
-    def tool_call_finished(self, response_id: str, call_id: str, arguments: str) -> None:
-        """A function call is complete."""
+    def tool_call_finished(self, response_id: str, call_id: str, arguments: str) -> float | None:
+        """A function call is complete; returns the audio of the reply it completed, if it
+        did (see the class)."""
         response = self.responses.get(response_id)
         if response is not None and call_id in response.mcp_calls:
-            self._mcp_call_finished(response, response.mcp_calls.pop(call_id), arguments)
-            return
+            return self._mcp_call_finished(response, response.mcp_calls.pop(call_id), arguments)
         entry = response.calls.pop(call_id, None) if response else None
         if response is None or entry is None:
-            return
+            return None
         entry.arguments = arguments
         entry.status = "completed"
         index = response.output.index(entry)
@@ -650,6 +650,7 @@ class ResponseLifecycle:
             )
         )
         self._finish_item(response, entry, index)
+        return None
 
     # ------------------------------------------------------------------ MCP calls
 
@@ -681,7 +682,7 @@ class ResponseLifecycle:
                 )
             )
 
-    def _mcp_call_finished(self, response: Response, entry: Entry, arguments: str) -> None:
+    def _mcp_call_finished(self, response: Response, entry: Entry, arguments: str) -> float | None:
         entry.arguments = arguments
         item = entry.mcp
         assert isinstance(item, wire.McpCallItem | wire.McpApprovalRequestItem)
@@ -696,13 +697,13 @@ class ResponseLifecycle:
                 own = self._mcp.server(item.server_label, response.servers)
             self._mcp.await_approval(entry, own)
             self._finish_item(response, entry, index)
-            return
+            return None
         self._outbox.emit(
             se.ResponseMcpCallArgumentsDone(
                 response_id=response.id, item_id=entry.id, output_index=index, arguments=arguments
             )
         )
-        self._call_mcp(response, entry)
+        return self._call_mcp(response, entry)
 
     def run_approved(self) -> None:
         """The conversation answered approval requests: each approved call runs now, without
@@ -736,25 +737,26 @@ class ResponseLifecycle:
         self._mcp.item_done(entry)
         self.resume_waiting()
 
-    def _call_mcp(self, response: Response, entry: Entry) -> None:
+    def _call_mcp(self, response: Response, entry: Entry) -> float | None:
         index = response.output.index(entry)
         response.mcp_running.add(entry.id)
         assert isinstance(entry.mcp, wire.McpCallItem)
         server = self._mcp.server(entry.mcp.server_label, response.servers)
-        self._send_mcp_call(response.id, entry, index, server)
+        return self._send_mcp_call(response.id, entry, index, server)
 
     def _send_mcp_call(
         self, response_id: str, entry: Entry, index: int, server: McpServer | None
-    ) -> None:
+    ) -> float | None:
         """Ask the driver to run the MCP call ``entry`` (``output_index`` ``index``) for
-        ``response_id`` on ``server``; a call whose server is gone (None) fails at once."""
+        ``response_id`` on ``server``; a call whose server is gone (None) fails at once (and
+        may complete the response: see ``mcp_call_done``)."""
         item = entry.mcp
         assert isinstance(item, wire.McpCallItem)
         self._outbox.emit(se.ResponseMcpCallInProgress(item_id=entry.id, output_index=index))
         if server is None:
-            self.mcp_call_done(response_id, entry.id, error=_server_gone(item.server_label))
-            return
+            return self.mcp_call_done(response_id, entry.id, error=_server_gone(item.server_label))
         self._outbox.act(CallMcpTool(response_id, entry.id, server, item.name, item.arguments))
+        return None
 
     def _mcp_result(
         self, entry: Entry, index: int, output: str | None, error: wire.McpCallError | None
@@ -774,21 +776,22 @@ class ResponseLifecycle:
         item_id: str,
         output: str | None = None,
         error: wire.McpCallError | None = None,
-    ) -> None:
+    ) -> float | None:
         """An MCP call returned ``output``, or failed with ``error``. The result is announced
         at once, or, while the LLM is still running, when it is done: a client asks for the
-        next response when it sees the result, and ``response.done`` must come first."""
+        next response when it sees the result, and ``response.done`` must come first.
+        Returns the audio of the reply it completed, if it did (see the class)."""
         if response_id == APPROVED_CALLS:
             self._approved_call_done(item_id, output, error)
-            return
+            return None
         response = self.responses.get(response_id)
         if response is None or item_id not in response.mcp_running:
-            return
+            return None
         if response.generating:
             response.mcp_results.append((item_id, output, error))
-            return
+            return None
         self._announce_result(response, item_id, output, error)
-        self._go_on(response)
+        return self._go_on(response)
 
     def _announce_result(
         self,
@@ -803,31 +806,33 @@ class ResponseLifecycle:
         self._mcp_result(entry, index, output, error)
         self._finish_item(response, entry, index)
 
-    def _go_on(self, response: Response) -> None:
+    def _go_on(self, response: Response) -> float | None:
         """The LLM's run or an MCP call ended: once both are, the response is done. It does
         not go on with the calls' results: as with OpenAI, the client's next
         ``response.create`` reads them (the JS agents SDK sends one after every MCP call,
         and a response that went on would answer twice)."""
         if response.generating or response.mcp_running:
-            return
-        self._complete(response)
+            return None
+        return self._complete(response)
 
-    def finished(self, response_id: str, finished: Finished) -> None:
-        """The LLM is done with a response (and TTS with its words)."""
+    def finished(self, response_id: str, finished: Finished) -> float | None:
+        """The LLM is done with a response (and TTS with its words); returns the audio of the
+        reply it completed, if it did (see the class)."""
         response = self.responses.get(response_id)
         if response is None:
-            return
+            return None
         response.generating = False
         response.tokens = finished
         for item_id, output, error in response.mcp_results:
             self._announce_result(response, item_id, output, error)
         response.mcp_results.clear()
         if finished.reason == "length":
-            self._complete(response)
-        else:
-            self._go_on(response)
+            return self._complete(response)
+        return self._go_on(response)
 
-    def _complete(self, response: Response) -> None:
+    def _complete(self, response: Response) -> float | None:
+        """End ``response``; returns how much audio it had when it was the conversation's reply
+        and the client plays it (the idle timeout counts from its end)."""
         finished = response.tokens
         audio_ms = sum(
             p.duration_ms() for e in response.output for p in e.parts if p.type == "output_audio"
@@ -846,7 +851,8 @@ class ResponseLifecycle:
         else:
             self.end_response(response, "completed", None)
         if response.in_band and not self._plays_audio:
-            self._reply_sent(audio_ms)
+            return audio_ms
+        return None
 
     def failed(
         self,

@@ -15,8 +15,6 @@ speculative work.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 import numpy.typing as npt
 
@@ -29,6 +27,7 @@ from hark.protocol.response_params import ResponseParams
 from hark.protocol.session_config import AudioFormat
 from hark.session.actions import CancelRecognition, CountDroppedAudio, Recognise, ScoreTurn
 from hark.session.backchannel import Candidate, judge_words
+from hark.session.client_items import ClientItems
 from hark.session.context import SessionContext
 from hark.session.conversation import Entry, Part
 from hark.session.input_buffer import MAX_BUFFERED_S, InputAudioBuffer
@@ -48,9 +47,10 @@ BACKCHANNELS_INCLUDE = "hark.backchannels"
 class TurnTaking:
     """The input buffer, the sample clock, and the turn in progress.
 
-    ``context`` holds the session's outbox, ids, conversation and configuration; ``respond``
-    creates the conversation's response to a turn (as ``response.create`` with no parameters
-    would).
+    ``context`` holds the session's outbox, ids, conversation, configuration and wall time;
+    a turn that ends with ``create_response`` gets the conversation's response from
+    ``responses``, as ``response.create`` with no parameters would (``items`` reads a
+    response's input).
     """
 
     def __init__(
@@ -63,7 +63,7 @@ class TurnTaking:
         recognition: Recognition,
         responses: ResponseLifecycle,
         playout: PlayoutState,
-        respond: Callable[[], None],
+        items: ClientItems,
     ) -> None:
         self._context = context
         self._outbox = context.outbox
@@ -75,7 +75,7 @@ class TurnTaking:
         self._recognition = recognition
         self._responses = responses
         self._playout = playout
-        self._respond = respond
+        self._items = items
         self._vad: VadFeed | None = None
         # Milliseconds of input audio received: the sample clock turn-taking runs on.
         self._clock_ms = 0.0
@@ -463,6 +463,14 @@ class TurnTaking:
         if self._responses.in_band is None:
             # No response for this turn (or it failed at once): nobody adopts the speculation.
             self._speculation.discard()
+
+    def _respond(self) -> None:
+        """The conversation's response to the turn just committed."""
+        if self._context.config.type == "transcription":
+            raise ProtocolError(
+                "Transcription sessions do not create responses.", code="invalid_event"
+            )
+        self._responses.create(ResponseParams(), self._items.response_inputs, self._context.now)
 
     # ----------------------------------------------------------------- idle timeout
 
