@@ -4,9 +4,10 @@ key's limits, fleet-wide."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 
-from aiohttp import web
+from aiohttp import WSCloseCode, web
 
 from hark.cluster.limits import FleetLimits
 from hark.cluster.store import ClusterUnavailableError
@@ -46,6 +47,32 @@ async def admit_websocket_session(
     if state.draining:
         return draining()
     return await admit_session(request.app, owner)
+
+
+@asynccontextmanager
+async def websocket_session(
+    request: web.Request, ws: web.WebSocketResponse, owner: str, name: str
+) -> AsyncIterator[bool]:
+    """A WebSocket session ``admit_websocket_session`` admitted, for the block's length:
+    the upgrade done and the socket among the server's (which drain and shutdown close);
+    yields whether the engines are ready (if not, the socket is closed already). At the
+    end, however the block ends, the session is released. ``name`` says which session
+    in the log."""
+    state = request.app[STATE]
+    try:
+        await ws.prepare(request)
+        state.websockets.add(ws)
+        logger.info("%s opened for %s", name, owner)
+        try:
+            ready = await state.engines_ready()
+            if not ready:
+                await ws.close(code=WSCloseCode.INTERNAL_ERROR, message=b"engines failed to load")
+            yield ready
+        finally:
+            state.websockets.discard(ws)
+            logger.info("%s closed for %s", name, owner)
+    finally:
+        await release_session(request.app, owner)
 
 
 async def admit_session(app: web.Application, owner: str) -> web.Response | None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import logging
 
-from aiohttp import WSCloseCode, web
+from aiohttp import web
 
 from hark.protocol.session_config import transcription_defaults
 from hark.server.access import WEBSOCKET_KEY, principal, requires
-from hark.server.admission import admit_websocket_session, release_session, usage_counter
+from hark.server.admission import admit_websocket_session, usage_counter, websocket_session
 from hark.server.auth import offered_subprotocols
 from hark.server.errors import error_response
 from hark.server.routes.calls import attach_sideband
@@ -59,36 +59,25 @@ async def realtime_websocket(request: web.Request) -> web.StreamResponse:
     if refusal is not None:
         return refusal
     state = request.app[STATE]
-    limits = request.app[LIMITS]
-    try:
-        model = query.get("model") or (initial.model if initial is not None else REALTIME_MODEL)
-        await ws.prepare(request)
-        state.websockets.add(ws)
-        logger.info("session opened for %s (model %r)", caller.owner, model)
+    model = query.get("model") or (initial.model if initial is not None else REALTIME_MODEL)
+    async with websocket_session(request, ws, caller.owner, f"session (model {model!r})") as ready:
+        if not ready:
+            return ws
+        runner = request.app[CALL_HOST].runner(
+            transport="websocket",
+            model=model,
+            config=initial,
+            on_usage=usage_counter(request.app[LIMITS], caller.owner),
+        )
+        state.sessions.add(runner)
         try:
-            if not await state.engines_ready():
-                await ws.close(code=WSCloseCode.INTERNAL_ERROR, message=b"engines failed to load")
-                return ws
-            runner = request.app[CALL_HOST].runner(
-                transport="websocket",
-                model=model,
-                config=initial,
-                on_usage=usage_counter(limits, caller.owner),
+            # The dialect (GA, or beta for clients of the preview) is the upgrade's.
+            await run_session(
+                ws,
+                in_dialect(runner, request.headers),
+                throttled=runner.metrics.input_throttled,
             )
-            state.sessions.add(runner)
-            try:
-                # The dialect (GA, or beta for clients of the preview) is the upgrade's.
-                await run_session(
-                    ws,
-                    in_dialect(runner, request.headers),
-                    throttled=runner.metrics.input_throttled,
-                )
-            finally:
-                state.sessions.discard(runner)
-                state.session_ended.set()
         finally:
-            state.websockets.discard(ws)
-            logger.info("session closed for %s", caller.owner)
-    finally:
-        await release_session(request.app, caller.owner)
+            state.sessions.discard(runner)
+            state.session_ended.set()
     return ws

@@ -11,10 +11,10 @@ from aiohttp import web
 from hark.protocol.limits import MAX_MESSAGE_BYTES
 from hark.protocol.translation import TranslationConfig
 from hark.server.access import WEBSOCKET_KEY, principal, requires
-from hark.server.admission import admit_websocket_session, release_session
+from hark.server.admission import admit_websocket_session, websocket_session
 from hark.server.auth import offered_subprotocols
 from hark.server.errors import error_response
-from hark.server.state import ENGINES, SESSION_LIMIT, STATE
+from hark.server.state import ENGINES, SESSION_LIMIT
 from hark.session.translation import TranslationSession
 from hark.transports.translation import run_translation
 from hark.transports.websocket import REALTIME_SUBPROTOCOL
@@ -50,29 +50,18 @@ async def translation_websocket(request: web.Request) -> web.StreamResponse:
     refusal = await admit_websocket_session(request, ws, caller.owner)
     if refusal is not None:
         return refusal
-    state = request.app[STATE]
-    try:
+    async with websocket_session(request, ws, caller.owner, "translation session") as ready:
+        if not ready:
+            return ws
         config = TranslationConfig(
             id=f"sess_{secrets.token_hex(12)}",
             model=request.query.get("model") or TRANSLATION_MODEL,
             expires_at=int(time.time() + request.app[SESSION_LIMIT]),
         )
-        await ws.prepare(request)
-        state.websockets.add(ws)
-        logger.info("translation session opened for %s", caller.owner)
-        try:
-            if not await state.engines_ready():
-                await ws.close(message=b"engines failed to load")
-                return ws
-            await run_translation(
-                ws,
-                TranslationSession(config),
-                request.app[ENGINES],
-                max_duration_s=request.app[SESSION_LIMIT],
-            )
-        finally:
-            state.websockets.discard(ws)
-            logger.info("translation session closed for %s", caller.owner)
-    finally:
-        await release_session(request.app, caller.owner)
+        await run_translation(
+            ws,
+            TranslationSession(config),
+            request.app[ENGINES],
+            max_duration_s=request.app[SESSION_LIMIT],
+        )
     return ws
