@@ -284,7 +284,7 @@ async def test_hold_and_resume_by_reoffer(
     before, after = phone.rtp[held_at - 1][0], phone.rtp[held_at][0]
     assert after.marker and seq_diff(after.sequence, before.sequence) == 1
     # The sampling clock ran on through the 20 held ticks: a frame each, less those a tick
-    # before the hold, running late, had already sent (up to MAX_LAG, 5 frames, and one
+    # before the hold, running late, had already sent (up to MAX_LAG_SECONDS, 5 frames, and one
     # for the rounding; later than that the grid restarts and the timestamp jumps).
     assert ts_diff(after.timestamp, before.timestamp) >= (1 + 20 - 6) * FRAME
     # The reply was paused, not lost: it goes on where it stopped.
