@@ -46,6 +46,8 @@ def test_hark_keeps_its_layers() -> None:
     # Nothing runs against the layers, not even by leave: LAYER_ALLOWED stays empty.
     assert "0 allowed" in result.stdout
     assert "0 cycles" in result.stdout
+    # And no cycle is left out of that count by leave.
+    assert not _checker().CYCLE_ALLOWED
 
 
 def test_a_clean_tree_passes(tmp_path: Path) -> None:

@@ -16,20 +16,23 @@ import pytest
 from hark.bench import turns
 from hark.bench.report import BenchError
 from hark.bench.spoken_questions import RATE
-from hark.bench.turns import (
-    Engines,
+from hark.bench.turn_fixtures import (
     Fixture,
     FixtureSpec,
     Labels,
-    Outcome,
-    Point,
-    Setting,
     Synthesiser,
     Turn,
     Voice,
+    add_noise,
     fixture_specs,
-    frontier,
     load_spec,
+)
+from hark.bench.turns import (
+    Engines,
+    Outcome,
+    Point,
+    Setting,
+    frontier,
     operating_point,
     run_fixture,
     score,
@@ -179,13 +182,13 @@ def test_noise_is_added_at_its_ratio_and_the_same_for_the_same_name() -> None:
     speech = np.concatenate(
         [np.zeros(RATE, np.int16), (3000 * rng.standard_normal(RATE)).astype(np.int16)]
     )
-    noisy = turns.add_noise(speech, 10.0, seed="x")
+    noisy = add_noise(speech, 10.0, seed="x")
     noise = noisy.astype(np.float64) - speech
     ratio = np.mean(speech[RATE:].astype(np.float64) ** 2) / np.mean(noise**2)
     assert 10 * math.log10(ratio) == pytest.approx(10.0, abs=0.2)
-    assert np.array_equal(noisy, turns.add_noise(speech, 10.0, seed="x"))
-    assert not np.array_equal(noisy, turns.add_noise(speech, 10.0, seed="y"))
-    assert turns.add_noise(speech, math.inf, seed="x") is speech
+    assert np.array_equal(noisy, add_noise(speech, 10.0, seed="x"))
+    assert not np.array_equal(noisy, add_noise(speech, 10.0, seed="y"))
+    assert add_noise(speech, math.inf, seed="x") is speech
 
 
 # ---------------------------------------------------------------- fixtures and the session

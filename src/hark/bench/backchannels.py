@@ -49,6 +49,7 @@ from hark.bench.local_server import local_server
 from hark.bench.report import BenchError, percentile
 from hark.bench.sip import CLOCK, SipCaller
 from hark.bench.spoken_questions import RATE
+from hark.bench.turn_fixtures import Synthesiser, load_spec
 from hark.bench.webrtc import AUDIBLE_RMS
 
 BACKCHANNELS = ("Uh-huh.", "Mm-hmm.", "Yeah.", "Right.", "Okay.", "Ha ha ha.")
@@ -122,8 +123,6 @@ class Outcome:
 
 async def fixtures(voices: Sequence[str] | None) -> list[Said]:
     """Every backchannel and interruption said by every voice of the turns spec."""
-    from hark.bench.turns import Synthesiser, load_spec
-
     spec = load_spec()
     chosen = [v for v in spec.voices if voices is None or v.name in voices]
     if not chosen:
