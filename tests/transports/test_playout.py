@@ -122,6 +122,39 @@ def test_a_long_stall_restarts_the_schedule(playout: Playout, clock: Clock) -> N
     assert playout.late_restarts == 1
 
 
+def test_the_schedule_read_at_a_given_time_ignores_the_clock(
+    playout: Playout, clock: Clock
+) -> None:
+    # A pacer reads every call's schedule at its tick's grid time, not the clock's.
+    assert playout.due_in(5.0) == 0.0
+    playout.next_frame()
+    assert playout.due_in(5.0) == pytest.approx(0.02)
+    assert playout.due_in(5.03) == pytest.approx(-0.01)
+    clock.now = 1000.0
+    assert playout.due_in(5.03) == pytest.approx(-0.01)
+    assert playout.late_restarts == 0
+
+
+def test_a_passed_frame_keeps_the_schedule_and_the_audio(
+    playout: Playout, listener: Listener, rate: int, clock: Clock
+) -> None:
+    frame = rate // 50
+    pcm = ramp(frame * 3)
+    playout.play("resp_1", "item_1", pcm, rate)
+    start = clock.now
+    assert playout.due_in() == 0.0
+    # Held: the frame's time passes, nothing is cut, nothing is reported played.
+    playout.pass_frame()
+    playout.pass_frame()
+    assert playout.due_in() == pytest.approx(start + 0.04 - clock.now)
+    assert listener.log == []
+    clock.now += 0.04
+    # Resumed: the audio goes on from where it was, on the same schedule.
+    assert np.array_equal(playout.next_frame(), pcm[:frame])
+    assert playout.due_in() == pytest.approx(0.02)
+    assert (playout.frames_sent, playout.frames_passed) == (1, 2)
+
+
 def test_audio_at_the_playout_rate_passes_unchanged(
     playout: Playout, listener: Listener, rate: int
 ) -> None:
