@@ -195,7 +195,8 @@ class ClientItems:
         self._outbox.emit(se.ConversationItemAdded(previous_item_id=previous, item=entry.to_wire()))
         self._outbox.emit(se.ConversationItemDone(previous_item_id=previous, item=entry.to_wire()))
         for part in recognise:
-            self._recognition.recognise(entry, part)
+            if self._recognition.recognise(entry, part):
+                self._responses.resume_waiting()
         if isinstance(item, wire.McpApprovalResponseItem):
             self._responses.run_approved()
         self._responses.limit_audio()
@@ -225,7 +226,8 @@ class ClientItems:
                 to_recognise += [(entry, part) for part in recognise]
                 entries.append(entry)
         for entry, part in to_recognise:
-            self._recognition.recognise(entry, part)
+            if self._recognition.recognise(entry, part):
+                self._responses.resume_waiting()
         return entries
 
     def truncate(self, item_id: str, content_index: int, audio_end_ms: int) -> None:

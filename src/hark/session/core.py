@@ -20,7 +20,6 @@ the audio the conversation keeps (``response_lifecycle``), the client's items
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -118,20 +117,10 @@ class Session:
         retention_ms = int(audio_retention_s * 1000)
         self._plays_audio = plays_audio
         self._playout = PlayoutState(self._outbox, self.conversation)
-        # The parts call back into the session through a weak proxy: strong references would
-        # make cycles, and a closed session, its conversation audio included, would then be
-        # freed only by the cycle collector, long after its runner let go of it.
-        me = weakref.proxy(self)
         self._noise = NoiseReduction(context)
         self._held = HeldInput(self._outbox)
         self._speculation = Speculation(self._outbox)
-        self._recognition = Recognition(
-            context,
-            asr_rate,
-            on_heard=lambda: me._responses.resume_waiting(),
-            on_words=lambda words: me._responses.prefill_turn(words),
-            on_failed=lambda entry, message: me._responses.words_failed(entry, message),
-        )
+        self._recognition = Recognition(context, asr_rate)
         self._mcp = McpTools(context)
         self._responses = ResponseLifecycle(
             context,
@@ -434,15 +423,27 @@ class Session:
     def _recognised(self, result: results.Recognised) -> None:
         if self._turns.backchannel_heard(result.request_id, result.transcript):
             return
-        paused = self._recognition.recognised(result.request_id, result.transcript)
-        if paused is not None:
-            self._turns.pause_recognised(*paused)
+        step = self._recognition.recognised(result.request_id, result.transcript)
+        if step.read_ahead is not None:
+            self._responses.prefill_turn(step.read_ahead)
+        self._words_known(step.heard)
+        if step.pause is not None:
+            self._turns.pause_recognised(*step.pause)
         self._turns.recognise_turn()
 
     def _transcription_failed(self, result: results.TranscriptionFailed) -> None:
         if not self._turns.backchannel_failed(result.request_id):
-            self._recognition.failed(result.request_id, result.message)
+            entry = self._recognition.failed(result.request_id, result.message)
+            if entry is not None:
+                # Those waiting for its words fail first, so that none starts without them.
+                self._responses.words_failed(entry, result.message)
+                self._words_known(True)
             self._turns.recognise_turn()
+
+    def _words_known(self, heard: bool) -> None:
+        """When an item's words became known, the responses waiting for them start."""
+        if heard:
+            self._responses.resume_waiting()
 
     def _denoised(self, result: results.Denoised) -> None:
         """Into the buffer with the append, then the input that waited for it."""
@@ -506,8 +507,8 @@ _ROUTES: dict[type[Result], Callable[[Session, Any], None]] = {
     results.TurnScored: lambda s, r: s._turns.on_turn_score(r.key, r.probability),
     results.TurnScoreFailed: lambda s, r: s._turns.on_turn_score_failed(r.key),
     results.TranscriptionDelta: lambda s, r: s._recognition.delta(r.request_id, r.delta),
-    results.TranscriptionDone: lambda s, r: s._recognition.done(
-        r.request_id, r.transcript, r.audio_seconds, r.language
+    results.TranscriptionDone: lambda s, r: s._words_known(
+        s._recognition.done(r.request_id, r.transcript, r.audio_seconds, r.language)
     ),
     results.TranscriptionFailed: Session._transcription_failed,
     results.Recognised: Session._recognised,

@@ -53,9 +53,9 @@ _SMALLEST_P = 1e-12
 # this much earlier, where the edge of that resampling has died away.
 _SEAM_GUARD_S = 0.04
 _INT16_SCALE = np.float32(1 / 32768)
-# The turn's committed words are offered to the LLM (``on_words``) each time they reach this
-# much further into the turn: often enough that little is left to read when it ends, seldom
-# enough that the reading costs little.
+# The turn's committed words are offered to the LLM (``StepHeard.read_ahead``) each time they
+# reach this much further into the turn: often enough that little is left to read when it ends,
+# seldom enough that the reading costs little.
 PREFILL_EVERY_S = 1.0
 # Without input transcription nobody reads captions: the turn is stepped only as often as the
 # LLM reads ahead (a step a ``PREFILL_EVERY_S``), two of every five steps of the default
@@ -191,6 +191,23 @@ class _Stream:
     language: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class StepHeard:
+    """What a step's result means beyond the events it sent, for the parts that react to it
+    (at most one of these): ``pause``, a pause's step: the pause and the turn's words up to
+    it; ``read_ahead``, the turn's committed words, grown far enough for the LLM to read
+    ahead; ``heard``, the ended turn's item has its words, so responses waiting for them may
+    start."""
+
+    pause: tuple[Pause, str] | None = None
+    read_ahead: str | None = None
+    heard: bool = False
+
+
+_NOTHING = StepHeard()
+_HEARD = StepHeard(heard=True)
+
+
 # The opt-in (session ``include``) for logprobs on input transcription events.
 LOGPROBS_INCLUDE = "item.input_audio_transcription.logprobs"
 
@@ -202,28 +219,17 @@ class Recognition:
     ``context`` holds the session's outbox, conversation and configuration: its
     ``audio.input.transcription`` (None: the client did not ask for transcripts, and the
     words are only the LLM's), and whether the client asked for logprobs (``include``).
-    ``on_heard`` is called when an item's
-    words become known, so responses waiting for them can start; ``on_failed(entry, message)``
-    when an item's words could not be heard, before ``on_heard``, so that responses waiting
-    for them fail instead; ``on_words`` is given the committed words of the turn being
-    spoken as they grow, for the LLM to read ahead.
+    What a request's end means for the responses is returned to the caller, who tells them:
+    whether an item's words became known (responses waiting for them can start), which item's
+    words could not be heard (responses waiting for them fail instead), and a step's
+    read-ahead words (``StepHeard``).
     """
 
-    def __init__(
-        self,
-        context: SessionContext,
-        asr_rate: int,
-        on_heard: Callable[[], None],
-        on_words: Callable[[str], None] = lambda words: None,
-        on_failed: Callable[[Entry, str], None] = lambda entry, message: None,
-    ) -> None:
+    def __init__(self, context: SessionContext, asr_rate: int) -> None:
         self._context = context
         self._outbox = context.outbox
         self._conversation = context.conversation
         self._asr_rate = asr_rate
-        self._on_heard = on_heard
-        self._on_words = on_words
-        self._on_failed = on_failed
         # Whole-item requests: request id → the item and the part it is for. The entry is
         # held, not looked up: an item of ``response.create``'s ``input`` is in no conversation.
         self._requests: dict[str, tuple[Entry, Part]] = {}
@@ -255,18 +261,20 @@ class Recognition:
             )
         )
 
-    def recognise(self, entry: Entry, part: Part) -> None:
+    def recognise(self, entry: Entry, part: Part) -> bool:
         """Recognise an item's audio part whole: an item of the conversation, or one of a
-        response's own ``input``, whose words only that response reads."""
+        response's own ``input``, whose words only that response reads. Returns whether its
+        words are known at once (there was nothing to hear)."""
         assert part.audio is not None
         if not len(part.audio):
             # Nothing to hear (the idle timeout commits its segment even when empty).
             self._heard(entry, part, "", 0.0)
-            return
+            return True
         index = _index_of(entry, part)
         request_id = entry.id if index == 0 else f"{entry.id}:{index}"
         self._requests[request_id] = (entry, part)
         self._transcribe(request_id, part.audio, part.rate)
+        return False
 
     def abandon(self, entry: Entry) -> None:
         """Nobody waits for ``entry``'s words any more (a response's own input, the response
@@ -428,15 +436,15 @@ class Recognition:
 
     def commit(
         self, entry: Entry, part: Part, pause: Pause | None, start_ms: float | None = None
-    ) -> None:
+    ) -> bool:
         """The turn became ``entry``, whose audio ``part`` starts at ``start_ms`` on the
         session clock: its words are the committed ones and the pause step's (if it ran and
         the turn ended in that pause), or those of a final step; audio that was not
-        recognised as it was spoken is recognised whole."""
+        recognised as it was spoken is recognised whole. Returns whether its words are known
+        already."""
         stream = self._live
         if stream is None or stream.item_id != entry.id or start_ms is None:
-            self.recognise(entry, part)
-            return
+            return self.recognise(entry, part)
         self._live = None
         assert part.audio is not None
         audio = part.audio
@@ -456,13 +464,12 @@ class Recognition:
         if pause is not None and pause is stream.pause and stream.pause_rest is not None:
             # Recognised while the end of the turn was waited out: the words are known already.
             stream.policy.accept(stream.pause_rest)
-            self._finish(stream)
-        elif pause is not None and pause is stream.pause and pause.asr_request in self._steps:
-            # The pause step is under way: its result completes this item's transcript.
-            pass
-        else:
+            return self._finish(stream)
+        if not (pause is not None and pause is stream.pause and pause.asr_request in self._steps):
+            # No pause step under way to complete this item's transcript: a final step does.
             self._cancel_pause_step(stream)
             self._final_step(stream)
+        return False
 
     def _final_step(self, stream: _Stream) -> None:
         """Decode what is left of the ended turn (or its next window, when much is left)."""
@@ -471,12 +478,13 @@ class Recognition:
 
     # ----------------------------------------------------------------- results
 
-    def recognised(self, request_id: str, transcript: TimedTranscript) -> tuple[Pause, str] | None:
-        """A step's hypothesis; returns the pause and its words when it was a pause's step and
-        the turn is still in that pause."""
+    def recognised(self, request_id: str, transcript: TimedTranscript) -> StepHeard:
+        """A step's hypothesis; returns what it means for the turn and the responses (see
+        ``StepHeard``): the pause and its words when it was a pause's step and the turn is
+        still in that pause."""
         found = self._steps.pop(request_id, None)
         if found is None:
-            return None
+            return _NOTHING
         stream, step = found
         stream.requests.discard(request_id)
         if transcript.language:
@@ -494,19 +502,16 @@ class Recognition:
             stream.stepped_ms = min(stream.stepped_ms, stream.start_ms + step.window_end * 1000)
             if stream.part is not None:
                 self._final_step(stream)
-            else:
-                self._offer(stream)
-            return None
+                return _NOTHING
+            return self._offer(stream)
         if stream.part is not None:
             # The turn has ended and waited for this step: its words are the last.
             policy.finish(transcript, step.window_start)
-            self._finish(stream)
-            return None
+            return _HEARD if self._finish(stream) else _NOTHING
         if step.kind == "caption":
             policy.hypothesis(transcript, step.window_start, step.window_end)
             self._send_committed(stream)
-            self._offer(stream)
-            return None
+            return self._offer(stream)
         assert step.pause is not None
         if stream.caption is not None:
             # The caption step still in flight decodes less than this one did: of no use.
@@ -517,16 +522,16 @@ class Recognition:
         stream.pause_rest = tail[len(committed) :]
         # No read-ahead here: the reply speculated on these words reads them now.
         self._send_committed(stream)
-        return step.pause, words
+        return StepHeard(pause=(step.pause, words))
 
-    def _offer(self, stream: _Stream) -> None:
-        """The turn's committed words to the LLM, when they reach far enough past the last."""
+    def _offer(self, stream: _Stream) -> StepHeard:
+        """The turn's committed words for the LLM, when they reach far enough past the last."""
         if stream is not self._live or stream.policy.committed_end - stream.offered_s < (
             PREFILL_EVERY_S
         ):
-            return
+            return _NOTHING
         stream.offered_s = stream.policy.committed_end
-        self._on_words(text_of(stream.policy.committed))
+        return StepHeard(read_ahead=text_of(stream.policy.committed))
 
     def _send_committed(self, stream: _Stream) -> None:
         """Committed words not sent yet go out as one delta (with transcription on)."""
@@ -543,12 +548,14 @@ class Recognition:
             )
         )
 
-    def _finish(self, stream: _Stream) -> None:
+    def _finish(self, stream: _Stream) -> bool:
+        """The ended turn's words are all in: its item is transcribed; returns whether it was
+        (it may be gone, or heard already)."""
         part = stream.part
         assert part is not None
         self._send_committed(stream)
         if stream.item_id not in self._conversation or part.heard is not None:
-            return
+            return False
         entry = self._conversation.get(stream.item_id)
         words = stream.policy.committed
         self._transcribed(
@@ -559,6 +566,7 @@ class Recognition:
             _logprobs(words, first=True) if self._logprobs else None,
             stream.language,
         )
+        return True
 
     def _pending_part(self, item_id: str) -> tuple[Entry, Part] | None:
         if item_id not in self._conversation:
@@ -582,13 +590,15 @@ class Recognition:
 
     def done(
         self, request_id: str, transcript: str, audio_seconds: float, language: str | None = None
-    ) -> None:
-        """A whole item's transcript, and the language the engine heard it in if it said."""
+    ) -> bool:
+        """A whole item's transcript, and the language the engine heard it in if it said;
+        returns whether an item's words became known by it."""
         request = self._requests.pop(request_id, None)
         if request is None or request[1].heard is not None:
-            return
+            return False
         entry, part = request
         self._heard(entry, part, transcript, audio_seconds, language)
+        return True
 
     def _heard(
         self,
@@ -604,7 +614,6 @@ class Recognition:
             self._transcribed(entry, part, transcript, seconds, heard_in=language)
         else:
             part.heard = transcript
-            self._on_heard()
 
     def _transcribed(
         self,
@@ -631,12 +640,11 @@ class Recognition:
                     languages=[{"code": language}] if language else None,
                 )
             )
-        self._on_heard()
 
-    def failed(self, request_id: str, message: str) -> None:
+    def failed(self, request_id: str, message: str) -> Entry | None:
         """Recognition failed: a caption step is tried again with the next audio; an item
-        whose words depended on the request gets none, and the responses waiting for them
-        fail (``on_failed``) rather than answer words nobody heard."""
+        whose words depended on the request gets none, and is returned: the responses waiting
+        for its words must fail rather than answer words nobody heard."""
         found = self._steps.pop(request_id, None)
         if found is not None:
             stream = found[0]
@@ -644,13 +652,13 @@ class Recognition:
             if stream.caption == request_id:
                 stream.caption = None
             if stream.part is None:
-                return
+                return None
             self._send_committed(stream)
             pending = self._pending_part(stream.item_id)
         else:
             pending = self._requests.pop(request_id, None)
         if pending is None or pending[1].heard is not None:
-            return
+            return None
         entry, part = pending
         part.heard = ""
         if self._transcription is not None and self._in_conversation(entry):
@@ -666,8 +674,7 @@ class Recognition:
                     },
                 )
             )
-        self._on_failed(entry, message)
-        self._on_heard()
+        return entry
 
 
 def _index_of(entry: Entry, part: Part) -> int:

@@ -201,7 +201,8 @@ class TurnTaking:
         emit(se.InputAudioBufferCommitted(previous_item_id=previous, item_id=item_id))
         emit(se.ConversationItemAdded(previous_item_id=previous, item=entry.to_wire()))
         emit(se.ConversationItemDone(previous_item_id=previous, item=entry.to_wire()))
-        self._recognition.commit(entry, part, pause, start_ms)
+        if self._recognition.commit(entry, part, pause, start_ms):
+            self._responses.resume_waiting()
         self._responses.limit_audio()
 
     # ----------------------------------------------------------------- VAD and turns
