@@ -193,9 +193,7 @@ class EngineWork:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            message = engine_failed(session.id, f"transcription {action.request_id}", exc)
-            self._recognitions.pop(action.request_id, None)
-            call(session.handle, TranscriptionFailed(action.request_id, message))
+            self._asr_failed(action.request_id, "transcription", exc, call)
             return
         self._recognitions.pop(action.request_id, None)
         call(session.handle, TranscriptionDone(action.request_id, text.strip(), seconds, heard))
@@ -222,12 +220,16 @@ class EngineWork:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            message = engine_failed(session.id, f"recognition {action.request_id}", exc)
-            self._recognitions.pop(action.request_id, None)
-            call(session.handle, TranscriptionFailed(action.request_id, message))
+            self._asr_failed(action.request_id, "recognition", exc, call)
             return
         self._recognitions.pop(action.request_id, None)
         call(session.handle, Recognised(action.request_id, transcript))
+
+    def _asr_failed(self, request_id: str, what: str, exc: Exception, call: CoreCall) -> None:
+        """A transcription or recognition failed: logged, forgotten, and told to the core."""
+        message = engine_failed(self._session.id, f"{what} {request_id}", exc)
+        self._recognitions.pop(request_id, None)
+        call(self._session.handle, TranscriptionFailed(request_id, message))
 
     # ------------------------------------------------------------------ LLM and turn model
 
