@@ -546,3 +546,40 @@ def test_waiting_pays_only_for_enough_expected_rows(monkeypatch: pytest.MonkeyPa
         assert rate.worth_waiting(now[0] + 0.010, 1.0) is not None
         # Too close to the deadline for enough rows to join: go now.
         assert rate.worth_waiting(now[0] + 0.001, VAD_WORTH_WAITING_ROWS) is None
+
+
+async def test_the_rest_of_a_push_goes_without_waiting_for_others(
+    monkeypatch: pytest.MonkeyPatch, question: npt.NDArray[np.float32]
+) -> None:
+    """A session hears a push's answers only once its last row is answered, so the batches
+    that carry the push's later rows leave at once, however long a batch may wait for others
+    and however many are expected to come."""
+    engine = BatchedSileroVad(max_batch=3, max_wait_ms=3_600_000)
+    await engine.warmup()
+
+    def always_worth_waiting(self: ArrivalRate, deadline: float, rows: float) -> float | None:
+        remaining = deadline - time.monotonic()
+        return remaining if remaining > 0 else None
+
+    monkeypatch.setattr(ArrivalRate, "worth_waiting", always_worth_waiting)
+    chunks = chunks_of(question)
+    try:
+        three = Listener(3)
+        long_push = engine.open_stream(three)
+        others = [engine.open_stream(Listener(1)) for _ in range(2)]
+        # Three streams fill the first batch, which leaves at once; after it only the long
+        # push's two rows are left, each alone in a batch that would otherwise wait an hour.
+        long_push.push(np.stack(chunks[:3]), 0)
+        for stream in others:
+            stream.push(chunks[0], 0)
+        await asyncio.wait_for(three.done.wait(), LIVENESS_S)
+    finally:
+        await engine.aclose()
+    # And they are the answers the three chunks get one by one.
+    reference = BatchedSileroVad(max_batch=3, max_wait_ms=0)
+    await reference.warmup()
+    try:
+        alone = await pushed(reference, np.concatenate(chunks[:3]))
+    finally:
+        await reference.aclose()
+    assert_probabilities_close(three.probabilities, alone)
