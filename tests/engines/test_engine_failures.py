@@ -57,9 +57,8 @@ class FlakyVadModel:
         self.rows = 0
         self._ran = threading.Condition()
 
-    def run(
-        self, windows: npt.NDArray[np.float32], states: npt.NDArray[np.float32]
-    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+    def encode(self, windows: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        # A batch's one encoder call, for all its chunks: where it fails or stalls.
         self.entered.set()
         try:
             if self.gate is not None:
@@ -69,11 +68,16 @@ class FlakyVadModel:
                 raise ThreadKiller("killed by the test")
             if self.failing.is_set():
                 raise RuntimeError(self.message)
-            return self.model.run(windows, states)
+            return self.model.encode(windows)
         finally:
             with self._ran:
                 self.rows += len(windows)
                 self._ran.notify_all()
+
+    def step(
+        self, features: npt.NDArray[np.float32], states: npt.NDArray[np.float32]
+    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+        return self.model.step(features, states)
 
     def wait_rows(self, rows: int) -> bool:
         """Block until the model has run (or failed on) ``rows`` chunks in all."""

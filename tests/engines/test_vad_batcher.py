@@ -223,6 +223,43 @@ async def test_the_rows_of_one_push_are_answered_together_as_if_pushed_one_by_on
     assert sum(sizes) == len(rows)
 
 
+async def test_pushes_of_many_rows_at_several_rates_equal_one_chunk_at_a_time(
+    batched: BatchedSileroVad, question: npt.NDArray[np.float32]
+) -> None:
+    # Streams at 8, 16 and 24 kHz push 1 to 6 rows at a time (beyond what one batch takes of
+    # a stream) side by side, and start a new epoch halfway: a batch then holds streams with
+    # different numbers of chunks, whose encoder rows run together and whose recurrent steps
+    # run one after another. Each stream must hear what it hears one chunk at a time.
+    streams = []
+    for index, rate in enumerate((16000, 24000, 8000, 16000, 24000)):
+        audio = signals(question)[index]
+        at_rate = soxr.resample(audio, 16000, rate).astype(np.float32) if rate != 16000 else audio
+        rows = np.array(chunks_of(at_rate, rate * 32 // 1000))
+        half = len(rows) // 2
+        one_by_one = await pushed(batched, rows[:half].reshape(-1), rows.shape[1])
+        one_by_one += await pushed(batched, rows[half:].reshape(-1), rows.shape[1])
+        streams.append((rows, half, one_by_one, index % 6 + 1))
+    listeners = [Listener(len(rows)) for rows, *_ in streams]
+    opened = [batched.open_stream(listener) for listener in listeners]
+    offsets = [0] * len(streams)
+    while any(offset < len(rows) for offset, (rows, *_) in zip(offsets, streams, strict=True)):
+        for index, (rows, half, _, size) in enumerate(streams):
+            start = offsets[index]
+            if start >= len(rows):
+                continue
+            stop = min(start + size, half if start < half else len(rows))
+            opened[index].push(rows[start:stop], 0 if start < half else 1)
+            offsets[index] = stop
+        await asyncio.sleep(0.01)
+    for listener, stream, (_, half, one_by_one, _) in zip(listeners, opened, streams, strict=True):
+        await asyncio.wait_for(listener.done.wait(), LIVENESS_S)
+        stream.close()
+        assert [epoch for _, epoch in listener.results] == [0] * half + [1] * (
+            len(one_by_one) - half
+        )
+        assert_probabilities_close(listener.probabilities, one_by_one)
+
+
 async def test_a_push_can_be_answered_in_one_call_with_the_misses_before_it(
     question: npt.NDArray[np.float32],
 ) -> None:
@@ -391,14 +428,17 @@ class HeldModel:
     def release(self) -> None:
         self._released.set()
 
-    def run(
-        self, windows: npt.NDArray[np.float32], states: npt.NDArray[np.float32]
-    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+    def encode(self, windows: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
         if self._hold:
             self._hold = False
             self.entered.set()
             self._released.wait(LIVENESS_S)
-        return self._model.run(windows, states)
+        return self._model.encode(windows)
+
+    def step(
+        self, features: npt.NDArray[np.float32], states: npt.NDArray[np.float32]
+    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+        return self._model.step(features, states)
 
 
 async def test_a_slow_stream_does_not_hold_back_the_others(

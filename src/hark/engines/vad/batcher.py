@@ -30,7 +30,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -62,10 +62,17 @@ VAD_WORTH_WAITING_ROWS = 8.0
 # that fell behind would still wait that long before every batch, never catching up.
 VAD_BEHIND_WAITS = 5
 DEFAULT_MAX_BATCH = 256
+# What a batch holds: streams, each with the consecutive chunks of its own that it runs.
+_Batch: TypeAlias = list[tuple["BatchedSileroVadStream", list["_Chunk"]]]
 # Chunks a stream may have waiting: 262 s of audio, what one maximal append (15 MiB of base64,
 # 245 s at 24 kHz) pushes at once, so that a client sending a recording faster than real time
 # loses nothing; about 12 MB at 24 kHz. Only a model stalled for minutes fills it.
 MAX_QUEUED_CHUNKS = 8192
+# A stream's consecutive chunks of one push that one batch runs: its encoder rows at once,
+# then its recurrent steps one after another. Four hold a 100 ms append at any rate (three
+# 32 ms chunks, and one left over from the append before); a longer push (a recording sent at
+# once) goes on in the next batch, so that it shares each batch with the other streams.
+MAX_STEPS = 4
 # The arrival rate is measured over windows at least this long.
 _RATE_WINDOW_S = 0.1
 
@@ -80,12 +87,17 @@ class BatchObserver(Protocol):
 
 
 class VadModel(Protocol):
-    """What runs a batch: Silero at one rate (:class:`hark.engines.vad.silero_gemm.SileroGemm`)."""
+    """What runs a batch: Silero at one rate (:class:`hark.engines.vad.silero_gemm.SileroGemm`),
+    in two parts, so that the rows of one stream's consecutive chunks share one ``encode``."""
 
-    def run(
-        self, windows: npt.NDArray[np.float32], states: npt.NDArray[np.float32]
+    def encode(self, windows: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        """The features ``[B, F]`` of ``windows`` ``[B, window]``, which need no state."""
+        ...
+
+    def step(
+        self, features: npt.NDArray[np.float32], states: npt.NDArray[np.float32]
     ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
-        """Probabilities ``[B]`` and next states for ``windows`` and ``states``."""
+        """Probabilities ``[B]`` and next states for ``features`` and ``states``."""
         ...
 
 
@@ -214,7 +226,7 @@ class BatchedSileroVad:
         self._arrivals = ArrivalRate()
         self._thread: threading.Thread | None = None
         # The batch the thread has taken and not yet answered: missed if the thread dies.
-        self._in_flight: list[tuple[BatchedSileroVadStream, _Chunk]] = []
+        self._in_flight: _Batch = []
         # A stream in the ready queue holds the rest of a push whose first rows were answered.
         self._push_waiting = False
         self._closed = False
@@ -375,9 +387,9 @@ class BatchedSileroVad:
         if batch:
             _deliver_results(batch, Missed(health.describe(exc)))
 
-    def _finish_batch(self, batch: list[tuple[BatchedSileroVadStream, _Chunk]], now: float) -> None:
+    def _finish_batch(self, batch: _Batch, now: float) -> None:
         """``batch`` was answered at ``now`` (holding the lock): its streams may run again."""
-        for stream, chunk in batch:
+        for stream, chunks in batch:
             stream.running = False
             if stream.closed:
                 self._free_rows.append(stream.row)
@@ -386,7 +398,7 @@ class BatchedSileroVad:
                 self._ready.append(stream)
                 # The rest of a push is answered together: its session is waiting for the
                 # last row, so the next batch goes at once (see ``_next_batch``).
-                if chunk.more:
+                if chunks[-1].more:
                     self._push_waiting = True
             else:
                 stream.scheduled = False
@@ -401,16 +413,15 @@ class BatchedSileroVad:
                 self._in_flight = batch
             if not batch:
                 continue
-            streams = [stream for stream, _ in batch]
             started = time.monotonic()
             answers: npt.NDArray[np.float32] | Missed
             try:
-                answers = self._run([chunk for _, chunk in batch], streams)
+                answers = self._run(batch)
             except Exception as exc:
                 if self.health.problem is None:
                     # The first failure's trace; while it keeps failing, each batch would
                     # add one (health logs each new kind of failure).
-                    _log.exception("the VAD failed on a batch of %d chunks", len(batch))
+                    _log.exception("the VAD failed on a batch of %d streams", len(batch))
                 self.health.failed(exc)
                 answers = Missed(health.describe(exc))
             else:
@@ -421,13 +432,14 @@ class BatchedSileroVad:
                 self._finish_batch(batch, finished)
             _deliver_results(batch, answers)
             if self._observer is not None:
-                oldest = min(chunk.enqueued for _, chunk in batch)
-                self._observer.batch(len(batch), started - oldest, finished - started, backlog)
+                oldest = min(chunks[0].enqueued for _, chunks in batch)
+                size = sum(len(chunks) for _, chunks in batch)
+                self._observer.batch(size, started - oldest, finished - started, backlog)
             # While the thread waits for the next batch, it must not keep this one's streams
             # (and through them their sessions, calls and codecs) alive.
-            del batch, streams
+            del batch
 
-    def _next_batch(self) -> list[tuple[BatchedSileroVadStream, _Chunk]] | None:
+    def _next_batch(self) -> _Batch | None:
         """Wait (holding the condition) until a batch is due and take it; None once closed."""
         while not self._ready and not self._closed:
             self._cond.wait()
@@ -451,20 +463,39 @@ class BatchedSileroVad:
         if self._closed:
             return None
         self._push_waiting = False
-        batch: list[tuple[BatchedSileroVadStream, _Chunk]] = []
+        batch: _Batch = []
+        several = False
         while self._ready and len(batch) < self.max_batch:
             stream = self._ready.popleft()
             stream.running = True
-            batch.append((stream, stream.queue.popleft()))
+            queue = stream.queue
+            first = queue.popleft()
+            taken = [first]
+            # The rest of its push, as far as it is queued: same epoch, same rate.
+            while (
+                taken[-1].more
+                and queue
+                and len(taken) < MAX_STEPS
+                and queue[0].epoch == first.epoch
+                and len(queue[0].samples) == len(first.samples)
+            ):
+                taken.append(queue.popleft())
+            several = several or len(taken) > 1
+            batch.append((stream, taken))
+        if several:
+            # Most steps first: step k then runs the first streams of the batch (see _run).
+            batch.sort(key=_steps, reverse=True)
         return batch
 
-    def _run(
-        self, chunks: list[_Chunk], streams: list[BatchedSileroVadStream]
-    ) -> npt.NDArray[np.float32]:
+    def _run(self, batch: _Batch) -> npt.NDArray[np.float32]:
+        """Run ``batch`` (streams with the most chunks first): the probabilities of the
+        streams' first chunks, then of those that have a second, and so on."""
+        streams = [stream for stream, _ in batch]
         rows = np.fromiter((stream.row for stream in streams), dtype=np.intp, count=len(streams))
         self._grow(self._rows_used)
         fresh = []
-        for stream, chunk in zip(streams, chunks, strict=True):
+        for stream, chunks in batch:
+            chunk = chunks[0]
             rate = chunk_rate(len(chunk.samples))
             if stream.epoch != chunk.epoch or stream.rate != rate:
                 stream.epoch, stream.rate = chunk.epoch, rate
@@ -474,12 +505,50 @@ class BatchedSileroVad:
             self._contexts[fresh] = 0
             for history in self._histories.values():
                 history[fresh] = 0
+        model = self._load()
+        steps = len(batch[0][1])
+        if steps == 1:
+            windows = self._windows([chunks[0] for _, chunks in batch], streams, rows)
+            probabilities, states = model.step(model.encode(windows), self._states[:, rows])
+            self._states[:, rows] = states
+            return probabilities
+        # Each chunk's window is its audio after the one before it (the resampler's history
+        # and the model's context): step by step. The encoder needs no state, so it runs once
+        # over every step's rows; only the recurrent cell goes step by step.
+        counts = [sum(1 for _, chunks in batch if len(chunks) > step) for step in range(steps)]
+        windows = np.concatenate(
+            [
+                self._windows(
+                    [chunks[step] for _, chunks in batch[:count]], streams[:count], rows[:count]
+                )
+                for step, count in enumerate(counts)
+            ]
+        )
+        features = model.encode(windows)
+        states = self._states[:, rows]
+        answers = []
+        start = 0
+        for count in counts:
+            probabilities, states[:, :count] = model.step(
+                features[start : start + count], states[:, :count]
+            )
+            answers.append(probabilities)
+            start += count
+        self._states[:, rows] = states
+        return np.concatenate(answers)
+
+    def _windows(
+        self,
+        chunks: list[_Chunk],
+        streams: list[BatchedSileroVadStream],
+        rows: npt.NDArray[np.intp],
+    ) -> npt.NDArray[np.float32]:
+        """The model's windows for one chunk of each of ``streams``: each row's context, then
+        its chunk at the model's rate, which becomes the row's context for the next."""
         audio = self._resample(chunks, streams, rows)
         windows = np.concatenate((self._contexts[rows], audio), axis=1)
-        probabilities, states = self._load().run(windows, self._states[:, rows])
-        self._states[:, rows] = states
         self._contexts[rows] = audio[:, -self._context :]
-        return probabilities
+        return windows
 
     def _resample(
         self,
@@ -614,29 +683,38 @@ class BatchedSileroVadStream:
         self._engine._release(self)
 
 
-def _deliver_results(
-    batch: list[tuple[BatchedSileroVadStream, _Chunk]],
-    answers: npt.NDArray[np.float32] | Missed,
-) -> None:
+def _steps(take: tuple[BatchedSileroVadStream, list[_Chunk]]) -> int:
+    return len(take[1])
+
+
+def _deliver_results(batch: _Batch, answers: npt.NDArray[np.float32] | Missed) -> None:
     """Post each chunk's answer (or ``answers``, the one miss of a failed batch), after a miss
-    for every chunk dropped before it."""
-    results = [answers] * len(batch) if isinstance(answers, Missed) else answers.tolist()
+    for every chunk dropped before it. ``answers`` are in ``_run``'s order: the streams' first
+    chunks, then their second ones (the streams with most chunks come first), and so on."""
+    missed = answers if isinstance(answers, Missed) else None
+    results = [] if isinstance(answers, Missed) else answers.tolist()
     mailboxes: set[Mailbox] = set()
-    for (stream, chunk), answer in zip(batch, results, strict=True):
-        held = stream.held
-        # Any earlier epoch is stale to the stream: each still gets its place in the order.
-        for _ in range(chunk.stale_dropped_before):
-            held.append((DROPPED, chunk.epoch - 1))
-        for _ in range(chunk.dropped_before):
-            held.append((DROPPED, chunk.epoch))
-        held.append((answer, chunk.epoch))
-        if chunk.more:
-            continue
-        mailbox = stream.mailbox
-        # Handed over whole: the loop reads it while this thread holds the next push's.
-        mailbox.post(stream, held)
-        stream.held = []
-        mailboxes.add(mailbox)
+    index = 0
+    for step in range(len(batch[0][1]) if batch else 0):
+        for stream, chunks in batch:
+            if len(chunks) <= step:
+                break
+            chunk = chunks[step]
+            held = stream.held
+            # Any earlier epoch is stale to the stream: each still gets its place in the order.
+            for _ in range(chunk.stale_dropped_before):
+                held.append((DROPPED, chunk.epoch - 1))
+            for _ in range(chunk.dropped_before):
+                held.append((DROPPED, chunk.epoch))
+            held.append((missed if missed is not None else results[index], chunk.epoch))
+            index += 1
+            if chunk.more:
+                continue
+            mailbox = stream.mailbox
+            # Handed over whole: the loop reads it while this thread holds the next push's.
+            mailbox.post(stream, held)
+            stream.held = []
+            mailboxes.add(mailbox)
     for mailbox in mailboxes:
         mailbox.wake()
 

@@ -175,12 +175,14 @@ class SileroGemm:
     ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
         """Probabilities ``[B]`` and next states ``[2, B, 128]`` for ``windows`` ``[B, window]``
         and ``states`` ``[2, B, 128]``. Blocking; safe from any thread (scratch is per thread)."""
+        return self.step(self.encode(windows), states)
+
+    def encode(self, windows: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        """Steps 1 to 3 for ``windows`` ``[B, window]``: the LSTM's input ``[B, 128]``, which
+        depends on no state, so that one call may hold several chunks of one stream."""
         rows = windows.shape[0]
-        if windows.shape != (rows, self.window) or states.shape != (2, rows, STATE_SIZE):
-            raise ValueError(
-                f"expected windows [B, {self.window}] and states [2, B, {STATE_SIZE}], "
-                f"got {windows.shape} and {states.shape}"
-            )
+        if windows.shape != (rows, self.window):
+            raise ValueError(f"expected windows [B, {self.window}], got {windows.shape}")
         hop, pad = self.hop, self.pad
         # Mirror padding on the right (the last sample is not repeated).
         padded = np.empty((rows, self.window + pad), dtype=np.float32)
@@ -206,8 +208,18 @@ class SileroGemm:
             x = conv(x)
         if x.shape[1] != 1:
             raise SileroFormatError(f"the encoder left {x.shape[1]} frames, not 1")
+        return x[:, 0]
+
+    def step(
+        self, features: npt.NDArray[np.float32], states: npt.NDArray[np.float32]
+    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+        """Steps 4 and 5: probabilities ``[B]`` and next states ``[2, B, 128]`` for the encoded
+        ``features`` ``[B, 128]`` and ``states`` ``[2, B, 128]``."""
+        rows = features.shape[0]
+        if states.shape != (2, rows, STATE_SIZE):
+            raise ValueError(f"expected states [2, {rows}, {STATE_SIZE}], got {states.shape}")
         h, c = states[0], states[1]
-        gates = np.concatenate((x[:, 0], h), axis=1) @ self._cell
+        gates = np.concatenate((features, h), axis=1) @ self._cell
         gates += self._cell_bias
         size = STATE_SIZE
         next_states = np.empty((2, rows, size), dtype=np.float32)
