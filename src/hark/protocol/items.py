@@ -127,25 +127,24 @@ class McpCallError(Struct, kw_only=True):
     code: int | None = None
 
 
-class McpCallItem(_Item, tag="mcp_call"):
-    """A call of a tool on an MCP server, with its output or error."""
-
+class _McpInvocation(_Item):
+    # Positional, as the items' own fields are, so that each keeps OpenAI's order.
     server_label: str
     name: str
     arguments: str
     id: str | None = None
+
+
+class McpCallItem(_McpInvocation, tag="mcp_call"):
+    """A call of a tool on an MCP server, with its output or error."""
+
     approval_request_id: str | None = None
     output: str | None = None
     error: McpCallError | None = None
 
 
-class McpApprovalRequestItem(_Item, tag="mcp_approval_request"):
+class McpApprovalRequestItem(_McpInvocation, tag="mcp_approval_request"):
     """A request for the user's approval of an MCP call."""
-
-    server_label: str
-    name: str
-    arguments: str
-    id: str | None = None
 
 
 class McpApprovalResponseItem(_Item, tag="mcp_approval_response"):

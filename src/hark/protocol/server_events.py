@@ -32,30 +32,33 @@ class Error(ServerEvent, tag="error"):
     error: ErrorDetail
 
 
-class SessionCreated(ServerEvent, tag="session.created"):
+# The bases below hold fields that several events share. Their fields are positional, as
+# each event's own are, so that every event keeps its fields in the order OpenAI sends them.
+
+
+class _SessionEvent(ServerEvent):
+    session: dict[str, Any]
+
+
+class SessionCreated(_SessionEvent, tag="session.created"):
     """The first event of every session."""
 
-    session: dict[str, Any]
 
-
-class SessionUpdated(ServerEvent, tag="session.updated"):
+class SessionUpdated(_SessionEvent, tag="session.updated"):
     """The whole effective configuration after an update."""
 
-    session: dict[str, Any]
+
+class _ConversationItem(ServerEvent):
+    previous_item_id: str | None
+    item: Item
 
 
-class ConversationItemAdded(ServerEvent, tag="conversation.item.added"):
+class ConversationItemAdded(_ConversationItem, tag="conversation.item.added"):
     """An item entered the conversation (it may still be in progress)."""
 
-    previous_item_id: str | None
-    item: Item
 
-
-class ConversationItemDone(ServerEvent, tag="conversation.item.done"):
+class ConversationItemDone(_ConversationItem, tag="conversation.item.done"):
     """An item is complete."""
-
-    previous_item_id: str | None
-    item: Item
 
 
 class ConversationItemRetrieved(ServerEvent, tag="conversation.item.retrieved"):
@@ -64,18 +67,22 @@ class ConversationItemRetrieved(ServerEvent, tag="conversation.item.retrieved"):
     item: Item
 
 
-class ConversationItemTruncated(ServerEvent, tag="conversation.item.truncated"):
+class _ItemEvent(ServerEvent):
+    item_id: str
+
+
+class _ItemContentEvent(_ItemEvent):
+    content_index: int
+
+
+class ConversationItemTruncated(_ItemContentEvent, tag="conversation.item.truncated"):
     """An assistant item was cut to what the user heard."""
 
-    item_id: str
-    content_index: int
     audio_end_ms: int
 
 
-class ConversationItemDeleted(ServerEvent, tag="conversation.item.deleted"):
+class ConversationItemDeleted(_ItemEvent, tag="conversation.item.deleted"):
     """An item was removed."""
-
-    item_id: str
 
 
 class LogProb(Struct, omit_defaults=False):
@@ -87,23 +94,21 @@ class LogProb(Struct, omit_defaults=False):
 
 
 class InputTranscriptionDelta(
-    ServerEvent, tag="conversation.item.input_audio_transcription.delta", omit_defaults=True
+    _ItemContentEvent, tag="conversation.item.input_audio_transcription.delta", omit_defaults=True
 ):
     """A piece of the transcript of the user's audio; ``logprobs`` only when asked for."""
 
-    item_id: str
-    content_index: int
     delta: str
     logprobs: list[LogProb] | None = None
 
 
 class InputTranscriptionCompleted(
-    ServerEvent, tag="conversation.item.input_audio_transcription.completed", omit_defaults=True
+    _ItemContentEvent,
+    tag="conversation.item.input_audio_transcription.completed",
+    omit_defaults=True,
 ):
     """The whole transcript of the user's audio; ``logprobs`` only when asked for."""
 
-    item_id: str
-    content_index: int
     transcript: str
     usage: dict[str, Any]
     logprobs: list[LogProb] | None = None
@@ -112,7 +117,7 @@ class InputTranscriptionCompleted(
 
 
 class InputTranscriptionFailed(
-    ServerEvent, tag="conversation.item.input_audio_transcription.failed"
+    _ItemContentEvent, tag="conversation.item.input_audio_transcription.failed"
 ):
     """Transcription of the user's audio failed.
 
@@ -121,8 +126,6 @@ class InputTranscriptionFailed(
     unknown one when one is null.
     """
 
-    item_id: str
-    content_index: int
     error: dict[str, Any]
 
     def __post_init__(self) -> None:
@@ -179,22 +182,20 @@ class InputAudioBufferDtmfEventReceived(ServerEvent, tag="input_audio_buffer.dtm
     received_at: int
 
 
-class OutputAudioBufferStarted(ServerEvent, tag="output_audio_buffer.started"):
+class _ResponseIdEvent(ServerEvent):
+    response_id: str
+
+
+class OutputAudioBufferStarted(_ResponseIdEvent, tag="output_audio_buffer.started"):
     """WebRTC/SIP: reply audio began playing."""
 
-    response_id: str
 
-
-class OutputAudioBufferStopped(ServerEvent, tag="output_audio_buffer.stopped"):
+class OutputAudioBufferStopped(_ResponseIdEvent, tag="output_audio_buffer.stopped"):
     """WebRTC/SIP: reply audio finished playing."""
 
-    response_id: str
 
-
-class OutputAudioBufferCleared(ServerEvent, tag="output_audio_buffer.cleared"):
+class OutputAudioBufferCleared(_ResponseIdEvent, tag="output_audio_buffer.cleared"):
     """WebRTC/SIP: unplayed reply audio was dropped."""
-
-    response_id: str
 
 
 class Usage(Struct, omit_defaults=False):
@@ -229,32 +230,29 @@ class Response(Struct, kw_only=True, omit_defaults=False):
     metadata: dict[str, Any] | None = None
 
 
-class ResponseCreated(ServerEvent, tag="response.created"):
+class _ResponseEvent(ServerEvent):
+    response: Response
+
+
+class ResponseCreated(_ResponseEvent, tag="response.created"):
     """A response began."""
 
-    response: Response
 
-
-class ResponseDone(ServerEvent, tag="response.done"):
+class ResponseDone(_ResponseEvent, tag="response.done"):
     """A response ended (completed, cancelled, failed or incomplete)."""
 
-    response: Response
+
+class _OutputItem(_ResponseIdEvent):
+    output_index: int
+    item: Item
 
 
-class OutputItemAdded(ServerEvent, tag="response.output_item.added"):
+class OutputItemAdded(_OutputItem, tag="response.output_item.added"):
     """A response produced a new item."""
 
-    response_id: str
-    output_index: int
-    item: Item
 
-
-class OutputItemDone(ServerEvent, tag="response.output_item.done"):
+class OutputItemDone(_OutputItem, tag="response.output_item.done"):
     """A response item is complete."""
-
-    response_id: str
-    output_index: int
-    item: Item
 
 
 class _Part(ServerEvent, kw_only=True):
@@ -310,87 +308,75 @@ class OutputTextDone(_Part, tag="response.output_text.done"):
     text: str
 
 
-class FunctionCallArgumentsDelta(ServerEvent, tag="response.function_call_arguments.delta"):
-    """A piece of a function call's JSON arguments."""
-
-    response_id: str
+class _OutputItemEvent(_ResponseIdEvent):
     item_id: str
     output_index: int
+
+
+class _FunctionCallArguments(_OutputItemEvent):
     call_id: str
+
+
+class FunctionCallArgumentsDelta(
+    _FunctionCallArguments, tag="response.function_call_arguments.delta"
+):
+    """A piece of a function call's JSON arguments."""
+
     delta: str
 
 
-class FunctionCallArgumentsDone(ServerEvent, tag="response.function_call_arguments.done"):
+class FunctionCallArgumentsDone(
+    _FunctionCallArguments, tag="response.function_call_arguments.done"
+):
     """A function call's whole arguments."""
 
-    response_id: str
-    item_id: str
-    output_index: int
-    call_id: str
     name: str
     arguments: str
 
 
-class McpListToolsInProgress(ServerEvent, tag="mcp_list_tools.in_progress"):
+class McpListToolsInProgress(_ItemEvent, tag="mcp_list_tools.in_progress"):
     """hark began listing an MCP server's tools into the ``mcp_list_tools`` item."""
 
-    item_id: str
 
-
-class McpListToolsCompleted(ServerEvent, tag="mcp_list_tools.completed"):
+class McpListToolsCompleted(_ItemEvent, tag="mcp_list_tools.completed"):
     """The MCP server's tools are listed (``conversation.item.done`` carries them)."""
 
-    item_id: str
 
-
-class McpListToolsFailed(ServerEvent, tag="mcp_list_tools.failed"):
+class McpListToolsFailed(_ItemEvent, tag="mcp_list_tools.failed"):
     """The MCP server could not be listed: its tools are not offered to the model."""
 
-    item_id: str
 
-
-class ResponseMcpCallArgumentsDelta(ServerEvent, tag="response.mcp_call_arguments.delta"):
+class ResponseMcpCallArgumentsDelta(_OutputItemEvent, tag="response.mcp_call_arguments.delta"):
     """A piece of an MCP call's JSON arguments.
 
     ``obfuscation`` is OpenAI's padding against guessing a delta from its size; hark sends
     an empty one, since the JS agents SDK's schema of this event requires the field.
     """
 
-    response_id: str
-    item_id: str
-    output_index: int
     delta: str
     obfuscation: str = ""
 
 
-class ResponseMcpCallArgumentsDone(ServerEvent, tag="response.mcp_call_arguments.done"):
+class ResponseMcpCallArgumentsDone(_OutputItemEvent, tag="response.mcp_call_arguments.done"):
     """An MCP call's whole arguments."""
 
-    response_id: str
-    item_id: str
-    output_index: int
     arguments: str
 
 
-class ResponseMcpCallInProgress(ServerEvent, tag="response.mcp_call.in_progress"):
+class _McpCallEvent(_ItemEvent):
+    output_index: int
+
+
+class ResponseMcpCallInProgress(_McpCallEvent, tag="response.mcp_call.in_progress"):
     """hark is calling the MCP server."""
 
-    item_id: str
-    output_index: int
 
-
-class ResponseMcpCallCompleted(ServerEvent, tag="response.mcp_call.completed"):
+class ResponseMcpCallCompleted(_McpCallEvent, tag="response.mcp_call.completed"):
     """The MCP call returned (its ``output`` is on the item)."""
 
-    item_id: str
-    output_index: int
 
-
-class ResponseMcpCallFailed(ServerEvent, tag="response.mcp_call.failed"):
+class ResponseMcpCallFailed(_McpCallEvent, tag="response.mcp_call.failed"):
     """The MCP call failed (its ``error`` is on the item)."""
-
-    item_id: str
-    output_index: int
 
 
 class RateLimit(Struct, omit_defaults=False):
