@@ -151,7 +151,7 @@ async def test_warmup_loads_the_voice() -> None:
     needs_piper()
     engine = PiperTts(threads=2)
     await engine.warmup()
-    assert engine._voice is not None
+    assert engine._model is not None
     chunks = await speak(engine, "Sure.")
     assert len(chunks) == 1 and chunks[0].size > 0.2 * 22050
 

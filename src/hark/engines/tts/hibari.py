@@ -9,17 +9,13 @@ other voices from the network on first use, which this engine never lets it do.
 
 from __future__ import annotations
 
-import asyncio
-import functools
-import threading
-import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
-from hark.engines.scheduler import DueFirstScheduler
+from hark.engines.tts.sentences import SentenceReader, SentenceTts
 
 if TYPE_CHECKING:
     from hibari import Hibari
@@ -51,7 +47,7 @@ def local_voice_path(voice: str) -> str:
     return path
 
 
-class HibariTts:
+class HibariTts(SentenceTts["Hibari"]):
     """Speaks text with a hibari voice on the CPU; yields one int16 chunk per sentence.
 
     ``voice`` is a hibari voice present on this machine (``heart``, bundled, when omitted; a
@@ -72,6 +68,8 @@ class HibariTts:
         workers: int | None = None,
         voices: Sequence[str] = (),
     ) -> None:
+        # A sentence is one model call of tens of milliseconds holding a core.
+        super().__init__("hibari", threads, workers)
         try:
             from hibari import SAMPLE_RATE
         except ImportError as error:
@@ -80,13 +78,7 @@ class HibariTts:
         self._voices = tuple(voices)
         # Checked now, so that a voice not on the machine fails at start, not on a call.
         self._model_path = local_voice_path(self.voice_name)
-        self.sample_rate: int = SAMPLE_RATE
-        self._threads = threads
-        self._model: Hibari | None = None
-        self._load_lock = threading.Lock()
-        # A sentence is one model call of tens of milliseconds holding a core: due first, a
-        # reply's first words overtake sentences still to play.
-        self._queue = DueFirstScheduler(workers, name="hark-hibari")
+        self.sample_rate = SAMPLE_RATE
 
     def installed_voices(self) -> tuple[str, ...]:
         """The one voice this engine speaks with."""
@@ -96,18 +88,27 @@ class HibariTts:
         """Each name of ``voices``, all spoken by the one voice."""
         return dict.fromkeys(self._voices, self.voice_name)
 
-    def _load(self) -> Hibari:
-        # Several sessions may ask at once; the model, lexicons and tagger load only once.
-        with self._load_lock:
-            if self._model is None:
-                from hibari import Hibari
+    def _load_model(self) -> Hibari:
+        from hibari import Hibari
 
-                model = Hibari(voice=self.voice_name, model=self._model_path, threads=self._threads)
-                # The G2P and its network for words outside the lexicon load lazily, and not
-                # under a lock: loaded here, no sentence pays for them or loads them twice.
-                _ = model.g2p.oov
-                self._model = model
-            return self._model
+        model = Hibari(voice=self.voice_name, model=self._model_path, threads=self._threads)
+        # The G2P and its network for words outside the lexicon load lazily, and not under a
+        # lock: loaded here, with the lexicons and tagger, no sentence pays for them or loads
+        # them twice.
+        _ = model.g2p.oov
+        return model
+
+    def _reader(self, model: Hibari, text: str, voice: str | None, speed: float) -> SentenceReader:
+        # ``voice`` changes nothing: there is one. One generator per reply (hibari draws its
+        # noise from it): generators are not shared between threads.
+        sentences = iter(model.split_sentences(text))
+        rng = np.random.default_rng()
+
+        def read() -> npt.NDArray[np.int16] | None:
+            sentence = next(sentences, None)
+            return None if sentence is None else self._render(model, sentence, speed, rng)
+
+        return read
 
     def _render(
         self, model: Hibari, sentence: str, speed: float, rng: np.random.Generator
@@ -122,36 +123,3 @@ class HibariTts:
         audio = np.concatenate(parts) * _GAIN
         pcm: npt.NDArray[np.int16] = np.rint(np.clip(audio, -1.0, 1.0) * 32767).astype(np.int16)
         return pcm
-
-    async def synthesize(
-        self, text: str, *, voice: str | None = None, speed: float = 1.0, slack_s: float = 0.0
-    ) -> AsyncIterator[npt.NDArray[np.int16]]:
-        """Speak ``text``; yields one int16 chunk per sentence at ``sample_rate``.
-
-        ``voice`` changes nothing: there is one. ``speed`` above 1 speaks faster.
-        ``slack_s``: how long the listener has audio for before this (see
-        :class:`hark.engines.tts.TtsEngine`); each later sentence is due when the ones
-        before it will have played. Cancelling stops before the next sentence (the one
-        being rendered, some tens of milliseconds of work, completes unseen).
-        """
-        if not text.strip():
-            return
-        if speed <= 0:
-            raise ValueError(f"speed must be positive, got {speed}")
-        model = self._model if self._model is not None else await asyncio.to_thread(self._load)
-        # One generator per reply (hibari draws its noise from it): generators are not
-        # shared between threads.
-        rng = np.random.default_rng()
-        due = time.monotonic() + max(0.0, slack_s)
-        for sentence in model.split_sentences(text):
-            audio = await self._queue.run(
-                due, functools.partial(self._render, model, sentence, speed, rng)
-            )
-            due += audio.size / self.sample_rate
-            if audio.size:
-                yield audio
-
-    async def warmup(self) -> None:
-        """Load the voice and speak once, so that the first real request is fast."""
-        async for _ in self.synthesize("Hello."):
-            pass

@@ -7,20 +7,17 @@ Piper is GPL-3.0, so it is an optional extra of hark and is imported only when a
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 import json
 import logging
-import threading
-import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
-from hark.engines.scheduler import DueFirstScheduler
+from hark.engines.tts.sentences import SentenceReader, SentenceTts
 
 if TYPE_CHECKING:
     from piper import PiperConfig, PiperVoice
@@ -45,7 +42,7 @@ def _default_voice_path() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "data" / _DEFAULT_VOICE_FILE
 
 
-class PiperTts:
+class PiperTts(SentenceTts["PiperVoice"]):
     """Speaks text with a Piper voice on the CPU; yields one int16 chunk per sentence.
 
     ``model_path`` is a Piper ``.onnx`` voice with its ``.onnx.json`` config beside it (the
@@ -70,6 +67,9 @@ class PiperTts:
         workers: int | None = None,
         voices: Sequence[str] = (),
     ) -> None:
+        # Piper renders a sentence in one call holding a core for tens to hundreds of
+        # milliseconds.
+        super().__init__("piper", threads, workers)
         try:
             from piper import PiperConfig, SynthesisConfig
         except ImportError as error:
@@ -78,20 +78,14 @@ class PiperTts:
         config_path = Path(f"{self._model_path}.json")
         with config_path.open(encoding="utf-8") as config_file:
             self._config: PiperConfig = PiperConfig.from_dict(json.load(config_file))
-        self.sample_rate: int = self._config.sample_rate
+        self.sample_rate = self._config.sample_rate
         self._speaker = speaker
         self.voice_name = self._model_path.name.removesuffix(".onnx")
         # A model of one speaker may still list it; only several are voices of their own.
         speakers = self._config.speaker_id_map if self._config.num_speakers > 1 else {}
         self._speaker_ids: dict[str, int] = dict(speakers)
         self._voice_speakers = _map_voices(voices, self._speaker_ids, speaker)
-        self._threads = threads
         self._synthesis_config = SynthesisConfig
-        self._voice: PiperVoice | None = None
-        self._load_lock = threading.Lock()
-        # Piper renders a sentence in one call holding a core for tens to hundreds of
-        # milliseconds: due first, a reply's first words overtake sentences still to play.
-        self._queue = DueFirstScheduler(workers, name="hark-piper")
 
     def installed_voices(self) -> tuple[str, ...]:
         """The model's name, then its speakers' names when it has several."""
@@ -112,66 +106,36 @@ class PiperTts:
         mapped = self._voice_speakers.get(voice or "")
         return self._speaker_ids[mapped] if mapped is not None else self._speaker
 
-    def _load(self) -> PiperVoice:
-        # Several sessions may ask for the voice at once; the 60 MB model loads only once.
-        with self._load_lock:
-            if self._voice is None:
-                import onnxruntime
-                from piper import PiperVoice
+    def _load_model(self) -> PiperVoice:
+        import onnxruntime
+        from piper import PiperVoice
 
-                options = onnxruntime.SessionOptions()
-                options.intra_op_num_threads = self._threads
-                options.inter_op_num_threads = 1
-                options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
-                # PiperVoice.load offers no session options, so the session is built here.
-                session = onnxruntime.InferenceSession(
-                    str(self._model_path),
-                    sess_options=options,
-                    providers=["CPUExecutionProvider"],
-                )
-                self._voice = PiperVoice(session=session, config=self._config)
-                _LOG.info("loaded Piper voice %s", self._model_path.name)
-            return self._voice
-
-    async def synthesize(
-        self, text: str, *, voice: str | None = None, speed: float = 1.0, slack_s: float = 0.0
-    ) -> AsyncIterator[npt.NDArray[np.int16]]:
-        """Speak ``text``; yields one int16 chunk per sentence at ``sample_rate``.
-
-        ``speed`` above 1 speaks faster. ``slack_s``: how long the listener has audio for
-        before this (see :class:`hark.engines.tts.TtsEngine`); each later sentence is due
-        when the ones before it will have played. Cancelling stops before the next sentence
-        (the one being rendered, at most a few hundred milliseconds of work, completes
-        unseen).
-        """
-        if not text.strip():
-            return
-        if speed <= 0:
-            raise ValueError(f"speed must be positive, got {speed}")
-        piper_voice = (
-            self._voice if self._voice is not None else await asyncio.to_thread(self._load)
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = self._threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
+        # PiperVoice.load offers no session options, so the session is built here.
+        session = onnxruntime.InferenceSession(
+            str(self._model_path), sess_options=options, providers=["CPUExecutionProvider"]
         )
+        _LOG.info("loaded Piper voice %s", self._model_path.name)
+        return PiperVoice(session=session, config=self._config)
+
+    def _reader(
+        self, model: PiperVoice, text: str, voice: str | None, speed: float
+    ) -> SentenceReader:
         config = self._synthesis_config(
             speaker_id=self.speaker_for(voice),
             length_scale=self._config.length_scale / speed,
             volume=_VOLUME,
         )
-        sentences = iter(piper_voice.synthesize(text, syn_config=config))
-        due = time.monotonic() + max(0.0, slack_s)
-        while True:
-            # One sentence per model call, so that nothing more runs once cancelled.
-            chunk = await self._queue.run(due, lambda: next(sentences, None))
-            if chunk is None:
-                return
-            audio: npt.NDArray[np.int16] = chunk.audio_int16_array
-            due += audio.size / self.sample_rate
-            if audio.size:
-                yield audio
+        sentences = iter(model.synthesize(text, syn_config=config))
 
-    async def warmup(self) -> None:
-        """Load the voice and speak once, so that the first real request is fast."""
-        async for _ in self.synthesize("Hello."):
-            pass
+        def read() -> npt.NDArray[np.int16] | None:
+            chunk = next(sentences, None)
+            return None if chunk is None else chunk.audio_int16_array
+
+        return read
 
 
 def _map_voices(
