@@ -27,7 +27,11 @@ import threading
 import time
 import weakref
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import Protocol, TypeVar
+
+from hark.engines.activity import computing
+
+_T = TypeVar("_T")
 
 __all__ = [
     "ENGINE_FAILED",
@@ -221,6 +225,22 @@ class ThreadKeeper:
         _log.error("a %s thread died; starting another", self._name, exc_info=exc)
         self.start(self._engine.restarted(exc))
         return EngineThreadCrashedError(f"the {self._name} thread died ({describe(exc)})")
+
+    def run(self, call: Callable[[], _T]) -> tuple[_T | None, BaseException | None, bool]:
+        """Run ``call`` (model work, counted as computing) on the calling thread, one of
+        this keeper's: ``(result, None, True)`` when it returned, the engine then reported
+        working; ``(None, exc, True)`` when it raised an ``Exception``, for its requests
+        alone; ``(None, crash, False)`` when anything else killed the thread, whose
+        successor has started (``crash`` is ``replace``'s error for the requests)."""
+        try:
+            with computing():
+                result = call()
+        except Exception as exc:
+            return None, exc, True
+        except BaseException as exc:
+            return None, self.replace(exc), False
+        self._engine.working()
+        return result, None, True
 
     def _serve(self, delay_s: float) -> None:
         pause(delay_s)

@@ -24,15 +24,22 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from hark.engines import health
-from hark.engines.activity import computing
 
-__all__ = ["DueFirstScheduler", "SchedulerFullError"]
+__all__ = ["DueFirstScheduler", "SchedulerFullError", "require_positive"]
 
 _T = TypeVar("_T")
 
 
 def _nothing() -> None:
     pass
+
+
+def require_positive(**sizes: int) -> None:
+    """Refuse, with a ``ValueError`` naming it, the first of a scheduler's ``sizes`` (workers,
+    batch, queue bounds) below 1: none of them works at 0."""
+    for name, value in sizes.items():
+        if value < 1:
+            raise ValueError(f"{name} must be at least 1, got {value}")
 
 
 class SchedulerFullError(RuntimeError):
@@ -60,8 +67,7 @@ class DueFirstScheduler:
     ) -> None:
         if workers is None:
             workers = max(1, (os.cpu_count() or 2) // 2)
-        if workers < 1:
-            raise ValueError(f"workers must be at least 1, got {workers}")
+        require_positive(workers=workers)
         self._workers = workers
         self._name = name
         self._idle_s = idle_s
@@ -116,17 +122,12 @@ class DueFirstScheduler:
                 _, _, future, call = heapq.heappop(self._heap)
             if not future.set_running_or_notify_cancel():
                 continue
-            try:
-                with computing():
-                    result = call()
-            except Exception as exc:  # handed to the waiting coroutine
-                future.set_exception(exc)
-            except BaseException as exc:
-                # The successor is on its way before the caller hears of it.
-                future.set_exception(self._keeper.replace(exc))
-                return
-            else:
-                self.health.working()
+            result, error, alive = self._keeper.run(call)
+            if error is None:
                 future.set_result(result)
+            else:
+                future.set_exception(error)
+            if not alive:
+                return
             # Drop the references before waiting: a finished request must not stay alive here.
             del future, call

@@ -29,12 +29,11 @@ import itertools
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, cast
 
 from hark.engines import health
-from hark.engines.activity import computing
 from hark.engines.asr import Urgency
-from hark.engines.scheduler import SchedulerFullError
+from hark.engines.scheduler import SchedulerFullError, require_positive
 
 __all__ = ["AsrScheduler", "SchedulerFullError"]
 
@@ -86,12 +85,7 @@ class AsrScheduler(Generic[R, T]):
         idle_s: float = 30.0,
         probe: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
-        if max_batch < 1:
-            raise ValueError(f"max_batch must be at least 1, got {max_batch}")
-        if workers < 1:
-            raise ValueError(f"workers must be at least 1, got {workers}")
-        if max_waiting < 1:
-            raise ValueError(f"max_waiting must be at least 1, got {max_waiting}")
+        require_positive(max_batch=max_batch, workers=workers, max_waiting=max_waiting)
         self._run_batch = run_batch
         self._max_batch = max_batch
         self._workers = workers
@@ -205,30 +199,22 @@ class AsrScheduler(Generic[R, T]):
 
     def _decode(self, batch: list[_Entry[R, T]]) -> bool:
         """Run ``batch`` and hand out its results; False when this thread must end."""
-        try:
-            with computing():
-                results = self._run_batch([entry.request for entry in batch])
-            if len(results) != len(batch):
-                raise RuntimeError(
-                    f"{self._name}: {len(results)} results for {len(batch)} requests"
-                )
-        except Exception as exc:  # handed to every caller of the batch
-            self._done(len(batch))
+        # A crashed thread's successor is on its way before the callers hear of it.
+        results, error, alive = self._keeper.run(lambda: self._results(batch))
+        self._done(len(batch))
+        if error is not None:
             for entry in batch:
-                self._post(entry, _fail, exc)
-        except BaseException as exc:
-            self._done(len(batch))
-            # The successor is on its way before the callers hear of it.
-            crashed = self._keeper.replace(exc)
-            for entry in batch:
-                self._post(entry, _fail, crashed)
-            return False
+                self._post(entry, _fail, error)
         else:
-            self._done(len(batch))
-            self.health.working()
-            for entry, result in zip(batch, results, strict=True):
+            for entry, result in zip(batch, cast("list[T]", results), strict=True):
                 self._post(entry, _deliver, result)
-        return True
+        return alive
+
+    def _results(self, batch: list[_Entry[R, T]]) -> list[T]:
+        results = self._run_batch([entry.request for entry in batch])
+        if len(results) != len(batch):
+            raise RuntimeError(f"{self._name}: {len(results)} results for {len(batch)} requests")
+        return results
 
     def _done(self, count: int) -> None:
         with self._cond:
