@@ -98,6 +98,11 @@ def test_reading_undoes_whisper_habits() -> None:
         ("Thanks.", None, Cue.SHORT_REPLY),
         ("Can you help me?", None, Cue.QUESTION_FORM),
         ("I'm calling because...", None, Cue.TRAILING_OFF),
+        # Asked for a number or an address, and none of it said yet (or misheard).
+        ("Let me find it.", "Sure. What's your account number?", Cue.NUMBER_IN_PROGRESS),
+        ("It's a tricky one.", "What is your postcode?", Cue.NUMBER_IN_PROGRESS),
+        ("We live near the park.", "What's your home address?", Cue.ADDRESS_IN_PROGRESS),
+        ("Sometime around June.", None, Cue.DATE_IN_PROGRESS),
     ],
 )
 def test_cues(transcript: str, context: str | None, expected: Cue) -> None:
@@ -121,6 +126,22 @@ def test_finished_sentences_raise_no_unfinished_cue(transcript: str) -> None:
         Cue.TRAILING_OFF,
     }
     assert not cues(read_transcript(transcript)) & unfinished
+
+
+@pytest.mark.parametrize(
+    ("transcript", "context"),
+    [
+        ("Sure.", "What's your zip code?"),
+        ("I don't know it.", "What's your account number?"),
+        ("Not right now.", "Can you read me the card number?"),
+        ("It's 10 Downing Street.", "What's your address?"),
+        ("Yes, tomorrow morning.", "Should I call you back?"),
+        ("It was my account.", "Your account number is on the invoice."),
+    ],
+)
+def test_answers_and_refusals_are_not_answers_in_progress(transcript: str, context: str) -> None:
+    pending = {Cue.NUMBER_IN_PROGRESS, Cue.ADDRESS_IN_PROGRESS}
+    assert not cues(read_transcript(transcript), context) & pending
 
 
 # ------------------------------------------------------------------ the evaluation set

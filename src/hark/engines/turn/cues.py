@@ -109,6 +109,13 @@ _DIGITS_EXPECTED: tuple[tuple[frozenset[str], int], ...] = (
     (_words("zip postcode postal"), 5),
 )
 _NUMBER_NOUNS = _words("number code pin account extension id")
+# What the assistant asks for when it wants a number said (verbs such as "call" ask for
+# no number: "Should I call you back?").
+_ASKED_NUMBER = _NUMBER_NOUNS | _words("zip postcode")
+# A month after one of these is a date still being said ("on March", "about March"); after
+# a day it is whole ("the twenty first of March").
+_BEFORE_A_DATE = _PREPOSITIONS | _words("is was")
+_NEGATIONS = _words("no not never nope none nah")
 
 _WORD = re.compile(r"(\S+?)([.,?!…;:\-–—]*)(?=\s|$)")
 _SPELLED = re.compile(r"^(?:[a-z]-)+[a-z]?$", re.I)
@@ -255,10 +262,11 @@ def cues(transcript: Transcript, context: str | None = None) -> frozenset[Cue]:
         found.add(Cue.SHORT_REPLY)
     if words[0] in _QUESTION_OPENERS and Cue.OPEN_CLAUSE not in found:
         found.add(Cue.QUESTION_FORM)
-    topic = set(words)
-    if context:
-        topic.update(read_transcript(_last_sentence(context)).words)
-    found.update(_entity_cues(words, topic))
+    question = read_transcript(_last_sentence(context)) if context else None
+    asked = frozenset(question.words) if question else frozenset()
+    found.update(_entity_cues(words, set(words) | asked))
+    if question and question.ending is Ending.QUESTION and Cue.SHORT_REPLY not in found:
+        found.update(_answer_pending(words, asked))
     if transcript.ending is Ending.TRAILING:
         found.add(Cue.TRAILING_OFF)
     return frozenset(found)
@@ -300,10 +308,30 @@ def _entity_cues(words: tuple[str, ...], topic: set[str]) -> set[Cue]:
             found.add(Cue.NUMBER_DONE if digits >= expected else Cue.NUMBER_IN_PROGRESS)
         elif topic & _NUMBER_NOUNS and digits < 4:
             found.add(Cue.NUMBER_IN_PROGRESS)
-    elif words[-1] in _MONTHS and len(words) > 1 and words[-2] in ("is", "in", "on", "of"):
+    elif words[-1] in _MONTHS and len(words) > 1 and words[-2] in _BEFORE_A_DATE:
         found.add(Cue.DATE_IN_PROGRESS)
     if "address" in topic and any(map(_digits, words)) and not topic & _STREET_TYPES:
         found.add(Cue.ADDRESS_IN_PROGRESS)
     if topic & _EMAIL_WORDS and words[-1].rsplit(".", 1)[-1] not in _EMAIL_ENDINGS:
         found.add(Cue.EMAIL_IN_PROGRESS)
     return found
+
+
+def _answer_pending(words: tuple[str, ...], asked: frozenset[str]) -> set[Cue]:
+    """The assistant asked for a number or a street address (``asked``: the words of its
+    question) and none of it has been said yet: "It's…", "My account is…", or a word
+    the recogniser misheard, before the digits come. A refusal ("I don't have one") is an
+    answer."""
+    if not asked or any(w in _NEGATIONS or w.endswith("n't") for w in words):
+        return set()
+    said_digits = any(map(_digits, words))
+    if not said_digits and asked & _ASKED_NUMBER and not asked & _EMAIL_WORDS:
+        return {Cue.NUMBER_IN_PROGRESS}
+    if (
+        "address" in asked
+        and not asked & _EMAIL_WORDS
+        and not said_digits
+        and not set(words) & _STREET_TYPES
+    ):
+        return {Cue.ADDRESS_IN_PROGRESS}
+    return set()
