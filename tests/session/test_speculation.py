@@ -178,10 +178,11 @@ def test_a_verdict_asking_less_than_has_passed_ends_the_turn_at_once(driver: Dri
     semantic(driver, "low")
     driver.asr_text = "What is the capital of France?"
     driver.append(voiced(800))
-    driver.append(silence(700))
+    driver.append(silence(1000))
     (score,) = driver.take(ScoreTurn)
     assert stopped_at(driver) == []
-    # Low eagerness waits 1.3 s unjudged; a verdict of 0.9 (wait 350 ms) is long passed.
+    # Low eagerness waits 1.3 s unjudged; a verdict of 0.9 (wait 800 ms, low's shortest)
+    # has passed.
     driver.session.handle(TurnScored(score.key, 0.9), now=driver.now)
     driver.pump()
     assert len(stopped_at(driver)) == 1

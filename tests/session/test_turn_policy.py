@@ -11,6 +11,7 @@ import pytest
 from hark.engines.turn.evaluation import MID_SENTENCE_PAUSE_MS
 from hark.protocol.session_config import SemanticVad, ServerVad
 from hark.session.turn_policy import (
+    CURVE_END_MS,
     END_FAST_PROBABILITY,
     MAX_SILENCE_MS,
     MIN_SILENCE_MS,
@@ -62,9 +63,18 @@ def test_no_turn_detection_no_policy() -> None:
 def test_silence_falls_from_the_cap_to_the_floor(eagerness: str) -> None:
     waits = [silence_for(p / 100, eagerness) for p in range(101)]
     assert waits[0] == MAX_SILENCE_MS[eagerness]
-    assert waits[-1] == MIN_SILENCE_MS
+    assert waits[-1] == MIN_SILENCE_MS[eagerness]
     assert all(a >= b for a, b in itertools.pairwise(waits))
     assert waits[0] > waits[50] > waits[-1]
+
+
+def test_low_eagerness_never_ends_a_turn_fast() -> None:
+    # However finished the words sound, low waits out a pause of 800 ms; the other
+    # eagerness values end a clearly finished turn after the curve's end.
+    assert silence_for(1.0, "low") == silence_for(END_FAST_PROBABILITY, "low") == 800
+    assert silence_for(0.5, "low") == unjudged_silence_ms("low") > 800
+    for eagerness in ("medium", "high", "auto"):
+        assert silence_for(1.0, eagerness) == CURVE_END_MS
 
 
 def test_silence_caps_by_eagerness() -> None:
@@ -78,7 +88,7 @@ def test_silence_caps_by_eagerness() -> None:
 
 def test_silence_clamps_odd_probabilities() -> None:
     assert silence_for(-0.5, "auto") == MAX_SILENCE_MS["auto"]
-    assert silence_for(1.7, "auto") == MIN_SILENCE_MS
+    assert silence_for(1.7, "auto") == MIN_SILENCE_MS["auto"]
     assert silence_for(math.nan, "high") == MAX_SILENCE_MS["high"]
 
 

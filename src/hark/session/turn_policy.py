@@ -23,9 +23,16 @@ from hark.protocol.session_config import SemanticVad, ServerVad, TurnDetection
 MAX_SILENCE_MS = {"low": 8000, "medium": 4000, "high": 2000, "auto": 4000}
 # server_vad's default silence_duration_ms: the plain silence timer semantic_vad must beat.
 SILENCE_TIMER_MS = 500
-# The shortest: an utterance that is clearly complete still gets this much silence, about the
-# gap between turns in human conversation.
-MIN_SILENCE_MS = 200
+# Where the curve ends: an utterance that is clearly complete still gets this much silence,
+# about the gap between turns in human conversation.
+CURVE_END_MS = 200
+# The shortest silence that ends a turn, by eagerness. Low asks for the speaker to be given
+# time: however finished the words sound, it never ends a turn on less than 800 ms of
+# silence, since the words of a pause often sound finished when the turn is not (a list's
+# first item, a sentence before an afterthought, a trailing "and" the recogniser misheard).
+# On hark bench turns this is the point of fewest cut-offs for the dead air
+# (docs/turn-taking.md); the other eagerness values end a clearly finished turn at once.
+MIN_SILENCE_MS = {"low": 800, "medium": CURVE_END_MS, "high": CURVE_END_MS, "auto": CURVE_END_MS}
 # From this probability up the turn ends fast: with eagerness auto, after at most ~310 ms.
 END_FAST_PROBABILITY = 0.85
 # A pause this long inside speech starts speculative recognition (and then a speculative
@@ -59,7 +66,8 @@ def silence_for(probability: float, eagerness: str) -> int:
     """Silence (ms) to wait before ending the turn, given how likely it is complete.
 
     The wait falls geometrically from the eagerness's cap (``probability`` 0) to
-    ``MIN_SILENCE_MS`` (``probability`` 1): ``MIN × (cap / MIN) ** (1 − p)``. Pauses inside a
+    ``CURVE_END_MS`` (``probability`` 1), ``END × (cap / END) ** (1 − p)``, and is never
+    shorter than the eagerness's ``MIN_SILENCE_MS`` (800 ms for low). Pauses inside a
     turn have a long tail (a speaker looking up a number pauses for seconds, most pauses
     are short), so the wait is set on a log scale: each tenth of probability lost multiplies
     it by the same factor (1.35 with eagerness auto). With auto, a probability of 0.9 waits
@@ -71,7 +79,8 @@ def silence_for(probability: float, eagerness: str) -> int:
     if cap is None:
         raise ValueError(f"unknown eagerness {eagerness!r}")
     p = 0.0 if math.isnan(probability) else min(1.0, max(0.0, probability))
-    return round(MIN_SILENCE_MS * (cap / MIN_SILENCE_MS) ** (1.0 - p))
+    wait = round(CURVE_END_MS * (cap / CURVE_END_MS) ** (1.0 - p))
+    return max(MIN_SILENCE_MS[eagerness], wait)
 
 
 class TurnPolicy(ABC):
