@@ -21,7 +21,7 @@ from hark import __version__
 # description its help shows, unless ``configure_parser`` sets another).
 COMMANDS = (
     ("serve", "run the Realtime API server", "hark.server.cli"),
-    ("relay", "the fleet's one public UDP port for WebRTC media", "hark.edge.cli"),
+    ("relay", "the fleet's one public UDP port for WebRTC media", "hark.config.relay"),
 )
 BENCHES = (
     (

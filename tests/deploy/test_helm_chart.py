@@ -678,7 +678,7 @@ def test_missing_secrets_do_not_render(values: dict[str, Any], message: str | No
 
 
 def test_the_relay_carries_the_workers_media() -> None:
-    from hark.edge.cli import configure_parser
+    from hark.config.relay import configure_parser
 
     r = render(VARIANTS["relay-workers"])
     relay = r.one("Deployment", "relay")
@@ -1179,7 +1179,7 @@ def test_the_dashboard_filters_every_panel_and_shows_what_exists() -> None:
 
 
 def test_every_new_value_reaches_what_it_sets() -> None:
-    from hark.edge.cli import configure_parser
+    from hark.config.relay import configure_parser
 
     values = merged(
         BASE,

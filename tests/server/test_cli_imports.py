@@ -56,7 +56,7 @@ def test_the_list_of_commands_and_the_relays_help_load_nothing_heavy(
 ) -> None:
     modules = loaded_by(argv, tmp_path)
     assert among(modules, (*HEAVY, "numpy", "aiohttp", "redis", *COMMAND_MODULES)) == []
-    assert ("hark.edge.cli" in modules) == (argv[0] == "relay")
+    assert ("hark.config.relay" in modules) == (argv[0] == "relay")
 
 
 def test_the_servers_help_loads_its_options_and_nothing_of_the_calls(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import pytest
 from hark.cli import build_parser
 from hark.config import ConfigError, Settings, env_var, load_settings
 from hark.config.options import OPTIONS, Option, add_arguments, configuration_page
+from hark.config.relay import RELAY_OPTIONS, relay_values
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "configuration.md"
@@ -34,7 +35,7 @@ def test_the_committed_page_is_what_the_declarations_generate() -> None:
         text=True,
         cwd=ROOT,
     ).stdout
-    assert generated == configuration_page()
+    assert generated == configuration_page(RELAY_OPTIONS)
     assert PAGE.read_text() == generated, (
         "docs/configuration.md differs from the declarations: run "
         "`python -m hark.config docs > docs/configuration.md`"
@@ -124,3 +125,69 @@ def test_a_list_is_comma_separated_in_the_environment() -> None:
     )
     assert settings.api_keys == ("sk-a", "sk-b")
     assert settings.allowed_hosts == ("a.example", "b.example")
+
+
+# ---------------------------------------------------------------------------- hark relay
+
+RELAY_SECRET = "fleet-secret-of-the-options-test-01"
+
+
+def relay_options(*argv: str) -> dict[str, object]:
+    args = build_parser().parse_args(["relay", *argv])
+    return {k: v for k, v in vars(args).items() if k not in ("command", "handler")}
+
+
+def test_the_relays_options_come_from_its_declarations() -> None:
+    values = relay_values(
+        relay_options("--workers", "3"),
+        {"HARK_REDIS_URL": "redis://127.0.0.1:6379/0", "HARK_FLEET_SECRET": RELAY_SECRET},
+    )
+    declared = {option.name: option.default for option in RELAY_OPTIONS}
+    assert values == {
+        **{name: default for name, default in declared.items() if name != "redis_password"},
+        "redis_url": "redis://127.0.0.1:6379/0",
+        "fleet_secret": RELAY_SECRET,
+        "workers": 3,
+    }
+
+
+def test_the_relays_command_line_wins_over_the_environment_it_reads() -> None:
+    env = {
+        "HARK_REDIS_URL": "redis://env:6379/0",
+        "HARK_FLEET_SECRET": "x" * 40,
+        "HARK_REDIS_PASSWORD": "pw",
+        # Read by hark serve, not by the relay.
+        "HARK_LOG_LEVEL": "debug",
+        "HARK_WORKERS": "9",
+    }
+    options = relay_options("--redis-url", "redis://cli:6379/0", "--fleet-secret", RELAY_SECRET)
+    values = relay_values(options, env)
+    assert values["redis_url"] == "redis://:pw@cli:6379/0"
+    assert values["fleet_secret"] == RELAY_SECRET
+    assert (values["log_level"], values["workers"]) == ("info", 1)
+
+
+@pytest.mark.parametrize(
+    ("argv", "complaint"),
+    [
+        ((), "needs --redis-url"),
+        (("--redis-url", "redis://r:6379/0", "--fleet-secret", "short"), "at least 16 bytes"),
+        (("--workers", "0"), "--workers must be at least 1"),
+        (("--source-flow-rate", "0"), "--source-flow-rate must be positive"),
+        (("--source-flow-burst", "-1"), "--source-flow-burst must be at least 1"),
+    ],
+)
+def test_a_wrong_relay_option_is_named(argv: tuple[str, ...], complaint: str) -> None:
+    env = {} if argv == () else {"HARK_REDIS_URL": "redis://r:6379/0"}
+    env |= {"HARK_FLEET_SECRET": RELAY_SECRET} if "--fleet-secret" not in argv else {}
+    with pytest.raises(ValueError, match=complaint) as caught:
+        relay_values(relay_options(*argv), env)
+    assert RELAY_SECRET not in str(caught.value)
+
+
+def test_the_page_lists_the_relays_options() -> None:
+    rows = PAGE.read_text().split("## `hark relay`")[1].splitlines()
+    for option in RELAY_OPTIONS:
+        flag = f"`{option.flag}`" if option.cli else "—"
+        env = f"`{option.env}`" if option.in_env else "—"
+        assert any(row.startswith(f"| {flag} | {env} |") for row in rows), option.name

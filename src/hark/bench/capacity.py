@@ -8,13 +8,12 @@ look at a late step, where it stops, which figure is the capacity) is written on
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from hark.config.options import add_bench_arguments
+from hark.config.options import BenchOption, shared
 
 
 @dataclass(frozen=True)
@@ -31,23 +30,25 @@ class CapacityConfig:
     server_pid: int | None
 
 
-def add_capacity_options(
-    parser: argparse.ArgumentParser, *, step: int, max_calls: int, threshold_ms: float, bound: str
-) -> None:
+def capacity_options(
+    *, step: int, max_calls: int, threshold_ms: float, bound: str
+) -> tuple[BenchOption | str, ...]:
     """The options of :class:`CapacityConfig`, with the bench's defaults; ``bound`` says
     what the threshold bounds ("p99 frame lateness")."""
-    add_bench_arguments(
-        parser,
+    return (
         "calls",
         "capacity",
         "hold",
-        step={"default": step},
-        max_calls={"default": max_calls},
-        threshold_ms={
-            "default": threshold_ms,
-            "help": f"{bound} that ends the ramp (default {threshold_ms:g})",
-        },
-        server_pid={"help": "a local server's process id: report its CPU use per capacity step"},
+        shared("step", default=step),
+        shared("max_calls", default=max_calls),
+        shared(
+            "threshold_ms",
+            default=threshold_ms,
+            help=f"{bound} that ends the ramp (default {threshold_ms:g})",
+        ),
+        shared(
+            "server_pid", help="a local server's process id: report its CPU use per capacity step"
+        ),
     )
 
 

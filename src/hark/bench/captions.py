@@ -68,7 +68,7 @@ from hark.bench.report import (
 )
 from hark.bench.spoken_questions import RATE
 from hark.bench.word_alignment import Delta, align, caption_lags, words
-from hark.config.options import add_bench_arguments
+from hark.config.options import BenchOption, add_bench_arguments, shared
 
 if TYPE_CHECKING:
     from openai.resources.realtime.realtime import AsyncRealtimeConnection
@@ -615,63 +615,48 @@ def _lengths(value: str) -> tuple[float, ...]:
     return lengths
 
 
+OPTIONS: tuple[BenchOption | str, ...] = (
+    shared(
+        "url",
+        required=False,
+        help="the server's WebSocket root, e.g. ws://127.0.0.1:8000 (default: start hark serve)",
+    ),
+    shared("server_pid", help="the --url server's process, for its CPU time (a local server only)"),
+    BenchOption("engines", "without --url: the engine preset of the server the bench starts"),
+    BenchOption("speakers", "speakers at once, one session each (default 1)", int, 1),
+    BenchOption(
+        "seconds", "the monologues' lengths, comma-separated (default 5,40)", _lengths, (5.0, 40.0)
+    ),
+    BenchOption("repeat", "times each speaker says each length (default 1)", int, 1),
+    "silence_ms",
+    BenchOption(
+        "text",
+        "the monologues' sentences, one a line (default: the bench's own)",
+        Path,
+        metavar="FILE",
+    ),
+    BenchOption(
+        "baseline_s",
+        "seconds of silence streamed to measure the server's idle CPU (default 5)",
+        float,
+        5.0,
+    ),
+    BenchOption("no_v2v", "skip the turns with replies (no V2V figures)", None),
+    BenchOption(
+        "no_captions",
+        "only the turns with replies: V2V per length, the lengths taken in turn",
+        None,
+    ),
+    "api_key",
+    "model",
+    "json",
+    shared("seed", help="seed of the speakers' start times (default 0)"),
+)
+
+
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Add ``hark bench captions``'s options to ``parser``."""
-    add_bench_arguments(
-        parser,
-        url={
-            "required": False,
-            "help": "the server's WebSocket root, e.g. ws://127.0.0.1:8000 (default: start "
-            "hark serve)",
-        },
-        server_pid={"help": "the --url server's process, for its CPU time (a local server only)"},
-    )
-    parser.add_argument(
-        "--engines",
-        default=None,
-        help="without --url: the engine preset of the server the bench starts",
-    )
-    parser.add_argument(
-        "--speakers", type=int, default=1, help="speakers at once, one session each (default 1)"
-    )
-    parser.add_argument(
-        "--seconds",
-        type=_lengths,
-        default=(5.0, 40.0),
-        help="the monologues' lengths, comma-separated (default 5,40)",
-    )
-    parser.add_argument(
-        "--repeat", type=int, default=1, help="times each speaker says each length (default 1)"
-    )
-    add_bench_arguments(parser, "silence_ms")
-    parser.add_argument(
-        "--text",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="the monologues' sentences, one a line (default: the bench's own)",
-    )
-    parser.add_argument(
-        "--baseline-s",
-        type=float,
-        default=5.0,
-        help="seconds of silence streamed to measure the server's idle CPU (default 5)",
-    )
-    parser.add_argument(
-        "--no-v2v", action="store_true", help="skip the turns with replies (no V2V figures)"
-    )
-    parser.add_argument(
-        "--no-captions",
-        action="store_true",
-        help="only the turns with replies: V2V per length, the lengths taken in turn",
-    )
-    add_bench_arguments(
-        parser,
-        "api_key",
-        "model",
-        "json",
-        seed={"help": "seed of the speakers' start times (default 0)"},
-    )
+    add_bench_arguments(parser, OPTIONS)
 
 
 def captions_config(options: dict[str, Any]) -> CaptionsBenchConfig:

@@ -10,6 +10,7 @@ the options are wrong, 130 on Ctrl-C.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 from collections.abc import Callable, Mapping
@@ -45,6 +46,14 @@ def arguments(config: Any) -> dict[str, Any]:
 def listed(value: str, kind: Callable[[str], T]) -> tuple[T, ...]:
     """A comma-separated option's items read as ``kind`` (``ValueError`` when one is not)."""
     return tuple(kind(item.strip()) for item in value.split(",") if item.strip())
+
+
+def positive(text: str) -> int:
+    """An option's whole number of at least 1 (argparse's message when it is not)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 @dataclass(frozen=True)

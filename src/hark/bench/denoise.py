@@ -32,7 +32,7 @@ from hark.bench.command import Bench, Result, config_from, listed
 from hark.bench.report import BenchError
 from hark.bench.spoken_questions import QUESTIONS, RATE, SpokenQuestion, spoken_questions
 from hark.bench.word_alignment import align, words
-from hark.config.options import add_bench_arguments
+from hark.config.options import BenchOption, add_bench_arguments
 from hark.engines.asr import AsrEngine
 from hark.protocol.session_config import NoiseReduction
 from hark.session.noise_reduction import wet_share
@@ -46,27 +46,35 @@ _TAIL = RATE // 10
 _ASR_RATE = 16000
 
 
+OPTIONS: tuple[BenchOption | str, ...] = (
+    BenchOption(
+        "snrs",
+        "comma-separated signal-to-noise ratios in dB (default 20,10,5,0)",
+        str,
+        ",".join(f"{snr:g}" for snr in DEFAULT_SNRS),
+        metavar="LIST",
+    ),
+    BenchOption(
+        "noises",
+        f"comma-separated noises, of {', '.join(NOISES)} (default all)",
+        str,
+        ",".join(NOISES),
+        metavar="LIST",
+    ),
+    BenchOption(
+        "questions",
+        f"how many of the spoken questions (default all {len(QUESTIONS)})",
+        int,
+        len(QUESTIONS),
+    ),
+    "asr_model",
+    "json",
+)
+
+
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """The options of ``hark bench denoise``."""
-    parser.add_argument(
-        "--snrs",
-        default=",".join(f"{snr:g}" for snr in DEFAULT_SNRS),
-        metavar="LIST",
-        help="comma-separated signal-to-noise ratios in dB (default 20,10,5,0)",
-    )
-    parser.add_argument(
-        "--noises",
-        default=",".join(NOISES),
-        metavar="LIST",
-        help=f"comma-separated noises, of {', '.join(NOISES)} (default all)",
-    )
-    parser.add_argument(
-        "--questions",
-        type=int,
-        default=len(QUESTIONS),
-        help=f"how many of the spoken questions (default all {len(QUESTIONS)})",
-    )
-    add_bench_arguments(parser, "asr_model", "json")
+    add_bench_arguments(parser, OPTIONS)
 
 
 @dataclass(frozen=True)

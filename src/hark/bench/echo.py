@@ -49,7 +49,7 @@ from hark.bench.local_server import local_server
 from hark.bench.spoken_questions import RATE as SPEECH_RATE
 from hark.bench.spoken_questions import spoken_questions
 from hark.bench.webrtc import CallClient
-from hark.config.options import add_bench_arguments
+from hark.config.options import BenchOption, add_bench_arguments
 from hark.transports.webrtc.playout import FRAME_SAMPLES, PLAYOUT_RATE, PlayoutTrack
 
 BARGE_IN = "Wait, stop please."
@@ -454,6 +454,14 @@ def format_summary(report: EchoReport) -> str:
     return "\n".join(lines)
 
 
+OPTIONS: tuple[BenchOption | str, ...] = (
+    BenchOption("echo_cancellation", "the server's setting", str, "on", choices=("on", "off")),
+    BenchOption("replies", "echo trials per condition (default 5: 20 in all)", int, 5),
+    BenchOption("barge_ins", "barge-in trials per condition (default 5)", int, 5),
+    "json",
+)
+
+
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """The options of ``hark bench echo``."""
     parser.description = (
@@ -461,16 +469,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "WebRTC with a microphone that hears the reply again through a simulated room, "
         "and counts self-interruptions and how fast a real barge-in over the echo is heard."
     )
-    parser.add_argument(
-        "--echo-cancellation", choices=("on", "off"), default="on", help="the server's setting"
-    )
-    parser.add_argument(
-        "--replies", type=int, default=5, help="echo trials per condition (default 5: 20 in all)"
-    )
-    parser.add_argument(
-        "--barge-ins", type=int, default=5, help="barge-in trials per condition (default 5)"
-    )
-    add_bench_arguments(parser, "json")
+    add_bench_arguments(parser, OPTIONS)
 
 
 @dataclass(frozen=True)

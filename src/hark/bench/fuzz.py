@@ -35,7 +35,7 @@ import aiohttp
 from hark.bench.command import Bench, Result, config_from
 from hark.bench.load.server_metrics import parse_metrics, server_figures
 from hark.bench.report import ServerUrl, api_key, load_average, percentiles
-from hark.config.options import add_bench_arguments
+from hark.config.options import BenchOption, add_bench_arguments, shared
 
 # What a fuzzing session remembers of the server's ids, to name real ones in its events.
 _KNOWN_IDS = 32
@@ -697,42 +697,33 @@ def format_summary(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+OPTIONS: tuple[BenchOption | str, ...] = (
+    "url",
+    shared("api_key", alias="--key"),
+    BenchOption("events", "frames to send in all (default 1000000)", int, 1_000_000),
+    BenchOption("sessions", "fuzzing sessions at a time (default 8)", int, 8),
+    BenchOption(
+        "hang_s",
+        "how long a probe or a normal turn may wait for its answer (default 10)",
+        float,
+        10.0,
+    ),
+    BenchOption("turns_before", "normal turns timed before the fuzz starts (default 30)", int, 30),
+    BenchOption(
+        "rate",
+        "frames per second per fuzzing session (default 0: as fast as the server takes "
+        "them, which measures a flood rather than the other sessions' latency)",
+        float,
+        0.0,
+    ),
+    "json",
+    shared("seed", default=None, help="seed of the random frames"),
+)
+
+
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Add ``hark bench fuzz``'s options to ``parser``."""
-    add_bench_arguments(parser, "url")
-    parser.add_argument(
-        "--key",
-        "--api-key",
-        dest="api_key",
-        default=None,
-        help="API key (default $OPENAI_API_KEY, else 'local')",
-    )
-    parser.add_argument(
-        "--events", type=int, default=1_000_000, help="frames to send in all (default 1000000)"
-    )
-    parser.add_argument(
-        "--sessions", type=int, default=8, help="fuzzing sessions at a time (default 8)"
-    )
-    parser.add_argument(
-        "--hang-s",
-        type=float,
-        default=10.0,
-        help="how long a probe or a normal turn may wait for its answer (default 10)",
-    )
-    parser.add_argument(
-        "--turns-before",
-        type=int,
-        default=30,
-        help="normal turns timed before the fuzz starts (default 30)",
-    )
-    parser.add_argument(
-        "--rate",
-        type=float,
-        default=0.0,
-        help="frames per second per fuzzing session (default 0: as fast as the server takes "
-        "them, which measures a flood rather than the other sessions' latency)",
-    )
-    add_bench_arguments(parser, "json", seed={"default": None, "help": "seed of the random frames"})
+    add_bench_arguments(parser, OPTIONS)
 
 
 def fuzz_config(options: dict[str, Any]) -> FuzzConfig:

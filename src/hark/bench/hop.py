@@ -25,7 +25,7 @@ from hark.bench.command import Bench, Result, arguments, config_from
 from hark.bench.report import ServerUrl, api_key, percentiles
 from hark.bench.webrtc import CallClient, post_offer
 from hark.cluster.forwarding import WORKER_HEADER
-from hark.config.options import add_bench_arguments
+from hark.config.options import BenchOption, add_bench_arguments, shared
 
 
 async def _worker_of(http: aiohttp.ClientSession, server: ServerUrl) -> str:
@@ -164,12 +164,18 @@ def format_summary(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+OPTIONS: tuple[BenchOption | str, ...] = (
+    shared("url", help="one worker's HTTP root"),
+    BenchOption("other", "another worker of the same fleet", required=True),
+    BenchOption("count", "round trips each way", int, 200),
+    "api_key",
+    "json",
+)
+
+
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Add ``hark bench hop``'s options to ``parser``."""
-    add_bench_arguments(parser, url={"help": "one worker's HTTP root"})
-    parser.add_argument("--other", required=True, help="another worker of the same fleet")
-    parser.add_argument("--count", type=int, default=200, help="round trips each way")
-    add_bench_arguments(parser, "api_key", "json")
+    add_bench_arguments(parser, OPTIONS)
 
 
 @dataclass(frozen=True)

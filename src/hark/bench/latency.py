@@ -52,7 +52,7 @@ from hark.bench.report import (
     report_head,
 )
 from hark.bench.spoken_questions import QUESTIONS, RATE, SpokenQuestion, spoken_questions
-from hark.config.options import SESSION_BENCH_OPTIONS, add_bench_arguments
+from hark.config.options import BenchOption, add_bench_arguments, session_bench_options
 from hark.observability.turn_timing import STAGES
 
 if TYPE_CHECKING:
@@ -653,26 +653,25 @@ def _optional_ms(value: object) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
+OPTIONS: tuple[BenchOption | str, ...] = (
+    BenchOption("turns", "questions each client asks (default 10)", int, 10),
+    BenchOption(
+        "concurrency", "clients at once, each asking --turns questions (default 1)", int, 1
+    ),
+    BenchOption(
+        "vad",
+        "server_vad (with --silence-ms) or semantic_vad (default server)",
+        str,
+        "server",
+        choices=VAD_MODES,
+    ),
+    *session_bench_options("the think times"),
+)
+
+
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Add ``hark bench latency``'s options to ``parser``."""
-    parser.add_argument(
-        "--turns", type=int, default=10, help="questions each client asks (default 10)"
-    )
-    parser.add_argument(
-        "--concurrency",
-        type=int,
-        default=1,
-        help="clients at once, each asking --turns questions (default 1)",
-    )
-    parser.add_argument(
-        "--vad",
-        choices=VAD_MODES,
-        default="server",
-        help="server_vad (with --silence-ms) or semantic_vad (default server)",
-    )
-    add_bench_arguments(
-        parser, *SESSION_BENCH_OPTIONS, seed={"help": "seed of the think times (default 0)"}
-    )
+    add_bench_arguments(parser, OPTIONS)
 
 
 def latency_config(options: dict[str, Any]) -> LatencyBenchConfig:

@@ -39,7 +39,7 @@ import numpy as np
 
 from hark.bench.command import Bench, Result, config_from
 from hark.bench.report import BenchError, cpu_seconds, percentiles
-from hark.config.options import add_bench_arguments
+from hark.config.options import BenchOption, add_bench_arguments
 from hark.edge import framing
 from hark.edge.flows import Address
 from hark.edge.mmsg import Batch, sockaddr_key
@@ -66,20 +66,19 @@ class _FixedRegistry(Registry):
         return True
 
 
+OPTIONS: tuple[BenchOption | str, ...] = (
+    BenchOption("seconds", "flood time (default 5)", float, 5.0),
+    BenchOption("flows", "client flows (default 50)", int, 50),
+    BenchOption("size", "datagram bytes (default 200)", int, DEFAULT_SIZE),
+    BenchOption("pings", "round trips per latency path (default 2000)", int, 2000),
+    BenchOption("relay_cpu", "the CPU the relay is pinned to (default 0)", int, 0),
+    "json",
+)
+
+
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """The options of ``hark bench relay``."""
-    parser.add_argument("--seconds", type=float, default=5.0, help="flood time (default 5)")
-    parser.add_argument("--flows", type=int, default=50, help="client flows (default 50)")
-    parser.add_argument(
-        "--size", type=int, default=DEFAULT_SIZE, help="datagram bytes (default 200)"
-    )
-    parser.add_argument(
-        "--pings", type=int, default=2000, help="round trips per latency path (default 2000)"
-    )
-    parser.add_argument(
-        "--relay-cpu", type=int, default=0, help="the CPU the relay is pinned to (default 0)"
-    )
-    add_bench_arguments(parser, "json")
+    add_bench_arguments(parser, OPTIONS)
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,7 @@ from hark.bench.report import (
     percentile_or_nan,
 )
 from hark.bench.spoken_questions import QUESTIONS, RATE, SpokenQuestion, spoken_questions
-from hark.config.options import add_bench_arguments
+from hark.config.options import BenchOption, add_bench_arguments, shared
 from hark.transports.rtp import RtpError, RtpPacket, RtpSender, is_rtcp
 
 logger = logging.getLogger(__name__)
@@ -913,54 +913,50 @@ def _address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+OPTIONS: tuple[BenchOption | str, ...] = (
+    BenchOption(
+        "sip",
+        "the server's SIP address (UDP), e.g. 127.0.0.1:5060",
+        _address,
+        metavar="HOST:PORT",
+        required=True,
+    ),
+    *capacity.capacity_options(
+        step=10, max_calls=300, threshold_ms=DEFAULT_THRESHOLD_MS, bound="p99 RTP jitter"
+    ),
+    BenchOption(
+        "late_ms",
+        "a packet this far behind its schedule is late, and ends the ramp (default 60)",
+        float,
+        DEFAULT_LATE_MS,
+    ),
+    BenchOption(
+        "ask_every",
+        "each capacity call says a question this often, in seconds (default 6)",
+        float,
+        6.0,
+    ),
+    BenchOption("turns", "spoken questions to time on one call (default 0)", int, 0),
+    "api_key",
+    shared(
+        "url",
+        required=False,
+        help="the server's HTTP root, for --webhook-listen (e.g. http://127.0.0.1:8000)",
+    ),
+    BenchOption(
+        "webhook_listen",
+        "accept the turns' call as the server's webhook receiver here, and time end of "
+        "turn → first reply audio from its sideband",
+        _address,
+        metavar="HOST:PORT",
+    ),
+    "json",
+)
+
+
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Add ``hark bench sip``'s options to ``parser``."""
-    parser.add_argument(
-        "--sip",
-        type=_address,
-        required=True,
-        metavar="HOST:PORT",
-        help="the server's SIP address (UDP), e.g. 127.0.0.1:5060",
-    )
-    capacity.add_capacity_options(
-        parser,
-        step=10,
-        max_calls=300,
-        threshold_ms=DEFAULT_THRESHOLD_MS,
-        bound="p99 RTP jitter",
-    )
-    parser.add_argument(
-        "--late-ms",
-        type=float,
-        default=DEFAULT_LATE_MS,
-        help="a packet this far behind its schedule is late, and ends the ramp (default 60)",
-    )
-    parser.add_argument(
-        "--ask-every",
-        type=float,
-        default=6.0,
-        help="each capacity call says a question this often, in seconds (default 6)",
-    )
-    parser.add_argument(
-        "--turns", type=int, default=0, help="spoken questions to time on one call (default 0)"
-    )
-    add_bench_arguments(
-        parser,
-        "api_key",
-        url={
-            "required": False,
-            "help": "the server's HTTP root, for --webhook-listen (e.g. http://127.0.0.1:8000)",
-        },
-    )
-    parser.add_argument(
-        "--webhook-listen",
-        type=_address,
-        default=None,
-        metavar="HOST:PORT",
-        help="accept the turns' call as the server's webhook receiver here, and time end of "
-        "turn → first reply audio from its sideband",
-    )
-    add_bench_arguments(parser, "json")
+    add_bench_arguments(parser, OPTIONS)
 
 
 @dataclass(frozen=True)

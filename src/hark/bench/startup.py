@@ -47,7 +47,7 @@ from typing import IO, Any
 
 from hark.bench.command import Bench, Result, config_from
 from hark.bench.report import BenchError, cpu_seconds_if_running, load_average
-from hark.config.options import add_bench_arguments
+from hark.config.options import BenchOption, add_bench_arguments
 
 # Bounds a hang, never what is measured.
 LIMIT_S = 120.0
@@ -55,25 +55,30 @@ POLL_S = 0.005
 STOP_S = 20.0
 
 
-def configure_parser(parser: argparse.ArgumentParser) -> None:
-    """The options of ``hark bench startup``."""
-    parser.add_argument("--runs", type=int, default=5, help="starts of each command (default 5)")
-    parser.add_argument(
-        "--redis-url",
-        default=os.environ.get("HARK_REDIS_URL"),
-        metavar="URL",
-        help="a Redis for the relay's runs (default $HARK_REDIS_URL; without one the relay "
+OPTIONS: tuple[BenchOption | str, ...] = (
+    BenchOption("runs", "starts of each command (default 5)", int, 5),
+    BenchOption(
+        "redis_url",
+        "a Redis for the relay's runs (default $HARK_REDIS_URL; without one the relay "
         "is left out). A scratch database is best: the bench registers a worker there for "
         "the time of each run",
-    )
-    parser.add_argument(
-        "--hark",
-        default=None,
-        metavar="COMMAND",
-        help="the command that runs hark, split like a shell would (default: the hark beside "
+        str,
+        os.environ.get("HARK_REDIS_URL"),
+        metavar="URL",
+    ),
+    BenchOption(
+        "hark",
+        "the command that runs hark, split like a shell would (default: the hark beside "
         "this Python, else python -m hark.cli)",
-    )
-    add_bench_arguments(parser, "json")
+        metavar="COMMAND",
+    ),
+    "json",
+)
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    """The options of ``hark bench startup``."""
+    add_bench_arguments(parser, OPTIONS)
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from hark.bench.command import Bench, Result, config_from, listed
 from hark.bench.report import BenchError, load_average
 from hark.bench.spoken_questions import QUESTIONS
 from hark.bench.word_alignment import align, words
-from hark.config.options import add_bench_arguments
+from hark.config.options import BenchOption, add_bench_arguments
 from hark.engines.asr import AsrEngine
 from hark.engines.tts import TtsEngine
 
@@ -83,24 +83,29 @@ _DIGITS = {
 }
 
 
+OPTIONS: tuple[BenchOption | str, ...] = (
+    BenchOption(
+        "engines",
+        f"comma-separated TTS engines, of {', '.join(ENGINES)} (default both)",
+        str,
+        ",".join(ENGINES),
+        metavar="LIST",
+    ),
+    BenchOption("runs", "rounds of every engine, alternating (default 2)", int, 2),
+    BenchOption(
+        "sentences",
+        f"how many of the sentences (default all {len(SENTENCES)})",
+        int,
+        len(SENTENCES),
+    ),
+    "asr_model",
+    "json",
+)
+
+
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """The options of ``hark bench tts``."""
-    parser.add_argument(
-        "--engines",
-        default=",".join(ENGINES),
-        metavar="LIST",
-        help=f"comma-separated TTS engines, of {', '.join(ENGINES)} (default both)",
-    )
-    parser.add_argument(
-        "--runs", type=int, default=2, help="rounds of every engine, alternating (default 2)"
-    )
-    parser.add_argument(
-        "--sentences",
-        type=int,
-        default=len(SENTENCES),
-        help=f"how many of the sentences (default all {len(SENTENCES)})",
-    )
-    add_bench_arguments(parser, "asr_model", "json")
+    add_bench_arguments(parser, OPTIONS)
 
 
 @dataclass(frozen=True)

@@ -63,7 +63,7 @@ from hark.bench.turn_fixtures import (
     fixture_specs,
     load_spec,
 )
-from hark.config.options import add_bench_arguments
+from hark.config.options import BenchOption, add_bench_arguments
 from hark.session.results import Recognised, TurnScored, VadScored
 
 EAGERNESS = ("low", "medium", "high", "auto")
@@ -737,58 +737,59 @@ def summary(report: Mapping[str, Any]) -> str:
 # ---------------------------------------------------------------------------- the command
 
 
-def configure_parser(parser: argparse.ArgumentParser) -> None:
-    """The options of ``hark bench turns``."""
-    parser.add_argument(
-        "--eagerness",
-        default=",".join(EAGERNESS),
+OPTIONS: tuple[BenchOption | str, ...] = (
+    BenchOption(
+        "eagerness",
+        "semantic_vad eagerness values to run, comma-separated (default all; '' none)",
+        str,
+        ",".join(EAGERNESS),
         metavar="LIST",
-        help="semantic_vad eagerness values to run, comma-separated (default all; '' none)",
-    )
-    parser.add_argument(
-        "--silences",
-        default=",".join(map(str, SILENCES_MS)),
+    ),
+    BenchOption(
+        "silences",
+        "server_vad silence durations in ms, comma-separated ('' none)",
+        str,
+        ",".join(map(str, SILENCES_MS)),
         metavar="LIST",
-        help="server_vad silence durations in ms, comma-separated ('' none)",
-    )
-    parser.add_argument(
-        "--voices", default=None, metavar="LIST", help="only these voices of the spec"
-    )
-    parser.add_argument("--turns", default=None, metavar="LIST", help="only these turns (ids)")
-    parser.add_argument(
-        "--budget",
-        type=float,
-        default=BUDGET,
-        help=f"the false cut-off rate of the operating point (default {BUDGET})",
-    )
-    for name, what in (("asr", "Whisper's"), ("eot", "the end-of-turn model's")):
-        parser.add_argument(
-            f"--{name}-delay-ms",
-            default="measured",
-            metavar="MS",
-            help=f"how late {what} answers reach the session on the sample clock: 'measured' "
+    ),
+    BenchOption("voices", "only these voices of the spec", metavar="LIST"),
+    BenchOption("turns", "only these turns (ids)", metavar="LIST"),
+    BenchOption(
+        "budget", f"the false cut-off rate of the operating point (default {BUDGET})", float, BUDGET
+    ),
+    *(
+        BenchOption(
+            f"{name}_delay_ms",
+            f"how late {what} answers reach the session on the sample clock: 'measured' "
             "(the time the model took, default) or fixed milliseconds (deterministic)",
+            str,
+            "measured",
+            metavar="MS",
         )
-    parser.add_argument(
-        "--cache-dir",
-        type=Path,
-        default=None,
-        help="where synthesised segments are kept (default ~/.cache/hark/bench)",
-    )
-    parser.add_argument(
-        "--backchannels",
-        default=None,
-        metavar="TRANSPORTS",
-        help="instead of end-of-turn detection, measure backchannels said over a playing "
+        for name, what in (("asr", "Whisper's"), ("eot", "the end-of-turn model's"))
+    ),
+    BenchOption(
+        "cache_dir", "where synthesised segments are kept (default ~/.cache/hark/bench)", Path
+    ),
+    BenchOption(
+        "backchannels",
+        "instead of end-of-turn detection, measure backchannels said over a playing "
         "reply (false barge-ins) and interruptions (stop latency) over these transports, "
         "comma-separated: websocket, webrtc, sip (hark.bench.backchannels)",
-    )
-    parser.add_argument(
-        "--backchannels-off",
-        action="store_true",
-        help="with --backchannels: the sessions set hark_backchannels false (the baseline)",
-    )
-    add_bench_arguments(parser, "json")
+        metavar="TRANSPORTS",
+    ),
+    BenchOption(
+        "backchannels_off",
+        "with --backchannels: the sessions set hark_backchannels false (the baseline)",
+        None,
+    ),
+    "json",
+)
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    """The options of ``hark bench turns``."""
+    add_bench_arguments(parser, OPTIONS)
 
 
 @dataclass(frozen=True)

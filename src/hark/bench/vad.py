@@ -29,7 +29,7 @@ import numpy.typing as npt
 
 from hark.bench.command import Bench, Result, config_from, listed
 from hark.bench.report import BenchError
-from hark.config.options import add_bench_arguments
+from hark.config.options import BenchOption, add_bench_arguments
 from hark.engines.vad import Outcomes, silero_gemm
 from hark.engines.vad.batcher import VAD_MAX_WAIT_MS, BatchedSileroVad, BatchedSileroVadStream
 from hark.engines.vad.silero import (
@@ -47,24 +47,28 @@ DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 CHUNK_MS = CHUNK_SAMPLES * 1000 / SAMPLE_RATE
 
 
+OPTIONS: tuple[BenchOption | str, ...] = (
+    BenchOption(
+        "batch_sizes",
+        "comma-separated batch sizes, i.e. concurrent streams (default 1,2,4,…,256)",
+        str,
+        ",".join(map(str, DEFAULT_BATCH_SIZES)),
+        metavar="LIST",
+    ),
+    BenchOption("seconds", "time spent on each measure (default 2)", float, 2.0),
+    BenchOption(
+        "max_wait_ms",
+        f"the batcher's deadline (default {VAD_MAX_WAIT_MS:g})",
+        float,
+        VAD_MAX_WAIT_MS,
+    ),
+    "json",
+)
+
+
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """The options of ``hark bench vad``."""
-    parser.add_argument(
-        "--batch-sizes",
-        default=",".join(map(str, DEFAULT_BATCH_SIZES)),
-        metavar="LIST",
-        help="comma-separated batch sizes, i.e. concurrent streams (default 1,2,4,…,256)",
-    )
-    parser.add_argument(
-        "--seconds", type=float, default=2.0, help="time spent on each measure (default 2)"
-    )
-    parser.add_argument(
-        "--max-wait-ms",
-        type=float,
-        default=VAD_MAX_WAIT_MS,
-        help=f"the batcher's deadline (default {VAD_MAX_WAIT_MS:g})",
-    )
-    add_bench_arguments(parser, "json")
+    add_bench_arguments(parser, OPTIONS)
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,7 @@ from av import AudioCodecContext, AudioFrame, CodecContext, Packet
 from hark.audio.codecs.opus import OpusDecoder
 from hark.audio.resample import resample
 from hark.bench import capacity, webrtc_profile
-from hark.bench.command import Bench, Result, arguments, config_from
+from hark.bench.command import Bench, Result, arguments, config_from, positive
 from hark.bench.report import (
     BenchError,
     ServerUrl,
@@ -72,7 +72,7 @@ from hark.bench.report import (
 from hark.bench.spoken_questions import QUESTIONS, spoken_questions
 from hark.bench.spoken_questions import RATE as QUESTION_RATE
 from hark.cluster.forwarding import WORKER_HEADER
-from hark.config.options import add_bench_arguments
+from hark.config.options import BenchOption, add_bench_arguments, shared
 from hark.transports.webrtc.call import OPUS_CODECS
 from hark.transports.webrtc.playout import PlayoutTrack
 
@@ -1073,41 +1073,33 @@ async def run_webrtc_bench(
     return report
 
 
+OPTIONS: tuple[BenchOption | str, ...] = (
+    "api_key",
+    shared("url", help="the server's HTTP root, e.g. http://127.0.0.1:8000"),
+    *capacity.capacity_options(
+        step=5, max_calls=500, threshold_ms=DEFAULT_THRESHOLD_MS, bound="p99 frame lateness"
+    ),
+    BenchOption(
+        "client_processes",
+        "spread the capacity calls over N processes (default 1)",
+        positive,
+        1,
+        metavar="N",
+    ),
+    BenchOption(
+        "profile",
+        "with --server-pid: after each capacity step, sample the server with py-spy "
+        "for SECONDS and show where its CPU went",
+        float,
+        metavar="SECONDS",
+    ),
+    "json",
+)
+
+
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Add ``hark bench webrtc``'s options to ``parser``."""
-    add_bench_arguments(
-        parser, "api_key", url={"help": "the server's HTTP root, e.g. http://127.0.0.1:8000"}
-    )
-    capacity.add_capacity_options(
-        parser,
-        step=5,
-        max_calls=500,
-        threshold_ms=DEFAULT_THRESHOLD_MS,
-        bound="p99 frame lateness",
-    )
-    parser.add_argument(
-        "--client-processes",
-        type=_positive,
-        default=1,
-        metavar="N",
-        help="spread the capacity calls over N processes (default 1)",
-    )
-    parser.add_argument(
-        "--profile",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="with --server-pid: after each capacity step, sample the server with py-spy "
-        "for SECONDS and show where its CPU went",
-    )
-    add_bench_arguments(parser, "json")
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+    add_bench_arguments(parser, OPTIONS)
 
 
 @dataclass(frozen=True)

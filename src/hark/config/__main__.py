@@ -2,6 +2,10 @@
 
 import sys
 
-from hark.config.options import main
+from hark.config.options import configuration_page
+from hark.config.relay import RELAY_OPTIONS
 
-sys.exit(main(sys.argv[1:]))
+if sys.argv[1:] != ["docs"]:
+    print("usage: python -m hark.config docs > docs/configuration.md", file=sys.stderr)
+    sys.exit(2)
+sys.stdout.write(configuration_page(RELAY_OPTIONS))

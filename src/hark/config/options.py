@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -58,9 +57,11 @@ class Option:
     check: Check = None
     # Kept out of ``repr`` and logs; better given by the environment than on the command line.
     secret: bool = False
-    # Not on the command line (``api_keys``, ``run_dir``) or not in the file (``config_file``).
+    # Not on the command line (``api_keys``, ``run_dir``), not in the file (``config_file``)
+    # or not in the environment (most of ``hark relay``'s).
     cli: bool = True
     in_file: bool = True
+    in_env: bool = True
     # docs/configuration.md: the default as words (None: the value) and more than the help.
     doc_default: str | None = None
     doc: str | None = None
@@ -958,20 +959,25 @@ def _fill(text: str, context: dict[str, str]) -> str:
     return text
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add every command-line option to ``hark serve``'s parser, in its group.
+def add_arguments(parser: argparse.ArgumentParser, options: Sequence[Option] = OPTIONS) -> None:
+    """Add the command-line options of ``options`` (``hark serve``'s unless told) to a
+    parser, each in its group (the first group's on the parser itself).
 
-    Every default is None: an option the user did not give must not hide the environment
-    or the file (``hark.config.load_settings`` fills the declared defaults in).
+    An option that the environment or the file may also give has the default None: one the
+    user did not give must not hide them (``hark.config.load_settings`` and
+    ``hark.config.relay`` fill the declared defaults in).
     """
-    context = _help_context()
-    groups: dict[str, Any] = {}
-    for group, title in GROUPS:
-        groups[group] = parser if group == "server" else parser.add_argument_group(title)
-    for option in OPTIONS:
+    context = _help_context() if options is OPTIONS else {}
+    groups: dict[str, Any] = {GROUPS[0][0]: parser}
+    titles = dict(GROUPS)
+    for option in options:
         if not option.cli:
             continue
-        kwargs: dict[str, Any] = {"default": None, "help": _fill(option.help, context)}
+        late = option.in_env or option.in_file
+        kwargs: dict[str, Any] = {
+            "default": None if late else option.default,
+            "help": _fill(option.help, context),
+        }
         if option.name == "config_file":
             kwargs["dest"] = "config_file"
         if option.kind == "flag":
@@ -987,6 +993,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             choices = choices()
         if choices is not None:
             kwargs["choices"] = choices
+        if option.group not in groups:
+            title = titles.get(option.group)
+            groups[option.group] = parser if title is None else parser.add_argument_group(title)
         groups[option.group].add_argument(option.flag, **kwargs)
 
 
@@ -1015,8 +1024,10 @@ def _flag_words(option: Option) -> str:
     return f"`{option.flag}`"
 
 
-def configuration_page() -> str:
-    """``docs/configuration.md``, generated from :data:`OPTIONS`."""
+def configuration_page(relay_options: Sequence[Option]) -> str:
+    """``docs/configuration.md``, generated from :data:`OPTIONS` and ``hark relay``'s
+    declarations (``hark.config.relay``: they take defaults from ``hark.edge``, which this
+    module does not load)."""
     context = _help_context()
     lines = [
         "# Configuration",
@@ -1040,35 +1051,44 @@ def configuration_page() -> str:
     for group, title in GROUPS:
         lines += [f"## {title}", ""]
         lines += ["| option | environment / file key | default | meaning |", "|---|---|---|---|"]
-        for option in OPTIONS:
-            if option.group != group:
-                continue
-            # The help without its "(default …)": the table has a column for it.
-            meaning = _fill(option.doc or re.sub(r" \(default[^()]*\)$", "", option.help), context)
-            if option.choices is not None and option.kind != "flag":
-                choices = option.choices() if callable(option.choices) else option.choices
-                meaning += "; one of " + ", ".join(f"`{c}`" for c in choices)
-            if option.secret:
-                meaning = "*secret*: " + meaning
-            file_key = f" / `{option.name}`" if option.in_file else " (not in the file)"
-            row = (
-                _flag_words(option),
-                f"`{option.env}`{file_key}",
-                _default_words(option),
-                meaning,
-            )
-            lines.append("| " + " | ".join(_cell(cell) for cell in row) + " |")
+        lines += [_row(option, context) for option in OPTIONS if option.group == group]
         lines.append("")
+    lines += [
+        "## `hark relay`",
+        "",
+        "The relay takes its options on the command line; the two it shares with the workers",
+        "(and the Redis password) also from the environment, where a secret is better kept.",
+        "It reads no file.",
+        "",
+        "| option | environment | default | meaning |",
+        "|---|---|---|---|",
+    ]
+    lines += [_row(option, {}) for option in relay_options]
+    lines.append("")
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str]) -> int:
-    """``python -m hark.config docs``: print docs/configuration.md."""
-    if list(argv) != ["docs"]:
-        print("usage: python -m hark.config docs > docs/configuration.md", file=sys.stderr)
-        return 2
-    sys.stdout.write(configuration_page())
-    return 0
+def _row(option: Option, context: dict[str, str]) -> str:
+    """An option's row of its table in docs/configuration.md."""
+    # The help without its "(default …)": the table has a column for it.
+    meaning = _fill(option.doc or re.sub(r" \(default[^()]*\)$", "", option.help), context)
+    if option.choices is not None and option.kind != "flag":
+        choices = option.choices() if callable(option.choices) else option.choices
+        meaning += "; one of " + ", ".join(f"`{c}`" for c in choices)
+    if option.secret:
+        meaning = "*secret*: " + meaning
+    if not option.in_env:
+        where = "—"
+    elif option.in_file:
+        where = f"`{option.env}` / `{option.name}`"
+    else:
+        where = (
+            f"`{option.env}` (not in the file)"
+            if option.group in dict(GROUPS)
+            else f"`{option.env}`"
+        )
+    row = (_flag_words(option), where, _default_words(option), meaning)
+    return "| " + " | ".join(_cell(cell) for cell in row) + " |"
 
 
 # ---------------------------------------------------------------------------- hark bench
@@ -1076,21 +1096,28 @@ def main(argv: Sequence[str]) -> int:
 
 @dataclass(frozen=True, slots=True)
 class BenchOption:
-    """An option that several ``hark bench`` commands take, declared once; a bench adds it
-    by name (:func:`add_bench_arguments`), changing its default or help where it must."""
+    """One option of a ``hark bench`` command (or of ``scripts/ab``), declared once: each
+    bench's table of them is its command line (:func:`add_bench_arguments`). An option that
+    several benches take is declared once in :data:`BENCH_OPTIONS`, and a bench's table
+    names it with :func:`shared`, changing its default or help where it must."""
 
     name: str
     help: str
-    # What argparse reads the value with; None: a flag (``store_true``).
+    # What argparse reads the value with; None: a flag (``store_true``, off unless given).
     type: Callable[[str], Any] | None = str
     default: Any = None
     metavar: str | None = None
     required: bool = False
+    choices: Sequence[Any] | None = None
+    # Another spelling argparse takes, shown first (``--key`` for ``--api-key``).
+    alias: str | None = None
+    # A positional argument that may be left out (``scripts/ab``'s two commits).
+    positional: bool = False
 
     @property
     def flag(self) -> str:
         """The command-line option (``server_pid`` → ``--server-pid``)."""
-        return "--" + self.name.replace("_", "-")
+        return self.name if self.positional else "--" + self.name.replace("_", "-")
 
 
 BENCH_OPTIONS: dict[str, BenchOption] = {
@@ -1117,7 +1144,7 @@ BENCH_OPTIONS: dict[str, BenchOption] = {
         # The capacity benches (WebRTC, SIP): calls timed one by one, then the ramp (each
         # bench gives the ramp's defaults).
         BenchOption("calls", "calls to time, one after another (default 20)", int, 20),
-        BenchOption("capacity", "also ramp up simultaneous calls", None, False),
+        BenchOption("capacity", "also ramp up simultaneous calls", None),
         BenchOption("step", "calls added per step", int),
         BenchOption("max_calls", "stop the ramp here", int),
         BenchOption("hold", "seconds watched per step (default 5)", float, 5.0),
@@ -1126,28 +1153,41 @@ BENCH_OPTIONS: dict[str, BenchOption] = {
 }
 
 
-# What a bench that opens Realtime sessions on a server takes (load, latency).
-SESSION_BENCH_OPTIONS = ("url", "silence_ms", "api_key", "model", "seed", "json", "chart")
+def shared(name: str, **changes: Any) -> BenchOption:
+    """The shared bench option ``name`` as declared, with the fields ``changes`` gives
+    changed (``shared("url", required=False, help=…)``); a changed default that comes
+    without a help has " (default …)" added to the declared help."""
+    option = BENCH_OPTIONS[name]
+    if "default" in changes and "help" not in changes:
+        changes["help"] = f"{option.help} (default {changes['default']:g})"
+    return replace(option, **changes)
+
+
+def session_bench_options(seeded: str) -> tuple[BenchOption | str, ...]:
+    """What a bench that opens Realtime sessions on a server takes (load, latency); its seed
+    seeds ``seeded`` ("the think times")."""
+    seed = shared("seed", help=f"seed of {seeded} (default 0)")
+    return ("url", "silence_ms", "api_key", "model", seed, "json", "chart")
 
 
 def add_bench_arguments(
-    parser: argparse.ArgumentParser, *names: str, **changes: dict[str, Any]
+    parser: argparse.ArgumentParser, options: Sequence[BenchOption | str]
 ) -> None:
-    """Add the shared bench options ``names`` as declared, and those ``changes`` names with
-    the fields it gives changed (``url={"required": False, "help": …}``); a changed default
-    that a bench gives without a help has " (default …)" added to the declared help."""
-    for name in dict.fromkeys((*names, *changes)):
-        option = BENCH_OPTIONS[name]
-        changed = changes.get(name, {})
-        if "default" in changed and "help" not in changed:
-            changed = {**changed, "help": f"{option.help} (default {changed['default']:g})"}
-        option = replace(option, **changed)
+    """Add a bench's options to its parser, in order: each a declaration, or the name of a
+    shared one taken as declared."""
+    for option in options:
+        if isinstance(option, str):
+            option = BENCH_OPTIONS[option]
         kwargs: dict[str, Any] = {"default": option.default, "help": option.help}
         if option.type is None:
-            kwargs["action"] = "store_true"
+            kwargs |= {"action": "store_true", "default": False}
+        elif option.positional:
+            kwargs["nargs"] = "?"
         else:
-            kwargs["metavar"] = option.metavar
-            kwargs["required"] = option.required
-            if option.type is not str:
-                kwargs["type"] = option.type
-        parser.add_argument(option.flag, **kwargs)
+            kwargs |= {"metavar": option.metavar, "required": option.required, "dest": option.name}
+        if option.type not in (None, str):
+            kwargs["type"] = option.type
+        if option.choices is not None:
+            kwargs["choices"] = option.choices
+        flags = (option.flag,) if option.alias is None else (option.alias, option.flag)
+        parser.add_argument(*flags, **kwargs)

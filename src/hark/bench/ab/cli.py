@@ -27,6 +27,8 @@ from hark.bench.ab.builds import (
 )
 from hark.bench.ab.runs import Run, Runner, Side, schedule
 from hark.bench.ab.table import Row, compare, markdown_table, row_json, text_table
+from hark.bench.command import positive
+from hark.config.options import BenchOption, add_bench_arguments
 
 EXIT_FLAGGED = 1
 EXIT_ERROR = 2
@@ -44,13 +46,6 @@ def _benches(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def _percent(text: str) -> float:
     value = float(text.strip().removesuffix("%"))
     if not 0 < value < 1000:
@@ -60,6 +55,75 @@ def _percent(text: str) -> float:
 
 def _cpu(text: str) -> int | None:
     return None if text.lower() == "none" else int(text)
+
+
+OPTIONS: tuple[BenchOption, ...] = (
+    BenchOption(
+        "a",
+        "the commit to compare against (default: the last landed commit: HEAD with "
+        "--worktree, else the merge base with HEAD's upstream when HEAD is past it, else HEAD~1)",
+        positional=True,
+    ),
+    BenchOption("b", "the commit measured (default HEAD)", positional=True),
+    BenchOption(
+        "worktree", "B is the working tree as it is (uncommitted changes and untracked files)", None
+    ),
+    BenchOption(
+        "bench",
+        f"comma-separated benches (default: {','.join(DEFAULT_BENCHES)})",
+        _benches,
+        list(DEFAULT_BENCHES),
+        metavar="LIST",
+    ),
+    BenchOption("rounds", "runs of each bench per commit (default 2, i.e. A B B A)", positive, 2),
+    BenchOption(
+        "order",
+        "abba: A B, B A, A B, … (default); abab: A first in every round",
+        str,
+        "abba",
+        choices=("abba", "abab"),
+    ),
+    BenchOption(
+        "quick",
+        "short runs: 20 callers for 10 s, 4 turns, short capacity ramps and relay flood",
+        None,
+    ),
+    BenchOption(
+        "sessions",
+        "load: callers at once (default 200, --quick 20); load has no knee search",
+        positive,
+    ),
+    BenchOption(
+        "duration", "load: seconds after the ramp (default 60, --quick 10)", float, metavar="S"
+    ),
+    BenchOption("chunk_ms", "load: ms of audio per append (default 100)", positive, 100),
+    BenchOption("turns", "latency: questions per run (default 20, --quick 4)", positive),
+    BenchOption(
+        "threshold", "flag a figure this much worse (default 10)", _percent, 0.10, metavar="PERCENT"
+    ),
+    BenchOption(
+        "server_cpu",
+        "the CPU the server of the capacity benches is pinned to (default 0; none)",
+        _cpu,
+        0,
+        metavar="CPU",
+    ),
+    BenchOption(
+        "client_cpu",
+        "the CPU their bench client is pinned to (default 1; none)",
+        _cpu,
+        1,
+        metavar="CPU",
+    ),
+    BenchOption(
+        "out",
+        "write PREFIX.json, PREFIX.md and the runs' reports and logs in PREFIX/ "
+        "(default artifacts/ab/<time>-<A>-<B>)",
+        Path,
+        metavar="PREFIX",
+    ),
+    BenchOption("build_only", "build both commits' worktrees, run nothing", None),
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,67 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         epilog=f"benches: {', '.join(f'{b.name} ({b.summary})' for b in BENCHES.values())}",
     )
-    parser.add_argument(
-        "a", nargs="?", default=None,
-        help="the commit to compare against (default: the last landed commit: HEAD with "
-        "--worktree, else the merge base with HEAD's upstream when HEAD is past it, else HEAD~1)",
-    )  # fmt: skip
-    parser.add_argument("b", nargs="?", default=None, help="the commit measured (default HEAD)")
-    parser.add_argument(
-        "--worktree", action="store_true",
-        help="B is the working tree as it is (uncommitted changes and untracked files)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--bench", type=_benches, default=list(DEFAULT_BENCHES), metavar="LIST",
-        help=f"comma-separated benches (default: {','.join(DEFAULT_BENCHES)})",
-    )  # fmt: skip
-    parser.add_argument(
-        "--rounds", type=_positive, default=2,
-        help="runs of each bench per commit (default 2, i.e. A B B A)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--order", choices=("abba", "abab"), default="abba",
-        help="abba: A B, B A, A B, … (default); abab: A first in every round",
-    )  # fmt: skip
-    parser.add_argument(
-        "--quick", action="store_true",
-        help="short runs: 20 callers for 10 s, 4 turns, short capacity ramps and relay flood",
-    )  # fmt: skip
-    parser.add_argument(
-        "--sessions", type=_positive, default=None,
-        help="load: callers at once (default 200, --quick 20); load has no knee search",
-    )  # fmt: skip
-    parser.add_argument(
-        "--duration", type=float, default=None, metavar="S",
-        help="load: seconds after the ramp (default 60, --quick 10)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--chunk-ms", type=_positive, default=100, help="load: ms of audio per append (default 100)"
-    )
-    parser.add_argument(
-        "--turns", type=_positive, default=None,
-        help="latency: questions per run (default 20, --quick 4)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--threshold", type=_percent, default=0.10, metavar="PERCENT",
-        help="flag a figure this much worse (default 10)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--server-cpu", type=_cpu, default=0, metavar="CPU",
-        help="the CPU the server of the capacity benches is pinned to (default 0; none)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--client-cpu", type=_cpu, default=1, metavar="CPU",
-        help="the CPU their bench client is pinned to (default 1; none)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--out", type=Path, default=None, metavar="PREFIX",
-        help="write PREFIX.json, PREFIX.md and the runs' reports and logs in PREFIX/ "
-        "(default artifacts/ab/<time>-<A>-<B>)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--build-only", action="store_true", help="build both commits' worktrees, run nothing"
-    )
+    add_bench_arguments(parser, OPTIONS)
     return parser
 
 

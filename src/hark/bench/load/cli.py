@@ -13,47 +13,58 @@ from hark.bench.load.config import TRANSPORTS, LoadConfig, parse_duration
 from hark.bench.load.generator import run_load_bench
 from hark.bench.load.summary import format_summary, passed
 from hark.bench.report import ServerUrl, api_key
-from hark.config.options import SESSION_BENCH_OPTIONS, add_bench_arguments
+from hark.config.options import BenchOption, add_bench_arguments, session_bench_options, shared
 from hark.eventloop import run_event_loop
+
+OPTIONS: tuple[BenchOption | str, ...] = (
+    BenchOption("sessions", "simulated callers at once", int, required=True),
+    BenchOption(
+        "ramp",
+        "start the callers evenly over this long (default 10s)",
+        parse_duration,
+        10.0,
+        metavar="S",
+    ),
+    BenchOption(
+        "duration",
+        "run this long after the ramp, e.g. 90s, 30m (default 60s)",
+        parse_duration,
+        60.0,
+        metavar="S",
+    ),
+    BenchOption("transport", "(default ws)", str, "ws", choices=TRANSPORTS),
+    BenchOption("chunk_ms", "audio per append event (default 20)", int, 20),
+    BenchOption(
+        "call_duration",
+        "a call lasts this long ±50%%, then the caller dials again (default 3m)",
+        parse_duration,
+        180.0,
+        metavar="S",
+    ),
+    BenchOption(
+        "sample",
+        "read the server's /metrics this often (default 5s)",
+        parse_duration,
+        5.0,
+        metavar="S",
+    ),
+    BenchOption(
+        "transcribe",
+        "turn input_audio_transcription on: every turn is transcribed as it is spoken",
+        None,
+    ),
+    *session_bench_options("the callers' behaviour"),
+    shared(
+        "server_pid",
+        help="the local server's process: report its CPU time per session-second after the ramp",
+    ),
+    BenchOption("quiet", "no progress lines", None),
+)
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Add ``hark bench load``'s options to ``parser``."""
-    parser.add_argument("--sessions", type=int, required=True, help="simulated callers at once")
-    parser.add_argument(
-        "--ramp", type=parse_duration, default=10.0, metavar="S",
-        help="start the callers evenly over this long (default 10s)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--duration", type=parse_duration, default=60.0, metavar="S",
-        help="run this long after the ramp, e.g. 90s, 30m (default 60s)",
-    )  # fmt: skip
-    parser.add_argument("--transport", choices=TRANSPORTS, default="ws", help="(default ws)")
-    parser.add_argument(
-        "--chunk-ms", type=int, default=20, help="audio per append event (default 20)"
-    )
-    parser.add_argument(
-        "--call-duration", type=parse_duration, default=180.0, metavar="S",
-        help="a call lasts this long ±50%%, then the caller dials again (default 3m)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--sample", type=parse_duration, default=5.0, metavar="S",
-        help="read the server's /metrics this often (default 5s)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--transcribe", action="store_true",
-        help="turn input_audio_transcription on: every turn is transcribed as it is spoken",
-    )  # fmt: skip
-    add_bench_arguments(
-        parser,
-        *SESSION_BENCH_OPTIONS,
-        server_pid={
-            "help": "the local server's process: report its CPU time per session-second after "
-            "the ramp"
-        },
-        seed={"help": "seed of the callers' behaviour (default 0)"},
-    )
-    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    add_bench_arguments(parser, OPTIONS)
 
 
 @dataclass(frozen=True)
