@@ -109,23 +109,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser(prog="hark", description="A self-hosted OpenAI Realtime API server.")
     parser.add_argument("--version", action="version", version=f"hark {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, summary, module in COMMANDS:
+    _add_commands(commands, COMMANDS)
+    bench = commands.add_parser("bench", help="measure a running server")
+    _add_commands(bench.add_subparsers(dest="bench", required=True, metavar="BENCH"), BENCHES)
+    return parser
+
+
+def _add_commands(commands: Any, table: tuple[tuple[str, str, str], ...]) -> None:
+    for name, summary, module in table:
         commands.add_parser(
             name,
             help=summary,
             module=module,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
-    bench = commands.add_parser("bench", help="measure a running server")
-    benches = bench.add_subparsers(dest="bench", required=True, metavar="BENCH")
-    for name, summary, module in BENCHES:
-        benches.add_parser(
-            name,
-            help=summary,
-            module=module,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 
 from hark.bench.command import Bench, Result, config_from, listed
 from hark.bench.report import BenchError
+from hark.config.options import BenchOption, shared
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,16 @@ def run(config: Config) -> Result:
     return Result(figures, f"counted {config.count}", passed=config.count < 10)
 
 
-bench = Bench("example", make_config, run)
+OPTIONS = (
+    BenchOption("count", "how many to count", int, 0),
+    BenchOption("names", "comma-separated names", default="", metavar="LIST"),
+    BenchOption("loud", "count aloud", None),
+    BenchOption("where", "where to count", positional=True),
+    shared("api_key", alias="--key"),
+    shared("seed", default=7),
+    "json",
+)
+bench = Bench("example", OPTIONS, make_config, run)
 
 
 def options(count: int, json_path: Path | None = None) -> dict[str, Any]:
@@ -73,3 +84,29 @@ def test_a_list_option_that_is_not_of_its_kind_is_wrong() -> None:
     assert listed("1, 2,", int) == (1, 2)
     with pytest.raises(ValueError):
         listed("1,x", int)
+
+
+def test_the_declarations_make_the_parser() -> None:
+    parser = argparse.ArgumentParser()
+    bench.configure_parser(parser)
+    parsed = vars(parser.parse_args(["--count", "3", "--key", "k", "--names", "a,b"]))
+    assert parsed == {
+        "count": 3,
+        "names": "a,b",
+        "loud": False,
+        "where": None,
+        "api_key": "k",
+        "seed": 7,
+        "json": None,
+    }
+    assert vars(parser.parse_args(["here", "--loud", "--api-key", "j"])) | {
+        "where": "here",
+        "loud": True,
+        "api_key": "j",
+    } == vars(parser.parse_args(["here", "--loud", "--key", "j"]))
+    # A shared option's default changed without a help: its help says the new default.
+    assert "seed of the bench's random choices (default 7)" in " ".join(
+        parser.format_help().split()
+    )
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--count", "many"])

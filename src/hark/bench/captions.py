@@ -66,9 +66,9 @@ from hark.bench.report import (
     report_head,
     rounded,
 )
-from hark.bench.spoken_questions import RATE
+from hark.bench.spoken_questions import RATE, audio_session
 from hark.bench.word_alignment import Delta, align, caption_lags, words
-from hark.config.options import BenchOption, add_bench_arguments, shared
+from hark.config.options import BenchOption, shared
 
 if TYPE_CHECKING:
     from openai.resources.realtime.realtime import AsyncRealtimeConnection
@@ -475,22 +475,14 @@ class _Speaker:
 
     async def configure(self, *, replies: bool) -> None:
         """Captions on, server VAD, and a reply to each turn only when ``replies``."""
-        session: dict[str, Any] = {
-            "type": "realtime",
-            "output_modalities": ["audio"],
-            "audio": {
-                "input": {
-                    "format": {"type": "audio/pcm", "rate": RATE},
-                    "transcription": {"model": self._config.transcription_model},
-                    "turn_detection": {
-                        "type": "server_vad",
-                        "silence_duration_ms": self._config.silence_ms,
-                        "create_response": replies,
-                    },
-                },
-                "output": {"format": {"type": "audio/pcm", "rate": RATE}},
+        session = audio_session(
+            transcription={"model": self._config.transcription_model},
+            turn_detection={
+                "type": "server_vad",
+                "silence_duration_ms": self._config.silence_ms,
+                "create_response": replies,
             },
-        }
+        )
         await self._conn.session.update(session=cast(Any, session))
         deadline = time.perf_counter() + 30
         while (item := await self._next(deadline)) is not None:
@@ -654,11 +646,6 @@ OPTIONS: tuple[BenchOption | str, ...] = (
 )
 
 
-def configure_parser(parser: argparse.ArgumentParser) -> None:
-    """Add ``hark bench captions``'s options to ``parser``."""
-    add_bench_arguments(parser, OPTIONS)
-
-
 def captions_config(options: dict[str, Any]) -> CaptionsBenchConfig:
     """The config of ``hark bench captions``'s parsed options."""
     sentences = MONOLOGUE
@@ -689,7 +676,8 @@ def run(config: CaptionsBenchConfig) -> Result:
     return Result(report.to_json(), format_summary(report))
 
 
-command = Bench("captions", captions_config, run, errors=(BenchError, OSError)).command
+BENCH = Bench("captions", OPTIONS, captions_config, run, errors=(BenchError, OSError))
+configure_parser, command = BENCH.configure_parser, BENCH.command
 
 
 def _print(line: str) -> None:

@@ -13,12 +13,13 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Generic, TypeVar, cast
 
 from hark.bench.report import BenchError, publish
+from hark.config.options import BenchOption, add_bench_arguments
 
 C = TypeVar("C")
 T = TypeVar("T")
@@ -71,15 +72,25 @@ class Result:
 
 @dataclass(frozen=True)
 class Bench(Generic[C]):
-    """One ``hark bench`` command: its name, its config's builder and its run."""
+    """One ``hark bench`` command: its name, its options' declarations, its config's
+    builder and its run."""
 
     name: str
+    options: Sequence[BenchOption | str]
     # Builds the typed config from the parsed options; raises one of OPTION_ERRORS when an
     # option is wrong.
     config: Callable[[dict[str, Any]], C]
     run: Callable[[C], Result]
     # What the run raises when it cannot run (the server unreachable…), reported in a line.
     errors: tuple[type[Exception], ...] = (BenchError,)
+    # The help's description, when the module's docstring is not the one to show.
+    description: str | None = None
+
+    def configure_parser(self, parser: argparse.ArgumentParser) -> None:
+        """Add the bench's options to its parser (``hark.cli`` calls this)."""
+        if self.description is not None:
+            parser.description = self.description
+        add_bench_arguments(parser, self.options)
 
     def command(self, options: dict[str, Any]) -> int:
         """Build the config, run, publish the result; returns the exit status."""

@@ -16,7 +16,6 @@ whole clip. Everything is seeded, so a run repeats exactly.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import time
 from collections.abc import Mapping, Sequence
@@ -32,7 +31,7 @@ from hark.bench.command import Bench, Result, config_from, listed
 from hark.bench.report import BenchError
 from hark.bench.spoken_questions import QUESTIONS, RATE, SpokenQuestion, spoken_questions
 from hark.bench.word_alignment import align, words
-from hark.config.options import BenchOption, add_bench_arguments
+from hark.config.options import BenchOption
 from hark.engines.asr import AsrEngine
 from hark.protocol.session_config import NoiseReduction
 from hark.session.noise_reduction import wet_share
@@ -72,11 +71,6 @@ OPTIONS: tuple[BenchOption | str, ...] = (
 )
 
 
-def configure_parser(parser: argparse.ArgumentParser) -> None:
-    """The options of ``hark bench denoise``."""
-    add_bench_arguments(parser, OPTIONS)
-
-
 @dataclass(frozen=True)
 class DenoiseBenchConfig:
     """What ``hark bench denoise`` measures: its options."""
@@ -108,7 +102,8 @@ def run(config: DenoiseBenchConfig) -> Result:
     return Result(report, summary(report))
 
 
-command = Bench("denoise", DenoiseBenchConfig.from_options, run).command
+BENCH = Bench("denoise", OPTIONS, DenoiseBenchConfig.from_options, run)
+configure_parser, command = BENCH.configure_parser, BENCH.command
 
 
 def noise(

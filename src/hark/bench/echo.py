@@ -25,7 +25,6 @@ for an A/B of ``on`` against ``off``.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import functools
 import itertools
@@ -49,7 +48,7 @@ from hark.bench.local_server import local_server
 from hark.bench.spoken_questions import RATE as SPEECH_RATE
 from hark.bench.spoken_questions import spoken_questions
 from hark.bench.webrtc import CallClient
-from hark.config.options import BenchOption, add_bench_arguments
+from hark.config.options import BenchOption
 from hark.transports.webrtc.playout import FRAME_SAMPLES, PLAYOUT_RATE, PlayoutTrack
 
 BARGE_IN = "Wait, stop please."
@@ -454,22 +453,19 @@ def format_summary(report: EchoReport) -> str:
     return "\n".join(lines)
 
 
+DESCRIPTION = (
+    "Calls a server of the bench's own (fake LLM and ASR, Piper's voice, Silero VAD) over "
+    "WebRTC with a microphone that hears the reply again through a simulated room, "
+    "and counts self-interruptions and how fast a real barge-in over the echo is heard."
+)
+
+
 OPTIONS: tuple[BenchOption | str, ...] = (
     BenchOption("echo_cancellation", "the server's setting", str, "on", choices=("on", "off")),
     BenchOption("replies", "echo trials per condition (default 5: 20 in all)", int, 5),
     BenchOption("barge_ins", "barge-in trials per condition (default 5)", int, 5),
     "json",
 )
-
-
-def configure_parser(parser: argparse.ArgumentParser) -> None:
-    """The options of ``hark bench echo``."""
-    parser.description = (
-        "Calls a server of the bench's own (fake LLM and ASR, Piper's voice, Silero VAD) over "
-        "WebRTC with a microphone that hears the reply again through a simulated room, "
-        "and counts self-interruptions and how fast a real barge-in over the echo is heard."
-    )
-    add_bench_arguments(parser, OPTIONS)
 
 
 @dataclass(frozen=True)
@@ -487,4 +483,7 @@ def run(config: EchoBenchConfig) -> Result:
     return Result(report.to_json(), format_summary(report))
 
 
-command = Bench("echo", functools.partial(config_from, EchoBenchConfig), run).command
+BENCH = Bench(
+    "echo", OPTIONS, functools.partial(config_from, EchoBenchConfig), run, description=DESCRIPTION
+)
+configure_parser, command = BENCH.configure_parser, BENCH.command

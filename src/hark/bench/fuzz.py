@@ -20,7 +20,6 @@ and closed, crashes, hung sessions, the memory over time and the normal session'
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import base64
 import json
@@ -35,7 +34,7 @@ import aiohttp
 from hark.bench.command import Bench, Result, config_from
 from hark.bench.load.server_metrics import parse_metrics, server_figures
 from hark.bench.report import ServerUrl, api_key, load_average, percentiles
-from hark.config.options import BenchOption, add_bench_arguments, shared
+from hark.config.options import BenchOption, shared
 
 # What a fuzzing session remembers of the server's ids, to name real ones in its events.
 _KNOWN_IDS = 32
@@ -721,11 +720,6 @@ OPTIONS: tuple[BenchOption | str, ...] = (
 )
 
 
-def configure_parser(parser: argparse.ArgumentParser) -> None:
-    """Add ``hark bench fuzz``'s options to ``parser``."""
-    add_bench_arguments(parser, OPTIONS)
-
-
 def fuzz_config(options: dict[str, Any]) -> FuzzConfig:
     """The config of ``hark bench fuzz``'s parsed options."""
     return config_from(FuzzConfig, options, key=api_key(options["api_key"]))
@@ -738,4 +732,5 @@ def run(config: FuzzConfig) -> Result:
     return Result(report, format_summary(report), passed)
 
 
-command = Bench("fuzz", fuzz_config, run).command
+BENCH = Bench("fuzz", OPTIONS, fuzz_config, run)
+configure_parser, command = BENCH.configure_parser, BENCH.command

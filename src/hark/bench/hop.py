@@ -12,7 +12,6 @@ hung up within their setup time.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import time
@@ -25,7 +24,7 @@ from hark.bench.command import Bench, Result, arguments, config_from
 from hark.bench.report import ServerUrl, api_key, percentiles
 from hark.bench.webrtc import CallClient, post_offer
 from hark.cluster.forwarding import WORKER_HEADER
-from hark.config.options import BenchOption, add_bench_arguments, shared
+from hark.config.options import BenchOption, shared
 
 
 async def _worker_of(http: aiohttp.ClientSession, server: ServerUrl) -> str:
@@ -173,11 +172,6 @@ OPTIONS: tuple[BenchOption | str, ...] = (
 )
 
 
-def configure_parser(parser: argparse.ArgumentParser) -> None:
-    """Add ``hark bench hop``'s options to ``parser``."""
-    add_bench_arguments(parser, OPTIONS)
-
-
 @dataclass(frozen=True)
 class HopBenchConfig:
     """What ``hark bench hop`` measures: ``run_hop_bench``'s arguments."""
@@ -199,4 +193,5 @@ def run(config: HopBenchConfig) -> Result:
     return Result(report, format_summary(report))
 
 
-command = Bench("hop", hop_config, run, errors=(RuntimeError, aiohttp.ClientError)).command
+BENCH = Bench("hop", OPTIONS, hop_config, run, errors=(RuntimeError, aiohttp.ClientError))
+configure_parser, command = BENCH.configure_parser, BENCH.command

@@ -25,7 +25,6 @@ token cap (``incomplete``) was still heard, so it counts.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import base64
 import functools
@@ -51,8 +50,14 @@ from hark.bench.report import (
     percentile,
     report_head,
 )
-from hark.bench.spoken_questions import QUESTIONS, RATE, SpokenQuestion, spoken_questions
-from hark.config.options import BenchOption, add_bench_arguments, session_bench_options
+from hark.bench.spoken_questions import (
+    QUESTIONS,
+    RATE,
+    SpokenQuestion,
+    audio_session,
+    spoken_questions,
+)
+from hark.config.options import BenchOption, session_bench_options
 from hark.observability.turn_timing import STAGES
 
 if TYPE_CHECKING:
@@ -475,18 +480,8 @@ class _Client:
 
     async def _configure(self, conn: AsyncRealtimeConnection) -> None:
         """Audio in and out at 24 kHz, the turn detection asked for, and the turn timings."""
-        session: dict[str, Any] = {
-            "type": "realtime",
-            "output_modalities": ["audio"],
-            "audio": {
-                "input": {
-                    "format": {"type": "audio/pcm", "rate": RATE},
-                    "turn_detection": self._config.turn_detection(),
-                },
-                "output": {"format": {"type": "audio/pcm", "rate": RATE}},
-            },
-            "include": [TIMINGS_EVENT],
-        }
+        session = audio_session(turn_detection=self._config.turn_detection())
+        session["include"] = [TIMINGS_EVENT]
         deadline = time.perf_counter() + 30
         await conn.session.update(session=cast(Any, session))
         while (item := await self._next_event(deadline)) is not None:
@@ -669,11 +664,6 @@ OPTIONS: tuple[BenchOption | str, ...] = (
 )
 
 
-def configure_parser(parser: argparse.ArgumentParser) -> None:
-    """Add ``hark bench latency``'s options to ``parser``."""
-    add_bench_arguments(parser, OPTIONS)
-
-
 def latency_config(options: dict[str, Any]) -> LatencyBenchConfig:
     """The config of ``hark bench latency``'s parsed options."""
     config = config_from(LatencyBenchConfig, options, api_key=api_key(options["api_key"]))
@@ -688,7 +678,8 @@ def run(config: LatencyBenchConfig) -> Result:
     return Result(report.to_json(), format_summary(report), bool(report.answered()), chart)
 
 
-command = Bench("latency", latency_config, run).command
+BENCH = Bench("latency", OPTIONS, latency_config, run)
+configure_parser, command = BENCH.configure_parser, BENCH.command
 
 
 def _print_turn(turn: TurnResult) -> None:

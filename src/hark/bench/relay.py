@@ -22,7 +22,6 @@ this bench started and to the echo worker it started.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import gc
 import multiprocessing
@@ -39,7 +38,7 @@ import numpy as np
 
 from hark.bench.command import Bench, Result, config_from
 from hark.bench.report import BenchError, cpu_seconds, percentiles
-from hark.config.options import BenchOption, add_bench_arguments
+from hark.config.options import BenchOption
 from hark.edge import framing
 from hark.edge.flows import Address
 from hark.edge.mmsg import Batch, sockaddr_key
@@ -74,11 +73,6 @@ OPTIONS: tuple[BenchOption | str, ...] = (
     BenchOption("relay_cpu", "the CPU the relay is pinned to (default 0)", int, 0),
     "json",
 )
-
-
-def configure_parser(parser: argparse.ArgumentParser) -> None:
-    """The options of ``hark bench relay``."""
-    add_bench_arguments(parser, OPTIONS)
 
 
 @dataclass(frozen=True)
@@ -165,7 +159,8 @@ def measure(config: RelayBenchConfig) -> dict[str, Any]:
     }
 
 
-command = Bench("relay", RelayBenchConfig.from_options, run).command
+BENCH = Bench("relay", OPTIONS, RelayBenchConfig.from_options, run)
+configure_parser, command = BENCH.configure_parser, BENCH.command
 
 
 def summary(report: dict[str, Any]) -> str:

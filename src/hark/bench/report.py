@@ -46,6 +46,17 @@ def percentile_or_nan(values: Sequence[float], q: float) -> float:
     return percentile(values, q) if values else math.nan
 
 
+def timing_figures(values: Sequence[float]) -> dict[str, float]:
+    """p50, p90 and p99 of ``values`` (NaN when there are none) and how many there are: a
+    timing of the call benches' reports (a SIP call's INVITE → 200 OK, a WebRTC answer)."""
+    return {
+        "p50": percentile_or_nan(values, 50),
+        "p90": percentile_or_nan(values, 90),
+        "p99": percentile_or_nan(values, 99),
+        "count": float(len(values)),
+    }
+
+
 def percentiles(
     values: Sequence[float], qs: Iterable[float], digits: int | None = None
 ) -> dict[str, float | None]:

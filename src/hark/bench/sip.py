@@ -67,9 +67,10 @@ from hark.bench.report import (
     api_key,
     cpu_seconds_if_running,
     percentile_or_nan,
+    timing_figures,
 )
 from hark.bench.spoken_questions import QUESTIONS, RATE, SpokenQuestion, spoken_questions
-from hark.config.options import BenchOption, add_bench_arguments, shared
+from hark.config.options import BenchOption, shared
 from hark.transports.rtp import RtpError, RtpPacket, RtpSender, is_rtcp
 
 logger = logging.getLogger(__name__)
@@ -494,10 +495,6 @@ async def measure_capacity(
             talkers.append(asyncio.create_task(_keep_asking(caller, speech, ask_every_s, offset)))
         return failures
 
-    def show(result: CapacityStep, again: bool) -> None:
-        if progress:
-            _print_step(result, again=again)
-
     try:
         return await capacity.ramp(
             step=step,
@@ -508,7 +505,7 @@ async def measure_capacity(
                 microphones.callers, hold_s, late_ms, server_pid, failures
             ),
             within=lambda result: result.within(threshold_ms),
-            show=show,
+            show=_print_step if progress else None,
         )
     finally:
         for task in talkers:
@@ -578,7 +575,7 @@ async def _watch(
     )
 
 
-def _print_step(result: CapacityStep, *, again: bool = False) -> None:
+def _print_step(result: CapacityStep, again: bool) -> None:
     print(
         f"{result.calls:4d} calls{' (again)' if again else ''}: RTP jitter p50 "
         f"{result.p50_jitter_ms:6.1f} ms, p99 {result.p99_jitter_ms:6.1f} ms, max "
@@ -760,15 +757,6 @@ async def _ask(
 # ---------------------------------------------------------------------- report
 
 
-def _stats(values: Sequence[float]) -> dict[str, float]:
-    return {
-        "p50": percentile_or_nan(values, 50),
-        "p90": percentile_or_nan(values, 90),
-        "p99": percentile_or_nan(values, 99),
-        "count": float(len(values)),
-    }
-
-
 @dataclass
 class SipReport:
     """Everything one run measured."""
@@ -789,7 +777,7 @@ class SipReport:
             "setup": {
                 "calls": len(self.setup),
                 "failures": sum(1 for r in self.setup if r.error is not None),
-                "invite_to_200_ms": _stats(answers),
+                "invite_to_200_ms": timing_figures(answers),
                 "calls_detail": [asdict(r) for r in self.setup],
             },
             "capacity": {
@@ -801,8 +789,8 @@ class SipReport:
             "turns": {
                 "count": len(self.turns),
                 "failures": sum(1 for t in self.turns if t.error is not None),
-                "v2v_ms": _stats([t.v2v_ms for t in self.turns if t.v2v_ms is not None]),
-                "e2a_ms": _stats([t.e2a_ms for t in self.turns if t.e2a_ms is not None]),
+                "v2v_ms": timing_figures([t.v2v_ms for t in self.turns if t.v2v_ms is not None]),
+                "e2a_ms": timing_figures([t.e2a_ms for t in self.turns if t.e2a_ms is not None]),
                 "detail": [asdict(t) for t in self.turns],
             },
         }
@@ -813,7 +801,7 @@ def format_summary(report: SipReport) -> str:
     lines = [f"hark bench sip against {report.server}"]
     if report.setup:
         failures = [r for r in report.setup if r.error is not None]
-        answers = _stats([r.answer_ms for r in report.setup if r.answer_ms is not None])
+        answers = timing_figures([r.answer_ms for r in report.setup if r.answer_ms is not None])
         lines.append(
             f"setup: {len(report.setup)} calls, {len(failures)} failed; INVITE → 200 OK "
             f"p50 {answers['p50']:.1f} ms, p99 {answers['p99']:.1f} ms"
@@ -954,11 +942,6 @@ OPTIONS: tuple[BenchOption | str, ...] = (
 )
 
 
-def configure_parser(parser: argparse.ArgumentParser) -> None:
-    """Add ``hark bench sip``'s options to ``parser``."""
-    add_bench_arguments(parser, OPTIONS)
-
-
 @dataclass(frozen=True)
 class SipBenchConfig(capacity.CapacityConfig):
     """What ``hark bench sip`` measures: ``run_sip_bench``'s arguments."""
@@ -993,7 +976,8 @@ def run(config: SipBenchConfig) -> Result:
     return Result(report.to_json(), format_summary(report), not failed)
 
 
-command = Bench("sip", SipBenchConfig.from_options, run).command
+BENCH = Bench("sip", OPTIONS, SipBenchConfig.from_options, run)
+configure_parser, command = BENCH.configure_parser, BENCH.command
 
 
 # ---------------------------------------------------------------------- SIP text

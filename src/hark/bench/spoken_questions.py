@@ -15,6 +15,7 @@ import wave
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -44,6 +45,18 @@ VOICED_FLOOR_DB = 40.0
 _FRAME_S = 0.01
 # Bump when the synthesis or the file layout changes, so that old cache entries are not used.
 _CACHE_VERSION = "1"
+
+
+def audio_session(**audio_input: Any) -> dict[str, Any]:
+    """A ``session.update``'s session that speaks the questions' audio (PCM at :data:`RATE`)
+    and hears audio replies in the same format; ``audio_input`` adds to the input's
+    settings (turn detection, transcription)."""
+    pcm = {"type": "audio/pcm", "rate": RATE}
+    return {
+        "type": "realtime",
+        "output_modalities": ["audio"],
+        "audio": {"input": {"format": pcm, **audio_input}, "output": {"format": pcm}},
+    }
 
 
 @dataclass(frozen=True)

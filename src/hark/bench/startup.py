@@ -23,7 +23,6 @@ it registered and the relay's flows are deleted after each run).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import os
@@ -47,7 +46,7 @@ from typing import IO, Any
 
 from hark.bench.command import Bench, Result, config_from
 from hark.bench.report import BenchError, cpu_seconds_if_running, load_average
-from hark.config.options import BenchOption, add_bench_arguments
+from hark.config.options import BenchOption
 
 # Bounds a hang, never what is measured.
 LIMIT_S = 120.0
@@ -76,11 +75,6 @@ OPTIONS: tuple[BenchOption | str, ...] = (
 )
 
 
-def configure_parser(parser: argparse.ArgumentParser) -> None:
-    """The options of ``hark bench startup``."""
-    add_bench_arguments(parser, OPTIONS)
-
-
 @dataclass(frozen=True)
 class StartupBenchConfig:
     """What ``hark bench startup`` measures: its options."""
@@ -105,7 +99,8 @@ def run(config: StartupBenchConfig) -> Result:
     return Result(report, summary(report))
 
 
-command = Bench("startup", StartupBenchConfig.from_options, run).command
+BENCH = Bench("startup", OPTIONS, StartupBenchConfig.from_options, run)
+configure_parser, command = BENCH.configure_parser, BENCH.command
 
 
 def default_hark() -> list[str]:

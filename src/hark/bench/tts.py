@@ -17,7 +17,6 @@ machine's load falls on both. Synthesis runs alone: Whisper listens after each e
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import statistics
 import time
@@ -33,7 +32,7 @@ from hark.bench.command import Bench, Result, config_from, listed
 from hark.bench.report import BenchError, load_average
 from hark.bench.spoken_questions import QUESTIONS
 from hark.bench.word_alignment import align, words
-from hark.config.options import BenchOption, add_bench_arguments
+from hark.config.options import BenchOption
 from hark.engines.asr import AsrEngine
 from hark.engines.tts import TtsEngine
 
@@ -103,11 +102,6 @@ OPTIONS: tuple[BenchOption | str, ...] = (
 )
 
 
-def configure_parser(parser: argparse.ArgumentParser) -> None:
-    """The options of ``hark bench tts``."""
-    add_bench_arguments(parser, OPTIONS)
-
-
 @dataclass(frozen=True)
 class TtsBenchConfig:
     """What ``hark bench tts`` measures: its options."""
@@ -138,7 +132,8 @@ def run(config: TtsBenchConfig) -> Result:
     return Result(report, summary(report))
 
 
-command = Bench("tts", TtsBenchConfig.from_options, run).command
+BENCH = Bench("tts", OPTIONS, TtsBenchConfig.from_options, run)
+configure_parser, command = BENCH.configure_parser, BENCH.command
 
 
 def compared(text: str) -> list[str]:

@@ -32,7 +32,6 @@ on what Whisper heard are also scored as :mod:`hark.engines.turn.evaluation` sco
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import functools
 import hashlib
@@ -63,7 +62,7 @@ from hark.bench.turn_fixtures import (
     fixture_specs,
     load_spec,
 )
-from hark.config.options import BenchOption, add_bench_arguments
+from hark.config.options import BenchOption
 from hark.session.results import Recognised, TurnScored, VadScored
 
 EAGERNESS = ("low", "medium", "high", "auto")
@@ -787,11 +786,6 @@ OPTIONS: tuple[BenchOption | str, ...] = (
 )
 
 
-def configure_parser(parser: argparse.ArgumentParser) -> None:
-    """The options of ``hark bench turns``."""
-    add_bench_arguments(parser, OPTIONS)
-
-
 @dataclass(frozen=True)
 class TurnsBenchConfig:
     """What ``hark bench turns`` measures: the fixtures, the settings and the delays."""
@@ -856,7 +850,8 @@ def run(config: TurnsBenchConfig | BackchannelsBenchConfig) -> Result:
     return Result(report, summary(report))
 
 
-command = Bench("turns", turns_config, run).command
+BENCH = Bench("turns", OPTIONS, turns_config, run)
+configure_parser, command = BENCH.configure_parser, BENCH.command
 
 
 def _names(value: str | None) -> list[str] | None:

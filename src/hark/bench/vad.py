@@ -16,7 +16,6 @@ A session sends one chunk every 32 ms, so a core carries at most 32 ms / cost se
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import functools
 import time
@@ -29,7 +28,7 @@ import numpy.typing as npt
 
 from hark.bench.command import Bench, Result, config_from, listed
 from hark.bench.report import BenchError
-from hark.config.options import BenchOption, add_bench_arguments
+from hark.config.options import BenchOption
 from hark.engines.vad import Outcomes, silero_gemm
 from hark.engines.vad.batcher import VAD_MAX_WAIT_MS, BatchedSileroVad, BatchedSileroVadStream
 from hark.engines.vad.silero import (
@@ -66,11 +65,6 @@ OPTIONS: tuple[BenchOption | str, ...] = (
 )
 
 
-def configure_parser(parser: argparse.ArgumentParser) -> None:
-    """The options of ``hark bench vad``."""
-    add_bench_arguments(parser, OPTIONS)
-
-
 @dataclass(frozen=True)
 class VadBenchConfig:
     """What ``hark bench vad`` measures: its options."""
@@ -97,7 +91,8 @@ def run(config: VadBenchConfig) -> Result:
     return Result(report, summary(report))
 
 
-command = Bench("vad", VadBenchConfig.from_options, run).command
+BENCH = Bench("vad", OPTIONS, VadBenchConfig.from_options, run)
+configure_parser, command = BENCH.configure_parser, BENCH.command
 
 
 async def measure(batch_sizes: list[int], seconds: float, max_wait_ms: float) -> dict[str, Any]:

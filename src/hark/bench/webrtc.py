@@ -32,7 +32,6 @@ serve --engines fake``) and the bench to others, or the bench competes with what
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import fractions
 import itertools
@@ -68,11 +67,12 @@ from hark.bench.report import (
     api_key,
     cpu_seconds_if_running,
     percentile_or_nan,
+    timing_figures,
 )
 from hark.bench.spoken_questions import QUESTIONS, spoken_questions
 from hark.bench.spoken_questions import RATE as QUESTION_RATE
 from hark.cluster.forwarding import WORKER_HEADER
-from hark.config.options import BenchOption, add_bench_arguments, shared
+from hark.config.options import BenchOption, shared
 from hark.transports.webrtc.call import OPUS_CODECS
 from hark.transports.webrtc.playout import PlayoutTrack
 
@@ -865,10 +865,6 @@ async def measure_capacity(
     keep = math.ceil(hold_s / FRAME_S) * 2 + 500
     callers = CallerProcesses(client_processes, url, api_key, audio, keep=keep)
 
-    def show(result: CapacityStep, again: bool) -> None:
-        if progress:
-            _print_step(result, again=again)
-
     async def examine(result: CapacityStep) -> None:
         if not profile_s or server_pid is None or not result.calls:
             return
@@ -891,7 +887,7 @@ async def measure_capacity(
             add=callers.add,
             watch=lambda failures: _watch(callers, hold_s, server_pid, failures),
             within=lambda result: result.p99_lateness_ms <= threshold_ms,
-            show=show,
+            show=_print_step if progress else None,
             examine=examine,
         )
     finally:
@@ -913,7 +909,7 @@ async def _watch(
     return merge_windows(windows, failures, server_cpu)
 
 
-def _print_step(result: CapacityStep, *, again: bool = False) -> None:
+def _print_step(result: CapacityStep, again: bool) -> None:
     per_call = result.server_ms_per_call_second
     client_lag = max((c.loop_lag_p99_ms for c in result.clients), default=math.nan)
     client_send = max((c.send_lateness_p99_ms for c in result.clients), default=math.nan)
@@ -951,12 +947,7 @@ class WebRtcReport:
         summary = {}
         for name in ("answer_ms", "channel_open_ms", "session_created_ms", "first_audio_ms"):
             values = [getattr(r, name) for r in self.setup if getattr(r, name) is not None]
-            summary[name] = {
-                "p50": percentile_or_nan(values, 50),
-                "p90": percentile_or_nan(values, 90),
-                "p99": percentile_or_nan(values, 99),
-                "count": float(len(values)),
-            }
+            summary[name] = timing_figures(values)
         return summary
 
     def to_json(self) -> dict[str, Any]:
@@ -1097,11 +1088,6 @@ OPTIONS: tuple[BenchOption | str, ...] = (
 )
 
 
-def configure_parser(parser: argparse.ArgumentParser) -> None:
-    """Add ``hark bench webrtc``'s options to ``parser``."""
-    add_bench_arguments(parser, OPTIONS)
-
-
 @dataclass(frozen=True)
 class WebRtcBenchConfig(capacity.CapacityConfig):
     """What ``hark bench webrtc`` measures: ``run_webrtc_bench``'s arguments."""
@@ -1134,4 +1120,5 @@ def run(config: WebRtcBenchConfig) -> Result:
     return Result(report.to_json(), format_summary(report), passed)
 
 
-command = Bench("webrtc", WebRtcBenchConfig.from_options, run).command
+BENCH = Bench("webrtc", OPTIONS, WebRtcBenchConfig.from_options, run)
+configure_parser, command = BENCH.configure_parser, BENCH.command

@@ -1155,11 +1155,12 @@ BENCH_OPTIONS: dict[str, BenchOption] = {
 
 def shared(name: str, **changes: Any) -> BenchOption:
     """The shared bench option ``name`` as declared, with the fields ``changes`` gives
-    changed (``shared("url", required=False, help=…)``); a changed default that comes
-    without a help has " (default …)" added to the declared help."""
+    changed (``shared("url", required=False, help=…)``); a default that is changed without a
+    help has its " (default …)" in the declared help."""
     option = BENCH_OPTIONS[name]
     if "default" in changes and "help" not in changes:
-        changes["help"] = f"{option.help} (default {changes['default']:g})"
+        described = re.sub(r" \(default[^()]*\)$", "", option.help)
+        changes["help"] = f"{described} (default {changes['default']:g})"
     return replace(option, **changes)
 
 

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from hark.config.options import Option, add_arguments
+from hark.config.options import Kind, Option, add_arguments
 from hark.edge.flow_admission import SOURCE_FLOW_BURST, SOURCE_FLOWS_PER_S
 from hark.edge.route_hint import MIN_SECRET_BYTES
 from hark.observability.logging import configure_logging
@@ -23,7 +23,7 @@ from hark.observability.logging import configure_logging
 DEFAULT_LISTEN = "0.0.0.0:3478"
 
 
-def _relay_option(name: str, kind: Any, default: Any, help: str, **fields: Any) -> Option:
+def _relay_option(name: str, kind: Kind, default: Any, help: str, **fields: Any) -> Option:
     # The relay reads no file, and the environment only where it shares a setting with the
     # workers (in_env given).
     fields.setdefault("in_env", False)

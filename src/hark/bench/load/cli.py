@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import functools
 from dataclasses import dataclass
 from typing import Any
@@ -13,7 +12,7 @@ from hark.bench.load.config import TRANSPORTS, LoadConfig, parse_duration
 from hark.bench.load.generator import run_load_bench
 from hark.bench.load.summary import format_summary, passed
 from hark.bench.report import ServerUrl, api_key
-from hark.config.options import BenchOption, add_bench_arguments, session_bench_options, shared
+from hark.config.options import BenchOption, session_bench_options, shared
 from hark.eventloop import run_event_loop
 
 OPTIONS: tuple[BenchOption | str, ...] = (
@@ -62,11 +61,6 @@ OPTIONS: tuple[BenchOption | str, ...] = (
 )
 
 
-def configure_parser(parser: argparse.ArgumentParser) -> None:
-    """Add ``hark bench load``'s options to ``parser``."""
-    add_bench_arguments(parser, OPTIONS)
-
-
 @dataclass(frozen=True)
 class LoadRun:
     """One ``hark bench load`` run: what the callers do, and whether to show progress."""
@@ -97,4 +91,5 @@ def run(load: LoadRun) -> Result:
     return Result(report, format_summary(report), passed(report), chart)
 
 
-command = Bench("load", LoadRun.from_options, run).command
+BENCH = Bench("load", OPTIONS, LoadRun.from_options, run)
+configure_parser, command = BENCH.configure_parser, BENCH.command
