@@ -26,7 +26,7 @@ from aiohttp import web
 from hark.cluster.store import ClusterUnavailableError
 from hark.config import is_loopback_host
 from hark.server.auth import Principal, bearer_key, subprotocol_key
-from hark.server.errors import cluster_unavailable, error_response
+from hark.server.errors import cluster_unavailable, error_response, forbidden
 from hark.server.state import AUTHENTICATOR, SETTINGS
 
 logger = logging.getLogger(__name__)
@@ -148,10 +148,10 @@ async def _authenticate(request: web.Request, access: Access) -> Principal | web
             401, "Incorrect API key provided, or the ephemeral key expired.", code="invalid_api_key"
         )
     if found.ephemeral is not None and not access.ephemeral:
-        return error_response(403, access.ephemeral_refusal, code="insufficient_permissions")
+        return forbidden(access.ephemeral_refusal)
     if found.metrics_only and not access.metrics:
         logger.info("refused a metrics key on %s", request.path)
-        return error_response(403, METRICS_ONLY_REFUSAL, code="insufficient_permissions")
+        return forbidden(METRICS_ONLY_REFUSAL)
     return found
 
 

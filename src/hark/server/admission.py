@@ -11,12 +11,14 @@ from aiohttp import WSCloseCode, web
 
 from hark.cluster.limits import FleetLimits
 from hark.cluster.store import ClusterUnavailableError
+from hark.server.access import principal
 from hark.server.errors import (
     cluster_unavailable,
     draining,
     engines_failed,
     error_response,
     rate_limited,
+    unavailable,
 )
 from hark.server.state import LIMITS, SETTINGS, STATE
 
@@ -31,6 +33,17 @@ async def admit_request(limits: FleetLimits, owner: str) -> web.Response | None:
         logger.warning("could not check the limits of %s: %s", owner, exc)
         return cluster_unavailable()
     return None if refusal is None else rate_limited(refusal)
+
+
+async def admit_engine_request(request: web.Request) -> web.Response | None:
+    """The refusal of a one-shot request to the engines (speech, transcription): its key
+    over its rate, or the engines failed to load (waiting out their warm-up); or None."""
+    refusal = await admit_request(request.app[LIMITS], principal(request).owner)
+    if refusal is not None:
+        return refusal
+    if not await request.app[STATE].engines_ready():
+        return engines_failed()
+    return None
 
 
 async def admit_websocket_session(
@@ -85,11 +98,9 @@ async def admit_session(app: web.Application, owner: str) -> web.Response | None
     most = app[SETTINGS].max_sessions
     if state.admitted >= most:
         logger.warning("refused a session: this worker runs %d, its cap", state.admitted)
-        return error_response(
-            503,
+        return unavailable(
             "This server is running as many sessions as it may; try again shortly.",
-            type="server_error",
-            code="server_at_capacity",
+            "server_at_capacity",
         )
     # Taken before the store is asked, so that sessions admitted meanwhile count.
     state.admitted += 1

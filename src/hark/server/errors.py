@@ -61,29 +61,35 @@ def too_large(limit: int) -> ProtocolError:
     )
 
 
+def unavailable(message: str, code: str | None = None) -> web.Response:
+    """A 503 ``server_error``: the request may succeed if tried again shortly."""
+    return error_response(503, message, type="server_error", code=code)
+
+
 def cluster_unavailable() -> web.Response:
     """What a request that needs the shared state gets while the cluster store is down."""
-    return error_response(
-        503,
+    return unavailable(
         "The service's shared state is unavailable right now; try again shortly.",
-        type="server_error",
-        code="cluster_unavailable",
+        "cluster_unavailable",
     )
 
 
 def draining() -> web.Response:
     """What a new session gets from a worker that is draining."""
-    return error_response(
-        503,
+    return unavailable(
         "This server is shutting down and takes no new sessions; try again.",
-        type="server_error",
-        code="server_shutting_down",
+        "server_shutting_down",
     )
+
+
+def forbidden(message: str) -> web.Response:
+    """A 403 for a key that may not do what it asked (another key's call, say)."""
+    return error_response(403, message, code="insufficient_permissions")
 
 
 def engines_failed() -> web.Response:
     """What a request that needs the engines gets when they failed to load."""
-    return error_response(503, "The server's engines failed to load.", type="server_error")
+    return unavailable("The server's engines failed to load.")
 
 
 def engine_failed(what: str) -> web.Response:

@@ -42,8 +42,10 @@ from hark.server.errors import (
     draining,
     engines_failed,
     error_response,
+    forbidden,
     invalid_request,
     too_large,
+    unavailable,
 )
 from hark.server.state import (
     CALL_REGISTRIES,
@@ -130,8 +132,7 @@ async def _answer_call(request: web.Request, body: bytes) -> tuple[web.Response,
         return draining(), None
     calls = request.app[CALLS]
     if "webrtc" in state.unavailable or not calls.mux.started:
-        unavailable = "WebRTC is not available on this server."
-        return error_response(503, unavailable, type="server_error"), None
+        return unavailable("WebRTC is not available on this server."), None
     try:
         offer, session = parse_offer(request.headers.get("Content-Type", ""), body)
         config = caller.ephemeral.session if caller.ephemeral is not None else None
@@ -325,9 +326,7 @@ async def accept_call(request: web.Request) -> web.Response:
         return error_response(409, str(exc), param="call_id", code="invalid_call_state")
     except OSError as exc:
         logger.error("call %s: no RTP port: %s", call.id, exc)
-        return error_response(
-            503, "No RTP port is free for the call.", type="server_error", code="rtp_unavailable"
-        )
+        return unavailable("No RTP port is free for the call.", "rtp_unavailable")
     await request.app[NODE].register_call(call.id, caller.owner)
     logger.info("call %s accepted by %s (model %r)", call.id, caller.owner, config.model)
     return web.Response(status=200)
@@ -506,11 +505,8 @@ async def attach_sideband(request: web.Request, call_id: str) -> web.StreamRespo
 
 
 def _owner_unreachable() -> web.Response:
-    return error_response(
-        503,
-        "The server that holds this call cannot be reached; try again.",
-        type="server_error",
-        code="call_unreachable",
+    return unavailable(
+        "The server that holds this call cannot be reached; try again.", "call_unreachable"
     )
 
 
@@ -559,12 +555,7 @@ def _check_ephemeral(request: web.Request, call_id: str, caller: Principal) -> w
     if request.app[STATE].opened_by_ephemeral.get(call_id) == caller.ephemeral.digest:
         return None
     logger.info("refused access to call %s for an ephemeral key of %s", call_id, caller.owner)
-    return error_response(
-        403,
-        "An ephemeral key can only reach the call it opened; use an API key.",
-        type="invalid_request_error",
-        code="insufficient_permissions",
-    )
+    return forbidden("An ephemeral key can only reach the call it opened; use an API key.")
 
 
 def _check_owner(call_id: str, owner: str, caller: Principal) -> web.Response | None:
@@ -572,9 +563,4 @@ def _check_owner(call_id: str, owner: str, caller: Principal) -> web.Response | 
         # An unclaimed SIP call is any real key's (see the module's docstring).
         return None
     logger.info("refused access to call %s for %s", call_id, caller.owner)
-    return error_response(
-        403,
-        "This call was created with another API key.",
-        type="invalid_request_error",
-        code="insufficient_permissions",
-    )
+    return forbidden("This call was created with another API key.")

@@ -21,11 +21,11 @@ from hark.audio.files import CONTENT_TYPES, SpeechEncoder, missing_speech_encode
 from hark.audio.resample import StreamResampler
 from hark.protocol.errors import ProtocolError
 from hark.protocol.speech import SpeechRequest, parse_speech_request
-from hark.server.access import api_key_only, principal, requires
-from hark.server.admission import admit_request
+from hark.server.access import api_key_only, requires
+from hark.server.admission import admit_engine_request
 from hark.server.bodies import read_limited
-from hark.server.errors import engine_failed, engines_failed, invalid_request
-from hark.server.state import ENGINES, LIMITS, STATE
+from hark.server.errors import engine_failed, invalid_request
+from hark.server.state import ENGINES
 
 logger = logging.getLogger(__name__)
 
@@ -67,11 +67,9 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
                 code="unsupported_value",
             )
         )
-    refusal = await admit_request(request.app[LIMITS], principal(request).owner)
+    refusal = await admit_engine_request(request)
     if refusal is not None:
         return refusal
-    if not await request.app[STATE].engines_ready():
-        return engines_failed()
     tts = request.app[ENGINES].tts
     chunks = tts.synthesize(speech.input, voice=speech.voice_name, speed=speech.speed)
     try:

@@ -35,17 +35,16 @@ from hark.protocol.transcriptions import (
     Word,
     parse_transcription_form,
 )
-from hark.server.access import api_key_only, principal, requires
-from hark.server.admission import admit_request
+from hark.server.access import api_key_only, requires
+from hark.server.admission import admit_engine_request
 from hark.server.bodies import read_limited
 from hark.server.errors import (
     engine_failed,
-    engines_failed,
     error_response,
     invalid_request,
     too_large,
 )
-from hark.server.state import ENGINES, LIMITS, STATE
+from hark.server.state import ENGINES
 
 logger = logging.getLogger(__name__)
 
@@ -87,11 +86,9 @@ async def create_transcription(request: web.Request) -> web.StreamResponse:
         _check_supported(upload.request)
     except ProtocolError as exc:
         return invalid_request(exc, 413 if exc.code == "request_too_large" else 400)
-    refusal = await admit_request(request.app[LIMITS], principal(request).owner)
+    refusal = await admit_engine_request(request)
     if refusal is not None:
         return refusal
-    if not await request.app[STATE].engines_ready():
-        return engines_failed()
     asr = request.app[ENGINES].asr
     try:
         audio = await asyncio.to_thread(
