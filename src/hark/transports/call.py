@@ -368,7 +368,40 @@ class CallRegistry(Protocol):
 _Call = TypeVar("_Call", bound=MediaCall)
 
 
-class RingingCalls(Generic[_Call]):
+class CallTable(Generic[_Call]):
+    """A registry's live calls by id, as every transport keeps them: found by id, counted,
+    ended together, and forgotten (``on_closed`` told) when one closes."""
+
+    def __init__(self) -> None:
+        # Told of every call that ended (the cluster forgets it, the limits release it).
+        self.on_closed: Callable[[MediaCall], None] | None = None
+        self._calls: dict[str, _Call] = {}
+        self._ids = IdGenerator()
+
+    def get(self, call_id: str) -> _Call | None:
+        """The live call with this id, if any."""
+        return self._calls.get(call_id)
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    def __iter__(self) -> Iterator[_Call]:
+        return iter(list(self._calls.values()))
+
+    async def close_all(self, reason: str = "server shutdown") -> None:
+        """End every call (one still ringing is declined)."""
+        await asyncio.gather(
+            *(call.close(reason) for call in list(self._calls.values())), return_exceptions=True
+        )
+
+    def _forget(self, call: _Call) -> None:
+        if self._calls.get(call.id) is call:
+            del self._calls[call.id]
+            if self.on_closed is not None:
+                self.on_closed(call)
+
+
+class RingingCalls(CallTable[_Call]):
     """What the registries of calls that ring (SIP, Twilio) share: their calls by id, and
     each call's way from ringing to answered or declined.
 
@@ -391,32 +424,13 @@ class RingingCalls(Generic[_Call]):
         default_session: SessionConfig | None,
         accept_timeout_s: float,
     ) -> None:
+        super().__init__()
         self.host = host
         self.hooks = hooks
         self.model = model
         self.default_session = default_session
         self.accept_timeout_s = accept_timeout_s
-        # Told of every call that ended (the cluster forgets it, the limits release it).
-        self.on_closed: Callable[[MediaCall], None] | None = None
-        self._calls: dict[str, _Call] = {}
-        self._ids = IdGenerator()
         self._tasks: set[asyncio.Task[None]] = set()
-
-    def get(self, call_id: str) -> _Call | None:
-        """The live call with this id, if any."""
-        return self._calls.get(call_id)
-
-    def __len__(self) -> int:
-        return len(self._calls)
-
-    def __iter__(self) -> Iterator[_Call]:
-        return iter(list(self._calls.values()))
-
-    async def close_all(self, reason: str = "server shutdown") -> None:
-        """End every call (those still ringing are declined)."""
-        await asyncio.gather(
-            *(call.close(reason) for call in list(self._calls.values())), return_exceptions=True
-        )
 
     async def _stop_calls(self) -> None:
         """End every call and what waits on one."""
@@ -503,12 +517,6 @@ class RingingCalls(Generic[_Call]):
             return
         logger.info("call %s rejected (%d): %s", call.id, status, why)
         call.reject(status)
-
-    def _forget(self, call: _Call) -> None:
-        if self._calls.get(call.id) is call:
-            del self._calls[call.id]
-            if self.on_closed is not None:
-                self.on_closed(call)
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.create_task(coro, name=name)

@@ -25,6 +25,7 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Generic, TypeVar
 
 # A share of one core per session: a session streaming 20 ms appends spends about 0.3% of a
@@ -55,52 +56,44 @@ FULL_QUANTUM_SECONDS = 0.01
 T = TypeVar("T")
 
 
+@dataclass(slots=True, eq=False)
 class InputBudget:
     """A token bucket of event-loop seconds, refilled at ``share`` of wall time.
 
     ``spend`` charges the time one input took; the balance may go below zero (an input is
     always handled whole), and reading should then pause for the time ``spend`` returns.
+    ``tokens`` is the balance at ``at``, the last charge (full at the start).
     """
 
-    __slots__ = ("_at", "_tokens", "burst", "resume", "share")
+    at: float
+    _: KW_ONLY
+    share: float = SHARE
+    burst: float = BURST_SECONDS
+    resume: float = RESUME_SECONDS
+    tokens: float = field(init=False)
 
-    def __init__(
-        self,
-        now: float,
-        *,
-        share: float = SHARE,
-        burst: float = BURST_SECONDS,
-        resume: float = RESUME_SECONDS,
-    ) -> None:
-        self.share = share
-        self.burst = burst
-        self.resume = resume
-        self._tokens = burst
-        self._at = now
-
-    @property
-    def tokens(self) -> float:
-        """The balance at the last charge (seconds; negative when overdrawn)."""
-        return self._tokens
+    def __post_init__(self) -> None:
+        self.tokens = self.burst
 
     def full(self, now: float) -> bool:
         """Whether the bucket has refilled to its burst by ``now``."""
-        return self._tokens + (now - self._at) * self.share >= self.burst
+        return self.tokens + (now - self.at) * self.share >= self.burst
 
     def spend(self, seconds: float, now: float) -> float:
         """Charge ``seconds`` of handling at time ``now``; 0.0 to go on reading, else how
         long to stop reading for the balance to refill to ``resume``."""
-        tokens = self._tokens + (now - self._at) * self.share
+        tokens = self.tokens + (now - self.at) * self.share
         if tokens > self.burst:
             tokens = self.burst
         tokens -= seconds
-        self._tokens = tokens
-        self._at = now
+        self.tokens = tokens
+        self.at = now
         if tokens >= 0.0:
             return 0.0
         return (self.resume - tokens) / self.share
 
 
+@dataclass(slots=True, eq=False)
 class InputGate(Generic[T]):
     """Stops reading a connection whose ``InputBudget`` ran dry, and holds its parsed input.
 
@@ -112,39 +105,30 @@ class InputGate(Generic[T]):
     ``new_pass`` marks the start of a pass of the loop over this connection (a read).
     """
 
-    def __init__(
-        self,
-        budget: InputBudget,
-        *,
-        pause_reading: Callable[[], None],
-        resume_reading: Callable[[], None],
-        deliver: Callable[[T], None],
-        throttled: Callable[[float], None] | None = None,
-        clock: Callable[[], float] = time.perf_counter,
-        loop: asyncio.AbstractEventLoop | None = None,
-        quantum: float = QUANTUM_SECONDS,
-        full_quantum: float = FULL_QUANTUM_SECONDS,
-    ) -> None:
-        self._budget = budget
-        self._pause_reading = pause_reading
-        self._resume_reading = resume_reading
-        self._deliver = deliver
-        self._throttled = throttled
-        self._quantum = quantum
-        self._full_quantum = full_quantum
-        # Time spent on input in this pass of the loop, and what it may spend.
-        self._pass = 0.0
-        self._allowed = quantum
-        self.clock = clock
-        self._loop = loop or asyncio.get_running_loop()
-        # Input parsed from the chunk being read when the budget ran dry: at most one read's
-        # worth, since reading is paused again whenever something is held.
-        self._held: deque[T] = deque()
-        self._timer: asyncio.TimerHandle | None = None
-        self._paused_at: float | None = None
-        self._open = asyncio.Event()
+    budget: InputBudget
+    _: KW_ONLY
+    pause_reading: Callable[[], None]
+    resume_reading: Callable[[], None]
+    deliver: Callable[[T], None]
+    throttled: Callable[[float], None] | None = None
+    clock: Callable[[], float] = time.perf_counter
+    loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop)
+    quantum: float = QUANTUM_SECONDS
+    full_quantum: float = FULL_QUANTUM_SECONDS
+    # Time spent on input in this pass of the loop, and what it may spend.
+    _pass: float = field(default=0.0, init=False)
+    _allowed: float = field(init=False)
+    # Input parsed from the chunk being read when the budget ran dry: at most one read's
+    # worth, since reading is paused again whenever something is held.
+    _held: deque[T] = field(default_factory=deque, init=False)
+    _timer: asyncio.TimerHandle | None = field(default=None, init=False)
+    _paused_at: float | None = field(default=None, init=False)
+    _open: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+    _closed: bool = field(default=False, init=False)
+
+    def __post_init__(self) -> None:
+        self._allowed = self.quantum
         self._open.set()
-        self._closed = False
 
     @property
     def holding(self) -> bool:
@@ -159,14 +143,14 @@ class InputGate(Generic[T]):
     def new_pass(self) -> None:
         """The loop came back to this connection: its quantum starts again."""
         self._pass = 0.0
-        self._allowed = self._full_quantum if self._budget.full(self.clock()) else self._quantum
+        self._allowed = self.full_quantum if self.budget.full(self.clock()) else self.quantum
 
     def spent(self, start: float) -> None:
         """An input was handled from ``start`` until now: charge it, pausing if dry (or
         until the next pass, past the quantum)."""
         now = self.clock()
         cost = now - start
-        wait = self._budget.spend(cost, now)
+        wait = self.budget.spend(cost, now)
         self._pass += cost
         if self._timer is not None or self._closed:
             return
@@ -179,7 +163,7 @@ class InputGate(Generic[T]):
         """Keep ``item`` for delivery, in order, once the budget has refilled."""
         self._held.append(item)
         # Whatever resumed reading meanwhile (aiohttp's own queue), this read is the last.
-        self._pause_reading()
+        self.pause_reading()
 
     async def wait(self) -> None:
         """Return once reading is not paused by the budget."""
@@ -198,16 +182,16 @@ class InputGate(Generic[T]):
     def _pause(self, wait: float) -> None:
         if self._paused_at is None:
             self._paused_at = self.clock()
-            self._pause_reading()
+            self.pause_reading()
             self._open.clear()
-        self._timer = self._loop.call_later(wait, self._refilled)
+        self._timer = self.loop.call_later(wait, self._refilled)
 
     def _refilled(self) -> None:
         self._timer = None
         self.new_pass()
         held = self._held
         while held and self._timer is None and not self._closed:
-            self._deliver(held.popleft())
+            self.deliver(held.popleft())
         if self._timer is None:
             self._reopen()
 
@@ -216,7 +200,7 @@ class InputGate(Generic[T]):
             return
         paused = self.clock() - self._paused_at
         self._paused_at = None
-        self._resume_reading()
+        self.resume_reading()
         self._open.set()
-        if self._throttled is not None:
-            self._throttled(paused)
+        if self.throttled is not None:
+            self.throttled(paused)

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from aiohttp import web
 
 from hark.protocol.session_config import SessionConfig
-from hark.session.ids import IdGenerator
 from hark.transports.beta import Dialect
-from hark.transports.call import CALL_ID_PREFIX, CallHost, MediaCall
+from hark.transports.call import CALL_ID_PREFIX, CallHost, CallTable
 from hark.transports.webrtc.call import SETUP_TIMEOUT_SECONDS, Call
 from hark.transports.webrtc.playout import PlayoutTrack
 from hark.transports.webrtc.udp_mux import UdpMux
@@ -24,7 +23,7 @@ from hark.transports.webrtc.udp_mux import UdpMux
 logger = logging.getLogger(__name__)
 
 
-class Calls:
+class Calls(CallTable[Call]):
     """The registry of live calls; ``mux`` must be started (``start``) before ``create``.
 
     ``host`` makes the calls' sessions; ``setup_timeout_s``: a call not connected this long
@@ -39,18 +38,15 @@ class Calls:
         setup_timeout_s: float = SETUP_TIMEOUT_SECONDS,
         echo_cancellation: bool = True,
     ) -> None:
+        super().__init__()
         self.host = host
         # Whether calls take the reply's echo out of the caller's audio.
         self.echo_cancellation = echo_cancellation
-        # Told of every call that ended (the cluster forgets it, limits release it).
-        self.on_closed: Callable[[MediaCall], None] | None = None
         self.mux = mux
         self.setup_timeout_s = setup_timeout_s
-        self._calls: dict[str, Call] = {}
         # Calls this registry ever opened: a heartbeat that reports this figure with the
         # session count tells placement which calls that count includes.
         self.opened = 0
-        self._ids = IdGenerator()
 
     name = "webrtc"
 
@@ -118,28 +114,6 @@ class Calls:
         logger.info("call %s started for %s (session %s)", call.id, owner, runner.id)
         return call, answer
 
-    def get(self, call_id: str) -> Call | None:
-        """The live call with this id, if any."""
-        return self._calls.get(call_id)
-
     def routes(self) -> list[web.RouteDef]:
         """None: offers come to ``POST /v1/realtime/calls``, the API's own route."""
         return []
-
-    def __len__(self) -> int:
-        return len(self._calls)
-
-    def __iter__(self) -> Iterator[Call]:
-        return iter(list(self._calls.values()))
-
-    async def close_all(self, reason: str = "server shutdown") -> None:
-        """End every call (server shutdown)."""
-        await asyncio.gather(
-            *(call.close(reason) for call in list(self._calls.values())), return_exceptions=True
-        )
-
-    def _forget(self, call: Call) -> None:
-        if self._calls.get(call.id) is call:
-            del self._calls[call.id]
-            if self.on_closed is not None:
-                self.on_closed(call)
