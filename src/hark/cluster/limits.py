@@ -14,6 +14,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 
 from hark.cluster.store import ClusterStore, ClusterUnavailableError
 
@@ -24,33 +25,25 @@ WINDOW_S = 60
 MAX_PENDING_REPORTS = 1000
 
 
+@dataclass(eq=False)
 class FleetLimits:
     """The fleet-wide limits of one worker's keys; None for a limit means no limit."""
 
-    def __init__(
-        self,
-        store: ClusterStore,
-        worker_id: str,
-        *,
-        max_sessions: int | None = None,
-        requests_per_minute: int | None = None,
-        tokens_per_minute: int | None = None,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self.store = store
-        self.worker_id = worker_id
-        self.max_sessions = max_sessions
-        self.requests_per_minute = requests_per_minute
-        self.tokens_per_minute = tokens_per_minute
-        self._clock = clock
-        self._reports: set[asyncio.Task[None]] = set()
+    store: ClusterStore
+    worker_id: str
+    _: KW_ONLY
+    max_sessions: int | None = None
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    clock: Callable[[], float] = time.time
+    _reports: set[asyncio.Task[None]] = field(default_factory=set, init=False, repr=False)
 
     async def admit_request(self, owner: str) -> str | None:
         """Count a request of ``owner``; the reason it is refused, or None.
 
         Raises ``ClusterUnavailableError`` when a limit is set and the store is down.
         """
-        now = self._clock()
+        now = self.clock()
         if self.requests_per_minute is not None:
             count = await self.store.add_usage(owner, "requests", 1, now, WINDOW_S)
             if count > self.requests_per_minute:
@@ -104,7 +97,7 @@ class FleetLimits:
 
     async def _report(self, owner: str, tokens: int) -> None:
         try:
-            await self.store.add_usage(owner, "tokens", tokens, self._clock(), WINDOW_S)
+            await self.store.add_usage(owner, "tokens", tokens, self.clock(), WINDOW_S)
         except ClusterUnavailableError as exc:
             logger.warning("could not count %d tokens: %s", tokens, exc)
 

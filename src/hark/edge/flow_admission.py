@@ -20,7 +20,7 @@ gets its full burst again, nothing more).
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # Client addresses one answer's hint may make flows for: a browser's candidates that reach
 # a public relay are its server-reflexive and relayed ones, a few per network interface.
@@ -49,20 +49,15 @@ class _Hint:
     clients: set[int]
 
 
+@dataclass(slots=True, eq=False)
 class FlowAdmission:
     """The relay process's limits on new flows (see the module docstring)."""
 
-    def __init__(
-        self,
-        rate: float = SOURCE_FLOWS_PER_S,
-        burst: int = SOURCE_FLOW_BURST,
-        per_hint: int = MAX_FLOWS_PER_HINT,
-    ) -> None:
-        self.rate = rate
-        self.burst = burst
-        self.per_hint = per_hint
-        self._sources: OrderedDict[str, _Bucket] = OrderedDict()
-        self._hints: dict[str, _Hint] = {}
+    rate: float = SOURCE_FLOWS_PER_S
+    burst: int = SOURCE_FLOW_BURST
+    per_hint: int = MAX_FLOWS_PER_HINT
+    _sources: OrderedDict[str, _Bucket] = field(default_factory=OrderedDict, init=False, repr=False)
+    _hints: dict[str, _Hint] = field(default_factory=dict, init=False, repr=False)
 
     def admit(
         self, source_ip: str, hint: str, hint_expires_at: float, client: int, now: float

@@ -38,7 +38,7 @@ import socket
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -195,6 +195,7 @@ class Registry:
         return True
 
 
+@dataclass(repr=False, eq=False)
 class FlowMirror:
     """The flow table in Redis: ``hark:relay-flow:<ip>:<port>`` → ``<worker id> <ip>:<port>
     <signature>``, expiring when no relay has refreshed it for the idle time. The signature
@@ -204,19 +205,15 @@ class FlowMirror:
     and a failure (an error, or no answer in time) is logged by its kind alone (no address,
     no password), counted in ``failures`` and reported by the call's result."""
 
-    def __init__(
-        self,
-        client: redis.asyncio.Redis | None,
-        idle_s: float,
-        fleet_secret: str,
-        prefix: str = FLOW_KEY_PREFIX,
-        timeout_s: float = MIRROR_TIMEOUT_S,
-    ) -> None:
-        self.client = client
-        self.idle_s = idle_s
-        self.prefix = prefix
-        self.timeout_s = timeout_s
-        self.failures = 0
+    client: redis.asyncio.Redis | None
+    idle_s: float
+    fleet_secret: InitVar[str]
+    prefix: str = FLOW_KEY_PREFIX
+    timeout_s: float = MIRROR_TIMEOUT_S
+    failures: int = field(default=0, init=False)
+    _seal: Seal = field(init=False)
+
+    def __post_init__(self, fleet_secret: str) -> None:
         self._seal = Seal(fleet_secret)
 
     def __repr__(self) -> str:

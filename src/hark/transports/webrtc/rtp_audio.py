@@ -36,6 +36,7 @@ import asyncio
 import logging
 import random
 import struct
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import pylibsrtp
@@ -83,22 +84,17 @@ def mid_extension(extension_id: int, mid: str) -> bytes:
     return b"\xbe\xde" + struct.pack("!H", len(element) // 4) + element
 
 
+@dataclass(slots=True, eq=False)
 class AudioReceiver(asyncio.DatagramProtocol):
-    """Between a call's ``MuxEndpoint`` and aioice's protocol: RTP comes off here."""
+    """Between a call's ``MuxEndpoint`` and aioice's protocol (``inner``): RTP comes off
+    here, unprotected with ``srtp``, and its audio of ``payload_types`` goes to ``audio``."""
 
-    def __init__(
-        self,
-        inner: asyncio.DatagramProtocol,
-        srtp: pylibsrtp.Session,
-        payload_types: frozenset[int],
-        audio: InputAudio,
-    ) -> None:
-        self.inner = inner
-        self._srtp = srtp
-        self._payload_types = payload_types
-        self.audio = audio
-        self.packets = 0
-        self.rejected = 0
+    inner: asyncio.DatagramProtocol
+    srtp: pylibsrtp.Session
+    payload_types: frozenset[int]
+    audio: InputAudio
+    packets: int = field(default=0, init=False)
+    rejected: int = field(default=0, init=False)
 
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
         """Decode the call's RTP; hand anything else to aioice."""
@@ -117,7 +113,7 @@ class AudioReceiver(asyncio.DatagramProtocol):
 
     def _rtp(self, data: bytes) -> None:
         try:
-            packet = self._srtp.unprotect(data)
+            packet = self.srtp.unprotect(data)
         except pylibsrtp.Error:
             self.rejected += 1
             return
@@ -126,7 +122,7 @@ class AudioReceiver(asyncio.DatagramProtocol):
         except RtpError:
             self.rejected += 1
             return
-        if payload_type not in self._payload_types:
+        if payload_type not in self.payload_types:
             self.rejected += 1
             return
         if not payload:
@@ -211,19 +207,17 @@ async def _not_receiving(parameters: RTCRtpReceiveParameters) -> None:
     """What ``RTCRtpReceiver.receive`` becomes: the receiver stays as it was made."""
 
 
+@dataclass(slots=True, eq=False)
 class AudioPath:
-    """A call's audio in both directions, taken over from aiortc; see the module."""
+    """A call's audio in both directions, taken over from aiortc; see the module. The
+    ``pacer`` sends the ``sender``'s frames from the start."""
 
-    def __init__(
-        self,
-        receivers: list[tuple[MuxEndpoint, AudioReceiver]],
-        sender: AudioSender,
-        pacer: Pacer,
-    ) -> None:
-        self.receivers = receivers
-        self.sender = sender
-        self._pacer = pacer
-        pacer.add(sender)
+    receivers: list[tuple[MuxEndpoint, AudioReceiver]]
+    sender: AudioSender
+    pacer: Pacer
+
+    def __post_init__(self) -> None:
+        self.pacer.add(self.sender)
 
     @classmethod
     def take_over(
@@ -264,7 +258,7 @@ class AudioPath:
 
     def close(self) -> None:
         """Stop sending; what arrives from now on goes to aioice, which is closing too."""
-        self._pacer.remove(self.sender)
+        self.pacer.remove(self.sender)
         for endpoint, receiver in self.receivers:
             if endpoint.get_protocol() is receiver:
                 endpoint.set_protocol(receiver.inner)
