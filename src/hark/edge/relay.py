@@ -37,7 +37,7 @@ import logging
 import socket
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import InitVar, dataclass, field
 from typing import Literal
 
@@ -405,8 +405,12 @@ class Relay:
         self.counters.add("flows_restored", restored)
         self.counters.set("flows", len(self.table))
         loop = asyncio.get_running_loop()
-        loop.add_reader(self._public.fileno(), self._on_public)
-        loop.add_reader(self._internal.fileno(), self._on_internal)
+        public, internal = self._public.fileno(), self._internal.fileno()
+        for rx, source, destination, forward_small, forward in (
+            (self._rx, public, internal, self._forward_in_small, self._forward_in),
+            (self._rx_back, internal, public, self._forward_out_small, self._forward_out),
+        ):
+            loop.add_reader(source, self._drain, rx, source, destination, forward_small, forward)
         for job, name in (
             (self._poll_registry(), "registry"),
             (self._expire(), "expiry"),
@@ -450,19 +454,26 @@ class Relay:
                 logger.warning("%d flow(s) were not mirrored before the stop", len(batch))
             self._count_mirror_failures()
 
-    # ------------------------------------------------------------------ client → worker
-
-    def _on_public(self) -> None:
-        assert self._public is not None and self._internal is not None
-        public, internal = self._public.fileno(), self._internal.fileno()
+    def _drain(
+        self,
+        rx: Batch,
+        source: int,
+        destination: int,
+        forward_small: Callable[[int, int], None],
+        forward: Callable[[int, int], None],
+    ) -> None:
+        """Forward what waits on the ``source`` socket to ``destination``, a batch at a
+        time: clients' datagrams to workers (``_forward_in``), or back (``_forward_out``)."""
         for _ in range(BATCHES_PER_WAKE):
-            count = self._rx.receive(public)
+            count = rx.receive(source)
             if count == 0:
                 return
             if count <= SMALL_BATCH:
-                self._forward_in_small(count, internal)
+                forward_small(count, destination)
             else:
-                self._forward_in(count, internal)
+                forward(count, destination)
+
+    # ------------------------------------------------------------------ client → worker
 
     def _forward_in(self, count: int, internal: int) -> None:
         rx, table, tx = self._rx, self.table, self._tx
@@ -590,18 +601,6 @@ class Relay:
         return self.table.destinations.pointer(slot)
 
     # ------------------------------------------------------------------ worker → client
-
-    def _on_internal(self) -> None:
-        assert self._public is not None and self._internal is not None
-        public, internal = self._public.fileno(), self._internal.fileno()
-        for _ in range(BATCHES_PER_WAKE):
-            count = self._rx_back.receive(internal)
-            if count == 0:
-                return
-            if count <= SMALL_BATCH:
-                self._forward_out_small(count, public)
-            else:
-                self._forward_out(count, public)
 
     def _forward_out(self, count: int, public: int) -> None:
         rx, tx, table = self._rx_back, self._tx_back, self.table
