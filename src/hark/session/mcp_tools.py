@@ -150,23 +150,16 @@ class McpTools:
     def listed(self, item_id: str, tools: list[wire.McpTool]) -> ListingEnded | None:
         """The server listed ``tools`` into the item ``item_id``; None when that listing is
         for nobody now."""
-        server = self._server_listing(item_id)
-        own = server is None
-        if server is None:
-            server = self._response_listings.pop(item_id, None)
-        if server is None or server.item is None:
+        ending = self._ending(item_id)
+        if ending is None:
             return None
+        server, item, own = ending
         self._remember(server.config, tools)
-        server.listing = False
         server.tools = [t for t in tools if _allowed(server.config.allowed_tools, t)]
-        assert isinstance(server.item.mcp, wire.McpListToolsItem)
-        server.item.mcp = msgspec.structs.replace(server.item.mcp, tools=list(server.tools))
+        assert isinstance(item.mcp, wire.McpListToolsItem)
+        item.mcp = msgspec.structs.replace(item.mcp, tools=list(server.tools))
         self._outbox.emit(se.McpListToolsCompleted(item_id=item_id))
-        label = server.config.server_label
-        if own:
-            return ListingEnded(label, response_item=server.item)
-        self.item_done(server.item)
-        return ListingEnded(label, tools_changed=True)
+        return self._ended(server.config.server_label, item, own, tools_changed=True)
 
     def _remember(self, config: McpToolDef, tools: list[wire.McpTool]) -> None:
         reach = server_of(config)
@@ -179,6 +172,17 @@ class McpTools:
         """The server could not be listed: it offers no tools. A response's own server fails
         the same way: the response goes on without its tools. None when that listing is for
         nobody now."""
+        ending = self._ending(item_id)
+        if ending is None:
+            return None
+        server, item, own = ending
+        self._outbox.emit(se.McpListToolsFailed(item_id=item_id))
+        return self._ended(server.config.server_label, item, own, tools_changed=False)
+
+    def _ending(self, item_id: str) -> tuple[ListedServer, Entry, bool] | None:
+        """The server listing into ``item_id``, its item, and whether it is a response's own
+        server (not the session's), its listing over; None when that listing is for nobody
+        now."""
         server = self._server_listing(item_id)
         own = server is None
         if server is None:
@@ -186,12 +190,13 @@ class McpTools:
         if server is None or server.item is None:
             return None
         server.listing = False
-        self._outbox.emit(se.McpListToolsFailed(item_id=item_id))
-        label = server.config.server_label
+        return server, server.item, own
+
+    def _ended(self, label: str, item: Entry, own: bool, *, tools_changed: bool) -> ListingEnded:
         if own:
-            return ListingEnded(label, response_item=server.item)
-        self.item_done(server.item)
-        return ListingEnded(label)
+            return ListingEnded(label, response_item=item)
+        self.item_done(item)
+        return ListingEnded(label, tools_changed=tools_changed)
 
     def list_error(self, label: str, error: wire.McpCallError) -> None:
         """Why the server ``label`` could not be listed (down, refused by the egress

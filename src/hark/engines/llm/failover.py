@@ -31,7 +31,7 @@ import dataclasses
 import logging
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypedDict, Unpack
 
 from hark.engines import EngineMetrics
 from hark.engines.llm import (
@@ -161,6 +161,16 @@ class _Backend:
     next_check_at: float = 0.0
 
 
+class FailoverOptions(TypedDict, total=False):
+    """The constructor's options after ``backends``, which ``FailoverLlm.for_urls`` passes on."""
+
+    health_interval_s: float
+    health_timeout_s: float
+    backoff_s: float
+    backoff_max_s: float
+    stall_s: tuple[float, float] | None
+
+
 class FailoverLlm:
     """An ``LlmEngine`` over several ``OpenAICompatibleLlm`` backends (see the module).
 
@@ -208,28 +218,17 @@ class FailoverLlm:
         api_key: str | None = None,
         *,
         context_tokens: int | None = None,
-        health_interval_s: float = HEALTH_INTERVAL_S,
-        health_timeout_s: float = HEALTH_TIMEOUT_S,
-        backoff_s: float = BACKOFF_S,
-        backoff_max_s: float = BACKOFF_MAX_S,
-        stall_s: tuple[float, float] | None = None,
+        **options: Unpack[FailoverOptions],
     ) -> FailoverLlm:
         """One backend per URL, all serving ``model`` with ``api_key`` (and a context of
-        ``context_tokens``, when known)."""
+        ``context_tokens``, when known); ``options`` as for the constructor."""
         backends = [
             OpenAICompatibleLlm(
                 url, model, api_key=api_key, connect_attempts=1, context_tokens=context_tokens
             )
             for url in urls
         ]
-        return cls(
-            backends,
-            health_interval_s=health_interval_s,
-            health_timeout_s=health_timeout_s,
-            backoff_s=backoff_s,
-            backoff_max_s=backoff_max_s,
-            stall_s=stall_s,
-        )
+        return cls(backends, **options)
 
     def __repr__(self) -> str:
         return f"FailoverLlm({[b.label for b in self._backends]!r})"
