@@ -122,6 +122,11 @@ _encode_key = msgspec.json.Encoder().encode
 _decode_key = msgspec.json.Decoder(_StoredKey).decode
 
 
+def _record(digest: bytes, stored: _StoredKey) -> EphemeralKey:
+    """The key with ``digest``, as the store keeps it (every field but the digest)."""
+    return EphemeralKey(digest, **msgspec.structs.asdict(stored))
+
+
 class Authenticator:
     """Checks API keys, and mints and checks ephemeral keys kept in the cluster store.
 
@@ -187,15 +192,7 @@ class Authenticator:
             raw = await self.store.get_key(digest.hex(), now)
             if raw is None:
                 return None
-            stored = _decode_key(raw)
-            record = EphemeralKey(
-                digest=digest,
-                owner=stored.owner,
-                session=stored.session,
-                session_id=stored.session_id,
-                created_at=stored.created_at,
-                expires_at=stored.expires_at,
-            )
+            record = _record(digest, _decode_key(raw))
             self._remember(record)
         if record.expires_at <= now:
             self._seen.pop(digest, None)
@@ -221,21 +218,14 @@ class Authenticator:
             raise ValueError(f"seconds must be {MIN_EXPIRY_SECONDS}..{MAX_EXPIRY_SECONDS}")
         now = int(self.clock())
         value = EPHEMERAL_PREFIX + secrets.token_urlsafe(32)
-        record = EphemeralKey(
-            digest=_digest(value),
+        stored = _StoredKey(
             owner=owner.owner,
             session=session,
             session_id=session_id,
             created_at=now,
             expires_at=now + seconds,
         )
-        stored = _StoredKey(
-            owner=record.owner,
-            session=session,
-            session_id=session_id,
-            created_at=record.created_at,
-            expires_at=record.expires_at,
-        )
+        record = _record(_digest(value), stored)
         await self.store.put_key(record.digest.hex(), _encode_key(stored), record.expires_at)
         self._remember(record)
         self.minted += 1

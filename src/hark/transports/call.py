@@ -368,15 +368,15 @@ class CallRegistry(Protocol):
 _Call = TypeVar("_Call", bound=MediaCall)
 
 
+@dataclass(eq=False)
 class CallTable(Generic[_Call]):
     """A registry's live calls by id, as every transport keeps them: found by id, counted,
     ended together, and forgotten (``on_closed`` told) when one closes."""
 
-    def __init__(self) -> None:
-        # Told of every call that ended (the cluster forgets it, the limits release it).
-        self.on_closed: Callable[[MediaCall], None] | None = None
-        self._calls: dict[str, _Call] = {}
-        self._ids = IdGenerator()
+    # Told of every call that ended (the cluster forgets it, the limits release it).
+    on_closed: Callable[[MediaCall], None] | None = field(default=None, init=False)
+    _calls: dict[str, _Call] = field(default_factory=dict, init=False, repr=False)
+    _ids: IdGenerator = field(default_factory=IdGenerator, init=False, repr=False)
 
     def get(self, call_id: str) -> _Call | None:
         """The live call with this id, if any."""

@@ -19,7 +19,7 @@ from aiohttp import WSMsgType, web
 from hark.audio.resample import resample
 from hark.engines.llm import ChatMessage, GenerationRequest, TextDelta
 from hark.engines.registry import Engines
-from hark.engines.stage_timeouts import limit
+from hark.engines.stage_timeouts import limit, within
 from hark.engines.vad import Missed, Outcomes
 from hark.protocol import translation as tr
 from hark.protocol.server_events import encode_event
@@ -112,22 +112,18 @@ async def _send(ws: web.WebSocketResponse, outbox: asyncio.Queue[str | None]) ->
 async def _generated(request: GenerationRequest, engines: Engines) -> AsyncIterator[str]:
     """The LLM's text for ``request``, each output within the stage's timeouts."""
     timeouts = engines.timeouts
-    outputs = aiter(engines.llm.generate(request))
-    wait, stage = timeouts.llm_first_token, "LLM first token"
-    try:
-        while True:
-            try:
-                async with limit(wait, stage):
-                    event = await anext(outputs)
-            except StopAsyncIteration:
-                return
+    events = within(
+        aiter(engines.llm.generate(request)),
+        first_s=timeouts.llm_first_token,
+        gap_s=timeouts.llm_token_gap,
+        stage="LLM first token",
+        gap_stage="LLM token gap",
+    )
+    # Closed here, not when collected: the LLM's request ends as soon as the reader stops.
+    async with contextlib.aclosing(events):
+        async for event in events:
             if isinstance(event, TextDelta):
                 yield event.text
-            wait, stage = timeouts.llm_token_gap, "LLM token gap"
-    finally:
-        close = getattr(outputs, "aclose", None)
-        if close is not None:
-            await close()
 
 
 async def _work(

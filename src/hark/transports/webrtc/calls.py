@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 
 from aiohttp import web
 
@@ -23,30 +24,23 @@ from hark.transports.webrtc.udp_mux import UdpMux
 logger = logging.getLogger(__name__)
 
 
+@dataclass(eq=False)
 class Calls(CallTable[Call]):
     """The registry of live calls; ``mux`` must be started (``start``) before ``create``.
 
     ``host`` makes the calls' sessions; ``setup_timeout_s``: a call not connected this long
-    after its answer is ended.
+    after its answer is ended; ``echo_cancellation``: whether calls take the reply's echo
+    out of the caller's audio.
     """
 
-    def __init__(
-        self,
-        host: CallHost,
-        mux: UdpMux,
-        *,
-        setup_timeout_s: float = SETUP_TIMEOUT_SECONDS,
-        echo_cancellation: bool = True,
-    ) -> None:
-        super().__init__()
-        self.host = host
-        # Whether calls take the reply's echo out of the caller's audio.
-        self.echo_cancellation = echo_cancellation
-        self.mux = mux
-        self.setup_timeout_s = setup_timeout_s
-        # Calls this registry ever opened: a heartbeat that reports this figure with the
-        # session count tells placement which calls that count includes.
-        self.opened = 0
+    host: CallHost
+    mux: UdpMux
+    _: KW_ONLY
+    setup_timeout_s: float = SETUP_TIMEOUT_SECONDS
+    echo_cancellation: bool = True
+    # Calls this registry ever opened: a heartbeat that reports this figure with the
+    # session count tells placement which calls that count includes.
+    opened: int = field(default=0, init=False)
 
     name = "webrtc"
 
