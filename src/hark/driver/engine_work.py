@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -161,69 +161,67 @@ class EngineWork:
 
     def transcribe(self, action: Transcribe, call: CoreCall) -> None:
         """Transcribe an item's audio whole."""
-        self._recognitions[action.request_id] = self._spawn(
-            self._transcribe(action, call), f"asr {action.request_id}"
-        )
 
-    async def _transcribe(self, action: Transcribe, call: CoreCall) -> None:
-        seconds = len(action.audio) / self._engines.asr.sample_rate
-        if not self._asr_admits(action.request_id, seconds, call):
-            return
-        try:
-            await self._run_transcription(action, seconds, call)
-        finally:
-            self._transcribing_s -= seconds
+        def work(seconds: float) -> Awaitable[TranscriptionDone]:
+            return self._transcription(action, seconds, call)
 
-    async def _run_transcription(self, action: Transcribe, seconds: float, call: CoreCall) -> None:
-        session = self._session
+        self._start_asr(action.request_id, len(action.audio), "transcription", work, call)
+
+    async def _transcription(
+        self, action: Transcribe, seconds: float, call: CoreCall
+    ) -> TranscriptionDone:
         asr = self._engines.asr
         text = ""
         heard: str | None = None
-        try:
-            async with limit(self._engines.timeouts.asr_request, "ASR request"):
-                if action.language is None:
-                    # Told first, so that the transcript is made in a language the session
-                    # allows, and the client hears which.
-                    heard = await asr.detect_language(action.audio, languages=action.languages)
-                async for delta in asr.transcribe(
-                    action.audio, language=action.language or heard, prompt=action.prompt
-                ):
-                    text += delta
-                    call(session.handle, TranscriptionDelta(action.request_id, delta))
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            self._asr_failed(action.request_id, "transcription", exc, call)
-            return
-        self._recognitions.pop(action.request_id, None)
-        call(session.handle, TranscriptionDone(action.request_id, text.strip(), seconds, heard))
+        if action.language is None:
+            # Told first, so that the transcript is made in a language the session allows,
+            # and the client hears which.
+            heard = await asr.detect_language(action.audio, languages=action.languages)
+        async for delta in asr.transcribe(
+            action.audio, language=action.language or heard, prompt=action.prompt
+        ):
+            text += delta
+            call(self._session.handle, TranscriptionDelta(action.request_id, delta))
+        return TranscriptionDone(action.request_id, text.strip(), seconds, heard)
 
     def recognise(self, action: Recognise, call: CoreCall) -> None:
         """Recognise a step of the turn (or an item) with word timings."""
-        task = self._spawn(self._run_recognition(action, call), f"asr {action.request_id}")
-        self._recognitions[action.request_id] = task
 
-    async def _run_recognition(self, action: Recognise, call: CoreCall) -> None:
-        seconds = len(action.request.audio) / self._engines.asr.sample_rate
-        if not self._asr_admits(action.request_id, seconds, call):
-            return
-        try:
-            await self._recognise_step(action, call)
-        finally:
-            self._transcribing_s -= seconds
+        async def work(_: float) -> Recognised:
+            return Recognised(action.request_id, await self._engines.asr.recognise(action.request))
 
-    async def _recognise_step(self, action: Recognise, call: CoreCall) -> None:
-        session = self._session
-        try:
-            async with limit(self._engines.timeouts.asr_request, "ASR request"):
-                transcript = await self._engines.asr.recognise(action.request)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            self._asr_failed(action.request_id, "recognition", exc, call)
-            return
-        self._recognitions.pop(action.request_id, None)
-        call(session.handle, Recognised(action.request_id, transcript))
+        self._start_asr(action.request_id, len(action.request.audio), "recognition", work, call)
+
+    def _start_asr(
+        self,
+        request_id: str,
+        samples: int,
+        what: str,
+        work: Callable[[float], Awaitable[TranscriptionDone | Recognised]],
+        call: CoreCall,
+    ) -> None:
+        """Run ``work`` (given the seconds of audio) for ``request_id`` within the session's
+        transcription budget and the ASR's time limit, and tell the core what it made (or
+        that the ``what`` failed)."""
+        seconds = samples / self._engines.asr.sample_rate
+
+        async def run() -> None:
+            if not self._asr_admits(request_id, seconds, call):
+                return
+            try:
+                async with limit(self._engines.timeouts.asr_request, "ASR request"):
+                    result = await work(seconds)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._asr_failed(request_id, what, exc, call)
+                return
+            finally:
+                self._transcribing_s -= seconds
+            self._recognitions.pop(request_id, None)
+            call(self._session.handle, result)
+
+        self._recognitions[request_id] = self._spawn(run(), f"asr {request_id}")
 
     def _asr_failed(self, request_id: str, what: str, exc: Exception, call: CoreCall) -> None:
         """A transcription or recognition failed: logged, forgotten, and told to the core."""
