@@ -1,7 +1,7 @@
 """SIP call control the way OpenAI does it, against a real ``hark serve --engines fake``: a
 caller's INVITE raises a signed ``realtime.call.incoming`` webhook, and the official SDK's
-``client.realtime.calls.accept/reject/refer/hangup`` drive the call, which the caller (a
-small UAC over loopback UDP) sees as SIP: 200 OK with SDP, 603/486, REFER, BYE."""
+``client.realtime.calls.accept/reject/refer/hangup`` drive the call, which the caller (the
+benches' SIP caller over loopback UDP) sees as SIP: 200 OK with SDP, 603/486, REFER, BYE."""
 
 from __future__ import annotations
 
@@ -25,10 +25,9 @@ import openai
 import pytest
 from openai.types.webhooks import RealtimeCallIncomingWebhookEvent
 
-from hark.bench.sip import SipMessage
+from hark.bench.sip import SipCaller, SipMessage
 from hark.protocol import server_events as se
 from hark.session.core import Session
-from tests.server.sip_uac import Uac, uac
 from tests.server.webhook_receiver import WebhookReceiver, webhook_receiver
 from tests.servers import HarkProcess
 
@@ -79,14 +78,14 @@ async def client(phone_server: PhoneServer) -> AsyncIterator[openai.AsyncOpenAI]
 
 
 @pytest.fixture
-async def caller(phone_server: PhoneServer) -> AsyncIterator[Uac]:
+async def caller(phone_server: PhoneServer) -> AsyncIterator[SipCaller]:
     """A phone calling the server."""
-    async with uac(phone_server.sip) as phone:
+    async with SipCaller(phone_server.sip) as phone:
         yield phone
 
 
 async def incoming(
-    server: PhoneServer, client: openai.AsyncOpenAI, phone: Uac
+    server: PhoneServer, client: openai.AsyncOpenAI, phone: SipCaller
 ) -> RealtimeCallIncomingWebhookEvent:
     """The verified webhook of ``phone``'s call (those of other calls are passed over)."""
     deadline = time.monotonic() + 30
@@ -125,20 +124,24 @@ async def next_event(ws: aiohttp.ClientWebSocketResponse, kind: str) -> dict[str
             return event
 
 
-async def answered(server: PhoneServer, client: openai.AsyncOpenAI, phone: Uac) -> str:
+async def answered(server: PhoneServer, client: openai.AsyncOpenAI, phone: SipCaller) -> str:
     """Place a call and accept it with the SDK; the call id."""
-    phone.invite()
+    final = asyncio.create_task(phone.call())
     event = await incoming(server, client, phone)
-    final = asyncio.create_task(phone.final())
     await client.realtime.calls.accept(event.data.call_id, type="realtime")
     assert (await final).status == 200
+    # Its microphone starts, as a phone's does: the server sends RTP only to where the
+    # caller's comes from, once it has come.
+    phone.tick(time.monotonic())
     return event.data.call_id
 
 
 async def test_the_webhook_is_signed_and_accept_answers_with_sdp(
-    phone_server: PhoneServer, client: openai.AsyncOpenAI, caller: Uac
+    phone_server: PhoneServer, client: openai.AsyncOpenAI, caller: SipCaller
 ) -> None:
-    caller.invite((("X-Customer", "42"), ("Authorization", 'Digest username="alice"')))
+    final = asyncio.create_task(
+        caller.call((("X-Customer", "42"), ("Authorization", 'Digest username="alice"')))
+    )
     event = await incoming(phone_server, client, caller)
     assert event.type == "realtime.call.incoming" and event.object == "event"
     assert event.id.startswith("evt_") and event.data.call_id.startswith("rtc_")
@@ -148,15 +151,14 @@ async def test_the_webhook_is_signed_and_accept_answers_with_sdp(
     assert "authorization" not in names
     assert names.index("via") < names.index("x-customer")
 
-    final = asyncio.create_task(caller.final())
     await client.realtime.calls.accept(
         event.data.call_id, type="realtime", instructions="Greet the caller."
     )
     answer = await final
     assert caller.provisional[-1] == 180
     assert answer.status == 200 and answer.header("content-type") == "application/sdp"
-    assert "m=audio " in caller.answer and "PCMU/8000" in caller.answer
-    assert caller.server_rtp()[1] > 0
+    assert "m=audio " in caller.answer_sdp and "PCMU/8000" in caller.answer_sdp
+    assert caller.server_rtp is not None and caller.server_rtp[1] > 0
     # Accepted once is accepted: a second accept is a conflict, not a second session.
     with pytest.raises(openai.ConflictError):
         await client.realtime.calls.accept(event.data.call_id, type="realtime")
@@ -165,7 +167,7 @@ async def test_the_webhook_is_signed_and_accept_answers_with_sdp(
 
 
 async def test_a_greeting_asked_for_at_accept_is_heard_from_its_start(
-    phone_server: PhoneServer, client: openai.AsyncOpenAI, caller: Uac
+    phone_server: PhoneServer, client: openai.AsyncOpenAI, caller: SipCaller
 ) -> None:
     call_id = await answered(phone_server, client, caller)
     async with sideband(phone_server, call_id) as ws:
@@ -178,7 +180,7 @@ async def test_a_greeting_asked_for_at_accept_is_heard_from_its_start(
         # The reply's audio reaches the phone: RTP payloads that are not silence.
         for _ in range(500):
             packet = await caller.next_rtp()
-            if any(byte != _PCMU_SILENCE for byte in packet[12:]):
+            if any(byte != _PCMU_SILENCE for byte in packet.payload):
                 break
         else:
             raise AssertionError("the phone heard nothing but silence")
@@ -188,11 +190,10 @@ async def test_a_greeting_asked_for_at_accept_is_heard_from_its_start(
 
 
 async def test_the_media_waits_for_the_ack_and_then_starts_with_the_greeting(
-    phone_server: PhoneServer, client: openai.AsyncOpenAI, caller: Uac
+    phone_server: PhoneServer, client: openai.AsyncOpenAI, caller: SipCaller
 ) -> None:
-    caller.invite()
+    final = asyncio.create_task(caller.call(ack=False))
     event = await incoming(phone_server, client, caller)
-    final = asyncio.create_task(caller.final(ack=False))
     await client.realtime.calls.accept(event.data.call_id, type="realtime")
     assert (await final).status == 200
     async with sideband(phone_server, event.data.call_id) as ws:
@@ -201,19 +202,20 @@ async def test_the_media_waits_for_the_ack_and_then_starts_with_the_greeting(
         # may have been sent to it (it would drop it), nor counted as heard.
         done = await next_event(ws, "response.done")
         assert done["response"]["status"] == "completed"
-        assert caller.rtp_in.empty()
+        assert caller.received == []
         caller.send_ack()
+        caller.tick(time.monotonic())
         started = await next_event(ws, "output_audio_buffer.started")
         assert started["response_id"] == done["response"]["id"]
         # The first packet the phone gets is the greeting's first 20 ms.
         first = await caller.next_rtp()
-        assert any(byte != _PCMU_SILENCE for byte in first[12:])
+        assert any(byte != _PCMU_SILENCE for byte in first.payload)
     await client.realtime.calls.hangup(event.data.call_id)
     await caller.request("BYE")
 
 
 async def test_keypad_presses_reach_the_sideband_as_dtmf_events(
-    phone_server: PhoneServer, client: openai.AsyncOpenAI, caller: Uac
+    phone_server: PhoneServer, client: openai.AsyncOpenAI, caller: SipCaller
 ) -> None:
     call_id = await answered(phone_server, client, caller)
     async with sideband(phone_server, call_id) as ws:
@@ -225,7 +227,7 @@ async def test_keypad_presses_reach_the_sideband_as_dtmf_events(
         event = await next_event(ws, "input_audio_buffer.dtmf_event_received")
         assert event["event"] == "7"
         assert before <= event["received_at"] <= int(time.time())
-        caller.in_dialog(
+        await caller.in_dialog(
             "INFO", b"Signal=#\r\nDuration=160\r\n", (("Content-Type", "application/dtmf-relay"),)
         )
         event = await next_event(ws, "input_audio_buffer.dtmf_event_received")
@@ -238,13 +240,12 @@ async def test_keypad_presses_reach_the_sideband_as_dtmf_events(
 async def test_reject_answers_the_invite_with_the_status(
     phone_server: PhoneServer,
     client: openai.AsyncOpenAI,
-    caller: Uac,
+    caller: SipCaller,
     status: int | None,
     expected: int,
 ) -> None:
-    caller.invite()
+    final = asyncio.create_task(caller.call())
     event = await incoming(phone_server, client, caller)
-    final = asyncio.create_task(caller.final())
     if status is None:
         await client.realtime.calls.reject(event.data.call_id)
     else:
@@ -256,22 +257,21 @@ async def test_reject_answers_the_invite_with_the_status(
 
 
 async def test_reject_refuses_a_status_that_is_not_a_sip_error(
-    phone_server: PhoneServer, client: openai.AsyncOpenAI, caller: Uac
+    phone_server: PhoneServer, client: openai.AsyncOpenAI, caller: SipCaller
 ) -> None:
-    caller.invite()
+    final = asyncio.create_task(caller.call())
     event = await incoming(phone_server, client, caller)
     with pytest.raises(openai.BadRequestError):
         await client.realtime.calls.reject(event.data.call_id, status_code=200)
     # A ringing call cannot be transferred.
     with pytest.raises(openai.ConflictError):
         await client.realtime.calls.refer(event.data.call_id, target_uri="tel:+14155550123")
-    final = asyncio.create_task(caller.final())
     await client.realtime.calls.reject(event.data.call_id)
     assert (await final).status == 603
 
 
 async def test_refer_sends_a_refer_and_reports_the_transfer(
-    phone_server: PhoneServer, client: openai.AsyncOpenAI, caller: Uac
+    phone_server: PhoneServer, client: openai.AsyncOpenAI, caller: SipCaller
 ) -> None:
     call_id = await answered(phone_server, client, caller)
     with pytest.raises(openai.BadRequestError):
@@ -284,30 +284,28 @@ async def test_refer_sends_a_refer_and_reports_the_transfer(
     refer: SipMessage = await caller.request("REFER")
     assert "tel:+14155550123" in refer.header("refer-to")
     assert refer.header("referred-by")
-    caller.notify_transfer(refer, "SIP/2.0 200 OK")
+    await caller.notify_transfer("SIP/2.0 200 OK")
     await asyncio.wait_for(transfer, 30)
     # The transferred phone hangs up its leg to hark.
-    caller.in_dialog("BYE")
-    await caller.final_response("BYE")
+    await caller.in_dialog("BYE")
 
 
 async def test_a_call_not_accepted_in_time_is_rejected(
-    phone_server: PhoneServer, client: openai.AsyncOpenAI, caller: Uac
+    phone_server: PhoneServer, client: openai.AsyncOpenAI, caller: SipCaller
 ) -> None:
-    caller.invite()
+    ringing = asyncio.create_task(caller.call(limit_s=ACCEPT_TIMEOUT_S + 30))
     event = await incoming(phone_server, client, caller)
-    final = await caller.final(timeout_s=ACCEPT_TIMEOUT_S + 30)
+    final = await ringing
     assert 400 <= final.status < 700
     with pytest.raises(openai.NotFoundError):
         await client.realtime.calls.accept(event.data.call_id, type="realtime")
 
 
 async def test_bye_from_the_phone_ends_the_call(
-    phone_server: PhoneServer, client: openai.AsyncOpenAI, caller: Uac
+    phone_server: PhoneServer, client: openai.AsyncOpenAI, caller: SipCaller
 ) -> None:
     call_id = await answered(phone_server, client, caller)
-    caller.in_dialog("BYE")
-    assert (await caller.final_response("BYE")).status == 200
+    assert (await caller.in_dialog("BYE")).status == 200
     try:
         async with asyncio.timeout(30):
             while True:
@@ -338,13 +336,12 @@ async def test_without_a_webhook_a_call_is_answered_at_once(tmp_path: Path) -> N
     log = tmp_path / "hark.log"
     session = json.dumps({"instructions": "You answer the phone."})
     with HarkProcess(["--engines", "fake", "--rtp-ports", "0", "--sip-session", session], log):
-        async with uac(("127.0.0.1", sip_port(log))) as phone:
-            phone.invite()
-            assert (await phone.final()).status == 200
-            assert "PCMU/8000" in phone.answer
+        async with SipCaller(("127.0.0.1", sip_port(log))) as phone:
+            assert (await phone.call()).status == 200
+            assert "PCMU/8000" in phone.answer_sdp
+            phone.tick(time.monotonic())
             await phone.next_rtp()
-            phone.in_dialog("BYE")
-            assert (await phone.final_response("BYE")).status == 200
+            assert (await phone.in_dialog("BYE")).status == 200
 
 
 def test_a_sip_port_in_use_leaves_the_server_up_and_readyz_says_so(tmp_path: Path) -> None:
@@ -376,20 +373,19 @@ def test_a_keypad_press_becomes_one_server_event() -> None:
 
 
 async def test_an_ephemeral_key_cannot_answer_a_call(
-    phone_server: PhoneServer, client: openai.AsyncOpenAI, caller: Uac
+    phone_server: PhoneServer, client: openai.AsyncOpenAI, caller: SipCaller
 ) -> None:
     secret = await client.realtime.client_secrets.create(session={"type": "realtime"})
     ephemeral = openai.AsyncOpenAI(
         api_key=secret.value, base_url=phone_server.url + "/v1", max_retries=0
     )
-    caller.invite()
+    final = asyncio.create_task(caller.call())
     event = await incoming(phone_server, client, caller)
     async with ephemeral:
         with pytest.raises(openai.PermissionDeniedError):
             await ephemeral.realtime.calls.accept(event.data.call_id, type="realtime")
         with pytest.raises(openai.PermissionDeniedError):
             await ephemeral.realtime.calls.reject(event.data.call_id)
-    final = asyncio.create_task(caller.final())
     await client.realtime.calls.reject(event.data.call_id)
     assert (await final).status == 603
 
@@ -404,9 +400,9 @@ async def test_accepted_calls_count_against_the_keys_session_limit(tmp_path: Pat
             sdk = openai.AsyncOpenAI(
                 api_key=API_KEY, base_url=server.url + "/v1", webhook_secret=SECRET, max_retries=0
             )
-            async with sdk, uac(phones.sip) as first, uac(phones.sip) as second:
+            async with sdk, SipCaller(phones.sip) as first, SipCaller(phones.sip) as second:
                 first_id = await answered(phones, sdk, first)
-                second.invite()
+                final = asyncio.create_task(second.call())
                 event = await incoming(phones, sdk, second)
                 with pytest.raises(openai.RateLimitError):
                     await sdk.realtime.calls.accept(event.data.call_id, type="realtime")
@@ -414,7 +410,6 @@ async def test_accepted_calls_count_against_the_keys_session_limit(tmp_path: Pat
                 await first.request("BYE")
                 # The first call's end gave its session back: the second call is accepted
                 # once it has (retried for up to 20 s, well inside the 30 s the phone rings).
-                final = asyncio.create_task(second.final())
                 async with asyncio.timeout(20):
                     while True:
                         try:
@@ -430,9 +425,8 @@ async def test_a_draining_server_ends_its_calls_with_bye(tmp_path: Path) -> None
     log = tmp_path / "hark.log"
     args = ["--engines", "fake", "--rtp-ports", "0", "--drain-timeout", "1"]
     with HarkProcess(args, log) as server:
-        async with uac(("127.0.0.1", sip_port(log))) as phone:
-            phone.invite()
-            assert (await phone.final()).status == 200
+        async with SipCaller(("127.0.0.1", sip_port(log))) as phone:
+            assert (await phone.call()).status == 200
             server.signal(signal.SIGTERM)
             assert (await phone.request("BYE")).method == "BYE"
         assert server.wait(30) == 0
@@ -450,9 +444,8 @@ async def test_a_webhook_still_being_retried_does_not_keep_the_phone_ringing(
         args += ["--sip-accept-timeout", str(timeout_s)]
         env = {"HARK_API_KEYS": API_KEY, "HARK_SIP_WEBHOOK_SECRET": SECRET}
         with HarkProcess(args, log, env=env):
-            async with uac(("127.0.0.1", sip_port(log))) as phone:
-                phone.invite()
-                final = await phone.final(timeout_s=60)
+            async with SipCaller(("127.0.0.1", sip_port(log))) as phone:
+                final = await phone.call(limit_s=60)
                 attempts = len(receiver.received)
     assert final.status == 480
     # Rejected at the timeout, while the webhook was still being retried.

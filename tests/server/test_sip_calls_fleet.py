@@ -10,8 +10,8 @@ from pathlib import Path
 import openai
 import pytest
 
+from hark.bench.sip import SipCaller
 from tests.redis_server import RedisServer
-from tests.server.sip_uac import uac
 from tests.server.test_sip_calls import (
     API_KEY,
     SECRET,
@@ -52,10 +52,9 @@ async def test_the_sdk_controls_a_call_through_another_server(
         sdk = openai.AsyncOpenAI(
             api_key=API_KEY, base_url=other.url + "/v1", webhook_secret=SECRET, max_retries=0
         )
-        async with sdk, uac(phones.sip) as phone, uac(phones.sip) as declined:
-            phone.invite()
+        async with sdk, SipCaller(phones.sip) as phone, SipCaller(phones.sip) as declined:
+            final = asyncio.create_task(phone.call())
             event = await incoming(phones, sdk, phone)
-            final = asyncio.create_task(phone.final())
             await sdk.realtime.calls.accept(event.data.call_id, type="realtime")
             assert (await final).status == 200
             transfer = asyncio.create_task(
@@ -63,14 +62,13 @@ async def test_the_sdk_controls_a_call_through_another_server(
             )
             refer = await phone.request("REFER")
             assert "sip:agent@example.com" in refer.header("refer-to")
-            phone.notify_transfer(refer, "SIP/2.0 200 OK")
+            await phone.notify_transfer("SIP/2.0 200 OK")
             await asyncio.wait_for(transfer, 30)
             await sdk.realtime.calls.hangup(event.data.call_id)
             await phone.request("BYE")
 
-            declined.invite()
+            final = asyncio.create_task(declined.call())
             event = await incoming(phones, sdk, declined)
-            final = asyncio.create_task(declined.final())
             await sdk.realtime.calls.reject(event.data.call_id, status_code=486)
             assert (await final).status == 486
             with pytest.raises(openai.NotFoundError):

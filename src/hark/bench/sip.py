@@ -104,6 +104,7 @@ class Received:
     timestamp: int
     ssrc: int
     audible: bool
+    payload: bytes = b""
 
 
 class _Endpoint(asyncio.DatagramProtocol):
@@ -115,10 +116,17 @@ class _Endpoint(asyncio.DatagramProtocol):
 
 
 class SipCaller:
-    """One phone: a SIP user agent client over UDP and its RTP stream.
+    """One phone: a SIP user agent client over UDP and its RTP stream, written from RFC 3261
+    directly and sharing no code with hark's SIP stack, so that the SIP tests, which call
+    with it too, check the stack rather than mirror it.
 
-    ``say`` queues audio (8 kHz int16) for the microphone; ``Microphones.tick`` sends the
-    next 20 ms of it, or silence, as RTP. The server's packets land in ``received``.
+    ``invite`` places the call as the benches do (answered or ``BenchError``); ``call``
+    returns whatever final response came (the tests' refusals, timeouts, an ACK held back).
+    Requests the server sends in the dialog are answered at once, as a phone does (200; 202
+    to a REFER), and kept for ``request``. ``say`` queues audio (8 kHz int16) for the
+    microphone; ``tick`` sends the next 20 ms of it, or silence, as RTP. The server's packets
+    land in ``received``. Used as an async context manager, the sockets open and close with
+    the block.
     """
 
     def __init__(self, server: tuple[str, int], *, host: str = "127.0.0.1") -> None:
@@ -134,6 +142,12 @@ class SipCaller:
         self.audio_event = asyncio.Event()
         self.ended = asyncio.Event()
         self.sender = RtpSender(payload_type=PCMU)
+        # The INVITE's provisional statuses, and the SDP of its 2xx.
+        self.provisional: list[int] = []
+        self.answer_sdp = ""
+        # Requests the server sent that ``request`` has not taken yet (at most _KEPT).
+        self.requests: list[SipMessage] = []
+        self._request_came = asyncio.Event()
         self._sip: asyncio.DatagramTransport | None = None
         self._rtp: asyncio.DatagramTransport | None = None
         self._responses: asyncio.Queue[SipMessage] = asyncio.Queue(64)
@@ -142,10 +156,14 @@ class SipCaller:
         self._routes: list[str] = []
         self._rtp_remote: tuple[str, int] | None = None
         self._cseq = 1
+        self._acked = False
         self._speech: list[bytes] = []
         # Send time of the packet that holds the last voiced sample of what was said.
         self.last_voiced_sent_at: float | None = None
         self._last_voiced_frame: int | None = None
+        # ``next_rtp``'s place in ``received``, and what it waits on while it has caught up.
+        self._read = 0
+        self._arrival: asyncio.Future[None] | None = None
 
     @property
     def sip_port(self) -> int:
@@ -159,6 +177,11 @@ class SipCaller:
         assert self._rtp is not None
         return int(self._rtp.get_extra_info("sockname")[1])
 
+    @property
+    def server_rtp(self) -> tuple[str, int] | None:
+        """Where the 2xx's SDP says the server takes RTP (None before it)."""
+        return self._rtp_remote
+
     async def open(self) -> None:
         """Bind the SIP and RTP sockets."""
         loop = asyncio.get_running_loop()
@@ -169,33 +192,98 @@ class SipCaller:
             lambda: _Endpoint(self._on_rtp), local_addr=(self.host, 0)
         )
 
+    async def __aenter__(self) -> SipCaller:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
     async def invite(self, limit_s: float = 10.0) -> float:
         """Call; returns INVITE → 200 OK in seconds. ``BenchError`` on a refusal or timeout."""
-        branch = _branch()
-        message = self._request("INVITE", branch, cseq=1, body=self._offer())
         started = time.monotonic()
-        response = await self._transact(message, "INVITE", limit_s)
+        response = await self.call(limit_s=limit_s)
         elapsed = time.monotonic() - started
         if response.status != 200:
             raise BenchError(f"INVITE answered {response.start}")
+        return elapsed
+
+    async def call(
+        self, headers: Sequence[tuple[str, str]] = (), *, limit_s: float = 30.0, ack: bool = True
+    ) -> SipMessage:
+        """Send the INVITE (the offer, and ``headers``) and return its final
+        response, acknowledged: a 2xx only if ``ack`` (``send_ack`` does it later)."""
+        branch = _branch()
+        offer = self._offer().encode()
+        headers = (("Content-Type", "application/sdp"), *headers)
+        message = self._request("INVITE", branch, cseq=1, body=offer, headers=headers)
+        response = await self._transact(message, "INVITE", 1, limit_s)
         self._remote_tag = tag_of(response.header("to"))
+        if response.status >= 300:
+            # A refusal's ACK belongs to the INVITE's transaction: its branch, its URI.
+            self._send(self._request("ACK", branch, cseq=1))
+            return response
         contact = response.header("contact")
         self._remote_target = uri_of(contact) if contact else f"sip:hark@{self.server[0]}"
         routes = [r.strip() for value in response.all("record-route") for r in value.split(",")]
         self._routes = list(reversed(routes))
-        self._rtp_remote = _sdp_address(response.body.decode(errors="replace"))
+        self.answer_sdp = response.body.decode(errors="replace")
+        self._rtp_remote = _sdp_address(self.answer_sdp)
+        if ack:
+            self.send_ack()
+        return response
+
+    def send_ack(self) -> None:
+        """Acknowledge the 2xx (a request of its own: a new branch, to the remote target)."""
+        self._acked = True
         self._send(self._request("ACK", _branch(), cseq=1, in_dialog=True))
-        return elapsed
+
+    async def in_dialog(
+        self,
+        method: str,
+        body: bytes = b"",
+        headers: Sequence[tuple[str, str]] = (),
+        limit_s: float = 30.0,
+    ) -> SipMessage:
+        """Send a request in the dialog (BYE, INFO, NOTIFY …); its final response."""
+        self._cseq += 1
+        message = self._request(
+            method, _branch(), cseq=self._cseq, body=body, headers=headers, in_dialog=True
+        )
+        return await self._transact(message, method, self._cseq, limit_s)
 
     async def bye(self, limit_s: float = 5.0) -> None:
         """Hang up (unless the server already has)."""
         if self.ended.is_set():
             return
-        self._cseq += 1
-        message = self._request("BYE", _branch(), cseq=self._cseq, in_dialog=True)
-        with contextlib.suppress(TimeoutError, BenchError):
-            await self._transact(message, "BYE", limit_s)
+        with contextlib.suppress(TimeoutError):
+            await self.in_dialog("BYE", limit_s=limit_s)
         self.ended.set()
+
+    async def notify_transfer(self, status_line: str) -> SipMessage:
+        """Report a transfer's progress as a ``message/sipfrag`` NOTIFY (RFC 3515)."""
+        final = int(status_line.split()[1]) >= 200
+        state = "terminated;reason=noresource" if final else "active"
+        return await self.in_dialog(
+            "NOTIFY",
+            status_line.encode() + b"\r\n",
+            (
+                ("Event", "refer"),
+                ("Subscription-State", state),
+                ("Content-Type", "message/sipfrag;version=2.0"),
+            ),
+        )
+
+    async def request(self, method: str, timeout_s: float = 30.0) -> SipMessage:
+        """The next request ``method`` the server sent (already answered)."""
+        async with asyncio.timeout(timeout_s):
+            while True:
+                for message in self.requests:
+                    if message.method == method:
+                        self.requests.remove(message)
+                        return message
+                self._request_came.clear()
+                await self._request_came.wait()
 
     def say(self, pcm: npt.NDArray[np.int16], last_voiced: int | None = None) -> None:
         """Queue ``pcm`` (8 kHz) for the microphone; ``last_voiced`` marks its last voiced
@@ -228,6 +316,29 @@ class SipCaller:
         self._rtp.sendto(self.sender.packet(payload), self._rtp_remote)
         self.sender.advance(FRAME)
 
+    def send_dtmf(self, digit: str) -> None:
+        """Press a key: an RFC 4733 event of 80 ms at the microphone's timestamp, three
+        updates and the end sent three times."""
+        assert self._rtp is not None and self._rtp_remote is not None
+        code = "0123456789*#ABCD".index(digit)
+        # The event's first packet is marked, as the first after a pause is.
+        self.sender.pause()
+        for n in range(6):
+            end = 0x80 if n >= 3 else 0
+            payload = struct.pack("!BBH", code, end | 10, FRAME * min(n + 1, 4))
+            packet = self.sender.packet(payload, payload_type=TELEPHONE_EVENT)
+            self._rtp.sendto(packet, self._rtp_remote)
+        self.sender.advance(FRAME * 4)
+
+    async def next_rtp(self, timeout_s: float = 30.0) -> Received:
+        """The next packet in ``received`` that this has not returned yet."""
+        async with asyncio.timeout(timeout_s):
+            while len(self.received) <= self._read:
+                self._arrival = asyncio.get_running_loop().create_future()
+                await self._arrival
+        self._read += 1
+        return self.received[self._read - 1]
+
     def close(self) -> None:
         """Close both sockets."""
         for transport in (self._sip, self._rtp):
@@ -246,11 +357,18 @@ class SipCaller:
         )
 
     def _request(
-        self, method: str, branch: str, *, cseq: int, body: str = "", in_dialog: bool = False
-    ) -> str:
+        self,
+        method: str,
+        branch: str,
+        *,
+        cseq: int,
+        body: bytes = b"",
+        headers: Sequence[tuple[str, str]] = (),
+        in_dialog: bool = False,
+    ) -> bytes:
         host, port = self.server
         uri = self._remote_target if in_dialog else f"sip:hark@{host}:{port}"
-        to = f"<sip:hark@{host}:{port}>" + (f";tag={self._remote_tag}" if in_dialog else "")
+        to = f"<sip:hark@{host}:{port}>" + (f";tag={self._remote_tag}" if self._remote_tag else "")
         lines = [
             f"{method} {uri} SIP/2.0",
             f"Via: SIP/2.0/UDP {self.host}:{self.sip_port};branch={branch};rport",
@@ -263,12 +381,11 @@ class SipCaller:
         ]
         if in_dialog:
             lines += [f"Route: {route}" for route in self._routes]
-        if body:
-            lines.append("Content-Type: application/sdp")
-        lines.append(f"Content-Length: {len(body.encode())}")
-        return "\r\n".join(lines) + "\r\n\r\n" + body
+        lines += [f"{name}: {value}" for name, value in headers]
+        lines.append(f"Content-Length: {len(body)}")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
-    async def _transact(self, message: str, method: str, limit_s: float) -> SipMessage:
+    async def _transact(self, message: bytes, method: str, cseq: int, limit_s: float) -> SipMessage:
         """Send a request, retransmitting as RFC 3261 does over UDP, until a final response."""
         interval = _T1_S
         async with asyncio.timeout(limit_s):
@@ -283,23 +400,24 @@ class SipCaller:
                         self._send(message)
                     interval = min(interval * 2, 4.0)
                     continue
-                if response.method != method:
+                if response.method != method or response.sequence != cseq:
                     continue
                 if response.status < 200:
                     provisional = True
+                    self.provisional.append(response.status)
                     continue
                 return response
 
-    def _send(self, message: str) -> None:
+    def _send(self, message: bytes) -> None:
         assert self._sip is not None
-        self._sip.sendto(message.encode(), self.server)
+        self._sip.sendto(message, self.server)
 
     def _on_sip(self, data: bytes, addr: tuple[str, int]) -> None:
         message = SipMessage.parse(data)
         if message.is_response:
-            if message.method == "INVITE" and message.status == 200 and self._remote_tag:
+            if message.method == "INVITE" and 200 <= message.status < 300 and self._acked:
                 # Our ACK was lost: the 200 OK comes again, and so does the ACK.
-                self._send(self._request("ACK", _branch(), cseq=1, in_dialog=True))
+                self.send_ack()
                 return
             with contextlib.suppress(asyncio.QueueFull):
                 self._responses.put_nowait(message)
@@ -308,13 +426,17 @@ class SipCaller:
             return
         if message.method == "BYE":
             self.ended.set()
+        status = "202 Accepted" if message.method == "REFER" else "200 OK"
         response = "\r\n".join(
-            ["SIP/2.0 200 OK"]
+            [f"SIP/2.0 {status}"]
             + [f"{_ECHOED[name]}: {value}" for name, value in message.headers if name in _ECHOED]
             + ["Content-Length: 0", "", ""]
         )
         assert self._sip is not None
         self._sip.sendto(response.encode(), addr)
+        if len(self.requests) < _KEPT:
+            self.requests.append(message)
+            self._request_came.set()
 
     # ------------------------------------------------------------------ RTP
 
@@ -336,7 +458,11 @@ class SipCaller:
             if self.first_audio_at is None:
                 self.first_audio_at = now
             self.audio_event.set()
-        self.received.append(Received(now, packet.sequence, packet.timestamp, packet.ssrc, audible))
+        self.received.append(
+            Received(now, packet.sequence, packet.timestamp, packet.ssrc, audible, packet.payload)
+        )
+        if self._arrival is not None and not self._arrival.done():
+            self._arrival.set_result(None)
 
 
 class Microphones:
@@ -987,6 +1113,8 @@ def _branch() -> str:
     return "z9hG4bK" + secrets.token_hex(8)
 
 
+# How many of the server's requests a caller keeps for ``request``.
+_KEPT = 64
 # The headers a response copies from its request, by their names in a SipMessage.
 _ECHOED = {"via": "Via", "from": "From", "to": "To", "call-id": "Call-ID", "cseq": "CSeq"}
 # Compact header names (RFC 3261 §7.3.3) and the full names they stand for.
@@ -1024,6 +1152,12 @@ class SipMessage:
             return int(self.start.split()[1])
         except (IndexError, ValueError):
             return 0
+
+    @property
+    def sequence(self) -> int:
+        """The CSeq number (0 when there is none)."""
+        number = self.header("cseq").split(" ", 1)[0]
+        return int(number) if number.isdigit() else 0
 
     @property
     def method(self) -> str:
@@ -1069,20 +1203,6 @@ def uri_of(value: str) -> str:
     if "<" in value:
         return value.split("<", 1)[1].split(">", 1)[0]
     return value.split(";", 1)[0].strip()
-
-
-def dtmf_packets(digit: str, *, ssrc: int, seq: int, timestamp: int) -> list[bytes]:
-    """An RFC 4733 event for ``digit``: three updates and the end packet sent three times."""
-    code = "0123456789*#ABCD".index(digit)
-    packets = []
-    for n in range(6):
-        end = n >= 3
-        duration = 160 * min(n + 1, 4)
-        header = struct.pack(
-            "!BBHII", 0x80, (0x80 if n == 0 else 0) | TELEPHONE_EVENT, seq + n, timestamp, ssrc
-        )
-        packets.append(header + struct.pack("!BBH", code, (0x80 if end else 0) | 10, duration))
-    return packets
 
 
 def _sdp_address(sdp: str) -> tuple[str, int]:
