@@ -174,6 +174,23 @@ def test_a_failed_verdict_ends_the_pause_as_an_unjudged_one(driver: Driver) -> N
     assert len(stopped_at(driver)) == 1
 
 
+def test_low_eagerness_waits_out_a_short_pause_however_finished_it_sounds(
+    driver: Driver,
+) -> None:
+    semantic(driver, "low")
+    driver.asr_text = "I'd like a large pizza."
+    driver.append(voiced(800))
+    driver.append(silence(200))
+    (score,) = driver.take(ScoreTurn)
+    driver.session.handle(TurnScored(score.key, 1.0), now=driver.now)
+    driver.pump()
+    # Certain it is finished: the turn still ends only on low's shortest silence, 800 ms.
+    driver.append(silence(silence_for(1.0, "low") - 200 - 64))
+    assert stopped_at(driver) == []
+    driver.append(silence(96))
+    assert len(stopped_at(driver)) == 1
+
+
 def test_a_verdict_asking_less_than_has_passed_ends_the_turn_at_once(driver: Driver) -> None:
     semantic(driver, "low")
     driver.asr_text = "What is the capital of France?"
