@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING
 
 from hark.observability.turn_timing import STAGES, TurnTimings
@@ -33,6 +34,7 @@ _KNOWN_CLIENT_TYPES = frozenset(CLIENT_EVENT_TYPES)
 _TAGS: dict[type[ServerEvent], str] = {}
 
 
+@dataclass(slots=True, eq=False)
 class SessionMetrics:
     """The metrics of one session, from ``Metrics.session(transport, session_id)``.
 
@@ -40,25 +42,18 @@ class SessionMetrics:
     monotonic clock that the ``arrived`` arguments come from (``time.monotonic``).
     """
 
-    def __init__(
-        self,
-        metrics: Metrics | None,
-        transport: str,
-        session_id: str | None = None,
-        *,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.transport = transport
-        self.session_id = session_id
-        self._metrics = metrics
-        self._clock = clock
-        self._client: Counter[str] = Counter()
-        self._server: Counter[str] = Counter()
-        self._vad_chunks = 0
-        self._vad_late = 0
-        self._held = 0
-        self._started_at: float | None = None
-        self._ended = False
+    metrics: Metrics | None
+    transport: str
+    session_id: str | None = None
+    _: KW_ONLY
+    clock: Callable[[], float] = time.monotonic
+    _client: Counter[str] = field(default_factory=Counter, init=False, repr=False)
+    _server: Counter[str] = field(default_factory=Counter, init=False, repr=False)
+    _vad_chunks: int = field(default=0, init=False, repr=False)
+    _vad_late: int = field(default=0, init=False, repr=False)
+    _held: int = field(default=0, init=False, repr=False)
+    _started_at: float | None = field(default=None, init=False, repr=False)
+    _ended: bool = field(default=False, init=False, repr=False)
 
     @classmethod
     def disabled(cls) -> SessionMetrics:
@@ -67,34 +62,34 @@ class SessionMetrics:
 
     def started(self) -> None:
         """The session began (its ``session.created`` is queued)."""
-        if self._metrics is None or self._started_at is not None:
+        if self.metrics is None or self._started_at is not None:
             return
-        self._started_at = self._clock()
-        self._metrics.sessions_started.labels(self.transport).inc()
-        self._metrics.sessions_active.labels(self.transport).inc()
+        self._started_at = self.clock()
+        self.metrics.sessions_started.labels(self.transport).inc()
+        self.metrics.sessions_active.labels(self.transport).inc()
 
     def ended(self, reason: str) -> None:
         """The session is over; ``reason`` is a short fixed word (``client_closed``,
         ``expired``, ``server_shutdown``, ``error``…). Only the first call counts."""
-        if self._metrics is None or self._started_at is None or self._ended:
+        if self.metrics is None or self._started_at is None or self._ended:
             return
         self._ended = True
         self.flush()
-        m = self._metrics
+        m = self.metrics
         m.sessions_ended.labels(self.transport, reason).inc()
         m.sessions_active.labels(self.transport).dec()
-        m.session_duration.labels(self.transport).observe(self._clock() - self._started_at)
+        m.session_duration.labels(self.transport).observe(self.clock() - self._started_at)
 
     def client_event(self, type: str) -> None:
         """A client event of ``type`` was received (unknown types count as ``unknown``)."""
-        if self._metrics is None:
+        if self.metrics is None:
             return
         self._client[type if type in _KNOWN_CLIENT_TYPES else UNKNOWN_TYPE] += 1
         self._hold()
 
     def server_event(self, event: ServerEvent) -> None:
         """A server event was queued for the client; an ``error`` also counts by its code."""
-        if self._metrics is None:
+        if self.metrics is None:
             return
         kind = type(event)
         tag = _TAGS.get(kind)
@@ -102,51 +97,51 @@ class SessionMetrics:
             tag = _TAGS[kind] = str(kind.__struct_config__.tag)
         self._server[tag] += 1
         if isinstance(event, Error):
-            self._metrics.errors.labels(event.error.code or "none").inc()
+            self.metrics.errors.labels(event.error.code or "none").inc()
         self._hold()
 
     def vad_chunk(self, arrived: float, now: float | None = None) -> None:
         """The VAD answered (at ``now``, else the clock's time) for a chunk whose last sample
         arrived at ``arrived``."""
-        if self._metrics is None:
+        if self.metrics is None:
             return
         self._vad_chunks += 1
-        if (self._clock() if now is None else now) - arrived > LATE_AFTER_SECONDS:
+        if (self.clock() if now is None else now) - arrived > LATE_AFTER_SECONDS:
             self._vad_late += 1
         self._hold()
 
     def vad_chunk_dropped(self) -> None:
         """The VAD dropped a chunk unanswered: it fell too far behind (rare, so not held)."""
-        if self._metrics is not None:
-            self._metrics.vad_chunks_dropped.inc()
+        if self.metrics is not None:
+            self.metrics.vad_chunks_dropped.inc()
 
     def input_throttled(self, seconds: float) -> None:
         """The client's input went unread for ``seconds``: the session had used its input
         budget (``hark.transports.input_budget``)."""
-        if self._metrics is not None:
-            self._metrics.input_throttled.labels(self.transport).inc(seconds)
+        if self.metrics is not None:
+            self.metrics.input_throttled.labels(self.transport).inc(seconds)
 
     def vad_decision(self, decision: str, arrived: float) -> None:
         """Turn detection decided ``decision`` (``speech_started`` / ``speech_stopped``) on the
         VAD result of a chunk whose last sample arrived at ``arrived``."""
-        if self._metrics is None:
+        if self.metrics is None:
             return
-        lag = max(0.0, self._clock() - arrived)
-        self._metrics.vad_decision_lag.labels(decision).observe(lag)
+        lag = max(0.0, self.clock() - arrived)
+        self.metrics.vad_decision_lag.labels(decision).observe(lag)
 
     def audio_late(self, chunks: int = 1) -> None:
         """Input media frames that arrived too late to use (a jitter buffer's late frames)."""
-        if self._metrics is not None and chunks > 0:
-            self._metrics.audio_late.labels(self.transport).inc(chunks)
+        if self.metrics is not None and chunks > 0:
+            self.metrics.audio_late.labels(self.transport).inc(chunks)
 
     def audio_dropped(self, chunks: int = 1) -> None:
         """Input audio chunks dropped before the session got them (a queue overflowed)."""
-        if self._metrics is not None and chunks > 0:
-            self._metrics.audio_dropped.labels(self.transport).inc(chunks)
+        if self.metrics is not None and chunks > 0:
+            self.metrics.audio_dropped.labels(self.transport).inc(chunks)
 
     def turn(self, timings: TurnTimings) -> None:
         """A response finished: its stage timings, E2A and V2V (and a trace when enabled)."""
-        m = self._metrics
+        m = self.metrics
         if m is None:
             return
         m.responses.labels(timings.status).inc()
@@ -165,7 +160,7 @@ class SessionMetrics:
 
     def flush(self) -> None:
         """Hand the counts held here to Prometheus."""
-        m = self._metrics
+        m = self.metrics
         if m is None or self._held == 0:
             return
         for type, count in self._client.items():

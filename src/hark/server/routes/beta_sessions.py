@@ -4,13 +4,13 @@ dialect's way to mint an ephemeral key (a flat session in, the flat session and 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 from aiohttp import web
 from msgspec import Struct
 
-from hark.protocol.client_secrets import check_expiry_seconds
+from hark.protocol.client_secrets import ExpiresAfter, check_expiry_seconds
 from hark.protocol.errors import ProtocolError, decode_body, from_validation_error
 from hark.protocol.session_config import session_config_to_dict
 from hark.server.access import api_key_only, requires
@@ -22,8 +22,7 @@ from hark.transports.beta import flat_session, parse_flat_session
 BETA_EXPIRY_SECONDS = 60
 
 
-class _Expiry(Struct, forbid_unknown_fields=True, kw_only=True):
-    anchor: Literal["created_at"] = "created_at"
+class _Expiry(ExpiresAfter):
     seconds: int = BETA_EXPIRY_SECONDS
 
 
