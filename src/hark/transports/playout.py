@@ -297,3 +297,31 @@ class Playout:
             if response.id == response_id:
                 return response
         return None
+
+
+class PlayoutPlayer:
+    """An ``AudioPlayer`` (``hark.driver.runner``) that plays through its ``playout``: what
+    a call transport's player inherits, overriding what it does beyond the playout."""
+
+    __slots__ = ()
+    playout: Playout
+
+    def play(self, response_id: str, item_id: str, pcm: npt.NDArray[np.int16], rate: int) -> None:
+        """Queue audio of a response after whatever is queued already."""
+        self.playout.play(response_id, item_id, pcm, rate)
+
+    def finish(self, response_id: str) -> None:
+        """No more audio will come for this response: it stops once what is queued is sent."""
+        self.playout.finish(response_id)
+
+    def clear(self, response_id: str) -> None:
+        """Drop what is left of a response within a frame; see ``Playout.clear``."""
+        self.playout.clear(response_id)
+
+    def hold(self, response_id: str) -> None:
+        """Send silence in a response's place for now; see ``Playout.hold``."""
+        self.playout.hold(response_id)
+
+    def resume(self, response_id: str) -> None:
+        """Go on with a held response; see ``Playout.resume``."""
+        self.playout.resume(response_id)

@@ -21,12 +21,11 @@ import time
 from collections.abc import Callable
 
 import numpy as np
-import numpy.typing as npt
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from av import Packet
 
 from hark.audio.codecs.opus import OpusEncoder
-from hark.transports.playout import Playout, PlayoutListener
+from hark.transports.playout import Playout, PlayoutListener, PlayoutPlayer
 
 PLAYOUT_RATE = 48000
 FRAME_MS = 20
@@ -56,7 +55,7 @@ def encoded_silence() -> bytes:
     return [encoder.encode(silence) for _ in range(4)][-1]
 
 
-class PlayoutTrack(MediaStreamTrack):
+class PlayoutTrack(PlayoutPlayer, MediaStreamTrack):
     """An outgoing audio track that plays responses in real time; an ``AudioPlayer``.
 
     ``clock`` is the monotonic time in seconds that paces the frames; ``playout`` is the
@@ -76,26 +75,6 @@ class PlayoutTrack(MediaStreamTrack):
     def attach(self, listener: PlayoutListener) -> None:
         """Report playout progress to ``listener`` from now on."""
         self.playout.attach(listener)
-
-    def play(self, response_id: str, item_id: str, pcm: npt.NDArray[np.int16], rate: int) -> None:
-        """Queue audio of a response after whatever is queued already."""
-        self.playout.play(response_id, item_id, pcm, rate)
-
-    def finish(self, response_id: str) -> None:
-        """No more audio will come for this response: it stops once what is queued is sent."""
-        self.playout.finish(response_id)
-
-    def clear(self, response_id: str) -> None:
-        """Drop what is left of a response; see ``Playout.clear``."""
-        self.playout.clear(response_id)
-
-    def hold(self, response_id: str) -> None:
-        """Send silence in a response's place for now; see ``Playout.hold``."""
-        self.playout.hold(response_id)
-
-    def resume(self, response_id: str) -> None:
-        """Go on with a held response; see ``Playout.resume``."""
-        self.playout.resume(response_id)
 
     def drive(self) -> None:
         """From now on the payloads are taken with ``next_payload`` by the caller, which
