@@ -98,10 +98,30 @@ class _Transaction:
             self._timer = min(self._timer, self._retransmit_at)
 
 
+class _ServerTransaction(_Transaction):
+    """What both server sides keep: the request, and the last response to send again."""
+
+    def __init__(self, request: Request, *, reliable: bool, timers: Timers) -> None:
+        super().__init__(reliable=reliable, timers=timers)
+        self.request = request
+        self.last_response: Response | None = None
+        self._last_bytes = b""
+
+    def _respond(self, response: Response) -> None:
+        self.last_response = response
+        self._last_bytes = response.encode()
+        self._outgoing.append(self._last_bytes)
+
+    def _respond_again(self) -> None:
+        """A retransmitted request: the last response (if any yet) goes out again."""
+        if self._last_bytes:
+            self._outgoing.append(self._last_bytes)
+
+
 InviteServerState = Literal["proceeding", "accepted", "completed", "confirmed", "terminated"]
 
 
-class InviteServerTransaction(_Transaction):
+class InviteServerTransaction(_ServerTransaction):
     """The server side of an INVITE (§17.2.1), with the Accepted state of RFC 6026 §7.1.
 
     Final responses: a non-2xx is retransmitted (timer G, UDP only) until the ACK that
@@ -113,11 +133,8 @@ class InviteServerTransaction(_Transaction):
     def __init__(
         self, request: Request, *, reliable: bool, now: float, timers: Timers = RFC_TIMERS
     ) -> None:
-        super().__init__(reliable=reliable, timers=timers)
-        self.request = request
+        super().__init__(request, reliable=reliable, timers=timers)
         self.state: InviteServerState = "proceeding"
-        self.last_response: Response | None = None
-        self._last_bytes = b""
         self._interval = self.timers.t1
         self.acknowledged = False
 
@@ -125,9 +142,7 @@ class InviteServerTransaction(_Transaction):
         """Send a provisional or final response; later ones after a final are ignored."""
         if self.state != "proceeding":
             return
-        self.last_response = response
-        self._last_bytes = response.encode()
-        self._outgoing.append(self._last_bytes)
+        self._respond(response)
         if response.status < 200:
             return
         self._deadline = now + self.timers.timeout
@@ -149,8 +164,8 @@ class InviteServerTransaction(_Transaction):
                 self._deadline = now + (0.0 if self.reliable else self.timers.t4)
                 self._rearm()
             return
-        if self.state in ("proceeding", "accepted", "completed") and self._last_bytes:
-            self._outgoing.append(self._last_bytes)
+        if self.state in ("proceeding", "accepted", "completed"):
+            self._respond_again()
 
     def ack_received(self, now: float) -> None:
         """The ACK of the 2xx arrived: stop retransmitting it.
@@ -183,7 +198,7 @@ class InviteServerTransaction(_Transaction):
 ServerState = Literal["trying", "proceeding", "completed", "terminated"]
 
 
-class ServerTransaction(_Transaction):
+class ServerTransaction(_ServerTransaction):
     """The server side of any request but INVITE and ACK (§17.2.2).
 
     A retransmitted request is answered with the last response sent; after the final
@@ -193,19 +208,14 @@ class ServerTransaction(_Transaction):
     def __init__(
         self, request: Request, *, reliable: bool, now: float, timers: Timers = RFC_TIMERS
     ) -> None:
-        super().__init__(reliable=reliable, timers=timers)
-        self.request = request
+        super().__init__(request, reliable=reliable, timers=timers)
         self.state: ServerState = "trying"
-        self.last_response: Response | None = None
-        self._last_bytes = b""
 
     def send_response(self, response: Response, now: float) -> None:
         """Send a response; anything after the final one is ignored."""
         if self.state in ("completed", "terminated"):
             return
-        self.last_response = response
-        self._last_bytes = response.encode()
-        self._outgoing.append(self._last_bytes)
+        self._respond(response)
         if response.status < 200:
             self.state = "proceeding"
             return
@@ -214,8 +224,8 @@ class ServerTransaction(_Transaction):
 
     def receive_request(self, request: Request, now: float) -> None:
         """A retransmission of the request: the last response goes out again."""
-        if self.state in ("proceeding", "completed") and self._last_bytes:
-            self._outgoing.append(self._last_bytes)
+        if self.state in ("proceeding", "completed"):
+            self._respond_again()
 
     def handle_timer(self, now: float) -> bool:
         """Timer J: the transaction ends. Never a timeout the user must hear of."""

@@ -406,32 +406,23 @@ class UserAgentServer:
         reason: str | None = None,
         headers: list[tuple[str, str]] | None = None,
     ) -> None:
-        try:
-            self._send_stateless(request, flow, status, reason, headers)
-        except SipParseError as exc:
-            logger.info("sip: dropped a request from %s (%s): %s", flow.remote[0], status, exc)
-
-    def _send_stateless(
-        self,
-        request: Request,
-        flow: Flow,
-        status: int,
-        reason: str | None = None,
-        headers: list[tuple[str, str]] | None = None,
-    ) -> None:
         """Answer without a transaction (a request that cannot have one, or one too many).
 
-        Raises ``SipParseError`` when the request lacks what a response needs (a Via to go
-        by; From, To, Call-ID and CSeq to copy) or the response would not parse itself.
+        A request that lacks what a response needs (a Via to go by; From, To, Call-ID and
+        CSeq to copy), or whose response would not parse itself, is dropped and logged.
         """
-        via = stamp_received(request, flow)
-        response = self._response(request, status, headers, reason=reason)
-        for name in _MANDATORY:
-            if response.get(name) is None:
-                raise SipParseError(f"missing {name}")
-        data = response.encode()
-        # What goes out must be SIP, even when what came in was only nearly so.
-        parse_message(data)
+        try:
+            via = stamp_received(request, flow)
+            response = self._response(request, status, headers, reason=reason)
+            for name in _MANDATORY:
+                if response.get(name) is None:
+                    raise SipParseError(f"missing {name}")
+            data = response.encode()
+            # What goes out must be SIP, even when what came in was only nearly so.
+            parse_message(data)
+        except SipParseError as exc:
+            logger.info("sip: dropped a request from %s (%s): %s", flow.remote[0], status, exc)
+            return
         self._transport.send(response_flow(via, flow), data)
 
     def _on_request(self, request: Request, flow: Flow) -> None:
