@@ -18,7 +18,7 @@ import secrets
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from hark.cluster.store import CallRecord, ClusterStore, ClusterUnavailableError, WorkerInfo
 
@@ -205,20 +205,18 @@ class ClusterNode:
 
     def info(self) -> WorkerInfo:
         """This worker's registry entry as of now."""
-        load = self._load()
         return WorkerInfo(
             id=self.id,
             url=self.url,
             media_address=self.media_address,
             zone=self.zone,
-            sessions=load.sessions,
             cpu=self._cpu_share(),
-            queue_depth=load.queue_depth,
-            calls_opened=load.calls_opened,
             draining=self.draining,
             ready=self.ready,
             started_at=self._started_at,
             heartbeat_at=self._clock(),
+            # The load as reported, every figure of it under its own name.
+            **asdict(self._load()),
         )
 
     def _cpu_share(self) -> float:
