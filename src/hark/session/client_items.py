@@ -14,7 +14,7 @@ from hark.protocol import server_events as se
 from hark.protocol.errors import ProtocolError, from_validation_error
 from hark.protocol.limits import MiB
 from hark.protocol.session_config import AudioFormat
-from hark.session.context import SessionContext
+from hark.session.context import SessionContext, SessionPart
 from hark.session.conversation import AudioSegment, Entry, Part, truncate_part
 from hark.session.ids import IdGenerator
 from hark.session.mcp_tools import McpTools
@@ -133,7 +133,7 @@ def _part_from_wire(
     return part
 
 
-class ClientItems:
+class ClientItems(SessionPart):
     """The conversation as the client edits it: ``conversation.item.create``, ``.truncate``
     and ``.delete``, and the items of ``response.create``'s ``input``.
 
@@ -153,10 +153,7 @@ class ClientItems:
         takes_images: bool,
         audio_retention_ms: int,
     ) -> None:
-        self._context = context
-        self._outbox = context.outbox
-        self._ids = context.ids
-        self._conversation = context.conversation
+        super().__init__(context)
         self._recognition = recognition
         self._responses = responses
         self._mcp = mcp

@@ -26,3 +26,14 @@ class SessionContext:
     conversation: Conversation
     config: SessionConfig
     now: float = 0.0
+
+
+class SessionPart:
+    """Base of the parts of a session: each keeps the ``context`` it was made with, and the
+    outbox, ids and conversation in it (which never change), as attributes of its own."""
+
+    def __init__(self, context: SessionContext) -> None:
+        self._context = context
+        self._outbox = context.outbox
+        self._ids = context.ids
+        self._conversation = context.conversation

@@ -28,7 +28,7 @@ from hark.protocol import server_events as se
 from hark.protocol.errors import ProtocolError
 from hark.protocol.session_config import McpToolDef, McpToolFilter, ToolDef
 from hark.session.actions import CloseMcpServer, ListMcpTools
-from hark.session.context import SessionContext
+from hark.session.context import SessionContext, SessionPart
 from hark.session.conversation import Entry
 from hark.tools.mcp_server import McpServer
 
@@ -70,13 +70,11 @@ class ListingEnded(NamedTuple):
     tools_changed: bool = False
 
 
-class McpTools:
+class McpTools(SessionPart):
     """The session's MCP servers and the approval requests not yet answered."""
 
     def __init__(self, context: SessionContext) -> None:
-        self._outbox = context.outbox
-        self._ids = context.ids
-        self._conversation = context.conversation
+        super().__init__(context)
         self._servers: dict[str, ListedServer] = {}
         # What each server listed (before ``allowed_tools``), by how it is reached, for
         # responses naming the same server to reuse; the most recent last.

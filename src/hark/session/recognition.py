@@ -29,7 +29,7 @@ from hark.engines.asr import RecognitionRequest, TimedTranscript, TimedWord, Urg
 from hark.protocol import server_events as se
 from hark.protocol.session_config import Transcription
 from hark.session.actions import CancelRecognition, Recognise, Transcribe
-from hark.session.context import SessionContext
+from hark.session.context import SessionContext, SessionPart
 from hark.session.conversation import Entry, Part
 from hark.session.local_agreement import (
     DEFAULT_DELAY,
@@ -212,7 +212,7 @@ _HEARD = StepHeard(heard=True)
 LOGPROBS_INCLUDE = "item.input_audio_transcription.logprobs"
 
 
-class Recognition:
+class Recognition(SessionPart):
     """Requests the ASR engine works on, each for a user item, a step of the turn being
     spoken, or a pause of it, and what their results do.
 
@@ -226,9 +226,7 @@ class Recognition:
     """
 
     def __init__(self, context: SessionContext, asr_rate: int) -> None:
-        self._context = context
-        self._outbox = context.outbox
-        self._conversation = context.conversation
+        super().__init__(context)
         self._asr_rate = asr_rate
         # Whole-item requests: request id → the item and the part it is for. The entry is
         # held, not looked up: an item of ``response.create``'s ``input`` is in no conversation.

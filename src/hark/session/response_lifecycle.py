@@ -45,7 +45,7 @@ from hark.session.actions import (
     PlayAudio,
     Prefill,
 )
-from hark.session.context import SessionContext
+from hark.session.context import SessionContext, SessionPart
 from hark.session.conversation import AudioSegment, Entry, Part, chat_messages
 from hark.session.mcp_tools import ListedServer, McpTarget, McpTools
 from hark.session.playout_state import PlayoutState
@@ -149,7 +149,7 @@ class Response:
         )
 
 
-class ResponseLifecycle:
+class ResponseLifecycle(SessionPart):
     """The session's responses in progress: the conversation's one (``in_band``) and any
     number out of band.
 
@@ -175,10 +175,7 @@ class ResponseLifecycle:
         mcp: McpTools,
         recognition: Recognition,
     ) -> None:
-        self._context = context
-        self._outbox = context.outbox
-        self._ids = context.ids
-        self._conversation = context.conversation
+        super().__init__(context)
         self._rates = rates
         self._speculation = speculation
         self._playout = playout

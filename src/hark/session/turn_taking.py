@@ -28,7 +28,7 @@ from hark.protocol.session_config import AudioFormat
 from hark.session.actions import CancelRecognition, CountDroppedAudio, Recognise, ScoreTurn
 from hark.session.backchannel import Candidate, judge_words
 from hark.session.client_items import ClientItems
-from hark.session.context import SessionContext
+from hark.session.context import SessionContext, SessionPart
 from hark.session.conversation import Entry, Part
 from hark.session.input_buffer import MAX_BUFFERED_S, InputAudioBuffer
 from hark.session.playout_state import PlayoutState
@@ -44,7 +44,7 @@ MIN_COMMIT_MS = 100
 BACKCHANNELS_INCLUDE = "hark.backchannels"
 
 
-class TurnTaking:
+class TurnTaking(SessionPart):
     """The input buffer, the sample clock, and the turn in progress.
 
     ``context`` holds the session's outbox, ids, conversation, configuration and wall time;
@@ -65,10 +65,7 @@ class TurnTaking:
         playout: PlayoutState,
         items: ClientItems,
     ) -> None:
-        self._context = context
-        self._outbox = context.outbox
-        self._ids = context.ids
-        self._conversation = context.conversation
+        super().__init__(context)
         self._vad_chunk_ms = vad_chunk_ms
         self._asr_rate = asr_rate
         self._speculation = speculation
