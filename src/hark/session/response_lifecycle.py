@@ -605,24 +605,36 @@ class ResponseLifecycle(SessionPart):
         self._add_output(response, entry)
 
     def tool_call_delta(self, response_id: str, call_id: str, delta: str) -> None:
-        """A piece of a function call's arguments."""
+        """A piece of a function call's arguments, or of an MCP call's (an approval request
+        shows its arguments once they are whole)."""
         response = self.responses.get(response_id)
-        if response is not None and call_id in response.mcp_calls:
-            self._mcp_call_delta(response, response.mcp_calls[call_id], delta)
+        if response is None:
             return
-        entry = response.calls.get(call_id) if response else None
-        if response is None or entry is None:
-            return
+        entry = response.mcp_calls.get(call_id)
+        if entry is None:
+            entry = response.calls.get(call_id)
+            if entry is None:
+                return
         entry.arguments += delta
-        self._outbox.emit(
-            se.FunctionCallArgumentsDelta(
+        event: se.FunctionCallArgumentsDelta | se.ResponseMcpCallArgumentsDelta
+        if entry.mcp is None:
+            event = se.FunctionCallArgumentsDelta(
                 response_id=response.id,
                 item_id=entry.id,
                 output_index=response.output.index(entry),
                 call_id=call_id,
                 delta=delta,
             )
-        )
+        elif isinstance(entry.mcp, wire.McpCallItem):
+            event = se.ResponseMcpCallArgumentsDelta(
+                response_id=response.id,
+                item_id=entry.id,
+                output_index=response.output.index(entry),
+                delta=delta,
+            )
+        else:
+            return
+        self._outbox.emit(event)
 
     def tool_call_finished(self, response_id: str, call_id: str, arguments: str) -> float | None:
         """A function call is complete; returns the audio of the reply it completed, if it
@@ -666,18 +678,6 @@ class ResponseLifecycle(SessionPart):
         entry = Entry(id=self._ids.new("item"), type="mcp", status="in_progress", mcp=item)
         response.mcp_calls[call_id] = entry
         self._add_output(response, entry)
-
-    def _mcp_call_delta(self, response: Response, entry: Entry, delta: str) -> None:
-        entry.arguments += delta
-        if isinstance(entry.mcp, wire.McpCallItem):
-            self._outbox.emit(
-                se.ResponseMcpCallArgumentsDelta(
-                    response_id=response.id,
-                    item_id=entry.id,
-                    output_index=response.output.index(entry),
-                    delta=delta,
-                )
-            )
 
     def _mcp_call_finished(self, response: Response, entry: Entry, arguments: str) -> float | None:
         entry.arguments = arguments
