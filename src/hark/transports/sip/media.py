@@ -68,7 +68,7 @@ from hark.audio.codecs.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_e
 from hark.audio.resample import StreamResampler
 from hark.observability.session_metrics import SessionMetrics
 from hark.transports.echo import CallEcho
-from hark.transports.playout import Playout, PlayoutListener
+from hark.transports.playout import Playout, PlayoutListener, PlayoutPlayer
 from hark.transports.rtp import ReceptionStats, RtpError, RtpSender, is_rtcp, parse_rtp, seq_diff
 from hark.transports.sip import rtcp
 from hark.transports.sip.dtmf import DtmfError, DtmfReceiver
@@ -153,7 +153,7 @@ class _Protocol(asyncio.DatagramProtocol):
         logger.debug("rtp: %s", exc)
 
 
-class RtpSession:
+class RtpSession(PlayoutPlayer):
     """One call's RTP and RTCP; the session's ``AudioPlayer``. Made by ``open``."""
 
     def __init__(
@@ -180,7 +180,8 @@ class RtpSession:
         self._reception = ReceptionStats(clock_rate=RATE)
         self._jitter = JitterBuffer(clock_rate=RATE, frame_ms=FRAME_MS)
         self._dtmf = DtmfReceiver()
-        self._playout = Playout(RATE, frame_ms=FRAME_MS, clock=self._loop.time)
+        # The reply audio, whose schedule the pacer follows.
+        self.playout = Playout(RATE, frame_ms=FRAME_MS, clock=self._loop.time)
         self._resampler: StreamResampler | None = None
         self._sdp_remote: tuple[str, int] | None = None
         # Where packets go before the caller's arrive: the SDP's address, trusted only.
@@ -346,32 +347,12 @@ class RtpSession:
         if rtp_timeout is not None and on_inactive is not None:
             self._rtp_timeout, self._on_inactive = rtp_timeout, on_inactive
         self._heard_at = self._loop.time()
-        self._playout.attach(listener)
+        self.playout.attach(listener)
         if echo_cancellation:
             self._echo = CallEcho(RATE, self._pass_heard)
-            self._playout.tap = self._echo.played
+            self.playout.tap = self._echo.played
         self._running = True
         self._pacer.add(self)
-
-    def play(self, response_id: str, item_id: str, pcm: npt.NDArray[np.int16], rate: int) -> None:
-        """Queue audio of a response after whatever is queued already."""
-        self._playout.play(response_id, item_id, pcm, rate)
-
-    def finish(self, response_id: str) -> None:
-        """No more audio will come for this response: it stops once what is queued is sent."""
-        self._playout.finish(response_id)
-
-    def clear(self, response_id: str) -> None:
-        """Drop what is left of a response within a frame; see ``Playout.clear``."""
-        self._playout.clear(response_id)
-
-    def hold(self, response_id: str) -> None:
-        """Send silence in a response's place for now; see ``Playout.hold``."""
-        self._playout.hold(response_id)
-
-    def resume(self, response_id: str) -> None:
-        """Go on with a held response; see ``Playout.resume``."""
-        self._playout.resume(response_id)
 
     async def close(self) -> None:
         """Stop the ticks, say BYE in RTCP, drop queued audio and close the socket."""
@@ -390,7 +371,7 @@ class RtpSession:
                 self._send_report(bye=True)
             except OSError as exc:
                 logger.debug("rtcp: BYE not sent: %s", exc)
-        self._playout.stop()
+        self.playout.stop()
         self._transport.close()
 
     @property
@@ -412,17 +393,12 @@ class RtpSession:
             dtmf_events=self._dtmf_events,
             ignored=self._ignored,
             late_frames=self._late_frames,
-            late_restarts=self._playout.late_restarts,
+            late_restarts=self.playout.late_restarts,
             round_trip_ms=None if self._round_trip is None else self._round_trip * 1000,
             send_lateness_ms=[x * 1000 for x in self._lateness],
         )
 
     # ------------------------------------------------------------------ ticks
-
-    @property
-    def playout(self) -> Playout:
-        """The reply audio, whose schedule the pacer follows."""
-        return self._playout
 
     def send_frame(self, due: float) -> None:
         """The frame due at ``due``: its packet, when the call is sending (the pacer's first
@@ -431,7 +407,7 @@ class RtpSession:
         # the time this packet really leaves is read afresh, or a turn's last call would look
         # as punctual as its first.
         lateness = time.monotonic() - due
-        skipped = self._playout.frames_skipped - self._skipped
+        skipped = self.playout.frames_skipped - self._skipped
         if skipped:
             # The frames a stall skipped are a gap on the sampling clock, not a slower one.
             self._skipped += skipped
@@ -518,8 +494,8 @@ class RtpSession:
         agreed = self._agreed
         target = self._latched or self._fallback
         if agreed is not None and agreed.sending and target is not None:
-            frame = self._playout.next_frame()
-            if frame is self._playout.silence:
+            frame = self.playout.next_frame()
+            if frame is self.playout.silence:
                 payload = _silence_payload(agreed.codec.name)
             else:
                 payload = self._encode(frame)
@@ -530,7 +506,7 @@ class RtpSession:
         else:
             # Nobody hears it (held, or the caller's address not known yet): what is queued
             # waits, and only the sampling clock moves on.
-            self._playout.pass_frame()
+            self.playout.pass_frame()
         self._sender.advance(FRAME_SAMPLES)
 
     def _send_report(self, *, bye: bool = False) -> None:
