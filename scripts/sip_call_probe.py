@@ -28,11 +28,9 @@ from tests.e2e.conftest import speech, transcribe, words
 from hark.audio.codecs.g711 import ulaw_decode
 from hark.bench.report import BenchError
 from hark.bench.sip import SipCaller
-from hark.transports.rtp import RtpError, RtpPacket, is_rtcp
 
 QUESTION = "What is the capital of France?"
 RATE = 8000
-PCMU = 0
 # How long the answer may go quiet before it counts as over.
 ANSWER_OVER_S = 3.0
 # The words of an answer to QUESTION, and how many times it may be asked.
@@ -40,29 +38,14 @@ SUBJECT = {"capital", "france", "paris"}
 TRIES = 3
 
 
-class ListeningCaller(SipCaller):
-    """A caller that keeps the audio it is sent, in order, as 8 kHz samples."""
-
-    def __init__(self, server: tuple[str, int], *, host: str) -> None:
-        super().__init__(server, host=host)
-        self.heard: list[tuple[int, npt.NDArray[np.int16]]] = []
-
-    def _on_rtp(self, data: bytes, addr: tuple[str, int]) -> None:
-        super()._on_rtp(data, addr)
-        if is_rtcp(data):
-            return
-        with contextlib.suppress(RtpError):
-            packet = RtpPacket.parse(data)
-            if packet.payload_type == PCMU:
-                self.heard.append((packet.sequence, ulaw_decode(packet.payload)))
-
-    def answer(self) -> npt.NDArray[np.int16]:
-        """What arrived, in sequence order (a 16-bit sequence that starts anywhere)."""
-        if not self.heard:
-            return np.zeros(0, np.int16)
-        first = self.heard[0][0]
-        ordered = sorted(self.heard, key=lambda item: (item[0] - first) % 65536)
-        return np.concatenate([pcm for _, pcm in ordered])
+def answer(caller: SipCaller) -> npt.NDArray[np.int16]:
+    """What the caller received, in sequence order (a 16-bit sequence that starts anywhere),
+    as 8 kHz samples."""
+    if not caller.received:
+        return np.zeros(0, np.int16)
+    first = caller.received[0].sequence
+    ordered = sorted(caller.received, key=lambda packet: (packet.sequence - first) % 65536)
+    return np.concatenate([ulaw_decode(packet.payload) for packet in ordered])
 
 
 async def wait_ready(url: str, limit_s: float) -> None:
@@ -115,7 +98,7 @@ async def spoken_call(server: tuple[str, int], host: str, limit_s: float) -> Non
     call, each try reported; a call that never answers, or whose answers never carry the
     subject, fails."""
     started = time.monotonic()
-    caller = ListeningCaller(server, host=host)
+    caller = SipCaller(server, host=host)
     await caller.open()
 
     async def microphone() -> None:
@@ -152,9 +135,9 @@ async def spoken_call(server: tuple[str, int], host: str, limit_s: float) -> Non
     )
 
 
-async def _ask(caller: ListeningCaller, question: npt.NDArray[np.int16], limit_s: float) -> str:
+async def _ask(caller: SipCaller, question: npt.NDArray[np.int16], limit_s: float) -> str:
     """Say the question; what Whisper hears in the whole answer."""
-    caller.heard.clear()
+    caller.received.clear()
     caller.audio_event.clear()
     caller.say(question)
     async with asyncio.timeout(limit_s):
@@ -168,7 +151,7 @@ async def _ask(caller: ListeningCaller, question: npt.NDArray[np.int16], limit_s
                     await caller.audio_event.wait()
             except TimeoutError:
                 break
-    return await transcribe(caller.answer(), RATE)
+    return await transcribe(answer(caller), RATE)
 
 
 async def main() -> int:
