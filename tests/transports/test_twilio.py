@@ -9,7 +9,9 @@ import asyncio
 import base64
 import contextlib
 import dataclasses
+import itertools
 import json
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -20,13 +22,19 @@ import numpy as np
 import numpy.typing as npt
 import openai
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 from openai.types.webhooks import RealtimeCallIncomingWebhookEvent
 
 from hark.audio.codecs.g711 import ulaw_decode, ulaw_encode
+from hark.audio.resample import resample
+from hark.bench.echo import BARGE_IN, SESSION, Room, reply_trial
+from hark.bench.spoken_questions import RATE as SPEECH_RATE
 from hark.config import Settings
 from hark.engines.fake import FakeLlm
-from hark.server.app import CALL_REGISTRIES, STATE
-from hark.transports.twilio import SIGNATURE_HEADER, STREAM_PATH, TwilioStreams, signature
+from hark.server.app import CALL_REGISTRIES, STATE, create_app
+from hark.transports.twilio import SIGNATURE_HEADER, STREAM_PATH, TwilioStreams
+from hark.transports.twilio_account import signature
 from tests.conftest import engines_sharing_turn
 from tests.e2e.conftest import speech, transcribe, words
 from tests.server.conftest import RunningServer, serving, wait_ready
@@ -157,14 +165,16 @@ class TwilioPeer:
         await self.send({"event": "mark", "mark": {"name": name}})
 
 
-def start_message(stream_sid: str, parameters: dict[str, str] | None = None) -> dict[str, Any]:
+def start_message(
+    stream_sid: str, parameters: dict[str, str] | None = None, account_sid: str = "AC0123"
+) -> dict[str, Any]:
     """Twilio's ``start``, as documented."""
     return {
         "event": "start",
         "sequenceNumber": "1",
         "streamSid": stream_sid,
         "start": {
-            "accountSid": "AC0123",
+            "accountSid": account_sid,
             "streamSid": stream_sid,
             "callSid": "CA0123",
             "tracks": ["inbound"],
@@ -180,16 +190,19 @@ async def twilio_call(
     server: RunningServer,
     stream_sid: str = "MZ0001",
     parameters: dict[str, str] | None = None,
+    account_sid: str = "AC0123",
+    peer_of: Callable[[aiohttp.ClientWebSocketResponse, str], TwilioPeer] = TwilioPeer,
 ) -> AsyncIterator[TwilioPeer]:
-    """A signed stream that has started, with ``parameters`` as its ``<Parameter>``s."""
+    """A signed stream that has started, with ``parameters`` as its ``<Parameter>``s, its
+    Twilio side ``peer_of(socket, stream_sid)``."""
     url = stream_url(server)
     headers = {SIGNATURE_HEADER: signature(AUTH_TOKEN, url)}
     async with http.ws_connect(url, headers=headers) as ws:
         await ws.send_str(
             json.dumps({"event": "connected", "protocol": "Call", "version": "1.0.0"})
         )
-        await ws.send_str(json.dumps(start_message(stream_sid, parameters)))
-        peer = TwilioPeer(ws, stream_sid)
+        await ws.send_str(json.dumps(start_message(stream_sid, parameters, account_sid)))
+        peer = peer_of(ws, stream_sid)
         try:
             yield peer
         finally:
@@ -271,12 +284,12 @@ Served = Callable[..., Awaitable[RunningServer]]
 
 @pytest.fixture
 async def served() -> AsyncIterator[Served]:
-    """Starts a server of ``twilio_settings(**changes)``, ready, on ``--engines fake`` (the
-    real VAD; ``llm`` in place of the fake LLM's reply when given)."""
+    """Starts a server of ``twilio_settings(**changes)``, ready, on its engines (``--engines
+    fake`` and the real VAD unless changed; ``llm`` in place of the LLM when given)."""
     async with serving() as start_server:
 
         async def start(llm: FakeLlm | None = None, **changes: Any) -> RunningServer:
-            engines = engines_sharing_turn(Settings(engines=changes.get("engines", "fake")))
+            engines = engines_sharing_turn(twilio_settings(**changes))
             if llm is not None:
                 engines = dataclasses.replace(engines, llm=llm)
             server = await start_server(twilio_settings(**changes), engines)
@@ -462,18 +475,155 @@ async def test_dtmf_reaches_the_session(served: Served) -> None:
 
 
 async def test_hangup_through_the_api_closes_the_stream(served: Served) -> None:
-    """``/hangup`` ends the call and closes Twilio's socket; Twilio calls cannot be referred."""
+    """``/hangup`` ends the call and closes Twilio's socket; an answered call is not
+    accepted again."""
     server = await served()
     async with aiohttp.ClientSession() as http, twilio_call(http, server) as peer:
         call_id = await answered_call(server)
-        refer = {"target_uri": "tel:+14155550123"}
-        status, body = await call_action(http, server, call_id, "refer", refer)
-        assert (status, body["error"]["code"]) == (400, "invalid_call_type")
         status, body = await call_action(http, server, call_id, "accept", {"type": "realtime"})
         assert (status, body["error"]["code"]) == (409, "invalid_call_state")
         assert (await call_action(http, server, call_id, "hangup"))[0] == 200
         await until(lambda: peer.ws.closed)
         assert len(streams_of(server)) == 0
+
+
+# ---------------------------------------------------------------------- transfers
+
+
+@dataclasses.dataclass
+class TwilioApi:
+    """Twilio's REST API as documented, for the Call resource's update: it records what it
+    is asked, checks the account's basic authentication, and answers ``answer`` (status,
+    body) to a call it knows, Twilio's 404 error to any other."""
+
+    url: str
+    requests: list[tuple[str, str | None, dict[str, str]]]
+    answer: tuple[int, dict[str, Any]]
+
+
+@pytest.fixture
+async def twilio_api() -> AsyncIterator[TwilioApi]:
+    """A Twilio REST API on a free local port."""
+    api = TwilioApi("", [], (200, {"sid": "CA0123", "status": "in-progress"}))
+
+    async def update_call(request: web.Request) -> web.Response:
+        form = await request.post()
+        fields = {name: str(value) for name, value in form.items()}
+        api.requests.append((request.path, request.headers.get("Authorization"), fields))
+        account, call = request.match_info["account"], request.match_info["call"]
+        if request.headers.get("Authorization") != basic_auth(account):
+            return twilio_error(401, 20003, "Authenticate")
+        if call != "CA0123":
+            return twilio_error(404, 20404, "The requested resource was not found")
+        status, body = api.answer
+        return web.json_response(body, status=status)
+
+    app = web.Application()
+    app.router.add_post("/2010-04-01/Accounts/{account}/Calls/{call}.json", update_call)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    api.url = str(server.make_url("")).rstrip("/")
+    try:
+        yield api
+    finally:
+        await server.close()
+
+
+def basic_auth(account_sid: str) -> str:
+    """The ``Authorization`` header Twilio expects of the account: its SID and auth token."""
+    return "Basic " + base64.b64encode(f"{account_sid}:{AUTH_TOKEN}".encode()).decode()
+
+
+def twilio_error(status: int, code: int, message: str) -> web.Response:
+    """An error of Twilio's 2010 API, in its JSON shape."""
+    body = {
+        "code": code,
+        "message": message,
+        "more_info": f"https://www.twilio.com/docs/errors/{code}",
+        "status": status,
+    }
+    return web.json_response(body, status=status)
+
+
+async def test_refer_redirects_the_call_to_a_dial_through_twilio(
+    served: Served, twilio_api: TwilioApi, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``/refer`` updates the Call resource with a ``<Dial>`` of the target, signed in with
+    the account SID and auth token: a ``tel:`` URI as a ``<Number>``, a ``sip:`` one as a
+    ``<Sip>`` (escaped); the auth token is in no log."""
+    caplog.set_level("DEBUG")
+    server = await served(twilio_api_url=twilio_api.url)
+    async with aiohttp.ClientSession() as http, twilio_call(http, server):
+        call_id = await answered_call(server)
+        refer = {"target_uri": "tel:+1-415-555-0123"}
+        assert await call_action(http, server, call_id, "refer", refer) == (200, {})
+        refer = {"target_uri": "sip:agent@example.com?X-Team=a&b"}
+        assert await call_action(http, server, call_id, "refer", refer) == (200, {})
+    path = "/2010-04-01/Accounts/AC0123/Calls/CA0123.json"
+    auth = basic_auth("AC0123")
+    assert twilio_api.requests == [
+        (path, auth, {"Twiml": "<Response><Dial><Number>+14155550123</Number></Dial></Response>"}),
+        (
+            path,
+            auth,
+            {
+                "Twiml": "<Response><Dial><Sip>sip:agent@example.com?X-Team=a&amp;b</Sip></Dial>"
+                "</Response>"
+            },
+        ),
+    ]
+    assert AUTH_TOKEN not in caplog.text
+    assert auth.split()[1] not in caplog.text
+
+
+async def test_a_transfer_twilio_refuses_is_a_502_with_its_message(
+    served: Served, twilio_api: TwilioApi
+) -> None:
+    """Twilio's error comes back as 502 ``refer_failed`` with Twilio's message; so does an
+    API that cannot be reached; the call goes on."""
+    twilio_api.answer = (400, {"code": 21220, "message": "Call is not in-progress."})
+    server = await served(twilio_api_url=twilio_api.url)
+    async with aiohttp.ClientSession() as http, twilio_call(http, server):
+        call_id = await answered_call(server)
+        refer = {"target_uri": "tel:+14155550123"}
+        status, body = await call_action(http, server, call_id, "refer", refer)
+        assert (status, body["error"]["code"]) == (502, "refer_failed")
+        assert "Call is not in-progress. (error 21220)" in body["error"]["message"]
+        streams_of(server).account.api_url = "http://127.0.0.1:9"
+        status, body = await call_action(http, server, call_id, "refer", refer)
+        assert (status, body["error"]["code"]) == (502, "refer_failed")
+        assert "could not be reached" in body["error"]["message"]
+        assert streams_of(server).get(call_id) is not None
+
+
+async def test_a_stream_without_its_account_cannot_be_referred(
+    served: Served, twilio_api: TwilioApi
+) -> None:
+    """A stream whose ``start`` has no ``accountSid`` cannot be redirected: 400, and Twilio
+    is not asked."""
+    server = await served(twilio_api_url=twilio_api.url)
+    async with aiohttp.ClientSession() as http, twilio_call(http, server, account_sid=""):
+        call_id = await answered_call(server)
+        refer = {"target_uri": "tel:+14155550123"}
+        status, body = await call_action(http, server, call_id, "refer", refer)
+        assert (status, body["error"]["code"]) == (400, "invalid_call_type")
+        assert "accountSid" in body["error"]["message"]
+    assert twilio_api.requests == []
+
+
+async def test_a_ringing_call_cannot_be_referred(served: Served, twilio_api: TwilioApi) -> None:
+    """Before it is accepted, a call rings and cannot be transferred (409)."""
+    with webhook_receiver() as receiver:
+        server = await served(
+            twilio_api_url=twilio_api.url, sip_webhook_url=receiver.url, sip_webhook_secret=SECRET
+        )
+        async with aiohttp.ClientSession() as http, twilio_call(http, server):
+            await until(lambda: len(streams_of(server)) == 1)
+            (call,) = streams_of(server)
+            refer = {"target_uri": "tel:+14155550123"}
+            status, body = await call_action(http, server, call.id, "refer", refer)
+            assert (status, body["error"]["code"]) == (409, "invalid_call_state")
+    assert twilio_api.requests == []
 
 
 @pytest.mark.parametrize(
@@ -560,6 +710,171 @@ async def test_barge_in_clears_and_truncates_to_what_was_heard(served: Served) -
         heard = truncated["audio_end_ms"]
         assert 0 < heard <= peer.heard_at_clear[0]
         assert heard * RATE // 1000 < peer.received_samples
+
+
+# ---------------------------------------------------------------------- echo (real pace)
+
+
+@pytest.mark.parametrize(("setting", "cancels"), [("sip", True), ("on", True), ("off", False)])
+def test_twilio_calls_cancel_echo_as_phone_calls_do(setting: str, cancels: bool) -> None:
+    """``--echo-cancellation``: Twilio calls are phone calls, so ``sip`` (the default) and
+    ``on`` cancel their echo, ``off`` does not."""
+    settings = twilio_settings(rtc_port=0, echo_cancellation=setting)
+    app = create_app(settings, engines_sharing_turn(settings))
+    (streams,) = [r for r in app[CALL_REGISTRIES] if isinstance(r, TwilioStreams)]
+    assert streams.echo_cancellation is cancels
+
+
+class SpeakerphonePeer(TwilioPeer):
+    """Twilio's side of a stream whose caller is on a speakerphone, on one clock: every 20 ms
+    it plays the next frame of reply it holds, through ``room`` (``hark.bench.echo.Room``:
+    later, quieter, with a room's tail), and sends the microphone's frame: what the caller
+    says (``play``, as ``reply_trial``'s microphone) and the echo."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse, stream_sid: str, room: Room) -> None:
+        self.room = room
+        self._voice: deque[npt.NDArray[np.int16]] = deque()
+        # When the first voiced sample of what the caller said left (monotonic seconds).
+        self.onset_at: float | None = None
+        super().__init__(ws, stream_sid)
+
+    @property
+    def mic(self) -> SpeakerphonePeer:
+        """The caller's microphone: the peer itself."""
+        return self
+
+    def play(self, response_id: str, item_id: str, pcm: npt.NDArray[np.int16], rate: int) -> None:
+        """The caller says ``pcm`` (at ``rate``) from the next frame on."""
+        said = resample(pcm, rate, RATE)
+        self._voice.extend(said[k : k + FRAME] for k in range(0, len(said) - FRAME + 1, FRAME))
+
+    def finish(self, response_id: str) -> None:
+        """Nothing follows what the caller says."""
+
+    async def _play(self) -> None:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        for tick in itertools.count():
+            await asyncio.sleep(max(0.0, start + tick * 0.02 - loop.time()))
+            position = tick * FRAME
+            # Marks after the frame played last: its audio has been heard.
+            while self._buffer and self._buffer[0][0] == "mark":
+                await self._echo(self._buffer.popleft()[1])
+            if self._buffer:
+                frame = self._buffer.popleft()[1]
+                self.played.append(frame)
+                self.room.heard(frame, position)
+            own = self._voice.popleft() if self._voice else np.zeros(FRAME, np.int16)
+            if self.onset_at is None and int(np.max(np.abs(own))) > 1000:
+                self.onset_at = time.monotonic()
+            mixed = own + self.room.echo(position, FRAME)
+            pcm = np.clip(np.rint(mixed), -32768, 32767).astype(np.int16)
+            media = {"track": "inbound", "payload": base64.b64encode(ulaw_encode(pcm)).decode()}
+            await self.send({"event": "media", "media": media})
+
+
+class SpeakerphoneLine:
+    """``reply_trial``'s line over a Twilio call: the speakerphone's microphone, and the
+    call's events on its sideband, each stamped with its arrival."""
+
+    def __init__(self, peer: SpeakerphonePeer, sideband: aiohttp.ClientWebSocketResponse) -> None:
+        self.peer = peer
+        self.sideband = sideband
+        self.events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._tasks = {asyncio.create_task(self._read())}
+
+    @property
+    def mic(self) -> SpeakerphonePeer:
+        """The caller's microphone."""
+        return self.peer
+
+    def send(self, event: dict[str, Any]) -> None:
+        """A client event on the sideband."""
+        task = asyncio.create_task(self.sideband.send_str(json.dumps(event)))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        """Stop reading."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _read(self) -> None:
+        async for message in self.sideband:
+            if message.type != aiohttp.WSMsgType.TEXT:
+                break
+            event = json.loads(message.data)
+            event["_received"] = time.monotonic()
+            self.events.put_nowait(event)
+
+
+@contextlib.asynccontextmanager
+async def on_a_speakerphone(
+    served: Served, *, echo_cancellation: str
+) -> AsyncIterator[SpeakerphoneLine]:
+    """A Twilio call to a server with Piper's voice (``echo_cancellation`` as set), from a
+    speakerphone whose reply comes back ``ECHO_DELAY_MS`` later and ``ECHO_GAIN_DB``
+    quieter, with ``hark bench echo``'s session."""
+    server = await served(tts="piper", echo_cancellation=echo_cancellation)
+    room = Room(ECHO_DELAY_MS, ECHO_GAIN_DB, RATE)
+    async with (
+        aiohttp.ClientSession() as http,
+        twilio_call(http, server, peer_of=lambda ws, sid: SpeakerphonePeer(ws, sid, room)) as peer,
+    ):
+        call_id = await answered_call(server)
+        async with sideband(http, server, call_id) as events:
+            await next_event(events, "session.created")
+            await events.send_str(json.dumps({"type": "session.update", "session": SESSION}))
+            await next_event(events, "session.updated")
+            assert isinstance(peer, SpeakerphonePeer)
+            line = SpeakerphoneLine(peer, events)
+            try:
+                yield line
+            finally:
+                await line.close()
+
+
+ECHO_DELAY_MS = 150
+ECHO_GAIN_DB = -6.0
+
+
+@pytest.mark.slow
+@pytest.mark.realtime
+async def test_an_echoed_reply_does_not_cut_itself(served: Served) -> None:
+    """With echo cancellation (the default for phone calls), the reply heard again through
+    the caller's room plays out whole, after the first reply (AEC3 finds the echo path
+    during its first second or so of echo: docs/echo.md, Limits)."""
+    async with on_a_speakerphone(served, echo_cancellation="sip") as line:
+        await reply_trial(line, None, line.peer.room)
+        for _ in range(2):
+            trial = await reply_trial(line, None, line.peer.room)
+            assert trial.status == "completed"
+            assert not trial.cut
+            assert not trial.self_interrupted
+
+
+@pytest.mark.slow
+@pytest.mark.realtime
+async def test_a_real_barge_in_over_the_echo_still_cuts_the_reply(served: Served) -> None:
+    """A caller who says "wait, stop" over the reply's echo is heard, and the reply is cut."""
+    async with on_a_speakerphone(served, echo_cancellation="sip") as line:
+        await reply_trial(line, None, line.peer.room)
+        trial = await reply_trial(line, spoken(BARGE_IN, SPEECH_RATE), line.peer.room)
+        assert not trial.self_interrupted
+        assert trial.detected_ms is not None
+        assert trial.cut
+
+
+@pytest.mark.slow
+@pytest.mark.realtime
+async def test_without_echo_cancellation_the_echo_cuts_the_reply(served: Served) -> None:
+    """``--echo-cancellation off``: the echo is taken for the caller and cuts the reply (so
+    the first test can fail)."""
+    async with on_a_speakerphone(served, echo_cancellation="off") as line:
+        trial = await reply_trial(line, None, line.peer.room)
+        assert trial.self_interrupted
+        assert trial.cut
 
 
 # ---------------------------------------------------------------------- the embedded models

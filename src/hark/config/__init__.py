@@ -106,6 +106,7 @@ class Settings:
     sip_rtp_timeout: float = DEFAULTS["sip_rtp_timeout"]
     twilio_auth_token: str | None = field(default=DEFAULTS["twilio_auth_token"], repr=False)
     twilio_url: str | None = DEFAULTS["twilio_url"]
+    twilio_api_url: str = DEFAULTS["twilio_api_url"]
     llm_first_token_timeout: float = DEFAULTS["llm_first_token_timeout"]
     llm_token_timeout: float = DEFAULTS["llm_token_timeout"]
     tts_clause_timeout: float = DEFAULTS["tts_clause_timeout"]
@@ -471,6 +472,8 @@ def _validate_sip(values: dict[str, Any]) -> None:
     twilio_url = values.get("twilio_url")
     if twilio_url is not None and not str(twilio_url).startswith(("wss://", "ws://")):
         raise ConfigError("twilio_url must be a ws(s):// URL (the scheme and host of the stream)")
+    if not str(values.get("twilio_api_url", "https://")).startswith(("https://", "http://")):
+        raise ConfigError("twilio_api_url must be an http(s):// URL")
     session = values.get("sip_session")
     if session is not None:
         try:

@@ -938,6 +938,20 @@ OPTIONS: tuple[Option, ...] = (
         "com`): the signature covers the URL Twilio requested, which a proxy in front of hark "
         "changes",
     ),
+    Option(
+        "twilio_api_url",
+        "str",
+        "https://api.twilio.com",
+        "twilio",
+        "Twilio's REST API, which redirects a call that is referred (default "
+        "https://api.twilio.com)",
+        metavar="URL",
+        check="string",
+        doc="the base URL of Twilio's REST API: a Twilio call referred through "
+        "`/v1/realtime/calls/{id}/refer` is redirected there (`POST /2010-04-01/Accounts/"
+        "{AccountSid}/Calls/{CallSid}.json`, signed in with the account SID and auth token); "
+        "the operator's, never a client's",
+    ),
 )
 
 BY_NAME: dict[str, Option] = {option.name: option for option in OPTIONS}

@@ -80,6 +80,7 @@ from hark.transports.call import Announce, CallHooks, CallHost, CallRegistry, Me
 from hark.transports.sip.service import SipService
 from hark.transports.sip.transaction import Timers
 from hark.transports.twilio import TwilioStreams
+from hark.transports.twilio_account import TwilioAccount
 from hark.transports.webrtc.calls import Calls
 from hark.transports.webrtc.udp_mux import UdpMux, behind_relay
 
@@ -289,17 +290,18 @@ def _twilio_streams(
     app: web.Application, settings: Settings, announce: Announce | None
 ) -> TwilioStreams:
     """The Twilio stream endpoint of ``settings``: its calls ring like SIP's, with the same
-    webhook, default session and accept timeout."""
+    webhook, default session, accept timeout and echo cancellation."""
     assert settings.twilio_auth_token is not None
     return TwilioStreams(
         app[CALL_HOST],
         _call_hooks(app),
-        auth_token=settings.twilio_auth_token,
+        account=TwilioAccount(settings.twilio_auth_token, settings.twilio_api_url),
         model=REALTIME_MODEL,
         public_url=settings.twilio_url,
         announce=announce,
         default_session=_call_session(settings),
         accept_timeout_s=settings.sip_accept_timeout,
+        echo_cancellation=settings.echo_cancellation != "off",
     )
 
 

@@ -130,6 +130,11 @@ class CallOfferError(Exception):
     without TLS); the call is declined."""
 
 
+class CallReferError(Exception):
+    """The transfer could not be asked for: the carrier's API (Twilio's) refused it or could
+    not be reached; the message says why."""
+
+
 class CallTypeError(Exception):
     """The call's transport does not allow the request at all (accepting a WebRTC call)."""
 
@@ -246,7 +251,7 @@ class MediaCall:
 
     async def refer(self, target_uri: str) -> int:
         """Transfer the answered call to ``target_uri``; the transfer's final SIP status.
-        Raises as ``accept`` does, and ``TimeoutError``."""
+        Raises as ``accept`` does, ``CallReferError`` and ``TimeoutError``."""
         raise CallTypeError(self.refusal("referred"))
 
     def refusal(self, done: str) -> str:

@@ -6,8 +6,8 @@ the audio format), ``media`` (20 ms of mu-law at 8 kHz, base64), ``dtmf``, ``mar
 echo of a mark we sent, once the audio sent before it has played, or at once when we
 ``clear``), and ``stop``. We send ``media``, ``mark`` and ``clear``.
 
-Trust: Twilio signs the upgrade with ``X-Twilio-Signature``, base64(HMAC-SHA1(auth token,
-the URL it requested)). Without an auth token the endpoint does not exist (the registry is
+Trust: Twilio signs the upgrade with ``X-Twilio-Signature`` (``hark.transports.
+twilio_account``). Without an auth token the endpoint does not exist (the registry is
 not registered, so the route answers 404); with one, an upgrade without a valid signature
 gets 403 before anything else is read. Behind a proxy the URL Twilio requested is not the
 one hark sees, so the operator gives its public base (``twilio_url``). The signature covers
@@ -19,13 +19,18 @@ as ``X-Twilio-…`` headers), which accepts or rejects it through
 ``/v1/realtime/calls/{id}/…`` within the accept timeout; without one, the call is answered
 at once with the default session, or with the stored prompt a ``prompt`` parameter names.
 A rejected call closes the stream, and Twilio goes on with the TwiML after ``<Connect>``.
+An answered call is transferred (``refer``) by redirecting it through Twilio's REST API to a
+``<Dial>`` of the target; Twilio then stops the stream.
 
 Reply audio: the session's ``AudioPlayer`` is a ``TwilioMedia``, a ``Playout`` at 8 kHz
 paced by the worker's ``Pacer``, which sends each frame with audio ``LEAD_S`` ahead of real
 time, followed by a mark. Twilio buffers what it gets, so the lead is what a ``clear``
 (barge-in) takes back; what the caller heard of a response is what the last mark Twilio
 acknowledged covered, and a cleared response is truncated to it. A response counts as
-played out once the mark of its last frame comes back.
+played out once the mark of its last frame comes back. With echo cancellation, the frames as
+they leave are the reference (``hark.transports.echo``) and the caller's audio is cancelled
+at 8 kHz before it is resampled for the session; Twilio's media comes on its own clock, so
+the reference is paired with the canceller's lead, as a WebRTC call's is.
 
 A call ends on ``stop``, the socket closing, hang-up through the API, a reject, the end of
 its session, and server shutdown; ending closes the socket once and releases the session.
@@ -38,8 +43,6 @@ import asyncio
 import base64
 import binascii
 import dataclasses
-import hashlib
-import hmac
 import json
 import logging
 from collections import deque
@@ -60,11 +63,14 @@ from hark.transports.call import (
     CallHooks,
     CallHost,
     CallStateError,
+    CallTypeError,
     MediaCall,
     RingingCalls,
 )
+from hark.transports.echo import CallEcho
 from hark.transports.playout import Playout, PlayoutListener
 from hark.transports.ticker import Pacer
+from hark.transports.twilio_account import TwilioAccount, dial_twiml
 
 logger = logging.getLogger(__name__)
 
@@ -94,13 +100,6 @@ _DIGITS = frozenset("0123456789*#ABCD")
 # The session of an accepted call, from the accepted config (None: the default) for the
 # accepting owner, played by the call's media.
 RunnerFor = Callable[["TwilioMedia", SessionConfig | None, str], SessionRunner]
-
-
-def signature(auth_token: str, url: str) -> str:
-    """Twilio's ``X-Twilio-Signature`` of a request without a body: base64(HMAC-SHA1(auth
-    token, ``url``))."""
-    digest = hmac.new(auth_token.encode(), url.encode(), hashlib.sha1).digest()
-    return base64.b64encode(digest).decode()
 
 
 class StreamError(Exception):
@@ -162,12 +161,22 @@ class TwilioMedia:
 
     ``send`` queues a message to Twilio. The reply's frames leave ``LEAD_S`` ahead of real
     time, each with a mark; ``acked`` takes Twilio's mark echoes, which say what was heard.
+    ``echo_cancellation``: the reply's echo is taken out of the caller's audio.
     """
 
-    def __init__(self, send: Callable[[dict[str, Any]], None], pacer: Pacer) -> None:
+    def __init__(
+        self, send: Callable[[dict[str, Any]], None], pacer: Pacer, echo_cancellation: bool
+    ) -> None:
         self._send = send
         self._pacer = pacer
-        self._playout = Playout(RATE, frame_ms=FRAME_MS, clock=asyncio.get_running_loop().time)
+        self._playout = playout = Playout(
+            RATE, frame_ms=FRAME_MS, clock=asyncio.get_running_loop().time
+        )
+        self._echo = (
+            CallEcho(RATE, self._pass_heard, lambda: playout.frames_skipped)
+            if echo_cancellation
+            else None
+        )
         self._listener: PlayoutListener | None = None
         self._on_audio: Callable[[npt.NDArray[np.int16]], None] | None = None
         self._input_rate: Callable[[], int] | None = None
@@ -194,6 +203,8 @@ class TwilioMedia:
         self._input_rate = runner.input_rate
         self._listener = runner
         self._playout.attach(self)
+        if self._echo is not None:
+            self._playout.tap = self._echo.played
         self._running = True
         self._pacer.add(self, lead_s=LEAD_S)
 
@@ -204,6 +215,8 @@ class TwilioMedia:
         self._playout.stop()
         self._listener = None
         self._on_audio = None
+        # Its release is this media's own method: held, the two would keep each other.
+        self._echo = None
 
     # ------------------------------------------------------------------ caller's audio
 
@@ -213,14 +226,23 @@ class TwilioMedia:
             data = base64.b64decode(payload, validate=True)
         except (binascii.Error, ValueError):
             raise StreamError("a media payload is not base64") from None
-        if self._on_audio is None or self._input_rate is None or not data:
+        if self._on_audio is None or not data:
+            return
+        pcm = ulaw_decode(data)
+        if self._echo is not None:
+            pcm = self._echo.heard(pcm, RATE)
+        self._pass_heard(pcm)
+
+    def _pass_heard(self, pcm: npt.NDArray[np.int16]) -> None:
+        """The caller's audio at 8 kHz to the session, at its input rate."""
+        if self._on_audio is None or self._input_rate is None or not len(pcm):
             return
         rate = self._input_rate()
         if self._resampler is None or self._resampler.out_rate != rate:
             self._resampler = StreamResampler(RATE, rate)
-        pcm = self._resampler.process(ulaw_decode(data))
-        if len(pcm):
-            self._on_audio(pcm)
+        out = self._resampler.process(pcm)
+        if len(out):
+            self._on_audio(out)
 
     def acked(self, name: str) -> None:
         """Twilio echoed the mark ``name``: the audio sent before it has played."""
@@ -351,10 +373,11 @@ class TwilioCall(MediaCall):
     """A Twilio Media Stream (``rtc_…``): rings (``pending``) until accepted or rejected,
     as a SIP call does. ``serve`` reads the stream until it ends; ``runner_for`` makes the
     session of an accepted call. A stream has no event channel: the events made before the
-    first sideband attaches are held for it."""
+    first sideband attaches are held for it. ``account`` redirects the call for a transfer;
+    ``echo_cancellation``: the reply's echo is taken out of the caller's audio."""
 
     kind = "Twilio"
-    actions = frozenset({"accept", "reject"})
+    actions = frozenset({"accept", "reject", "refer"})
 
     def __init__(
         self,
@@ -363,13 +386,16 @@ class TwilioCall(MediaCall):
         stream: StreamStart,
         runner_for: RunnerFor,
         pacer: Pacer,
+        account: TwilioAccount,
         *,
+        echo_cancellation: bool = True,
         on_closed: Callable[[TwilioCall], None] | None = None,
     ) -> None:
         super().__init__(call_id, "", on_closed=on_closed, hold_for_sideband=True)
         self.state = "pending"
         self.stream = stream
-        self.media = TwilioMedia(self._send, pacer)
+        self.media = TwilioMedia(self._send, pacer, echo_cancellation)
+        self._account = account
         self._ws = ws
         self._runner_for = runner_for
         self._outbox: deque[str] = deque()
@@ -397,6 +423,22 @@ class TwilioCall(MediaCall):
             raise CallStateError(f"The call is {self._public_state()}; it cannot be rejected.")
         self.settled.set()
         self._spawn(self.close("rejected"), "close")
+
+    async def refer(self, target_uri: str) -> int:
+        """Transfer the answered call to ``target_uri``: Twilio's REST API redirects it to a
+        ``<Dial>`` of the target (200 once Twilio took the update; the stream stops then).
+        Raises ``CallStateError``, ``CallTypeError`` for a stream that did not say its
+        account and call, ``CallReferError`` when Twilio refused, and ``TimeoutError``."""
+        if self.state != "accepted" or self._closing:
+            raise CallStateError(f"The call is {self._public_state()}; it cannot be referred.")
+        stream = self.stream
+        if not stream.account_sid or not stream.call_sid:
+            raise CallTypeError(
+                "This Twilio stream did not say its accountSid and callSid; it cannot be referred."
+            )
+        await self._account.redirect(stream.account_sid, stream.call_sid, dial_twiml(target_uri))
+        logger.info("call %s: Twilio redirected call %s to a transfer", self.id, stream.call_sid)
+        return 200
 
     async def serve(self) -> str:
         """Read the stream until it ends; why it ended."""
@@ -489,12 +531,13 @@ def _json(text: str) -> dict[str, Any]:
 
 
 class TwilioStreams(RingingCalls[TwilioCall]):
-    """The Twilio streams of one worker, at ``STREAM_PATH``, signed with ``auth_token``.
+    """The Twilio streams of one worker, at ``STREAM_PATH``, signed by ``account``.
 
     ``public_url``: the scheme and host Twilio reaches the server at (``wss://host``; None:
     what the request says). ``announce`` raises the call webhook (None: calls are answered
     at once with ``default_session``, or the stored prompt a ``prompt`` parameter names).
-    At most ``max_calls`` streams ring or talk at once.
+    At most ``max_calls`` streams ring or talk at once. ``echo_cancellation``: calls take
+    the reply's echo out of the caller's audio.
     """
 
     name = "twilio"
@@ -504,22 +547,23 @@ class TwilioStreams(RingingCalls[TwilioCall]):
         host: CallHost,
         hooks: CallHooks,
         *,
-        auth_token: str,
+        account: TwilioAccount,
         model: str,
         public_url: str | None = None,
         announce: Announce | None = None,
         default_session: SessionConfig | None = None,
         accept_timeout_s: float = DEFAULT_ACCEPT_TIMEOUT_S,
         max_calls: int = DEFAULT_MAX_CALLS,
+        echo_cancellation: bool = True,
     ) -> None:
         super().__init__(host, hooks, model, default_session, accept_timeout_s)
+        self.account = account
         self.public_url = public_url.rstrip("/") if public_url else None
         self.announce = announce
         self.max_calls = max_calls
-        self._auth_token = auth_token
+        self.echo_cancellation = echo_cancellation
 
     def __repr__(self) -> str:
-        # Never the auth token.
         return f"TwilioStreams(path={STREAM_PATH!r}, calls={len(self._calls)})"
 
     @property
@@ -554,8 +598,7 @@ class TwilioStreams(RingingCalls[TwilioCall]):
         """Whether the request carries Twilio's signature of the URL it was sent to."""
         given = request.headers.get(SIGNATURE_HEADER, "")
         base = self.public_url or f"{'wss' if request.secure else 'ws'}://{request.host}"
-        expected = signature(self._auth_token, base + request.raw_path)
-        return hmac.compare_digest(given.encode(), expected.encode())
+        return self.account.signed(base + request.raw_path, given)
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
         """A Twilio Media Stream: refused (403) unless signed, then served as a call."""
@@ -586,6 +629,8 @@ class TwilioStreams(RingingCalls[TwilioCall]):
             stream,
             self._runner_for,
             self.host.pacer,
+            self.account,
+            echo_cancellation=self.echo_cancellation,
             on_closed=self._forget,
         )
         logger.info("call %s rings (Twilio call %s)", call.id, stream.call_sid)

@@ -58,7 +58,13 @@ from hark.server.state import (
     STATE,
 )
 from hark.transports.beta import is_beta
-from hark.transports.call import CallOfferError, CallStateError, MediaCall
+from hark.transports.call import (
+    CallOfferError,
+    CallReferError,
+    CallStateError,
+    CallTypeError,
+    MediaCall,
+)
 from hark.transports.webrtc.sdp import MAX_OFFER_BYTES, OfferError
 from hark.transports.websocket import REALTIME_SUBPROTOCOL, websocket_response
 
@@ -362,7 +368,8 @@ async def reject_call(request: web.Request) -> web.Response:
 @requires(api_key_only("Ephemeral keys cannot transfer calls."))
 async def refer_call(request: web.Request) -> web.Response:
     """Transfer an answered call to ``target_uri`` (``tel:`` or ``sip:``), a SIP call with a
-    REFER; answers once the transfer's outcome is known."""
+    REFER, a Twilio call through Twilio's REST API; answers once the transfer's outcome is
+    known."""
     call = await _find_call_for(request, principal(request), "refer")
     if isinstance(call, web.Response):
         return call
@@ -395,6 +402,12 @@ async def refer_call(request: web.Request) -> web.Response:
         status = await call.refer(target)
     except CallStateError:
         return _wrong_state(call, "referred")
+    except CallTypeError as exc:
+        return error_response(400, str(exc), param="call_id", code="invalid_call_type")
+    except CallReferError as exc:
+        return error_response(
+            502, f"The transfer failed: {exc}", type="server_error", code="refer_failed"
+        )
     except TimeoutError:
         return error_response(
             504,
