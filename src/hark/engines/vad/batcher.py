@@ -37,6 +37,7 @@ import numpy.typing as npt
 from threadpoolctl import threadpool_limits
 
 from hark.engines import health
+from hark.engines.scheduler import require_positive
 from hark.engines.vad import Outcomes, silero_gemm
 from hark.engines.vad.delivery import DROPPED, Mailbox, Missed
 from hark.engines.vad.resample import CHUNK_MS, chunk_rate, chunk_resampler, chunk_samples
@@ -201,12 +202,9 @@ class BatchedSileroVad:
     ) -> None:
         if model_rate not in MODEL_RATES:
             raise ValueError(f"the VAD model runs at 16000 or 8000 Hz, not {model_rate}")
-        if max_batch < 1:
-            raise ValueError(f"max_batch must be at least 1, got {max_batch}")
+        require_positive(max_batch=max_batch, max_queued=max_queued)
         if max_wait_ms < 0:
             raise ValueError(f"max_wait_ms must not be negative, got {max_wait_ms}")
-        if max_queued < 1:
-            raise ValueError(f"max_queued must be at least 1, got {max_queued}")
         self.max_batch = max_batch
         self.max_queued = max_queued
         # While degraded, /readyz tries a chunk of silence (the model's own answer shows it works).
