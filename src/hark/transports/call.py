@@ -387,6 +387,11 @@ class CallTable(Generic[_Call]):
         """The live call with this id, if any."""
         return self._calls.get(call_id)
 
+    @property
+    def media_address(self) -> str | None:
+        """None: each call's media comes its own way (an RTP port, a WebSocket)."""
+        return None
+
     def __len__(self) -> int:
         return len(self._calls)
 

@@ -68,7 +68,7 @@ from hark.transports.call import (
     RingingCalls,
 )
 from hark.transports.echo import CallEcho
-from hark.transports.playout import Playout, PlayoutListener
+from hark.transports.playout import Playout, PlayoutListener, PlayoutPlayer
 from hark.transports.ticker import Pacer
 from hark.transports.twilio_account import TwilioAccount, dial_twiml
 
@@ -156,8 +156,9 @@ class StreamStart:
         ]
 
 
-class TwilioMedia:
-    """One stream's audio: the caller's in, the session's reply out (its ``AudioPlayer``).
+class TwilioMedia(PlayoutPlayer):
+    """One stream's audio: the caller's in, the session's reply out (its ``AudioPlayer``,
+    whose ``clear`` is Twilio's).
 
     ``send`` queues a message to Twilio. The reply's frames leave ``LEAD_S`` ahead of real
     time, each with a mark; ``acked`` takes Twilio's mark echoes, which say what was heard.
@@ -169,7 +170,8 @@ class TwilioMedia:
     ) -> None:
         self._send = send
         self._pacer = pacer
-        self._playout = playout = Playout(
+        # The reply audio, whose schedule the pacer follows.
+        self.playout = playout = Playout(
             RATE, frame_ms=FRAME_MS, clock=asyncio.get_running_loop().time
         )
         self._echo = (
@@ -202,9 +204,9 @@ class TwilioMedia:
         self._on_audio = runner.receive_audio
         self._input_rate = runner.input_rate
         self._listener = runner
-        self._playout.attach(self)
+        self.playout.attach(self)
         if self._echo is not None:
-            self._playout.tap = self._echo.played
+            self.playout.tap = self._echo.played
         self._running = True
         self._pacer.add(self, lead_s=LEAD_S)
 
@@ -212,7 +214,7 @@ class TwilioMedia:
         """Send nothing more and report nothing more."""
         self._running = False
         self._pacer.remove(self)
-        self._playout.stop()
+        self.playout.stop()
         self._listener = None
         self._on_audio = None
         # Its release is this media's own method: held, the two would keep each other.
@@ -262,14 +264,6 @@ class TwilioMedia:
 
     # ------------------------------------------------------------------ AudioPlayer
 
-    def play(self, response_id: str, item_id: str, pcm: npt.NDArray[np.int16], rate: int) -> None:
-        """Queue audio of a response after whatever is queued already."""
-        self._playout.play(response_id, item_id, pcm, rate)
-
-    def finish(self, response_id: str) -> None:
-        """No more audio comes for this response."""
-        self._playout.finish(response_id)
-
     def clear(self, response_id: str) -> None:
         """Stop the response's audio: Twilio drops what it holds (``clear``) and the rest
         is not sent. Twilio's clear drops every response it holds, so a response sent
@@ -284,15 +278,7 @@ class TwilioMedia:
         for cut_id in cut:
             loop.call_soon(self._cut, cut_id)
         if response_id not in cut:
-            self._playout.clear(response_id)
-
-    def hold(self, response_id: str) -> None:
-        """Send silence in place of this response from the next frame on."""
-        self._playout.hold(response_id)
-
-    def resume(self, response_id: str) -> None:
-        """Go on with a held response."""
-        self._playout.resume(response_id)
+            self.playout.clear(response_id)
 
     # ------------------------------------------------------------------ PlayoutListener
 
@@ -315,17 +301,12 @@ class TwilioMedia:
 
     # ------------------------------------------------------------------ frames
 
-    @property
-    def playout(self) -> Playout:
-        """The reply audio, whose schedule the pacer follows."""
-        return self._playout
-
     def send_frame(self, due: float) -> None:
         """The next frame, ``LEAD_S`` ahead of its time (the pacer's ``PacedStream``)."""
-        frame = self._playout.next_frame()
+        frame = self.playout.next_frame()
         if not self._running:
             return
-        if frame is not self._playout.silence:
+        if frame is not self.playout.silence:
             self._send_frame(frame)
         stopped, self._stopped_now = self._stopped_now, []
         for response_id in stopped:
@@ -524,7 +505,7 @@ def _json(text: str) -> dict[str, Any]:
     try:
         message = json.loads(text)
     except ValueError:
-        raise StreamError("a message is not JSON") from None
+        message = None
     if not isinstance(message, dict):
         raise StreamError("a message is not a JSON object")
     return message
@@ -570,11 +551,6 @@ class TwilioStreams(RingingCalls[TwilioCall]):
     def listening(self) -> str:
         """The stream endpoint, in words."""
         return f"HTTP path {STREAM_PATH}"
-
-    @property
-    def media_address(self) -> None:
-        """None: media comes over each stream's WebSocket."""
-        return None
 
     async def start(self) -> None:
         """Nothing to bind: streams come through the HTTP server."""
