@@ -25,6 +25,8 @@ import ssl
 from dataclasses import dataclass
 from typing import Any
 
+from hark.transports.sip.ssl_internals import verified_chain
+
 _PEM_CERTIFICATE = re.compile(
     r"-----BEGIN CERTIFICATE-----\r?\n.+?\r?\n-----END CERTIFICATE-----", re.DOTALL
 )
@@ -57,18 +59,8 @@ class ClientCertificate:
         return cls(
             fingerprint=hashlib.sha256(der).hexdigest(),
             names=_names(ssl_object.getpeercert() or {}),
-            chain=frozenset(hashlib.sha256(c).digest() for c in _verified_chain(ssl_object)),
+            chain=frozenset(hashlib.sha256(c).digest() for c in verified_chain(ssl_object)),
         )
-
-
-def _verified_chain(ssl_object: Any) -> list[bytes]:
-    """The DER certificates of the chain OpenSSL verified, the peer's first."""
-    method = getattr(ssl_object, "get_verified_chain", None)
-    if method is None:
-        # Python < 3.13: the same OpenSSL call (SSL_get0_verified_chain), not yet public.
-        method = ssl_object._sslobj.get_verified_chain
-    chain = method() or []
-    return [c if isinstance(c, bytes) else c.public_bytes(ssl._ssl.ENCODING_DER) for c in chain]  # type: ignore[attr-defined]
 
 
 def _names(info: dict[str, Any]) -> frozenset[str]:
