@@ -182,7 +182,26 @@ def error_message(body: Any) -> str:
     return json.dumps(body)[:500]
 
 
-async def sse_data(stream: aiohttp.StreamReader) -> AsyncIterator[str]:
+async def sse_objects(
+    stream: aiohttp.StreamReader, error: type[Exception], what: str
+) -> AsyncIterator[dict[str, Any]]:
+    """The JSON objects of a stream of server-sent events, up to OpenAI's ``[DONE]``.
+
+    Data that is not JSON raises ``error`` ("malformed ``what``: …"); JSON that is not an
+    object is passed over.
+    """
+    async for data in _sse_data(stream):
+        if data == "[DONE]":
+            return
+        try:
+            event = json.loads(data)
+        except ValueError:
+            raise error(f"malformed {what}: {data[:200]!r}") from None
+        if isinstance(event, dict):
+            yield event
+
+
+async def _sse_data(stream: aiohttp.StreamReader) -> AsyncIterator[str]:
     """The ``data`` of each server-sent event (multi-line data joined with newlines)."""
     lines: list[str] = []
     async for raw in stream:

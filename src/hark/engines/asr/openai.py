@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hark.engines.asr import RecognitionRequest, TimedSegment, TimedTranscript, TimedWord
-from hark.engines.openai_http import OpenAIEndpoint, endpoint_url, error_message, sse_data
+from hark.engines.openai_http import OpenAIEndpoint, endpoint_url, error_message, sse_objects
 
 DEFAULT_MODEL = "whisper-1"
 SAMPLE_RATE = 16000
@@ -229,15 +229,7 @@ class OpenAIAsr(OpenAIEndpoint):
 
     async def _streamed(self, stream: aiohttp.StreamReader) -> AsyncIterator[str]:
         said = False
-        async for data in sse_data(stream):
-            if data == "[DONE]":
-                break
-            try:
-                event = json.loads(data)
-            except ValueError:
-                raise AsrEndpointError(f"malformed stream event: {data[:200]!r}") from None
-            if not isinstance(event, dict):
-                continue
+        async for event in sse_objects(stream, AsrEndpointError, "stream event"):
             kind = event.get("type")
             if kind == "transcript.text.delta" and isinstance(event.get("delta"), str):
                 said = said or bool(event["delta"])

@@ -44,7 +44,13 @@ from hark.engines.llm import (
 )
 from hark.engines.llm.reply_length import SentenceCap, hard_ceiling
 from hark.engines.llm.truncation import ContextOverflow, fit
-from hark.engines.openai_http import OpenAIEndpoint, endpoint_url, error_message, safe_url, sse_data
+from hark.engines.openai_http import (
+    OpenAIEndpoint,
+    endpoint_url,
+    error_message,
+    safe_url,
+    sse_objects,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -398,15 +404,7 @@ class OpenAICompatibleLlm(OpenAIEndpoint):
         reason: str | None = None
         usage: dict[str, Any] = {}
         chunks = 0
-        async for data in sse_data(response.content):
-            if data == "[DONE]":
-                break
-            try:
-                chunk = json.loads(data)
-            except ValueError:
-                raise LlmError(f"malformed stream chunk: {data[:200]!r}") from None
-            if not isinstance(chunk, dict):
-                continue
+        async for chunk in sse_objects(response.content, LlmError, "stream chunk"):
             if "error" in chunk:
                 message = error_message(chunk) or "unknown error"
                 raise LlmError(f"LLM endpoint reported an error: {self._endpoint.scrub(message)}")
