@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 import msgspec
@@ -11,21 +12,19 @@ import msgspec
 T = TypeVar("T")
 
 
+# ``eq=False``: exceptions compare, and hash, by identity.
+@dataclass(eq=False)
 class ProtocolError(Exception):
     """A client mistake: reported as one ``error`` event, never fatal to the session."""
 
-    def __init__(
-        self,
-        message: str,
-        param: str | None = None,
-        code: str = "invalid_value",
-        type: str = "invalid_request_error",
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.param = param
-        self.code = code
-        self.type = type
+    message: str
+    param: str | None = None
+    code: str = "invalid_value"
+    type: str = "invalid_request_error"
+
+    def __post_init__(self) -> None:
+        # The message alone is the exception's text, as for any exception.
+        super().__init__(self.message)
 
 
 _PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
