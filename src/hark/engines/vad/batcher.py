@@ -542,28 +542,17 @@ class BatchedSileroVad:
         rows: npt.NDArray[np.intp],
     ) -> npt.NDArray[np.float32]:
         """The model's windows for one chunk of each of ``streams``: each row's context, then
-        its chunk at the model's rate, which becomes the row's context for the next."""
-        audio = self._resample(chunks, streams, rows)
-        windows = np.concatenate((self._contexts[rows], audio), axis=1)
-        self._contexts[rows] = audio[:, -self._context :]
-        return windows
-
-    def _resample(
-        self,
-        chunks: list[_Chunk],
-        streams: list[BatchedSileroVadStream],
-        rows: npt.NDArray[np.intp],
-    ) -> npt.NDArray[np.float32]:
-        """The batch's chunks at the model's rate, one filter run per input rate."""
+        its chunk at the model's rate (one filter run per input rate), which becomes the
+        row's context for the next."""
         by_rate: dict[int, list[int]] = {}
         for index, stream in enumerate(streams):
             by_rate.setdefault(stream.rate, []).append(index)
-        out = np.empty((len(chunks), self._chunk), dtype=np.float32)
+        audio = np.empty((len(chunks), self._chunk), dtype=np.float32)
         for rate, indices in by_rate.items():
             resampler = chunk_resampler(rate, self.sample_rate)
             samples = _as_float(np.stack([chunks[i].samples for i in indices]))
             if resampler.history == 0:
-                out[indices] = samples
+                audio[indices] = samples
                 continue
             history = self._histories.get(rate)
             if history is None:
@@ -571,9 +560,11 @@ class BatchedSileroVad:
                 self._histories[rate] = history
             group = rows[indices]
             extended = np.concatenate((history[group], samples), axis=1)
-            out[indices] = resampler.run(extended)
+            audio[indices] = resampler.run(extended)
             history[group] = extended[:, -resampler.history :]
-        return out
+        windows = np.concatenate((self._contexts[rows], audio), axis=1)
+        self._contexts[rows] = audio[:, -self._context :]
+        return windows
 
     def _grow(self, rows: int) -> None:
         if rows <= len(self._contexts):
