@@ -137,23 +137,16 @@ class NotAvailable(Exception):
     """The run cannot be made on this side: n/a, with the reason."""
 
 
+@dataclass(eq=False)
 class Runner:
     """Makes the runs of one sitting: A's and B's builds, the settings, where files go."""
 
-    def __init__(
-        self,
-        builds: dict[Side, Build],
-        settings: Settings,
-        out: Path,
-        server_cpu: int | None = 0,
-        client_cpu: int | None = 1,
-    ) -> None:
-        self.builds = builds
-        self.settings = settings
-        self.out = out
-        self.server_cpu = server_cpu
-        self.client_cpu = client_cpu
-        self._help: dict[tuple[Path, str], str | None] = {}
+    builds: dict[Side, Build]
+    settings: Settings
+    out: Path
+    server_cpu: int | None = 0
+    client_cpu: int | None = 1
+    _help: dict[tuple[Path, str], str | None] = field(default_factory=dict, init=False)
 
     def help_text(self, build: Build, *command: str) -> str | None:
         """``hark COMMAND --help`` of ``build``; None when it has no such command."""

@@ -7,6 +7,7 @@ import json
 import math
 import random
 from collections import deque
+from dataclasses import dataclass
 
 import aiohttp
 import numpy as np
@@ -20,31 +21,23 @@ _RING = 4096
 _AUDIO_DELTA = "response.output_audio.delta"
 
 
+@dataclass(eq=False)
 class Call:
     """One simulated phone call: a Realtime session with a person talking into it.
 
     ``started`` is the run's start (monotonic seconds), which the timeline counts from.
     """
 
-    def __init__(
-        self,
-        config: LoadConfig,
-        script: Script,
-        results: Results,
-        started: float,
-        ws: aiohttp.ClientWebSocketResponse,
-        rng: random.Random,
-        hangup_at: float,
-        phase: int,
-    ) -> None:
-        self.config = config
-        self.script = script
-        self.results = results
-        self.started = started
-        self.ws = ws
-        self.rng = rng
-        self.hangup_at = hangup_at
-        self.phase = phase
+    config: LoadConfig
+    script: Script
+    results: Results
+    started: float
+    ws: aiohttp.ClientWebSocketResponse
+    rng: random.Random
+    hangup_at: float
+    phase: int
+
+    def __post_init__(self) -> None:
         self.failed: str | None = None
         self.closed = asyncio.Event()
         self.sent = np.zeros(_RING)
@@ -59,7 +52,7 @@ class Call:
         self._expect_at: int | None = None
         self._stopped_at: float | None = None
         # A question counts as expected once this much silence followed its last word.
-        self._settle = self._chunks(config.silence_ms / 1000 + 1.0)
+        self._settle = self._chunks(self.config.silence_ms / 1000 + 1.0)
         self._think()
 
     # -- the person
