@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Generic, TypeVar, cast
@@ -47,6 +47,11 @@ def arguments(config: Any) -> dict[str, Any]:
 def listed(value: str, kind: Callable[[str], T]) -> tuple[T, ...]:
     """A comma-separated option's items read as ``kind`` (``ValueError`` when one is not)."""
     return tuple(kind(item.strip()) for item in value.split(",") if item.strip())
+
+
+def list_option(name: str, help: str, default: Iterable[object]) -> BenchOption:
+    """A comma-separated option (read it with :func:`listed`), ``default`` its items."""
+    return BenchOption(name, help, str, ",".join(map(str, default)), metavar="LIST")
 
 
 def positive(text: str) -> int:

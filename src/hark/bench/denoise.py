@@ -27,7 +27,7 @@ import numpy.typing as npt
 
 from hark.audio.denoise import Denoiser
 from hark.audio.resample import resample
-from hark.bench.command import Bench, Result, config_from, listed
+from hark.bench.command import Bench, Result, config_from, list_option, listed
 from hark.bench.report import BenchError
 from hark.bench.spoken_questions import QUESTIONS, RATE, SpokenQuestion, spoken_questions
 from hark.bench.word_alignment import align, words
@@ -46,20 +46,12 @@ _ASR_RATE = 16000
 
 
 OPTIONS: tuple[BenchOption | str, ...] = (
-    BenchOption(
+    list_option(
         "snrs",
         "comma-separated signal-to-noise ratios in dB (default 20,10,5,0)",
-        str,
-        ",".join(f"{snr:g}" for snr in DEFAULT_SNRS),
-        metavar="LIST",
+        (f"{snr:g}" for snr in DEFAULT_SNRS),
     ),
-    BenchOption(
-        "noises",
-        f"comma-separated noises, of {', '.join(NOISES)} (default all)",
-        str,
-        ",".join(NOISES),
-        metavar="LIST",
-    ),
+    list_option("noises", f"comma-separated noises, of {', '.join(NOISES)} (default all)", NOISES),
     BenchOption(
         "questions",
         f"how many of the spoken questions (default all {len(QUESTIONS)})",

@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hark.audio.resample import resample
-from hark.bench.command import Bench, Result, config_from, listed
+from hark.bench.command import Bench, Result, config_from, list_option, listed
 from hark.bench.report import BenchError, load_average
 from hark.bench.spoken_questions import QUESTIONS
 from hark.bench.word_alignment import align, words
@@ -83,12 +83,10 @@ _DIGITS = {
 
 
 OPTIONS: tuple[BenchOption | str, ...] = (
-    BenchOption(
+    list_option(
         "engines",
         f"comma-separated TTS engines, of {', '.join(ENGINES)} (default both)",
-        str,
-        ",".join(ENGINES),
-        metavar="LIST",
+        ENGINES,
     ),
     BenchOption("runs", "rounds of every engine, alternating (default 2)", int, 2),
     BenchOption(

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from hark.bench.command import Bench, Result, arguments
+from hark.bench.command import Bench, Result, arguments, list_option
 from hark.bench.report import BenchError, percentile
 from hark.bench.spoken_questions import (
     RATE,
@@ -737,19 +737,15 @@ def summary(report: Mapping[str, Any]) -> str:
 
 
 OPTIONS: tuple[BenchOption | str, ...] = (
-    BenchOption(
+    list_option(
         "eagerness",
         "semantic_vad eagerness values to run, comma-separated (default all; '' none)",
-        str,
-        ",".join(EAGERNESS),
-        metavar="LIST",
+        EAGERNESS,
     ),
-    BenchOption(
+    list_option(
         "silences",
         "server_vad silence durations in ms, comma-separated ('' none)",
-        str,
-        ",".join(map(str, SILENCES_MS)),
-        metavar="LIST",
+        SILENCES_MS,
     ),
     BenchOption("voices", "only these voices of the spec", metavar="LIST"),
     BenchOption("turns", "only these turns (ids)", metavar="LIST"),

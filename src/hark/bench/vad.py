@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from hark.bench.command import Bench, Result, config_from, listed
+from hark.bench.command import Bench, Result, config_from, list_option, listed
 from hark.bench.report import BenchError
 from hark.config.options import BenchOption
 from hark.engines.vad import Outcomes, silero_gemm
@@ -47,12 +47,10 @@ CHUNK_MS = CHUNK_SAMPLES * 1000 / SAMPLE_RATE
 
 
 OPTIONS: tuple[BenchOption | str, ...] = (
-    BenchOption(
+    list_option(
         "batch_sizes",
         "comma-separated batch sizes, i.e. concurrent streams (default 1,2,4,…,256)",
-        str,
-        ",".join(map(str, DEFAULT_BATCH_SIZES)),
-        metavar="LIST",
+        DEFAULT_BATCH_SIZES,
     ),
     BenchOption("seconds", "time spent on each measure (default 2)", float, 2.0),
     BenchOption(
