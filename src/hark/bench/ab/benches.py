@@ -130,54 +130,47 @@ def _latency(vad: str, label: str) -> Bench:
     )
 
 
+def _overhead(name: str, summary: str, *figures: Figure) -> Bench:
+    """A bench of the server's own cost (fake engines, pinned), run by ``hark bench <name>``."""
+    return Bench(name, name, summary, figures, engines="fake", pinned=True)
+
+
+def _capacity(name: str, knee: str, *setup: Figure) -> Bench:
+    """A ``--capacity`` bench: calls carried while ``knee`` holds, the server's CPU per call
+    there, the ``setup`` timings, calls that failed to set up."""
+    return _overhead(
+        name,
+        f"hark bench {name} --capacity, fake engines",
+        Figure(f"{name}.calls", f"{name}: calls carried ({knee})", "", "higher"),
+        _ms(f"{name}.cpu_per_call_s", f"{name}: server CPU per call-second at the knee", 0.3),
+        *setup,
+        Figure(f"{name}.failures", f"{name}: calls failed to set up", "", "lower"),
+    )
+
+
 BENCHES: dict[str, Bench] = {
     bench.name: bench
     for bench in (
         _latency("server", "latency server_vad 500 ms"),
         _latency("semantic", "latency semantic_vad"),
-        Bench(
-            name="load",
-            command="load",
-            summary="hark bench load at a fixed number of callers, fake engines",
-            figures=(
-                _ms("load.vad_lag_p50", "load: VAD decision lag p50 (callers)", 2),
-                _ms("load.vad_lag_p99", "load: VAD decision lag p99 (callers)", 5),
-                _ms("load.server_stopped_p99", "load: speech_stopped decision p99 (server)", 5),
-                _ms("load.loop_lag_p99", "load: server event loop lag p99", 2),
-                _ms("load.cpu_per_session_s", "load: server CPU per session-second", 0.1),
-                Figure("load.failures", "load: failed calls + missed turns", "", "lower"),
-            ),
-            engines="fake",
-            pinned=True,
+        _overhead(
+            "load",
+            "hark bench load at a fixed number of callers, fake engines",
+            _ms("load.vad_lag_p50", "load: VAD decision lag p50 (callers)", 2),
+            _ms("load.vad_lag_p99", "load: VAD decision lag p99 (callers)", 5),
+            _ms("load.server_stopped_p99", "load: speech_stopped decision p99 (server)", 5),
+            _ms("load.loop_lag_p99", "load: server event loop lag p99", 2),
+            _ms("load.cpu_per_session_s", "load: server CPU per session-second", 0.1),
+            Figure("load.failures", "load: failed calls + missed turns", "", "lower"),
         ),
-        Bench(
-            name="webrtc",
-            command="webrtc",
-            summary="hark bench webrtc --capacity, fake engines",
-            figures=(
-                Figure(
-                    "webrtc.calls", "webrtc: calls carried (p99 lateness ≤ 20 ms)", "", "higher"
-                ),
-                _ms("webrtc.cpu_per_call_s", "webrtc: server CPU per call-second at the knee", 0.3),
-                _ms("webrtc.first_audio_p50", "webrtc: POST → first reply audio p50", 5),
-                _ms("webrtc.answer_p50", "webrtc: POST → SDP answer p50", 2),
-                Figure("webrtc.failures", "webrtc: calls failed to set up", "", "lower"),
-            ),
-            engines="fake",
-            pinned=True,
+        _capacity(
+            "webrtc",
+            "p99 lateness ≤ 20 ms",
+            _ms("webrtc.first_audio_p50", "webrtc: POST → first reply audio p50", 5),
+            _ms("webrtc.answer_p50", "webrtc: POST → SDP answer p50", 2),
         ),
-        Bench(
-            name="sip",
-            command="sip",
-            summary="hark bench sip --capacity, fake engines",
-            figures=(
-                Figure("sip.calls", "sip: calls carried (p99 jitter ≤ 10 ms)", "", "higher"),
-                _ms("sip.cpu_per_call_s", "sip: server CPU per call-second at the knee", 0.3),
-                _ms("sip.invite_200_p50", "sip: INVITE → 200 OK p50", 0.5),
-                Figure("sip.failures", "sip: calls failed to set up", "", "lower"),
-            ),
-            engines="fake",
-            pinned=True,
+        _capacity(
+            "sip", "p99 jitter ≤ 10 ms", _ms("sip.invite_200_p50", "sip: INVITE → 200 OK p50", 0.5)
         ),
         Bench(
             name="relay",
