@@ -19,6 +19,7 @@ from hark.engines.asr import RecognitionRequest, TimedTranscript
 from hark.engines.fake import FakeAsr
 from hark.engines.registry import build_engines
 from hark.engines.vad import Outcomes
+from hark.observability.session_metrics import SessionMetrics
 
 
 class SilentVad:
@@ -54,7 +55,14 @@ async def test_a_vad_that_stops_answering_leaves_a_bounded_record_of_the_chunks_
     clock = [100.0]
     runner = SessionRunner(engines, model="m", monotonic=lambda: clock[0])
     arrivals: list[float] = []
-    runner.metrics.vad_chunk = lambda arrived, now=None: arrivals.append(arrived)  # type: ignore[method-assign]
+
+    class ArrivalsRecorded(SessionMetrics):
+        """Records the arrival each VAD answer is reported with."""
+
+        def vad_chunk(self, arrived: float, now: float | None = None) -> None:
+            arrivals.append(arrived)
+
+    runner.metrics = ArrivalsRecorded(None, "none")
     await runner.start()
     # Two chunks an append, each append a second later than the last: one run each.
     audio = b64encode(np.full(2 * 768, 3000, "<i2").tobytes()).decode()
