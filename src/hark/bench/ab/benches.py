@@ -280,6 +280,21 @@ def _knee(steps: Any, calls: float | None, key: str) -> float | None:
     return None
 
 
+def _capacity_figures(
+    name: str, report: Mapping[str, Any], cpu_key: str, **setup: float | None
+) -> dict[str, float | None]:
+    """The figures of a ``_capacity`` bench's report: the server's ``cpu_key`` at the step of
+    the calls carried, and the ``setup`` ones (named without the ``name.``)."""
+    calls = _get(report, "capacity", "calls_carried")
+    steps = report.get("capacity", {}).get("steps")
+    return {
+        f"{name}.calls": calls,
+        f"{name}.cpu_per_call_s": _knee(steps, calls, cpu_key),
+        **{f"{name}.{key}": value for key, value in setup.items()},
+        f"{name}.failures": _get(report, "setup", "failures"),
+    }
+
+
 def _sum(*values: float | None) -> float | None:
     present = [v for v in values if v is not None]
     return sum(present) if present else None
@@ -318,24 +333,20 @@ def extract(
             "load.failures": _sum(_get(client, "calls_failed"), _get(client, "missed_turns")),
         }
     if bench.command == "webrtc":
-        calls = _get(report, "capacity", "calls_carried")
-        steps = report.get("capacity", {}).get("steps")
-        return {
-            "webrtc.calls": calls,
-            "webrtc.cpu_per_call_s": _knee(steps, calls, "server_ms_per_call_second"),
-            "webrtc.first_audio_p50": _get(report, "setup", "percentiles", "first_audio_ms", "p50"),
-            "webrtc.answer_p50": _get(report, "setup", "percentiles", "answer_ms", "p50"),
-            "webrtc.failures": _get(report, "setup", "failures"),
-        }
+        return _capacity_figures(
+            "webrtc",
+            report,
+            "server_ms_per_call_second",
+            first_audio_p50=_get(report, "setup", "percentiles", "first_audio_ms", "p50"),
+            answer_p50=_get(report, "setup", "percentiles", "answer_ms", "p50"),
+        )
     if bench.command == "sip":
-        calls = _get(report, "capacity", "calls_carried")
-        steps = report.get("capacity", {}).get("steps")
-        return {
-            "sip.calls": calls,
-            "sip.cpu_per_call_s": _knee(steps, calls, "server_cpu_ms_per_call_s"),
-            "sip.invite_200_p50": _get(report, "setup", "invite_to_200_ms", "p50"),
-            "sip.failures": _get(report, "setup", "failures"),
-        }
+        return _capacity_figures(
+            "sip",
+            report,
+            "server_cpu_ms_per_call_s",
+            invite_200_p50=_get(report, "setup", "invite_to_200_ms", "p50"),
+        )
     if bench.command == "relay":
         return {
             "relay.pps_per_core": _get(report, "pps_per_core"),
