@@ -528,8 +528,10 @@ async def test_a_stalled_loop_restarts_the_grid_instead_of_bursting(
     packets = phone.payloads()
     gaps = [ts_diff(b.timestamp, a.timestamp) for a, b in itertools.pairwise(packets)]
     # A jump on the sampling clock over the stall, in whole frames; the frames between the
-    # restarts are one frame apart: a jump is a restart, never a burst of late frames.
-    assert max(gaps) >= 15 * FRAME
+    # restarts are one frame apart: a jump is a restart, never a burst of late frames. The
+    # 300 ms stall (15 frames) may start up to a frame before the next frame is due, and the
+    # frames skipped are counted whole: 13 at the least, however late the loop wakes.
+    assert max(gaps) >= 13 * FRAME
     assert all(gap >= FRAME and gap % FRAME == 0 for gap in gaps), gaps
     assert sum(gap > FRAME for gap in gaps) <= stats.late_restarts
     assert all(seq_diff(b.sequence, a.sequence) == 1 for a, b in itertools.pairwise(packets))
