@@ -138,9 +138,8 @@ class ClientItems(SessionPart):
     and ``.delete``, and the items of ``response.create``'s ``input``.
 
     ``context`` holds the session's outbox, ids, conversation and configuration: items carry
-    audio in its formats. ``takes_images``: whether the LLM reads images; when not,
-    items with images are refused. ``audio_retention_ms``: how much of the latest audio the
-    conversation keeps (a truncation of older audio is refused, saying so).
+    audio in its formats. Items with images are refused when the LLM does not read them
+    (``takes_images``), a truncation of audio older than ``audio_retention_ms`` too, saying so.
     """
 
     def __init__(
@@ -150,15 +149,11 @@ class ClientItems(SessionPart):
         recognition: Recognition,
         responses: ResponseLifecycle,
         mcp: McpTools,
-        takes_images: bool,
-        audio_retention_ms: int,
     ) -> None:
         super().__init__(context)
         self._recognition = recognition
         self._responses = responses
         self._mcp = mcp
-        self._takes_images = takes_images
-        self._audio_retention_ms = audio_retention_ms
         # The size of each item the client created that is still in the conversation.
         self._sizes: dict[str, int] = {}
         self._bytes = 0
@@ -207,7 +202,7 @@ class ClientItems(SessionPart):
             self._ids,
             audio.input.format,
             audio.output.format,
-            takes_images=self._takes_images,
+            takes_images=self._context.takes_images,
         )
 
     def response_inputs(self, items: list[wire.ResponseInputItem]) -> list[Entry]:
@@ -245,7 +240,8 @@ class ClientItems(SessionPart):
         if part.audio_dropped:
             raise ProtocolError(
                 f"The audio of item {item_id} is no longer kept: a session keeps only its last "
-                f"{self._audio_retention_ms / 1000:g} seconds of audio, and this item is older.",
+                f"{self._context.audio_retention_ms / 1000:g} seconds of audio, "
+                "and this item is older.",
                 "item_id",
                 "invalid_value",
             )

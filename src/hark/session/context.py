@@ -1,5 +1,5 @@
 """What the parts of one session share: where its outputs go, its ids, its conversation, its
-configuration and the wall time of the input being handled.
+configuration, the limits it was made with, and the wall time of the input being handled.
 
 The session holds one and hands it to each part it makes; a ``session.update`` replaces
 ``config`` here, and each input sets ``now``, so every part reads the configuration in force
@@ -19,12 +19,18 @@ from hark.session.outbox import Outbox
 @dataclass(slots=True)
 class SessionContext:
     """One session's outbox, id generator, conversation, current configuration, and the wall
-    time (UNIX seconds) handed in with the input being handled."""
+    time (UNIX seconds) handed in with the input being handled.
+
+    ``audio_retention_ms``: how much of the latest conversation audio items keep (older items
+    keep only their words). ``takes_images``: whether the LLM reads images (when not, items
+    with images are refused)."""
 
     outbox: Outbox
     ids: IdGenerator
     conversation: Conversation
     config: SessionConfig
+    audio_retention_ms: int
+    takes_images: bool
     now: float = 0.0
 
 

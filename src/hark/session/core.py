@@ -111,10 +111,11 @@ class Session:
             self.ids,
             self.conversation,
             msgspec.structs.replace(base, model=model),
+            audio_retention_ms=int(audio_retention_s * 1000),
+            takes_images=takes_images,
             now=created_at,
         )
         self._context = context
-        retention_ms = int(audio_retention_s * 1000)
         self._plays_audio = plays_audio
         self._playout = PlayoutState(self._outbox, self.conversation)
         self._noise = NoiseReduction(context)
@@ -128,7 +129,6 @@ class Session:
             speculation=self._speculation,
             playout=self._playout,
             plays_audio=plays_audio,
-            audio_retention_ms=retention_ms,
             mcp=self._mcp,
             recognition=self._recognition,
         )
@@ -137,8 +137,6 @@ class Session:
             recognition=self._recognition,
             responses=self._responses,
             mcp=self._mcp,
-            takes_images=takes_images,
-            audio_retention_ms=retention_ms,
         )
         self._turns = TurnTaking(
             context,

@@ -153,14 +153,13 @@ class ResponseLifecycle(SessionPart):
     """The session's responses in progress: the conversation's one (``in_band``) and any
     number out of band.
 
-    ``context`` holds the session's outbox, ids, conversation and configuration;
-    ``audio_retention_ms``: how much of the latest conversation audio items keep (see
-    ``limit_audio``). What completes a response (``finished``, ``mcp_call_done``,
-    ``tool_call_finished``) returns how much audio the conversation's response had when it
-    completed on a transport where the client plays the audio (WebSocket): the idle timeout
-    counts from the end of that reply, which turn-taking owns. A response that ends while an
-    item of its own ``input`` is still being transcribed tells ``recognition`` its words are
-    not needed.
+    ``context`` holds the session's outbox, ids, conversation, configuration and
+    ``audio_retention_ms`` (see ``limit_audio``). What completes a response (``finished``,
+    ``mcp_call_done``, ``tool_call_finished``) returns how much audio the conversation's
+    response had when it completed on a transport where the client plays the audio
+    (WebSocket): the idle timeout counts from the end of that reply, which turn-taking owns. A
+    response that ends while an item of its own ``input`` is still being transcribed tells
+    ``recognition`` its words are not needed.
     """
 
     def __init__(
@@ -171,7 +170,6 @@ class ResponseLifecycle(SessionPart):
         speculation: Speculation,
         playout: PlayoutState,
         plays_audio: bool,
-        audio_retention_ms: int,
         mcp: McpTools,
         recognition: Recognition,
     ) -> None:
@@ -180,7 +178,6 @@ class ResponseLifecycle(SessionPart):
         self._speculation = speculation
         self._playout = playout
         self._plays_audio = plays_audio
-        self._audio_retention_ms = audio_retention_ms
         self._mcp = mcp
         # Calls the user approved, running outside any response: item id → the mcp_call item.
         self._approved_calls: dict[str, Entry] = {}
@@ -456,7 +453,8 @@ class ResponseLifecycle(SessionPart):
         """Hold conversation audio to the retention budget; replies still being generated or
         played keep theirs, whatever their length."""
         keep = {e.id for r in self.responses.values() for e in r.output}
-        self._conversation.limit_audio(self._audio_retention_ms, keep | self._playout.item_ids())
+        keep |= self._playout.item_ids()
+        self._conversation.limit_audio(self._context.audio_retention_ms, keep)
 
     def _add_output(self, response: Response, entry: Entry) -> int:
         index = len(response.output)
