@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Literal
 
 from hark.transports.sip.message import (
@@ -46,34 +47,21 @@ def incoming_dialog_id(request: Request) -> DialogId:
     return (request.call_id, request.to_addr.tag or "", request.from_addr.tag or "")
 
 
+@dataclass(eq=False, kw_only=True, slots=True)
 class Dialog:
     """One dialog this UAS is in; ``id`` is ``(Call-ID, local tag, remote tag)``."""
 
-    def __init__(
-        self,
-        *,
-        call_id: str,
-        local_tag: str,
-        remote_tag: str,
-        local_uri: NameAddr,
-        remote_uri: NameAddr,
-        remote_target: str,
-        route_set: list[str],
-        remote_seq: int,
-        local_seq: int,
-        local_contact: str,
-    ) -> None:
-        self.call_id = call_id
-        self.local_tag = local_tag
-        self.remote_tag = remote_tag
-        self.local_uri = local_uri
-        self.remote_uri = remote_uri
-        self.remote_target = remote_target
-        self.route_set = route_set
-        self.remote_seq = remote_seq
-        self.local_seq = local_seq
-        self.local_contact = local_contact
-        self.state: DialogState = "early"
+    call_id: str
+    local_tag: str
+    remote_tag: str
+    local_uri: NameAddr
+    remote_uri: NameAddr
+    remote_target: str
+    route_set: list[str]
+    remote_seq: int
+    local_seq: int
+    local_contact: str
+    state: DialogState = field(default="early", init=False)
 
     @classmethod
     def from_request(
