@@ -48,4 +48,4 @@ def test_the_calls_get_what_the_setting_says(
     settings = load_settings({"rtc_port": 0, "echo_cancellation": setting}, env={})
     app = create_app(settings, fake_engines)
     assert app[CALLS].echo_cancellation is webrtc
-    assert app[SIP].echo_cancellation is sip
+    assert app[SIP].media.echo_cancellation is sip

@@ -23,5 +23,7 @@ def test_every_call_transport_of_a_worker_is_paced_by_the_hosts_one_pacer(
         # No timer of its own: any pacer or ticker it holds is the host's.
         timers = [v for v in vars(registry).values() if isinstance(v, Pacer | PlayoutTicker)]
         assert all(timer is host.pacer for timer in timers), name
+    # SIP keeps its calls' pacer with the rest of their media options.
+    assert vars(registries["sip"])["media"].pacer is host.pacer
     # Nothing is paced before a call starts, and then the timer starts with it.
     assert len(host.pacer) == 0 and len(host.pacer.ticker) == 0

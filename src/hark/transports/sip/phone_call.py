@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from hark.driver.runner import SessionRunner
 from hark.protocol.session_config import SessionConfig
@@ -56,18 +57,32 @@ RunnerFor = Callable[[RtpSession, SessionConfig | None, str], SessionRunner]
 __all__ = ["ACK_WAIT_S", "CallStateError", "PhoneCall", "RunnerFor"]
 
 
+@dataclass(frozen=True, slots=True)
+class CallMedia:
+    """How a worker's phone calls carry their RTP, the same for every call of a service.
+
+    ``pacer`` paces the RTP of the worker's calls (None: one of each call's own).
+    ``rtp_timeout_s``: a call ends (BYE) when the caller's RTP stops for that long (None:
+    never). ``echo_cancellation``: the reply's echo is taken out of the caller's audio.
+    """
+
+    bind_host: str
+    advertise_ip: str
+    rtp_ports: range | None
+    pacer: Pacer | None = None
+    rtp_timeout_s: float | None = None
+    echo_cancellation: bool = True
+
+
 class PhoneCall(MediaCall):
     """A SIP call (``rtc_…``), the same surface as ``hark.transports.webrtc.call.Call``.
 
     ``owner`` is the key that accepted it (``""`` while pending: any real key of the server
     may accept or reject it, as OpenAI lets the project that owns the trunk); ``runner``
-    exists once accepted. ``pacer`` paces the RTP of the worker's calls (None: one of the
-    call's own). ``on_closed`` is called once, at the end of ``close``. ``rtp_timeout_s``:
-    the call ends (BYE) when the caller's RTP stops for that long (None: never).
-    ``echo_cancellation``: the reply's echo is taken out of the caller's audio. A phone
-    has no event channel: the events made before the first sideband attaches (the backend
-    connects after its accept) are held for it. ``runner_for`` makes the session of an
-    accepted call.
+    exists once accepted. ``media`` says how its RTP goes. ``on_closed`` is called once, at
+    the end of ``close``. A phone has no event channel: the events made before the first
+    sideband attaches (the backend connects after its accept) are held for it.
+    ``runner_for`` makes the session of an accepted call.
     """
 
     kind = "SIP"
@@ -78,26 +93,16 @@ class PhoneCall(MediaCall):
         call_id: str,
         incoming: IncomingCall,
         runner_for: RunnerFor,
+        media: CallMedia,
         *,
-        bind_host: str,
-        advertise_ip: str,
-        rtp_ports: range | None,
-        pacer: Pacer | None = None,
         on_closed: Callable[[PhoneCall], None] | None = None,
-        rtp_timeout_s: float | None = None,
-        echo_cancellation: bool = True,
     ) -> None:
         super().__init__(call_id, "", on_closed=on_closed, hold_for_sideband=True)
         self.incoming = incoming
         self.media: RtpSession | None = None
         self.state = "pending"
         self._runner_for = runner_for
-        self._bind_host = bind_host
-        self._advertise_ip = advertise_ip
-        self._rtp_ports = rtp_ports
-        self._pacer = pacer
-        self._rtp_timeout_s = rtp_timeout_s
-        self._echo_cancellation = echo_cancellation
+        self._media = media
         incoming.on_ended = self._on_sip_ended
         incoming.on_info = self._on_info
         incoming.on_reoffer = self._on_reoffer
@@ -121,9 +126,9 @@ class PhoneCall(MediaCall):
         try:
             trunk = self.incoming.trunk
             media = await RtpSession.open(
-                bind_host=self._bind_host,
-                ports=self._rtp_ports,
-                pacer=self._pacer,
+                bind_host=self._media.bind_host,
+                ports=self._media.rtp_ports,
+                pacer=self._media.pacer,
                 trusted=trunk is not None and trunk.trusted,
                 peer_ip=self.incoming.remote[0],
             )
@@ -133,7 +138,7 @@ class PhoneCall(MediaCall):
                 raise CallStateError("The call ended before it could be answered.")
             self.media = media
             answer = media.negotiate(
-                self.incoming.offer, self._advertise_ip, secure=self.incoming.secure
+                self.incoming.offer, self._media.advertise_ip, secure=self.incoming.secure
             )
             self.runner = runner = self._runner_for(media, config, owner)
         except CallStateError:
@@ -172,9 +177,9 @@ class PhoneCall(MediaCall):
             on_dtmf=runner.receive_dtmf,
             listener=runner,
             metrics=runner.metrics,
-            rtp_timeout=self._rtp_timeout_s,
+            rtp_timeout=self._media.rtp_timeout_s,
             on_inactive=self._on_rtp_inactive,
-            echo_cancellation=self._echo_cancellation,
+            echo_cancellation=self._media.echo_cancellation,
         )
 
     def _on_rtp_inactive(self) -> None:
@@ -233,7 +238,8 @@ class PhoneCall(MediaCall):
         if self.media is None:
             return None
         try:
-            return self.media.negotiate(offer, self._advertise_ip, secure=self.incoming.secure)
+            advertise_ip = self._media.advertise_ip
+            return self.media.negotiate(offer, advertise_ip, secure=self.incoming.secure)
         except SdpError as exc:
             logger.info("call %s: re-INVITE refused: %s", self.id, exc)
             return None

@@ -38,7 +38,7 @@ from hark.transports.call import (
     RingingCalls,
 )
 from hark.transports.sip.admission import DEFAULT_RATE, InviteAdmission
-from hark.transports.sip.phone_call import PhoneCall
+from hark.transports.sip.phone_call import CallMedia, PhoneCall
 from hark.transports.sip.sdp import media_security
 from hark.transports.sip.transaction import RFC_TIMERS, Timers
 from hark.transports.sip.trunk import InboundTrunk
@@ -78,23 +78,25 @@ class SipService(RingingCalls[PhoneCall]):
         echo out of the caller's audio."""
         super().__init__(host, hooks, model, default_session, accept_timeout_s)
         self.server = server
-        self.bind_host = bind_host
-        self.advertise_ip = advertise_ip
-        self.rtp_ports = rtp_ports
         self.announce = announce
         self.max_calls = max_calls
-        self.rtp_timeout_s = rtp_timeout_s
-        self.echo_cancellation = echo_cancellation
         self.started = False
-        # One 20 ms wake-up for the RTP of every call (and every other call of the worker).
-        self.pacer = host.pacer
+        # One 20 ms wake-up (the host's pacer) for the RTP of every call of the worker.
+        self.media = CallMedia(
+            bind_host,
+            advertise_ip,
+            rtp_ports,
+            pacer=host.pacer,
+            rtp_timeout_s=rtp_timeout_s,
+            echo_cancellation=echo_cancellation,
+        )
 
     name = "sip"
 
     @property
     def listening(self) -> str:
         """The SIP port, in words."""
-        return f"SIP {self.bind_host} port {self.server.port}"
+        return f"SIP {self.media.bind_host} port {self.server.port}"
 
     @property
     def media_address(self) -> None:
@@ -148,7 +150,7 @@ class SipService(RingingCalls[PhoneCall]):
         trunks = admission.trunks if admission is not None else ()
         logger.info(
             "SIP listening on %s port %d (UDP, TCP%s); calls from %s; %s",
-            self.bind_host,
+            self.media.bind_host,
             self.server.port,
             f", TLS {self.server.tls_port}" if self.server.tls_port else "",
             f"trunks {', '.join(t.name for t in trunks)}" if trunks else "any address",
@@ -178,13 +180,8 @@ class SipService(RingingCalls[PhoneCall]):
             self._ids.new(CALL_ID_PREFIX),
             incoming,
             self._runner_for,
-            bind_host=self.bind_host,
-            advertise_ip=self.advertise_ip,
-            rtp_ports=self.rtp_ports,
-            pacer=self.pacer,
+            self.media,
             on_closed=self._forget,
-            rtp_timeout_s=self.rtp_timeout_s,
-            echo_cancellation=self.echo_cancellation,
         )
         call.ring()
         logger.info("call %s rings (from %s)", call.id, incoming.remote[0])
