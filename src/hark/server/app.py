@@ -301,7 +301,9 @@ def _twilio_streams(
         announce=announce,
         default_session=_call_session(settings),
         accept_timeout_s=settings.sip_accept_timeout,
-        echo_cancellation=settings.echo_cancellation != "off",
+        # Only when asked for: with it on, a caller's barge-in over the reply went unheard
+        # in the embedded-model test (docs/echo.md, Limits).
+        echo_cancellation=settings.echo_cancellation == "on",
     )
 
 
