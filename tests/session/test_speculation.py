@@ -145,19 +145,25 @@ def test_the_fallback_for_each_eagerness(driver: Driver, eagerness: str, fallbac
     assert len(stopped_at(driver)) == 1
 
 
-def test_a_verdict_before_the_timer_may_wait_longer(driver: Driver) -> None:
-    semantic(driver)
-    driver.asr_text = "My phone number is four one five"
+def judged_after_200_ms(driver: Driver, eagerness: str, text: str, probability: float) -> None:
+    """``text`` is judged complete with ``probability`` 200 ms into its pause: the turn ends
+    on the silence that verdict asks for (``silence_for``), not a chunk sooner."""
+    semantic(driver, eagerness)
+    driver.asr_text = text
     driver.append(voiced(800))
     driver.append(silence(200))
     (score,) = driver.take(ScoreTurn)
-    # Judged unfinished while the timer still ran: the pause may last what the verdict says.
-    driver.session.handle(TurnScored(score.key, 0.1), now=driver.now)
+    driver.session.handle(TurnScored(score.key, probability), now=driver.now)
     driver.pump()
-    driver.append(silence(silence_for(0.1, "auto") - 200 - 64))
+    driver.append(silence(silence_for(probability, eagerness) - 200 - 64))
     assert stopped_at(driver) == []
     driver.append(silence(96))
     assert len(stopped_at(driver)) == 1
+
+
+def test_a_verdict_before_the_timer_may_wait_longer(driver: Driver) -> None:
+    # Judged unfinished while the timer still ran: the pause may last what the verdict says.
+    judged_after_200_ms(driver, "auto", "My phone number is four one five", 0.1)
 
 
 def test_a_failed_verdict_ends_the_pause_as_an_unjudged_one(driver: Driver) -> None:
@@ -177,18 +183,8 @@ def test_a_failed_verdict_ends_the_pause_as_an_unjudged_one(driver: Driver) -> N
 def test_low_eagerness_waits_out_a_short_pause_however_finished_it_sounds(
     driver: Driver,
 ) -> None:
-    semantic(driver, "low")
-    driver.asr_text = "I'd like a large pizza."
-    driver.append(voiced(800))
-    driver.append(silence(200))
-    (score,) = driver.take(ScoreTurn)
-    driver.session.handle(TurnScored(score.key, 1.0), now=driver.now)
-    driver.pump()
     # Certain it is finished: the turn still ends only on low's shortest silence, 800 ms.
-    driver.append(silence(silence_for(1.0, "low") - 200 - 64))
-    assert stopped_at(driver) == []
-    driver.append(silence(96))
-    assert len(stopped_at(driver)) == 1
+    judged_after_200_ms(driver, "low", "I'd like a large pizza.", 1.0)
 
 
 def test_a_verdict_asking_less_than_has_passed_ends_the_turn_at_once(driver: Driver) -> None:
