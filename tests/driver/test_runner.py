@@ -14,7 +14,7 @@ import numpy.typing as npt
 
 from hark.config import Settings
 from hark.driver.runner import SessionRunner
-from hark.engines.asr import RecognitionRequest, TimedTranscript, Urgency
+from hark.engines.asr import AudioToTranscribe, RecognitionRequest, TimedTranscript, Urgency
 from hark.engines.asr.scheduler import AsrScheduler
 from hark.engines.fake import FakeAsr
 from hark.engines.registry import build_engines
@@ -293,13 +293,7 @@ class HeldTranscription(FakeAsr):
         self.started = asyncio.Event()
         self.cancelled = 0
 
-    async def transcribe(
-        self,
-        audio: npt.NDArray[np.float32],
-        *,
-        language: str | None = None,
-        prompt: str | None = None,
-    ) -> AsyncIterator[str]:
+    async def transcribe(self, request: AudioToTranscribe) -> AsyncIterator[str]:
         self.started.set()
         try:
             await asyncio.Event().wait()

@@ -82,12 +82,13 @@ async def transcribe(pcm: npt.NDArray[np.int16], rate: int) -> str:
     """What Whisper hears in ``pcm``."""
     global _asr
     from hark.audio.resample import resample
+    from hark.engines.asr import AudioToTranscribe
     from hark.engines.asr.whisper import WhisperAsr
 
     if _asr is None:
         _asr = WhisperAsr()
     audio = resample(pcm, rate, 16000).astype(np.float32) / 32768.0
-    return "".join([d async for d in _asr.transcribe(audio, language="en")])
+    return "".join([d async for d in _asr.transcribe(AudioToTranscribe(audio, language="en"))])
 
 
 def words(text: str) -> list[str]:

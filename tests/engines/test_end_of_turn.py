@@ -278,12 +278,15 @@ SPOKEN = [
 
 @pytest.mark.slow
 async def test_whisper_transcripts_of_speech(engine: LlamaCppEndOfTurn, say: Say) -> None:
+    from hark.engines.asr import AudioToTranscribe
     from hark.engines.asr.whisper import WhisperAsr
 
     asr = WhisperAsr()
     heard = []
     for example in SPOKEN:
-        text = "".join([d async for d in asr.transcribe(say(example.text), language="en")])
+        text = "".join(
+            [d async for d in asr.transcribe(AudioToTranscribe(say(example.text), language="en"))]
+        )
         heard.append(Example(text, example.complete))
     result = await evaluate_as_session(engine, heard)
     print(result.summary(), [e.text for e in heard])

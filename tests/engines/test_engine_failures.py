@@ -20,7 +20,7 @@ import numpy.typing as npt
 import pytest
 
 from hark.engines import health
-from hark.engines.asr import Urgency
+from hark.engines.asr import AudioToTranscribe, Urgency
 from hark.engines.asr.scheduler import AsrScheduler
 from hark.engines.asr.whisper import WhisperAsr
 from hark.engines.health import EngineThreadCrashedError
@@ -281,7 +281,7 @@ async def test_a_whisper_thread_killed_by_a_batch_is_ready_again_once_readyz_pro
         await asr.warmup()
         asr.kill_next.set()
         with pytest.raises(EngineThreadCrashedError, match="ThreadKiller: killed by the test"):
-            async for _ in asr.transcribe(tone, language="en"):
+            async for _ in asr.transcribe(AudioToTranscribe(tone, language="en")):
                 pass
         assert health.degraded()["whisper"] == {
             "code": "engine_thread_died",

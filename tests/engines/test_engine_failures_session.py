@@ -23,7 +23,7 @@ from openai.types.realtime.realtime_server_event import RealtimeServerEvent
 
 from hark.config import Settings
 from hark.driver.runner import SessionRunner
-from hark.engines.asr import RecognitionRequest, TimedTranscript
+from hark.engines.asr import AudioToTranscribe, RecognitionRequest, TimedTranscript
 from hark.engines.fake import FakeAsr, FakeLlm, FakeTts
 from hark.engines.llm import GenerationRequest, LlmEvent, TextDelta
 from hark.engines.registry import Engines, build_engines
@@ -231,16 +231,10 @@ class StallingAsr(FakeAsr):
         super().__init__()
         self.stall = False
 
-    async def transcribe(
-        self,
-        audio: npt.NDArray[np.float32],
-        *,
-        language: str | None = None,
-        prompt: str | None = None,
-    ) -> AsyncIterator[str]:
+    async def transcribe(self, request: AudioToTranscribe) -> AsyncIterator[str]:
         if self.stall:
             await asyncio.Event().wait()
-        async for delta in super().transcribe(audio, language=language, prompt=prompt):
+        async for delta in super().transcribe(request):
             yield delta
 
     async def recognise(self, request: RecognitionRequest) -> TimedTranscript:

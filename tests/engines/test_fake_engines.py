@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 import numpy as np
 import pytest
 
-from hark.engines.asr import AsrEngine, RecognitionRequest
+from hark.engines.asr import AsrEngine, AudioToTranscribe, RecognitionRequest
 from hark.engines.fake import FakeAsr, FakeLlm, FakeTts
 from hark.engines.llm import (
     ChatMessage,
@@ -71,12 +71,15 @@ async def test_fakes_satisfy_the_engine_interfaces() -> None:
 async def test_fake_asr_hears_its_transcript_in_any_audio() -> None:
     asr = FakeAsr("Hello there.")
     speech = np.random.default_rng(0).normal(0, 0.1, 16000).astype(np.float32)
-    assert "".join(await collect(asr.transcribe(speech))) == "Hello there."
+    assert "".join(await collect(asr.transcribe(AudioToTranscribe(speech)))) == "Hello there."
     silence = np.zeros(0, dtype=np.float32)
-    assert "".join(await collect(asr.transcribe(silence, language="fr", prompt="x"))) == (
-        "Hello there."
+    assert "".join(
+        await collect(asr.transcribe(AudioToTranscribe(silence, language="fr", prompt="x")))
+    ) == ("Hello there.")
+    assert (
+        "".join(await collect(FakeAsr().transcribe(AudioToTranscribe(speech))))
+        == "What is the capital of France?"
     )
-    assert "".join(await collect(FakeAsr().transcribe(speech))) == "What is the capital of France?"
 
 
 async def test_fake_asr_recognises_its_transcript_spread_over_the_window() -> None:

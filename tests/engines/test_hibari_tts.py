@@ -16,6 +16,7 @@ import pytest
 
 from hark.audio.resample import resample
 from hark.config import Settings
+from hark.engines.asr import AudioToTranscribe
 from hark.engines.asr.whisper import WhisperAsr
 from hark.engines.registry import EngineUnavailableError, build_engines, engine_names
 from hark.engines.tts import TtsEngine, installed_voices
@@ -53,7 +54,7 @@ async def speak(engine: TtsEngine, text: str, **options: Any) -> list[npt.NDArra
 async def heard(asr: WhisperAsr, audio: npt.NDArray[np.int16]) -> list[str]:
     """The words Whisper tiny.en hears in 24 kHz ``audio``."""
     pcm = resample(audio, RATE, 16000).astype(np.float32) / 32768.0
-    text = "".join([delta async for delta in asr.transcribe(pcm, language="en")])
+    text = "".join([delta async for delta in asr.transcribe(AudioToTranscribe(pcm, language="en"))])
     return re.findall(r"[a-z]+", text.lower())
 
 

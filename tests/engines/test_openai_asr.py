@@ -13,13 +13,14 @@ import re
 import wave
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pytest
 from aiohttp import web
 
-from hark.engines.asr import AsrEngine, RecognitionRequest
+from hark.engines.asr import AsrEngine, AudioToTranscribe, RecognitionRequest
 from hark.engines.asr import openai as openai_asr
 from hark.engines.asr.openai import AsrEndpointError, OpenAIAsr, pieces
 from tests.helpers.audio import tone
@@ -43,8 +44,8 @@ def hark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield server.url + "/v1"
 
 
-async def hear(engine: AsrEngine, audio: npt.NDArray[np.float32], **options: str) -> list[str]:
-    return [delta async for delta in engine.transcribe(audio, **options)]
+async def hear(engine: AsrEngine, audio: npt.NDArray[np.float32], **options: Any) -> list[str]:
+    return [delta async for delta in engine.transcribe(AudioToTranscribe(audio, **options))]
 
 
 @pytest.mark.parametrize("stream", [True, False])
@@ -163,7 +164,9 @@ async def test_deltas_are_yielded_as_they_arrive_and_the_upload_is_a_wav(
     audio = tone(440, 0.25, level=0.5, dtype=np.float32)
     deltas: list[str] = []
     try:
-        async for delta in engine.transcribe(audio, language="en-US", prompt="Greetings."):
+        async for delta in engine.transcribe(
+            AudioToTranscribe(audio, language="en-US", prompt="Greetings.")
+        ):
             # Each delta is in hand while the server has written only its own event.
             assert peer.parts_written == len(deltas) + 1
             deltas.append(delta)
@@ -216,7 +219,7 @@ async def test_closing_the_transcription_hangs_up(
     peer.hold = True
     engine = OpenAIAsr(url)
     try:
-        stream = engine.transcribe(tone(440, 0.25, level=0.5, dtype=np.float32))
+        stream = engine.transcribe(AudioToTranscribe(tone(440, 0.25, level=0.5, dtype=np.float32)))
         assert await anext(stream) == "Hel"
         await stream.aclose()
         await asyncio.wait_for(peer.hung_up.wait(), LIVENESS_S)
@@ -274,7 +277,9 @@ async def test_a_hark_gives_timed_transcripts(hark: str, words: bool) -> None:
     try:
         asr: AsrEngine = engine
         timed = await asr.transcribe_timed(
-            tone(440, 3.0, level=0.5, dtype=np.float32), language="fr-CA", words=words
+            AudioToTranscribe(
+                tone(440, 3.0, level=0.5, dtype=np.float32), language="fr-CA", words=words
+            )
         )
     finally:
         await engine.aclose()
@@ -298,7 +303,7 @@ async def test_long_audio_goes_up_in_pieces_that_read_on(
     engine = OpenAIAsr(hark, api_key=API_KEY)
     try:
         if timed:
-            result = await engine.transcribe_timed(audio, words=True)
+            result = await engine.transcribe_timed(AudioToTranscribe(audio, words=True))
             text = result.text
         else:
             text = "".join(await hear(engine, audio))
@@ -361,7 +366,9 @@ async def test_verbose_json_as_openai_sends_it(
     engine = OpenAIAsr(url)
     try:
         timed = await engine.transcribe_timed(
-            tone(440, 2.0, level=0.5, dtype=np.float32), prompt="Greetings.", words=True
+            AudioToTranscribe(
+                tone(440, 2.0, level=0.5, dtype=np.float32), prompt="Greetings.", words=True
+            )
         )
     finally:
         await engine.aclose()
@@ -428,7 +435,9 @@ async def test_an_untimed_or_broken_verbose_answer_fails(
     engine = OpenAIAsr(url)
     try:
         with pytest.raises(AsrEndpointError, match=message):
-            await engine.transcribe_timed(tone(440, 1.0, level=0.5, dtype=np.float32))
+            await engine.transcribe_timed(
+                AudioToTranscribe(tone(440, 1.0, level=0.5, dtype=np.float32))
+            )
     finally:
         await engine.aclose()
 

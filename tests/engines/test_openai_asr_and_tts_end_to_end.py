@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from hark.audio.resample import resample
+from hark.engines.asr import AudioToTranscribe
 from hark.engines.asr.whisper import WhisperAsr
 from tests.helpers.text import words
 from tests.servers import HarkProcess
@@ -104,7 +105,9 @@ async def test_a_spoken_question_gets_a_transcript_and_spoken_reply(front: HarkP
     assert reply.size > 0.3 * RATE
     # The reply audio is speech saying the reply's text (Piper on the audio box), not a tone.
     audio = resample(reply.astype(np.int16), RATE, 16000).astype(np.float32) / 32768.0
-    recognised = "".join([d async for d in WhisperAsr().transcribe(audio, language="en")])
+    recognised = "".join(
+        [d async for d in WhisperAsr().transcribe(AudioToTranscribe(audio, language="en"))]
+    )
     matched = sum(w in set(words(recognised)) for w in words(said)) / len(words(said))
     assert matched >= 0.6, (said, recognised)
 

@@ -205,6 +205,7 @@ async def test_a_server_error_is_clear_and_scrubbed(
 @pytest.mark.slow
 async def test_real_speech_from_a_hark_with_piper(tmp_path: Path) -> None:
     from hark.audio.resample import resample
+    from hark.engines.asr import AudioToTranscribe
     from hark.engines.asr.whisper import WhisperAsr
 
     args = ["--engines", "fake", "--tts", "piper"]
@@ -215,5 +216,7 @@ async def test_real_speech_from_a_hark_with_piper(tmp_path: Path) -> None:
         finally:
             await engine.aclose()
     heard_audio = resample(audio, 24000, 16000).astype(np.float32) / 32768.0
-    heard = "".join([d async for d in WhisperAsr().transcribe(heard_audio, language="en")])
+    heard = "".join(
+        [d async for d in WhisperAsr().transcribe(AudioToTranscribe(heard_audio, language="en"))]
+    )
     assert {"lights", "kitchen"} <= set(re.findall(r"[a-z]+", heard.lower())), heard

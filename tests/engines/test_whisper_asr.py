@@ -13,7 +13,7 @@ import numpy.typing as npt
 import pytest
 
 from hark.engines.activity import computing_now
-from hark.engines.asr import AsrEngine
+from hark.engines.asr import AsrEngine, AudioToTranscribe
 from hark.engines.asr.whisper import WhisperAsr, default_model_path
 from tests.helpers.text import words
 
@@ -37,12 +37,14 @@ def full_window() -> Any:
 
 
 async def transcript(engine: AsrEngine, audio: npt.NDArray[np.float32], **options: Any) -> str:
-    return "".join([delta async for delta in engine.transcribe(audio, **options)])
+    return "".join(
+        [delta async for delta in engine.transcribe(AudioToTranscribe(audio, **options))]
+    )
 
 
 async def test_transcribes_a_question(asr: WhisperAsr, question: npt.NDArray[np.float32]) -> None:
     await asr.warmup()
-    deltas = [delta async for delta in asr.transcribe(question)]
+    deltas = [delta async for delta in asr.transcribe(AudioToTranscribe(question))]
     assert len(deltas) == 1
     assert not deltas[0].startswith(" ")
     assert {"capital", "france"} <= set(words(deltas[0]))
@@ -107,7 +109,7 @@ async def test_long_audio_is_transcribed_window_by_window(
 ) -> None:
     gap = np.zeros(29 * 16000, dtype=np.float32)
     audio = np.concatenate((question, gap, question))
-    deltas = [delta async for delta in asr.transcribe(audio, language="en")]
+    deltas = [delta async for delta in asr.transcribe(AudioToTranscribe(audio, language="en"))]
     assert len(deltas) >= 2
     assert not deltas[0].startswith(" ")
     assert words("".join(deltas)).count("capital") == 2
@@ -119,7 +121,7 @@ async def test_timed_transcripts_place_segments_and_words_in_long_audio(
     gap = np.zeros(29 * 16000, dtype=np.float32)
     audio = np.concatenate((gap[:16000], question, gap, question))
     duration = audio.size / 16000
-    timed = await asr.transcribe_timed(audio, words=True)
+    timed = await asr.transcribe_timed(AudioToTranscribe(audio, words=True))
     assert timed.language == "en" and timed.duration == duration
     assert words(timed.text).count("capital") == 2
     said = [s for s in timed.segments if "capital" in words(s.text)]
@@ -135,11 +137,11 @@ async def test_timed_transcripts_place_segments_and_words_in_long_audio(
     capitals = [w.start for w in timed.words if "capital" in words(w.word)]
     assert capitals[0] < first_end and capitals[1] >= 30.0
     # Without words asked for, none; silence gives no segments, in the model's language.
-    assert (await asr.transcribe_timed(question)).words == ()
-    silent = await asr.transcribe_timed(np.zeros(32000, dtype=np.float32))
+    assert (await asr.transcribe_timed(AudioToTranscribe(question))).words == ()
+    silent = await asr.transcribe_timed(AudioToTranscribe(np.zeros(32000, dtype=np.float32)))
     assert (silent.segments, silent.language, silent.duration) == ((), "en", 2.0)
     with pytest.raises(ValueError):
-        await asr.transcribe_timed(question, language="klingon")
+        await asr.transcribe_timed(AudioToTranscribe(question, language="klingon"))
 
 
 async def test_closing_midway_stops_cleanly(
@@ -166,7 +168,9 @@ async def test_closing_midway_stops_cleanly(
 
     monkeypatch.setattr(asr, "_start_windows", watched)
     gap = np.zeros(29 * 16000, dtype=np.float32)
-    deltas = asr.transcribe(np.concatenate((question, gap, question)), language="en")
+    deltas = asr.transcribe(
+        AudioToTranscribe(np.concatenate((question, gap, question)), language="en")
+    )
     assert "capital" in words(await anext(deltas))
     await deltas.aclose()  # type: ignore[attr-defined]
     assert computing_now() == 0
@@ -187,7 +191,7 @@ async def test_cancelling_midway_raises_only_cancelled_error(
     first_delta = asyncio.Event()
 
     async def listen() -> None:
-        async for delta in asr.transcribe(audio, language="en"):
+        async for delta in asr.transcribe(AudioToTranscribe(audio, language="en")):
             heard.append(delta)
             first_delta.set()
 

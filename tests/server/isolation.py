@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
+from hark.engines.asr import AudioToTranscribe
 from hark.engines.fake import FakeAsr, FakeLlm
 from hark.engines.llm import Finished, GenerationRequest, LlmEvent, TextDelta
 
@@ -21,17 +21,11 @@ _ID = re.compile(r"\b(?:sess|item|resp|event|call)_[A-Za-z0-9]{20,}")
 class PitchAsr(FakeAsr):
     """Hears a tone's pitch: ``"<hertz> hertz"``, to the nearest 10 Hz."""
 
-    async def transcribe(
-        self,
-        audio: npt.NDArray[np.float32],
-        *,
-        language: str | None = None,
-        prompt: str | None = None,
-    ) -> AsyncIterator[str]:
-        """The dominant frequency of ``audio`` in words."""
+    async def transcribe(self, request: AudioToTranscribe) -> AsyncIterator[str]:
+        """The dominant frequency of the audio in words."""
         await asyncio.sleep(0)
-        spectrum = np.abs(np.fft.rfft(audio))
-        hertz = 10 * round(float(np.argmax(spectrum)) * self.sample_rate / len(audio) / 10)
+        spectrum = np.abs(np.fft.rfft(request.audio))
+        hertz = 10 * round(float(np.argmax(spectrum)) * self.sample_rate / request.audio.size / 10)
         yield f"{hertz} hertz"
 
 

@@ -22,6 +22,7 @@ import pytest
 from hark.audio import files
 from hark.audio.files import decode_file, wav_header
 from hark.config import Settings
+from hark.engines.asr import AudioToTranscribe
 from hark.engines.fake import FakeAsr, FakeLlm, FakeTts
 from hark.engines.registry import Engines
 from hark.engines.vad.batcher import BatchedSileroVad
@@ -69,16 +70,10 @@ class PieceAsr(FakeAsr):
         super().__init__()
         self.heard: list[tuple[int, str | None, str | None]] = []
 
-    async def transcribe(
-        self,
-        audio: npt.NDArray[np.float32],
-        *,
-        language: str | None = None,
-        prompt: str | None = None,
-    ) -> AsyncIterator[str]:
-        if language == "xx":
+    async def transcribe(self, request: AudioToTranscribe) -> AsyncIterator[str]:
+        if request.language == "xx":
             raise ValueError("Whisper does not know the language 'xx'")
-        self.heard.append((audio.size, prompt, language))
+        self.heard.append((request.audio.size, request.prompt, request.language))
         yield "piece"
         yield f" {len(self.heard)}"
 
@@ -618,16 +613,10 @@ class BrokenTts(RecordingTts):
 class BrokenAsr(PieceAsr):
     """Fails on audio of an odd number of seconds."""
 
-    async def transcribe(
-        self,
-        audio: npt.NDArray[np.float32],
-        *,
-        language: str | None = None,
-        prompt: str | None = None,
-    ) -> AsyncIterator[str]:
-        if (audio.size // self.sample_rate) % 2:
+    async def transcribe(self, request: AudioToTranscribe) -> AsyncIterator[str]:
+        if (request.audio.size // self.sample_rate) % 2:
             raise RuntimeError("the recogniser crashed")
-        async for delta in super().transcribe(audio, language=language, prompt=prompt):
+        async for delta in super().transcribe(request):
             yield delta
 
 

@@ -22,6 +22,7 @@ import pytest
 from hark.audio.codecs.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
 from hark.audio.resample import resample
 from hark.config import Settings
+from hark.engines.asr import AudioToTranscribe
 from hark.engines.fake import FakeAsr, FakeLlm, FakeTts
 from hark.engines.registry import Engines, build_engines
 from tests.e2e.conftest import speech
@@ -51,16 +52,10 @@ class RecordingAsr(FakeAsr):
         super().__init__()
         self.heard: list[npt.NDArray[np.float32]] = []
 
-    async def transcribe(
-        self,
-        audio: npt.NDArray[np.float32],
-        *,
-        language: str | None = None,
-        prompt: str | None = None,
-    ) -> AsyncIterator[str]:
-        """Record ``audio``, then answer as FakeAsr does."""
-        self.heard.append(audio.copy())
-        async for delta in super().transcribe(audio, language=language, prompt=prompt):
+    async def transcribe(self, request: AudioToTranscribe) -> AsyncIterator[str]:
+        """Record the audio, then answer as FakeAsr does."""
+        self.heard.append(request.audio.copy())
+        async for delta in super().transcribe(request):
             yield delta
 
 

@@ -14,6 +14,7 @@ import numpy.typing as npt
 import pytest
 
 from hark.driver.runner import SessionRunner
+from hark.engines.asr import AudioToTranscribe
 from hark.engines.fake import FakeLlm, FakeTts
 from hark.engines.registry import Engines
 from hark.engines.vad.batcher import BatchedSileroVad
@@ -135,7 +136,9 @@ async def test_captions_of_a_long_turn_come_while_it_is_spoken_and_match_whole_d
     assert len(before) >= 3
     assert "".join(deltas) == transcript
 
-    whole = await asr.transcribe_timed(monologue(RATE).astype(np.float32) / 32768.0)
+    whole = await asr.transcribe_timed(
+        AudioToTranscribe(monologue(RATE).astype(np.float32) / 32768.0)
+    )
     reference = " ".join(MONOLOGUE)
     streamed_wer = word_error_rate(reference, transcript)
     whole_wer = word_error_rate(reference, whole.text)

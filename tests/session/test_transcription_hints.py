@@ -24,7 +24,7 @@ from openai.types.realtime.realtime_server_event import RealtimeServerEvent
 
 from hark.config import Settings
 from hark.driver.runner import SessionRunner
-from hark.engines.asr import Urgency
+from hark.engines.asr import AudioToTranscribe, Urgency
 from hark.engines.fake import FakeAsr
 from hark.engines.registry import build_engines
 from hark.session.actions import Recognise, Transcribe
@@ -214,15 +214,9 @@ class LanguageRecordingAsr(FakeAsr):
         self.detections.append(tuple(languages))
         return await super().detect_language(audio, languages=languages)
 
-    async def transcribe(
-        self,
-        audio: npt.NDArray[np.float32],
-        *,
-        language: str | None = None,
-        prompt: str | None = None,
-    ) -> AsyncIterator[str]:
-        self.transcribed_in.append(language)
-        async for delta in super().transcribe(audio, language=language, prompt=prompt):
+    async def transcribe(self, request: AudioToTranscribe) -> AsyncIterator[str]:
+        self.transcribed_in.append(request.language)
+        async for delta in super().transcribe(request):
             yield delta
 
 

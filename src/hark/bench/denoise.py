@@ -32,7 +32,7 @@ from hark.bench.report import BenchError
 from hark.bench.spoken_questions import QUESTIONS, RATE, SpokenQuestion, spoken_questions
 from hark.bench.word_alignment import align, words
 from hark.config.options import BenchOption
-from hark.engines.asr import AsrEngine
+from hark.engines.asr import AsrEngine, AudioToTranscribe
 from hark.protocol.session_config import NoiseReduction
 from hark.session.noise_reduction import wet_share
 
@@ -167,7 +167,9 @@ class _Tally:
 async def transcript(asr: AsrEngine, pcm: npt.NDArray[np.int16]) -> str:
     """What Whisper hears in ``pcm`` (24 kHz)."""
     audio = resample(pcm, RATE, _ASR_RATE).astype(np.float32) / 32768.0
-    return "".join([delta async for delta in asr.transcribe(audio, language="en")])
+    return "".join(
+        [delta async for delta in asr.transcribe(AudioToTranscribe(audio, language="en"))]
+    )
 
 
 async def measure(

@@ -162,9 +162,10 @@ def _read_times(path: Path, text: str) -> list[float | None] | None:
 async def _word_ends(recogniser: Any, pcm: npt.NDArray[np.int16], text: str) -> list[float | None]:
     """Where each word of ``text`` ends in ``pcm``: Whisper's word times, aligned to it."""
     from hark.audio.resample import resample
+    from hark.engines.asr import AudioToTranscribe
 
     audio = resample(pcm, RATE, recogniser.sample_rate).astype(np.float32) / 32768.0
-    heard = await recogniser.transcribe_timed(audio, words=True)
+    heard = await recogniser.transcribe_timed(AudioToTranscribe(audio, words=True))
     reference = words(text)
     hypothesis: list[str] = []
     ends: list[float] = []

@@ -33,7 +33,7 @@ from hark.bench.report import BenchError, load_average
 from hark.bench.spoken_questions import QUESTIONS
 from hark.bench.word_alignment import align, words
 from hark.config.options import BenchOption
-from hark.engines.asr import AsrEngine
+from hark.engines.asr import AsrEngine, AudioToTranscribe
 from hark.engines.tts import TtsEngine
 
 # The sentences hark's tests hear (tests/speech.py keeps them as WAV files and adds the
@@ -165,7 +165,7 @@ async def _spoken(tts: TtsEngine, sentence: str) -> tuple[npt.NDArray[np.int16],
 
 async def _heard(asr: AsrEngine, audio: npt.NDArray[np.int16], rate: int) -> str:
     pcm = resample(audio, rate, _ASR_RATE).astype(np.float32) / 32768.0
-    return "".join([delta async for delta in asr.transcribe(pcm, language="en")])
+    return "".join([delta async for delta in asr.transcribe(AudioToTranscribe(pcm, language="en"))])
 
 
 async def _one_run(

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from hark.engines.asr import AudioToTranscribe
 from hark.engines.registry import Engines
 from hark.engines.stage_timeouts import StageTimeoutError, limit
 from hark.session.actions import (
@@ -178,7 +179,7 @@ class EngineWork:
             # and the client hears which.
             heard = await asr.detect_language(action.audio, languages=action.languages)
         async for delta in asr.transcribe(
-            action.audio, language=action.language or heard, prompt=action.prompt
+            AudioToTranscribe(action.audio, action.language or heard, action.prompt)
         ):
             text += delta
             call(self._session.handle, TranscriptionDelta(action.request_id, delta))

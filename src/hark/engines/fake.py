@@ -17,7 +17,13 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from hark.engines.asr import RecognitionRequest, TimedSegment, TimedTranscript, TimedWord
+from hark.engines.asr import (
+    AudioToTranscribe,
+    RecognitionRequest,
+    TimedSegment,
+    TimedTranscript,
+    TimedWord,
+)
 from hark.engines.llm import (
     Finished,
     FunctionTool,
@@ -44,30 +50,15 @@ class FakeAsr:
     def __init__(self, transcript: str = "What is the capital of France?") -> None:
         self.transcript = transcript
 
-    async def transcribe(
-        self,
-        audio: npt.NDArray[np.float32],
-        *,
-        language: str | None = None,
-        prompt: str | None = None,
-    ) -> AsyncIterator[str]:
+    async def transcribe(self, request: AudioToTranscribe) -> AsyncIterator[str]:
         """Yield the fixed transcript as one delta, whatever the audio."""
         yield self.transcript
 
-    async def transcribe_timed(
-        self,
-        audio: npt.NDArray[np.float32],
-        *,
-        language: str | None = None,
-        prompt: str | None = None,
-        words: bool = False,
-    ) -> TimedTranscript:
+    async def transcribe_timed(self, request: AudioToTranscribe) -> TimedTranscript:
         """What ``transcribe`` hears, with made-up but consistent times."""
         # Through transcribe, so that a subclass's hearing is timed too.
-        text = "".join(
-            [delta async for delta in self.transcribe(audio, language=language, prompt=prompt)]
-        )
-        duration = audio.size / self.sample_rate
+        text = "".join([delta async for delta in self.transcribe(request)])
+        duration = request.audio.size / self.sample_rate
         heard = text.split()
         step = duration / len(heard) if heard else 0.0
         timed = [
@@ -88,16 +79,16 @@ class FakeAsr:
                 first = index + 1
         return TimedTranscript(
             segments=tuple(segments),
-            language=language.split("-")[0].lower() if language else "en",
+            language=request.language.split("-")[0].lower() if request.language else "en",
             duration=duration,
-            words=tuple(timed) if words else (),
+            words=tuple(timed) if request.words else (),
         )
 
     async def recognise(self, request: RecognitionRequest) -> TimedTranscript:
         """What ``transcribe_timed`` hears in the window, with word times, each word certain."""
         language = request.language or _detected(request.languages)
         timed = await self.transcribe_timed(
-            request.audio, language=language, prompt=request.prompt, words=True
+            AudioToTranscribe(request.audio, language, request.prompt, words=True)
         )
         return replace(timed, words=tuple(replace(w, probability=1.0) for w in timed.words))
 

@@ -17,6 +17,7 @@ import numpy as np
 from aiohttp import WSMsgType, web
 
 from hark.audio.resample import resample
+from hark.engines.asr import AudioToTranscribe
 from hark.engines.llm import ChatMessage, GenerationRequest, TextDelta
 from hark.engines.registry import Engines
 from hark.engines.stage_timeouts import limit, within
@@ -142,10 +143,11 @@ async def _work(
         utterance = action.utterance
         try:
             if isinstance(action, Recognise):
-                audio = resample(action.audio, tr.RATE, engines.asr.sample_rate)
+                pcm = resample(action.audio, tr.RATE, engines.asr.sample_rate)
+                audio = AudioToTranscribe(pcm.astype(np.float32) / 32768.0)
                 text = ""
                 async with limit(timeouts.asr_request, "ASR request"):
-                    async for delta in engines.asr.transcribe(audio.astype(np.float32) / 32768.0):
+                    async for delta in engines.asr.transcribe(audio):
                         text += delta
                 session.on_recognised(utterance, text)
             elif isinstance(action, Translate):

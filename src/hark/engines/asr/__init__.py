@@ -3,9 +3,10 @@
 ``transcribe`` gives text deltas as soon as they are known (an item's audio, recognised
 whole). ``transcribe_timed`` is what OpenAI's transcription API needs: the whole transcript
 at once, cut into segments with their times in the audio, optionally each word's times,
-and the language heard. ``recognise`` is one step of incremental recognition: a window of a
-turn still being spoken, decoded with every word's times and probability, run by the
-engine's scheduler in the order of its ``Urgency``.
+and the language heard. Both take an ``AudioToTranscribe``. ``recognise`` is one step of
+incremental recognition (a ``RecognitionRequest``): a window of a turn still being spoken,
+decoded with every word's times and probability, run by the engine's scheduler in the
+order of its ``Urgency``.
 """
 
 from __future__ import annotations
@@ -89,6 +90,23 @@ class Urgency(IntEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class AudioToTranscribe:
+    """Audio to transcribe whole: an item's, or a file's.
+
+    ``audio``: mono float32 at the engine's ``sample_rate``, of any length. ``language``: an
+    ISO-639-1 code (a region, ``en-US``, is dropped), or ``None`` to let the engine tell.
+    ``prompt``: text said before this audio, or words the client expects, which the decoder
+    continues from. ``words``: ``transcribe_timed`` times each word too (``transcribe``
+    gives text alone).
+    """
+
+    audio: npt.NDArray[np.float32]
+    language: str | None = None
+    prompt: str | None = None
+    words: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class RecognitionRequest:
     """One window of audio to decode with word times.
 
@@ -111,35 +129,22 @@ class AsrEngine(Protocol):
 
     sample_rate: int
 
-    def transcribe(
-        self,
-        audio: npt.NDArray[np.float32],
-        *,
-        language: str | None = None,
-        prompt: str | None = None,
-    ) -> AsyncIterator[str]:
-        """Transcribe mono float32 audio at ``sample_rate``; yields text deltas in order.
+    def transcribe(self, request: AudioToTranscribe) -> AsyncIterator[str]:
+        """Transcribe ``request.audio``; yields text deltas in order.
 
         The concatenation of the deltas is the whole transcript (deltas carry their own
-        leading spaces). Cancelling the iteration stops the work.
+        leading spaces). A ``ValueError`` refuses audio or a language the engine cannot
+        take. Cancelling the iteration stops the work.
         """
         ...
 
-    async def transcribe_timed(
-        self,
-        audio: npt.NDArray[np.float32],
-        *,
-        language: str | None = None,
-        prompt: str | None = None,
-        words: bool = False,
-    ) -> TimedTranscript:
-        """Transcribe mono float32 audio at ``sample_rate`` with segment times, and word
-        times when ``words`` is true.
+    async def transcribe_timed(self, request: AudioToTranscribe) -> TimedTranscript:
+        """Transcribe ``request.audio`` with segment times, and word times when
+        ``request.words`` is true.
 
-        Times are seconds from the start of ``audio``, within ``[0, duration]``, segments
-        and words in order. ``language`` and ``prompt`` mean what they mean for
-        ``transcribe``; a ``ValueError`` refuses audio or a language the engine cannot take.
-        Cancelling stops the work.
+        Times are seconds from the start of the audio, within ``[0, duration]``, segments
+        and words in order. A ``ValueError`` refuses audio or a language the engine cannot
+        take. Cancelling stops the work.
         """
         ...
 

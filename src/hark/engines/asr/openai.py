@@ -29,7 +29,13 @@ import aiohttp
 import numpy as np
 import numpy.typing as npt
 
-from hark.engines.asr import RecognitionRequest, TimedSegment, TimedTranscript, TimedWord
+from hark.engines.asr import (
+    AudioToTranscribe,
+    RecognitionRequest,
+    TimedSegment,
+    TimedTranscript,
+    TimedWord,
+)
 from hark.engines.openai_http import OpenAIEndpoint, endpoint_url, error_message, sse_objects
 
 DEFAULT_MODEL = "whisper-1"
@@ -78,22 +84,17 @@ class OpenAIAsr(OpenAIEndpoint):
         self._url = endpoint_url(base_url, "/audio/transcriptions")
         self.stream = stream
 
-    async def transcribe(
-        self,
-        audio: npt.NDArray[np.float32],
-        *,
-        language: str | None = None,
-        prompt: str | None = None,
-    ) -> AsyncGenerator[str, None]:
-        """Upload ``audio`` and yield the transcript's deltas as the server sends them.
+    async def transcribe(self, request: AudioToTranscribe) -> AsyncGenerator[str, None]:
+        """Upload the audio and yield the transcript's deltas as the server sends them.
 
-        ``language`` may carry a region (``en-US``); the API takes the ISO-639-1 part.
-        Cancelling closes the connection. Raises ``AsrEndpointError`` when the request fails.
+        The API takes the ISO-639-1 part of the language. Cancelling closes the connection.
+        Raises ``AsrEndpointError`` when the request fails.
         """
-        before = prompt or ""
+        audio = request.audio
+        before = request.prompt or ""
         joined = False
         for start, end in pieces(audio, SAMPLE_RATE, MAX_UPLOAD_S):
-            fields = self._fields(language, before, "json")
+            fields = self._fields(request.language, before, "json")
             if self.stream:
                 fields.append(("stream", "true"))
             said: list[str] = []
@@ -116,29 +117,23 @@ class OpenAIAsr(OpenAIEndpoint):
                 joined = True
                 before = f"{before} {text}".strip()
 
-    async def transcribe_timed(
-        self,
-        audio: npt.NDArray[np.float32],
-        *,
-        language: str | None = None,
-        prompt: str | None = None,
-        words: bool = False,
-    ) -> TimedTranscript:
-        """Upload ``audio`` for ``verbose_json`` with segment timestamps (and word ones when
-        ``words`` is true); the endpoint's segments, words and language.
+    async def transcribe_timed(self, request: AudioToTranscribe) -> TimedTranscript:
+        """Upload the audio for ``verbose_json`` with segment timestamps (and word ones when
+        ``request.words`` is true); the endpoint's segments, words and language.
 
         The language is as the endpoint names it (OpenAI says ``english``). Raises
         ``AsrEndpointError`` when the request fails or the answer lacks the timed shape.
         """
-        before = prompt or ""
+        audio = request.audio
+        before = request.prompt or ""
         duration = audio.size / SAMPLE_RATE
         segments: list[TimedSegment] = []
         timed_words: list[TimedWord] = []
         heard: str | None = None
         for start, end in pieces(audio, SAMPLE_RATE, MAX_UPLOAD_S):
-            fields = self._fields(language, before, "verbose_json")
+            fields = self._fields(request.language, before, "verbose_json")
             fields.append(("timestamp_granularities[]", "segment"))
-            if words:
+            if request.words:
                 fields.append(("timestamp_granularities[]", "word"))
             async with self._post(audio[start:end], fields) as response:
                 try:
@@ -157,7 +152,7 @@ class OpenAIAsr(OpenAIEndpoint):
             segments=tuple(segments),
             language=heard,
             duration=duration,
-            words=tuple(timed_words) if words else (),
+            words=tuple(timed_words) if request.words else (),
         )
 
     async def recognise(self, request: RecognitionRequest) -> TimedTranscript:
@@ -169,7 +164,7 @@ class OpenAIAsr(OpenAIEndpoint):
         ``transcribe_timed`` does.
         """
         return await self.transcribe_timed(
-            request.audio, language=request.language, prompt=request.prompt, words=True
+            AudioToTranscribe(request.audio, request.language, request.prompt, words=True)
         )
 
     async def detect_language(
@@ -201,7 +196,7 @@ class OpenAIAsr(OpenAIEndpoint):
         """Transcribe half a second of silence: the endpoint answers, and takes the model
         and the key."""
         silence = np.zeros(_WARMUP_SAMPLES, dtype=np.float32)
-        async for _ in self.transcribe(silence):
+        async for _ in self.transcribe(AudioToTranscribe(silence)):
             pass
 
     async def _deltas(self, response: aiohttp.ClientResponse) -> AsyncIterator[str]:

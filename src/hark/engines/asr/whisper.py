@@ -40,6 +40,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hark.engines.asr import (
+    AudioToTranscribe,
     RecognitionRequest,
     TimedSegment,
     TimedTranscript,
@@ -221,20 +222,14 @@ class WhisperAsr:
         """Load the model and transcribe half a second of a tone (the decoder runs too)."""
         time = np.arange(SAMPLE_RATE // 2, dtype=np.float32) / SAMPLE_RATE
         tone = (0.1 * np.sin(2 * np.pi * 220 * time)).astype(np.float32)
-        async for _ in self.transcribe(tone, language="en"):
+        async for _ in self.transcribe(AudioToTranscribe(tone, language="en")):
             pass
 
     def close(self) -> None:
         """Refuse further work; what waits fails, what runs finishes."""
         self.scheduler.close()
 
-    async def transcribe(
-        self,
-        audio: npt.NDArray[np.float32],
-        *,
-        language: str | None = None,
-        prompt: str | None = None,
-    ) -> AsyncIterator[str]:
+    async def transcribe(self, request: AudioToTranscribe) -> AsyncIterator[str]:
         """Transcribe mono float32 16 kHz audio; yields text deltas in order.
 
         Audio of up to 30 s gives one delta (or none for silence); longer audio gives one
@@ -242,19 +237,19 @@ class WhisperAsr:
         that is not 1-D floating point, or a language code Whisper does not know.
         Cancelling stops before the next model call.
         """
-        samples = _checked_audio(audio)
+        samples = _checked_audio(request.audio)
         loaded = await self._model(Urgency.ANSWER)
-        language = self._checked_language(loaded, language)
+        language = self._checked_language(loaded, request.language)
         if not _has_sound(samples):
             return
         if samples.size <= WINDOW_SAMPLES:
-            window = _Window(_compact_silences(samples), language, prompt, words=False)
+            window = _Window(_compact_silences(samples), language, request.prompt, words=False)
             decoded = await self._decode(window, Urgency.ANSWER)
             if decoded.text.strip():
                 yield decoded.text.lstrip()
             return
         first = True
-        async for delta in self._transcribe_long(loaded, samples, language, prompt):
+        async for delta in self._transcribe_long(loaded, samples, language, request.prompt):
             text = delta.lstrip() if first else delta
             if text:
                 first = False
@@ -529,29 +524,24 @@ class WhisperAsr:
         ) is not None:
             yield segment.text
 
-    async def transcribe_timed(
-        self,
-        audio: npt.NDArray[np.float32],
-        *,
-        language: str | None = None,
-        prompt: str | None = None,
-        words: bool = False,
-    ) -> TimedTranscript:
+    async def transcribe_timed(self, request: AudioToTranscribe) -> TimedTranscript:
         """Transcribe mono float32 16 kHz audio with Whisper's segment timestamps, and its
-        word timestamps (from cross-attention alignment) when ``words`` is true.
+        word timestamps (from cross-attention alignment) when ``request.words`` is true.
 
         The language is the one asked for, else the one Whisper detects (``en`` on an
         English-only model). Silence gives no segments. Raises ``ValueError`` as
         ``transcribe`` does. Cancelling stops before the next 30 s window.
         """
-        samples = _checked_audio(audio)
+        samples = _checked_audio(request.audio)
         duration = samples.size / SAMPLE_RATE
         loaded = await self._model(Urgency.ANSWER)
-        checked = self._checked_language(loaded, language)
+        checked = self._checked_language(loaded, request.language)
         if not _has_sound(samples):
             return TimedTranscript(segments=(), language=checked, duration=duration)
         windows, heard = await self._call(
-            lambda: self._start_windows(loaded, samples, checked, prompt, timed=True, words=words),
+            lambda: self._start_windows(
+                loaded, samples, checked, request.prompt, timed=True, words=request.words
+            ),
             Urgency.ANSWER,
         )
         segments: list[TimedSegment] = []

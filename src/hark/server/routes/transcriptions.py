@@ -22,7 +22,7 @@ from aiohttp import BodyPartReader, web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from hark.audio.files import AudioFileError, decode_file
-from hark.engines.asr import AsrEngine, TimedTranscript
+from hark.engines.asr import AsrEngine, AudioToTranscribe, TimedTranscript
 from hark.protocol.errors import ProtocolError
 from hark.protocol.transcriptions import (
     DurationUsage,
@@ -101,11 +101,9 @@ async def create_transcription(request: web.Request) -> web.StreamResponse:
         return await _stream(request, asr, audio, form)
     try:
         if form.response_format in _TIMED_FORMATS:
+            words = "word" in form.timestamp_granularities
             timed = await asr.transcribe_timed(
-                audio,
-                language=form.language,
-                prompt=form.prompt,
-                words="word" in form.timestamp_granularities,
+                AudioToTranscribe(audio, form.language, form.prompt, words=words)
             )
             return _timed_answer(form, timed)
         text = "".join([delta async for delta in _deltas(asr, audio, form)]).strip()
@@ -125,7 +123,7 @@ async def create_transcription(request: web.Request) -> web.StreamResponse:
 def _deltas(
     asr: AsrEngine, audio: npt.NDArray[np.float32], form: TranscriptionRequest
 ) -> AsyncIterator[str]:
-    return asr.transcribe(audio, language=form.language, prompt=form.prompt)
+    return asr.transcribe(AudioToTranscribe(audio, form.language, form.prompt))
 
 
 async def _read_form(request: web.Request) -> _Upload:
