@@ -18,7 +18,13 @@ from hark.session.actions import (
     Recognise,
     ResumeAudio,
 )
-from hark.session.backchannel import DECISION_MS, MAX_BACKCHANNEL_MS, judge_words, words_of
+from hark.session.backchannel import (
+    DECISION_MS,
+    MAX_BACKCHANNEL_MS,
+    WORDS_PROMPT,
+    judge_words,
+    words_of,
+)
 from hark.session.results import (
     AudioGenerated,
     GenerationFinished,
@@ -88,6 +94,8 @@ class Replying:
         """The one recognition of the candidate's words asked for so far."""
         (step,) = self.driver.steps(Urgency.DECISION)
         assert step.request_id.startswith("backchannel")
+        # After interjections, so that Whisper spells a hum as one.
+        assert step.request.prompt == WORDS_PROMPT
         return step
 
     def hear(self, step: Recognise, text: str) -> None:
@@ -277,10 +285,14 @@ def test_the_field_is_echoed_only_when_set(driver: Driver) -> None:
         ("Uh-huh.", "backchannel"),
         ("Mm-hmm.", "backchannel"),
         ("Mm-mm.", "backchannel"),
+        ("Nm-m-hmm.", "backchannel"),
         ("Hmmm", "backchannel"),
         ("Yeah.", "backchannel"),
         ("Right, okay.", "backchannel"),
         ("Hahaha!", "backchannel"),
+        ("ah ah ah ah ah ah ah ah ah ah ah ah", "backchannel"),
+        ("Wait, wait, wait, wait, wait.", "interruption"),
+        ("Yeah, yeah, but what about it?", "interruption"),
         ("(laughs)", "backchannel"),
         ("", "backchannel"),
         ("Wait.", "interruption"),
