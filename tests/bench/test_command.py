@@ -80,6 +80,19 @@ def test_wrong_options_exit_2_and_a_run_that_cannot_run_exits_1(
     assert captured.out == ""
 
 
+def test_a_field_in_seconds_is_the_option_named_without_its_unit() -> None:
+    @dataclass(frozen=True)
+    class Timed:
+        hold_s: float
+        pause_s: float = 1.0
+        step: int = 1
+
+    assert config_from(Timed, {"hold": 2.0, "step": 3}) == Timed(2.0, step=3)
+    # An option of the field's own name comes first, and a value given wins over both.
+    assert config_from(Timed, {"hold": 2.0, "hold_s": 3.0, "pause": 4.0}) == Timed(3.0, 4.0)
+    assert config_from(Timed, {"hold": 2.0}, hold_s=5.0) == Timed(5.0)
+
+
 def test_a_list_option_that_is_not_of_its_kind_is_wrong() -> None:
     assert listed("1, 2,", int) == (1, 2)
     with pytest.raises(ValueError):

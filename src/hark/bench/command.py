@@ -32,9 +32,15 @@ OPTION_ERRORS: tuple[type[Exception], ...] = (BenchError, ValueError, OSError)
 def config_from(cls: type[C], options: Mapping[str, Any], **values: Any) -> C:
     """A config dataclass ``cls`` whose fields are the options of the same names, but for
     those ``values`` gives (an option renamed or read into another type); a field that is
-    neither keeps its default."""
-    names = [field.name for field in fields(cast(Any, cls))]
-    taken = {name: options[name] for name in names if name in options and name not in values}
+    neither keeps its default. A field ``X_s`` is option ``X`` where there is no ``X_s``:
+    the command line says "seconds" in the help (``--hold``), the field's name carries the
+    unit (``hold_s``)."""
+    taken = {}
+    for field in fields(cast(Any, cls)):
+        name = field.name
+        option = name.removesuffix("_s") if name not in options else name
+        if option in options and name not in values:
+            taken[name] = options[option]
     return cls(**taken, **values)
 
 

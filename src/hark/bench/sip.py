@@ -1087,8 +1087,6 @@ class SipBenchConfig(capacity.CapacityConfig):
             cls,
             options,
             server=options["sip"],
-            hold_s=options["hold"],
-            ask_every_s=options["ask_every"],
             key=api_key(options["api_key"]),
         )
 

@@ -1106,8 +1106,6 @@ class WebRtcBenchConfig(capacity.CapacityConfig):
             cls,
             options,
             api_key=api_key(options["api_key"]),
-            hold_s=options["hold"],
-            profile_s=options["profile"],
         )
 
 

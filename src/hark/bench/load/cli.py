@@ -74,11 +74,8 @@ class LoadRun:
         config = config_from(
             LoadConfig,
             options,
-            ramp_s=options["ramp"],
-            duration_s=options["duration"],
             call_s=options["call_duration"],
             api_key=api_key(options["api_key"]),
-            sample_s=options["sample"],
         )
         ServerUrl.parse(config.url)
         return cls(config, not options["quiet"])
