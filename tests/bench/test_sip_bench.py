@@ -15,6 +15,7 @@ from hark.bench.sip import (
     CLOCK,
     FRAME,
     Received,
+    SipBenchConfig,
     SipReport,
     format_summary,
     jitter_ms,
@@ -26,6 +27,13 @@ from hark.cli import build_parser
 from tests.transports.sip.conftest import SECRET, SipServer, free_sip_port, sip_serve
 
 pytestmark = pytest.mark.realtime
+
+
+def sip_config(server: tuple[str, int], *options: str) -> SipBenchConfig:
+    """The bench's config as ``hark bench sip --sip HOST:PORT OPTIONS`` makes it."""
+    address = f"{server[0]}:{server[1]}"
+    parsed = build_parser().parse_args(["bench", "sip", "--sip", address, *options])
+    return SipBenchConfig.from_options(vars(parsed))
 
 
 def packets(arrivals_ms: list[float], *, ssrc: int = 7, first_ts: int = 0) -> list[Received]:
@@ -107,14 +115,12 @@ async def test_a_short_run_measures_every_figure(
         env={"HARK_SIP_WEBHOOK_SECRET": SECRET},
     ) as server:
         assert server.process.proc is not None
-        report = await run_sip_bench(
+        config = sip_config(
             ("127.0.0.1", server.sip_port),
-            calls=3,
-            capacity=False,
-            turns=1,
-            url=server.url,
-            webhook_listen=listen,
+            *("--calls", "3", "--turns", "1", "--api-key", "local", "--url", server.url),
+            *("--webhook-listen", f"{listen[0]}:{listen[1]}"),
         )
+        report = await run_sip_bench(config)
     # With a webhook the bench answers its own calls: setup and turns both went through it.
     assert [r.error for r in report.setup] == [None, None, None]
     (turn,) = report.turns
@@ -133,19 +139,14 @@ async def test_capacity_steps_watch_the_servers_rtp(
 ) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(recorded_questions.parent.parent))
     assert sip_server.process.proc is not None
-    report = await run_sip_bench(
+    config = sip_config(
         ("127.0.0.1", sip_server.sip_port),
-        calls=0,
-        capacity=True,
-        step=2,
-        max_calls=4,
-        hold_s=2.0,
+        *("--calls", "0", "--capacity", "--step", "2", "--max-calls", "4", "--hold", "2"),
         # Thresholds no run can pass: the ramp goes on to --max-calls whatever the machine.
-        threshold_ms=1e9,
-        late_ms=1e9,
-        ask_every_s=3.0,
-        server_pid=sip_server.process.proc.pid,
+        *("--threshold-ms", "1e9", "--late-ms", "1e9"),
+        *("--ask-every", "3", "--server-pid", str(sip_server.process.proc.pid)),
     )
+    report = await run_sip_bench(config)
     assert [step.calls for step in report.capacity] == [2, 4]
     assert report.capacity_calls == 4
     for step in report.capacity:

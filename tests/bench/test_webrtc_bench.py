@@ -29,6 +29,7 @@ from hark.bench.webrtc import (
     ClientFigures,
     GroupWindow,
     PacketMicrophone,
+    WebRtcBenchConfig,
     WebRtcReport,
     audible_share,
     caller_audio,
@@ -53,6 +54,12 @@ pytestmark = pytest.mark.realtime
 
 # Bounds a hang, never speed.
 LIVENESS_S = 30
+
+
+def webrtc_config(url: str, *options: str) -> WebRtcBenchConfig:
+    """The bench's config as ``hark bench webrtc --url URL OPTIONS`` makes it."""
+    parsed = build_parser().parse_args(["bench", "webrtc", "--url", url, *options])
+    return WebRtcBenchConfig.from_options(vars(parsed))
 
 
 @pytest.fixture
@@ -222,16 +229,12 @@ async def test_cheap_calls_log_what_the_server_sends(server_url: str, prompt: No
 
 @pytest.mark.slow
 async def test_capacity_with_client_processes(server_url: str, prompt: None) -> None:
-    steps, carried = await measure_capacity(
+    config = webrtc_config(
         server_url,
-        "any-key",
-        step=3,
-        max_calls=3,
-        hold_s=5.0,
-        threshold_ms=1000.0,
-        client_processes=2,
-        progress=False,
+        *("--api-key", "any-key", "--capacity", "--step", "3", "--max-calls", "3"),
+        *("--hold", "5", "--threshold-ms", "1000", "--client-processes", "2"),
     )
+    steps, carried = await measure_capacity(config, progress=False)
     (step,) = steps
     assert step.calls == 3 and step.setup_failures == 0 and carried == 3
     assert sorted(c.calls for c in step.clients) == [1, 2]
@@ -250,7 +253,7 @@ async def test_capacity_with_client_processes(server_url: str, prompt: None) -> 
 
 
 async def test_report_and_json(server_url: str, tmp_path: Path) -> None:
-    report = await run_webrtc_bench(server_url, api_key="k", calls=2, capacity=False)
+    report = await run_webrtc_bench(webrtc_config(server_url, "--api-key", "k", "--calls", "2"))
     summary = format_summary(report)
     assert "POST → data channel open" in summary and "2 calls, 0 failed" in summary
     data = report.to_json()

@@ -9,10 +9,12 @@ look at a late step, where it stops, which figure is the capacity) is written on
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
 
+from hark.bench.report import cpu_seconds_if_running
 from hark.config.options import BenchOption, shared
 
 
@@ -62,6 +64,47 @@ class Step(Protocol):
 
 
 S = TypeVar("S", bound=Step)
+# What a bench times of each call it sets up one after another.
+SetupT = TypeVar("SetupT")
+
+
+@dataclass(kw_only=True)
+class CapacityReport(Generic[SetupT, S]):
+    """What a capacity bench measured, as the run fills it in: the calls set up one after
+    another, then the ramp's steps and the calls it carried."""
+
+    setup: list[SetupT] = field(default_factory=list)
+    capacity: list[S] = field(default_factory=list)
+    capacity_calls: int | None = None
+
+    def knee(self) -> S | None:
+        """The step of the calls carried (None before the ramp, or when no step passed)."""
+        return next((s for s in self.capacity if s.calls == self.capacity_calls), None)
+
+
+def ms_per_call_second(cores: float | None, calls: int) -> float | None:
+    """A server's CPU per second of one call, in milliseconds, from its use over a step's
+    window in cores; None without the server's use, or without calls."""
+    if cores is None or not calls:
+        return None
+    return cores * 1000 / calls
+
+
+class CpuMeter:
+    """A local process's CPU use over a window that opens when the meter is made."""
+
+    def __init__(self, pid: int | None) -> None:
+        self._pid = pid
+        self._cpu_s = cpu_seconds_if_running(pid)
+        self._since = time.monotonic()
+
+    def cores(self) -> float | None:
+        """The CPU the process used since the window opened, in cores; None when no process
+        was given, or it has gone."""
+        cpu_s = cpu_seconds_if_running(self._pid)
+        if self._cpu_s is None or cpu_s is None:
+            return None
+        return (cpu_s - self._cpu_s) / (time.monotonic() - self._since)
 
 
 async def ramp(

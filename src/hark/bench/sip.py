@@ -60,15 +60,8 @@ from aiohttp import web
 from hark.audio.codecs.g711 import ulaw_decode, ulaw_encode
 from hark.audio.resample import resample
 from hark.bench import capacity
-from hark.bench.command import Bench, Result, arguments, config_from
-from hark.bench.report import (
-    BenchError,
-    ServerUrl,
-    api_key,
-    cpu_seconds_if_running,
-    percentile_or_nan,
-    timing_figures,
-)
+from hark.bench.command import Bench, Result, config_from
+from hark.bench.report import BenchError, ServerUrl, api_key, percentile_or_nan, timing_figures
 from hark.bench.spoken_questions import QUESTIONS, RATE, SpokenQuestion, spoken_questions
 from hark.config.options import BenchOption, shared
 from hark.transports.rtp import RtpError, RtpPacket, RtpSender, is_rtcp
@@ -539,12 +532,15 @@ class CapacityStep:
     late_packets: int
     lost_packets: int
     setup_failures: int
-    # The server's CPU time per call-second in milliseconds (with --server-pid), else None.
-    server_cpu_ms_per_call_s: float | None = None
     # The server's CPU use over the window, in cores (with --server-pid), else None.
     server_cores: float | None = None
     # The bench's own CPU use over the window, in cores: near 1, its timings are its own.
     bench_cores: float | None = None
+
+    @property
+    def server_cpu_ms_per_call_s(self) -> float | None:
+        """The server's CPU time per call-second in milliseconds (with --server-pid)."""
+        return capacity.ms_per_call_second(self.server_cores, self.calls)
 
     def within(self, threshold_ms: float) -> bool:
         """No late packet and p99 jitter within ``threshold_ms``."""
@@ -584,17 +580,7 @@ def lost(packets: Sequence[Received]) -> int:
 
 
 async def measure_capacity(
-    server: tuple[str, int],
-    question: SpokenQuestion,
-    *,
-    step: int,
-    max_calls: int,
-    hold_s: float,
-    threshold_ms: float,
-    late_ms: float,
-    ask_every_s: float,
-    server_pid: int | None = None,
-    progress: bool = True,
+    config: SipBenchConfig, question: SpokenQuestion, *, progress: bool = True
 ) -> tuple[list[CapacityStep], int]:
     """Ramp up calls until the server's RTP runs late; returns the steps and calls carried."""
     speech = resample(question.pcm, RATE, CLOCK)
@@ -603,7 +589,7 @@ async def measure_capacity(
     talkers: list[asyncio.Task[None]] = []
 
     async def add(count: int) -> int:
-        batch = [SipCaller(server) for _ in range(count)]
+        batch = [SipCaller(config.server) for _ in range(count)]
         for caller in batch:
             caller.listening = False
         outcomes = await asyncio.gather(
@@ -617,20 +603,19 @@ async def measure_capacity(
                 continue
             microphones.callers.append(caller)
             # Staggered, so that the calls do not all speak at once.
-            offset = ask_every_s * index / max(1, len(batch))
-            talkers.append(asyncio.create_task(_keep_asking(caller, speech, ask_every_s, offset)))
+            every_s = config.ask_every_s
+            offset = every_s * index / max(1, len(batch))
+            talkers.append(asyncio.create_task(_keep_asking(caller, speech, every_s, offset)))
         return failures
 
     try:
         return await capacity.ramp(
-            step=step,
-            max_calls=max_calls,
+            step=config.step,
+            max_calls=config.max_calls,
             settle_s=0.5,
             add=add,
-            watch=lambda failures: _watch(
-                microphones.callers, hold_s, late_ms, server_pid, failures
-            ),
-            within=lambda result: result.within(threshold_ms),
+            watch=lambda failures: _watch(microphones.callers, config, failures),
+            within=lambda result: result.within(config.threshold_ms),
             show=_print_step if progress else None,
         )
     finally:
@@ -658,19 +643,14 @@ async def _keep_asking(
         await asyncio.sleep(every_s)
 
 
-async def _watch(
-    callers: list[SipCaller], hold_s: float, late_ms: float, server_pid: int | None, failures: int
-) -> CapacityStep:
-    """Watch the server's RTP to every call for ``hold_s`` seconds."""
+async def _watch(callers: list[SipCaller], config: SipBenchConfig, failures: int) -> CapacityStep:
+    """Watch the server's RTP to every call for ``--hold`` seconds."""
     for caller in callers:
         caller.received.clear()
-    cpu_before = cpu_seconds_if_running(server_pid)
-    bench_before = cpu_seconds_if_running(os.getpid())
+    server, bench = capacity.CpuMeter(config.server_pid), capacity.CpuMeter(os.getpid())
     window_start = time.monotonic()
-    await asyncio.sleep(hold_s)
-    cpu_after = cpu_seconds_if_running(server_pid)
-    bench_after = cpu_seconds_if_running(os.getpid())
-    elapsed = time.monotonic() - window_start
+    await asyncio.sleep(config.hold_s)
+    cores, bench_cores = server.cores(), bench.cores()
     delays: list[float] = []
     packets = missing = 0
     for caller in callers:
@@ -679,25 +659,17 @@ async def _watch(
         packets += len(window)
         delays += jitter_ms(window)
         missing += lost(window)
-    cores = None if cpu_before is None or cpu_after is None else (cpu_after - cpu_before) / elapsed
     return CapacityStep(
         calls=len(callers),
         packets=packets,
         p50_jitter_ms=percentile_or_nan(delays, 50),
         p99_jitter_ms=percentile_or_nan(delays, 99),
         max_jitter_ms=max(delays, default=math.nan),
-        late_packets=sum(d > late_ms for d in delays),
+        late_packets=sum(d > config.late_ms for d in delays),
         lost_packets=missing,
         setup_failures=failures,
-        server_cpu_ms_per_call_s=None
-        if cores is None or not callers
-        else cores / len(callers) * 1000,
         server_cores=cores,
-        bench_cores=(
-            None
-            if bench_before is None or bench_after is None
-            else (bench_after - bench_before) / elapsed
-        ),
+        bench_cores=bench_cores,
     )
 
 
@@ -884,13 +856,10 @@ async def _ask(
 
 
 @dataclass
-class SipReport:
+class SipReport(capacity.CapacityReport[SetupResult, CapacityStep]):
     """Everything one run measured."""
 
     server: str
-    setup: list[SetupResult] = field(default_factory=list)
-    capacity: list[CapacityStep] = field(default_factory=list)
-    capacity_calls: int | None = None
     threshold_ms: float = DEFAULT_THRESHOLD_MS
     late_ms: float = DEFAULT_LATE_MS
     turns: list[TurnResult] = field(default_factory=list)
@@ -910,7 +879,10 @@ class SipReport:
                 "threshold_ms": self.threshold_ms,
                 "late_ms": self.late_ms,
                 "calls_carried": self.capacity_calls,
-                "steps": [asdict(s) for s in self.capacity],
+                "steps": [
+                    {**asdict(s), "server_cpu_ms_per_call_s": s.server_cpu_ms_per_call_s}
+                    for s in self.capacity
+                ],
             },
             "turns": {
                 "count": len(self.turns),
@@ -934,7 +906,7 @@ def format_summary(report: SipReport) -> str:
         )
         lines += [f"  failure: {failure.error}" for failure in failures[:3]]
     if report.capacity:
-        last = next((s for s in report.capacity if s.calls == report.capacity_calls), None)
+        last = report.knee()
         lines.append(
             f"capacity: {report.capacity_calls} simultaneous calls with p99 RTP jitter "
             f"≤ {report.threshold_ms:.0f} ms and no packet later than {report.late_ms:.0f} ms"
@@ -965,55 +937,32 @@ def format_summary(report: SipReport) -> str:
     return "\n".join(lines)
 
 
-async def run_sip_bench(
-    server: tuple[str, int],
-    *,
-    calls: int,
-    capacity: bool,
-    step: int = 10,
-    max_calls: int = 300,
-    hold_s: float = 5.0,
-    threshold_ms: float = DEFAULT_THRESHOLD_MS,
-    late_ms: float = DEFAULT_LATE_MS,
-    ask_every_s: float = 6.0,
-    server_pid: int | None = None,
-    turns: int = 0,
-    url: str | None = None,
-    key: str = "local",
-    webhook_listen: tuple[str, int] | None = None,
-) -> SipReport:
+async def run_sip_bench(config: SipBenchConfig) -> SipReport:
     """Time ``calls`` setups, then ramp the capacity and ask ``turns`` questions if asked."""
+    server = config.server
     report = SipReport(
-        server=f"sip:{server[0]}:{server[1]}", threshold_ms=threshold_ms, late_ms=late_ms
+        server=f"sip:{server[0]}:{server[1]}",
+        threshold_ms=config.threshold_ms,
+        late_ms=config.late_ms,
     )
     acceptor = None
-    if webhook_listen is not None:
-        if url is None:
+    if config.webhook_listen is not None:
+        if config.url is None:
             raise BenchError("--webhook-listen needs --url (the server's HTTP root)")
-        acceptor = WebhookAcceptor(url, key, webhook_listen)
+        acceptor = WebhookAcceptor(config.url, config.key, config.webhook_listen)
         await acceptor.start()
     try:
-        for _ in range(calls):
+        for _ in range(config.calls):
             report.setup.append(await measure_setup(server))
             if len(report.setup) == 3 and all(r.error for r in report.setup):
                 raise BenchError(f"no answer from {report.server}: {report.setup[-1].error}")
-        if capacity or turns:
-            texts = QUESTIONS[: max(1, min(turns, len(QUESTIONS)))]
+        if config.capacity or config.turns:
+            texts = QUESTIONS[: max(1, min(config.turns, len(QUESTIONS)))]
             questions = await spoken_questions(texts)
-        if capacity:
-            report.capacity, report.capacity_calls = await measure_capacity(
-                server,
-                questions[0],
-                step=step,
-                max_calls=max_calls,
-                hold_s=hold_s,
-                threshold_ms=threshold_ms,
-                late_ms=late_ms,
-                ask_every_s=ask_every_s,
-                server_pid=server_pid,
-            )
-        if turns:
-            report.turns = await measure_turns(server, questions, turns, acceptor=acceptor)
+        if config.capacity:
+            report.capacity, report.capacity_calls = await measure_capacity(config, questions[0])
+        if config.turns:
+            report.turns = await measure_turns(server, questions, config.turns, acceptor=acceptor)
     finally:
         if acceptor is not None:
             await acceptor.stop()
@@ -1027,14 +976,13 @@ def _address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def _address_option(name: str, help: str, *, required: bool = False) -> BenchOption:
+    """An option whose value is a ``HOST:PORT`` address."""
+    return BenchOption(name, help, _address, metavar="HOST:PORT", required=required)
+
+
 OPTIONS: tuple[BenchOption | str, ...] = (
-    BenchOption(
-        "sip",
-        "the server's SIP address (UDP), e.g. 127.0.0.1:5060",
-        _address,
-        metavar="HOST:PORT",
-        required=True,
-    ),
+    _address_option("sip", "the server's SIP address (UDP), e.g. 127.0.0.1:5060", required=True),
     *capacity.capacity_options(
         step=10, max_calls=300, threshold_ms=DEFAULT_THRESHOLD_MS, bound="p99 RTP jitter"
     ),
@@ -1057,12 +1005,10 @@ OPTIONS: tuple[BenchOption | str, ...] = (
         required=False,
         help="the server's HTTP root, for --webhook-listen (e.g. http://127.0.0.1:8000)",
     ),
-    BenchOption(
+    _address_option(
         "webhook_listen",
         "accept the turns' call as the server's webhook receiver here, and time end of "
         "turn → first reply audio from its sideband",
-        _address,
-        metavar="HOST:PORT",
     ),
     "json",
 )
@@ -1070,7 +1016,7 @@ OPTIONS: tuple[BenchOption | str, ...] = (
 
 @dataclass(frozen=True)
 class SipBenchConfig(capacity.CapacityConfig):
-    """What ``hark bench sip`` measures: ``run_sip_bench``'s arguments."""
+    """What ``hark bench sip`` measures: its options."""
 
     server: tuple[str, int]
     late_ms: float
@@ -1093,7 +1039,7 @@ class SipBenchConfig(capacity.CapacityConfig):
 
 def run(config: SipBenchConfig) -> Result:
     """Time the setups, ramp and ask if asked; the run passes when no call or turn failed."""
-    report = asyncio.run(run_sip_bench(**arguments(config)))
+    report = asyncio.run(run_sip_bench(config))
     failed = any(r.error is not None for r in report.setup) or any(
         t.error is not None for t in report.turns
     )

@@ -60,15 +60,8 @@ from av import AudioCodecContext, AudioFrame, CodecContext, Packet
 from hark.audio.codecs.opus import OpusDecoder
 from hark.audio.resample import resample
 from hark.bench import capacity, webrtc_profile
-from hark.bench.command import Bench, Result, arguments, config_from, positive
-from hark.bench.report import (
-    BenchError,
-    ServerUrl,
-    api_key,
-    cpu_seconds_if_running,
-    percentile_or_nan,
-    timing_figures,
-)
+from hark.bench.command import Bench, Result, config_from, positive
+from hark.bench.report import BenchError, ServerUrl, api_key, percentile_or_nan, timing_figures
 from hark.bench.spoken_questions import QUESTIONS, spoken_questions
 from hark.bench.spoken_questions import RATE as QUESTION_RATE
 from hark.cluster.forwarding import WORKER_HEADER
@@ -813,9 +806,7 @@ class CapacityStep:
     @property
     def server_ms_per_call_second(self) -> float | None:
         """Server CPU per second of one call, in milliseconds (with --server-pid)."""
-        if self.server_cpu is None or not self.calls:
-            return None
-        return self.server_cpu * 1000 / self.calls
+        return capacity.ms_per_call_second(self.server_cpu, self.calls)
 
 
 def merge_windows(
@@ -840,18 +831,7 @@ def merge_windows(
 
 
 async def measure_capacity(
-    url: str,
-    api_key: str,
-    *,
-    step: int,
-    max_calls: int,
-    hold_s: float,
-    threshold_ms: float,
-    server_pid: int | None = None,
-    client_processes: int = 1,
-    profile_s: float | None = None,
-    audio: CallerAudio | None = None,
-    progress: bool = True,
+    config: WebRtcBenchConfig, *, audio: CallerAudio | None = None, progress: bool = True
 ) -> tuple[list[CapacityStep], int]:
     """Ramp up cheap calls until audio runs late; returns the steps and the calls carried.
 
@@ -862,13 +842,15 @@ async def measure_capacity(
     if audio is None:
         audio = await caller_audio()
     # A window's packets, twice over, and the setup before it.
-    keep = math.ceil(hold_s / FRAME_S) * 2 + 500
-    callers = CallerProcesses(client_processes, url, api_key, audio, keep=keep)
+    keep = math.ceil(config.hold_s / FRAME_S) * 2 + 500
+    url = ServerUrl.parse(config.url).http()
+    callers = CallerProcesses(config.client_processes, url, config.api_key, audio, keep=keep)
+    server_pid = config.server_pid
 
     async def examine(result: CapacityStep) -> None:
-        if not profile_s or server_pid is None or not result.calls:
+        if not config.profile_s or server_pid is None or not result.calls:
             return
-        profile = await webrtc_profile.record(server_pid, profile_s)
+        profile = await webrtc_profile.record(server_pid, config.profile_s)
         parts = webrtc_profile.attribute(profile, result.calls)
         # py-spy stops the server so often that its playout skips frames: the shares
         # hold, the CPU they share is the step's own, measured without py-spy.
@@ -881,12 +863,12 @@ async def measure_capacity(
 
     try:
         return await capacity.ramp(
-            step=step,
-            max_calls=max_calls,
+            step=config.step,
+            max_calls=config.max_calls,
             settle_s=_SETTLE_S,
             add=callers.add,
-            watch=lambda failures: _watch(callers, hold_s, server_pid, failures),
-            within=lambda result: result.p99_lateness_ms <= threshold_ms,
+            watch=lambda failures: _watch(callers, config, failures),
+            within=lambda result: result.p99_lateness_ms <= config.threshold_ms,
             show=_print_step if progress else None,
             examine=examine,
         )
@@ -895,18 +877,12 @@ async def measure_capacity(
 
 
 async def _watch(
-    callers: CallerProcesses, hold_s: float, server_pid: int | None, failures: int
+    callers: CallerProcesses, config: WebRtcBenchConfig, failures: int
 ) -> CapacityStep:
-    """Watch the audio of every call for ``hold_s`` seconds."""
-    cpu_before = cpu_seconds_if_running(server_pid)
-    window_start = time.monotonic()
-    windows = await callers.watch(hold_s)
-    cpu_after = cpu_seconds_if_running(server_pid)
-    elapsed = time.monotonic() - window_start
-    server_cpu = (
-        None if cpu_before is None or cpu_after is None else (cpu_after - cpu_before) / elapsed
-    )
-    return merge_windows(windows, failures, server_cpu)
+    """Watch the audio of every call for ``--hold`` seconds."""
+    server = capacity.CpuMeter(config.server_pid)
+    windows = await callers.watch(config.hold_s)
+    return merge_windows(windows, failures, server.cores())
 
 
 def _print_step(result: CapacityStep, again: bool) -> None:
@@ -933,13 +909,10 @@ def _print_step(result: CapacityStep, again: bool) -> None:
 
 
 @dataclass
-class WebRtcReport:
+class WebRtcReport(capacity.CapacityReport[SetupResult, CapacityStep]):
     """Everything one run measured."""
 
     url: str
-    setup: list[SetupResult] = field(default_factory=list)
-    capacity: list[CapacityStep] = field(default_factory=list)
-    capacity_calls: int | None = None
     threshold_ms: float = DEFAULT_THRESHOLD_MS
 
     def setup_summary(self) -> dict[str, dict[str, float]]:
@@ -1009,7 +982,7 @@ def format_summary(report: WebRtcReport) -> str:
             f"capacity: {report.capacity_calls} simultaneous calls with p99 audio lateness "
             f"≤ {report.threshold_ms:.0f} ms"
         )
-        knee = next((s for s in report.capacity if s.calls == report.capacity_calls), None)
+        knee = report.knee()
         if knee is not None and knee.server_ms_per_call_second is not None:
             lines.append(
                 f"  server CPU at {knee.calls} calls: {knee.server_cpu:.2f} cores, "
@@ -1030,37 +1003,14 @@ def format_summary(report: WebRtcReport) -> str:
     return "\n".join(lines)
 
 
-async def run_webrtc_bench(
-    url: str,
-    *,
-    api_key: str,
-    calls: int,
-    capacity: bool,
-    step: int = 5,
-    max_calls: int = 500,
-    hold_s: float = 5.0,
-    threshold_ms: float = DEFAULT_THRESHOLD_MS,
-    server_pid: int | None = None,
-    client_processes: int = 1,
-    profile_s: float | None = None,
-) -> WebRtcReport:
+async def run_webrtc_bench(config: WebRtcBenchConfig) -> WebRtcReport:
     """Run the setup measurement, then the capacity ramp if asked."""
-    report = WebRtcReport(url=ServerUrl.parse(url).http(), threshold_ms=threshold_ms)
+    report = WebRtcReport(url=ServerUrl.parse(config.url).http(), threshold_ms=config.threshold_ms)
     async with aiohttp.ClientSession() as http:
-        for _ in range(calls):
-            report.setup.append(await measure_setup(http, report.url, api_key))
-    if capacity:
-        report.capacity, report.capacity_calls = await measure_capacity(
-            report.url,
-            api_key,
-            step=step,
-            max_calls=max_calls,
-            hold_s=hold_s,
-            threshold_ms=threshold_ms,
-            server_pid=server_pid,
-            client_processes=client_processes,
-            profile_s=profile_s,
-        )
+        for _ in range(config.calls):
+            report.setup.append(await measure_setup(http, report.url, config.api_key))
+    if config.capacity:
+        report.capacity, report.capacity_calls = await measure_capacity(config)
     return report
 
 
@@ -1090,7 +1040,7 @@ OPTIONS: tuple[BenchOption | str, ...] = (
 
 @dataclass(frozen=True)
 class WebRtcBenchConfig(capacity.CapacityConfig):
-    """What ``hark bench webrtc`` measures: ``run_webrtc_bench``'s arguments."""
+    """What ``hark bench webrtc`` measures: its options."""
 
     url: str
     api_key: str
@@ -1113,7 +1063,7 @@ def run(config: WebRtcBenchConfig) -> Result:
     """Time the setups, then ramp if asked; the run passes when every call set up."""
     # aiortc leaves tasks failing noisily when many client peers close at once.
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
-    report = asyncio.run(run_webrtc_bench(**arguments(config)))
+    report = asyncio.run(run_webrtc_bench(config))
     passed = all(r.error is None for r in report.setup)
     return Result(report.to_json(), format_summary(report), passed)
 
