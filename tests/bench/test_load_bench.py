@@ -56,6 +56,15 @@ def test_the_generator_talks_to_the_servers_realtime_and_metrics_urls() -> None:
         LoadGenerator(LoadConfig(url="127.0.0.1:8000", sessions=1), script, False)
 
 
+def test_the_parameters_are_the_runs_fields_without_the_key_or_the_machine() -> None:
+    config = LoadConfig(url="ws://h", sessions=2, api_key="sk-secret", server_pid=7)
+    parameters = config.parameters()
+    assert "sk-secret" not in json.dumps(parameters)
+    assert parameters["think_s"] == [0.5, 2.0] and parameters["transcribe"] is False
+    assert list(parameters)[:3] == ["url", "sessions", "ramp_s"]
+    assert not {"api_key", "server_pid", "connect_timeout_s", "cache_dir"} & set(parameters)
+
+
 def test_histogram_quantile_between_two_scrapes() -> None:
     text = """# TYPE lag_seconds histogram
 lag_seconds_bucket{le="0.01"} %d

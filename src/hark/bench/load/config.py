@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +11,9 @@ from hark.bench.report import DEFAULT_API_KEY, BenchError
 from hark.bench.spoken_questions import RATE
 
 TRANSPORTS = ("ws",)
+# The fields a report leaves out of the run's parameters: the API key, a secret, and this
+# machine's particulars, which say nothing of what the callers did.
+_NOT_PARAMETERS = frozenset({"api_key", "server_pid", "connect_timeout_s", "cache_dir"})
 
 
 @dataclass(frozen=True)
@@ -48,22 +51,11 @@ class LoadConfig:
             raise BenchError("--chunk-ms must be a whole number of ms from 10 to 1000")
 
     def parameters(self) -> dict[str, Any]:
-        """The run's parameters as JSON (without the API key)."""
+        """The run's parameters as JSON: its fields but for those of ``_NOT_PARAMETERS``."""
         return {
-            "url": self.url,
-            "sessions": self.sessions,
-            "ramp_s": self.ramp_s,
-            "duration_s": self.duration_s,
-            "transport": self.transport,
-            "chunk_ms": self.chunk_ms,
-            "call_s": self.call_s,
-            "silence_ms": self.silence_ms,
-            "think_s": list(self.think_s),
-            "pause_s": list(self.pause_s),
-            "model": self.model,
-            "sample_s": self.sample_s,
-            "seed": self.seed,
-            "transcribe": self.transcribe,
+            name: list(value) if isinstance(value, tuple) else value
+            for name, value in asdict(self).items()
+            if name not in _NOT_PARAMETERS
         }
 
 
