@@ -54,7 +54,6 @@ import numpy.typing as npt
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from hark.audio.codecs.g711 import ulaw_decode, ulaw_encode
-from hark.audio.resample import StreamResampler
 from hark.driver.runner import SessionRunner
 from hark.protocol.session_config import SessionConfig, parse_session_config
 from hark.transports.call import (
@@ -68,7 +67,8 @@ from hark.transports.call import (
     RingingCalls,
 )
 from hark.transports.echo import CallEcho
-from hark.transports.playout import Playout, PlayoutListener, PlayoutPlayer
+from hark.transports.phone_media import RATE, PhoneMedia
+from hark.transports.playout import Playout, PlayoutListener
 from hark.transports.ticker import Pacer
 from hark.transports.twilio_account import TwilioAccount, dial_twiml
 
@@ -76,7 +76,6 @@ logger = logging.getLogger(__name__)
 
 STREAM_PATH = "/twilio/stream"
 SIGNATURE_HEADER = "X-Twilio-Signature"
-RATE = 8000
 FRAME_MS = 20
 # How far ahead of real time reply audio goes to Twilio: enough to ride over a late tick or
 # a slow network, little enough that a clear stops the caller's audio at once.
@@ -156,7 +155,7 @@ class StreamStart:
         ]
 
 
-class TwilioMedia(PlayoutPlayer):
+class TwilioMedia(PhoneMedia):
     """One stream's audio: the caller's in, the session's reply out (its ``AudioPlayer``,
     whose ``clear`` is Twilio's).
 
@@ -168,6 +167,7 @@ class TwilioMedia(PlayoutPlayer):
     def __init__(
         self, send: Callable[[dict[str, Any]], None], pacer: Pacer, echo_cancellation: bool
     ) -> None:
+        super().__init__()
         self._send = send
         self._pacer = pacer
         # The reply audio, whose schedule the pacer follows.
@@ -180,9 +180,6 @@ class TwilioMedia(PlayoutPlayer):
             else None
         )
         self._listener: PlayoutListener | None = None
-        self._on_audio: Callable[[npt.NDArray[np.int16]], None] | None = None
-        self._input_rate: Callable[[], int] | None = None
-        self._resampler: StreamResampler | None = None
         # Marks are numbered; those up to ``_flushed`` were sent before a clear, and their
         # echoes say nothing about what was heard.
         self._seq = 0
@@ -234,17 +231,6 @@ class TwilioMedia(PlayoutPlayer):
         if self._echo is not None:
             pcm = self._echo.heard(pcm, RATE)
         self._pass_heard(pcm)
-
-    def _pass_heard(self, pcm: npt.NDArray[np.int16]) -> None:
-        """The caller's audio at 8 kHz to the session, at its input rate."""
-        if self._on_audio is None or self._input_rate is None or not len(pcm):
-            return
-        rate = self._input_rate()
-        if self._resampler is None or self._resampler.out_rate != rate:
-            self._resampler = StreamResampler(RATE, rate)
-        out = self._resampler.process(pcm)
-        if len(out):
-            self._on_audio(out)
 
     def acked(self, name: str) -> None:
         """Twilio echoed the mark ``name``: the audio sent before it has played."""

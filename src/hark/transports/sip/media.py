@@ -65,10 +65,10 @@ import numpy.typing as npt
 import pylibsrtp
 
 from hark.audio.codecs.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
-from hark.audio.resample import StreamResampler
 from hark.observability.session_metrics import SessionMetrics
 from hark.transports.echo import CallEcho
-from hark.transports.playout import Playout, PlayoutListener, PlayoutPlayer
+from hark.transports.phone_media import RATE, PhoneMedia
+from hark.transports.playout import Playout, PlayoutListener
 from hark.transports.rtp import ReceptionStats, RtpError, RtpSender, is_rtcp, parse_rtp, seq_diff
 from hark.transports.sip import rtcp
 from hark.transports.sip.dtmf import DtmfError, DtmfReceiver
@@ -86,7 +86,6 @@ from hark.transports.ticker import Pacer
 
 logger = logging.getLogger(__name__)
 
-RATE = 8000
 FRAME_MS = 20
 FRAME_SAMPLES = RATE * FRAME_MS // 1000
 FRAME_SECONDS = FRAME_MS / 1000
@@ -153,7 +152,7 @@ class _Protocol(asyncio.DatagramProtocol):
         logger.debug("rtp: %s", exc)
 
 
-class RtpSession(PlayoutPlayer):
+class RtpSession(PhoneMedia):
     """One call's RTP and RTCP; the session's ``AudioPlayer``. Made by ``open``."""
 
     def __init__(
@@ -165,6 +164,7 @@ class RtpSession(PlayoutPlayer):
         trusted: bool = False,
         peer_ip: str | None = None,
     ) -> None:
+        super().__init__()
         self._transport = transport
         self._trusted = trusted
         self._peer_ip = peer_ip
@@ -182,7 +182,6 @@ class RtpSession(PlayoutPlayer):
         self._dtmf = DtmfReceiver()
         # The reply audio, whose schedule the pacer follows.
         self.playout = Playout(RATE, frame_ms=FRAME_MS, clock=self._loop.time)
-        self._resampler: StreamResampler | None = None
         self._sdp_remote: tuple[str, int] | None = None
         # Where packets go before the caller's arrive: the SDP's address, trusted only.
         self._fallback: tuple[str, int] | None = None
@@ -204,8 +203,6 @@ class RtpSession(PlayoutPlayer):
         self._report_timer = rtcp.ReportTimer(self._loop.time())
         self._their_sr: tuple[int, float] | None = None
         self._sent_at_report = 0
-        self._input_rate: Callable[[], int] | None = None
-        self._on_audio: Callable[[npt.NDArray[np.int16]], None] | None = None
         self._on_dtmf: Callable[[str], None] | None = None
         self._echo: CallEcho | None = None
         self._metrics = SessionMetrics.disabled()
@@ -467,17 +464,6 @@ class RtpSession(PlayoutPlayer):
             self._count_losses()
         except Exception:
             logger.exception("rtp: passing the caller's audio on failed")
-
-    def _pass_heard(self, frame: npt.NDArray[np.int16]) -> None:
-        """The caller's audio at 8 kHz to ``on_audio``, at the session's input rate."""
-        if self._on_audio is None or self._input_rate is None or not len(frame):
-            return
-        rate = self._input_rate()
-        if self._resampler is None or self._resampler.out_rate != rate:
-            self._resampler = StreamResampler(RATE, rate)
-        pcm = self._resampler.process(frame)
-        if len(pcm):
-            self._on_audio(pcm)
 
     def _count_losses(self) -> None:
         """Hand what the jitter buffer dropped since the last tick to the metrics."""
