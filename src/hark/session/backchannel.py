@@ -98,19 +98,6 @@ _NOT_WORD = re.compile(r"[^a-z' ]+")
 # A hum however the recogniser spells it: "mm", "mmmm", "hmm", "mhm", "uhuh", "uhhuh",
 # "nmmhmm" (Whisper writes a nasal onset as "Nm-m-hmm.").
 _HUM = re.compile(r"[hmnu]+")
-# The prompt the candidate's words are recognised after. Whisper writes what it hears in the
-# style of the text before it: after plain prose it drops a hum or forces words onto it
-# ("Mm-hmm." heard as "and then the", "Uh-huh." as nothing), and after interjections it
-# spells hums and laughter as such ("Mm-hmm.", "Uh-huh-huh.") while real words stay words. On
-# this project's fixtures (six backchannels and four interruptions, three voices, at 16 kHz
-# and through 8 kHz), 2 to 5 of 60 were misjudged without it and none with it (with the
-# tail below).
-WORDS_PROMPT = "Mm-hmm, uh-huh."
-# The candidate's words are recognised with this much of the pause after them (the pause is
-# END_SILENCE_MS long by then): cut at the last voiced sample, a hum ended mid-breath and
-# Whisper heard words in it ("and then them"); with 96 or 192 ms of the pause, none of the
-# 60 above was misjudged.
-WORDS_TAIL_MS = 150
 
 Verdict = Literal["backchannel", "interruption"]
 

@@ -26,7 +26,7 @@ from hark.protocol.errors import ProtocolError
 from hark.protocol.response_params import ResponseParams
 from hark.protocol.session_config import AudioFormat
 from hark.session.actions import CancelRecognition, CountDroppedAudio, Recognise, ScoreTurn
-from hark.session.backchannel import WORDS_PROMPT, WORDS_TAIL_MS, Candidate, judge_words
+from hark.session.backchannel import Candidate, judge_words
 from hark.session.client_items import ClientItems
 from hark.session.context import SessionContext, SessionPart
 from hark.session.conversation import Entry, Part
@@ -337,7 +337,7 @@ class TurnTaking(SessionPart):
     def _ask_words(self, candidate: Candidate) -> None:
         """Recognise the candidate's utterance, ahead of anybody's captions."""
         assert candidate.end_ms is not None
-        pcm = self._buffer.peek(candidate.voice_ms - 100, candidate.end_ms + WORDS_TAIL_MS)
+        pcm = self._buffer.peek(candidate.voice_ms - 100, candidate.end_ms)
         audio = resample(pcm, self.rate, self._asr_rate).astype(np.float32) / 32768.0
         transcription = self._context.config.audio.input.transcription
         candidate.request_id = self._ids.new("backchannel")
@@ -346,7 +346,6 @@ class TurnTaking(SessionPart):
                 candidate.request_id,
                 RecognitionRequest(
                     audio=audio,
-                    prompt=WORDS_PROMPT,
                     language=transcription.language if transcription is not None else None,
                     urgency=Urgency.DECISION,
                 ),
