@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import shutil
@@ -76,7 +77,7 @@ from hark.server.state import (
 )
 from hark.server.webhooks import WebhookSender, incoming_call_event
 from hark.tools import egress
-from hark.transports.call import Announce, CallHooks, CallHost, CallRegistry, MediaCall
+from hark.transports.call import Announce, CallHooks, CallHost, CallRegistry, MediaCall, Ringing
 from hark.transports.sip.service import SipService
 from hark.transports.sip.transaction import Timers
 from hark.transports.twilio import TwilioStreams
@@ -182,12 +183,12 @@ def create_app(
     # The call transports: each is registered here once, and the server loops over them.
     registries: list[CallRegistry] = [app[CALLS]]
     webhook = _call_webhook(settings)
-    announce = _announcer(webhook) if webhook is not None else None
+    ringing = _ringing(settings, webhook)
     if settings.sip:
-        app[SIP] = _sip_service(app, settings, announce)
+        app[SIP] = _sip_service(app, settings, ringing)
         registries.append(app[SIP])
     if settings.twilio_auth_token:
-        registries.append(_twilio_streams(app, settings, announce))
+        registries.append(_twilio_streams(app, settings, ringing))
     for registry in registries:
         registry.on_closed = lambda call: _call_ended(app, call)
         app.add_routes(_checked_by_itself(route) for route in registry.routes())
@@ -245,6 +246,17 @@ def _call_hooks(app: web.Application) -> CallHooks:
     )
 
 
+def _ringing(settings: Settings, webhook: WebhookSender | None) -> Ringing:
+    """How calls ring, SIP's and Twilio's alike: they raise the call webhook through
+    ``webhook`` (None: they are answered at once)."""
+    return Ringing(
+        REALTIME_MODEL,
+        announce=_announcer(webhook) if webhook is not None else None,
+        default_session=_call_session(settings),
+        accept_timeout_s=settings.sip_accept_timeout,
+    )
+
+
 def _call_session(settings: Settings) -> SessionConfig | None:
     """The session of calls answered without a webhook (``sip_session``)."""
     # Validated with the settings: it parses.
@@ -286,34 +298,27 @@ def _announcer(webhook: WebhookSender) -> Announce:
     return announce
 
 
-def _twilio_streams(
-    app: web.Application, settings: Settings, announce: Announce | None
-) -> TwilioStreams:
-    """The Twilio stream endpoint of ``settings``: its calls ring like SIP's, with the same
-    webhook, default session, accept timeout and echo cancellation."""
+def _twilio_streams(app: web.Application, settings: Settings, ringing: Ringing) -> TwilioStreams:
+    """The Twilio stream endpoint of ``settings``: its calls ring like SIP's (``ringing``)."""
     assert settings.twilio_auth_token is not None
     return TwilioStreams(
         app[CALL_HOST],
         _call_hooks(app),
+        ringing,
         account=TwilioAccount(settings.twilio_auth_token, settings.twilio_api_url),
-        model=REALTIME_MODEL,
         public_url=settings.twilio_url,
-        announce=announce,
-        default_session=_call_session(settings),
-        accept_timeout_s=settings.sip_accept_timeout,
         # Only when asked for: with it on, a caller's barge-in over the reply went unheard
         # in the embedded-model test (docs/echo.md, Limits).
         echo_cancellation=settings.echo_cancellation == "on",
     )
 
 
-def _sip_service(app: web.Application, settings: Settings, announce: Announce | None) -> SipService:
-    """The SIP service of ``settings`` (started with the app); its calls raise the call
-    webhook through ``announce``."""
+def _sip_service(app: web.Application, settings: Settings, ringing: Ringing) -> SipService:
+    """The SIP service of ``settings`` (started with the app); its calls ring as ``ringing``
+    says, at most ``sip_max_calls`` at once."""
     host = settings.sip_host or settings.host
     state = app[STATE]
     hooks = _call_hooks(app)
-    session = _call_session(settings)
     tls_port, ssl_context = settings.sip_tls_port, None
     if tls_port is not None and settings.sip_tls_cert and settings.sip_tls_key:
         try:
@@ -342,20 +347,16 @@ def _sip_service(app: web.Application, settings: Settings, announce: Announce | 
     return SipService.create(
         app[CALL_HOST],
         hooks,
+        dataclasses.replace(ringing, max_calls=settings.sip_max_calls),
         bind_host=host,
         port=settings.sip_port,
         advertise_ip=settings.sip_advertise_ip or _concrete_address(host),
         tls_port=tls_port,
         ssl_context=ssl_context,
-        model=REALTIME_MODEL,
         rtp_ports=range(ports[0], ports[1] + 1) if ports is not None else None,
-        announce=announce,
-        default_session=session,
-        accept_timeout_s=settings.sip_accept_timeout,
         timers=Timers(t1=settings.sip_t1_ms / 1000),
         trunks=settings.sip_trunks,
         invite_rate=settings.sip_invite_rate,
-        max_calls=settings.sip_max_calls,
         rtp_timeout_s=settings.sip_rtp_timeout,
         echo_cancellation=settings.echo_cancellation != "off",
     )

@@ -102,6 +102,27 @@ class CallHost:
 # the webhook was delivered.
 Announce = Callable[[str, list[tuple[str, str]], str | None], Awaitable[bool]]
 
+DEFAULT_ACCEPT_TIMEOUT_S = 30.0
+# Calls at once on this worker, ringing or answered; one more is turned away (SIP 503).
+DEFAULT_MAX_CALLS = 100
+
+
+@dataclass(frozen=True, slots=True)
+class Ringing:
+    """How a registry's calls ring and are answered (``RingingCalls``).
+
+    ``announce`` raises the call webhook (None: calls are answered at once), whose accept
+    must come within ``accept_timeout_s`` of the ring; sessions get ``model`` where their
+    config names none, and ``default_session`` where a call is given none. At most
+    ``max_calls`` calls ring or talk at once.
+    """
+
+    model: str
+    announce: Announce | None = None
+    default_session: SessionConfig | None = None
+    accept_timeout_s: float = DEFAULT_ACCEPT_TIMEOUT_S
+    max_calls: int = DEFAULT_MAX_CALLS
+
 
 @dataclass(frozen=True, slots=True)
 class CallHooks:
@@ -419,8 +440,8 @@ class RingingCalls(CallTable[_Call]):
     (``_announce`` gives its delivery) it waits for the API's accept or reject, and is
     declined if its webhook went nowhere or nobody answered within ``accept_timeout_s`` of
     the ring; without one it is answered at once with ``_session_of(call)``, once the
-    engines are up and its session admitted. ``host`` makes the sessions (``model`` where
-    their config names none, ``default_session`` where a call is given none).
+    engines are up and its session admitted. ``host`` makes the sessions; ``ringing`` says
+    how calls ring.
     """
 
     # The transport, as the registry's ``name`` and its sessions' metrics label say it.
@@ -430,17 +451,18 @@ class RingingCalls(CallTable[_Call]):
         self,
         host: CallHost,
         hooks: CallHooks,
-        model: str,
-        default_session: SessionConfig | None,
-        accept_timeout_s: float,
+        ringing: Ringing,
     ) -> None:
         super().__init__()
         self.host = host
         self.hooks = hooks
-        self.model = model
-        self.default_session = default_session
-        self.accept_timeout_s = accept_timeout_s
+        self.ringing = ringing
         self._tasks: set[asyncio.Task[None]] = set()
+
+    def _turns_away(self) -> bool:
+        """Whether a new call is refused: the worker takes none now (it drains), or it has
+        ``max_calls`` already."""
+        return not self.hooks.accepting() or len(self._calls) >= self.ringing.max_calls
 
     async def _stop_calls(self) -> None:
         """End every call and what waits on one."""
@@ -460,10 +482,10 @@ class RingingCalls(CallTable[_Call]):
     ) -> SessionRunner:
         """The session of an accepted call: ``config`` (the default session when None) for
         ``owner``, its reply played by ``player``."""
-        config = config if config is not None else self.default_session
+        config = config if config is not None else self.ringing.default_session
         return self.host.runner(
             transport=self.name,
-            model=(config.model if config is not None else None) or self.model,
+            model=(config.model if config is not None else None) or self.ringing.model,
             config=config,
             player=player,
             on_usage=self.hooks.usage(owner),
@@ -490,7 +512,7 @@ class RingingCalls(CallTable[_Call]):
         # fails (backoff, and up to a minute for a receiver that hangs) must not keep the
         # phone ringing past it. The delivery goes on; a late accept finds the call gone.
         try:
-            async with asyncio.timeout(self.accept_timeout_s):
+            async with asyncio.timeout(self.ringing.accept_timeout_s):
                 await asyncio.wait({delivery, settled}, return_when=asyncio.FIRST_COMPLETED)
                 if delivery.done() and not delivery.result():
                     self._decline(call, "its webhook could not be delivered")
@@ -500,7 +522,7 @@ class RingingCalls(CallTable[_Call]):
             pass
         finally:
             settled.cancel()
-        self._decline(call, f"not accepted within {self.accept_timeout_s:g} s")
+        self._decline(call, f"not accepted within {self.ringing.accept_timeout_s:g} s")
 
     async def _answer_at_once(self, call: _Call) -> None:
         try:

@@ -58,12 +58,12 @@ from hark.driver.runner import SessionRunner
 from hark.protocol.session_config import SessionConfig, parse_session_config
 from hark.transports.call import (
     CALL_ID_PREFIX,
-    Announce,
     CallHooks,
     CallHost,
     CallStateError,
     CallTypeError,
     MediaCall,
+    Ringing,
     RingingCalls,
 )
 from hark.transports.echo import CallEcho
@@ -90,8 +90,6 @@ START_TIMEOUT_S = 10.0
 MAX_OUTBOX = 500
 # Marks sent and not yet acknowledged that are remembered (a minute of audio).
 MAX_PENDING_MARKS = 3000
-DEFAULT_MAX_CALLS = 100
-DEFAULT_ACCEPT_TIMEOUT_S = 30.0
 # What Twilio sends, as ``mediaFormat`` says it.
 MEDIA_FORMAT = ("audio/x-mulaw", RATE, 1)
 _DIGITS = frozenset("0123456789*#ABCD")
@@ -501,10 +499,9 @@ class TwilioStreams(RingingCalls[TwilioCall]):
     """The Twilio streams of one worker, at ``STREAM_PATH``, signed by ``account``.
 
     ``public_url``: the scheme and host Twilio reaches the server at (``wss://host``; None:
-    what the request says). ``announce`` raises the call webhook (None: calls are answered
-    at once with ``default_session``, or the stored prompt a ``prompt`` parameter names).
-    At most ``max_calls`` streams ring or talk at once. ``echo_cancellation``: calls take
-    the reply's echo out of the caller's audio.
+    what the request says). Without a webhook (``ringing.announce``) a call is answered at
+    once with the default session, or the stored prompt a ``prompt`` parameter names.
+    ``echo_cancellation``: calls take the reply's echo out of the caller's audio.
     """
 
     name = "twilio"
@@ -513,21 +510,15 @@ class TwilioStreams(RingingCalls[TwilioCall]):
         self,
         host: CallHost,
         hooks: CallHooks,
+        ringing: Ringing,
         *,
         account: TwilioAccount,
-        model: str,
         public_url: str | None = None,
-        announce: Announce | None = None,
-        default_session: SessionConfig | None = None,
-        accept_timeout_s: float = DEFAULT_ACCEPT_TIMEOUT_S,
-        max_calls: int = DEFAULT_MAX_CALLS,
         echo_cancellation: bool = True,
     ) -> None:
-        super().__init__(host, hooks, model, default_session, accept_timeout_s)
+        super().__init__(host, hooks, ringing)
         self.account = account
         self.public_url = public_url.rstrip("/") if public_url else None
-        self.announce = announce
-        self.max_calls = max_calls
         self.echo_cancellation = echo_cancellation
 
     def __repr__(self) -> str:
@@ -543,7 +534,7 @@ class TwilioStreams(RingingCalls[TwilioCall]):
         logger.info(
             "Twilio streams at %s; %s",
             STREAM_PATH,
-            "calls raise a webhook" if self.announce else "calls are answered at once",
+            "calls raise a webhook" if self.ringing.announce else "calls are answered at once",
         )
 
     async def stop(self) -> None:
@@ -567,7 +558,7 @@ class TwilioStreams(RingingCalls[TwilioCall]):
         if not self.signed(request):
             logger.info("refused a Twilio stream from %s: bad signature", request.remote)
             return _refusal(403, "The request is not signed by Twilio.", "invalid_signature")
-        if not self.hooks.accepting() or len(self._calls) >= self.max_calls:
+        if self._turns_away():
             return _refusal(503, "This server is not taking calls now.", "unavailable")
         ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_BYTES)
         if not ws.can_prepare(request).ok:
@@ -606,16 +597,16 @@ class TwilioStreams(RingingCalls[TwilioCall]):
 
     def _announce(self, call: TwilioCall) -> Awaitable[bool] | None:
         """``realtime.call.incoming`` with Twilio's ids and the parameters as headers."""
-        if self.announce is None:
-            return None
-        return self.announce(call.id, call.stream.headers(), None)
+        announce = self.ringing.announce
+        return None if announce is None else announce(call.id, call.stream.headers(), None)
 
     def _session_of(self, call: TwilioCall) -> SessionConfig | None:
         """The session a ``prompt`` parameter names (the default without one)."""
         prompt = call.stream.parameters.get("prompt")
+        default = self.ringing.default_session
         if prompt is None:
-            return self.default_session
-        return parse_session_config({"prompt": {"id": prompt}}, base=self.default_session)
+            return default
+        return parse_session_config({"prompt": {"id": prompt}}, base=default)
 
 
 async def _read_start(ws: web.WebSocketResponse) -> StreamStart | None:

@@ -28,13 +28,12 @@ from typing import Any
 
 from aiohttp import web
 
-from hark.protocol.session_config import SessionConfig
 from hark.transports.call import (
     CALL_ID_PREFIX,
     UNAVAILABLE_STATUS,
-    Announce,
     CallHooks,
     CallHost,
+    Ringing,
     RingingCalls,
 )
 from hark.transports.sip.admission import DEFAULT_RATE, InviteAdmission
@@ -46,9 +45,6 @@ from hark.transports.sip.user_agent import IncomingCall, UserAgentServer
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_ACCEPT_TIMEOUT_S = 30.0
-# Calls at once on this worker, ringing or answered; one more is turned away with 503.
-DEFAULT_MAX_CALLS = 100
 # Seconds without RTP from the caller after which an answered call is hung up.
 DEFAULT_RTP_TIMEOUT_S = 60.0
 
@@ -61,25 +57,19 @@ class SipService(RingingCalls[PhoneCall]):
         host: CallHost,
         server: UserAgentServer,
         hooks: CallHooks,
+        ringing: Ringing,
         *,
-        model: str,
         bind_host: str,
         advertise_ip: str,
         rtp_ports: range | None,
-        announce: Announce | None = None,
-        default_session: SessionConfig | None = None,
-        accept_timeout_s: float = DEFAULT_ACCEPT_TIMEOUT_S,
-        max_calls: int = DEFAULT_MAX_CALLS,
         rtp_timeout_s: float | None = DEFAULT_RTP_TIMEOUT_S,
         echo_cancellation: bool = True,
     ) -> None:
         """``server`` must be made with ``on_invite=service.on_invite`` (see ``create``);
         ``host`` makes the calls' sessions. ``echo_cancellation``: calls take the reply's
         echo out of the caller's audio."""
-        super().__init__(host, hooks, model, default_session, accept_timeout_s)
+        super().__init__(host, hooks, ringing)
         self.server = server
-        self.announce = announce
-        self.max_calls = max_calls
         self.started = False
         # One 20 ms wake-up (the host's pacer) for the RTP of every call of the worker.
         self.media = CallMedia(
@@ -108,6 +98,7 @@ class SipService(RingingCalls[PhoneCall]):
         cls,
         host: CallHost,
         hooks: CallHooks,
+        ringing: Ringing,
         *,
         bind_host: str,
         port: int,
@@ -138,7 +129,7 @@ class SipService(RingingCalls[PhoneCall]):
             admission=InviteAdmission(trunks, rate=invite_rate),
         )
         service = cls(
-            host, server, hooks, bind_host=bind_host, advertise_ip=advertise_ip, **options
+            host, server, hooks, ringing, bind_host=bind_host, advertise_ip=advertise_ip, **options
         )
         return service
 
@@ -154,7 +145,7 @@ class SipService(RingingCalls[PhoneCall]):
             self.server.port,
             f", TLS {self.server.tls_port}" if self.server.tls_port else "",
             f"trunks {', '.join(t.name for t in trunks)}" if trunks else "any address",
-            "calls raise a webhook" if self.announce else "calls are answered at once",
+            "calls raise a webhook" if self.ringing.announce else "calls are answered at once",
         )
 
     async def stop(self) -> None:
@@ -172,7 +163,7 @@ class SipService(RingingCalls[PhoneCall]):
 
     def on_invite(self, incoming: IncomingCall) -> None:
         """A new INVITE (the stack has sent 100 Trying)."""
-        if not self.hooks.accepting() or len(self._calls) >= self.max_calls:
+        if self._turns_away():
             logger.info("SIP call %s turned away: not taking calls", incoming.sip_call_id[:100])
             incoming.reject(UNAVAILABLE_STATUS)
             return
@@ -189,8 +180,9 @@ class SipService(RingingCalls[PhoneCall]):
 
     def _announce(self, call: PhoneCall) -> Awaitable[bool] | None:
         """``realtime.call.incoming`` with the INVITE's headers (None: no webhook)."""
-        if self.announce is None:
+        announce = self.ringing.announce
+        if announce is None:
             return None
         incoming = call.incoming
         security = media_security(incoming.offer, secure=incoming.secure)
-        return self.announce(call.id, incoming.headers, security)
+        return announce(call.id, incoming.headers, security)
