@@ -1,6 +1,7 @@
 """The echo canceller's adapter: a delayed, room-filtered copy of the reference is taken out
-by a measured margin (ERLE, on signals made here), a voice over it stays, and audio heard
-while nothing plays passes untouched."""
+by a measured margin (ERLE, on signals made here), a voice over it stays, audio heard while
+nothing plays passes untouched, and a call with no echo at all hears its caller untouched
+once it has shown it."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from hark.audio.echo import EchoCanceller
+from hark.audio.echo import PRESENCE_PATH_S, QUIET_S, EchoCanceller
 from tests.speech import spoken
 
 REPLY = (
@@ -217,3 +218,46 @@ def test_a_caller_clock_faster_than_the_reference_is_caught_up() -> None:
     tail = slice(len(heard) - 3 * rate, len(heard))
     erle_db = 10 * np.log10(energy(near[tail]) / energy(heard[tail]))
     assert erle_db >= 20, erle_db
+
+
+@pytest.mark.parametrize("rate", [8000, 24000])
+def test_a_call_with_no_echo_hears_its_caller_untouched(rate: int) -> None:
+    """A headset: the microphone never hears the reply. AEC3 alone took a voice said over the
+    reply for echo (10-60 dB quieter); once the reply has played QUIET_S with the microphone
+    quiet, the voice passes as it was said, every sample."""
+    far = reply(rate)
+    voice = spoken(BARGE_IN, rate)
+    at = int((PRESENCE_PATH_S + QUIET_S + 0.5) * rate)
+    near = np.zeros(len(far), np.int16)
+    near[at : at + len(voice)] = voice
+    canceller = EchoCanceller(rate, lead_s=0.0)
+    out = through(canceller, far, near)
+    assert not canceller.presence.echo
+    assert np.array_equal(out[at : at + len(voice)], voice)
+
+
+def test_a_quiet_start_then_an_echo_is_cancelled_again() -> None:
+    """The caller turns a speakerphone on in the middle of a reply: the echo is heard from
+    then on, the correlation with the reference shows it, and it is cancelled again."""
+    rate = 16000
+    far = np.concatenate((reply(rate), reply(rate)))
+    echo = echo_of(far, rate, 150, -6)
+    on = 4 * rate
+    echo[:on] = 0
+    near = pcm(echo)
+    canceller = EchoCanceller(rate, lead_s=0.0)
+    out = through(canceller, far, near)
+    assert canceller.presence.echo
+    tail = slice(len(out) - 3 * rate, len(out))
+    erle_db = 10 * np.log10(energy(near[tail]) / energy(out[tail]))
+    assert erle_db >= 25, erle_db
+
+
+def test_an_echo_keeps_the_canceller_on() -> None:
+    """The echo is never taken for a quiet microphone, even -20 dB under the reply."""
+    rate = 8000
+    far = reply(rate)
+    canceller = EchoCanceller(rate, lead_s=0.0)
+    through(canceller, far, pcm(echo_of(far, rate, 300, -20)))
+    assert canceller.presence.echo
+    assert canceller.presence.windows > 10

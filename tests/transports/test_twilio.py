@@ -718,11 +718,10 @@ async def test_barge_in_clears_and_truncates_to_what_was_heard(served: Served) -
 # ---------------------------------------------------------------------- echo (real pace)
 
 
-@pytest.mark.parametrize(("setting", "cancels"), [("sip", False), ("on", True), ("off", False)])
-def test_twilio_calls_cancel_echo_when_asked(setting: str, cancels: bool) -> None:
-    """``--echo-cancellation``: Twilio calls cancel their echo with ``on`` only, not with
-    ``sip`` (the default): with it on, a barge-in over the reply went unheard
-    (docs/echo.md, Limits)."""
+@pytest.mark.parametrize(("setting", "cancels"), [("sip", True), ("on", True), ("off", False)])
+def test_twilio_calls_cancel_echo_as_phone_calls_do(setting: str, cancels: bool) -> None:
+    """``--echo-cancellation``: Twilio calls are phone calls, and cancel their echo as SIP
+    calls do, with ``sip`` (the default) and ``on``."""
     settings = twilio_settings(rtc_port=0, echo_cancellation=setting)
     app = create_app(settings, engines_sharing_turn(settings))
     (streams,) = [r for r in app[CALL_REGISTRIES] if isinstance(r, TwilioStreams)]
@@ -849,7 +848,7 @@ async def test_an_echoed_reply_does_not_cut_itself(served: Served) -> None:
     """With echo cancellation (the default for phone calls), the reply heard again through
     the caller's room plays out whole, after the first reply (AEC3 finds the echo path
     during its first second or so of echo: docs/echo.md, Limits)."""
-    async with on_a_speakerphone(served, echo_cancellation="on") as line:
+    async with on_a_speakerphone(served, echo_cancellation="sip") as line:
         await reply_trial(line, None, line.peer.room)
         for _ in range(2):
             trial = await reply_trial(line, None, line.peer.room)
@@ -862,7 +861,7 @@ async def test_an_echoed_reply_does_not_cut_itself(served: Served) -> None:
 @pytest.mark.realtime
 async def test_a_real_barge_in_over_the_echo_still_cuts_the_reply(served: Served) -> None:
     """A caller who says "wait, stop" over the reply's echo is heard, and the reply is cut."""
-    async with on_a_speakerphone(served, echo_cancellation="on") as line:
+    async with on_a_speakerphone(served, echo_cancellation="sip") as line:
         await reply_trial(line, None, line.peer.room)
         trial = await reply_trial(line, spoken(BARGE_IN, SPEECH_RATE), line.peer.room)
         assert not trial.self_interrupted

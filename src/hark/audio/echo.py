@@ -28,6 +28,17 @@ audio waited for its reference all window long (it would soon wait for good), si
 before the reference to give the lead back. A heard stream that starts over (a caller back
 from a gap longer than ``MAX_LEAD_S``, or owing more than ``MAX_OWED_S``) is paired afresh.
 
+AEC3 assumes an echo until its filter shows otherwise, and with none to find (a headset, a
+handset, a browser or phone that cancels its own echo) its suppressor takes the caller's voice
+over the reply for echo: a voice said into such a call half a second to four seconds into a
+reply came out 10-30 dB quieter, some 200 ms stretches of it 40-60 dB. So each call also
+watches whether its microphone hears the reply at all (``EchoPresence``): while the reply
+plays and the caller is silent, an echo would be what the microphone hears, and once it
+has heard nothing within ``QUIET_DB`` of the reply for ``QUIET_S`` of it, the caller's audio
+passes as it came (AEC3 still runs, so that it is ready). Should the reply be heard later
+(the caller turns a speakerphone on), the heard audio's correlation with the reference
+shows it, and the canceller's output is used again.
+
 Heard audio is processed in whole 10 ms frames; a chunk that is not a whole number of them
 leaves the rest for the next call (``heard`` returns only what was processed), so chunks of
 10 or 20 ms whose reference is there come back at once, without a copy. While nothing has
@@ -63,6 +74,24 @@ MAX_WAIT_S = 0.3
 # After the last sample of reference that was not silence, this long before the heard audio
 # is passed through unprocessed: a path delay of 300 ms, a room tail, and the margin.
 IDLE_S = 1.0
+# Echo presence (see the module doc). Heard audio is judged in windows of this length,
+# against the reference of the window and of the longest echo path before it (AEC3's own
+# delay search covers about as much).
+PRESENCE_WINDOW_S = 0.25
+PRESENCE_PATH_S = 0.5
+# A window counts while the reference is audible over all of that (RMS over about -40 dBFS).
+AUDIBLE_RMS = 300.0
+# Heard audio this far under the reference (RMS) is no echo worth cancelling; the echoes the
+# canceller is for are -6 to -20 dB.
+QUIET_DB = -35.0
+# This much audible reply heard as quiet, and the call has no echo.
+QUIET_S = 1.0
+# Two heard windows in a row this correlated with the reference, at delays within the path
+# and within ECHO_DELAY_S of each other, are echo. One is not enough: a word said in the
+# reply's own voice (a test's caller, a synthetic voice) correlates with it over the few
+# hundredths of a second it starts with.
+ECHO_CORRELATION = 0.5
+ECHO_DELAY_S = 0.002
 
 
 _NOTHING = np.zeros(0, np.int16)
@@ -107,6 +136,7 @@ class EchoCanceller:
         self._idle = int(IDLE_S * rate)
         self._audible_until = -self._idle - self._lead - 1
         self._started = False
+        self.presence = EchoPresence(rate)
         # How often the pairing had to give way (for the tests and the bench).
         self.underruns = 0
         self.trims = 0
@@ -239,7 +269,7 @@ class EchoCanceller:
         out: npt.NDArray[np.int16] = apm.process(
             np.ascontiguousarray(near), np.ascontiguousarray(far)
         )
-        return out
+        return out if self.presence.heard(near, far) else near
 
     def _keep_lead(self, heard: int) -> None:
         """Move the pairing when, all window long, the reference waited more than the slack
@@ -267,3 +297,94 @@ class EchoCanceller:
         self._window_heard = 0
         self._window_least = self._max_lead
         self._window_least_wait = self._max_wait
+
+
+class EchoPresence:
+    """Whether a call's microphone hears the reply (see the module doc), from the heard audio
+    and the reference paired with it, at ``rate`` Hz.
+
+    ``echo`` starts true (cancel until shown otherwise). It turns false once ``QUIET_S`` of
+    audible reply went by with the microphone more than ``QUIET_DB`` under it, and true again
+    when two heard windows in a row are ``ECHO_CORRELATION`` correlated with the reference at
+    about the same delay within ``PRESENCE_PATH_S``.
+    """
+
+    def __init__(self, rate: int) -> None:
+        self._window = int(PRESENCE_WINDOW_S * rate)
+        self._path = int(PRESENCE_PATH_S * rate)
+        # The reference of the path before the window and of the window; the window heard.
+        self._far = np.zeros(self._path + self._window, np.float64)
+        self._near = np.zeros(self._window, np.float64)
+        self._filled = 0
+        self._quiet_windows_needed = max(1, round(QUIET_S / PRESENCE_WINDOW_S))
+        self._quiet_windows = 0
+        self._quiet_ratio = 10 ** (QUIET_DB / 20)
+        self._delay_slack = ECHO_DELAY_S * rate
+        # The delay at which the last window heard the reference, if it did.
+        self._echo_delay: int | None = None
+        self.echo = True
+        self.windows = 0
+
+    def heard(self, near: npt.NDArray[np.int16], far: npt.NDArray[np.int16]) -> bool:
+        """The next heard samples and the reference paired with them (the same length);
+        returns whether the call has an echo to cancel."""
+        window, path = self._window, self._path
+        i, n = 0, len(near)
+        while i < n:
+            take = min(n - i, window - self._filled)
+            at = path + self._filled
+            self._far[at : at + take] = far[i : i + take]
+            self._near[self._filled : self._filled + take] = near[i : i + take]
+            self._filled += take
+            i += take
+            if self._filled == window:
+                self._judge()
+                # The window's reference becomes the end of the next one's path.
+                self._far[:path] = self._far[window:]
+                self._filled = 0
+        return self.echo
+
+    def _judge(self) -> None:
+        far, near = self._far, self._near
+        path = self._path
+        far_rms = _rms(far)
+        if min(_rms(far[:path]), _rms(far[path:])) < AUDIBLE_RMS:
+            return
+        self.windows += 1
+        if _rms(near) < far_rms * self._quiet_ratio:
+            self._quiet_windows += 1
+            if self._quiet_windows >= self._quiet_windows_needed:
+                self.echo = False
+            return
+        self._quiet_windows = 0
+        if self.echo:
+            return
+        correlation, delay = self._correlation()
+        if correlation < ECHO_CORRELATION:
+            self._echo_delay = None
+            return
+        last, self._echo_delay = self._echo_delay, delay
+        if last is not None and abs(delay - last) <= self._delay_slack:
+            self.echo = True
+
+    def _correlation(self) -> tuple[float, int]:
+        """The highest normalised correlation of the heard window with the reference at a
+        delay of 0 to ``PRESENCE_PATH_S``, and that delay in samples."""
+        far, near = self._far, self._near
+        window, path = self._window, self._path
+        size = 1 << (len(far) + window - 1).bit_length()
+        # full[k] = sum_i near[i] * far[i + k]: the window against the reference k samples
+        # after the path's start (a delay of path - k), for k = 0 .. path.
+        full = np.fft.irfft(np.fft.rfft(far, size) * np.conj(np.fft.rfft(near, size)), size)
+        dots = full[: path + 1]
+        # Energy of far[k : k + window] for each k, from running sums.
+        sums = np.concatenate(([0.0], np.cumsum(far * far)))
+        energies = sums[window : window + path + 1] - sums[: path + 1]
+        norm = np.sqrt(np.maximum(energies, 1.0) * max(float(near @ near), 1.0))
+        correlations = np.abs(dots) / norm
+        best = int(np.argmax(correlations))
+        return float(correlations[best]), path - best
+
+
+def _rms(x: npt.NDArray[np.float64]) -> float:
+    return float(np.sqrt(np.mean(x * x)))

@@ -422,15 +422,16 @@ OPTIONS: tuple[Option, ...] = (
         "sip",
         "engines",
         "take the reply's echo out of callers' audio before the VAD hears it, so that a "
-        "speakerphone does not interrupt the reply: sip (SIP calls; the default), on (WebRTC "
-        "and Twilio calls too; browsers cancel their own echo; about as much CPU again per "
-        "call while the reply plays) or off",
+        "speakerphone does not interrupt the reply: sip (phone calls, SIP and Twilio; the "
+        "default), on (WebRTC calls too; browsers cancel their own echo; about as much CPU "
+        "again per call while the reply plays) or off",
         choices=("on", "sip", "off"),
         doc="which calls take the reply's echo out of the caller's audio before the VAD hears "
-        "it, so that a speakerphone does not interrupt the reply: `sip` (SIP calls), `on` "
-        "(WebRTC and Twilio calls too: a browser cancels its own echo, other peers may not; "
-        "about as much CPU again per call while the reply plays) or `off`. WebSocket sessions "
-        "have none (the client plays) (docs/echo.md)",
+        "it, so that a speakerphone does not interrupt the reply: `sip` (phone calls: SIP and "
+        "Twilio), `on` (WebRTC calls too: a browser cancels its own echo, other peers may not; "
+        "about as much CPU again per call while the reply plays) or `off`. A call whose "
+        "microphone shows no echo (a headset) hears its caller untouched after a second of "
+        "reply. WebSocket sessions have none (the client plays) (docs/echo.md)",
     ),
     # Access and limits.
     Option(

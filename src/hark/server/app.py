@@ -307,9 +307,8 @@ def _twilio_streams(app: web.Application, settings: Settings, ringing: Ringing) 
         ringing,
         account=TwilioAccount(settings.twilio_auth_token, settings.twilio_api_url),
         public_url=settings.twilio_url,
-        # Only when asked for: with it on, a caller's barge-in over the reply went unheard
-        # in the embedded-model test (docs/echo.md, Limits).
-        echo_cancellation=settings.echo_cancellation == "on",
+        # A phone line, as SIP's: on unless turned off.
+        echo_cancellation=settings.echo_cancellation != "off",
     )
 
 
