@@ -62,6 +62,15 @@ def energy(x: npt.NDArray[np.generic]) -> float:
     return float(np.sum(x.astype(np.float64) ** 2)) + 1.0
 
 
+def erle_at_the_end(
+    heard: npt.NDArray[np.generic], out: npt.NDArray[np.generic], rate: int
+) -> float:
+    """How much quieter (dB) ``out`` is than ``heard`` over the last three seconds of
+    ``out`` (``heard`` aligned with it from the start), once AEC3 has found the path."""
+    tail = slice(len(out) - 3 * rate, len(out))
+    return float(10 * np.log10(energy(heard[tail]) / energy(out[tail])))
+
+
 def reply(rate: int) -> npt.NDArray[np.int16]:
     return np.concatenate([spoken(text, rate) for text in REPLY])
 
@@ -74,8 +83,7 @@ def test_a_delayed_filtered_echo_is_taken_out(rate: int, delay_ms: int, gain_db:
     # Played then heard in each step, as SIP's ticks hand them over: no lead needed.
     out = through(EchoCanceller(rate, lead_s=0.0), far, near)
     # Once AEC3 has found the delay and the path (the last three seconds of the reply):
-    tail = slice(len(out) - 3 * rate, len(out))
-    erle_db = 10 * np.log10(energy(near[tail]) / energy(out[tail]))
+    erle_db = erle_at_the_end(near, out, rate)
     assert erle_db >= 25, erle_db
 
 
@@ -151,8 +159,7 @@ def test_a_microphone_back_from_a_long_gap_is_paired_afresh() -> None:
     assert canceller.restarts == 1
     heard = np.concatenate(out)
     after = near[3 * rate : 3 * rate + len(heard) - rate]
-    tail = slice(len(after) - 3 * rate, len(after))
-    erle_db = 10 * np.log10(energy(after[tail]) / energy(heard[rate:][tail]))
+    erle_db = erle_at_the_end(after, heard[rate:], rate)
     assert erle_db >= 25, erle_db
 
 
@@ -182,8 +189,7 @@ def test_with_a_lead_a_frame_heard_before_its_reference_is_played_still_pairs() 
     heard = np.concatenate(out)
     assert canceller.underruns == 0
     assert len(heard) >= len(near) - rate // 10
-    tail = slice(len(heard) - 3 * rate, len(heard))
-    erle_db = 10 * np.log10(energy(near[tail]) / energy(heard[tail]))
+    erle_db = erle_at_the_end(near, heard, rate)
     assert erle_db >= 25, erle_db
 
 
@@ -215,8 +221,7 @@ def test_a_caller_clock_faster_than_the_reference_is_caught_up() -> None:
     assert canceller.underruns == 0
     # Nothing is held back for long: the audio heard is out within the wait's bound.
     assert len(heard) >= len(near) - len(near) % step - rate // 10
-    tail = slice(len(heard) - 3 * rate, len(heard))
-    erle_db = 10 * np.log10(energy(near[tail]) / energy(heard[tail]))
+    erle_db = erle_at_the_end(near, heard, rate)
     assert erle_db >= 20, erle_db
 
 
@@ -248,8 +253,7 @@ def test_a_quiet_start_then_an_echo_is_cancelled_again() -> None:
     canceller = EchoCanceller(rate, lead_s=0.0)
     out = through(canceller, far, near)
     assert canceller.presence.echo
-    tail = slice(len(out) - 3 * rate, len(out))
-    erle_db = 10 * np.log10(energy(near[tail]) / energy(out[tail]))
+    erle_db = erle_at_the_end(near, out, rate)
     assert erle_db >= 25, erle_db
 
 
