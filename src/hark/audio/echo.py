@@ -346,12 +346,16 @@ class EchoPresence:
 
     def _judge(self) -> None:
         far, near = self._far, self._near
-        path = self._path
-        far_rms = _rms(far)
-        if min(_rms(far[:path]), _rms(far[path:])) < AUDIBLE_RMS:
+        path, window = self._path, self._window
+        # Sums of squares of the path before the window and of the window's reference.
+        before = float(far[:path] @ far[:path])
+        during = float(far[path:] @ far[path:])
+        audible = AUDIBLE_RMS * AUDIBLE_RMS
+        if before < audible * path or during < audible * window:
             return
         self.windows += 1
-        if _rms(near) < far_rms * self._quiet_ratio:
+        # Mean squares compared, so the quiet ratio is squared.
+        if float(near @ near) / window < (before + during) / len(far) * self._quiet_ratio**2:
             self._quiet_windows += 1
             if self._quiet_windows >= self._quiet_windows_needed:
                 self.echo = False
@@ -384,7 +388,3 @@ class EchoPresence:
         correlations = np.abs(dots) / norm
         best = int(np.argmax(correlations))
         return float(correlations[best]), path - best
-
-
-def _rms(x: npt.NDArray[np.float64]) -> float:
-    return float(np.sqrt(np.mean(x * x)))
