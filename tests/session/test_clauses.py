@@ -75,3 +75,12 @@ def test_the_phrase_cut_waits_for_the_whole_next_word() -> None:
     # "is" might still become "island": nothing is cut until a space follows it.
     assert splitter.push("Two plus two is") == []
     assert splitter.push(" four") == ["Two plus two"]
+
+
+def test_the_four_word_cut_comes_as_soon_as_the_fourth_word_is_whole() -> None:
+    splitter = ClauseSplitter()
+    assert splitter.push("The capital of France") == []
+    # The space of the next token ends "France": the piece goes now, not a token later.
+    assert splitter.push(" is") == ["The capital of France"]
+    assert splitter.push(" Paris.") == []
+    assert splitter.flush() == [" is Paris."]

@@ -88,8 +88,10 @@ class ClauseSplitter:
         return None
 
     def _cut_long(self, max_words: int) -> str | None:
-        """Cut after ``max_words`` complete words when no punctuation came in time."""
+        """Cut after ``max_words`` complete words when no punctuation came in time, as soon
+        as the last of them is known to be whole (a space follows it): the first piece does
+        not wait for the next word, a token later."""
         spans = [m.end() for m in re.finditer(r"\S+(?=\s)", self._text)]
-        if len(spans) > max_words:
+        if len(spans) >= max_words:
             return self._cut(spans[max_words - 1])
         return None
