@@ -12,7 +12,7 @@ import pytest
 from hark.audio.resample import resample
 from hark.engines.asr import TimedSegment, TimedTranscript, TimedWord, Urgency
 from hark.session.actions import CancelRecognition, Generate, Prefill, Recognise, Speculate
-from hark.session.recognition import _TurnAudio
+from hark.session.recognition import PREFILL_EVERY_S, _TurnAudio
 from hark.session.results import Recognised, TranscriptionFailed
 
 from .conftest import ASR_RATE, Driver, silence, voiced
@@ -418,6 +418,32 @@ def test_the_llm_reads_the_turn_while_it_is_spoken(driver: Driver) -> None:
     (generate,) = driver.take(Generate)
     assert generate.request.messages[:-1] == prefills[-1].request.messages[:-1]
     assert generate.request.messages[-1].content.startswith(contents[-1])
+
+
+def test_a_short_question_is_read_ahead_from_its_first_hypothesis(driver: Driver) -> None:
+    configure(driver)
+    driver.take(Prefill)  # the conversation, at the session's start
+    words = long_words(2.0)
+    said = [w.word.strip() for w in words]
+    # Voiced audio, caption steps answered with what they hold whole, until the LLM is
+    # offered the turn's first words.
+    offered: list[Prefill] = []
+    while not offered:
+        driver.append(voiced(20))
+        for step in driver.steps(Urgency.CAPTION):
+            heard = hear(step, words, 0.0)
+            driver.session.handle(Recognised(step.request_id, heard), now=driver.now)
+            driver.pump()
+        offered = [p for p in driver.take(Prefill) if p.request.open_turn]
+    # Words are committed only once two hypotheses agree, but the latest hypothesis's words
+    # but the last are offered with them, at once (not after a second of committed words),
+    # the user's turn left open.
+    committed = " ".join(e["delta"] for e in driver.events if e["type"] == DELTA).split()
+    (prefill,) = offered
+    content = prefill.request.messages[-1].content.split()
+    assert content == [w.word.strip() for w in heard.words[:-1]] == said[: len(content)]
+    assert len(committed) < len(content)
+    assert words[len(content) - 1].end < PREFILL_EVERY_S
 
 
 def test_no_read_ahead_for_turns_that_get_no_reply(driver: Driver) -> None:

@@ -17,7 +17,7 @@ decoded in several windows in order, each prompted with the words before it.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -53,9 +53,9 @@ _SMALLEST_P = 1e-12
 # this much earlier, where the edge of that resampling has died away.
 _SEAM_GUARD_S = 0.04
 _INT16_SCALE = np.float32(1 / 32768)
-# The turn's committed words are offered to the LLM (``StepHeard.read_ahead``) each time they
-# reach this much further into the turn: often enough that little is left to read when it ends,
-# seldom enough that the reading costs little.
+# The turn's words are offered to the LLM (``StepHeard.read_ahead``) first as soon as a step
+# hears any, then each time they reach this much further into the turn: often enough that
+# little is left to read when it ends, seldom enough that the reading costs little.
 PREFILL_EVERY_S = 1.0
 # Without input transcription nobody reads captions: the turn is stepped only as often as the
 # LLM reads ahead (a step a ``PREFILL_EVERY_S``), two of every five steps of the default
@@ -178,8 +178,8 @@ class _Stream:
     seconds: float = 0.0
     # Committed words already sent as deltas.
     sent: int = 0
-    # Where the committed words offered to the LLM ended (turn seconds).
-    offered_s: float = 0.0
+    # Where the words offered to the LLM ended (turn seconds); None before the first offer.
+    offered_s: float | None = None
     # Once the turn is an item: its audio on the session clock, for the final steps.
     peek: Peek | None = None
     end_ms: float = 0.0
@@ -507,9 +507,10 @@ class Recognition(SessionPart):
             policy.finish(transcript, step.window_start)
             return _HEARD if self._finish(stream) else _NOTHING
         if step.kind == "caption":
-            policy.hypothesis(transcript, step.window_start, step.window_end)
+            tail = policy.tail(transcript, step.window_start)
+            committed = policy.hypothesis(transcript, step.window_start, step.window_end)
             self._send_committed(stream)
-            return self._offer(stream)
+            return self._offer(stream, tail[len(committed) :])
         assert step.pause is not None
         if stream.caption is not None:
             # The caption step still in flight decodes less than this one did: of no use.
@@ -522,14 +523,23 @@ class Recognition(SessionPart):
         self._send_committed(stream)
         return StepHeard(pause=(step.pause, words))
 
-    def _offer(self, stream: _Stream) -> StepHeard:
-        """The turn's committed words for the LLM, when they reach far enough past the last."""
-        if stream is not self._live or stream.policy.committed_end - stream.offered_s < (
-            PREFILL_EVERY_S
-        ):
+    def _offer(self, stream: _Stream, pending: Sequence[TimedWord] = ()) -> StepHeard:
+        """The turn's words for the LLM to read ahead: the committed ones and those of the
+        latest hypothesis ``pending`` but its last (the one the next audio most often
+        changes). The first words are offered at once, so that a short question has its
+        beginning read before its pause; then each time they reach ``PREFILL_EVERY_S``
+        further into the turn. A hypothesis word that changes after it was read costs the
+        LLM a re-read from there, as the reply reads the turn anyway."""
+        if stream is not self._live:
             return _NOTHING
-        stream.offered_s = stream.policy.committed_end
-        return StepHeard(read_ahead=text_of(stream.policy.committed))
+        words = [*stream.policy.committed, *pending[:-1]]
+        if not words:
+            return _NOTHING
+        end = words[-1].end
+        if stream.offered_s is not None and end - stream.offered_s < PREFILL_EVERY_S:
+            return _NOTHING
+        stream.offered_s = end
+        return StepHeard(read_ahead=text_of(words))
 
     def _send_committed(self, stream: _Stream) -> None:
         """Committed words not sent yet go out as one delta (with transcription on)."""
