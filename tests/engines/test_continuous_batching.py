@@ -22,6 +22,7 @@ from typing import Any
 import llama_cpp
 import pytest
 
+from hark.engines import activity
 from hark.engines.activity import computing
 from hark.engines.llm import (
     ChatMessage,
@@ -33,6 +34,7 @@ from hark.engines.llm import (
 )
 from hark.engines.llm.continuous_batching import BatchScheduler
 from hark.engines.llm.llama_cpp import LlamaCppLlm
+from hark.engines.llm.step_policy import OPENING_TOKENS
 from tests.helpers.llm import text_of
 from tests.helpers.streams import collect
 
@@ -181,7 +183,22 @@ class DecodeGate:
             self._permits = None
             self._cond.notify_all()
 
-    async def _until(self, ready: Callable[[], bool]) -> None:
+    def notify(self) -> None:
+        """Have :meth:`until` look at its condition again (from any thread)."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def let_one_through(self) -> int:
+        """Let the held decode run; returns the number the next decode will have."""
+        with self._cond:
+            assert self._permits is not None, "the gate is open"
+            self._permits += 1
+            self._cond.notify_all()
+            return self.entered + 1
+
+    async def until(self, ready: Callable[[], bool]) -> None:
+        """Wait until ``ready()`` (looked at on each decode and :meth:`notify`)."""
+
         def wait() -> bool:
             with self._cond:
                 return self._cond.wait_for(ready, LIVENESS_S)
@@ -191,20 +208,15 @@ class DecodeGate:
     async def held(self, decodes: int = 1) -> None:
         """Wait until the scheduler has reached its ``decodes``-th decode since the gate was
         made (and, closed, is held there)."""
-        await self._until(lambda: self.entered >= decodes)
+        await self.until(lambda: self.entered >= decodes)
 
     async def arrived(self, jobs: int) -> None:
         """Wait until ``jobs`` jobs have reached a scheduler since the gate was made."""
-        await self._until(lambda: self.submitted >= jobs)
+        await self.until(lambda: self.submitted >= jobs)
 
     async def step(self) -> None:
         """Let the held decode run, and wait until the scheduler is held at the next one."""
-        with self._cond:
-            target = self.entered + 1
-            assert self._permits is not None, "the gate is open"
-            self._permits += 1
-            self._cond.notify_all()
-        await self.held(target)
+        await self.held(self.let_one_through())
 
 
 async def test_concurrent_generations_match_their_solo_runs(exact: LlamaCppLlm) -> None:
@@ -498,6 +510,67 @@ async def test_a_lone_prompt_is_read_on_every_core_only_while_nothing_else_compu
         assert set_threads == []
     finally:
         await engine.aclose()
+
+
+class Holds:
+    """Notes each time the scheduler holds a step off: what its jobs had generated, and how
+    many urgent calls still ran when it went on."""
+
+    def __init__(self, engine: LlamaCppLlm, gate: DecodeGate, monkeypatch: pytest.MonkeyPatch):
+        self.generated: list[list[int]] = []
+        self.urgent_after: list[int] = []
+        hold_off = activity.hold_off
+
+        def noted(limit_s: float, stop: Callable[[], bool]) -> None:
+            batcher = engine._batcher
+            assert batcher is not None
+            self.generated.append([task.generated for task in batcher._running])
+            gate.notify()
+            hold_off(limit_s, stop)
+            self.urgent_after.append(activity.urgent_now())
+
+        monkeypatch.setattr(activity, "hold_off", noted)
+
+    async def until_held(self, gate: DecodeGate, holds: int) -> None:
+        """Let decodes through one at a time until the scheduler holds a step off for the
+        ``holds``-th time."""
+        while len(self.generated) < holds:
+            target = gate.let_one_through()
+
+            def moved(target: int = target) -> bool:
+                return gate.entered >= target or len(self.generated) >= holds
+
+            await gate.until(moved)
+
+
+async def test_a_reply_being_voiced_holds_off_while_an_urgent_call_runs(
+    llm: LlamaCppLlm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    batcher = llm._batcher
+    assert batcher is not None
+    # Counted from the urgent call's start, the bound would pass while the gate steps.
+    batcher.hold_s = 3600.0
+    gate = DecodeGate(monkeypatch)
+    holds = Holds(llm, gate, monkeypatch)
+    gate.close()
+    task = asyncio.create_task(collect(llm.generate(greedy(STORY, 60))))
+    with activity.urgent():
+        await gate.held()
+        # The prompt and the first words are decoded whatever runs: someone waits for them.
+        await holds.until_held(gate, 1)
+        assert holds.generated == [[OPENING_TOKENS]]
+        decodes = gate.entered
+    # The urgent call ended: the held step runs.
+    await gate.held(decodes + 1)
+    assert holds.urgent_after == [0]
+    # A call that runs past the bound holds nothing longer.
+    batcher.hold_s = 0.01
+    with activity.urgent():
+        await holds.until_held(gate, 2)
+        await gate.held(decodes + 2)
+        assert holds.urgent_after == [0, 1]
+    gate.open()
+    assert text_of(await task).strip()
 
 
 async def test_a_forced_call_is_announced_once_its_prompt_is_read(

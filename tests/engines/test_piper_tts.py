@@ -11,6 +11,8 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from hark.engines import activity
+from hark.engines.activity import computing
 from hark.engines.tts import TtsEngine
 from hark.engines.tts.piper import PiperTts
 from tests.engines.renders import CountingRenders
@@ -31,6 +33,14 @@ def tts() -> Iterator[PiperTts]:
     needs_piper()
     # One engine for the module: the voice takes seconds to load.
     yield PiperTts()
+
+
+def voice_class() -> Any:
+    """PiperVoice: each reply renders with a copy of the engine's voice, so a test counts
+    renders on the class."""
+    from piper import PiperVoice
+
+    return PiperVoice
 
 
 async def speak(engine: PiperTts, text: str, **options: Any) -> list[npt.NDArray[np.int16]]:
@@ -90,7 +100,7 @@ async def test_openai_voice_names_are_accepted(tts: PiperTts) -> None:
 async def test_closing_the_stream_stops_before_the_next_sentence(
     tts: PiperTts, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    renders = CountingRenders(tts._load(), "phoneme_ids_to_audio", tts._queue, monkeypatch)
+    renders = CountingRenders(voice_class(), "phoneme_ids_to_audio", tts._queue, monkeypatch)
     stream = tts.synthesize(THREE_SENTENCES)
     first = await anext(stream)
     assert first.size > 0
@@ -102,7 +112,7 @@ async def test_closing_the_stream_stops_before_the_next_sentence(
 async def test_cancelling_mid_sentence_renders_no_further_sentence(
     tts: PiperTts, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    renders = CountingRenders(tts._load(), "phoneme_ids_to_audio", tts._queue, monkeypatch)
+    renders = CountingRenders(voice_class(), "phoneme_ids_to_audio", tts._queue, monkeypatch)
     received: list[npt.NDArray[np.int16]] = []
     first_arrived = asyncio.Event()
 
@@ -166,3 +176,50 @@ def test_missing_piper_is_explained(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "piper", None)
     with pytest.raises(RuntimeError, match=r"uv sync --extra piper"):
         PiperTts()
+
+
+async def test_first_words_spread_over_every_core_only_while_nothing_else_computes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    needs_piper()
+    engine = PiperTts(threads=1, wide_threads=2)
+    await engine.warmup()
+    narrow, wide = engine._load().session, engine._wide_session()
+    assert wide is not None and wide is not narrow
+    runs: list[tuple[str, int]] = []
+    for name, session in (("narrow", narrow), ("wide", wide)):
+
+        def spy(*args: Any, name: str = name, run: Any = session.run, **kwargs: Any) -> Any:
+            runs.append((name, activity.urgent_now()))
+            return run(*args, **kwargs)
+
+        monkeypatch.setattr(session, "run", spy)
+
+    async def session_for(slack_s: float) -> list[tuple[str, int]]:
+        runs.clear()
+        assert len(await speak(engine, "The capital of France.", slack_s=slack_s)) == 1
+        return runs
+
+    # Someone waits in silence and nothing else computes: both cores, marked urgent (the
+    # LLM's steps that can wait hold off meanwhile).
+    assert await session_for(0.0) == [("wide", 1)]
+    # The listener still has seconds of audio to hear.
+    assert await session_for(10.0) == [("narrow", 0)]
+    # Another model computes (Whisper, the end-of-turn model).
+    with computing():
+        assert await session_for(0.0) == [("narrow", 0)]
+    llm = activity.Waited()
+    try:
+        # The LLM's one job someone waits for: the reply being voiced.
+        llm.set(1)
+        assert await session_for(0.0) == [("wide", 1)]
+        # Two: another session waits for its first words.
+        llm.set(2)
+        assert await session_for(0.0) == [("narrow", 0)]
+    finally:
+        llm.set(0)
+
+
+def test_no_wide_voice_when_it_would_be_no_wider() -> None:
+    needs_piper()
+    assert PiperTts(threads=2, wide_threads=2)._wide_session() is None

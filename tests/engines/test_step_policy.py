@@ -9,9 +9,11 @@ from hark.engines.llm.step_policy import (
     SPOKEN_TOKEN_GAP_S,
     Tier,
     admission_order,
+    can_wait,
     least_urgent,
     next_step,
     tier,
+    waited_for,
 )
 
 NOW = 100.0
@@ -117,3 +119,26 @@ def test_the_least_urgent_job_gives_way() -> None:
     assert least_urgent([spoken, guess], NOW).name == "guess"
     # Within a tier, the latest arrival.
     assert least_urgent([Job("first", 0), Job("second", 1)], NOW).name == "second"
+
+
+def test_openings_and_overdue_replies_are_waited_for() -> None:
+    late = Job("late", 0, last_served=NOW - SPOKEN_TOKEN_GAP_S - 0.01)
+    spoken, speculative = Job("spoken", 1), Job("speculative", 2, speculative=True)
+    ahead = prefill("ahead", 3, 30)
+    assert waited_for([spoken, speculative, ahead], NOW) == 0
+    assert waited_for([spoken, opening("turn", 4, 30), ahead], NOW) == 1
+    assert waited_for([late, opening("turn", 4, 30), opening("guess", 5, 9, True)], NOW) == 3
+    assert waited_for([], NOW) == 0
+
+
+def test_only_a_step_nobody_waits_for_can_wait() -> None:
+    spoken, speculative = Job("spoken", 1), Job("speculative", 2, speculative=True)
+    ahead = prefill("ahead", 3, 30)
+    assert can_wait(next_step([spoken, speculative, ahead], NOW, 16), NOW)
+    assert can_wait(next_step([ahead], NOW, 16), NOW)
+    # A turn's first words, a guess at them, or a reply whose voice is about to run dry.
+    assert not can_wait(next_step([spoken, opening("turn", 4, 30)], NOW, 16), NOW)
+    assert not can_wait(next_step([opening("guess", 5, 9, True), ahead], NOW, 16), NOW)
+    late = Job("late", 0, last_served=NOW - SPOKEN_TOKEN_GAP_S - 0.01)
+    assert not can_wait(next_step([spoken, late], NOW, 16), NOW)
+    assert not can_wait([], NOW)

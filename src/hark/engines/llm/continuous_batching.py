@@ -29,14 +29,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from hark.engines import health
-from hark.engines.activity import computing_now
+from hark.engines import activity, health
 from hark.engines.llm import shared_prefix, step_policy
 from hark.engines.llm.kv_cache import CacheSequence, KvCache
 from hark.engines.llm.llama_model import LlamaContext, LlamaModel, Row
 from hark.engines.llm.sampling import Sampler
 
 log = logging.getLogger(__name__)
+
+# How long a step nobody waits for (see ``step_policy.can_wait``) holds off at most while an
+# urgent call runs on every core (a reply's first piece in Piper: about 70 ms on two threads of
+# the development machine), from when that call began.
+HOLD_S = 0.15
 
 StopReason = Literal["stop", "length"]
 
@@ -169,7 +173,10 @@ class BatchScheduler:
     model's end-of-generation tokens, the ``stop_markers`` that are single tokens end a
     generation. ``check`` vets the model after loading (raise to refuse it). A step that
     reads one job's prompt runs on ``wide_threads`` threads when no other model in the
-    process is computing (see :mod:`hark.engines.activity`), else on ``n_threads``.
+    process is computing (see :mod:`hark.engines.activity`), else on ``n_threads``. A step
+    that serves only work nobody waits for yet holds off, for at most ``hold_s`` per call,
+    while an urgent call of another model runs on every core; the scheduler publishes how many
+    of its jobs someone waits for, which such a call looks at before it spreads.
     """
 
     def __init__(
@@ -188,6 +195,7 @@ class BatchScheduler:
         stop_markers: tuple[str, ...] = (),
         check: Callable[[LlamaModel], None] | None = None,
         wide_threads: int | None = None,
+        hold_s: float = HOLD_S,
     ) -> None:
         self.model_path = model_path
         self.n_ctx = n_ctx
@@ -196,6 +204,8 @@ class BatchScheduler:
         self.n_threads = n_threads
         self.wide_threads = max(n_threads, wide_threads or n_threads)
         self._batch_threads = n_threads
+        self.hold_s = hold_s
+        self._waited = activity.Waited()
         self.step_tokens = step_tokens
         self.seed = seed
         self.flash_attention = flash_attention
@@ -232,11 +242,13 @@ class BatchScheduler:
                 self._thread.start()
             self._inbox.append(job)
             self._cond.notify()
+        activity.wake_holders()
 
     def wake(self) -> None:
         """Look at the jobs again (after setting a job's ``cancelled``)."""
         with self._cond:
             self._cond.notify()
+        activity.wake_holders()
 
     def close(self) -> None:
         """Fail what is queued, stop the thread and free the model. Blocks until done."""
@@ -244,6 +256,7 @@ class BatchScheduler:
             self._closing = True
             thread = self._thread
             self._cond.notify()
+        activity.wake_holders()
         if thread is not None:
             thread.join()
 
@@ -295,6 +308,7 @@ class BatchScheduler:
             self._drop(task)
             if not task.job.cancelled:
                 task.job.failed(error)
+        self._waited.set(0)
         # The model and cache may be half-way through a step: the next thread loads afresh.
         self._free()
         if crash is None:
@@ -349,6 +363,7 @@ class BatchScheduler:
     def _cycle(self) -> bool:
         with self._cond:
             while not (self._inbox or self._closing or self._running or self._waiting):
+                self._waited.set(0)
                 self._cond.wait()
             inbox, self._inbox = self._inbox, []
             if self._closing:
@@ -479,9 +494,15 @@ class BatchScheduler:
         if not self._running:
             return
         now = time.monotonic()
+        self._waited.set(step_policy.waited_for(self._running, now))
         chosen = step_policy.next_step(self._running, now, self.step_tokens)
         if not chosen:
             return
+        if activity.urgent_now() and step_policy.can_wait(chosen, now):
+            # The other model voices a reply's first piece on every core: this step would
+            # only slow it down, and the replies it serves are far ahead of their listeners.
+            activity.hold_off(self.hold_s, self._pressed)
+            now = time.monotonic()
         outputs = self._decode(chosen)
         if outputs is None:
             return
@@ -501,6 +522,11 @@ class BatchScheduler:
             except Exception as exc:
                 log.exception("an LLM generation failed")
                 self._fail(task, exc)
+
+    def _pressed(self) -> bool:
+        """Whether something came that a held step must not keep waiting (a new job, a
+        cancellation, closing); read without the lock: a stale answer costs one more wait."""
+        return bool(self._inbox) or self._closing or any(t.job.cancelled for t in self._running)
 
     def _decode(self, chosen: list[tuple[_Task, int]]) -> list[int] | None:
         """Run one batch; the batch index of each task's logits (-1: none). None: not run."""
@@ -534,7 +560,7 @@ class BatchScheduler:
         on two threads against 121 on one). llama.cpp uses ``n_threads_batch`` for steps of
         more than one token, so single-token steps keep ``n_threads`` whatever is set here."""
         assert self._context is not None
-        wide = len(chosen) == 1 and chosen[0][1] > 1 and computing_now() == 0
+        wide = len(chosen) == 1 and chosen[0][1] > 1 and activity.computing_now() == 0
         threads = self.wide_threads if wide else self.n_threads
         if threads != self._batch_threads:
             self._context.set_threads(self.n_threads, threads)

@@ -146,3 +146,19 @@ def next_step(running: Iterable[W], now: float, budget: int) -> list[tuple[W, in
         chosen.append((work, n))
         budget -= n
     return chosen
+
+
+def waited_for(running: Iterable[Work], now: float) -> int:
+    """How many of the ``running`` jobs someone waits for: openings and overdue replies."""
+    count = 0
+    for work in running:
+        if tier(work, now) < Tier.SPOKEN:
+            count += 1
+    return count
+
+
+def can_wait(chosen: list[tuple[W, int]], now: float) -> bool:
+    """Whether a step of ``chosen`` (as :func:`next_step` picks it, most urgent first) serves
+    only work nobody waits for yet: replies already being voiced, speculative replies past
+    their first words, prompts read ahead. Such a step may hold off for a while."""
+    return bool(chosen) and tier(chosen[0][0], now) >= Tier.SPOKEN

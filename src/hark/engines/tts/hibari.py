@@ -104,7 +104,9 @@ class HibariTts(SentenceTts["Hibari"]):
         sentences = iter(model.split_sentences(text))
         rng = np.random.default_rng()
 
-        def read() -> npt.NDArray[np.int16] | None:
+        # A sentence someone waits for is rendered like any other: hibari sets its threads
+        # when it loads.
+        def read(urgent: bool) -> npt.NDArray[np.int16] | None:
             sentence = next(sentences, None)
             return None if sentence is None else self._render(model, sentence, speed, rng)
 

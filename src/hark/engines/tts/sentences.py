@@ -9,6 +9,7 @@ play seconds from now, and a stream closed mid-reply renders nothing more.
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -22,8 +23,10 @@ from hark.engines.scheduler import DueFirstScheduler
 
 _M = TypeVar("_M")
 
-# Renders the next sentence of a reply, or says (None) that there is none left.
-SentenceReader = Callable[[], npt.NDArray[np.int16] | None]
+# Renders the next sentence of a reply, or says (None) that there is none left. Its argument
+# says whether the listener already waits for that sentence (its due time has passed): an
+# engine may then spend more cores on it.
+SentenceReader = Callable[[bool], npt.NDArray[np.int16] | None]
 
 
 class SentenceTts(ABC, Generic[_M]):
@@ -74,7 +77,9 @@ class SentenceTts(ABC, Generic[_M]):
         model = self._model if self._model is not None else await asyncio.to_thread(self._load)
         read = self._reader(model, text, voice, speed)
         due = time.monotonic() + max(0.0, slack_s)
-        while (audio := await self._queue.run(due, read)) is not None:
+        while (
+            audio := await self._queue.run(due, functools.partial(_late, read, due))
+        ) is not None:
             due += audio.size / self.sample_rate
             if audio.size:
                 yield audio
@@ -83,3 +88,8 @@ class SentenceTts(ABC, Generic[_M]):
         """Load the voice and speak once, so that the first real request is fast."""
         async for _ in self.synthesize("Hello."):
             pass
+
+
+def _late(read: SentenceReader, due: float) -> npt.NDArray[np.int16] | None:
+    """``read`` the next sentence, saying whether its listener already waits for it."""
+    return read(time.monotonic() >= due)
