@@ -141,8 +141,8 @@ class PiperTts(SentenceTts["PiperVoice"]):
     def _wide_session(self) -> InferenceSession | None:
         """The voice on ``wide_threads``, loaded once on first use; None when that is no
         wider than ``threads``."""
-        if self._wide_threads <= self._threads:
-            return None
+        if self._wide is not None or self._wide_threads <= self._threads:
+            return self._wide
         with self._load_lock:
             if self._wide is None:
                 self._wide = self._session(self._wide_threads)
