@@ -12,7 +12,13 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from hark.engines.asr import AsrEngine, RecognitionRequest, TimedTranscript, Urgency
+from hark.engines.asr import (
+    AsrEngine,
+    RecognitionRequest,
+    TimedTranscript,
+    TranscriptText,
+    Urgency,
+)
 from hark.engines.asr.whisper import WhisperAsr, _restored
 from tests.helpers.text import words
 
@@ -230,3 +236,62 @@ async def test_two_workers_recognise_two_windows_at_once(say: Say) -> None:
         assert heard(await asyncio.wait_for(asr.recognise(requests[0]), LIVENESS_S)) == alone[0]
     assert heard(await asr.recognise(requests[1])) == alone[1]
     asr.close()
+
+
+async def stages(asr: WhisperAsr, request: RecognitionRequest) -> list[Any]:
+    return [stage async for stage in asr.recognise_stages(request)]
+
+
+async def test_the_words_come_before_their_times_from_one_decode(
+    asr: WhisperAsr, say: Say, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    requests = [
+        RecognitionRequest(np.concatenate((silence(0.6), say(LONG))), urgency=Urgency.DECISION),
+        RecognitionRequest(say(KITCHEN), prompt="Hi there.", urgency=Urgency.DECISION),
+        RecognitionRequest(np.concatenate((say(KITCHEN), silence(1.5), say(PHONE)))),
+    ]
+    await asr.warmup()
+    for request in requests:
+        alone = await asr.recognise(request)
+        sizes = record_batches(asr, monkeypatch)
+        text, timed = await stages(asr, request)
+        monkeypatch.undo()
+        assert sizes == [1]
+        assert isinstance(text, TranscriptText) and isinstance(timed, TimedTranscript)
+        assert list(text.words) == [word.word for word in timed.words]
+        assert text.text == timed.text and text.language == timed.language
+        assert timed == alone
+        assert asr.kept_memories == 0
+
+
+async def test_silence_gives_its_timed_transcript_alone(asr: WhisperAsr) -> None:
+    (quiet,) = await stages(asr, RecognitionRequest(silence(2.0)))
+    assert quiet == await asr.recognise(RecognitionRequest(silence(2.0)))
+    assert quiet.segments == () and asr.kept_memories == 0
+
+
+async def test_a_request_given_up_between_its_stages_lets_go_of_its_memory(
+    asr: WhisperAsr, say: Say
+) -> None:
+    await asr.warmup()
+    # Closed after the words: the encoder output kept for their times goes with it.
+    iterator = asr.recognise_stages(RecognitionRequest(say(KITCHEN)))
+    assert isinstance(await anext(iterator), TranscriptText)
+    assert asr.kept_memories == 1
+    await iterator.aclose()
+    # The scheduler's thread lets go of the batch it handed out once the next one comes.
+    await asr.recognise(RecognitionRequest(say(KITCHEN)))
+    assert asr.kept_memories == 0
+    # Cancelled while its alignment waits behind other work.
+    iterator = asr.recognise_stages(RecognitionRequest(say(LONG)))
+    assert isinstance(await anext(iterator), TranscriptText)
+    async with Held(asr):
+        aligning = asyncio.create_task(anext(iterator))
+        await queued()
+        assert asr.scheduler.waiting == 1 and asr.kept_memories == 1
+        aligning.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await aligning
+        assert asr.scheduler.waiting == 0
+    assert asr.kept_memories == 0
+    assert (asr.scheduler.waiting, asr.scheduler.running) == (0, 0)

@@ -34,6 +34,7 @@ from hark.session.results import (
     AudioGenerated,
     GenerationFinished,
     Recognised,
+    RecognisedText,
     Result,
     TranscriptionDone,
     TurnScored,
@@ -255,7 +256,12 @@ def _recognise(driver: Driver, action: Recognise) -> list[Result]:
     driver.actions.append(action)
     if driver.asr_text is None or action.request.urgency == Urgency.CAPTION:
         return []
-    return [Recognised(action.request_id, driver.heard(action))]
+    heard = driver.heard(action)
+    if not action.text_first:
+        return [Recognised(action.request_id, heard)]
+    # An engine that can: the words, then their times.
+    words = tuple(word.word for word in heard.words)
+    return [RecognisedText(action.request_id, words), Recognised(action.request_id, heard)]
 
 
 def _score_turn(driver: Driver, action: ScoreTurn) -> list[Result]:

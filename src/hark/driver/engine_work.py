@@ -13,9 +13,10 @@ import logging
 import secrets
 from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
-from hark.engines.asr import AudioToTranscribe
+from hark.engines.asr import AudioToTranscribe, TimedTranscript
 from hark.engines.registry import Engines
 from hark.engines.stage_timeouts import StageTimeoutError, limit
 from hark.session.actions import (
@@ -36,6 +37,7 @@ from hark.session.results import (
     McpListFailed,
     McpToolsListed,
     Recognised,
+    RecognisedText,
     TranscriptionDelta,
     TranscriptionDone,
     TranscriptionFailed,
@@ -186,10 +188,19 @@ class EngineWork:
         return TranscriptionDone(action.request_id, text.strip(), seconds, heard)
 
     def recognise(self, action: Recognise, call: CoreCall) -> None:
-        """Recognise a step of the turn (or an item) with word timings."""
+        """Recognise a step of the turn (or an item) with word timings; with ``text_first``,
+        its words go to the core as soon as the engine knows them, their times after."""
 
         async def work(_: float) -> Recognised:
-            return Recognised(action.request_id, await self._engines.asr.recognise(action.request))
+            asr = self._engines.asr
+            if not action.text_first:
+                return Recognised(action.request_id, await asr.recognise(action.request))
+            async with aclosing(asr.recognise_stages(action.request)) as stages:
+                async for stage in stages:
+                    if isinstance(stage, TimedTranscript):
+                        return Recognised(action.request_id, stage)
+                    call(self._session.handle, RecognisedText(action.request_id, stage.words))
+            raise RuntimeError("the ASR engine gave no timed transcript")
 
         self._start_asr(action.request_id, len(action.request.audio), "recognition", work, call)
 

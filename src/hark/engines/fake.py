@@ -10,7 +10,7 @@ import asyncio
 import json
 import re
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import replace
 from typing import Any, Literal
 
@@ -91,6 +91,12 @@ class FakeAsr:
             AudioToTranscribe(request.audio, language, request.prompt, words=True)
         )
         return replace(timed, words=tuple(replace(w, probability=1.0) for w in timed.words))
+
+    async def recognise_stages(
+        self, request: RecognitionRequest
+    ) -> AsyncGenerator[TimedTranscript, None]:
+        """``recognise``'s transcript alone: the fake knows its words' times at once."""
+        yield await self.recognise(request)
 
     async def detect_language(
         self, audio: npt.NDArray[np.float32], *, languages: Sequence[str] = ()

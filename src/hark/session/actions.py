@@ -52,10 +52,13 @@ class Transcribe:
 class Recognise:
     """One step of incremental recognition: decode a window of a turn with word times
     (``AsrEngine.recognise``); answer with ``Recognised(request_id, transcript)``, or
-    ``TranscriptionFailed(request_id, message)`` when the engine fails."""
+    ``TranscriptionFailed(request_id, message)`` when the engine fails. ``text_first``:
+    someone waits for the words and not their times (``AsrEngine.recognise_stages``), so
+    ``RecognisedText(request_id, words)`` comes first where the engine knows them sooner."""
 
     request_id: str
     request: RecognitionRequest
+    text_first: bool = False
 
 
 @dataclass(frozen=True, slots=True)

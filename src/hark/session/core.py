@@ -429,6 +429,11 @@ class Session:
             self._turns.pause_recognised(*step.pause)
         self._turns.recognise_turn()
 
+    def _recognised_text(self, result: results.RecognisedText) -> None:
+        step = self._recognition.recognised_text(result.request_id, result.words)
+        if step.pause is not None:
+            self._turns.pause_recognised(*step.pause)
+
     def _transcription_failed(self, result: results.TranscriptionFailed) -> None:
         if not self._turns.backchannel_failed(result.request_id):
             entry = self._recognition.failed(result.request_id, result.message)
@@ -509,6 +514,7 @@ _ROUTES: dict[type[Result], Callable[[Session, Any], None]] = {
         s._recognition.done(r.request_id, r.transcript, r.audio_seconds, r.language)
     ),
     results.TranscriptionFailed: Session._transcription_failed,
+    results.RecognisedText: Session._recognised_text,
     results.Recognised: Session._recognised,
     results.Denoised: Session._denoised,
     results.DenoiseFailed: Session._denoise_failed,

@@ -121,31 +121,55 @@ class LocalAgreement:
             for w in transcript.words
             if w.word.strip()
         ]
+        new = self._after_committed([w.word for w in words], window_start)
+        if new is not None:
+            return self._in_order(words[new:], words[new - 1].end)
+        limit = self.committed_end - _TIME_TOLERANCE_S
+        new_words = [w for w in words if w.start > limit] if self.committed else words
+        if new_words and self.committed and new_words[0].start - self.committed_end < 1.0:
+            new_words = new_words[self._seam_repeat([w.word for w in new_words]) :]
+        return self._in_order(new_words, self.committed_end)
+
+    def tail_words(self, words: Sequence[str], window_start: float) -> list[str]:
+        """``tail`` of a window's words before their times (``TranscriptText.words``): the
+        same words where the committed ones are heard again as ``tail`` finds them; where
+        ``tail`` needs the times (the committed words not heard again, a decoder that
+        loops), the words after any committed ones repeated at the window's start, which the
+        timed words may yet correct."""
+        heard = [word for word in words if word.strip()]
+        new = self._after_committed(heard, window_start)
+        if new is not None:
+            return heard[new:]
+        return heard[self._seam_repeat(heard) :] if self.committed else heard
+
+    def _after_committed(self, words: Sequence[str], window_start: float) -> int | None:
+        """Where the new words of a window's ``words`` begin, when the committed words it
+        holds are heard again; ``None`` when they are not."""
         inside = [w for w in self.committed if w.end > window_start + _TIME_TOLERANCE_S]
         keys = [normalise(w.word) for w in inside]
-        heard = [normalise(w.word) for w in words]
+        heard = [normalise(word) for word in words]
         if inside and heard[: len(inside)] == keys:
             # The window heard the committed words it holds again, as they were: what follows
             # is new, whatever its times (the decoder times a word at a window's end poorly,
             # and a committed word may have taken the start of the next).
-            return self._in_order(words[len(inside) :], words[len(inside) - 1].end)
+            return len(inside)
         # The window's first words may be cut at its start or heard otherwise: the last
         # committed words (two or more), heard again where they should be, still mark where
         # the new words begin.
         for count in range(min(_MAX_REPEAT, len(keys)), 1, -1):
             for at in range(len(keys) - count + 2):
                 if heard[at : at + count] == keys[-count:]:
-                    return self._in_order(words[at + count :], words[at + count - 1].end)
-        limit = self.committed_end - _TIME_TOLERANCE_S
-        new = [w for w in words if w.start > limit] if self.committed else words
-        if new and self.committed and new[0].start - self.committed_end < 1.0:
-            # The decoder may hear the last committed words again at the window's seam.
-            committed = [normalise(w.word) for w in self.committed[-_MAX_REPEAT:]]
-            for count in range(min(_MAX_REPEAT, len(committed), len(new)), 0, -1):
-                if committed[-count:] == [normalise(w.word) for w in new[:count]]:
-                    new = new[count:]
-                    break
-        return self._in_order(new, self.committed_end)
+                    return at + count
+        return None
+
+    def _seam_repeat(self, words: Sequence[str]) -> int:
+        """How many of the last committed words ``words`` begin with: the decoder may hear
+        them again at the window's seam."""
+        committed = [normalise(w.word) for w in self.committed[-_MAX_REPEAT:]]
+        for count in range(min(_MAX_REPEAT, len(committed), len(words)), 0, -1):
+            if committed[-count:] == [normalise(word) for word in words[:count]]:
+                return count
+        return 0
 
     def _in_order(self, words: list[TimedWord], since: float) -> list[TimedWord]:
         """``words`` (after the committed ones, which this hypothesis has end at ``since``) up

@@ -74,6 +74,8 @@ class _Step:
     # False when the window stops short of the audio asked for (longer than the engine
     # hears): the step catches up, and another is needed for the rest.
     whole: bool = True
+    # A pause step's words as judged before their times came (``recognised_text``).
+    said: str | None = None
 
 
 class _TurnAudio:
@@ -349,14 +351,9 @@ class Recognition(SessionPart):
             return
         stream.pause = pause
         stream.pause_rest = None
+        urgency = Urgency.DECISION if decides else Urgency.SPECULATION
         pause.asr_request = self._step(
-            stream,
-            "pause",
-            end_ms,
-            peek,
-            rate,
-            Urgency.DECISION if decides else Urgency.SPECULATION,
-            pause,
+            stream, "pause", end_ms, peek, rate, urgency, pause, text_first=decides
         )
 
     def forget(self, pause: Pause) -> None:
@@ -376,7 +373,12 @@ class Recognition(SessionPart):
         rate: int,
         urgency: Urgency,
         pause: Pause | None = None,
+        *,
+        text_first: bool = False,
     ) -> str:
+        """Start a step decoding the turn up to ``end_ms``; ``text_first``: its words are
+        awaited before their times (a pause's that decide the turn's end), and come first
+        unless the window is a backlog's, whose words settle only with their times."""
         policy = stream.policy
         start_ms = stream.start_ms + policy.window_start * 1000
         # Steps that fell behind leave more audio than the engine hears: decode its beginning
@@ -404,6 +406,7 @@ class Recognition(SessionPart):
                     urgency=urgency,
                     languages=_allowed(transcription),
                 ),
+                text_first=text_first and whole,
             )
         )
         window = _Step(
@@ -476,6 +479,24 @@ class Recognition(SessionPart):
 
     # ----------------------------------------------------------------- results
 
+    def recognised_text(self, request_id: str, words: Sequence[str]) -> StepHeard:
+        """A pause step's ``words`` before their times: the pause and the turn's words up to
+        it (``StepHeard.pause``) if the turn is still in that pause, so that they are judged
+        and replied to now; the step stays in flight for its times (``recognised``)."""
+        found = self._steps.get(request_id)
+        if found is None:
+            return _NOTHING
+        stream, step = found
+        if step.pause is None or stream.part is not None or stream.pause is not step.pause:
+            return _NOTHING
+        if stream.caption is not None:
+            # The caption step still in flight decodes less than this one did: of no use.
+            self._cancel(stream, stream.caption)
+        policy = stream.policy
+        tail = policy.tail_words(words, step.window_start)
+        step.said = " ".join(w.strip() for w in (text_of(policy.committed), *tail) if w.strip())
+        return StepHeard(pause=(step.pause, step.said))
+
     def recognised(self, request_id: str, transcript: TimedTranscript) -> StepHeard:
         """A step's hypothesis; returns what it means for the turn and the responses (see
         ``StepHeard``): the pause and its words when it was a pause's step and the turn is
@@ -521,6 +542,9 @@ class Recognition(SessionPart):
         stream.pause_rest = tail[len(committed) :]
         # No read-ahead here: the reply speculated on these words reads them now.
         self._send_committed(stream)
+        if words == step.said:
+            # Judged and replied to already, as they came before their times.
+            return _NOTHING
         return StepHeard(pause=(step.pause, words))
 
     def _offer(self, stream: _Stream, pending: Sequence[TimedWord] = ()) -> StepHeard:

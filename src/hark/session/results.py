@@ -74,6 +74,14 @@ class TranscriptionFailed(msgspec.Struct, frozen=True, gc=False):
     message: str
 
 
+class RecognisedText(msgspec.Struct, frozen=True, gc=False):
+    """A step asked for ``text_first`` heard ``words`` (``TranscriptText.words``); their
+    times come after, as ``Recognised``, or the step fails."""
+
+    request_id: str
+    words: tuple[str, ...]
+
+
 class Recognised(msgspec.Struct, frozen=True, gc=False):
     """A step of incremental recognition (``Recognise``) heard ``transcript``."""
 
@@ -208,6 +216,7 @@ Result = (
     | TranscriptionDelta
     | TranscriptionDone
     | TranscriptionFailed
+    | RecognisedText
     | Recognised
     | Denoised
     | DenoiseFailed

@@ -6,12 +6,13 @@ at once, cut into segments with their times in the audio, optionally each word's
 and the language heard. Both take an ``AudioToTranscribe``. ``recognise`` is one step of
 incremental recognition (a ``RecognitionRequest``): a window of a turn still being spoken,
 decoded with every word's times and probability, run by the engine's scheduler in the
-order of its ``Urgency``.
+order of its ``Urgency``. ``recognise_stages`` is the same step for a caller who can act on
+the words before their times (``TranscriptText``) and wants them as soon as they are known.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Protocol
@@ -73,6 +74,24 @@ class TimedTranscript:
     def text(self) -> str:
         """The segments' texts joined by spaces."""
         return " ".join(segment.text for segment in self.segments if segment.text)
+
+
+@dataclass(frozen=True, slots=True)
+class TranscriptText:
+    """A recognition's words before their times (``AsrEngine.recognise_stages``).
+
+    ``words``: the words of the timed transcript that follows, in order, each as its
+    ``TimedWord.word`` will be (leading space included); ``language`` as in
+    ``TimedTranscript``.
+    """
+
+    words: tuple[str, ...]
+    language: str | None
+
+    @property
+    def text(self) -> str:
+        """The words joined by single spaces."""
+        return " ".join(word.strip() for word in self.words if word.strip())
 
 
 class Urgency(IntEnum):
@@ -155,6 +174,17 @@ class AsrEngine(Protocol):
         Runs when the engine's scheduler reaches it by ``request.urgency``; cancelling the
         awaiting task drops the request if it still waits and abandons it if it runs. A
         ``ValueError`` refuses audio or a language the engine cannot take.
+        """
+        ...
+
+    def recognise_stages(
+        self, request: RecognitionRequest
+    ) -> AsyncGenerator[TranscriptText | TimedTranscript, None]:
+        """``recognise``'s result, with its words first where the engine knows them sooner
+        than their times: a ``TranscriptText`` of the same decode (never a second one), then
+        the ``TimedTranscript`` ``recognise`` would give, always last and always given. An
+        engine that times its words as it decodes them gives the timed transcript alone.
+        Cancelling or closing the iteration drops what the engine kept for the times.
         """
         ...
 

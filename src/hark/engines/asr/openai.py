@@ -155,6 +155,13 @@ class OpenAIAsr(OpenAIEndpoint):
             words=tuple(timed_words) if request.words else (),
         )
 
+    async def recognise_stages(
+        self, request: RecognitionRequest
+    ) -> AsyncGenerator[TimedTranscript, None]:
+        """``recognise``'s transcript alone, in one request: the endpoint gives the words
+        with their times."""
+        yield await self.recognise(request)
+
     async def recognise(self, request: RecognitionRequest) -> TimedTranscript:
         """One ``verbose_json`` request for the window with word timestamps; the words that
         the endpoint times, without probabilities (the API gives none).

