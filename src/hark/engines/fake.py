@@ -23,6 +23,7 @@ from hark.engines.asr import (
     TimedSegment,
     TimedTranscript,
     TimedWord,
+    TranscriptText,
 )
 from hark.engines.llm import (
     Finished,
@@ -94,7 +95,7 @@ class FakeAsr:
 
     async def recognise_stages(
         self, request: RecognitionRequest
-    ) -> AsyncGenerator[TimedTranscript, None]:
+    ) -> AsyncGenerator[TranscriptText | TimedTranscript, None]:
         """``recognise``'s transcript alone: the fake knows its words' times at once."""
         yield await self.recognise(request)
 
