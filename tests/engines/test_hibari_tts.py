@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -133,15 +132,6 @@ def test_settings_choose_it_by_name() -> None:
     # The names the server passes are the ones the engine maps.
     assert engines.tts.voice_map() == dict.fromkeys(OPENAI_VOICES, "heart")
     assert engines.tts.voice_name == "heart"
-
-
-def test_missing_hibari_is_explained(monkeypatch: pytest.MonkeyPatch) -> None:
-    # A None entry in sys.modules makes "import hibari" raise ImportError.
-    monkeypatch.setitem(sys.modules, "hibari", None)
-    with pytest.raises(RuntimeError, match=r"uv sync --extra hibari"):
-        HibariTts()
-    with pytest.raises(EngineUnavailableError, match=r"hark\[hibari\]"):
-        build_engines(Settings(engines="fake", tts="hibari"))
 
 
 async def test_closing_the_stream_stops_before_the_next_sentence(

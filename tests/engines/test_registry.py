@@ -26,6 +26,7 @@ from hark.engines.registry import (
     engine_names,
 )
 from hark.engines.tts.openai import OpenAITts
+from hark.engines.tts.hibari import HibariTts
 from hark.engines.tts.piper import PiperTts
 from hark.engines.vad.batcher import BatchedSileroVad
 from hark.observability.metrics import Metrics
@@ -67,7 +68,7 @@ def test_observe_hands_the_metrics_to_every_engine_that_reports() -> None:
 
 
 def test_the_presets_fill_in_every_kind() -> None:
-    embedded = {"vad": "silero", "asr": "whisper", "llm": "llama_cpp", "tts": "piper"}
+    embedded = {"vad": "silero", "asr": "whisper", "llm": "llama_cpp", "tts": "hibari"}
     assert engine_names(Settings()) == embedded
     assert engine_names(Settings(engines="fake")) == {
         "vad": "silero",
@@ -79,7 +80,7 @@ def test_the_presets_fill_in_every_kind() -> None:
     assert isinstance(engines.vad, BatchedSileroVad)
     assert isinstance(engines.asr, WhisperAsr)
     assert isinstance(engines.llm, LlamaCppLlm)
-    assert isinstance(engines.tts, PiperTts)
+    assert isinstance(engines.tts, HibariTts)
     fake = build_engines(Settings(engines="fake"))
     assert isinstance(fake.asr, FakeAsr)
     assert isinstance(fake.llm, FakeLlm)

@@ -351,13 +351,16 @@ OPTIONS: tuple[Option, ...] = (
         "str",
         None,
         "engines",
-        "piper: a voice's .onnx path; hibari: a voice on this machine (default heart); openai: "
-        "the model's name (default tts-1)",
+        "hibari: a voice on this machine (default heart); piper: a voice's .onnx path "
+        "(default: the bundled one); openai: the model's name (default tts-1)",
         metavar="PATH|NAME",
         check="string",
-        doc_default="the bundled Piper voice; `tts-1` for `--tts openai`",
-        doc="a Piper voice's `.onnx` file (its `.onnx.json` beside it), or the remote model's "
-        "name. Sessions take OpenAI's ten voice names: Piper speaks all of them with a "
+        doc_default="hibari's bundled `heart`; the bundled Piper voice for `--tts piper`; "
+        "`tts-1` for `--tts openai`",
+        doc="a hibari voice on this machine (hark never downloads one), a Piper voice's "
+        "`.onnx` file (its `.onnx.json` beside it), or the remote model's name. Sessions take "
+        "OpenAI's ten voice names: hibari speaks all of them with its one voice; Piper speaks "
+        "all of them with a "
         "one-speaker voice and gives them to a multi-speaker voice's speakers in turn "
         '(`alloy` the first); `{"id": …}` picks a Piper voice or speaker by name, and any '
         "other id (an OpenAI custom voice) speaks with the voice `--voice-map` gives it, else "

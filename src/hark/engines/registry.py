@@ -192,9 +192,6 @@ def _hibari_tts(settings: Settings, voices: Sequence[str]) -> TtsEngine:
 
     try:
         return HibariTts(voice=settings.tts_model, voices=voices)
-    except RuntimeError as exc:
-        # An optional extra, like Piper (though Apache-2.0: the core stays lean).
-        raise _extra_missing("hibari", exc) from exc
     except ValueError as exc:
         # A voice hibari does not know (its message lists those it does).
         raise EngineUnavailableError(str(exc)) from exc
@@ -257,7 +254,7 @@ ENGINE_TABLES: dict[str, Mapping[str, Callable[..., object]]] = {
 # What ``--engines`` fills in for each kind not named. The VAD is real in every preset: it is
 # cheap, and turn detection is only meaningful with it.
 PRESETS: dict[EngineSet, dict[str, str]] = {
-    "embedded": {"vad": "silero", "asr": "whisper", "llm": "llama_cpp", "tts": "piper"},
+    "embedded": {"vad": "silero", "asr": "whisper", "llm": "llama_cpp", "tts": "hibari"},
     "fake": {"vad": "silero", "asr": "fake", "llm": "fake", "tts": "fake"},
 }
 
@@ -287,7 +284,7 @@ def build_engines(settings: Settings, *, voices: Sequence[str] = ()) -> Engines:
     ``voices``: the voice names sessions accept, which the TTS engine maps onto its own
     (``hark serve`` passes OpenAI's; without them a name the engine lacks gets its default).
 
-    The presets: ``embedded``, Silero VAD, Whisper, llama.cpp and Piper (with ``llm_url``, an
+    The presets: ``embedded``, Silero VAD, Whisper, llama.cpp and hibari (with ``llm_url``, an
     OpenAI-compatible LLM; several URLs fail over between them); ``fake``, the real Silero VAD
     with fake ASR, LLM and TTS, for protocol tests and overhead benchmarks.
     Raises ``EngineUnavailableError`` when an engine is unknown, or an optional package or a

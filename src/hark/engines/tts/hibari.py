@@ -1,8 +1,8 @@
 """hibari text-to-speech (a small acoustic model through ONNX Runtime), one sentence at a time.
 
-hibari (``hibari-tts``, Apache-2.0) is the permissively licensed alternative to Piper: its
-phonemes come from a lexicon and a small network of its own rather than from espeak-ng, so
-an image built with it holds no GPL code. It is the optional ``hibari`` extra of hark. Its one
+hibari (``hibari-tts``, Apache-2.0) is hark's default voice: its phonemes come from a lexicon
+and a small network of its own rather than from espeak-ng, so it holds no GPL code, and it
+needs about a seventh of Piper's CPU per second of speech (docs/performance.md). Its one
 bundled voice, ``heart`` (American English, 24 kHz), is the default; the package fetches
 other voices from the network on first use, which this engine never lets it do.
 """
@@ -20,9 +20,6 @@ from hark.engines.tts.sentences import SentenceReader, SentenceTts
 if TYPE_CHECKING:
     from hibari import Hibari
 
-_NOT_INSTALLED = (
-    "hibari is not installed: install hark with the 'hibari' extra (uv sync --extra hibari)"
-)
 DEFAULT_VOICE = "heart"
 # hibari's sentences peak at 0.2-0.45 of full scale (0.31 typical): twice that is about as
 # loud as Piper's, which scales each sentence to 0.9, and leaves resampling its headroom.
@@ -33,10 +30,8 @@ def local_voice_path(voice: str) -> str:
     """The ONNX file of hibari voice ``voice``: the bundled one, or one already in hibari's
     cache (``HIBARI_HOME``); never downloaded. Raises ``FileNotFoundError`` for a voice not
     on this machine and ``ValueError`` for a name hibari does not know."""
-    try:
-        from hibari.voices import cache_dir, voice_path
-    except ImportError as error:
-        raise RuntimeError(_NOT_INSTALLED) from error
+    from hibari.voices import cache_dir, voice_path
+
     try:
         path: str = voice_path(voice, download_missing=False)
     except FileNotFoundError as error:
@@ -70,10 +65,8 @@ class HibariTts(SentenceTts["Hibari"]):
     ) -> None:
         # A sentence is one model call of tens of milliseconds holding a core.
         super().__init__("hibari", threads, workers)
-        try:
-            from hibari import SAMPLE_RATE
-        except ImportError as error:
-            raise RuntimeError(_NOT_INSTALLED) from error
+        from hibari import SAMPLE_RATE
+
         self.voice_name = voice or DEFAULT_VOICE
         self._voices = tuple(voices)
         # Checked now, so that a voice not on the machine fails at start, not on a call.
