@@ -25,8 +25,8 @@ from hark.engines.registry import (
     build_engines,
     engine_names,
 )
-from hark.engines.tts.openai import OpenAITts
 from hark.engines.tts.hibari import HibariTts
+from hark.engines.tts.openai import OpenAITts
 from hark.engines.tts.piper import PiperTts
 from hark.engines.vad.batcher import BatchedSileroVad
 from hark.observability.metrics import Metrics
