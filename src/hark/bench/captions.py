@@ -3,7 +3,7 @@
 Each of ``--speakers`` clients opens a Realtime session through the official ``openai`` SDK
 with ``audio.input.transcription`` set and ``server_vad``, and streams audio in real time in
 20 ms chunks: silence, or a monologue. A monologue is a run of sentences that Piper says
-(hark's embedded voice, cached like the latency bench's questions), 300 ms apart, so that
+(the piper extra's voice, cached like the latency bench's questions), 300 ms apart, so that
 server VAD keeps it one turn; its length is the first sentences that last ``--seconds``.
 All speakers say each length at once, then the next length.
 

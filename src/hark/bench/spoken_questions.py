@@ -107,7 +107,7 @@ async def spoken_questions(
 ) -> list[SpokenQuestion]:
     """``texts`` spoken at 24 kHz, from the cache or synthesised with Piper (and cached).
 
-    ``voice`` is a Piper ``.onnx`` voice file; the voice bundled with hark when omitted.
+    ``voice`` is a Piper ``.onnx`` voice file; the piper extra's voice when omitted.
     """
     directory = cache_dir if cache_dir is not None else default_cache_dir()
     tts: TtsEngine | None = None

@@ -41,7 +41,7 @@ _ESPEAK_WPM = 175
 
 @dataclass(frozen=True, slots=True)
 class Voice:
-    """A voice of the spec: ``engine`` piper (hark's bundled voice, or the ``.onnx`` file
+    """A voice of the spec: ``engine`` piper (the piper extra's voice, or the ``.onnx`` file
     ``id``) or espeak-ng (``id`` an espeak-ng voice name such as ``en-us+f3``)."""
 
     name: str

@@ -94,8 +94,9 @@ class AudioInput(ConfigStruct):
 
 class VoiceId(ConfigStruct):
     """A custom voice reference. Any id is accepted and echoed, as OpenAI takes the ids of
-    the account's custom voices: one naming an installed voice of the TTS engine (Piper: the
-    model's or a speaker's name) speaks with it, any other with the default voice."""
+    the account's custom voices: one naming an installed voice of the TTS engine (hibari:
+    ``heart``; Piper: the model's or a speaker's name) speaks with it, any other with the
+    default voice."""
 
     id: str
 

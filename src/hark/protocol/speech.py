@@ -20,7 +20,7 @@ class VoiceId(Struct, forbid_unknown_fields=True):
 
 class SpeechRequest(Struct, forbid_unknown_fields=True, kw_only=True):
     """What to say and how; ``instructions`` are accepted, and unused by voices that take
-    none (Piper's)."""
+    none (hibari's, Piper's)."""
 
     model: str
     input: Annotated[str, Meta(min_length=1, max_length=MAX_INPUT_CHARS)]
