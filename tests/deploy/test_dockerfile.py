@@ -17,6 +17,7 @@ import pytest
 
 from hark.cli import build_parser
 from hark.config import Settings, env_var
+from hark.engines.registry import PRESETS
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULTS = Settings()
@@ -92,8 +93,9 @@ def named(stages: list[Stage], name: str) -> Stage:
     return stage
 
 
-# The TTS build argument's values: the extra each installs, the stage that sets what differs.
-TTS_CHOICES = ("piper", "hibari")
+# The TTS build argument's values (the default first): hibari is in hark's core, Piper its
+# extra; each has the stages that set what differs.
+TTS_CHOICES = ("hibari", "piper")
 # The AV build argument's values: PyPI's PyAV wheel, or PyAV built against an LGPL-only FFmpeg.
 AV_CHOICES = ("wheel", "lgpl")
 
@@ -110,7 +112,10 @@ def test_builder_installs_the_locked_dependencies_like_the_setup_scripts(
     syncs = [r for r in builder.all("RUN") if "uv sync" in r]
     assert syncs, "the builder stage never runs uv sync"
     for run in syncs:
-        assert {"--frozen", "--extra", '"$TTS"', "--no-dev"} <= set(run.split())
+        assert {"--frozen", "--no-dev"} <= set(run.split())
+        # Piper's extra for a Piper image only; hibari comes with hark itself.
+        assert '$([ "$TTS" != piper ] || echo --extra piper)' in run
+        assert run.count("--extra") == 1
         # Both syncs leave out the same packages, or the second would install them.
         assert '--no-install-package "$name"' in run and "$UNUSED_PACKAGES" in run
     # The last sync installs hark itself, not as a link to a source tree the image lacks.
@@ -183,12 +188,13 @@ def test_the_build_context_holds_what_the_build_copies(stages: list[Stage]) -> N
                 assert (ROOT / source).exists()
 
 
-def _locked_closure(leaves: frozenset[str] = frozenset(), tts: str = "piper") -> set[str]:
-    """hark with the ``tts`` extra closed over uv.lock (markers ignored, so a superset), the
-    dev group left out; the dependencies of ``leaves`` are not followed."""
+def _locked_closure(leaves: frozenset[str] = frozenset(), tts: str = "hibari") -> set[str]:
+    """hark as the image installs it for ``tts`` (Piper's extra for piper; hibari is a core
+    dependency) closed over uv.lock (markers ignored, so a superset), the dev group left out;
+    the dependencies of ``leaves`` are not followed."""
     lock = tomllib.loads((ROOT / "uv.lock").read_text())
     packages = {p["name"]: p for p in lock["package"]}
-    wanted = [("hark", (tts,))]
+    wanted = [("hark", ("piper",) if tts == "piper" else ())]
     seen: set[str] = set()
     while wanted:
         name, extras = wanted.pop()
@@ -214,7 +220,7 @@ def _unused_packages(stages: list[Stage]) -> set[str]:
     return set(_arg_default(named(stages, "builder"), "UNUSED_PACKAGES").split())
 
 
-def _image_distributions(stages: list[Stage], tts: str = "piper") -> set[str]:
+def _image_distributions(stages: list[Stage], tts: str = "hibari") -> set[str]:
     """The distributions the image installs: the locked closure less what it leaves out."""
     return _locked_closure(tts=tts) - _unused_packages(stages)
 
@@ -345,17 +351,17 @@ def test_labels_say_what_the_image_is_and_its_licences(stages: list[Stage]) -> N
     assert labels["org.opencontainers.image.revision"] == "${REVISION}"
     # Labels come last, so that a new revision rebuilds nothing else.
     assert image.instructions[-1][0] == "LABEL"
-    # Piper (and the espeak-ng it bundles) are GPL: the image says so beside hark's licence.
-    piper = _labels(named(stages, "piper-wheel"))["org.opencontainers.image.licenses"]
-    assert piper.split(" AND ") == [project["license"], _licence("piper-tts")]
-    # With hibari, hark's licence (hibari's is the same) and that of the x264 and x265
-    # libraries PyAV's wheels bundle: when a PyAV without them is locked, this fails, and the
-    # label can say Apache-2.0 alone.
+    # The default image (hibari): hark's licence (hibari's is the same) and that of the x264
+    # and x265 libraries PyAV's wheels bundle: when a PyAV without them is locked, this
+    # fails, and the label can say Apache-2.0 alone.
     hibari = _labels(named(stages, "hibari-wheel"))["org.opencontainers.image.licenses"]
     assert project["license"] == _licence("hibari-tts")
     assert hibari == f"{project['license']} AND GPL-2.0-or-later"
     bundled = {f.name.partition("-")[0] for f in metadata.files("av") or () if ".so" in f.name}
     assert {"libx264", "libx265"} <= bundled
+    # Piper (and the espeak-ng it bundles) are GPL: its image says so beside hark's licence.
+    piper = _labels(named(stages, "piper-wheel"))["org.opencontainers.image.licenses"]
+    assert piper.split(" AND ") == [project["license"], _licence("piper-tts")]
     # With AV=lgpl (PyAV built here against an LGPL-only FFmpeg) Piper keeps its image under
     # the GPL; the hibari image is hark's licence and FFmpeg's, with no GPL component.
     assert _labels(named(stages, "piper-lgpl"))["org.opencontainers.image.licenses"] == piper
@@ -369,26 +375,29 @@ def test_labels_say_what_the_image_is_and_its_licences(stages: list[Stage]) -> N
             assert "io.hark.gpl" in _labels(stage), f"{stage.name} does not say what GPL it holds"
 
 
-def test_the_tts_argument_picks_an_extra_and_its_stage(stages: list[Stage]) -> None:
+def test_the_tts_argument_picks_the_voice_and_its_stage(stages: list[Stage]) -> None:
     global_args, _ = parse_dockerfile((ROOT / "Dockerfile").read_text())
-    # Piper unless asked: the image existing users build is unchanged.
-    assert global_args["TTS"] == "piper" and global_args["AV"] == "wheel"
-    assert stages[-1].image == "piper-wheel"
-    assert "\nFROM ${TTS:-piper}-${AV:-wheel} AS image\n" in (ROOT / "Dockerfile").read_text()
+    # hibari unless asked, as the server's own preset: the default image has no Piper.
+    assert global_args["TTS"] == "hibari" and global_args["AV"] == "wheel"
+    assert stages[-1].image == "hibari-wheel"
+    assert "\nFROM ${TTS:-hibari}-${AV:-wheel} AS image\n" in (ROOT / "Dockerfile").read_text()
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
         "optional-dependencies"
     ]
+    assert "piper" in extras and "hibari" not in extras
+    assert "hibari-tts" in _locked_closure() and "piper-tts" not in _locked_closure()
+    assert {"hibari-tts", "piper-tts"} <= _locked_closure(tts="piper")
     for tts in TTS_CHOICES:
-        assert tts in extras
         for av in AV_CHOICES:
             assert named(stages, f"{tts}-{av}").image == "runtime"
-    # The hibari images' server speaks with hibari, the others with the presets' Piper.
+    # The Piper images' server speaks with Piper, the others with the presets' hibari.
+    assert PRESETS["embedded"]["tts"] == "hibari"
     for av in AV_CHOICES:
-        assert named(stages, f"hibari-{av}").env() == {"HARK_TTS": "hibari"}
-        assert named(stages, f"piper-{av}").env() == {}
+        assert named(stages, f"piper-{av}").env() == {"HARK_TTS": "piper"}
+        assert named(stages, f"hibari-{av}").env() == {}
     assert "TTS" in named(stages, "builder").all("ARG")
     (check,) = [r for r in named(stages, "builder").all("RUN") if "case" in r and "$TTS" in r]
-    assert "piper | hibari)" in check
+    assert "hibari | piper)" in check
 
 
 def test_the_hibari_image_holds_no_gpl_distribution(stages: list[Stage]) -> None:
