@@ -19,7 +19,7 @@ from hark.engines.asr import AudioToTranscribe
 from hark.engines.asr.whisper import WhisperAsr
 from hark.engines.registry import EngineUnavailableError, build_engines, engine_names
 from hark.engines.tts import TtsEngine, installed_voices
-from hark.engines.tts.hibari import HibariTts
+from hark.engines.tts.hibari import HibariTts, readable_numbers
 from hark.engines.tts.openai import OpenAITts
 from hark.protocol.session_config import OPENAI_VOICES
 from tests.engines.renders import CountingRenders
@@ -93,6 +93,24 @@ async def test_faster_speed_gives_shorter_audio(tts: HibariTts) -> None:
     assert fast < 0.8 * normal
     with pytest.raises(ValueError):
         await speak(tts, text, speed=0)
+
+
+async def test_numbers_too_long_for_a_cardinal_are_read_digit_by_digit(
+    tts: HibariTts, asr: WhisperAsr
+) -> None:
+    assert readable_numbers("Call 4155550123 now.") == "Call 4155550123 now."
+    assert readable_numbers("It is 1,234,567,890,123,456 or 3.14159265358979323846.") == (
+        "It is 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 or 3.14159265358979323846."
+    )
+    # hibari alone raises on these (10**36 and more); the reply is spoken all the same.
+    for text in ("6" * 40, "$" + "9" * 40, "1" * 40 + "th", "1," + "000," * 13 + "000"):
+        (audio,) = await speak(tts, f"The number is {text}.")
+        assert audio.size > RATE
+    # Whisper writes what it hears as digits ("1-2-3-4-…"): every digit, in order.
+    (audio,) = await speak(tts, "It is 12345678901234567.")
+    pcm = resample(audio, RATE, 16000).astype(np.float32) / 32768.0
+    said = "".join([delta async for delta in asr.transcribe(AudioToTranscribe(pcm, language="en"))])
+    assert re.sub(r"\D", "", said) == "12345678901234567"
 
 
 async def test_empty_text_yields_nothing(tts: HibariTts) -> None:

@@ -9,6 +9,7 @@ other voices from the network on first use, which this engine never lets it do.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -24,6 +25,16 @@ DEFAULT_VOICE = "heart"
 # hibari's sentences peak at 0.2-0.45 of full scale (0.31 typical): twice that is about as
 # loud as Piper's, which scales each sentence to 0.9, and leaves resampling its headroom.
 _GAIN = 2.0
+# hibari reads a whole number as a cardinal ("one million, two hundred …") and raises past
+# 10**36, which a reply can hold (an LLM asked for a big number writes one). A run of more
+# than fifteen digits (commas aside) is read digit by digit instead, as espeak-ng does; the
+# digits after a decimal point are already read one by one.
+_LONG_NUMBER = re.compile(r"(?<![\d.,])\d(?:,?\d){15,}")
+
+
+def readable_numbers(text: str) -> str:
+    """``text`` with each run of more than fifteen digits spelled out digit by digit."""
+    return _LONG_NUMBER.sub(lambda run: " ".join(run.group().replace(",", "")), text)
 
 
 def local_voice_path(voice: str) -> str:
@@ -111,7 +122,7 @@ class HibariTts(SentenceTts["Hibari"]):
         # A sentence beyond the model's 400 phonemes comes back in clause-sized parts.
         parts = [
             model.from_ids(model.ids(phonemes), speed, rng)
-            for phonemes in model.phonemize(sentence)
+            for phonemes in model.phonemize(readable_numbers(sentence))
         ]
         if not parts:
             return np.zeros(0, np.int16)
