@@ -50,11 +50,15 @@ async def speak(engine: TtsEngine, text: str, **options: Any) -> list[npt.NDArra
     return [chunk async for chunk in engine.synthesize(text, **options)]
 
 
+async def transcript(asr: WhisperAsr, audio: npt.NDArray[np.int16]) -> str:
+    """What Whisper tiny.en writes for 24 kHz ``audio``."""
+    pcm = resample(audio, RATE, 16000).astype(np.float32) / 32768.0
+    return "".join([delta async for delta in asr.transcribe(AudioToTranscribe(pcm, language="en"))])
+
+
 async def heard(asr: WhisperAsr, audio: npt.NDArray[np.int16]) -> list[str]:
     """The words Whisper tiny.en hears in 24 kHz ``audio``."""
-    pcm = resample(audio, RATE, 16000).astype(np.float32) / 32768.0
-    text = "".join([delta async for delta in asr.transcribe(AudioToTranscribe(pcm, language="en"))])
-    return re.findall(r"[a-z]+", text.lower())
+    return re.findall(r"[a-z]+", (await transcript(asr, audio)).lower())
 
 
 def rms(audio: npt.NDArray[np.int16]) -> float:
@@ -108,9 +112,7 @@ async def test_numbers_too_long_for_a_cardinal_are_read_digit_by_digit(
         assert audio.size > RATE
     # Whisper writes what it hears as digits ("1-2-3-4-…"): every digit, in order.
     (audio,) = await speak(tts, "It is 12345678901234567.")
-    pcm = resample(audio, RATE, 16000).astype(np.float32) / 32768.0
-    said = "".join([delta async for delta in asr.transcribe(AudioToTranscribe(pcm, language="en"))])
-    assert re.sub(r"\D", "", said) == "12345678901234567"
+    assert re.sub(r"\D", "", await transcript(asr, audio)) == "12345678901234567"
 
 
 async def test_empty_text_yields_nothing(tts: HibariTts) -> None:
