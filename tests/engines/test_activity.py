@@ -66,6 +66,39 @@ def test_engines_publish_what_they_have_waited_for_and_only_changes_count() -> N
     assert activity.waited_for_now() == 0
 
 
+def test_a_call_someone_waits_for_is_counted_while_it_runs_and_after_a_failure_no_more() -> None:
+    inside = threading.Event()
+    release = threading.Event()
+
+    def verdict() -> float:
+        inside.set()
+        release.wait(LIVENESS_S)
+        return 0.9
+
+    assert not activity.someone_waits_now()
+    results: list[float] = []
+    thread = threading.Thread(target=lambda: results.append(marked(verdict, waited_for=True)()))
+    thread.start()
+    assert inside.wait(LIVENESS_S)
+    assert activity.waited_for_now() == 1 and computing_now() == 1
+    assert activity.someone_waits_now()
+    release.set()
+    thread.join(LIVENESS_S)
+    assert results == [0.9]
+    assert activity.waited_for_now() == 0 and not activity.someone_waits_now()
+
+    def broken() -> None:
+        raise RuntimeError("model crashed")
+
+    with pytest.raises(RuntimeError):
+        marked(broken, waited_for=True)()
+    assert activity.waited_for_now() == 0 and computing_now() == 0
+    # An urgent call is waited for too.
+    with activity.urgent():
+        assert activity.someone_waits_now()
+    assert not activity.someone_waits_now()
+
+
 class Holder:
     """A thread holding off as the LLM's steps do; counts how often it looked at ``stop``
     (once on entering, again at every wake-up) and says when it has ended."""

@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 
+from hark.engines import activity
 from hark.engines.asr import Urgency
+from hark.engines.asr import scheduler as asr_scheduler
 from hark.engines.asr.scheduler import AsrScheduler, SchedulerFullError
 
 # Bounds a hang, never speed.
@@ -224,3 +226,82 @@ async def test_a_second_worker_runs_while_the_first_is_busy_and_no_more() -> Non
     assert [await held, await second, await third] == ["HOLD", "HOLD", "LATE"]
     assert len({thread.ident for thread in model.threads}) == 2
     scheduler.close()
+
+
+class Verdict:
+    """Another model's call that someone waits for (a turn's verdict), running on a thread of
+    its own until ``release``."""
+
+    def __init__(self) -> None:
+        self.inside = threading.Event()
+        self.release = threading.Event()
+        self.thread = threading.Thread(target=activity.marked(self._run, waited_for=True))
+
+    def _run(self) -> None:
+        self.inside.set()
+        self.release.wait(LIVENESS_S)
+
+    def __enter__(self) -> Verdict:
+        self.thread.start()
+        assert self.inside.wait(LIVENESS_S)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.release.set()
+        self.thread.join(LIVENESS_S)
+
+
+async def test_word_times_wait_while_another_model_computes_what_someone_waits_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A bound no run reaches: what lets the times go is the verdict's end alone.
+    monkeypatch.setattr(asr_scheduler, "DEFER_LIMIT_S", LIVENESS_S * 10)
+    model = Model()
+    scheduler: AsrScheduler[str, str] = AsrScheduler(model, max_batch=4)
+    held = await hold(scheduler, model)
+    with Verdict():
+        tasks = await queue(scheduler, [("times", Urgency.TIMES), ("pause", Urgency.DECISION)])
+        model.gate.set()
+        assert await asyncio.wait_for(held, LIVENESS_S) == "HOLD"
+        assert await asyncio.wait_for(tasks["pause"], LIVENESS_S) == "PAUSE"
+        # Batched with the pause's words it would have run beside the verdict.
+        assert model.batches == [["hold"], ["pause"]]
+        assert not tasks["times"].done() and scheduler.waiting == 1
+    assert await asyncio.wait_for(tasks["times"], LIVENESS_S) == "TIMES"
+    assert model.batches == [["hold"], ["pause"], ["times"]]
+    scheduler.close()
+
+
+async def test_word_times_wait_no_longer_than_the_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(asr_scheduler, "DEFER_LIMIT_S", 0.0)
+    model = Model()
+    scheduler: AsrScheduler[str, str] = AsrScheduler(model, max_batch=4)
+    with Verdict():
+        assert await asyncio.wait_for(scheduler.run("times", Urgency.TIMES), LIVENESS_S) == "TIMES"
+    scheduler.close()
+
+
+async def test_word_times_run_at_once_when_nobody_waits_and_a_cancelled_one_never() -> None:
+    model = Model()
+    scheduler: AsrScheduler[str, str] = AsrScheduler(model, max_batch=4)
+    held = await hold(scheduler, model)
+    tasks = await queue(scheduler, [("times", Urgency.TIMES), ("late", Urgency.TIMES)])
+    tasks["late"].cancel()
+    model.gate.set()
+    assert await asyncio.wait_for(held, LIVENESS_S) == "HOLD"
+    assert await asyncio.wait_for(tasks["times"], LIVENESS_S) == "TIMES"
+    assert model.batches == [["hold"], ["times"]]
+    scheduler.close()
+
+
+async def test_close_fails_deferred_word_times(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(asr_scheduler, "DEFER_LIMIT_S", LIVENESS_S * 10)
+    model = Model()
+    scheduler: AsrScheduler[str, str] = AsrScheduler(model)
+    with Verdict():
+        task = asyncio.create_task(scheduler.run("times", Urgency.TIMES))
+        await asyncio.sleep(0)
+        scheduler.close()
+        with pytest.raises(RuntimeError, match="closed"):
+            await asyncio.wait_for(task, LIVENESS_S)
+    assert model.batches == []

@@ -86,19 +86,41 @@ def test_the_verdict_and_the_reply_come_from_the_words_once(driver: Driver) -> N
     assert adopt.key == speculate.key
 
 
-def test_a_turn_that_ends_before_the_times_waits_for_them(driver: Driver) -> None:
+def test_a_turn_that_ends_before_the_times_is_answered_on_its_words(driver: Driver) -> None:
     step = paused(driver)
     words_first(driver, step)
     (score,) = driver.take(ScoreTurn)
+    (speculate,) = driver.take(Speculate)
     end_turn(driver, score)
-    # The item's words are the timed ones: it waits for them, as for a pause step in flight.
+    # The words are the turn's: the reply speculated on them is the response at once, and
+    # no final step decodes the turn again. Only the transcript waits for the times.
+    (adopt,) = driver.take(AdoptSpeculation)
+    assert adopt.key == speculate.key
     assert COMPLETED not in driver.types()
     assert not driver.steps(Urgency.ANSWER) and not driver.take(CancelRecognition)
-    assert not driver.take(AdoptSpeculation)
     timed(driver, step)
+    event = completed(driver)
+    assert event["transcript"] == HEARD
+    assert isinstance(event["logprobs"], list) and len(event["logprobs"]) == 4
+    assert not driver.take(ScoreTurn) and not driver.take(AdoptSpeculation)
+    assert driver.types().count(COMPLETED) == 1
+
+
+def test_the_times_of_an_answered_turn_name_the_words_they_time(driver: Driver) -> None:
+    step = paused(driver)
+    words_first(driver, step, "one two three for")
+    (score,) = driver.take(ScoreTurn)
+    (speculate,) = driver.take(Speculate)
+    assert speculate.generate.request.messages[-1].content == "one two three for"
+    end_turn(driver, score)
+    (adopt,) = driver.take(AdoptSpeculation)
+    assert adopt.key == speculate.key
+    timed(driver, step)
+    # The reply read the words it was given; the transcript is what the times say, and the
+    # turn is not judged or answered again.
     assert completed(driver)["transcript"] == HEARD
-    assert driver.take(AdoptSpeculation)
-    assert not driver.take(ScoreTurn)
+    assert not driver.take(ScoreTurn) and not driver.take(Speculate)
+    assert not driver.take(AdoptSpeculation)
 
 
 def test_a_speaker_who_goes_on_before_the_times_forgets_the_step(driver: Driver) -> None:
@@ -132,15 +154,19 @@ def test_times_that_fail_in_the_pause_leave_the_turn_to_a_final_step(driver: Dri
     assert completed(driver)["transcript"] == HEARD + " five"
 
 
-def test_times_that_fail_after_the_turn_ended_fail_its_transcript(driver: Driver) -> None:
+def test_times_that_fail_after_the_turn_ended_leave_it_its_words(driver: Driver) -> None:
     step = paused(driver)
     words_first(driver, step)
     (score,) = driver.take(ScoreTurn)
     end_turn(driver, score)
+    assert driver.take(AdoptSpeculation)
     driver.session.handle(TranscriptionFailed(step.request_id, "engine down"), now=driver.now)
     driver.pump()
-    assert FAILED in driver.types() and COMPLETED not in driver.types()
-    assert not driver.take(AdoptSpeculation)
+    # Only the times failed: the words the reply read are the transcript, without logprobs.
+    assert FAILED not in driver.types()
+    event = completed(driver)
+    assert event["transcript"] == HEARD
+    assert event.get("logprobs") is None
 
 
 def test_the_timed_words_are_the_transcript_when_they_differ(driver: Driver) -> None:

@@ -67,12 +67,21 @@ def computing_now() -> int:
     return _RUNNING.value
 
 
-def marked(call: Callable[_P, _T]) -> Callable[_P, _T]:
-    """``call``, run inside :func:`computing` (to hand to a thread)."""
+def marked(call: Callable[_P, _T], *, waited_for: bool = False) -> Callable[_P, _T]:
+    """``call``, run inside :func:`computing` (to hand to a thread); ``waited_for``: someone
+    waits for its result (a turn's verdict), counted with :func:`waited_for_now` meanwhile."""
 
     def run(*args: _P.args, **kwargs: _P.kwargs) -> _T:
         with computing():
-            return call(*args, **kwargs)
+            if not waited_for:
+                return call(*args, **kwargs)
+            with _WAITED.lock:
+                _WAITED.value += 1
+            try:
+                return call(*args, **kwargs)
+            finally:
+                with _WAITED.lock:
+                    _WAITED.value -= 1
 
     return run
 
@@ -93,8 +102,15 @@ class Waited:
 
 
 def waited_for_now() -> int:
-    """How many jobs of step-by-step engines someone waits for, all engines together."""
+    """How many jobs someone waits for: step-by-step engines' and :func:`marked` calls'."""
     return _WAITED.value
+
+
+def someone_waits_now() -> bool:
+    """Whether a model computes what someone waits for: a job :func:`waited_for_now`
+    counts, or an :func:`urgent` call. Work that only tidies up (the times of words already
+    delivered) waits meanwhile."""
+    return _WAITED.value > 0 or _URGENT.value > 0
 
 
 def spreads(computing: int, waited_for: int) -> bool:

@@ -180,6 +180,9 @@ class _Stream:
     seconds: float = 0.0
     # Committed words already sent as deltas.
     sent: int = 0
+    # The turn ended in a pause whose words were in and whose times were not: the item was
+    # heard with those words (the reply reads them), and its transcript waits for the times.
+    heard_early: bool = False
     # Where the words offered to the LLM ended (turn seconds); None before the first offer.
     offered_s: float | None = None
     # Once the turn is an item: its audio on the session clock, for the final steps.
@@ -470,7 +473,16 @@ class Recognition(SessionPart):
             # No pause step under way to complete this item's transcript: a final step does.
             self._cancel_pause_step(stream)
             self._final_step(stream)
-        return False
+            return False
+        said = self._steps[pause.asr_request][1].said
+        if said is None:
+            return False
+        # The pause's words are in, their times are not: they are the turn's words, the
+        # ones judged and replied to, so the reply need not wait for the times (which wait
+        # while other models compute what someone waits for: ``Urgency.TIMES``).
+        part.heard = said
+        stream.heard_early = True
+        return True
 
     def _final_step(self, stream: _Stream) -> None:
         """Decode what is left of the ended turn (or its next window, when much is left)."""
@@ -586,7 +598,8 @@ class Recognition(SessionPart):
         part = stream.part
         assert part is not None
         self._send_committed(stream)
-        if stream.item_id not in self._conversation or part.heard is not None:
+        early, stream.heard_early = stream.heard_early, False
+        if stream.item_id not in self._conversation or (part.heard is not None and not early):
             return False
         entry = self._conversation.get(stream.item_id)
         words = stream.policy.committed
@@ -598,7 +611,16 @@ class Recognition(SessionPart):
             _logprobs(words, first=True) if self._logprobs else None,
             stream.language,
         )
-        return True
+        # Heard early, the words were known already.
+        return not early
+
+    def _transcribed_early(self, stream: _Stream) -> None:
+        """The item heard early has its transcript: the words it was heard with."""
+        part = stream.part
+        if part is None or part.heard is None or stream.item_id not in self._conversation:
+            return
+        entry = self._conversation.get(stream.item_id)
+        self._transcribed(entry, part, part.heard, stream.seconds, heard_in=stream.language)
 
     def _pending_part(self, item_id: str) -> tuple[Entry, Part] | None:
         if item_id not in self._conversation:
@@ -686,6 +708,11 @@ class Recognition(SessionPart):
             if stream.part is None:
                 return None
             self._send_committed(stream)
+            if stream.heard_early:
+                # Only the times failed: the words the reply read are the transcript.
+                stream.heard_early = False
+                self._transcribed_early(stream)
+                return None
             pending = self._pending_part(stream.item_id)
         else:
             pending = self._requests.pop(request_id, None)

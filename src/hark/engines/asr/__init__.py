@@ -106,6 +106,11 @@ class Urgency(IntEnum):
     CAPTION = 2
     # A pause that may or may not end the turn: useful only if it does.
     SPECULATION = 3
+    # The times of words already delivered (a deciding pause's words go to the end-of-turn
+    # model before their times are aligned): nobody waits for them while the verdict and the
+    # reply's prompt compute, so they wait while another model computes what someone waits
+    # for (``hark.engines.asr.scheduler.DEFER_LIMIT_S`` at most).
+    TIMES = 4
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,12 @@ to it (file reads, DNS). A second worker starts only while every running one is 
 lone request never waits for a thread, and a backlog (many captioned speakers) uses a second
 core where the model has a second replica to run on.
 
+Work of ``Urgency.TIMES`` (aligning words already delivered) is the one thing that can wait
+for other models: while one computes what someone waits for (a turn's verdict, a reply's
+prompt and first words), that work stays queued, for ``DEFER_LIMIT_S`` at most. On a 2-core
+machine a deciding pause has its words judged, its reply's prompt read and its words aligned
+at once; the alignment's share of the cores came out of the verdict and the first token.
+
 A batch that raises an ``Exception`` fails its requests alone. Anything else kills the thread
 running it: the batch's requests fail with ``EngineThreadCrashedError``, a new thread takes
 the dead one's place, and the engine reports itself degraded (:mod:`hark.engines.health`)
@@ -27,15 +33,21 @@ import contextlib
 import heapq
 import itertools
 import threading
+import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, TypeVar, cast
 
-from hark.engines import health
+from hark.engines import activity, health
 from hark.engines.asr import Urgency
 from hark.engines.scheduler import SchedulerFullError, require_positive
 
-__all__ = ["AsrScheduler", "SchedulerFullError"]
+__all__ = ["DEFER_LIMIT_S", "AsrScheduler", "SchedulerFullError"]
+
+# The longest ``Urgency.TIMES`` work waits for other models' work that someone waits for.
+DEFER_LIMIT_S = 0.25
+# How often a thread holding only such work looks again (other models do not wake it).
+_DEFER_POLL_S = 0.005
 
 R = TypeVar("R")
 T = TypeVar("T")
@@ -48,6 +60,7 @@ class _Entry(Generic[R, T]):
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[T]
     waiting: bool = True
+    queued: float = field(default_factory=time.monotonic)
 
 
 def _deliver(future: asyncio.Future[T], result: T) -> None:
@@ -68,8 +81,10 @@ class AsrScheduler(Generic[R, T]):
     order; it runs on up to ``workers`` threads of the scheduler's own, which start when work
     comes and finds no idle thread, and end after ``idle_s`` without any. Requests run by
     ``Urgency`` (lowest first), then in the order they came; a batch is the head of that
-    order and the next ones after it. At most ``max_waiting`` requests wait; more raise
-    ``SchedulerFullError`` for the request that would exceed it, not for the others.
+    order and the next ones after it, less ``Urgency.TIMES`` requests younger than
+    ``DEFER_LIMIT_S`` while another model computes what someone waits for. At most
+    ``max_waiting`` requests wait; more raise ``SchedulerFullError`` for the request that
+    would exceed it, not for the others.
     ``probe``: a request of the engine's own through the scheduler, tried by ``/readyz`` while
     a dead thread has left the scheduler degraded (its success shows a thread serves again).
     """
@@ -168,23 +183,43 @@ class AsrScheduler(Generic[R, T]):
     def _take(self) -> list[_Entry[R, T]] | None:
         """The next batch, waiting for one; ``None`` when the thread should end."""
         with self._cond:
-            while not self._heap:
-                if self._closed:
-                    self._threads -= 1
-                    return None
-                self._idle += 1
-                woken = self._cond.wait(self._idle_s)
-                self._idle -= 1
-                if not woken and not self._heap:
-                    self._threads -= 1
-                    return None
-            batch: list[_Entry[R, T]] = []
-            while self._heap and len(batch) < self._max_batch:
-                entry = heapq.heappop(self._heap)[2]
-                entry.waiting = False
-                batch.append(entry)
-            self._running += len(batch)
-            return batch
+            while True:
+                while not self._heap:
+                    if self._closed:
+                        self._threads -= 1
+                        return None
+                    self._idle += 1
+                    woken = self._cond.wait(self._idle_s)
+                    self._idle -= 1
+                    if not woken and not self._heap:
+                        self._threads -= 1
+                        return None
+                batch = self._batch()
+                if batch:
+                    self._running += len(batch)
+                    return batch
+                # Only deferred work waits: a new request wakes the thread, other models'
+                # work does not, so it looks again shortly.
+                self._cond.wait(_DEFER_POLL_S)
+
+    def _batch(self) -> list[_Entry[R, T]]:
+        """Take the head of the queue, up to ``max_batch`` requests, less the deferred ones
+        (called with the lock held; empty when only deferred work waits)."""
+        batch: list[_Entry[R, T]] = []
+        defer: bool | None = None
+        now = time.monotonic()
+        while self._heap and len(batch) < self._max_batch:
+            urgency, _, entry = self._heap[0]
+            if urgency >= Urgency.TIMES:
+                if defer is None:
+                    defer = activity.someone_waits_now()
+                # In the order they came: the ones after this are younger still.
+                if defer and now - entry.queued < DEFER_LIMIT_S:
+                    break
+            heapq.heappop(self._heap)
+            entry.waiting = False
+            batch.append(entry)
+        return batch
 
     def _work(self) -> None:
         while True:

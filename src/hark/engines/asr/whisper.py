@@ -321,8 +321,9 @@ class WhisperAsr:
     ) -> AsyncGenerator[TranscriptText | TimedTranscript, None]:
         """``recognise`` in two scheduler jobs: the window encoded and decoded, whose words
         are yielded at once, then their alignment on the encoder output kept from the first
-        (the same words, times and probabilities as ``recognise``'s). Silence, and a window
-        that decodes to nothing, give the timed transcript alone."""
+        (the same words, times and probabilities as ``recognise``'s), at ``Urgency.TIMES``:
+        it waits while the words' verdict and reply compute. Silence, and a window that
+        decodes to nothing, give the timed transcript alone."""
         heard = await self._heard_window(request)
         if isinstance(heard, TimedTranscript):
             yield heard
@@ -337,7 +338,7 @@ class WhisperAsr:
         # lets go of it with the job.
         decoded = replace(decoded, kept=None)
         yield TranscriptText(decoded.said, decoded.language)
-        words = await self._run(align, request.urgency)
+        words = await self._run(align, Urgency.TIMES)
         yield _timed(decoded, cast("tuple[TimedWord, ...]", words), kept, duration)
 
     async def _heard_window(

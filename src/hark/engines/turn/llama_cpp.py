@@ -152,7 +152,8 @@ class LlamaCppEndOfTurn:
     async def judge(self, transcript: str, *, context: str | None = None) -> Judgement:
         """:meth:`probability` with the evidence behind it, for logs and evaluation."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, marked(self._judge), transcript, context)
+        judge = marked(self._judge, waited_for=True)
+        return await loop.run_in_executor(self._executor, judge, transcript, context)
 
     # Everything below runs on the worker thread.
 
