@@ -1,8 +1,8 @@
 """``hark bench turns --backchannels``: does a listener's "uh-huh" over a playing reply leave it
 playing, and does a real interruption still stop it, and how fast?
 
-A ``hark serve`` of the bench's own (Silero VAD, Whisper tiny.en, Piper's voice for the
-replies, the fake LLM's one sentence: a reply of about two seconds) takes one call or
+A ``hark serve`` of the bench's own (Silero VAD, Whisper tiny.en, the default voice, hibari,
+for the replies, the fake LLM's one sentence: a reply of about two seconds) takes one call or
 connection per transport. Each trial asks for a reply (``response.create``; ``semantic_vad``,
 ``interrupt_response`` on, ``create_response`` off, so that nothing but the reply plays) and
 says a fixture into the microphone ``SAY_AFTER_S`` into the reply's audio:
@@ -62,7 +62,7 @@ TAIL_S = 2.0
 # A trial not over by then (a machine too busy to answer) is recorded as timed out.
 REPLY_LIMIT_S = 60.0
 # The reply counts as silenced at the client from the first of this many quiet frames in a
-# row (200 ms: longer than the pauses inside Piper's sentence).
+# row (200 ms: longer than the pauses inside the reply's sentence).
 QUIET_FRAMES = 10
 _ONSET_LEVEL = 1000
 API_KEY = "sk-hark-bench"
@@ -552,7 +552,7 @@ async def measure(
 ) -> dict[str, Any]:
     """Run every fixture over every transport; the report (JSON-ready)."""
     said = await fixtures(voices)
-    args = ["--asr", "whisper", "--tts", "piper", "--echo-cancellation", "off"]
+    args = ["--asr", "whisper", "--tts", "hibari", "--echo-cancellation", "off"]
     outcomes: list[Outcome] = []
     async with _Backend() as backend:
         sip_port = _free_port(socket.SOCK_DGRAM)

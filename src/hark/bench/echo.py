@@ -1,11 +1,12 @@
 """``hark bench echo``: does a reply that comes back through the caller's loudspeaker interrupt
 itself, and is a real barge-in over that echo still heard in time?
 
-A WebRTC call (aiortc) to a ``hark serve --engines fake --tts piper`` of the bench's own
-(Silero VAD, Piper's voice for the replies, the fake LLM's one sentence) whose microphone
-hears the reply again: every frame of reply audio the client receives goes through a room
-(``Room``: a direct path, then exponentially decaying noise, τ 30 ms, about 210 ms of
-reverberation), ``gain_db`` quieter, ``delay_ms`` later, into what the microphone sends.
+A WebRTC call (aiortc) to a ``hark serve --engines fake --tts hibari`` of the bench's own
+(Silero VAD, the default voice, hibari, for the replies, the fake LLM's one sentence)
+whose microphone hears the reply again: every frame of reply audio the client receives goes
+through a room (``Room``: a direct path, then exponentially decaying noise, τ 30 ms, about
+210 ms of reverberation), ``gain_db`` quieter, ``delay_ms`` later, into what the microphone
+sends.
 Each call asks for replies one after another (``response.create``, server VAD with
 ``interrupt_response`` and without ``create_response``):
 
@@ -407,7 +408,7 @@ async def run_echo_bench(
     """Start a server, make one call per condition, and report."""
     report = EchoReport(echo_cancellation)
     report.aec_cpu_ms_per_call_s = aec_cost()
-    args = ["--tts", "piper", "--echo-cancellation", echo_cancellation, *server_args]
+    args = ["--tts", "hibari", "--echo-cancellation", echo_cancellation, *server_args]
     with local_server("fake", args=args) as (ws_root, pid):
         url = ws_root.replace("ws://", "http://", 1)
         async with aiohttp.ClientSession() as http:
