@@ -15,6 +15,7 @@ from hark.bench.backchannels import (
     session,
     summary,
 )
+from hark.bench.echo import heard_as
 from hark.bench.spoken_questions import RATE
 from hark.session.backchannel import judge_words
 
@@ -90,3 +91,28 @@ async def test_the_phone_says_a_fixture_at_8_khz_and_times_its_first_packet() ->
         assert phone.onset_at == onset
     finally:
         phone.close()
+
+
+def test_what_the_server_heard_is_told_for_each_misjudged_trial() -> None:
+    passed = [{"type": "hark.backchannel", "transcript": "Great."}]
+    turned = [
+        {"type": "input_audio_buffer.speech_started"},
+        {"type": "conversation.item.input_audio_transcription.completed", "transcript": "and"},
+    ]
+    assert heard_as(passed) == "Great."
+    assert heard_as(turned) == "and"
+    assert heard_as([{"type": "response.done"}]) is None
+    missed = Outcome("sip", "Wait.", "gb", False, None, "completed", False, heard_as="Great.")
+    false = Outcome("webrtc", "Mm-hmm.", "gb", True, 800.0, "cancelled", True, heard_as="and")
+    right = Outcome("webrtc", "Yeah.", "gb", True, None, "completed", False, heard_as="Yeah.")
+    outcomes = [missed, false, right]
+    report = {
+        "backchannels_on": True,
+        "figures": {"webrtc": figures(outcomes)},
+        "outcomes": [{**vars(o), "barged_in": o.barged_in} for o in outcomes],
+    }
+    text = summary(report)
+    assert "misjudged interruption over sip: gb said 'Wait.', the server heard 'Great.'" in text
+    assert "misjudged backchannel over webrtc: gb said 'Mm-hmm.', the server heard 'and'" in text
+    assert "'Yeah.'" not in text
+    assert session(True)["include"] == ["hark.backchannels"]

@@ -44,7 +44,7 @@ import numpy.typing as npt
 from aiohttp import web
 
 from hark.audio.resample import resample
-from hark.bench.echo import EchoCallClient, ReplyLine, Room, Trial, reply_trial
+from hark.bench.echo import EchoCallClient, ReplyLine, Room, Trial, heard_as, reply_trial
 from hark.bench.local_server import local_server
 from hark.bench.report import BenchError, percentile
 from hark.bench.sip import CLOCK, SipCaller
@@ -72,6 +72,8 @@ def session(backchannels: bool) -> dict[str, Any]:
     """The session every trial runs in."""
     return {
         "type": "realtime",
+        # What the server heard in each utterance it let pass goes in the report.
+        "include": ["hark.backchannels"],
         "audio": {
             "input": {
                 "transcription": {"model": "whisper-1", "language": "en"},
@@ -114,6 +116,8 @@ class Outcome:
     # from the first voiced sample sent, and for how long (None: it did not come back).
     silenced_ms: float | None = None
     quiet_ms: float | None = None
+    # What the server heard in the utterance (``hark.bench.echo.heard_as``).
+    heard_as: str | None = None
 
     @property
     def barged_in(self) -> bool:
@@ -214,6 +218,7 @@ async def _websocket_trial(
         None if heard_ms is None else round(heard_ms, 1),
         state.status,
         False,
+        heard_as=heard_as(state.events),
     )
 
 
@@ -221,6 +226,8 @@ async def _websocket_trial(
 class _WsTrial:
     status: str = "none"
     heard_at: float | None = None
+    # The events that tell what the server heard (``hark.bench.echo.heard_as``).
+    events: list[dict[str, Any]] = field(default_factory=list)
 
 
 async def _websocket_events(
@@ -265,6 +272,11 @@ async def _websocket_events(
                     state.heard_at = now
             elif kind == "input_audio_buffer.speech_stopped":
                 stopped = True
+            elif kind in (
+                "hark.backchannel",
+                "conversation.item.input_audio_transcription.completed",
+            ):
+                state.events.append(event)
             elif kind == "error":
                 print(f"  error event: {event['error']['message']}", file=sys.stderr)
 
@@ -321,6 +333,7 @@ async def _trials(
                 trial.status,
                 trial.cut,
                 *quiet,
+                heard_as=trial.heard_as,
             )
         )
     return outcomes
@@ -598,6 +611,13 @@ def summary(report: dict[str, Any]) -> str:
                 f"    audio silenced at the client p50 {f['silenced_p50_ms']} ms, p95"
                 f" {f['silenced_p95_ms']} ms; backchannel gap p50 {f['backchannel_gap_p50_ms']}"
                 f" ms, p95 {f['backchannel_gap_p95_ms']} ms"
+            )
+    for o in report.get("outcomes", ()):
+        if o["barged_in"] == o["backchannel"]:
+            kind = "backchannel" if o["backchannel"] else "interruption"
+            lines.append(
+                f"  misjudged {kind} over {o['transport']}: {o['voice']} said {o['text']!r},"
+                f" the server heard {o['heard_as']!r}"
             )
     return "\n".join(lines)
 

@@ -195,6 +195,9 @@ class Trial:
     detected_ms: float | None = None
     # The reply's audio was cut short (``output_audio_buffer.cleared``) and its item truncated.
     cut: bool = False
+    # What the server heard in the speech over the reply, where it said: a ``hark.backchannel``
+    # event's transcript, or the turn's transcript (``…transcription.completed``).
+    heard_as: str | None = None
 
 
 @dataclass
@@ -325,7 +328,21 @@ async def reply_trial(
         self_interrupted=bool(early) or (barge_in is None and (cut or status != "completed")),
         detected_ms=None if detected is None else round(detected, 1),
         cut=cut,
+        heard_as=heard_as(events),
     )
+
+
+def heard_as(events: list[dict[str, Any]]) -> str | None:
+    """What the server heard in speech over a reply, from its events: the transcript of a
+    ``hark.backchannel`` (sent to a session that includes ``hark.backchannels``) or of the
+    turn the speech became; ``None`` when neither came."""
+    for event in events:
+        if event["type"] in (
+            "hark.backchannel",
+            "conversation.item.input_audio_transcription.completed",
+        ):
+            return str(event.get("transcript", ""))
+    return None
 
 
 def _drain(client: ReplyLine) -> None:
