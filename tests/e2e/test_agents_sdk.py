@@ -67,12 +67,19 @@ class Recorder:
         """Where the server events received so far end."""
         return len(self.raw)
 
-    async def wait_for(self, kind: str, after: int, limit_s: float = 180) -> dict[str, Any]:
-        """The first server event of type ``kind`` after ``after``; an ``error`` event
-        before it fails the test at once."""
+    async def wait_for(
+        self, kind: str, after: int, limit_s: float = 180, item_id: str | None = None
+    ) -> dict[str, Any]:
+        """The first server event of type ``kind`` after ``after`` (of item ``item_id``, when
+        given); an ``error`` event before it fails the test at once."""
         async with asyncio.timeout(limit_s), self._arrived:
             while True:
-                found = [e for e in self.raw[after:] if e.get("type") in (kind, "error")]
+                found = [
+                    e
+                    for e in self.raw[after:]
+                    if e.get("type") == "error"
+                    or (e.get("type") == kind and item_id in (None, e.get("item_id")))
+                ]
                 if found:
                     assert found[0]["type"] == kind, found[0]
                     return found[0]
@@ -158,12 +165,10 @@ async def spoken_turn(
     microphone.say(await speech(question))
     committed = await recorder.wait_for("input_audio_buffer.committed", mark)
     done = await recorder.wait_for("response.done", mark)
-    heard = next(
-        e["transcript"]
-        for e in recorder.of_type("conversation.item.input_audio_transcription.completed", mark)
-        if e["item_id"] == committed["item_id"]
-    )
-    return heard, done
+    # Transcription runs beside the response, as OpenAI's does: its event may come after.
+    completed = "conversation.item.input_audio_transcription.completed"
+    heard = await recorder.wait_for(completed, mark, item_id=committed["item_id"])
+    return heard["transcript"], done
 
 
 TRANSCRIPTION = RealtimeInputAudioTranscriptionConfig(model="gpt-4o-mini-transcribe")

@@ -27,9 +27,16 @@ def last_voiced_ms(pcm: np.ndarray) -> float:
     return float(loud[-1]) * 1000 / RATE
 
 
+_TRANSCRIBED = {
+    "conversation.item.input_audio_transcription.completed",
+    "conversation.item.input_audio_transcription.failed",
+}
+
+
 async def converse(server: Server, segments: list[np.ndarray], tail_ms: int) -> list[Any]:
     """Stream the segments back to back in real time with semantic_vad, then ``tail_ms`` of
-    silence and nothing more, and collect the events until the first response is done.
+    silence and nothing more, and collect the events until the first response is done and
+    the turn's transcript is in (transcription runs beside the response: either may be last).
 
     Once the audio stops, so does the session's clock: whatever ends the turn later is a
     decision about the audio sent, not about how long the machine took to make it.
@@ -68,11 +75,14 @@ async def converse(server: Server, segments: list[np.ndarray], tail_ms: int) -> 
                 while True:
                     event = await conn.recv()
                     events.append(event)
-                    if event.type == "response.done":
+                    seen = {e.type for e in events}
+                    if "response.done" in seen and seen & _TRANSCRIBED:
                         break
         except TimeoutError:
             kinds = [event.type for event in events]
-            raise AssertionError(f"no response.done in {LIVENESS_S} s; got {kinds}") from None
+            raise AssertionError(
+                f"no response.done and transcript in {LIVENESS_S} s; got {kinds}"
+            ) from None
         finally:
             sender.cancel()
     return events
