@@ -44,7 +44,15 @@ import numpy.typing as npt
 from aiohttp import web
 
 from hark.audio.resample import resample
-from hark.bench.echo import EchoCallClient, ReplyLine, Room, Trial, heard_as, reply_trial
+from hark.bench.echo import (
+    HEARD_EVENTS,
+    EchoCallClient,
+    ReplyLine,
+    Room,
+    Trial,
+    heard_as,
+    reply_trial,
+)
 from hark.bench.local_server import local_server
 from hark.bench.report import BenchError, percentile
 from hark.bench.sip import CLOCK, SipCaller
@@ -272,10 +280,7 @@ async def _websocket_events(
                     state.heard_at = now
             elif kind == "input_audio_buffer.speech_stopped":
                 stopped = True
-            elif kind in (
-                "hark.backchannel",
-                "conversation.item.input_audio_transcription.completed",
-            ):
+            elif kind in HEARD_EVENTS:
                 state.events.append(event)
             elif kind == "error":
                 print(f"  error event: {event['error']['message']}", file=sys.stderr)

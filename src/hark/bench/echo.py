@@ -332,15 +332,16 @@ async def reply_trial(
     )
 
 
+# The events that say what the server heard in speech over a reply.
+HEARD_EVENTS = ("hark.backchannel", "conversation.item.input_audio_transcription.completed")
+
+
 def heard_as(events: list[dict[str, Any]]) -> str | None:
     """What the server heard in speech over a reply, from its events: the transcript of a
     ``hark.backchannel`` (sent to a session that includes ``hark.backchannels``) or of the
     turn the speech became; ``None`` when neither came."""
     for event in events:
-        if event["type"] in (
-            "hark.backchannel",
-            "conversation.item.input_audio_transcription.completed",
-        ):
+        if event["type"] in HEARD_EVENTS:
             return str(event.get("transcript", ""))
     return None
 
