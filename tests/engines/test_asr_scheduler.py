@@ -287,6 +287,11 @@ async def test_word_times_run_at_once_when_nobody_waits_and_a_cancelled_one_neve
     held = await hold(scheduler, model)
     tasks = await queue(scheduler, [("times", Urgency.TIMES), ("late", Urgency.TIMES)])
     tasks["late"].cancel()
+    # Gone once its task has run its cancellation, not before: the worker must not be let
+    # go first.
+    with pytest.raises(asyncio.CancelledError):
+        await tasks["late"]
+    assert scheduler.waiting == 1
     model.gate.set()
     assert await asyncio.wait_for(held, LIVENESS_S) == "HOLD"
     assert await asyncio.wait_for(tasks["times"], LIVENESS_S) == "TIMES"
