@@ -102,6 +102,7 @@ def test_what_the_server_heard_is_told_for_each_misjudged_trial() -> None:
     assert heard_as(passed) == "Great."
     assert heard_as(turned) == "and"
     assert heard_as([{"type": "response.done"}]) is None
+    assert heard_as([*passed, {"type": "hark.backchannel", "transcript": ""}]) == "Great. | "
     missed = Outcome("sip", "Wait.", "gb", False, None, "completed", False, heard_as="Great.")
     false = Outcome("webrtc", "Mm-hmm.", "gb", True, 800.0, "cancelled", True, heard_as="and")
     right = Outcome("webrtc", "Yeah.", "gb", True, None, "completed", False, heard_as="Yeah.")

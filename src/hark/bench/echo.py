@@ -337,13 +337,12 @@ HEARD_EVENTS = ("hark.backchannel", "conversation.item.input_audio_transcription
 
 
 def heard_as(events: list[dict[str, Any]]) -> str | None:
-    """What the server heard in speech over a reply, from its events: the transcript of a
-    ``hark.backchannel`` (sent to a session that includes ``hark.backchannels``) or of the
-    turn the speech became; ``None`` when neither came."""
-    for event in events:
-        if event["type"] in HEARD_EVENTS:
-            return str(event.get("transcript", ""))
-    return None
+    """What the server heard in speech over a reply, from its events: the transcript of each
+    ``hark.backchannel`` (sent to a session that includes ``hark.backchannels``) and of the
+    turn the speech became, in order, joined by " | " (one utterance can be judged in
+    pieces: "Wait," let pass, then "stop."); ``None`` when none came."""
+    heard = [str(e.get("transcript", "")) for e in events if e["type"] in HEARD_EVENTS]
+    return " | ".join(heard) if heard else None
 
 
 def _drain(client: ReplyLine) -> None:
