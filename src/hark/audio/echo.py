@@ -40,8 +40,8 @@ and reference are kept (AEC3 costs about 10 ms of a core per call-second, and mo
 a handset or a browser that cancels its own echo, have none). Should the reply be heard
 later (the caller turns a speakerphone on), the heard audio's correlation with the reference
 shows it; a new AEC3 is run over the kept seconds first, which hold the echo the
-correlation was found in, so that it has adapted to that echo as one that had run all along
-would have, and its output is used from then on.
+correlation was found in, so that it has adapted to that echo almost as well as one that had
+run all along, and its output is used from then on.
 
 Heard audio is processed in whole 10 ms frames; a chunk that is not a whole number of them
 leaves the rest for the next call (``heard`` returns only what was processed), so chunks of
@@ -147,10 +147,10 @@ class EchoCanceller:
         self._audible_until = -self._idle - self._lead - 1
         self._started = False
         self.presence = EchoPresence(rate)
-        # While AEC3 rests: the last WARM_S heard (near) and played with it (far), each
-        # _history[:, _kept - _warm : _kept], compacted when full.
+        # While AEC3 rests (None otherwise): the last WARM_S heard (near) and played with it
+        # (far), each _history[:, _kept - _warm : _kept], compacted when full.
         self._warm = int(WARM_S * rate)
-        self._history = np.zeros((2, 2 * self._warm), np.int16)
+        self._history: npt.NDArray[np.int16] | None = None
         self._kept = 0
         # How often the pairing had to give way (for the tests and the bench).
         self.underruns = 0
@@ -305,25 +305,27 @@ class EchoCanceller:
         """A call with no echo: ``near`` passes as it came, and is kept with ``far``; if the
         reply is heard in it after all, a new AEC3 runs over what was kept, then on ``near``."""
         n = len(near)
+        history = self._history
+        if history is None:
+            history = self._history = np.zeros((2, 2 * self._warm), np.int16)
         if n >= self._warm:
-            self._history[:, : self._warm] = (near[-self._warm :], far[-self._warm :])
+            history[:, : self._warm] = (near[-self._warm :], far[-self._warm :])
             self._kept = self._warm
         else:
-            if self._kept + n > self._history.shape[1]:
-                self._history[:, : self._warm - n] = self._history[
-                    :, self._kept - self._warm + n : self._kept
-                ]
+            if self._kept + n > history.shape[1]:
+                history[:, : self._warm - n] = history[:, self._kept - self._warm + n : self._kept]
                 self._kept = self._warm - n
-            self._history[:, self._kept : self._kept + n] = (near, far)
+            history[:, self._kept : self._kept + n] = (near, far)
             self._kept += n
         if not self.presence.heard(near, far):
             return near
         frame = self.frame
         start = max(0, self._kept - self._warm)
         start += (self._kept - start - n) % frame
-        kept_near, kept_far = self._history[:, start : self._kept - n]
+        kept_near, kept_far = history[:, start : self._kept - n]
         if len(kept_near):
             self._cancel(kept_near, kept_far)
+        self._history = None
         self._kept = 0
         return self._cancel(near, far)
 
