@@ -281,9 +281,9 @@ class EchoCanceller:
             return self._rest(near, far)
         out = self._cancel(near, far)
         if not self.presence.heard(near, far):
-            # No echo after all: AEC3 rests from here.
+            # No echo after all: AEC3 rests from here (its kept seconds start empty: they
+            # were let go when the echo came back, if ever they were kept).
             self._apm = None
-            self._kept = 0
             return near
         return out
 
